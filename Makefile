@@ -1,0 +1,28 @@
+# Two commands do all set-up: `make demo` and `make test`.
+PY      ?= python3
+VENV    := .venv
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.installed
+
+.PHONY: setup test demo bench clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[test]'
+	touch $(STAMP)
+
+# pytest exits 5 when it collects no tests; that is a failure of the suite, not a pass.
+test: setup
+	$(BIN)/pytest
+
+demo: setup
+	PATH=$(CURDIR)/$(BIN):$$PATH bash tests/demo.sh
+
+bench: setup
+	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/pytest tests/bench -p no:cacheprovider -o addopts="" -s
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,217 @@
+"""Command-line behaviour shared by every tk-* command.
+
+A command file only parses flags, calls one library function and maps errors to exit codes;
+everything common lives here:
+
+- input positional or `-`/stdin; `-o FILE` written atomically, never over the input;
+- `--format yaml|json`, `--version`, `--quiet`, `--debug`;
+- errors as one line on stderr: `tk-roll: error: <where>: <what>; <hint>`, exit 2 for bad input
+  (`TilekitError` and click usage errors), exit 1 for an internal error; a traceback only with
+  `--debug`.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+import tempfile
+import traceback
+from pathlib import Path
+from typing import Callable
+
+import click
+
+from tilekit import IR_VERSION, __version__
+from tilekit.errors import EXIT_BAD_INPUT, EXIT_INTERNAL, TilekitError
+
+
+def version_text(tool: str) -> str:
+    return f"{tool} (tilekit) {__version__}, tile IR format {IR_VERSION}"
+
+
+def _print_error(tool: str, message: str) -> None:
+    click.echo(f"{tool}: error: {message}", err=True)
+
+
+def warn(tool: str, message: str) -> None:
+    """A warning: stderr only, never stdout."""
+    click.echo(f"{tool}: warning: {message}", err=True)
+
+
+class TkCommand(click.Command):
+    """A click command whose usage errors become the house one-line format with exit 2."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        tool = self.name
+        try:
+            rv = super().main(args=args, prog_name=prog_name, complete_var=complete_var,
+                              standalone_mode=False, **extra)
+        except click.exceptions.NoArgsIsHelpError as exc:  # pragma: no cover - click >= 8.2
+            click.echo(exc.ctx.get_help(), err=True)
+            sys.exit(EXIT_BAD_INPUT)
+        except click.UsageError as exc:
+            where = ""
+            hint = f"run '{tool} --help' for usage"
+            _print_error(tool, f"{where}{exc.format_message()}; {hint}")
+            sys.exit(EXIT_BAD_INPUT)
+        except click.exceptions.Abort:
+            _print_error(tool, "aborted")
+            sys.exit(EXIT_INTERNAL)
+        except click.exceptions.Exit as exc:
+            sys.exit(exc.exit_code)
+        if isinstance(rv, int):
+            sys.exit(rv)
+        sys.exit(0)
+
+
+def tk_command(tool: str, **settings) -> Callable:
+    """Decorator: a tk-* command with --version, --quiet, --debug and house error handling.
+
+    The wrapped function receives `quiet` and `debug` keyword arguments and may return an
+    int exit code (default 0). A `TilekitError` becomes `tool: error: ...` and exit 2; any
+    other exception is an internal error (exit 1), with a traceback only under `--debug`.
+    """
+
+    def decorate(fn: Callable) -> click.Command:
+        @functools.wraps(fn)
+        def body(*args, **kwargs):
+            debug = kwargs.get("debug", False)
+            try:
+                return fn(*args, **kwargs)
+            except TilekitError as exc:
+                if debug:
+                    traceback.print_exc()
+                _print_error(tool, exc.message())
+                return EXIT_BAD_INPUT
+            except BrokenPipeError:
+                # Downstream closed the pipe (e.g. `| head`): not our failure.
+                try:
+                    sys.stdout = open(os.devnull, "w")
+                except OSError:
+                    pass
+                return 0
+            except KeyboardInterrupt:
+                _print_error(tool, "interrupted")
+                return EXIT_INTERNAL
+            except Exception as exc:  # noqa: BLE001 - the one place internal errors are mapped
+                if debug:
+                    traceback.print_exc()
+                _print_error(tool, f"internal error: {type(exc).__name__}: {exc}; "
+                                   "rerun with --debug for the traceback and report it")
+                return EXIT_INTERNAL
+
+        cmd = click.command(name=tool, cls=TkCommand,
+                            context_settings={"help_option_names": ["-h", "--help"]},
+                            **settings)(body)
+        cmd = click.option("--debug", is_flag=True, help="Show tracebacks on errors.")(cmd)
+        cmd = click.option("--quiet", "-q", is_flag=True, help="No progress or report output.")(cmd)
+        cmd = click.version_option(message=version_text(tool), version=__version__)(cmd)
+        return cmd
+
+    return decorate
+
+
+# -- shared options ----------------------------------------------------------------------
+
+def input_argument(fn: Callable) -> Callable:
+    return click.argument("input", default="-", metavar="[IR]", required=False)(fn)
+
+
+def output_option(fn: Callable) -> Callable:
+    return click.option("-o", "--output", "output", default="-", metavar="FILE",
+                        help="Write the result here (default: stdout).")(fn)
+
+
+def format_option(fn: Callable) -> Callable:
+    return click.option("--format", "fmt", type=click.Choice(["yaml", "json"]), default=None,
+                        help="Output format (default: yaml, or the input's format).")(fn)
+
+
+def hw_option(required: bool = True) -> Callable:
+    def add(fn: Callable) -> Callable:
+        return click.option("--hw", "hw", required=required, metavar="NAME|PATH",
+                            help="Hardware profile: a name from hwprofiles/ or a YAML path.")(fn)
+    return add
+
+
+# -- reading and writing -----------------------------------------------------------------
+
+def read_input_text(path: str, what: str = "IR") -> tuple[str, str]:
+    """Read the whole input as text. Returns (text, display name). Empty input is bad input."""
+    if path == "-":
+        if sys.stdin is None or sys.stdin.isatty():
+            raise TilekitError(f"no {what} given and stdin is a terminal", "<stdin>",
+                               f"pass a file or pipe one in, e.g. 'tk-import m.onnx | ...'")
+        data = sys.stdin.buffer.read()
+        name = "<stdin>"
+    else:
+        p = Path(path)
+        if not p.exists():
+            raise TilekitError("no such file", path, "check the path")
+        if p.is_dir():
+            raise TilekitError("is a directory, expected a file", path)
+        data = p.read_bytes()
+        name = path
+    if not data.strip():
+        raise TilekitError(f"empty input, expected a tile {what} document", name,
+                           "did the command before this one in the pipe fail?")
+    try:
+        return data.decode("utf-8"), name
+    except UnicodeDecodeError as exc:
+        raise TilekitError(f"not UTF-8 text (byte {exc.start})", name,
+                           f"expected a YAML or JSON tile {what} document") from None
+
+
+def same_file(a: str, b: str) -> bool:
+    if a == "-" or b == "-":
+        return False
+    try:
+        return Path(a).resolve() == Path(b).resolve() or (
+            Path(b).exists() and os.path.samefile(a, b))
+    except OSError:
+        return False
+
+
+def write_output(output: str, data: str | bytes, input_path: str | None = None) -> None:
+    """Write to stdout or atomically to a file (temp file in the same folder, then rename).
+
+    Refuses to overwrite the input file and to write binary data to a terminal.
+    """
+    if output == "-":
+        if isinstance(data, bytes):
+            if sys.stdout.isatty():
+                raise TilekitError("refusing to write binary data to a terminal", "-o",
+                                   "redirect stdout or pass -o FILE")
+            sys.stdout.buffer.write(data)
+            sys.stdout.buffer.flush()
+        else:
+            sys.stdout.write(data)
+            sys.stdout.flush()
+        return
+    if input_path is not None and same_file(input_path, output):
+        raise TilekitError("refusing to overwrite the input file", f"-o {output}",
+                           "write to a different file")
+    target = Path(output)
+    if target.is_dir():
+        raise TilekitError("is a directory", f"-o {output}", "give a file name")
+    folder = target.parent if str(target.parent) else Path(".")
+    if not folder.exists():
+        raise TilekitError(f"folder '{folder}' does not exist", f"-o {output}",
+                           "create it first")
+    mode = "wb" if isinstance(data, bytes) else "w"
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, mode, **({} if mode == "wb" else {"encoding": "utf-8"})) as fh:
+            fh.write(data)
+        os.replace(tmp, target)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def stderr_is_terminal() -> bool:
+    return sys.stderr.isatty() and not os.environ.get("NO_COLOR")

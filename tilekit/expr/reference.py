@@ -1,0 +1,344 @@
+"""NumPy reference evaluation of an analysed statement, whole or over one box of its axes.
+
+Vectorised throughout: each tensor read becomes an array over the iteration axes (a strided
+view for affine index maps, fancy indexing for quasi-affine ones), the body is evaluated with
+NumPy broadcasting, and the reduction is one NumPy reduction. Sums of products of reads (matmul,
+convolution) go through `np.einsum`, which hands them to BLAS. Large iteration spaces are split
+so that no intermediate exceeds `CHUNK_ELEMENTS` elements.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Mapping
+
+import numpy as np
+from numpy.lib.stride_tricks import as_strided
+
+from tilekit.errors import ExprError
+from tilekit.expr.analysis import AccessInfo, Analysis, interval
+from tilekit.expr.ast import Access, Axis, Binary, Call, Node, Num, Unary, format_node
+
+#: Largest iteration box evaluated in one piece (elements of the broadcast body).
+CHUNK_ELEMENTS = 1 << 23
+
+PAD_FLOATS = {"0": 0.0, "-inf": -math.inf, "inf": math.inf}
+
+_REDUCERS = {"+=": np.sum, "*=": np.prod, "max=": np.max, "min=": np.min}
+_COMBINE = {"+=": np.add, "*=": np.multiply, "max=": np.maximum, "min=": np.minimum}
+_IDENTITY = {"+=": 0.0, "*=": 1.0, "max=": -math.inf, "min=": math.inf}
+
+_BINARY = {
+    "+": np.add, "-": np.subtract, "*": np.multiply, "/": np.true_divide,
+    "//": np.floor_divide, "%": np.mod, "<": np.less, "<=": np.less_equal,
+    ">": np.greater, ">=": np.greater_equal, "==": np.equal, "!=": np.not_equal,
+    "&&": np.logical_and, "||": np.logical_or,
+}
+
+
+def _erf(x):
+    """erf to ~1e-7 absolute error (Abramowitz & Stegun 7.1.26, evaluated in float64).
+
+    NumPy has no erf and SciPy is not a dependency; fp32 checks use a 1e-5 relative bound.
+    """
+    x64 = np.asarray(x, dtype=np.float64)
+    t = 1.0 / (1.0 + 0.3275911 * np.abs(x64))
+    poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027
+                                                                            + t * 1.061405429))))
+    y = 1.0 - poly * np.exp(-x64 * x64)
+    out = np.sign(x64) * y
+    return out.astype(np.result_type(x, np.float32)) if np.ndim(x) else out
+
+
+def _sigmoid(x):
+    # Split by sign so that exp never overflows.
+    x = np.asarray(x)
+    e = np.exp(-np.abs(x))
+    return np.where(x >= 0, 1.0 / (1.0 + e), e / (1.0 + e)).astype(x.dtype if x.dtype.kind == "f"
+                                                                     else np.float64)
+
+
+_UNARY = {
+    "exp": np.exp, "log": np.log, "tanh": np.tanh, "erf": _erf, "sqrt": np.sqrt,
+    "rsqrt": lambda x: 1.0 / np.sqrt(x), "sigmoid": _sigmoid, "abs": np.abs,
+    "neg": np.negative, "sign": np.sign, "floor": np.floor, "ceil": np.ceil, "round": np.rint,
+    "sin": np.sin, "cos": np.cos, "tan": np.tan, "asin": np.arcsin, "acos": np.arccos,
+    "atan": np.arctan, "sinh": np.sinh, "cosh": np.cosh, "asinh": np.arcsinh,
+    "acosh": np.arccosh, "atanh": np.arctanh, "isnan": np.isnan, "isinf": np.isinf,
+    "reciprocal": lambda x: 1.0 / x, "not": np.logical_not,
+}
+_BINARY_FUNCS = {"max": np.maximum, "min": np.minimum, "pow": np.power, "fmod": np.fmod}
+
+
+def evaluate(analysis: Analysis, env: Mapping[str, np.ndarray], pad: str | None = None,
+             box: Mapping[str, tuple[int, int]] | None = None,
+             out_dtype: str | np.dtype | None = None) -> np.ndarray:
+    """Evaluate the statement. Returns an array over the spatial axes of `box`.
+
+    `box` maps axes to half-open ranges; missing axes take their full extent. When the box
+    restricts reduction axes, the result is the partial reduction over that range (combine
+    partial results with the statement's operator).
+    """
+    pad = pad if pad is not None else analysis.pad
+    full = analysis.full_box()
+    if box:
+        for a, r in box.items():
+            if a not in full:
+                raise ExprError(f"box names axis {a!r} which the statement does not have")
+            full[a] = (int(r[0]), int(r[1]))
+    for t in analysis.inputs:
+        if t not in env:
+            raise ExprError(f"no value for input tensor {t!r}", analysis.output)
+    dtype = np.dtype(out_dtype or analysis.out_dtype) if (out_dtype or analysis.out_dtype) \
+        else None
+    with np.errstate(all="ignore"):
+        result = _eval_chunked(analysis, env, pad, full)
+    if dtype is not None and result.dtype != dtype:
+        result = result.astype(dtype)
+    return result
+
+
+def _box_shape(analysis: Analysis, box, axes) -> tuple[int, ...]:
+    return tuple(box[a][1] - box[a][0] for a, _ in axes)
+
+
+def _eval_chunked(analysis: Analysis, env, pad, box) -> np.ndarray:
+    spatial_shape = _box_shape(analysis, box, analysis.spatial)
+    reduce_shape = _box_shape(analysis, box, analysis.reduction)
+    assign = analysis.assign
+    if 0 in spatial_shape:
+        return np.zeros(spatial_shape, dtype=np.float32)
+    if 0 in reduce_shape:
+        return np.full(spatial_shape, _IDENTITY[assign], dtype=np.float32)
+    if _einsum_operands(analysis) is not None:
+        return _eval_einsum(analysis, env, pad, box)
+    size = math.prod(spatial_shape) * math.prod(reduce_shape)
+    if size > CHUNK_ELEMENTS:
+        axes = analysis.spatial if math.prod(spatial_shape) > 1 else analysis.reduction
+        name = max(axes, key=lambda ae: box[ae[0]][1] - box[ae[0]][0])[0]
+        start, stop = box[name]
+        if stop - start > 1:
+            mid = (start + stop) // 2
+            lo = _eval_chunked(analysis, env, pad, {**box, name: (start, mid)})
+            hi = _eval_chunked(analysis, env, pad, {**box, name: (mid, stop)})
+            if name in dict(analysis.spatial):
+                pos = [a for a, _ in analysis.spatial].index(name)
+                return np.concatenate([lo, hi], axis=pos)
+            return _COMBINE[assign](lo, hi)
+    return _eval_box(analysis, env, pad, box)
+
+
+def _eval_box(analysis: Analysis, env, pad, box) -> np.ndarray:
+    axes = [a for a, _ in analysis.axes]
+    ctx = _Context(analysis, env, pad, box, axes)
+    value = np.asarray(ctx.eval(analysis.stmt.body))
+    nspatial = len(analysis.spatial)
+    full_shape = tuple(box[a][1] - box[a][0] for a in axes)
+    value = value.reshape((1,) * (len(axes) - value.ndim) + value.shape)
+    if analysis.reduction:
+        value = np.broadcast_to(value, value.shape[:nspatial] + full_shape[nspatial:])
+        value = _REDUCERS[analysis.assign](value, axis=tuple(range(nspatial, len(axes))))
+    return np.broadcast_to(value, full_shape[:nspatial]).copy() if value.shape != \
+        full_shape[:nspatial] else np.ascontiguousarray(value)
+
+
+# -- sums of products through einsum ------------------------------------------------------
+
+def _einsum_operands(analysis: Analysis) -> tuple[list[Access], float] | None:
+    """(accesses, scale) when the statement is `out += c * a[..] * b[..] ...` with affine
+    reads, else None."""
+    if analysis.assign != "+=" or not analysis.reduction:
+        return None
+    factors: list[Node] = []
+
+    def flatten(n: Node) -> None:
+        if isinstance(n, Binary) and n.op == "*":
+            flatten(n.lhs)
+            flatten(n.rhs)
+        else:
+            factors.append(n)
+
+    flatten(analysis.stmt.body)
+    accesses = [f for f in factors if isinstance(f, Access)]
+    nums = [f for f in factors if isinstance(f, Num)]
+    if len(accesses) + len(nums) != len(factors) or not 1 <= len(accesses) <= 3:
+        return None
+    by_node = {id(i.node): i for i in analysis.accesses}
+    if not all(by_node[id(a)].affine for a in accesses):
+        return None
+    return accesses, math.prod(float(n.value) for n in nums)
+
+
+def _eval_einsum(analysis: Analysis, env, pad, box) -> np.ndarray:
+    accesses, scale = _einsum_operands(analysis)
+    axes = [a for a, _ in analysis.axes]
+    letters = {a: chr(ord("a") + i) if i < 26 else chr(ord("A") + i - 26)
+               for i, a in enumerate(axes)}
+    infos = {id(i.node): i for i in analysis.accesses}
+    operands, subscripts = [], []
+    used: set[str] = set()
+    for acc in accesses:
+        info = infos[id(acc)]
+        view, view_axes = _affine_view(info, env[info.tensor], box, axes, pad, squeeze=True)
+        operands.append(view)
+        subscripts.append("".join(letters[a] for a in view_axes))
+        used.update(view_axes)
+    spatial = [a for a, _ in analysis.spatial]
+    out_axes = [a for a in spatial if a in used]
+    spec = ",".join(subscripts) + "->" + "".join(letters[a] for a in out_axes)
+    result = np.einsum(spec, *operands, optimize=len(operands) > 1)
+    if scale != 1.0:
+        result = result * scale
+    # Reduction axes that no operand uses still multiply the sum by their extent.
+    for a, _ in analysis.reduction:
+        if a not in used:
+            result = result * (box[a][1] - box[a][0])
+    shape = tuple(box[a][1] - box[a][0] for a in spatial)
+    expanded = result.reshape(tuple(box[a][1] - box[a][0] if a in used else 1 for a in spatial))
+    return np.ascontiguousarray(np.broadcast_to(expanded, shape))
+
+
+# -- reads -------------------------------------------------------------------------------
+
+def _pad_scalar(pad: str | None, dtype: np.dtype):
+    value = PAD_FLOATS[pad]
+    if dtype.kind in "iub" and math.isinf(value):
+        info = np.iinfo(dtype) if dtype.kind in "iu" else None
+        return (info.min if value < 0 else info.max) if info else bool(value > 0)
+    return value
+
+
+def _needed_padding(info: AccessInfo, ranges) -> list[tuple[int, int]]:
+    widths = []
+    for m, dim in zip(info.maps, info.shape):
+        lo, hi = interval(m.node, ranges)
+        widths.append((max(0, -lo), max(0, hi - (dim - 1))))
+    return widths
+
+
+def _check_array(info: AccessInfo, arr: np.ndarray) -> np.ndarray:
+    arr = np.asarray(arr)
+    if tuple(arr.shape) != info.shape:
+        raise ExprError(f"value of {info.tensor} has shape {tuple(arr.shape)}, "
+                        f"declared {info.shape}", info.tensor)
+    return arr
+
+
+def _affine_view(info: AccessInfo, arr: np.ndarray, box, axes: list[str], pad,
+                 squeeze: bool) -> tuple[np.ndarray, list[str]]:
+    """A strided view of the (padded) tensor indexed by the iteration axes of `box`.
+
+    With `squeeze`, only the axes this read depends on are kept (in `axes` order);
+    otherwise the view has one dimension per axis (size 1 where it does not depend on it).
+    """
+    arr = _check_array(info, arr)
+    ranges = {a: (box[a][0], box[a][1] - 1) for a in axes}
+    widths = _needed_padding(info, ranges)
+    if any(w != (0, 0) for w in widths):
+        if pad is None:
+            raise ExprError(f"{format_node(info.node)} reads outside {info.tensor} and the op "
+                            "declares no pad value", info.tensor)
+        arr = np.pad(arr, widths, mode="constant",
+                     constant_values=_pad_scalar(pad, arr.dtype))
+    arr = np.ascontiguousarray(arr)
+    item_strides = [s // arr.itemsize for s in arr.strides]
+    offset = 0
+    axis_stride = {a: 0 for a in axes}
+    for m, (before, _), stride in zip(info.maps, widths, item_strides):
+        start = m.const + before + sum(c * box[a][0] for a, c in m.terms)
+        offset += start * stride
+        for a, c in m.terms:
+            axis_stride[a] += c * stride
+    dep = {a for m in info.maps for a, _ in m.terms}
+    keep = [a for a in axes if a in dep] if squeeze else axes
+    shape = [box[a][1] - box[a][0] if a in dep else 1 for a in keep]
+    strides = [axis_stride[a] * arr.itemsize for a in keep]
+    flat = arr.reshape(-1)
+    view = as_strided(flat[offset:], shape=shape, strides=strides, writeable=False)
+    return view, keep
+
+
+def _gather_read(info: AccessInfo, arr: np.ndarray, axis_values, box, axes, pad) -> np.ndarray:
+    """A read with quasi-affine indices (// and %): fancy indexing with computed indices."""
+    arr = _check_array(info, arr)
+    ranges = {a: (box[a][0], box[a][1] - 1) for a in axes}
+    idx, mask = [], None
+    for m, dim in zip(info.maps, info.shape):
+        index = np.asarray(_eval_index(m.node, axis_values), dtype=np.int64)
+        lo, hi = interval(m.node, ranges)
+        if lo < 0 or hi >= dim:
+            if pad is None:
+                raise ExprError(f"{format_node(info.node)} reads outside {info.tensor} and "
+                                "the op declares no pad value", info.tensor)
+            ok = (index >= 0) & (index < dim)
+            mask = ok if mask is None else mask & ok
+            index = np.clip(index, 0, dim - 1)
+        idx.append(index)
+    value = arr[tuple(idx)] if idx else arr[()]
+    if mask is not None:
+        value = np.where(mask, value, _pad_scalar(pad, arr.dtype))
+    value = np.asarray(value)
+    return value.reshape((1,) * (len(axes) - value.ndim) + value.shape)
+
+
+def _eval_index(node: Node, axis_values):
+    if isinstance(node, Num):
+        return int(node.value)
+    if isinstance(node, Axis):
+        return axis_values(node.name)
+    if isinstance(node, Unary):
+        return -_eval_index(node.arg, axis_values)
+    lhs, rhs = _eval_index(node.lhs, axis_values), _eval_index(node.rhs, axis_values)
+    return {"+": np.add, "-": np.subtract, "*": np.multiply, "//": np.floor_divide,
+            "%": np.mod}[node.op](lhs, rhs)
+
+
+class _Context:
+    """Evaluates body nodes over one box; caches axis ranges and reads."""
+
+    def __init__(self, analysis: Analysis, env, pad, box, axes: list[str]):
+        self.analysis, self.env, self.pad, self.box, self.axes = analysis, env, pad, box, axes
+        self.infos = {id(i.node): i for i in analysis.accesses}
+        self._axis_cache: dict[str, np.ndarray] = {}
+
+    def axis_values(self, name: str) -> np.ndarray:
+        if name not in self._axis_cache:
+            pos = self.axes.index(name)
+            start, stop = self.box[name]
+            shape = [1] * len(self.axes)
+            shape[pos] = stop - start
+            self._axis_cache[name] = np.arange(start, stop, dtype=np.int64).reshape(shape)
+        return self._axis_cache[name]
+
+    def eval(self, node: Node):
+        if isinstance(node, Num):
+            return node.value
+        if isinstance(node, Axis):
+            return self.axis_values(node.name)
+        if isinstance(node, Access):
+            info = self.infos[id(node)]
+            arr = self.env[info.tensor]
+            if info.affine:
+                return _affine_view(info, arr, self.box, self.axes, self.pad, squeeze=False)[0]
+            return _gather_read(info, arr, self.axis_values, self.box, self.axes, self.pad)
+        if isinstance(node, Unary):
+            arg = self.eval(node.arg)
+            return np.logical_not(arg) if node.op == "!" else np.negative(arg)
+        if isinstance(node, Binary):
+            return _BINARY[node.op](self.eval(node.lhs), self.eval(node.rhs))
+        if isinstance(node, Call):
+            args = [self.eval(a) for a in node.args]
+            if node.fn == "select":
+                return np.where(args[0], args[1], args[2])
+            if node.fn in _UNARY:
+                return _UNARY[node.fn](args[0])
+            if node.fn in _BINARY_FUNCS:
+                return _BINARY_FUNCS[node.fn](args[0], args[1])
+            return np.asarray(args[0]).astype(_cast_dtype(node.fn))
+        raise ExprError(f"cannot evaluate {node!r}")
+
+
+def _cast_dtype(name: str) -> np.dtype:
+    if name == "bfloat16":
+        return np.dtype(np.float32)  # NumPy has no bfloat16; the reference computes in fp32.
+    return np.dtype(name)
