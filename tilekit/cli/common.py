@@ -51,9 +51,8 @@ class TkCommand(click.Command):
             click.echo(exc.ctx.get_help(), err=True)
             sys.exit(EXIT_BAD_INPUT)
         except click.UsageError as exc:
-            where = ""
             hint = f"run '{tool} --help' for usage"
-            _print_error(tool, f"{where}{exc.format_message()}; {hint}")
+            _print_error(tool, f"{exc.format_message().rstrip('.')}; {hint}")
             sys.exit(EXIT_BAD_INPUT)
         except click.exceptions.Abort:
             _print_error(tool, "aborted")
@@ -125,7 +124,7 @@ def output_option(fn: Callable) -> Callable:
 
 def format_option(fn: Callable) -> Callable:
     return click.option("--format", "fmt", type=click.Choice(["yaml", "json"]), default=None,
-                        help="Output format (default: yaml, or the input's format).")(fn)
+                        help="Output format (default: yaml).")(fn)
 
 
 def hw_option(required: bool = True) -> Callable:

@@ -1,0 +1,569 @@
+"""Reading and writing tile IR documents: the one place that knows YAML and JSON.
+
+`loads` turns text into a `Module` and checks the document's *structure*: the version key,
+which keys a mapping may hold, and whether each field is a mapping, a list or a scalar. It
+does not judge values (a dtype's spelling, a shape's sign, an expression): that is
+`tilekit.ir.verify`, which also runs on modules built in code. `read_module` and
+`write_module` do both, so a tool never reads or writes a document that breaks the rules.
+
+Determinism (see docs/ir.md): keys in the order of the `tilekit.ir.model` dataclass fields, fields that
+hold their default omitted, free-form stage payloads with sorted keys, tensors in declaration
+order, floats written with `repr` so they read back exactly. The same module gives the same
+bytes.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import re
+from typing import Any, Mapping
+
+import yaml
+
+from tilekit import IR_VERSION
+from tilekit.cli.common import read_input_text, write_output
+from tilekit.errors import IRError
+from tilekit.ir.model import Kernel, Module, Op, Tensor
+
+FORMATS = ("yaml", "json")
+
+#: Document keys, in the order they are written (the `Module` field order).
+MODULE_KEYS = ("tilekit", "model", "source", "weights", "hardware", "stages", "inputs",
+               "outputs", "tensors", "ops", "kernels", "program", "control", "codegen")
+MODULE_REQUIRED = ("tilekit", "model", "inputs", "outputs", "tensors", "ops")
+TENSOR_KEYS = ("shape", "dtype", "role")
+TENSOR_REQUIRED = ("shape", "dtype")
+OP_KEYS = ("name", "expr", "kind", "pad", "axes", "opaque", "origin", "tile")
+KERNEL_KEYS = ("name", "ops", "tile", "estimate", "launch")
+STAGE_KEYS = ("name", "options")
+WEIGHTS_KEYS = ("file", "sha256")
+OPAQUE_KEYS = ("type", "inputs", "outputs", "attrs")
+
+
+# -- locations ---------------------------------------------------------------------------
+
+def where(origin: str | None, path: str) -> str:
+    """`<file>: <ir.path>` (either part may be missing)."""
+    if origin and path:
+        return f"{origin}: {path}"
+    return origin or path
+
+
+_PLAIN_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+
+def key_path(parent: str, key: str) -> str:
+    """IR path of a mapping entry: `tensors.x`, or `tensors['conv1/out']` for odd names."""
+    step = f".{key}" if _PLAIN_KEY.match(str(key)) else f"[{str(key)!r}]"
+    return f"{parent}{step}" if parent else step.lstrip(".")
+
+
+def type_name(value: Any) -> str:
+    """The YAML/JSON name of a value's type, for messages."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, Mapping):
+        return "mapping"
+    if isinstance(value, (list, tuple)):
+        return "list"
+    return type(value).__name__
+
+
+def did_you_mean(word: str, known: tuple[str, ...] | list[str]) -> str:
+    close = difflib.get_close_matches(str(word), list(known), n=1, cutoff=0.6)
+    if close:
+        return f"did you mean '{close[0]}'?"
+    return f"known keys: {', '.join(known)}"
+
+
+# -- YAML dialect ------------------------------------------------------------------------
+# We read YAML 1.2 core scalars (no `yes`/`no` booleans, no timestamps, no octal `010`,
+# `1e-5` is a float) and write strings quoted wherever a YAML 1.1 *or* 1.2 reader could take
+# them for something else, so what we write reads the same in any YAML library.
+
+_FLOAT_12 = re.compile(r"""^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?
+                           |[-+]?\.(?:inf|Inf|INF)
+                           |\.(?:nan|NaN|NAN))$""", re.X)
+_INT_12 = re.compile(r"^[-+]?[0-9]+$")
+_BOOL_12 = re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$")
+_NULL_12 = re.compile(r"^(?:~|null|Null|NULL|)$")
+
+
+class _Dialect:
+    """YAML 1.2-core scalars and no duplicate keys, mixed into a PyYAML loader."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen: set[Any] = set()
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    if key in seen:
+                        raise yaml.constructor.ConstructorError(
+                            None, None, f"duplicate key '{key}'", key_node.start_mark)
+                    seen.add(key)
+                except TypeError:
+                    pass  # unhashable key: construct_mapping reports it
+        return super().construct_mapping(node, deep=deep)
+
+    def construct_yaml_int(self, node):
+        return int(self.construct_scalar(node))
+
+    def construct_yaml_float(self, node):
+        text = self.construct_scalar(node).lower()
+        if text.endswith(".inf"):
+            return float(text.replace(".inf", "inf"))
+        if text == ".nan":
+            return float("nan")
+        return float(text)
+
+    def construct_yaml_bool(self, node):
+        return self.construct_scalar(node).lower() == "true"
+
+    @classmethod
+    def install(cls) -> None:
+        cls.yaml_implicit_resolvers = {}
+        cls.add_implicit_resolver("tag:yaml.org,2002:bool", _BOOL_12, list("tTfF"))
+        cls.add_implicit_resolver("tag:yaml.org,2002:int", _INT_12, list("-+0123456789"))
+        cls.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT_12, list("-+0123456789."))
+        cls.add_implicit_resolver("tag:yaml.org,2002:null", _NULL_12, ["~", "n", "N", ""])
+        cls.add_constructor("tag:yaml.org,2002:int", cls.construct_yaml_int)
+        cls.add_constructor("tag:yaml.org,2002:float", cls.construct_yaml_float)
+        cls.add_constructor("tag:yaml.org,2002:bool", cls.construct_yaml_bool)
+
+
+class _Loader(_Dialect, yaml.SafeLoader):
+    """Pure-Python reader: the reference, and the source of every syntax-error message (so
+    messages are the same whether or not libyaml is installed)."""
+
+
+_Loader.install()
+_FastLoader: type | None = None
+if getattr(yaml, "CSafeLoader", None) is not None:
+    class _FastLoader(_Dialect, yaml.CSafeLoader):  # type: ignore[no-redef]
+        """libyaml reader for the common case of a valid document (several times faster)."""
+
+    _FastLoader.install()
+
+
+class _FlowList(list):
+    """A list written on one line: `[1, 3, 224, 224]`."""
+
+
+class _FlowDict(dict):
+    """A mapping written on one line: `{shape: [4, 8], dtype: float32}`."""
+
+
+class _Dumper(yaml.SafeDumper):
+    """Block style, sequences indented under their key, no anchors or aliases."""
+
+    def ignore_aliases(self, data):
+        return True
+
+    def increase_indent(self, flow=False, indentless=False):
+        return super().increase_indent(flow, False)
+
+
+# YAML 1.1 resolvers stay (so `yes`, `2020-01-01`, `010` are quoted); add 1.2 floats such as
+# `1e5`, which 1.1 reads as a string but 1.2 as a number.
+_Dumper.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT_12, list("-+0123456789."))
+
+
+def _represent_str(dumper: _Dumper, value: str) -> yaml.ScalarNode:
+    # PyYAML writes NEL and the Unicode line/paragraph separators raw inside single quotes,
+    # where its own reader folds them into spaces: double quotes escape them (\N, \L, \P).
+    style = '"' if any(c in value for c in "\x85\u2028\u2029") else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_Dumper.add_representer(str, _represent_str)
+_Dumper.add_representer(
+    _FlowList, lambda d, v: d.represent_sequence("tag:yaml.org,2002:seq", v, flow_style=True))
+_Dumper.add_representer(
+    _FlowDict, lambda d, v: d.represent_mapping("tag:yaml.org,2002:map", v.items(),
+                                                flow_style=True))
+_Dumper.add_representer(
+    dict, lambda d, v: d.represent_mapping("tag:yaml.org,2002:map", v.items(), flow_style=False))
+_Dumper.add_representer(
+    list, lambda d, v: d.represent_sequence("tag:yaml.org,2002:seq", v, flow_style=False))
+
+
+# -- parsing text ------------------------------------------------------------------------
+
+def detect_format(text: str) -> str:
+    """`json` when the first non-blank character is `{`, else `yaml`."""
+    return "json" if text.lstrip().startswith("{") else "yaml"
+
+
+def _reject_json_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def _json_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKey(key)
+        out[key] = value
+    return out
+
+
+class _DuplicateKey(Exception):
+    pass
+
+
+def _line_col(text: str, index: int) -> tuple[int, int]:
+    line = text.count("\n", 0, index) + 1
+    col = index - (text.rfind("\n", 0, index) + 1) + 1
+    return line, col
+
+
+def _parse_json(text: str, origin: str) -> Any:
+    try:
+        return json.loads(text, object_pairs_hook=_json_pairs,
+                          parse_constant=_reject_json_constant)
+    except json.JSONDecodeError as exc:
+        raise IRError(f"JSON syntax error: {exc.msg}", f"{origin}:{exc.lineno}:{exc.colno}",
+                      "the document starts with '{' so it is read as JSON") from None
+    except _DuplicateKey as exc:
+        raise IRError(f"duplicate key '{exc.args[0]}'", origin,
+                      "each key may appear once in a mapping") from None
+    except ValueError as exc:  # NaN / Infinity
+        raise IRError(str(exc), origin, "JSON numbers must be finite") from None
+
+
+def _parse_yaml(text: str, origin: str) -> Any:
+    if _FastLoader is not None:
+        try:
+            docs = list(yaml.load_all(text, Loader=_FastLoader))
+        except yaml.YAMLError:
+            pass  # read again below, for the reference message
+        else:
+            if len(docs) <= 1:
+                return docs[0] if docs else None
+    try:
+        docs = list(yaml.load_all(text, Loader=_Loader))
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        loc = f"{origin}:{mark.line + 1}:{mark.column + 1}" if mark else origin
+        what = exc.problem or "invalid YAML"
+        if what.startswith("duplicate key"):
+            raise IRError(what, loc, "each key may appear once in a mapping") from None
+        if exc.context:
+            what = f"{what} ({exc.context})"
+        raise IRError(f"YAML syntax error: {what}", loc,
+                      "check indentation, quoting and brackets near this position") from None
+    except yaml.reader.ReaderError as exc:
+        line, col = _line_col(text, exc.position)
+        char = exc.character if isinstance(exc.character, int) else ord(exc.character)
+        raise IRError(f"YAML syntax error: unacceptable character U+{char:04X} "
+                      f"({exc.reason})", f"{origin}:{line}:{col}",
+                      "a tile IR document is plain text") from None
+    except yaml.YAMLError as exc:  # pragma: no cover - other libyaml failures
+        raise IRError(f"YAML error: {' '.join(str(exc).split())}", origin) from None
+    if len(docs) > 1:
+        raise IRError(f"{len(docs)} YAML documents in one input, expected one", origin,
+                      "a pipe carries one tile IR document; remove the '---' separators")
+    return docs[0] if docs else None
+
+
+# -- document -> Module (structure only) --------------------------------------------------
+
+class _Decoder:
+    """Builds the dataclasses from a parsed document, checking containers and keys."""
+
+    def __init__(self, origin: str):
+        self.origin = origin
+
+    def fail(self, path: str, what: str, hint: str | None = None) -> IRError:
+        return IRError(what, where(self.origin, path), hint)
+
+    def mapping(self, value: Any, path: str, what: str) -> Mapping[str, Any]:
+        if not isinstance(value, dict):
+            raise self.fail(path, f"{what} must be a mapping, got {type_name(value)}")
+        return value
+
+    def list_(self, value: Any, path: str, what: str) -> list[Any]:
+        if not isinstance(value, list):
+            raise self.fail(path, f"{what} must be a list, got {type_name(value)}")
+        return value
+
+    def keys(self, value: Mapping[str, Any], path: str, known: tuple[str, ...],
+             required: tuple[str, ...]) -> None:
+        for key in value:
+            if key not in known:
+                raise self.fail(key_path(path, str(key)), f"unknown key '{key}'",
+                                did_you_mean(str(key), known))
+        for key in required:
+            if key not in value:
+                raise self.fail(key_path(path, key), f"missing required key '{key}'")
+
+    def module(self, doc: Any) -> Module:
+        if doc is None:
+            raise self.fail("", "empty document, expected a tile IR mapping",
+                            "did the command before this one in the pipe fail?")
+        self.mapping(doc, "", "the document")
+        check_version(doc, self.origin)
+        self.keys(doc, "", MODULE_KEYS, MODULE_REQUIRED)
+        tensors = self.mapping(doc["tensors"], "tensors", "'tensors'")
+        ops = self.list_(doc["ops"], "ops", "'ops'")
+        kernels = doc.get("kernels")
+        stages = doc.get("stages")
+        return Module(
+            model=doc["model"],
+            tensors={name: self.tensor(t, key_path("tensors", name))
+                     for name, t in tensors.items()},
+            ops=tuple(self.op(o, f"ops[{i}]") for i, o in enumerate(ops)),
+            inputs=tuple(self.list_(doc["inputs"], "inputs", "'inputs'")),
+            outputs=tuple(self.list_(doc["outputs"], "outputs", "'outputs'")),
+            kernels=() if kernels is None else tuple(
+                self.kernel(k, f"kernels[{i}]")
+                for i, k in enumerate(self.list_(kernels, "kernels", "'kernels'"))),
+            source=doc.get("source"),
+            weights=self.weights(doc.get("weights")),
+            hardware=doc.get("hardware"),
+            stages=() if stages is None else tuple(
+                self.stage(s, f"stages[{i}]")
+                for i, s in enumerate(self.list_(stages, "stages", "'stages'"))),
+            program=doc.get("program"),
+            control=doc.get("control"),
+            codegen=doc.get("codegen"),
+        )
+
+    def tensor(self, value: Any, path: str) -> Tensor:
+        self.mapping(value, path, "a tensor")
+        self.keys(value, path, TENSOR_KEYS, TENSOR_REQUIRED)
+        shape = self.list_(value["shape"], f"{path}.shape", "a shape")
+        return Tensor(shape=tuple(shape), dtype=value["dtype"],
+                      role=value.get("role", "intermediate"))
+
+    def op(self, value: Any, path: str) -> Op:
+        self.mapping(value, path, "an op")
+        self.keys(value, path, OP_KEYS, ("name",))
+        axes = value.get("axes")
+        if axes is not None:
+            self.mapping(axes, f"{path}.axes", "'axes'")
+        opaque = value.get("opaque")
+        if opaque is not None:
+            self.mapping(opaque, f"{path}.opaque", "'opaque'")
+            self.keys(opaque, f"{path}.opaque", OPAQUE_KEYS, ("type", "inputs", "outputs"))
+        pad = value.get("pad")
+        if pad == 0 and not isinstance(pad, bool):
+            pad = "0"  # `pad: 0` unquoted reads as an integer; it means the same
+        return Op(name=value["name"], expr=value.get("expr"), kind=value.get("kind", "expr"),
+                  pad=pad, axes=dict(axes or {}), opaque=opaque, origin=value.get("origin"),
+                  tile=value.get("tile"))
+
+    def kernel(self, value: Any, path: str) -> Kernel:
+        self.mapping(value, path, "a kernel")
+        self.keys(value, path, KERNEL_KEYS, ("name", "ops"))
+        ops = self.list_(value["ops"], f"{path}.ops", "a kernel's 'ops'")
+        return Kernel(name=value["name"], ops=tuple(ops), tile=value.get("tile"),
+                      estimate=value.get("estimate"), launch=value.get("launch"))
+
+    def stage(self, value: Any, path: str) -> Mapping[str, Any]:
+        self.mapping(value, path, "a stage entry")
+        self.keys(value, path, STAGE_KEYS, ("name",))
+        return value
+
+    def weights(self, value: Any) -> Mapping[str, Any] | None:
+        if value is None:
+            return None
+        self.mapping(value, "weights", "'weights'")
+        self.keys(value, "weights", WEIGHTS_KEYS, WEIGHTS_KEYS)
+        return value
+
+
+def check_version(doc: Mapping[str, Any], origin: str | None) -> None:
+    """Refuse a document without `tilekit: <int>` or of another major version."""
+    loc = where(origin, "tilekit")
+    if "tilekit" not in doc:
+        raise IRError("missing the 'tilekit' format version key", loc,
+                      f"a tile IR document starts with 'tilekit: {IR_VERSION}'; "
+                      "is this a tile IR document?")
+    version = doc["tilekit"]
+    if isinstance(version, bool) or not isinstance(version, int):
+        raise IRError(f"format version must be an integer, got {type_name(version)} "
+                      f"{version!r}", loc, f"write 'tilekit: {IR_VERSION}'")
+    if version > IR_VERSION:
+        raise IRError(f"tile IR format {version} is newer than this tilekit "
+                      f"(reads {IR_VERSION})", loc, "upgrade tilekit")
+    if version != IR_VERSION:
+        raise IRError(f"tile IR format {version} is not one this tilekit reads "
+                      f"(reads {IR_VERSION})", loc,
+                      "re-create the document with this tilekit's tk-import")
+
+
+def loads(text: str, origin: str = "<stdin>") -> Module:
+    """Parse a YAML or JSON tile IR document into a `Module`.
+
+    Checks the version and the document's structure (mappings, lists, known keys); call
+    `verify` (or use `read_module`) for the values and invariants. Raises `IRError` located
+    as `<origin>:<line>:<col>` for syntax errors and `<origin>: <ir.path>` otherwise.
+    """
+    return _Decoder(origin).module(parse_document(text, origin))
+
+
+def parse_document(text: str, origin: str = "<stdin>") -> Any:
+    """The plain data (dicts, lists, scalars) of a YAML or JSON text, before any IR check.
+
+    Syntax errors, duplicate keys and several YAML documents raise `IRError`.
+    """
+    return _parse_json(text, origin) if detect_format(text) == "json" else _parse_yaml(text, origin)
+
+
+# -- Module -> document ------------------------------------------------------------------
+
+def _payload(value: Any) -> Any:
+    """Free-form data: mapping keys sorted, lists of scalars on one line."""
+    if isinstance(value, Mapping):
+        return {k: _payload(value[k]) for k in sorted(value)}
+    if isinstance(value, (list, tuple)):
+        items = [_payload(v) for v in value]
+        if all(not isinstance(v, (dict, list)) for v in items):
+            return _FlowList(items)
+        return items
+    return value
+
+
+def _put(out: dict[str, Any], key: str, value: Any, default: Any = None) -> None:
+    """Set `key` unless `value` is the field's default (omitted fields read back as it)."""
+    if value is None or value == default:
+        return
+    out[key] = value
+
+
+def _known_first(value: Mapping[str, Any], known: tuple[str, ...]) -> dict[str, Any]:
+    """A typed mapping's keys in their documented order, any others after, sorted."""
+    keys = [k for k in known if k in value] + sorted(k for k in value if k not in known)
+    return {k: value[k] for k in keys}
+
+
+def to_document(module: Module) -> dict[str, Any]:
+    """The plain (dict/list/scalar) document for `module`, keys in written order."""
+    doc: dict[str, Any] = {"tilekit": IR_VERSION, "model": module.model}
+    _put(doc, "source", None if module.source is None else _payload(module.source))
+    _put(doc, "weights", None if module.weights is None else
+         _known_first(module.weights, WEIGHTS_KEYS))
+    _put(doc, "hardware", module.hardware)
+    _put(doc, "stages", [_stage_doc(s) for s in module.stages], default=[])
+    doc["inputs"] = _FlowList(module.inputs)
+    doc["outputs"] = _FlowList(module.outputs)
+    doc["tensors"] = {name: _tensor_doc(t) for name, t in module.tensors.items()}
+    doc["ops"] = [_op_doc(op) for op in module.ops]
+    _put(doc, "kernels", [_kernel_doc(k) for k in module.kernels], default=[])
+    for key in ("program", "control", "codegen"):
+        value = getattr(module, key)
+        _put(doc, key, None if value is None else _payload(value))
+    return doc
+
+
+def _stage_doc(stage: Mapping[str, Any]) -> dict[str, Any]:
+    out = _known_first(stage, STAGE_KEYS)
+    if "options" in out:
+        out["options"] = _payload(out["options"])
+    return out
+
+
+def _tensor_doc(tensor: Tensor) -> dict[str, Any]:
+    out = _FlowDict(shape=_FlowList(tensor.shape), dtype=tensor.dtype)
+    _put(out, "role", tensor.role, default="intermediate")
+    return out
+
+
+def _op_doc(op: Op) -> dict[str, Any]:
+    out: dict[str, Any] = {"name": op.name}
+    _put(out, "expr", op.expr)
+    _put(out, "kind", op.kind, default="expr")
+    _put(out, "pad", op.pad)
+    _put(out, "axes", _FlowDict((k, op.axes[k]) for k in sorted(op.axes)), default={})
+    if op.opaque is not None:
+        out["opaque"] = {k: _payload(v) for k, v in _known_first(op.opaque, OPAQUE_KEYS).items()}
+    _put(out, "origin", op.origin)
+    _put(out, "tile", None if op.tile is None else _payload(op.tile))
+    return out
+
+
+def _kernel_doc(kernel: Kernel) -> dict[str, Any]:
+    out: dict[str, Any] = {"name": kernel.name, "ops": _FlowList(kernel.ops)}
+    for key in ("tile", "estimate", "launch"):
+        value = getattr(kernel, key)
+        _put(out, key, None if value is None else _payload(value))
+    return out
+
+
+def _json_text(value: Any, indent: str = "") -> str:
+    """Indented JSON with the same one-line parts as the YAML form."""
+    inner = indent + "  "
+    if isinstance(value, _FlowDict):
+        return "{" + ", ".join(f"{json.dumps(k, ensure_ascii=False)}: {_json_text(v, inner)}"
+                               for k, v in value.items()) + "}"
+    if isinstance(value, _FlowList):
+        return "[" + ", ".join(_json_text(v, inner) for v in value) + "]"
+    if isinstance(value, dict):
+        if not value:
+            return "{}"
+        items = [f"{inner}{json.dumps(k, ensure_ascii=False)}: {_json_text(v, inner)}"
+                 for k, v in value.items()]
+        return "{\n" + ",\n".join(items) + "\n" + indent + "}"
+    if isinstance(value, list):
+        if not value:
+            return "[]"
+        return "[\n" + ",\n".join(inner + _json_text(v, inner) for v in value) + "\n" + indent + "]"
+    return json.dumps(value, ensure_ascii=False, allow_nan=False)
+
+
+def dumps(module: Module, fmt: str = "yaml") -> str:
+    """Write `module` as YAML (default) or JSON text. Deterministic: same module, same bytes.
+
+    Does not verify; `write_module` does. Non-finite floats cannot be written as JSON.
+    """
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown IR format {fmt!r}; choose from {', '.join(FORMATS)}")
+    doc = to_document(module)
+    if fmt == "json":
+        return _json_text(doc) + "\n"
+    return yaml.dump(doc, Dumper=_Dumper, sort_keys=False, allow_unicode=True,
+                     default_flow_style=False, width=1 << 30, indent=2)
+
+
+# -- files -------------------------------------------------------------------------------
+
+def read_module(path: str = "-") -> Module:
+    """Read, parse and verify a tile IR document from a file or `-` (stdin)."""
+    from tilekit.ir.verify import verify
+
+    text, name = read_input_text(path, "IR")
+    module = loads(text, origin=name)
+    verify(module, origin=name)
+    return module
+
+
+class InvalidOutputError(RuntimeError):
+    """A tool built a module that fails verification: a bug in the tool, not bad input."""
+
+
+def write_module(module: Module, output: str = "-", fmt: str | None = None,
+                 input_path: str | None = None) -> None:
+    """Verify `module`, then write it to `output` (`-` is stdout; files atomically).
+
+    `fmt` is `yaml` (the default) or `json`. An invalid module is never written: that raises
+    `InvalidOutputError`, which commands report as an internal error (exit 1).
+    """
+    from tilekit.ir.verify import verify
+
+    try:
+        verify(module, origin="<output>")
+    except IRError as exc:
+        raise InvalidOutputError(
+            f"refusing to write an invalid tile IR document: {exc.message()}") from exc
+    write_output(output, dumps(module, fmt or "yaml"), input_path=input_path)
