@@ -1,0 +1,52 @@
+"""Shared pytest set-up: the `--update-goldens` option and skipping `gpu` tests without a GPU."""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--update-goldens", action="store_true", default=False,
+                     help="Rewrite the expected_* files of golden CLI cases from the actual "
+                          "output (review the diff before committing).")
+
+
+@functools.lru_cache(maxsize=None)
+def gpu_missing_reason() -> str | None:
+    """Why GPU tests cannot run here, or None when CuPy sees a CUDA device."""
+    try:
+        import cupy
+    except Exception as exc:  # noqa: BLE001 - ImportError or a broken CUDA install
+        return f"CuPy not importable ({type(exc).__name__})"
+    try:
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception as exc:  # noqa: BLE001 - no driver / no device
+        return f"no CUDA device ({type(exc).__name__})"
+    return None if count > 0 else "no CUDA device"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    gpu_items = [item for item in items if item.get_closest_marker("gpu")]
+    if not gpu_items:
+        return
+    reason = gpu_missing_reason()
+    if reason is None:
+        return
+    skip = pytest.mark.skip(reason=f"gpu test: {reason}")
+    for item in gpu_items:
+        item.add_marker(skip)
+
+
+@pytest.fixture
+def update_goldens(request: pytest.FixtureRequest) -> bool:
+    return bool(request.config.getoption("--update-goldens"))
+
+
+@pytest.fixture
+def repo_root() -> Path:
+    return REPO

@@ -1,0 +1,153 @@
+"""tk-hw on the command line: shipped profiles validate, bad ones give one located line, exit 2.
+
+Each file in tests/data/bad_profiles/ starts with `# expect: TEXT` lines; the one-line error
+for that file must contain every TEXT. Most cases run in-process (click's runner); a few go
+through a real subprocess and the bin/ shim to prove the entry points.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from tilekit.cli.tk_hw import main
+from tilekit.hw import ENV_VAR
+
+REPO = Path(__file__).resolve().parents[2]
+SHIPPED = sorted((REPO / "hwprofiles").glob("*.yaml"))
+BAD = sorted((REPO / "tests" / "data" / "bad_profiles").glob("*.yaml"))
+
+
+@pytest.fixture(autouse=True)
+def no_env(monkeypatch):
+    monkeypatch.delenv(ENV_VAR, raising=False)
+
+
+def run(*args: str, stdin: str | None = None):
+    return CliRunner().invoke(main, list(args), input=stdin)
+
+
+def expectations(path: Path) -> list[str]:
+    lines = path.read_text().splitlines()
+    expects = [ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("# expect:")]
+    assert expects, f"{path.name} has no '# expect:' line"
+    return expects
+
+
+def assert_one_error_line(stderr: str) -> str:
+    lines = stderr.splitlines()
+    assert len(lines) == 1, stderr
+    assert lines[0].startswith("tk-hw: error: "), stderr
+    assert "Traceback" not in stderr
+    return lines[0]
+
+
+def test_there_are_enough_bad_cases():
+    assert len(BAD) >= 12
+
+
+@pytest.mark.parametrize("path", BAD, ids=lambda p: p.stem)
+def test_bad_profile(path):
+    rel = str(path.relative_to(REPO))
+    result = CliRunner().invoke(main, ["validate", str(path)])
+    assert result.exit_code == 2, result.output
+    line = assert_one_error_line(result.stderr)
+    assert str(path) in line  # located: the file, and its line where there is one
+    for text in expectations(path):
+        assert text in line, f"{rel}: expected {text!r} in {line!r}"
+    assert result.stdout == ""
+
+
+def test_validate_shipped_profiles_in_a_subprocess():
+    files = [str(p.relative_to(REPO)) for p in SHIPPED]
+    proc = subprocess.run([sys.executable, "-m", "tilekit.cli.tk_hw", "validate", *files],
+                          cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == [f"ok: {f}" for f in files]
+    assert proc.stderr == ""
+
+
+def test_bin_shim_reports_every_bad_file_and_the_good_ones():
+    files = [str(SHIPPED[0]), *map(str, BAD)]
+    proc = subprocess.run([sys.executable, str(REPO / "bin" / "tk-hw"), "validate", *files],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert proc.stdout.splitlines() == [f"ok: {SHIPPED[0]}"]
+    errors = proc.stderr.splitlines()
+    assert len(errors) == len(BAD)
+    for line, path in zip(errors, BAD):
+        assert line.startswith(f"tk-hw: error: {path}"), line
+
+
+def test_validate_reads_stdin():
+    text = (REPO / "hwprofiles" / "v100.yaml").read_text()
+    result = run("validate", "-", stdin=text)
+    assert result.exit_code == 0 and result.stdout == "ok: -\n"
+    result = run("validate", "-", stdin=text.replace("value: 80,", "value: -80,"))
+    assert result.exit_code == 2
+    assert "<stdin>:" in assert_one_error_line(result.stderr)
+
+
+def test_validate_quiet_prints_nothing_on_success():
+    result = run("validate", "--quiet", str(SHIPPED[0]))
+    assert result.exit_code == 0 and result.stdout == ""
+
+
+def test_list_is_a_plain_table_when_piped():
+    result = run("list")
+    assert result.exit_code == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].split()[:4] == ["NAME", "ARCH", "KIND", "SMS"]
+    rows = {ln.split()[0]: ln for ln in lines[1:]}
+    assert set(rows) == {"a100", "h100", "ipu", "rtx4090", "v100"}
+    assert "sm_90" in rows["h100"] and "132" in rows["h100"] and "3.35 TB/s" in rows["h100"]
+    assert "66.9 TFLOP/s" in rows["h100"]
+    assert "distributed" in rows["ipu"]
+
+
+def test_show_prints_every_figure_with_its_source():
+    result = run("show", "H100")
+    assert result.exit_code == 0, result.stderr
+    out = result.stdout
+    assert "memory[shared].per_block_optin" in out and "227 KiB" in out
+    assert "measured:" in out and "sources:" in out and "datasheet:" in out
+    assert "989.4 TFLOP/s" in out
+
+
+def test_show_json_is_base_units():
+    result = run("show", "--json", "a100")
+    data = json.loads(result.stdout)
+    assert data["sm_count"] == 108 and data["smem_per_block"] == 163 * 1024
+    assert data["dram_bandwidth"] == 2.039e12
+
+
+@pytest.mark.parametrize("args, text", [
+    (["show", "h1000"], "h1000: unknown hardware profile; did you mean 'h100'? known: a100, h100"),
+    (["show"], "Missing argument"),
+    (["show", "--frobnicate", "h100"], "No such option"),
+    (["validate"], "Missing argument"),
+    (["explode"], "No such command"),
+    (["show", "tests/data/none.yaml"], "tests/data/none.yaml: no such file"),
+])
+def test_usage_and_input_errors_are_one_line_exit_2(args, text):
+    result = run(*args)
+    assert result.exit_code == 2
+    assert text in assert_one_error_line(result.stderr)
+
+
+def test_version():
+    result = run("--version")
+    assert result.exit_code == 0 and result.stdout.startswith("tk-hw (tilekit) ")
+
+
+@pytest.mark.parametrize("args", [["--debug", "show", "h1000"], ["show", "h1000", "--debug"]])
+def test_debug_shows_the_traceback(args):
+    result = run(*args)
+    assert result.exit_code == 2
+    assert "Traceback" in result.stderr
+    assert result.stderr.splitlines()[-1].startswith("tk-hw: error: h1000: unknown")

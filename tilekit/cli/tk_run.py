@@ -1,0 +1,165 @@
+"""tk-run: run a tile-IR module on inputs; optionally check it against a reference and time it.
+
+tk-run is the sink of a pipe, so its results (per-output summaries, check lines, timings,
+the report) go to stdout, unless `-o -` sends the outputs archive there, in which case they go
+to stderr. Errors always go to stderr. Exit codes: 0 success, 1 check mismatch or internal
+error, 2 bad input. See docs/run.md.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import click
+import numpy as np
+
+from tilekit.cli.common import input_argument, stderr_is_terminal, tk_command, warn, write_output
+from tilekit.errors import EXIT_OK
+
+TOOL = "tk-run"
+#: `--check` found a mismatch (bad input is 2, as for every tool).
+EXIT_CHECK_FAILED = 1
+
+
+@tk_command(TOOL)
+@input_argument
+@click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
+              help="Where to run: the CPU reference executor, or the CUDA runtime.")
+@click.option("--mode", default="whole", show_default=True, metavar="MODE",
+              help="CPU execution mode: 'whole' ops, or a mode added by a stage (e.g. 'tiled').")
+@click.option("--input", "input_flags", multiple=True, metavar="NAME=@FILE.npy|NAME=V,V,..",
+              help="One input: an .npy file, or comma-separated values (one value fills the "
+                   "tensor). Repeatable; overrides --inputs.")
+@click.option("--inputs", "inputs_npz", metavar="FILE.npz",
+              help="Inputs from an .npz archive keyed by input name.")
+@click.option("--seed", type=int, default=None, metavar="N",
+              help="Random values for inputs not given (normal floats, ints in [0,8), bools).")
+@click.option("--allow-nan", is_flag=True, help="Accept NaN and infinities in inputs.")
+@click.option("-o", "--output", "output", default=None, metavar="FILE.npz",
+              help="Write the outputs to an .npz archive ('-' for stdout).")
+@click.option("--check", is_flag=True,
+              help="Compare with onnxruntime on the source model, or with the CPU reference "
+                   "executor when the IR has none; exit 1 on mismatch.")
+@click.option("--rtol", type=click.FloatRange(min=0), default=None, metavar="R",
+              help="Pass when the relative L2 error <= R (default by dtype: 1e-5 for float32).")
+@click.option("--atol", type=click.FloatRange(min=0), default=None, metavar="A",
+              help="... or when the worst absolute error <= A (default 1e-6 for float32).")
+@click.option("--bench", type=click.IntRange(min=1), default=None, metavar="N",
+              help="Time N runs after the warm-up; print median/min/max and the device.")
+@click.option("--warmup", type=click.IntRange(min=0), default=1, show_default=True,
+              metavar="K", help="Untimed runs before --bench.")
+@click.option("--report", is_flag=True, help="Print a per-op time profile and peak memory.")
+def main(input, device, mode, input_flags, inputs_npz, seed, allow_nan, output, check, rtol,
+         atol, bench, warmup, report, quiet, debug):
+    """Run the tile IR module IR (a file, or '-'/nothing for stdin)."""
+    from tilekit.ir.codec import read_module
+    from tilekit.runtime import backend
+    from tilekit.runtime.bench import peak_rss_bytes, time_runs
+    from tilekit.runtime.check import compare_outputs, reference_outputs
+    from tilekit.runtime.io import (base_dir, check_inputs, describe, gather_inputs,
+                                    load_weights, npz_bytes)
+
+    if (rtol is not None or atol is not None) and not check:
+        warn(TOOL, "--rtol/--atol have no effect without --check")
+    if report and device != "cpu":
+        warn(TOOL, "--report profiles the CPU executor only; ignored with --device cuda")
+    module = read_module(input)
+    folder = base_dir(input)
+    runner = backend(module, device, mode)  # refuses what the device cannot run, early
+    weights = load_weights(module, folder)
+    inputs = gather_inputs(module, input_flags, inputs_npz, seed)
+    check_inputs(module, inputs, allow_nan=allow_nan, seed_given=seed is not None)
+
+    echo = _Echo(to_stderr=output == "-")
+    profile: list[tuple[str, float]] = []
+    if report and device == "cpu":
+        from tilekit.runtime.cpu import prepare
+        outputs = prepare(module).run(inputs, weights, mode=mode,
+                                      on_step=lambda s, t: profile.append((s.op.name, t)))
+    else:
+        outputs = runner.run(inputs, weights)
+    peak = peak_rss_bytes()  # before --check loads a reference runtime into this process
+
+    if output is not None:
+        write_output(output, npz_bytes(outputs), input_path=input)
+    if not quiet:
+        for name, array in outputs.items():
+            echo(f"{name}: {describe(array)}{_stats(array)}")
+
+    status = EXIT_OK
+    if check:
+        reference = reference_outputs(module, inputs, weights, folder)
+        label = device if device != "cpu" or mode == "whole" else f"cpu ({mode} mode)"
+        echo(f"check: {label} against {reference.description}: pass when rel_l2 <= rtol "
+             "or max_abs <= atol")
+        results = compare_outputs(module, outputs, reference.outputs, rtol, atol)
+        for result in results:
+            echo(f"  {result.line()}")
+        failed = [r.name for r in results if not r.passed]
+        if failed:
+            echo(f"check: FAIL ({len(failed)} of {len(results)} outputs differ)")
+            status = EXIT_CHECK_FAILED
+        else:
+            echo(f"check: pass ({len(results)} output{'s' if len(results) != 1 else ''})")
+    if bench is not None:
+        timing = time_runs(lambda: runner.run(inputs, weights), bench, warmup)
+        echo(timing.line(runner.description))
+    if report and not quiet:
+        _print_report(echo, module, profile, peak)
+    return status
+
+
+class _Echo:
+    """Result lines to stdout, or to stderr when stdout carries the outputs archive."""
+
+    def __init__(self, to_stderr: bool):
+        self.to_stderr = to_stderr
+
+    def __call__(self, line: str) -> None:
+        click.echo(line, err=self.to_stderr)
+
+
+def _stats(array: np.ndarray) -> str:
+    try:
+        values = array.astype(np.float64, copy=False)
+    except (TypeError, ValueError):
+        return ""
+    if values.size == 0:
+        return ""
+    finite = np.isfinite(values)
+    note = "" if finite.all() else f"  ({int(values.size - finite.sum())} non-finite)"
+    if not finite.any():
+        return note
+    values = values[finite] if not finite.all() else values
+    return (f"  min {values.min():.6g}  max {values.max():.6g}  mean {values.mean():.6g}"
+            f"{note}")
+
+
+def _print_report(echo: _Echo, module, profile: list[tuple[str, float]], peak: int) -> None:
+    total = sum(t for _, t in profile) or 1e-12
+    slowest = sorted(profile, key=lambda p: -p[1])[:10]
+    rows = [(name, f"{t * 1e3:.3f}", f"{100 * t / total:.1f}%") for name, t in slowest]
+    heading = (f"report: {module.model}: {len(module.ops)} ops, "
+               f"{total * 1e3:.3f} ms in ops, peak memory {peak / 2**20:.1f} MiB")
+    if stderr_is_terminal() and echo.to_stderr or (not echo.to_stderr and sys.stdout.isatty()):
+        from rich.console import Console
+        from rich.table import Table
+
+        table = Table(title=heading, title_justify="left")
+        for column in ("op", "ms", "share"):
+            table.add_column(column, justify="left" if column == "op" else "right")
+        for row in rows:
+            table.add_row(*row)
+        Console(stderr=echo.to_stderr).print(table)
+        return
+    echo(heading)
+    if not rows:
+        return
+    width = max(len(r[0]) for r in rows)
+    echo(f"  {'op':<{width}}  {'ms':>10}  {'share':>6}")
+    for name, ms, share in rows:
+        echo(f"  {name:<{width}}  {ms:>10}  {share:>6}")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

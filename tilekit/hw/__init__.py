@@ -1,0 +1,22 @@
+"""Hardware profiles: validated data describing a target device (hwprofiles/*.yaml).
+
+    from tilekit.hw import load_profile
+    hw = load_profile("h100")            # or an alias ("H100"), or a path to a YAML file
+    hw.sm_count, hw.smem_per_block, hw.dram_bandwidth, hw.peak_flops("float16", tensor_core=True)
+
+Modules: `profile` (the frozen `Profile` record and its consistency rules), `schema` (the file
+format: fields, units, sources, located errors), `registry` (names, folders, loading),
+`units` (unit spellings and printing). The format is documented in docs/hwprofiles.md.
+"""
+
+from tilekit.hw.profile import (DTYPES, FEATURES, KINDS, Achievable, Features, MemoryLevel,
+                                MmaShape, Profile)
+from tilekit.hw.registry import (ENV_VAR, builtin_dir, list_profiles, load_profile,
+                                 profile_dirs, profile_names, read_profile_file, resolve)
+from tilekit.hw.schema import SCHEMA_VERSION
+
+__all__ = [
+    "Achievable", "DTYPES", "ENV_VAR", "FEATURES", "Features", "KINDS", "MemoryLevel",
+    "MmaShape", "Profile", "SCHEMA_VERSION", "builtin_dir", "list_profiles", "load_profile",
+    "profile_dirs", "profile_names", "read_profile_file", "resolve",
+]

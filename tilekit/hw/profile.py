@@ -1,0 +1,404 @@
+"""The hardware profile as the tools read it: one frozen record of limits and rates, in base units.
+
+A `Profile` is built from a validated `hwprofiles/*.yaml` file (`tilekit.hw.schema`), never
+written by hand in code: hardware is data. Every attribute is in a base unit (bytes, B/s, Hz,
+FLOP/s or OP/s, plain counts) and every figure's provenance is kept in `sources`.
+
+Scope of per-level figures: registers and shared memory are *per SM* (per tile on a distributed
+machine); L2 and DRAM are *device-wide*. `smem_bandwidth` is the device-wide sum
+(per-SM bandwidth x SM count), so that a cost model can compare whole-kernel traffic over
+each level's bandwidth directly: time = max(flops / peak, smem_bytes / smem_bandwidth,
+dram_bytes / dram_bandwidth).
+
+The consistency rules (shared memory per block <= per SM, warp size divides the block limit,
+...) live in `__post_init__`, so a variant made with `dataclasses.replace` (twice the SMs, more
+bandwidth) is checked by the same rules as a file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from tilekit.errors import ProfileError
+from tilekit.hw.units import format_quantity
+
+KINDS = ("simt", "distributed")
+#: Keys of the per-dtype peak tables (`compute.simt`, `compute.tensor_core`).
+DTYPES = ("fp64", "fp32", "tf32", "fp16", "bf16", "fp8", "int32", "int8")
+#: IR dtype names (tilekit.ir.model.DTYPES) accepted by `Profile.peak_flops` as well.
+DTYPE_ALIASES = {"float64": "fp64", "float32": "fp32", "float16": "fp16", "bfloat16": "bf16",
+                 "float8": "fp8", "tfloat32": "tf32"}
+FEATURES = ("async_copy", "tma", "clusters", "cooperative_launch")
+#: Lowest NVIDIA compute capability (x10) that has each feature (CUDA C++ Programming Guide).
+FEATURE_MIN_CC = {"async_copy": 80, "tma": 90, "clusters": 90, "cooperative_launch": 60}
+#: Registers are 32-bit on every machine we describe.
+REGISTER_BYTES = 4
+#: The PTX ISA encodes a register number in 8 bits; ptxas caps a thread at 255.
+NVIDIA_MAX_REGS_PER_THREAD = 255
+#: A cost model divides by these, and a fraction above 1 would claim more than the peak.
+_FRACTIONS = ("dram", "compute", "smem")
+
+
+@dataclass(frozen=True)
+class MmaShape:
+    """One matrix-multiply instruction shape: D[m, n] += A[m, k] * B[k, n] per warp (group).
+
+    For `wgmma.mma_async` (Hopper), `n` is the largest N; any multiple of 8 up to it is valid.
+    """
+
+    instruction: str
+    dtype: str
+    m: int
+    n: int
+    k: int
+
+
+@dataclass(frozen=True)
+class Features:
+    """What the code generator may use."""
+
+    async_copy: bool = False          # cp.async global -> shared without registers (sm_80+)
+    tma: bool = False                 # tensor memory accelerator, cp.async.bulk.tensor (sm_90+)
+    clusters: bool = False            # thread-block clusters and distributed shared memory (sm_90+)
+    cooperative_launch: bool = False  # grid-wide barriers in one persistent kernel
+
+
+@dataclass(frozen=True)
+class Achievable:
+    """Fractions of the peaks that real kernels reach; the cost model multiplies peaks by these."""
+
+    dram: float
+    compute: float
+    smem: float
+
+
+@dataclass(frozen=True)
+class MemoryLevel:
+    """One level of the memory hierarchy, innermost first (see `Profile.memory_levels`).
+
+    `scope` says what `capacity_bytes` and `bandwidth` count: "sm" (per SM or tile) or
+    "device". `bandwidth` is None where the profile does not model it (the register file).
+    """
+
+    name: str
+    label: str
+    scope: str
+    capacity_bytes: int
+    bandwidth: float | None
+    transaction_bytes: int
+    banks: int | None = None
+    bank_bytes: int | None = None
+
+
+#: Where each numeric attribute lives in a profile file: messages name the file's path.
+FIELD_PATHS = {
+    "sm_count": "parallelism.sm_count",
+    "warp_size": "parallelism.warp_size",
+    "max_threads_per_block": "parallelism.max_threads_per_block",
+    "max_threads_per_sm": "parallelism.max_threads_per_sm",
+    "max_blocks_per_sm": "parallelism.max_blocks_per_sm",
+    "max_warps_per_sm": "parallelism.max_warps_per_sm",
+    "regs_per_sm": "registers.per_sm",
+    "regs_per_block": "registers.max_per_block",
+    "max_regs_per_thread": "registers.max_per_thread",
+    "smem_per_sm": "memory[shared].capacity",
+    "smem_per_block": "memory[shared].per_block_optin",
+    "smem_per_block_static": "memory[shared].per_block_static",
+    "smem_banks": "memory[shared].banks",
+    "smem_bank_bytes": "memory[shared].bank_width",
+    "smem_bandwidth_per_sm": "memory[shared].bandwidth",
+    "smem_transaction_bytes": "memory[shared].transaction",
+    "l2_bytes": "memory[l2].capacity",
+    "l2_bandwidth": "memory[l2].bandwidth",
+    "l2_transaction_bytes": "memory[l2].transaction",
+    "dram_bytes": "memory[dram].capacity",
+    "dram_bandwidth": "memory[dram].bandwidth",
+    "transaction_bytes": "memory[dram].transaction",
+    "exchange_bandwidth": "exchange.bandwidth",
+    "clock_hz": "compute.clock",
+}
+
+_ATTR_OF_PATH = {path: attr for attr, path in FIELD_PATHS.items()}
+#: Fields that do not change what a tool computes (see `Profile.content_hash`).
+_NOT_HASHED = ("name", "aliases", "description", "labels", "sources", "references")
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A validated hardware profile. Units: bytes, B/s, Hz, FLOP/s (OP/s for integers)."""
+
+    name: str
+    vendor: str
+    arch: str                      # nvcc target for NVIDIA (sm_90); a free name otherwise
+    kind: str                      # "simt" or "distributed"
+    # parallelism (a "block" is a thread block; on a distributed machine, a tile's workers)
+    sm_count: int
+    warp_size: int
+    max_threads_per_block: int
+    max_threads_per_sm: int
+    max_blocks_per_sm: int
+    max_warps_per_sm: int
+    # 32-bit registers
+    regs_per_sm: int
+    regs_per_block: int
+    max_regs_per_thread: int
+    # shared memory: per SM; a block gets `smem_per_block_static` without opting in,
+    # `smem_per_block` (the opt-in maximum) with cudaFuncAttributeMaxDynamicSharedMemorySize
+    smem_per_sm: int
+    smem_per_block: int
+    smem_per_block_static: int
+    smem_bandwidth_per_sm: float
+    smem_transaction_bytes: int
+    # DRAM (device-wide); `transaction_bytes` is the DRAM/L2 sector a coalesced access moves
+    dram_bytes: int
+    dram_bandwidth: float
+    transaction_bytes: int
+    clock_hz: float
+    peaks: Mapping[str, float]            # SIMT (CUDA-core) dense peaks, by dtype
+    tensor_peaks: Mapping[str, float]     # tensor-core dense peaks, FP32 (int: INT32) accumulate
+    achievable: Achievable
+    features: Features = Features()
+    mma_shapes: tuple[MmaShape, ...] = ()
+    smem_banks: int | None = None
+    smem_bank_bytes: int | None = None
+    # L2 (device-wide): absent on a distributed machine (l2_bytes 0, the rest None)
+    l2_bytes: int = 0
+    l2_bandwidth: float | None = None
+    l2_transaction_bytes: int | None = None
+    # all-to-all tile interconnect of a distributed machine (aggregate B/s)
+    exchange_bandwidth: float | None = None
+    aliases: tuple[str, ...] = ()
+    description: str = ""
+    #: memory level name -> what the vendor calls it ("HBM3", "In-Processor-Memory")
+    labels: Mapping[str, str] = field(default_factory=dict)
+    #: figure path ("parallelism.sm_count") -> source as written ("datasheet", "measured: ...")
+    sources: Mapping[str, str] = field(default_factory=dict)
+    #: source key -> the document it names (the file's `sources:` map)
+    references: Mapping[str, str] = field(default_factory=dict)
+    #: the file this came from, for messages only: not part of equality or the content hash
+    origin: str = field(default="", compare=False)
+
+    def __post_init__(self) -> None:
+        _check_profile(self)
+
+    def __hash__(self) -> int:
+        return hash(self.content_hash)
+
+    # -- derived figures ---------------------------------------------------------------------
+
+    @property
+    def smem_bandwidth(self) -> float:
+        """Shared-memory bandwidth of the whole device, B/s (per-SM bandwidth x SM count)."""
+        return self.smem_bandwidth_per_sm * self.sm_count
+
+    @property
+    def reg_file_bytes(self) -> int:
+        """Register file per SM, bytes."""
+        return self.regs_per_sm * REGISTER_BYTES
+
+    @property
+    def has_l2(self) -> bool:
+        return self.l2_bytes > 0
+
+    @property
+    def compute_capability(self) -> tuple[int, int] | None:
+        """(9, 0) for sm_90; None for an arch that is not an NVIDIA `sm_XY`."""
+        m = re.fullmatch(r"sm_(\d+)(\d)a?", self.arch)
+        return (int(m.group(1)), int(m.group(2))) if m else None
+
+    @property
+    def memory_levels(self) -> tuple[MemoryLevel, ...]:
+        """The hierarchy, innermost first: registers, shared, l2 (if any), dram."""
+        levels = [
+            MemoryLevel("registers", self.labels.get("registers", "registers"), "sm",
+                        self.reg_file_bytes, None, REGISTER_BYTES),
+            MemoryLevel("shared", self.labels.get("shared", "shared memory"), "sm",
+                        self.smem_per_sm, self.smem_bandwidth_per_sm, self.smem_transaction_bytes,
+                        self.smem_banks, self.smem_bank_bytes),
+        ]
+        if self.has_l2:
+            levels.append(MemoryLevel("l2", self.labels.get("l2", "L2"), "device", self.l2_bytes,
+                                      self.l2_bandwidth, self.l2_transaction_bytes or 0))
+        levels.append(MemoryLevel("dram", self.labels.get("dram", "DRAM"), "device",
+                                  self.dram_bytes, self.dram_bandwidth, self.transaction_bytes))
+        return tuple(levels)
+
+    def level(self, name: str) -> MemoryLevel:
+        """The memory level called `name` (registers, shared, l2, dram)."""
+        for lv in self.memory_levels:
+            if lv.name == name:
+                return lv
+        known = ", ".join(lv.name for lv in self.memory_levels)
+        raise ProfileError(f"no memory level '{name}'", f"{self.name}: memory",
+                           f"this profile has: {known}")
+
+    def peak_flops(self, dtype: str, tensor_core: bool = False) -> float:
+        """Dense peak rate for `dtype` (profile key `fp16` or IR name `float16`), FLOP/s or OP/s.
+
+        `tensor_core=True` reads the tensor-core (matrix unit) table, otherwise the SIMT one.
+        A dtype the table lacks is an error listing what it has: callers choose the fallback.
+        """
+        key = DTYPE_ALIASES.get(dtype, dtype)
+        table = self.tensor_peaks if tensor_core else self.peaks
+        if key not in table:
+            section = "compute.tensor_core" if tensor_core else "compute.simt"
+            raise ProfileError(f"no peak for dtype '{dtype}'", f"{self.name}: {section}",
+                               f"this profile has: {', '.join(table) or 'none'}")
+        return table[key]
+
+    def has_peak(self, dtype: str, tensor_core: bool = False) -> bool:
+        table = self.tensor_peaks if tensor_core else self.peaks
+        return DTYPE_ALIASES.get(dtype, dtype) in table
+
+    def achievable_flops(self, dtype: str, tensor_core: bool = False) -> float:
+        """`peak_flops` x the achievable compute fraction."""
+        return self.peak_flops(dtype, tensor_core) * self.achievable.compute
+
+    def figure(self, path: str) -> Any:
+        """The value of the figure at a file path (`memory[dram].bandwidth`), in base units.
+
+        Every path in `sources` resolves: an MMA entry gives its `MmaShape`, `features` the
+        `Features` record.
+        """
+        if path in _ATTR_OF_PATH:
+            return getattr(self, _ATTR_OF_PATH[path])
+        section, _, key = path.partition(".")
+        if path == "memory[registers].capacity":
+            return self.reg_file_bytes
+        if path == "features":
+            return self.features
+        if section == "achievable" and key in _FRACTIONS:
+            return getattr(self.achievable, key)
+        m = re.fullmatch(r"compute\.(simt|tensor_core)\.(\w+)", path)
+        if m and m.group(2) in (self.peaks if m.group(1) == "simt" else self.tensor_peaks):
+            return self.peak_flops(m.group(2), tensor_core=m.group(1) == "tensor_core")
+        m = re.fullmatch(r"compute\.mma\[(\d+)\]", path)
+        if m and int(m.group(1)) < len(self.mma_shapes):
+            return self.mma_shapes[int(m.group(1))]
+        raise ProfileError(f"no figure '{path}'", self.name,
+                           f"figures: {', '.join(self.sources)}")
+
+    def source(self, path: str) -> str:
+        """Where the figure at `path` (e.g. `memory[dram].bandwidth`) came from, spelled out."""
+        ref = self.sources.get(path)
+        if ref is None:
+            raise ProfileError(f"no figure '{path}'", self.name,
+                               f"figures with sources: {', '.join(sorted(self.sources))}")
+        return self.references.get(ref, ref)
+
+    # -- identity ------------------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        """The whole profile as plain data in base units (stable key order), `origin` aside."""
+        data = dataclasses.asdict(self)
+        data.pop("origin")
+        return json.loads(json.dumps(data))  # tuples -> lists, mappings -> dicts
+
+    @property
+    def content_hash(self) -> str:
+        """sha256 of the figures the tools compute from, for cache keys.
+
+        Names, prose and provenance are left out: fixing a source's URL or adding an alias
+        does not invalidate a tuning cache, while any changed number does.
+        """
+        data = {k: v for k, v in self.to_dict().items() if k not in _NOT_HASHED}
+        text = json.dumps(data, sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()
+
+    def identity(self) -> str:
+        """`name:hash12`, for cache keys and reports."""
+        return f"{self.name}:{self.content_hash[:12]}"
+
+
+# -- consistency ----------------------------------------------------------------------------
+
+def _fail(attr: str, what: str, hint: str | None = None) -> None:
+    raise ProfileError(what, FIELD_PATHS.get(attr, attr), hint)
+
+
+def _bytes(n: int) -> str:
+    return format_quantity(n, "bytes")
+
+
+def _check_profile(p: Profile) -> None:
+    """The rules a profile must keep; each error names the file path of the field to fix."""
+    if p.kind not in KINDS:
+        raise ProfileError(f"unknown kind '{p.kind}'", "kind", f"use one of: {', '.join(KINDS)}")
+    for attr in FIELD_PATHS:
+        value = getattr(p, attr)
+        if value is None or (attr == "l2_bytes" and value == 0):  # absent, or "no L2"
+            continue
+        if not value > 0:  # `not >` also catches NaN
+            _fail(attr, f"must be positive, got {value}")
+    for name in _FRACTIONS:
+        value = getattr(p.achievable, name)
+        if not 0 < value <= 1:
+            raise ProfileError(f"must be in (0, 1], got {value}", f"achievable.{name}")
+
+    if p.max_threads_per_block > p.max_threads_per_sm:
+        _fail("max_threads_per_block", f"{p.max_threads_per_block} exceeds max_threads_per_sm "
+              f"{p.max_threads_per_sm}", "a block runs on one SM")
+    if p.max_threads_per_block % p.warp_size:
+        _fail("max_threads_per_block", f"{p.max_threads_per_block} is not a multiple of "
+              f"warp_size {p.warp_size}")
+    if p.max_warps_per_sm * p.warp_size != p.max_threads_per_sm:
+        _fail("max_warps_per_sm", f"{p.max_warps_per_sm} warps x warp_size {p.warp_size} != "
+              f"max_threads_per_sm {p.max_threads_per_sm}")
+    if p.regs_per_block > p.regs_per_sm:
+        _fail("regs_per_block", f"{p.regs_per_block} exceeds registers.per_sm {p.regs_per_sm}")
+    if p.max_regs_per_thread > p.regs_per_block:
+        _fail("max_regs_per_thread", f"{p.max_regs_per_thread} exceeds registers.max_per_block "
+              f"{p.regs_per_block}")
+    if p.smem_per_block_static > p.smem_per_block:
+        _fail("smem_per_block_static", f"{_bytes(p.smem_per_block_static)} exceeds "
+              f"per_block_optin {_bytes(p.smem_per_block)}",
+              "the opt-in maximum is at least the static limit")
+    if p.smem_per_block > p.smem_per_sm:
+        _fail("smem_per_block", f"{_bytes(p.smem_per_block)} exceeds the per-SM capacity "
+              f"{_bytes(p.smem_per_sm)}", "a block's shared memory lives on one SM")
+
+    if p.kind == "simt":
+        if not p.has_l2 or p.l2_bandwidth is None or p.l2_transaction_bytes is None:
+            raise ProfileError("a simt profile needs an l2 level", "memory",
+                               "add {level: l2, capacity, bandwidth, transaction}")
+        if p.smem_banks is None or p.smem_bank_bytes is None:
+            _fail("smem_banks", "a simt profile needs shared-memory banks and bank_width")
+    else:
+        if p.exchange_bandwidth is None:
+            raise ProfileError("a distributed profile needs the tile interconnect", "exchange",
+                               "add exchange: {bandwidth: {value, unit, source}}")
+
+    if p.vendor == "nvidia":
+        cc = p.compute_capability
+        if cc is None:
+            raise ProfileError(f"'{p.arch}' is not an NVIDIA arch", "arch",
+                               "write sm_XY, e.g. sm_90 (the nvcc -arch target)")
+        if p.max_regs_per_thread > NVIDIA_MAX_REGS_PER_THREAD:
+            _fail("max_regs_per_thread", f"{p.max_regs_per_thread} exceeds "
+                  f"{NVIDIA_MAX_REGS_PER_THREAD}", "NVIDIA GPUs cap a thread at 255 registers")
+        if p.warp_size != 32:
+            _fail("warp_size", f"{p.warp_size} on an NVIDIA GPU", "NVIDIA warps are 32 threads")
+        for feature, min_cc in FEATURE_MIN_CC.items():
+            if getattr(p.features, feature) and cc[0] * 10 + cc[1] < min_cc:
+                raise ProfileError(f"{feature} needs sm_{min_cc} or later, arch is {p.arch}",
+                                   f"features.{feature}")
+
+    for table, section in ((p.peaks, "compute.simt"), (p.tensor_peaks, "compute.tensor_core")):
+        for dtype, value in table.items():
+            if dtype not in DTYPES:
+                raise ProfileError(f"unknown dtype '{dtype}'", f"{section}.{dtype}",
+                                   f"use one of: {', '.join(DTYPES)}")
+            if not value > 0:
+                raise ProfileError(f"must be positive, got {value}", f"{section}.{dtype}")
+    if "fp32" not in p.peaks:
+        raise ProfileError("missing", "compute.simt.fp32", "every profile states its FP32 peak")
+    for i, shape in enumerate(p.mma_shapes):
+        if shape.dtype not in p.tensor_peaks:
+            raise ProfileError(f"dtype '{shape.dtype}' has no tensor-core peak",
+                               f"compute.mma[{i}].dtype",
+                               "add it under compute.tensor_core or drop the shape")

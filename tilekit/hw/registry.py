@@ -1,0 +1,178 @@
+"""Finding hardware profiles: a bare name or alias in the profile folders, or a path to a file.
+
+Folders searched, first match wins: each folder of `$TILEKIT_HWPROFILES` (separated by
+`os.pathsep`), then the repository's `hwprofiles/` (found relative to the package). A name
+matches a file's stem, its `name:` or one of its `aliases:`, ignoring case; a stem match
+wins over an alias in the same folder. An argument that
+contains a path separator or ends in `.yaml`/`.yml` is a path, never a name.
+
+Loaded profiles are cached by (path, modification time, size): `Profile` is immutable, so
+tools and tests that ask for "h100" a thousand times parse the file once.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import os
+from pathlib import Path
+
+import yaml
+
+from tilekit.errors import ProfileError
+from tilekit.hw.profile import Profile
+from tilekit.hw.schema import parse_yaml, read_profile
+
+ENV_VAR = "TILEKIT_HWPROFILES"
+#: libyaml's parser when PyYAML was built with it: ten times faster than the pure-Python one.
+_FastLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+SUFFIXES = (".yaml", ".yml")
+
+
+def builtin_dir() -> Path:
+    """The `hwprofiles/` folder that ships with tilekit (repository root, beside the package)."""
+    return Path(__file__).resolve().parents[2] / "hwprofiles"
+
+
+def profile_dirs() -> list[Path]:
+    """The folders searched for names, in order: $TILEKIT_HWPROFILES, then the shipped one."""
+    dirs = []
+    for entry in os.environ.get(ENV_VAR, "").split(os.pathsep):
+        if not entry:
+            continue
+        folder = Path(entry)
+        if not folder.is_dir():
+            raise ProfileError(f"folder '{entry}' does not exist", ENV_VAR,
+                               "fix or unset the variable")
+        dirs.append(folder)
+    if builtin_dir().is_dir():
+        dirs.append(builtin_dir())
+    return dirs
+
+
+def is_path(name_or_path: str) -> bool:
+    return (os.sep in name_or_path or "/" in name_or_path
+            or name_or_path.endswith(SUFFIXES))
+
+
+def display_path(path: Path) -> str:
+    """A short name for messages: relative to the working directory when inside it."""
+    try:
+        rel = os.path.relpath(path)
+    except ValueError:  # another drive on Windows
+        return str(path)
+    return str(path) if rel.startswith("..") else rel
+
+
+def _files(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.iterdir() if p.suffix in SUFFIXES and p.is_file())
+
+
+@functools.lru_cache(maxsize=256)
+def _names_cached(path: str, mtime_ns: int, size: int) -> frozenset[str]:
+    names = {Path(path).stem.lower()}
+    try:
+        data = yaml.load(Path(path).read_text(encoding="utf-8"), Loader=_FastLoader)
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return frozenset(names)  # a broken file still answers to its stem; loading reports it
+    if isinstance(data, dict):
+        if isinstance(data.get("name"), str):
+            names.add(data["name"].lower())
+        aliases = data.get("aliases")
+        if isinstance(aliases, list):
+            names.update(a.lower() for a in aliases if isinstance(a, str))
+    return frozenset(names)
+
+
+def _names(path: Path) -> frozenset[str]:
+    st = path.stat()
+    return _names_cached(str(path), st.st_mtime_ns, st.st_size)
+
+
+def resolve(name: str) -> Path:
+    """The file a bare profile name or alias stands for; errors list the known names."""
+    wanted = name.lower()
+    for folder in profile_dirs():
+        files = _files(folder)
+        by_stem = [p for p in files if p.stem.lower() == wanted]
+        if len(by_stem) == 1:  # the common case, without reading every file's aliases
+            return by_stem[0]
+        matches = [p for p in files if wanted in _names(p)]
+        if len(matches) == 1:
+            return matches[0]
+        if len(matches) > 1:
+            listed = ", ".join(display_path(p) for p in matches)
+            raise ProfileError("ambiguous hardware profile name", name,
+                               f"it names {listed}; pass a path instead")
+    known = profile_names()
+    close = difflib.get_close_matches(wanted, [n.lower() for n in known], n=1)
+    hint = f"did you mean '{close[0]}'? " if close else ""
+    hint += f"known: {', '.join(known) or 'none'}; or pass a path to a YAML file"
+    raise ProfileError("unknown hardware profile", name, hint)
+
+
+@functools.lru_cache(maxsize=64)
+def _load_cached(path: str, origin: str, mtime_ns: int, size: int) -> Profile:
+    try:
+        raw = Path(path).read_bytes()
+    except OSError as exc:
+        raise ProfileError(f"cannot read: {exc.strerror}", origin) from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ProfileError(f"not UTF-8 text (byte {exc.start})", origin) from None
+    return read_profile_text(text, origin)
+
+
+def read_profile_text(text: str, origin: str) -> Profile:
+    """Validate profile YAML given as text; `origin` names it in messages ("<stdin>")."""
+    if not text.strip():
+        raise ProfileError("empty input, expected a hardware profile", origin,
+                           "see docs/hwprofiles.md for the format")
+    return read_profile(parse_yaml(text, origin), origin)
+
+
+def read_profile_file(path: str | Path) -> Profile:
+    """Load and validate the profile at `path`. Errors are located as `path:line: field`."""
+    p = Path(path)
+    origin = str(path)
+    if not p.exists():
+        raise ProfileError("no such file", origin, "check the path")
+    if p.is_dir():
+        raise ProfileError("is a directory, expected a profile YAML file", origin)
+    st = p.stat()
+    return _load_cached(str(p.resolve()), origin, st.st_mtime_ns, st.st_size)
+
+
+def load_profile(name_or_path: str | Path) -> Profile:
+    """A `Profile` from a bare name or alias (`h100`, `H100-SXM`) or a path to a YAML file."""
+    if isinstance(name_or_path, Path) or is_path(name_or_path):
+        return read_profile_file(name_or_path)
+    if not name_or_path:
+        raise ProfileError("empty hardware profile name", "--hw",
+                           f"known: {', '.join(profile_names())}")
+    path = resolve(name_or_path)
+    return read_profile_file(display_path(path))
+
+
+def profile_names() -> list[str]:
+    """Names (file stems) of every profile in the search folders, sorted; no file is validated."""
+    seen: dict[str, None] = {}
+    for folder in profile_dirs():
+        for p in _files(folder):
+            seen.setdefault(p.stem, None)
+    return sorted(seen)
+
+
+def list_profiles() -> tuple[Profile, ...]:
+    """Every profile in the search folders, validated, sorted by name.
+
+    A stem found in several folders is listed once, from the first folder (that is how a
+    `$TILEKIT_HWPROFILES` folder overrides a shipped profile). A broken file is an error.
+    """
+    chosen: dict[str, Path] = {}
+    for folder in profile_dirs():
+        for p in _files(folder):
+            chosen.setdefault(p.stem, p)
+    profiles = [read_profile_file(display_path(p)) for p in chosen.values()]
+    return tuple(sorted(profiles, key=lambda prof: prof.name))

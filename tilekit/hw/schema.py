@@ -1,0 +1,522 @@
+"""The profile file format: reads one `hwprofiles/*.yaml` document into a checked `Profile`.
+
+Owns everything about the *file*: YAML with line numbers, the field tables (dimension and
+plausible range of every figure), units, sources, and located error messages
+(`h100.yaml:23: parallelism.sm_count: missing; ...`). Cross-field rules live with `Profile`
+(tilekit.hw.profile) and are reported here at the line of the field they name.
+
+A figure is always a mapping `{value: 3.35, unit: TB/s, source: datasheet}`: a bare number
+has no provenance and is refused. `source` is a key of the file's `sources:` map (a document
+name and URL) or a literal `measured: <command>`, `derived: <formula>` or `assumed: <why>`.
+The format is described field by field in docs/hwprofiles.md.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+from tilekit.errors import ProfileError
+from tilekit.hw.profile import (DTYPES, FEATURES, KINDS, REGISTER_BYTES, Achievable, Features,
+                                MmaShape, Profile)
+from tilekit.hw.units import BASE_UNIT, UNITS, format_quantity, to_base, unit_list
+
+SCHEMA_VERSION = 1
+#: Memory levels in the order a file lists them, innermost first.
+LEVELS = ("registers", "shared", "l2", "dram")
+#: The prefixes of a source written in place instead of as a key of `sources:`.
+SOURCE_KINDS = ("measured", "derived", "assumed")
+
+KiB, MiB, GiB, TiB = 2**10, 2**20, 2**30, 2**40
+
+
+@dataclass(frozen=True)
+class Spec:
+    """One figure: its dimension, plausible range in base units, and whether it is required.
+
+    The ranges are wide (any GPU or tile processor in production fits with room to spare);
+    they exist to catch a wrong prefix (GB/s for TB/s) or a lost exponent, not to judge
+    hardware.
+    """
+
+    dim: str
+    low: float
+    high: float
+    required: bool = True
+
+
+def _count(high: float) -> Spec:
+    return Spec("count", 1, high)
+
+
+PARALLELISM = {
+    "sm_count": _count(100_000),
+    "warp_size": _count(128),
+    "max_threads_per_block": _count(65_536),
+    "max_threads_per_sm": _count(65_536),
+    "max_blocks_per_sm": _count(1024),
+    "max_warps_per_sm": _count(65_536),
+}
+REGISTERS = {
+    "per_sm": _count(2**24),
+    "max_per_block": _count(2**24),
+    "max_per_thread": _count(65_536),
+}
+_TRANSACTION = Spec("bytes", 1, 4096)
+LEVEL_FIELDS: dict[str, dict[str, Spec]] = {
+    # per SM; the register file has no bandwidth or transaction worth modelling: a register
+    # is 4 bytes and an instruction reads its operands at full rate
+    "registers": {"capacity": Spec("bytes", 4, 64 * MiB)},
+    "shared": {  # capacity and bandwidth per SM (per tile)
+        "capacity": Spec("bytes", 1 * KiB, 64 * MiB),
+        "per_block_static": Spec("bytes", 1 * KiB, 64 * MiB),
+        "per_block_optin": Spec("bytes", 1 * KiB, 64 * MiB),
+        "banks": Spec("count", 1, 1024, required=False),
+        "bank_width": Spec("bytes", 1, 64, required=False),
+        "bandwidth": Spec("bandwidth", 1e9, 1e14),
+        "transaction": _TRANSACTION,
+    },
+    "l2": {  # device-wide
+        "capacity": Spec("bytes", 64 * KiB, 16 * GiB),
+        "bandwidth": Spec("bandwidth", 1e10, 1e16),
+        "transaction": _TRANSACTION,
+    },
+    "dram": {  # device-wide
+        "capacity": Spec("bytes", 16 * MiB, 16 * TiB),
+        "bandwidth": Spec("bandwidth", 1e9, 1e14),
+        "transaction": _TRANSACTION,
+    },
+}
+CLOCK = Spec("frequency", 1e8, 1e10)
+PEAK = Spec("rate", 1e9, 1e17)
+MMA_DIM = (1, 1024)
+ACHIEVABLE = {name: Spec("fraction", 0, 1) for name in ("dram", "compute", "smem")}
+EXCHANGE = {"bandwidth": Spec("bandwidth", 1e9, 1e16)}
+
+TOP_LEVEL = ("schema", "name", "vendor", "arch", "aliases", "kind", "description", "sources",
+             "parallelism", "registers", "memory", "compute", "features", "achievable",
+             "exchange")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]*")
+
+
+def dimension_of(path: str) -> str | None:
+    """The dimension of the figure at a document path (`memory[dram].bandwidth` -> bandwidth)."""
+    m = re.fullmatch(r"memory\[(\w+)\]\.(\w+)", path)
+    if m:
+        spec = LEVEL_FIELDS.get(m.group(1), {}).get(m.group(2))
+        return spec.dim if spec else None
+    section, _, key = path.partition(".")
+    if section == "compute":
+        if key == "clock":
+            return CLOCK.dim
+        return PEAK.dim if key.startswith(("simt.", "tensor_core.")) else None
+    tables = {"parallelism": PARALLELISM, "registers": REGISTERS, "achievable": ACHIEVABLE,
+              "exchange": EXCHANGE}
+    spec = tables.get(section, {}).get(key)
+    return spec.dim if spec else None
+
+
+# -- YAML with line numbers -------------------------------------------------------------------
+
+class _Map(dict):
+    """A YAML mapping that remembers its line and the line of each key (1-based)."""
+
+    line = 0
+    key_lines: dict = {}
+
+
+class _Loader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
+    """PyYAML's safe loader (libyaml's parser when available) building `_Map`s."""
+
+
+def _construct_mapping(loader: _Loader, node: yaml.MappingNode) -> _Map:
+    loader.flatten_mapping(node)
+    result = _Map()
+    result.line = node.start_mark.line + 1
+    result.key_lines = {}
+    for key_node, value_node in node.value:
+        key = loader.construct_object(key_node, deep=True)
+        line = key_node.start_mark.line + 1
+        if key in result:
+            # PyYAML keeps the last duplicate silently; an author almost never means that.
+            raise ProfileError(f"duplicate key '{key}'", f"{loader.origin}:{line}",
+                               f"it is first set on line {result.key_lines[key]}")
+        result[key] = loader.construct_object(value_node, deep=True)
+        result.key_lines[key] = line
+    return result
+
+
+_Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def parse_yaml(text: str, origin: str) -> Any:
+    """YAML text -> data whose mappings know their lines; a syntax error names line and column."""
+    loader = _Loader(text)
+    loader.origin = origin
+    try:
+        return loader.get_single_data()
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f"{origin}:{mark.line + 1}:{mark.column + 1}" if mark else origin
+        problem = exc.problem or exc.context or "malformed YAML"
+        raise ProfileError(f"YAML syntax error: {problem}", where,
+                           "check indentation, colons and brackets") from None
+    except yaml.YAMLError as exc:
+        raise ProfileError(f"YAML error: {exc}", origin) from None
+    finally:
+        loader.dispose()
+
+
+# -- the reader ----------------------------------------------------------------------------------
+
+def _describe(value: Any) -> str:
+    if isinstance(value, dict):
+        return "a mapping"
+    if isinstance(value, list):
+        return "a list"
+    if value is None:
+        return "nothing"
+    return f"{type(value).__name__} {value!r}"
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+class _Reader:
+    """Walks one document; collects figures in base units and the source of each."""
+
+    def __init__(self, origin: str):
+        self.origin = origin
+        self.references: dict[str, str] = {}
+        self.sources: dict[str, str] = {}
+        self.lines: dict[str, int] = {}
+
+    # located errors
+
+    def fail(self, what: str, node: _Map, key: Any, path: str, hint: str | None = None):
+        """Raise a ProfileError at the line of `node[key]` (of `node` when the key is absent)."""
+        line = node.key_lines.get(key, node.line)
+        where = f"{self.origin}:{line}: {path}" if line else f"{self.origin}: {path}"
+        raise ProfileError(what, where, hint)
+
+    def mapping(self, parent: _Map, key: str, path: str, required: bool = True) -> _Map | None:
+        if key not in parent:
+            if required:
+                self.fail("missing", parent, key, path, f"add a '{key}:' section")
+            return None
+        value = parent[key]
+        if not isinstance(value, _Map):
+            self.fail(f"expected a mapping, got {_describe(value)}", parent, key, path)
+        self.lines[path] = parent.key_lines[key]
+        return value
+
+    def known_keys(self, node: _Map, allowed, path: str) -> None:
+        for key in node:
+            if key not in allowed:
+                close = difflib.get_close_matches(str(key), [str(a) for a in allowed], n=1)
+                hint = (f"did you mean '{close[0]}'?" if close
+                        else f"known fields: {', '.join(map(str, allowed))}")
+                self.fail(f"unknown field '{key}'", node, key, f"{path}.{key}".lstrip("."), hint)
+
+    def string(self, parent: _Map, key: str, path: str, required: bool = True,
+               choices: tuple[str, ...] | None = None) -> str | None:
+        if key not in parent:
+            if required:
+                self.fail("missing", parent, key, path)
+            return None
+        value = parent[key]
+        if not isinstance(value, str) or not value.strip():
+            self.fail(f"expected a non-empty string, got {_describe(value)}", parent, key, path)
+        if choices and value not in choices:
+            self.fail(f"'{value}' is not one of: {', '.join(choices)}", parent, key, path)
+        self.lines[path] = parent.key_lines[key]
+        return value
+
+    def source(self, node: _Map, path: str) -> str:
+        if "source" not in node:
+            self.fail("missing source", node, "source", path,
+                      "every figure says where it came from: a key of 'sources:', "
+                      "or 'measured: <command>', 'derived: <how>', 'assumed: <why>'")
+        ref = node["source"]
+        if not isinstance(ref, str) or not ref.strip():
+            self.fail(f"source must be a non-empty string, got {_describe(ref)}",
+                      node, "source", path)
+        kind, sep, rest = ref.partition(":")
+        if ref in self.references or (sep and kind.strip() in SOURCE_KINDS and rest.strip()):
+            return ref
+        known = ", ".join(self.references) or "none defined"
+        self.fail(f"unknown source '{ref}'", node, "source", path,
+                  f"use a key of 'sources:' ({known}) or write 'measured: <command>', "
+                  "'derived: <how>' or 'assumed: <why>'")
+
+    def figure(self, parent: _Map, key: str, path: str, spec: Spec) -> float | int | None:
+        """Read `{value, unit, source}` at parent[key]; return the value in base units."""
+        if key not in parent:
+            if spec.required:
+                unit = f"unit: {BASE_UNIT[spec.dim]}, " if UNITS[spec.dim] else ""
+                self.fail("missing", parent, key, path,
+                          f"add '{key}: {{value: ..., {unit}source: ...}}'")
+            return None
+        node = parent[key]
+        if _is_number(node):
+            self.fail(f"a bare number ({node}) has no source", parent, key, path,
+                      f"write {{value: {node}, "
+                      + (f"unit: {BASE_UNIT[spec.dim]}, " if UNITS[spec.dim] else "")
+                      + "source: ...}")
+        if not isinstance(node, _Map):
+            self.fail(f"expected {{value, unit, source}}, got {_describe(node)}",
+                      parent, key, path)
+        self.known_keys(node, ("value", "unit", "source", "note"), path)
+        self.lines[path] = parent.key_lines[key]
+        if "value" not in node:
+            self.fail("missing value", node, "value", path)
+        value = node["value"]
+        if not _is_number(value):
+            self.fail(f"wrong type: expected a number, got {_describe(value)}",
+                      node, "value", path)
+        scale = self.unit_scale(node, path, spec)
+        ref = self.source(node, path)
+        written = f"{value} {node.get('unit', '')}".strip()
+
+        if spec.dim == "count" and not isinstance(value, int):
+            self.fail(f"wrong type: expected a whole number, got {value}", node, "value", path)
+        if spec.dim == "fraction":
+            if not 0 < value <= 1:
+                self.fail(f"must be a fraction in (0, 1], got {value}", node, "value", path)
+        elif value <= 0:
+            self.fail(f"must be positive, got {written}", node, "value", path)
+        base = to_base(value, scale)
+        if spec.dim == "bytes":
+            if abs(base - round(base)) > 1e-6 * max(1.0, base):
+                self.fail(f"{written} is not a whole number of bytes", node, "value", path)
+            base = int(round(base))
+        if spec.dim != "fraction" and not spec.low <= base <= spec.high:
+            low, high = (format_quantity(v, spec.dim) for v in (spec.low, spec.high))
+            self.fail(f"out of plausible range: {written} is outside [{low}, {high}]",
+                      node, "value", path, "check the value and its unit prefix")
+        self.sources[path] = ref
+        return base
+
+    def unit_scale(self, node: _Map, path: str, spec: Spec) -> float:
+        units = UNITS[spec.dim]
+        if not units:
+            if "unit" in node:
+                self.fail(f"wrong unit '{node['unit']}': a {spec.dim} takes no unit",
+                          node, "unit", path, "drop 'unit:'")
+            return 1
+        if "unit" not in node:
+            self.fail("missing unit", node, "value", path, f"one of: {unit_list(spec.dim)}")
+        unit = node["unit"]
+        if unit not in units:
+            self.fail(f"wrong unit '{unit}': expected {spec.dim}", node, "unit", path,
+                      f"one of: {unit_list(spec.dim)}")
+        return units[unit]
+
+    def figures(self, node: _Map, table: dict[str, Spec], path: str) -> dict[str, Any]:
+        self.known_keys(node, tuple(table), path)
+        return {key: self.figure(node, key, f"{path}.{key}", spec) for key, spec in table.items()}
+
+    def count(self, item: _Map, key: str, path: str, low: int, high: int) -> int:
+        """A plain whole number inside an entry that has one `source` (an MMA shape)."""
+        if key not in item:
+            self.fail("missing", item, key, path)
+        value = item[key]
+        if not isinstance(value, int) or isinstance(value, bool):
+            self.fail(f"wrong type: expected a whole number, got {_describe(value)}",
+                      item, key, path)
+        if not low <= value <= high:
+            self.fail(f"out of plausible range: {value} is outside [{low}, {high}]",
+                      item, key, path)
+        return value
+
+
+# -- sections ----------------------------------------------------------------------------------
+
+def _read_sources(r: _Reader, doc: _Map) -> None:
+    node = r.mapping(doc, "sources", "sources", required=False)
+    for key, text in (node or {}).items():
+        if not isinstance(key, str) or not _NAME.fullmatch(key):
+            r.fail(f"bad source key {key!r}", node, key, f"sources.{key}",
+                   "use letters, digits, '-', '_' and '.'")
+        if key in SOURCE_KINDS:
+            r.fail(f"'{key}' is reserved for in-place sources", node, key, f"sources.{key}")
+        if not isinstance(text, str) or not text.strip():
+            r.fail("expected the document's name and URL", node, key, f"sources.{key}")
+        r.references[key] = text
+
+
+def _read_memory(r: _Reader, doc: _Map) -> tuple[dict[str, dict], dict[str, str]]:
+    if "memory" not in doc:
+        r.fail("missing", doc, "memory", "memory", "list the levels: registers, shared, l2, dram")
+    items = doc["memory"]
+    r.lines["memory"] = doc.key_lines["memory"]
+    if not isinstance(items, list) or not items:
+        r.fail(f"expected a list of levels, got {_describe(items)}", doc, "memory", "memory")
+    levels: dict[str, dict] = {}
+    labels: dict[str, str] = {}
+    for i, item in enumerate(items):
+        if not isinstance(item, _Map):
+            r.fail(f"expected a mapping, got {_describe(item)}", doc, "memory", f"memory[{i}]")
+        name = r.string(item, "level", f"memory[{i}].level", choices=LEVELS)
+        path = f"memory[{name}]"
+        if name in levels:
+            r.fail("listed twice", item, "level", path)
+        if levels and LEVELS.index(name) < LEVELS.index(list(levels)[-1]):
+            r.fail("out of order", item, "level", path,
+                   f"list levels innermost first: {', '.join(LEVELS)}")
+        fields = LEVEL_FIELDS[name]
+        r.known_keys(item, ("level", "label", *fields), path)
+        if "label" in item:
+            labels[name] = r.string(item, "label", f"{path}.label")
+        r.lines[path] = item.line
+        levels[name] = {k: r.figure(item, k, f"{path}.{k}", spec) for k, spec in fields.items()}
+    for name in ("registers", "shared", "dram"):
+        if name not in levels:
+            r.fail(f"missing level '{name}'", doc, "memory", "memory",
+                   f"list the levels innermost first: {', '.join(LEVELS)}")
+    return levels, labels
+
+
+def _read_peaks(r: _Reader, compute: _Map, key: str, required: bool) -> dict[str, float]:
+    node = r.mapping(compute, key, f"compute.{key}", required=required)
+    if node is None:
+        return {}
+    r.known_keys(node, DTYPES, f"compute.{key}")
+    return {dtype: r.figure(node, dtype, f"compute.{key}.{dtype}", PEAK) for dtype in node}
+
+
+def _read_mma(r: _Reader, compute: _Map) -> tuple[MmaShape, ...]:
+    if "mma" not in compute:
+        return ()
+    items = compute["mma"]
+    if not isinstance(items, list):
+        r.fail(f"expected a list of shapes, got {_describe(items)}", compute, "mma",
+               "compute.mma")
+    shapes = []
+    for i, item in enumerate(items):
+        path = f"compute.mma[{i}]"
+        if not isinstance(item, _Map):
+            r.fail(f"expected {{instruction, dtype, m, n, k, source}}, got {_describe(item)}",
+                   compute, "mma", path)
+        r.known_keys(item, ("instruction", "dtype", "m", "n", "k", "source", "note"), path)
+        instruction = r.string(item, "instruction", f"{path}.instruction")
+        dtype = r.string(item, "dtype", f"{path}.dtype", choices=DTYPES)
+        m, n, k = (r.count(item, d, f"{path}.{d}", *MMA_DIM) for d in "mnk")
+        r.sources[path] = r.source(item, path)
+        r.lines[path] = item.line
+        shapes.append(MmaShape(instruction, dtype, m, n, k))
+    return tuple(shapes)
+
+
+def _read_features(r: _Reader, doc: _Map) -> Features:
+    node = r.mapping(doc, "features", "features")
+    r.known_keys(node, (*FEATURES, "source"), "features")
+    flags = {}
+    for name in FEATURES:
+        if name not in node:
+            r.fail("missing", node, name, f"features.{name}", "say true or false")
+        if not isinstance(node[name], bool):
+            r.fail(f"wrong type: expected true or false, got {_describe(node[name])}",
+                   node, name, f"features.{name}")
+        r.lines[f"features.{name}"] = node.key_lines[name]
+        flags[name] = node[name]
+    r.sources["features"] = r.source(node, "features")
+    return Features(**flags)
+
+
+def read_profile(data: Any, origin: str) -> Profile:
+    """A parsed document (from `parse_yaml`) -> a checked `Profile`; `origin` names the file."""
+    r = _Reader(origin)
+    if not isinstance(data, _Map):
+        raise ProfileError(f"expected a mapping of profile fields, got {_describe(data)}", origin,
+                           "see docs/hwprofiles.md for the format")
+    doc = data
+    r.known_keys(doc, TOP_LEVEL, "")
+    if "schema" not in doc:
+        r.fail("missing", doc, "schema", "schema", f"add 'schema: {SCHEMA_VERSION}' at the top")
+    if type(doc["schema"]) is not int or doc["schema"] != SCHEMA_VERSION:
+        r.fail(f"unsupported schema version {doc['schema']!r}", doc, "schema", "schema",
+               f"this tilekit reads schema {SCHEMA_VERSION}")
+    name = r.string(doc, "name", "name")
+    if not _NAME.fullmatch(name):
+        r.fail(f"bad name '{name}'", doc, "name", "name", "use letters, digits, '-', '_', '.'")
+    vendor = r.string(doc, "vendor", "vendor")
+    arch = r.string(doc, "arch", "arch")
+    kind = r.string(doc, "kind", "kind", choices=KINDS)
+    description = r.string(doc, "description", "description", required=False) or ""
+    aliases = doc.get("aliases", [])
+    if not isinstance(aliases, list) or not all(isinstance(a, str) and _NAME.fullmatch(a)
+                                                for a in aliases):
+        r.fail("expected a list of names", doc, "aliases", "aliases",
+               "e.g. aliases: [h100-sxm, H100]")
+    _read_sources(r, doc)
+
+    par = r.figures(r.mapping(doc, "parallelism", "parallelism"), PARALLELISM, "parallelism")
+    regs = r.figures(r.mapping(doc, "registers", "registers"), REGISTERS, "registers")
+    levels, labels = _read_memory(r, doc)
+    if levels["registers"]["capacity"] != regs["per_sm"] * REGISTER_BYTES:
+        raise _locate(ProfileError(
+            f"{levels['registers']['capacity']} B is not registers.per_sm x {REGISTER_BYTES} B "
+            f"= {regs['per_sm'] * REGISTER_BYTES} B", "memory[registers].capacity",
+            "the two figures must agree"), r)
+
+    compute = r.mapping(doc, "compute", "compute")
+    r.known_keys(compute, ("clock", "simt", "tensor_core", "mma"), "compute")
+    clock = r.figure(compute, "clock", "compute.clock", CLOCK)
+    peaks = _read_peaks(r, compute, "simt", required=True)
+    tensor_peaks = _read_peaks(r, compute, "tensor_core", required=False)
+    mma = _read_mma(r, compute)
+    features = _read_features(r, doc)
+    ach = r.figures(r.mapping(doc, "achievable", "achievable"), ACHIEVABLE, "achievable")
+    exchange = r.mapping(doc, "exchange", "exchange", required=False)
+    exch = r.figures(exchange, EXCHANGE, "exchange") if exchange is not None else {}
+
+    shared, dram = levels["shared"], levels["dram"]
+    l2 = levels.get("l2", {})
+    try:
+        return Profile(
+            name=name, vendor=vendor, arch=arch, kind=kind,
+            sm_count=par["sm_count"], warp_size=par["warp_size"],
+            max_threads_per_block=par["max_threads_per_block"],
+            max_threads_per_sm=par["max_threads_per_sm"],
+            max_blocks_per_sm=par["max_blocks_per_sm"],
+            max_warps_per_sm=par["max_warps_per_sm"],
+            regs_per_sm=regs["per_sm"], regs_per_block=regs["max_per_block"],
+            max_regs_per_thread=regs["max_per_thread"],
+            smem_per_sm=shared["capacity"], smem_per_block=shared["per_block_optin"],
+            smem_per_block_static=shared["per_block_static"],
+            smem_bandwidth_per_sm=shared["bandwidth"],
+            smem_transaction_bytes=shared["transaction"],
+            smem_banks=shared["banks"], smem_bank_bytes=shared["bank_width"],
+            l2_bytes=l2.get("capacity") or 0, l2_bandwidth=l2.get("bandwidth"),
+            l2_transaction_bytes=l2.get("transaction"),
+            dram_bytes=dram["capacity"], dram_bandwidth=dram["bandwidth"],
+            transaction_bytes=dram["transaction"],
+            exchange_bandwidth=exch.get("bandwidth"),
+            clock_hz=clock, peaks=peaks, tensor_peaks=tensor_peaks, mma_shapes=mma,
+            features=features, achievable=Achievable(**ach),
+            aliases=tuple(aliases), description=description, labels=labels,
+            sources=r.sources, references=r.references, origin=origin,
+        )
+    except ProfileError as exc:
+        raise _locate(exc, r) from None
+
+
+def _locate(exc: ProfileError, r: _Reader) -> ProfileError:
+    """Prefix a consistency error from `Profile` with the file and the line of its field."""
+    path = exc.where or ""
+    line = r.lines.get(path)
+    probe = path
+    while line is None:  # fall back to the nearest enclosing section that has a line
+        parent = re.sub(r"(\.[^.\[]*|\[[^\]]*\])$", "", probe)
+        if parent == probe:
+            break
+        probe = parent
+        line = r.lines.get(probe)
+    where = f"{r.origin}:{line}: {path}" if line else f"{r.origin}: {path}"
+    return ProfileError(exc.what, where, exc.hint)

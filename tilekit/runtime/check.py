@@ -1,0 +1,184 @@
+"""Comparing a run with a reference: the metric, the tolerances, and the references.
+
+The metric, per output (`a` the run, `b` the reference, both taken as float64):
+
+- `max_abs = max |a - b|`, the worst element;
+- `rel_l2 = ||a - b||_2 / ||b||_2`, the error relative to the output's size (0 when both are
+  all zero, infinite when only the reference is).
+
+A floating-point output passes when `rel_l2 <= rtol` **or** `max_abs <= atol`: `rtol` is the
+real test, `atol` the floor that lets an output whose reference is (near) zero pass when every
+element is within `atol`. NaN and infinities must appear at the same places in both (they are
+then left out of the metric). Integer and bool outputs must match exactly. A shape mismatch
+always fails.
+
+References: onnxruntime on the module's source model (`module.source`, checksum verified)
+when there is one, otherwise the CPU reference executor in "whole" mode.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping
+
+import numpy as np
+
+from tilekit.errors import TilekitError
+from tilekit.ir.model import Module
+from tilekit.runtime.io import resolve_sidecar
+
+#: Default (rtol, atol) per output dtype: about 100 units in the last place of a single
+#: rounding, which the summation-order differences between two correct float32 executors stay
+#: well under on ResNet-sized models.
+DEFAULT_TOLERANCES: dict[str, tuple[float, float]] = {
+    "float64": (1e-10, 1e-12),
+    "float32": (1e-5, 1e-6),
+    "float16": (1e-3, 1e-4),
+    "bfloat16": (1e-2, 1e-3),
+}
+
+
+def tolerances(dtype: str, rtol: float | None = None,
+               atol: float | None = None) -> tuple[float, float]:
+    """The (rtol, atol) that apply to an output of `dtype`; explicit values win."""
+    default_rtol, default_atol = DEFAULT_TOLERANCES.get(dtype, (0.0, 0.0))
+    return (default_rtol if rtol is None else rtol, default_atol if atol is None else atol)
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """The result of comparing one output with its reference."""
+
+    name: str
+    max_abs: float
+    rel_l2: float
+    rtol: float
+    atol: float
+    passed: bool
+    note: str = ""
+
+    def line(self) -> str:
+        verdict = "pass" if self.passed else "FAIL"
+        text = (f"{self.name}: max_abs {self.max_abs:.3g}  rel_l2 {self.rel_l2:.3g}  "
+                f"{verdict} (rtol {self.rtol:g}, atol {self.atol:g})")
+        return f"{text}; {self.note}" if self.note else text
+
+
+def compare(name: str, actual: np.ndarray, expected: np.ndarray, dtype: str,
+            rtol: float | None = None, atol: float | None = None) -> Comparison:
+    """Compare one output with its reference (see the module docstring for the rule)."""
+    rtol, atol = tolerances(dtype, rtol, atol)
+    if actual.shape != expected.shape:
+        return Comparison(name, math.inf, math.inf, rtol, atol, False,
+                          f"shape {list(actual.shape)} != reference {list(expected.shape)}")
+    exact = expected.dtype.kind in "biu" and actual.dtype.kind in "biu"
+    a = np.asarray(actual, dtype=np.float64)
+    b = np.asarray(expected, dtype=np.float64)
+    note = ""
+    finite_a, finite_b = np.isfinite(a), np.isfinite(b)
+    if not (finite_a.all() and finite_b.all()):
+        same_special = (~finite_a & ~finite_b) & ((a == b) | (np.isnan(a) & np.isnan(b)))
+        differ = int(np.count_nonzero((~finite_a | ~finite_b) & ~same_special))
+        both = finite_a & finite_b
+        a, b = a[both], b[both]
+        if differ:
+            note = f"NaN/inf differ at {differ} element(s)"
+    diff = np.abs(a - b)
+    max_abs = float(diff.max()) if diff.size else 0.0
+    err_norm = float(np.linalg.norm(diff))
+    ref_norm = float(np.linalg.norm(b))
+    rel_l2 = err_norm / ref_norm if ref_norm > 0 else (0.0 if err_norm == 0 else math.inf)
+    if exact:
+        mismatches = int(np.count_nonzero(diff))
+        passed = mismatches == 0 and not note
+        if not passed and not note:
+            note = f"{mismatches} element(s) differ (integer outputs must match exactly)"
+        return Comparison(name, max_abs, rel_l2, 0.0, 0.0, passed, note)
+    passed = not note and (rel_l2 <= rtol or max_abs <= atol)
+    return Comparison(name, max_abs, rel_l2, rtol, atol, passed, note)
+
+
+def compare_outputs(module: Module, actual: Mapping[str, np.ndarray],
+                    expected: Mapping[str, np.ndarray], rtol: float | None = None,
+                    atol: float | None = None) -> list[Comparison]:
+    """One `Comparison` per module output, in `module.outputs` order."""
+    return [compare(name, actual[name], expected[name], module.tensors[name].dtype, rtol, atol)
+            for name in module.outputs]
+
+
+# -- references --------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Reference:
+    """Reference outputs (keyed by IR name) and a phrase saying where they came from."""
+
+    description: str
+    outputs: dict[str, np.ndarray]
+
+
+def onnx_names(module: Module) -> tuple[dict[str, str], dict[str, str]]:
+    """IR name -> source-model name, for the module's inputs and outputs.
+
+    The importer sanitises ONNX names and records the originals in `module.source` under
+    `inputs` and `outputs` (`{ir name: onnx name}`); names it left alone need no entry.
+    """
+    source = module.source or {}
+    ins = dict(source.get("inputs") or {})
+    outs = dict(source.get("outputs") or {})
+    return ({n: ins.get(n, n) for n in module.inputs},
+            {n: outs.get(n, n) for n in module.outputs})
+
+
+def onnxruntime_reference(module: Module, inputs: Mapping[str, np.ndarray],
+                          folder: Path) -> Reference:
+    """Run the module's source ONNX model with onnxruntime (CPU) on the same inputs."""
+    path = resolve_sidecar(module.source or {}, "onnx", folder, "source")
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        raise TilekitError("--check needs onnxruntime to run the source model, and it is not "
+                           "installed", "--check",
+                           "pip install onnxruntime (or pip install -e '.[test]')") from None
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    try:
+        session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own exception types
+        raise TilekitError(f"onnxruntime cannot load '{path.name}': {exc}", "source.onnx",
+                           "check the model with onnx.checker") from None
+    in_names, out_names = onnx_names(module)
+    model_inputs = {i.name for i in session.get_inputs()}
+    model_outputs = {o.name for o in session.get_outputs()}
+    feed = {}
+    for ir_name, onnx_name in in_names.items():
+        if onnx_name not in model_inputs:
+            raise TilekitError(f"IR input '{ir_name}' maps to '{onnx_name}', which is not an "
+                               f"input of '{path.name}'", "source",
+                               "the IR does not match its source model: re-run tk-import")
+        feed[onnx_name] = inputs[ir_name]
+    missing = sorted(set(out_names.values()) - model_outputs)
+    if missing:
+        raise TilekitError(f"outputs {missing} are not outputs of '{path.name}'", "source",
+                           "the IR does not match its source model: re-run tk-import")
+    wanted = list(out_names.values())
+    results = session.run(wanted, feed)
+    return Reference(f"onnxruntime {ort.__version__} on {path.name}",
+                     {ir: np.asarray(r) for ir, r in zip(out_names, results)})
+
+
+def cpu_reference(module: Module, inputs: Mapping[str, np.ndarray],
+                  weights: Mapping[str, np.ndarray]) -> Reference:
+    """The CPU reference executor, whole-op mode."""
+    from tilekit.runtime.cpu import run_module
+    return Reference("the CPU reference executor (whole ops; the IR has no source model)",
+                     run_module(module, inputs, weights, mode="whole"))
+
+
+def reference_outputs(module: Module, inputs: Mapping[str, np.ndarray],
+                      weights: Mapping[str, np.ndarray], folder: Path) -> Reference:
+    """onnxruntime on the source model when the IR names one, else the CPU executor."""
+    if module.source and module.source.get("onnx"):
+        return onnxruntime_reference(module, inputs, folder)
+    return cpu_reference(module, inputs, weights)

@@ -1,0 +1,259 @@
+"""The CPU reference executor: runs a tile-IR module op by op with NumPy.
+
+It is the semantics every other backend is checked against, so it reads only what defines
+the result (tensors, ops, inputs, outputs) and ignores schedules (`tile`, `kernels`,
+`program`, `codegen`): those change how fast a result comes, never what it is. IR parts that
+do change the result and that it cannot run (a `control` section, an unknown op kind) are
+refused with a message naming the stage that wrote them.
+
+A run has two phases:
+
+- `prepare(module)` -> `Program`: parse and analyse every expression once, look up every
+  opaque implementation once, and plan when each intermediate dies (the op after which nothing
+  reads it). Pure, and cached per module object.
+- `Program.run(inputs, weights)`: execute the steps in order, each through the op runner of
+  the chosen mode, dropping every intermediate right after its last reader ran so that peak
+  memory stays near the largest live set rather than the sum of all tensors.
+
+Modes are a registry (`OP_RUNNERS`): "whole" evaluates each op over its whole iteration
+space; the roll stage adds "tiled" (each op box by box as tk-roll tiled it) with
+`register_mode`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import time
+import weakref
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+from tilekit import opaque as opaque_registry
+from tilekit.errors import TilekitError, UnsupportedError
+from tilekit.expr import analyze, evaluate, parse
+from tilekit.ir.model import OP_KINDS, Module, Op
+from tilekit.runtime.io import numpy_dtype
+
+
+@dataclass(frozen=True)
+class Step:
+    """One op, ready to run: everything derivable from the IR alone is computed here."""
+
+    index: int
+    op: Op
+    reads: tuple[str, ...]          # tensors read, each once
+    writes: tuple[str, ...]         # tensors produced, in the op's output order
+    dtypes: tuple[np.dtype, ...]    # declared dtype of each written tensor
+    shapes: tuple[tuple[int, ...], ...]
+    analysis: Any = None            # expr ops: tilekit.expr Analysis
+    impl: Any = None                # opaque ops: the registry entry
+    frees: tuple[str, ...] = ()     # tensors no later step reads (dropped after this one)
+
+    @property
+    def where(self) -> str:
+        return f"ops[{self.index}] ({self.op.name})"
+
+
+#: A mode's per-op function: given a step and the live tensors, return the written arrays
+#: (one per `step.writes`, with the declared shapes; dtype is cast by the caller).
+OpRunner = Callable[[Step, Mapping[str, np.ndarray]], "list[np.ndarray]"]
+
+
+def run_op_whole(step: Step, env: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+    """Evaluate one op over its whole iteration space."""
+    if step.op.kind == "expr":
+        return [evaluate(step.analysis, env, pad=step.op.pad, out_dtype=step.dtypes[0])]
+    return run_opaque(step, env)
+
+
+def run_opaque(step: Step, env: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+    """Run an opaque op through its registry implementation (the same in every mode)."""
+    spec = step.op.opaque
+    args = [env[name] if name else None for name in spec.get("inputs", ())]
+    results = step.impl.run(args, dict(spec.get("attrs") or {}))
+    return list(results)
+
+
+OP_RUNNERS: dict[str, OpRunner] = {"whole": run_op_whole}
+
+#: Modes defined outside the runtime, by the module that registers each on import.
+MODE_MODULES: dict[str, str] = {"tiled": "tilekit.roll.tiled"}
+
+
+def register_mode(name: str, runner: OpRunner) -> None:
+    """Add an execution mode (the roll stage registers "tiled"); names are unique."""
+    if name in OP_RUNNERS and OP_RUNNERS[name] is not runner:
+        raise ValueError(f"execution mode {name!r} is already registered")
+    OP_RUNNERS[name] = runner
+
+
+def op_runner(mode: str) -> OpRunner:
+    """The op runner of `mode`, importing the module that defines it when needed."""
+    if mode not in OP_RUNNERS and mode in MODE_MODULES:
+        importlib.import_module(MODE_MODULES[mode])
+    try:
+        return OP_RUNNERS[mode]
+    except KeyError:
+        known = sorted(set(OP_RUNNERS) | set(MODE_MODULES))
+        raise UnsupportedError(f"unknown execution mode '{mode}'", "--mode",
+                               f"known modes: {', '.join(known)}") from None
+
+
+# -- preparation -------------------------------------------------------------------------
+
+def check_runnable(module: Module) -> None:
+    """Refuse IR whose meaning depends on parts this executor cannot run."""
+    if module.control:
+        raise UnsupportedError(
+            "the CPU reference executor cannot run the control-flow regions in 'control' "
+            "(written by tk-grind)", "control",
+            "run it with --device cuda, or leave tk-grind out of the pipeline")
+    for index, op in enumerate(module.ops):
+        if op.kind not in OP_KINDS:
+            raise UnsupportedError(
+                f"op kind '{op.kind}' is unknown to the CPU reference executor "
+                f"(known: {', '.join(OP_KINDS)})", f"ops[{index}] ({op.name}).kind",
+                "run it with --device cuda, or drop the stage that wrote this op")
+
+
+def _expr_step(index: int, op: Op, module: Module, shapes: Mapping[str, tuple[int, ...]],
+               dtypes: Mapping[str, str]) -> Step:
+    where = f"ops[{index}] ({op.name})"
+    if not op.expr:
+        raise TilekitError("expr op without an expression", f"{where}.expr")
+    try:
+        analysis = analyze(parse(op.expr), shapes, axes=op.axes or None, pad=op.pad,
+                           dtypes=dtypes)
+    except TilekitError as exc:
+        raise exc.located(f"{where}.expr") from None
+    out = module.tensors[analysis.output]
+    return Step(index, op, reads=tuple(analysis.inputs), writes=(analysis.output,),
+                dtypes=(numpy_dtype(out.dtype),), shapes=(tuple(out.shape),),
+                analysis=analysis)
+
+
+def _opaque_step(index: int, op: Op, module: Module) -> Step:
+    where = f"ops[{index}] ({op.name})"
+    spec = op.opaque
+    if not isinstance(spec, Mapping) or "type" not in spec:
+        raise TilekitError("opaque op without an 'opaque: {type, inputs, outputs}' record",
+                           f"{where}.opaque")
+    try:
+        impl = opaque_registry.get(spec["type"])
+    except TilekitError as exc:
+        raise exc.located(where) from None
+    reads = tuple(dict.fromkeys(n for n in spec.get("inputs", ()) if n))
+    writes = tuple(spec.get("outputs", ()))
+    for name in reads + tuple(n for n in writes if n):
+        if name not in module.tensors:
+            raise TilekitError(f"tensor '{name}' is not declared", f"{where}.opaque",
+                               "declare it under tensors:")
+    # An empty output name is an optional ONNX output nobody uses: computed, then dropped.
+    tensors = [module.tensors[n] if n else None for n in writes]
+    return Step(index, op, reads=reads, writes=writes,
+                dtypes=tuple(numpy_dtype(t.dtype) if t else None for t in tensors),
+                shapes=tuple(tuple(t.shape) if t else None for t in tensors), impl=impl)
+
+
+def _plan_frees(module: Module, steps: list[Step]) -> list[Step]:
+    """Attach to each step the tensors that die after it (never inputs, weights, outputs).
+
+    A tensor dies after its last reader; one that nothing reads dies right after its writer.
+    """
+    keep = set(module.outputs)
+    last: dict[str, int] = {}
+    for i, step in enumerate(steps):
+        for name in step.writes:
+            last.setdefault(name, i)
+        for name in step.reads:
+            last[name] = i
+    frees: dict[int, list[str]] = {}
+    for name, i in last.items():
+        role = module.tensors[name].role if name in module.tensors else "intermediate"
+        if name in keep or role in ("input", "weight"):
+            continue
+        frees.setdefault(i, []).append(name)
+    return [replace(s, frees=tuple(sorted(frees.get(i, ())))) for i, s in enumerate(steps)]
+
+
+@dataclass(frozen=True)
+class Program:
+    """A module prepared for the CPU: steps in execution order. Stateless between runs.
+
+    It holds no reference to its module (so the per-module cache never keeps one alive).
+    """
+
+    model: str
+    outputs: tuple[str, ...]
+    steps: tuple[Step, ...]
+
+    def run(self, inputs: Mapping[str, np.ndarray], weights: Mapping[str, np.ndarray], *,
+            mode: str = "whole",
+            on_step: Callable[[Step, float], None] | None = None) -> dict[str, np.ndarray]:
+        """Execute once. `inputs` and `weights` are keyed by IR tensor name and assumed
+        checked (`tilekit.runtime.io.check_inputs`, `load_weights`); they are only read.
+
+        `on_step(step, seconds)` is called after each step (for profiles). Returns the
+        module's outputs in `module.outputs` order.
+        """
+        runner = op_runner(mode)
+        env: dict[str, np.ndarray] = {**weights, **inputs}
+        for step in self.steps:
+            start = time.perf_counter() if on_step else 0.0
+            results = runner(step, env)
+            if len(results) != len(step.writes):
+                raise RuntimeError(f"{step.where}: produced {len(results)} arrays for "
+                                   f"{len(step.writes)} outputs")
+            for name, array, dtype, shape in zip(step.writes, results, step.dtypes,
+                                                 step.shapes):
+                if not name:
+                    continue
+                array = np.asarray(array)
+                if array.shape != shape:
+                    # Broadcast a scalar-like result (`y[i] = 0`) but never reshape silently.
+                    if array.size == 1 or array.ndim == 0:
+                        array = np.full(shape, array.reshape(()), dtype=dtype)
+                    else:
+                        raise RuntimeError(f"{step.where}: '{name}' came out with shape "
+                                           f"{array.shape}, declared {shape}")
+                env[name] = array.astype(dtype, copy=False)
+            for name in step.frees:
+                env.pop(name, None)
+            if on_step:
+                on_step(step, time.perf_counter() - start)
+        return {name: env[name] for name in self.outputs}
+
+
+# Analyses are pure functions of the module: prepare each module object once. The cache is
+# keyed by object identity (a Module holds dicts, so it is not hashable) and an entry goes
+# away with its module (a Program holds no reference to its module).
+_PROGRAMS: dict[int, Program] = {}
+
+
+def prepare(module: Module) -> Program:
+    """Check, analyse and plan `module` for the CPU executor (cached per module object)."""
+    cached = _PROGRAMS.get(id(module))
+    if cached is not None:
+        return cached
+    check_runnable(module)
+    shapes = {name: tuple(t.shape) for name, t in module.tensors.items()}
+    dtypes = {name: t.dtype for name, t in module.tensors.items()}
+    steps = [_expr_step(index, op, module, shapes, dtypes) if op.kind == "expr"
+             else _opaque_step(index, op, module) for index, op in enumerate(module.ops)]
+    program = Program(module.model, tuple(module.outputs), tuple(_plan_frees(module, steps)))
+    _PROGRAMS[id(module)] = program
+    weakref.finalize(module, _PROGRAMS.pop, id(module), None)
+    return program
+
+
+def run_module(module: Module, inputs: Mapping[str, np.ndarray],
+               weights: Mapping[str, np.ndarray], *, mode: str = "whole") -> dict[str, np.ndarray]:
+    """Run `module` on the CPU and return its outputs in `module.outputs` order.
+
+    `inputs` and `weights` map IR tensor names to arrays of the declared shapes and dtypes
+    (see `tilekit.runtime.io` for loading and checking them). `mode` picks the op runner:
+    "whole" (default) or a mode added with `register_mode`.
+    """
+    return prepare(module).run(inputs, weights, mode=mode)

@@ -1,0 +1,267 @@
+"""The CUDA runtime: run a module's generated kernels on an NVIDIA GPU with CuPy.
+
+    from tilekit.runtime import cuda
+    outputs = cuda.run_module(module, inputs, weights)         # what tk-run --device cuda calls
+    timing = cuda.time_kernels(module, inputs, weights, runs=100)  # CUDA-event timing
+
+`prepare(module)` builds a `CudaProgram` once per module object: it takes the kernels from the
+IR's `codegen` section (running `tilekit.codegen.generate` first when the section is absent,
+with the default schedules), checks that runtime.cuh is the one they were generated against,
+builds them for the device's arch (nvcc to a cubin through the compile cache when nvcc is on
+PATH, else NVRTC through `cupy.RawModule`), and allocates one device buffer per tensor that a
+kernel reads or writes. A run uploads the inputs (weights are uploaded on the first run and
+again only when a different array is passed), launches every kernel in order on the current
+stream, synchronises and downloads the outputs.
+
+Without CuPy, or without a visible GPU, every entry point raises `TilekitError` saying so
+(tk-run exits 2). STATUS: written without access to a GPU; exercised only by tests/gpu/
+(skipped here). See docs/codegen.md, "What is untested".
+"""
+
+from __future__ import annotations
+
+import hashlib
+import statistics
+import weakref
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import numpy as np
+
+from tilekit.errors import TilekitError
+from tilekit.ir.model import Module
+
+_PROGRAMS: dict[int, "CudaProgram"] = {}
+
+
+def _cupy():
+    """CuPy and a visible device, or a TilekitError that says which is missing."""
+    try:
+        import cupy
+    except Exception as exc:  # noqa: BLE001 - ImportError or a broken CUDA install
+        raise TilekitError(f"CuPy is not importable ({type(exc).__name__}: {exc})",
+                           "--device cuda",
+                           "install it (pip install 'tilekit[cuda]', i.e. cupy-cuda12x) on a "
+                           "machine with an NVIDIA GPU, or use --device cpu") from None
+    try:
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception as exc:  # noqa: BLE001 - no driver
+        raise TilekitError(f"no CUDA device is visible ({type(exc).__name__}: {exc})",
+                           "--device cuda", "run on a machine with an NVIDIA GPU and driver, "
+                           "or use --device cpu") from None
+    if count == 0:
+        raise TilekitError("no CUDA device is visible", "--device cuda", "use --device cpu")
+    return cupy
+
+
+def device_arch() -> str:
+    cupy = _cupy()
+    cc = cupy.cuda.Device().compute_capability  # "90"
+    return f"sm_{cc}"
+
+
+def device_description() -> str:
+    """`NVIDIA H100 80GB HBM3 (sm_90, 132 SMs, CUDA runtime 12040, driver 12040)`."""
+    cupy = _cupy()
+    dev = cupy.cuda.Device()
+    props = cupy.cuda.runtime.getDeviceProperties(dev.id)
+    name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
+    return (f"{name} (sm_{dev.compute_capability}, {props['multiProcessorCount']} SMs, "
+            f"CUDA runtime {cupy.cuda.runtime.runtimeGetVersion()}, "
+            f"driver {cupy.cuda.runtime.driverGetVersion()})")
+
+
+@dataclass(frozen=True)
+class Launch:
+    entry: str
+    function: Any                   # cupy RawKernel
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    smem_bytes: int
+    args: tuple[str, ...]
+
+
+class CudaProgram:
+    """A module's kernels loaded on the current device, with its buffers."""
+
+    def __init__(self, module: Module):
+        cupy = _cupy()
+        self.cupy = cupy
+        if not module.codegen:
+            from tilekit.codegen.module import generate
+            module = generate(module).module
+        self._check_helpers(module)
+        self.outputs = tuple(module.outputs)
+        self.arch = device_arch()
+        self.raw = self._load(module)
+        self.buffers: dict[str, Any] = {}
+        self.launches: list[Launch] = []
+        written: set[str] = set()
+        for k in module.codegen["kernels"]:
+            for t in k["args"]:
+                if t not in self.buffers:
+                    tensor = module.tensors[t]
+                    self.buffers[t] = cupy.empty(tuple(tensor.shape), dtype=_np_dtype(tensor.dtype))
+            fn = self.raw.get_function(k["entry"])
+            if k["smem_bytes"] > 48 * 1024:
+                # Dynamic shared memory above 48 KB needs an explicit opt-in per kernel.
+                fn.max_dynamic_shared_size_bytes = int(k["smem_bytes"])
+            self.launches.append(Launch(k["entry"], fn, tuple(k["grid"]), tuple(k["block"]),
+                                        int(k["smem_bytes"]), tuple(k["args"])))
+            written.update(k["writes"])
+        self.inputs = tuple(module.inputs)
+        self.weight_names = tuple(n for n, t in module.tensors.items() if t.role == "weight")
+        self.passthrough = tuple(o for o in module.outputs if o not in written)
+        for o in self.passthrough:
+            if o not in module.inputs and o not in self.weight_names:
+                raise TilekitError(f"output '{o}' is written by no kernel", "codegen.kernels",
+                                   "re-run tk-codegen on this IR")
+        self._uploaded: dict[str, int] = {}
+
+    @staticmethod
+    def _check_helpers(module: Module) -> None:
+        from tilekit.codegen.module import HELPERS
+
+        want = (module.codegen.get("helpers") or {}).get("sha256")
+        have = hashlib.sha256(HELPERS.read_bytes()).hexdigest()
+        if want and want != have:
+            raise TilekitError("the kernels were generated against another runtime.cuh "
+                               f"(sha256 {want[:12]}..., this tilekit has {have[:12]}...)",
+                               "codegen.helpers", "re-run tk-codegen with this tilekit")
+
+    def _load(self, module: Module):
+        cupy = self.cupy
+        from tilekit.codegen.module import HELPERS
+        from tilekit.codegen.nvcc import compile_unit, find_nvcc
+
+        source = "\n".join(k["source"] for k in module.codegen["kernels"])
+        if find_nvcc() is not None:
+            compiled = compile_unit(source, self.arch)
+            return cupy.RawModule(path=str(compiled.cubin))
+        # NVRTC: the same source; runtime.cuh is found through the include path.
+        return cupy.RawModule(code=source, backend="nvrtc",
+                              options=("-std=c++17", f"-I{HELPERS.parent}"))
+
+    # -- running ---------------------------------------------------------------------------
+    def upload(self, inputs: Mapping[str, np.ndarray], weights: Mapping[str, np.ndarray]) -> None:
+        for name in self.weight_names:
+            if name in self.buffers and self._uploaded.get(name) != id(weights[name]):
+                self.buffers[name].set(np.ascontiguousarray(weights[name]))
+                self._uploaded[name] = id(weights[name])
+        for name in self.inputs:
+            if name in self.buffers:
+                self.buffers[name].set(np.ascontiguousarray(inputs[name]))
+
+    def launch_all(self) -> None:
+        for launch in self.launches:
+            launch.function(launch.grid, launch.block,
+                            tuple(self.buffers[t] for t in launch.args),
+                            shared_mem=launch.smem_bytes)
+
+    def download(self, inputs, weights) -> dict[str, np.ndarray]:
+        out = {}
+        for name in self.outputs:
+            if name in self.passthrough:
+                out[name] = np.asarray(inputs[name] if name in inputs else weights[name])
+            else:
+                out[name] = self.buffers[name].get()
+        return out
+
+    def run(self, inputs: Mapping[str, np.ndarray], weights: Mapping[str, np.ndarray]
+            ) -> dict[str, np.ndarray]:
+        self.upload(inputs, weights)
+        self.launch_all()
+        self.cupy.cuda.get_current_stream().synchronize()
+        return self.download(inputs, weights)
+
+    def time(self, runs: int, warmup: int = 1, per_kernel: bool = False) -> "KernelTiming":
+        """Kernel time only (inputs already uploaded): CUDA events around each run of every
+        kernel, `warmup` untimed runs first. With `per_kernel`, also per entry."""
+        cupy = self.cupy
+        for _ in range(warmup):
+            self.launch_all()
+        cupy.cuda.get_current_stream().synchronize()
+        totals: list[float] = []
+        each: dict[str, list[float]] = {ln.entry: [] for ln in self.launches}
+        for _ in range(runs):
+            if per_kernel:
+                events = [cupy.cuda.Event() for _ in range(len(self.launches) + 1)]
+                events[0].record()
+                for k, launch in enumerate(self.launches):
+                    launch.function(launch.grid, launch.block,
+                                    tuple(self.buffers[t] for t in launch.args),
+                                    shared_mem=launch.smem_bytes)
+                    events[k + 1].record()
+                events[-1].synchronize()
+                for k, launch in enumerate(self.launches):
+                    each[launch.entry].append(
+                        cupy.cuda.get_elapsed_time(events[k], events[k + 1]) * 1e-3)
+                totals.append(cupy.cuda.get_elapsed_time(events[0], events[-1]) * 1e-3)
+            else:
+                start, stop = cupy.cuda.Event(), cupy.cuda.Event()
+                start.record()
+                self.launch_all()
+                stop.record()
+                stop.synchronize()
+                totals.append(cupy.cuda.get_elapsed_time(start, stop) * 1e-3)
+        return KernelTiming(tuple(totals), warmup,
+                            {k: tuple(v) for k, v in each.items()} if per_kernel else {})
+
+
+@dataclass(frozen=True)
+class KernelTiming:
+    """Seconds per run of all kernels (CUDA events), and per kernel when asked."""
+
+    seconds: tuple[float, ...]
+    warmup: int
+    per_kernel: Mapping[str, tuple[float, ...]]
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.seconds)
+
+    @property
+    def min(self) -> float:
+        return min(self.seconds)
+
+    @property
+    def max(self) -> float:
+        return max(self.seconds)
+
+    def line(self, device: str) -> str:
+        n = len(self.seconds)
+        return (f"bench: {n} run{'s' if n != 1 else ''} after {self.warmup} warm-up on {device} "
+                f"(CUDA events, kernels only): median {self.median * 1e3:.3f} ms, "
+                f"min {self.min * 1e3:.3f} ms, max {self.max * 1e3:.3f} ms")
+
+
+def _np_dtype(dtype: str):
+    if dtype == "bfloat16":
+        raise TilekitError("bfloat16 tensors have no NumPy dtype for upload", "tensors",
+                           "use float16 or float32")
+    return np.dtype(dtype)
+
+
+def prepare(module: Module) -> CudaProgram:
+    """Load `module` on the current device (cached per module object)."""
+    program = _PROGRAMS.get(id(module))
+    if program is None:
+        program = CudaProgram(module)
+        _PROGRAMS[id(module)] = program
+        weakref.finalize(module, _PROGRAMS.pop, id(module), None)
+    return program
+
+
+def run_module(module: Module, inputs: Mapping[str, np.ndarray],
+               weights: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Run `module`'s generated kernels on the GPU; outputs in `module.outputs` order."""
+    return prepare(module).run(inputs, weights)
+
+
+def time_kernels(module: Module, inputs: Mapping[str, np.ndarray],
+                 weights: Mapping[str, np.ndarray], runs: int, warmup: int = 1,
+                 per_kernel: bool = False) -> KernelTiming:
+    """CUDA-event timing of `runs` runs of every kernel (after one upload and `warmup` runs)."""
+    program = prepare(module)
+    program.upload(inputs, weights)
+    return program.time(runs, warmup, per_kernel)
