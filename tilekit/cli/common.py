@@ -30,7 +30,8 @@ def version_text(tool: str) -> str:
     return f"{tool} (tilekit) {__version__}, tile IR format {IR_VERSION}"
 
 
-def _print_error(tool: str, message: str) -> None:
+def print_error(tool: str, message: str) -> None:
+    """The house error line: `tool: error: message` on stderr."""
     click.echo(f"{tool}: error: {message}", err=True)
 
 
@@ -52,16 +53,21 @@ class TkCommand(click.Command):
             sys.exit(EXIT_BAD_INPUT)
         except click.UsageError as exc:
             hint = f"run '{tool} --help' for usage"
-            _print_error(tool, f"{exc.format_message().rstrip('.')}; {hint}")
+            print_error(tool, f"{exc.format_message().rstrip('.')}; {hint}")
             sys.exit(EXIT_BAD_INPUT)
         except click.exceptions.Abort:
-            _print_error(tool, "aborted")
+            print_error(tool, "aborted")
             sys.exit(EXIT_INTERNAL)
         except click.exceptions.Exit as exc:
             sys.exit(exc.exit_code)
         if isinstance(rv, int):
             sys.exit(rv)
         sys.exit(0)
+
+
+class TkGroup(TkCommand, click.Group):
+    """A click group with the behaviour of `TkCommand`: a usage error anywhere (unknown
+    subcommand, unknown flag, missing argument) is one line `tool: error: ...` and exit 2."""
 
 
 def tk_command(tool: str, **settings) -> Callable:
@@ -81,7 +87,7 @@ def tk_command(tool: str, **settings) -> Callable:
             except TilekitError as exc:
                 if debug:
                     traceback.print_exc()
-                _print_error(tool, exc.message())
+                print_error(tool, exc.message())
                 return EXIT_BAD_INPUT
             except BrokenPipeError:
                 # Downstream closed the pipe (e.g. `| head`): not our failure.
@@ -91,12 +97,12 @@ def tk_command(tool: str, **settings) -> Callable:
                     pass
                 return 0
             except KeyboardInterrupt:
-                _print_error(tool, "interrupted")
+                print_error(tool, "interrupted")
                 return EXIT_INTERNAL
             except Exception as exc:  # noqa: BLE001 - the one place internal errors are mapped
                 if debug:
                     traceback.print_exc()
-                _print_error(tool, f"internal error: {type(exc).__name__}: {exc}; "
+                print_error(tool, f"internal error: {type(exc).__name__}: {exc}; "
                                    "rerun with --debug for the traceback and report it")
                 return EXIT_INTERNAL
 

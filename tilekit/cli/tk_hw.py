@@ -15,18 +15,13 @@ import sys
 import click
 
 from tilekit import __version__
-from tilekit.cli.common import TkCommand, tk_command, version_text
+from tilekit.cli.common import TkGroup, print_error, tk_command, version_text
 from tilekit.errors import EXIT_BAD_INPUT, ProfileError
 from tilekit.hw import list_profiles, load_profile
 from tilekit.hw.describe import SUMMARY_COLUMNS, figure_rows, identity_rows, summary_row
 from tilekit.hw.registry import read_profile_text
 
 TOOL = "tk-hw"
-
-
-class TkGroup(TkCommand, click.Group):
-    """A click group with the house behaviour of `TkCommand`: a usage error anywhere (unknown
-    subcommand, unknown flag, missing argument) is one line `tk-hw: error: ...` and exit 2."""
 
 
 def _stdout_is_terminal() -> bool:
@@ -115,7 +110,7 @@ def validate_command(files: tuple[str, ...], quiet: bool, debug: bool) -> int:
                 load_profile(name)
         except ProfileError as exc:
             # Every bad file gets its line, so one run reports them all.
-            click.echo(f"{TOOL}: error: {exc.message()}", err=True)
+            print_error(TOOL, exc.message())
             status = EXIT_BAD_INPUT
             continue
         if not quiet:
