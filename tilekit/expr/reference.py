@@ -128,6 +128,10 @@ def _eval_chunked(analysis: Analysis, env, pad, box) -> np.ndarray:
     return _eval_box(analysis, env, pad, box)
 
 
+#: Window reductions with at most this many points combine one window offset at a time.
+SMALL_WINDOW = 64
+
+
 def _eval_box(analysis: Analysis, env, pad, box) -> np.ndarray:
     axes = [a for a, _ in analysis.axes]
     ctx = _Context(analysis, env, pad, box, axes)
@@ -135,7 +139,18 @@ def _eval_box(analysis: Analysis, env, pad, box) -> np.ndarray:
     nspatial = len(analysis.spatial)
     full_shape = tuple(box[a][1] - box[a][0] for a in axes)
     value = value.reshape((1,) * (len(axes) - value.ndim) + value.shape)
-    if analysis.reduction:
+    window = math.prod(full_shape[nspatial:])
+    if analysis.reduction and 1 < window <= SMALL_WINDOW and value.shape[nspatial:] == \
+            full_shape[nspatial:]:
+        # Pooling-like: NumPy reduces strided windows slowly; combine whole planes instead.
+        combine = _COMBINE[analysis.assign]
+        lead = (slice(None),) * nspatial
+        points = np.ndindex(*full_shape[nspatial:])
+        acc = np.array(value[lead + next(points)])
+        for point in points:
+            combine(acc, value[lead + point], out=acc)
+        value = acc
+    elif analysis.reduction:
         value = np.broadcast_to(value, value.shape[:nspatial] + full_shape[nspatial:])
         value = _REDUCERS[analysis.assign](value, axis=tuple(range(nspatial, len(axes))))
     return np.broadcast_to(value, full_shape[:nspatial]).copy() if value.shape != \
@@ -185,8 +200,12 @@ def _eval_einsum(analysis: Analysis, env, pad, box) -> np.ndarray:
         used.update(view_axes)
     spatial = [a for a, _ in analysis.spatial]
     out_axes = [a for a in spatial if a in used]
-    spec = ",".join(subscripts) + "->" + "".join(letters[a] for a in out_axes)
-    result = np.einsum(spec, *operands, optimize=len(operands) > 1)
+    if len(operands) == 2:
+        result = _contract_pair(operands[0], subscripts[0], operands[1], subscripts[1],
+                                [letters[a] for a in out_axes])
+    else:
+        spec = ",".join(subscripts) + "->" + "".join(letters[a] for a in out_axes)
+        result = np.einsum(spec, *operands)
     if scale != 1.0:
         result = result * scale
     # Reduction axes that no operand uses still multiply the sum by their extent.
@@ -196,6 +215,75 @@ def _eval_einsum(analysis: Analysis, env, pad, box) -> np.ndarray:
     shape = tuple(box[a][1] - box[a][0] for a in spatial)
     expanded = result.reshape(tuple(box[a][1] - box[a][0] if a in used else 1 for a in spatial))
     return np.ascontiguousarray(np.broadcast_to(expanded, shape))
+
+
+def _contract_pair(a: np.ndarray, a_axes: str, b: np.ndarray, b_axes: str,
+                   out_axes: list[str]) -> np.ndarray:
+    """sum over shared non-output axes of a * b, as one (batched) matrix product.
+
+    Axes are single letters. Operands are arranged as (batch, m, k) and (batch, k, n); the
+    transpose+reshape of a strided view is the im2col copy that lets BLAS do the work. With
+    batch axes and a short contraction (depthwise convolution), a multiply-add per
+    contraction index beats a batch of tiny matrix products.
+    """
+    def presum(x, xa, other):
+        drop = tuple(i for i, ax in enumerate(xa) if ax not in out_axes and ax not in other)
+        if drop:
+            x = x.sum(axis=drop)
+            xa = "".join(ax for i, ax in enumerate(xa) if i not in drop)
+        return x, xa
+
+    a, a_axes = presum(a, a_axes, b_axes)
+    b, b_axes = presum(b, b_axes, a_axes)
+    batch = [ax for ax in out_axes if ax in a_axes and ax in b_axes]
+    contract = [ax for ax in a_axes if ax in b_axes and ax not in out_axes]
+    m_axes = [ax for ax in a_axes if ax not in b_axes]
+    n_axes = [ax for ax in b_axes if ax not in a_axes]
+    size = {**dict(zip(a_axes, a.shape)), **dict(zip(b_axes, b.shape))}
+    nb = math.prod(size[x] for x in batch)
+    nm = math.prod(size[x] for x in m_axes)
+    nk = math.prod(size[x] for x in contract)
+    nn = math.prod(size[x] for x in n_axes)
+    lhs = _as_matrices(a, a_axes, batch, m_axes, contract, (nb, nm, nk))
+    rhs = _as_matrices(b, b_axes, batch, contract, n_axes, (nb, nk, nn))
+    if nb > 1 and nk <= 16:
+        prod = lhs[:, :, 0, None] * rhs[:, None, 0, :]
+        for k in range(1, nk):
+            prod += lhs[:, :, k, None] * rhs[:, None, k, :]
+    else:
+        prod = np.matmul(lhs, rhs)
+    order = batch + m_axes + n_axes
+    prod = prod.reshape(tuple(size[x] for x in order))
+    return prod.transpose([order.index(x) for x in out_axes])
+
+
+def _as_matrices(x: np.ndarray, axes: str, batch: list[str], rows: list[str],
+                 cols: list[str], shape: tuple[int, int, int]) -> np.ndarray:
+    """`x` as a stack of (rows x cols) matrices, without a copy when its memory allows.
+
+    A weight stored (n, k) serves as a transposed (k, n) view that BLAS reads directly. When
+    a copy is unavoidable (im2col of a strided view), copy in the order whose innermost run
+    is longest, and transpose the result as a view.
+    """
+    options = [(batch + rows + cols, False), (batch + cols + rows, True)]
+    best = None
+    for order, swapped in options:
+        t = x.transpose([axes.index(a) for a in order])
+        nshape = (shape[0], shape[2], shape[1]) if swapped else shape
+        try:
+            view = t.view()
+            view.shape = nshape  # raises when this needs a copy
+        except AttributeError:
+            stride = abs(t.strides[-1]) if t.ndim else 0
+            run = t.shape[-1] if t.ndim else 1
+            key = (stride == 0, stride, -run)
+            if best is None or key < best[0]:
+                best = (key, t, nshape, swapped)
+            continue
+        return view.swapaxes(1, 2) if swapped else view
+    _, t, nshape, swapped = best
+    flat = t.reshape(nshape)
+    return flat.swapaxes(1, 2) if swapped else flat
 
 
 # -- reads -------------------------------------------------------------------------------
