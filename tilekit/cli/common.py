@@ -207,6 +207,7 @@ def write_output(output: str, data: str | bytes, input_path: str | None = None) 
     mode = "wb" if isinstance(data, bytes) else "w"
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=folder)
     try:
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the usual mode
         with os.fdopen(fd, mode, **({} if mode == "wb" else {"encoding": "utf-8"})) as fh:
             fh.write(data)
         os.replace(tmp, target)
@@ -216,6 +217,12 @@ def write_output(output: str, data: str | bytes, input_path: str | None = None) 
         except OSError:
             pass
         raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def stderr_is_terminal() -> bool:

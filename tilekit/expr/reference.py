@@ -153,8 +153,13 @@ def _eval_box(analysis: Analysis, env, pad, box) -> np.ndarray:
     elif analysis.reduction:
         value = np.broadcast_to(value, value.shape[:nspatial] + full_shape[nspatial:])
         value = _REDUCERS[analysis.assign](value, axis=tuple(range(nspatial, len(axes))))
-    return np.broadcast_to(value, full_shape[:nspatial]).copy() if value.shape != \
-        full_shape[:nspatial] else np.ascontiguousarray(value)
+    return _contiguous(np.broadcast_to(value, full_shape[:nspatial]))
+
+
+def _contiguous(x: np.ndarray) -> np.ndarray:
+    """An owned C-contiguous array of the same shape (`np.ascontiguousarray` turns 0-d
+    arrays into 1-d ones)."""
+    return x if x.flags.c_contiguous and x.flags.owndata else np.array(x, order="C")
 
 
 # -- sums of products through einsum ------------------------------------------------------
@@ -214,7 +219,7 @@ def _eval_einsum(analysis: Analysis, env, pad, box) -> np.ndarray:
             result = result * (box[a][1] - box[a][0])
     shape = tuple(box[a][1] - box[a][0] for a in spatial)
     expanded = result.reshape(tuple(box[a][1] - box[a][0] if a in used else 1 for a in spatial))
-    return np.ascontiguousarray(np.broadcast_to(expanded, shape))
+    return _contiguous(np.broadcast_to(expanded, shape))
 
 
 def _contract_pair(a: np.ndarray, a_axes: str, b: np.ndarray, b_axes: str,

@@ -1,0 +1,90 @@
+"""Opaque ops: the registry (tilekit.opaque) and the converters that emit opaque ops."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from onnx import TensorProto, numpy_helper
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from models.onnx_check import check_against_onnxruntime, single_node_model  # noqa: E402
+
+from tilekit import opaque  # noqa: E402
+from tilekit.errors import UnsupportedError  # noqa: E402
+
+F, I64 = TensorProto.FLOAT, TensorProto.INT64
+
+
+def test_unknown_type_lists_known_ones():
+    with pytest.raises(UnsupportedError) as info:
+        opaque.get("NoSuchOp")
+    assert "Gather" in info.value.message() and "TopK" in info.value.message()
+
+
+SAMPLES = {
+    "Gather": ([np.arange(12.0).reshape(3, 4), np.array([[2, 0]])], {"axis": 0}),
+    "GatherElements": ([np.arange(6.0).reshape(2, 3), np.array([[2, 0, 1]])], {"axis": 1}),
+    "GatherND": ([np.arange(8.0).reshape(2, 2, 2), np.array([[0, 1], [1, 0]])],
+                 {"batch_dims": 0}),
+    "ScatterND": ([np.zeros((4, 2)), np.array([[1], [3]]), np.ones((2, 2))],
+                  {"reduction": "add"}),
+    "ScatterElements": ([np.zeros((2, 3)), np.array([[1, 0]]), np.ones((1, 2))],
+                        {"axis": 1, "reduction": "none"}),
+    "TopK": ([np.array([[3.0, 1.0, 3.0, 2.0]])], {"axis": 1, "k": 2, "largest": 1}),
+    "ArgMax": ([np.array([[1.0, 5.0, 5.0]])], {"axis": 1, "keepdims": 0,
+                                               "select_last_index": 1}),
+    "ArgMin": ([np.array([[1.0, 0.0, 0.0]])], {"axis": 1, "keepdims": 1}),
+    "Resize": ([np.arange(4.0, dtype=np.float32).reshape(1, 1, 2, 2)],
+               {"mode": "linear", "sizes": [1, 1, 4, 4]}),
+    "ConvTranspose": ([np.ones((1, 1, 2, 2), np.float32), np.ones((1, 1, 2, 2), np.float32),
+                       None], {"strides": [2, 2], "dilations": [2, 2], "group": 1,
+                               "pads_begin": [0, 0], "output_shape": [1, 1, 5, 5]}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(opaque.known()))
+def test_shapes_function_agrees_with_run(name):
+    inputs, attrs = SAMPLES[name]
+    outs = opaque.run(name, inputs, attrs)
+    specs = [None if a is None else (tuple(a.shape), str(a.dtype)) for a in inputs]
+    predicted = opaque.get(name).shapes(specs, attrs)
+    assert [tuple(s) for s, _ in predicted] == [o.shape for o in outs]
+
+
+def test_topk_values():
+    values, indices = opaque.run("TopK", [np.array([[3.0, 1.0, 3.0, 2.0]])],
+                                 {"axis": 1, "k": 3, "largest": 1})
+    assert values.tolist() == [[3.0, 3.0, 2.0]] and indices.tolist() == [[0, 2, 3]]
+
+
+def _i64(name, values):
+    return numpy_helper.from_array(np.asarray(values, np.int64), name)
+
+
+def test_converters_against_onnxruntime():
+    rng = np.random.default_rng(3)
+    check_against_onnxruntime(single_node_model(
+        "TopK", [("x", F, [3, 6]), "k"], [("v", F, [3, 2]), ("i", I64, [3, 2])],
+        initializers=[_i64("k", [2])], axis=1))
+    check_against_onnxruntime(single_node_model(
+        "GatherElements", [("x", F, [3, 4]), ("idx", I64, [3, 2])], [("y", F, [3, 2])],
+        axis=1), {"x": rng.standard_normal((3, 4)).astype(np.float32),
+                  "idx": np.array([[0, 3], [1, -1], [2, 2]], np.int64)})
+    check_against_onnxruntime(single_node_model(
+        "GatherND", [("x", F, [2, 3, 4]), ("idx", I64, [2, 2])], [("y", F, [2, 4])]),
+        {"x": rng.standard_normal((2, 3, 4)).astype(np.float32),
+         "idx": np.array([[0, 2], [1, 1]], np.int64)})
+    check_against_onnxruntime(single_node_model(
+        "ScatterND", [("x", F, [5, 3]), ("idx", I64, [2, 1]), ("u", F, [2, 3])],
+        [("y", F, [5, 3])]), {"x": rng.standard_normal((5, 3)).astype(np.float32),
+                              "idx": np.array([[4], [1]], np.int64),
+                              "u": rng.standard_normal((2, 3)).astype(np.float32)})
+    check_against_onnxruntime(single_node_model(
+        "ScatterElements", [("x", F, [3, 3]), ("idx", I64, [2, 3]), ("u", F, [2, 3])],
+        [("y", F, [3, 3])], axis=0, reduction="add", opset=18),
+        {"x": rng.standard_normal((3, 3)).astype(np.float32),
+         "idx": np.array([[1, 0, 2], [0, 2, 1]], np.int64),
+         "u": rng.standard_normal((2, 3)).astype(np.float32)})

@@ -1,0 +1,142 @@
+"""ONNX import: an ONNX model becomes a tile-IR module plus a weights sidecar.
+
+- `load_model(path)`: read and check an `.onnx` file (clear errors for a missing, truncated,
+  corrupt or non-ONNX file);
+- `import_model(model, name=, shapes=)`: the conversion itself (`tilekit.onnx.importer`);
+- `attach_files(imported, ...)`: write the deterministic weights `.npz` and record `weights`,
+  `source` and the `import` stage in the module (what `tk-import` does around the conversion).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+import zipfile
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+
+from tilekit.errors import TilekitError
+from tilekit.onnx.importer import Imported, import_model
+
+__all__ = ["Imported", "import_model", "load_model", "load_model_bytes", "write_weights",
+           "attach_files"]
+
+
+def load_model(path: str):
+    """Read an ONNX model from `path` (a TilekitError naming the file if it cannot be)."""
+    p = Path(path)
+    if not p.exists():
+        raise TilekitError("no such file", path, "check the path")
+    if p.is_dir():
+        raise TilekitError("is a directory, expected an .onnx file", path)
+    data = p.read_bytes()
+    return load_model_bytes(data, path, folder=str(p.parent))
+
+
+def load_model_bytes(data: bytes, name: str, folder: str | None = None):
+    """Parse ONNX protobuf bytes; `name` is used in messages, `folder` for external data."""
+    import onnx
+    from google.protobuf.message import DecodeError
+
+    if not data:
+        raise TilekitError("empty file, expected an ONNX model", name)
+    if data.lstrip()[:1] in (b"{", b"<") or data[:4] == b"PK\x03\x04" or data.lstrip()[:8] in (
+            b"tilekit:",):
+        raise TilekitError("not an ONNX model (looks like a text or archive file)", name,
+                           "pass the .onnx file exported from your framework")
+    try:
+        model = onnx.load_model_from_string(data)
+    except (DecodeError, ValueError, RuntimeError) as exc:
+        raise TilekitError(f"cannot parse as an ONNX model (truncated or corrupt file?): "
+                           f"{_first_line(exc)}", name,
+                           "re-export or re-download the model") from None
+    if not model.ir_version or not model.HasField("graph"):
+        raise TilekitError("not an ONNX model (no IR version or no graph)", name,
+                           "pass the .onnx file exported from your framework")
+    if not model.graph.output:
+        raise TilekitError("the ONNX graph has no outputs", name,
+                           "a model must declare its outputs")
+    if folder is not None and _has_external_data(model):
+        from onnx.external_data_helper import load_external_data_for_model
+        try:
+            load_external_data_for_model(model, folder)
+        except Exception as exc:  # noqa: BLE001 - missing or unreadable external file
+            raise TilekitError(f"cannot load external data: {_first_line(exc)}", name,
+                               "keep the external data files next to the model") from None
+    return model
+
+
+def _has_external_data(model) -> bool:
+    from onnx import TensorProto
+    return any(t.data_location == TensorProto.EXTERNAL for t in model.graph.initializer)
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    return lines[0] if lines else type(exc).__name__
+
+
+def write_weights(path: str, weights: Mapping[str, np.ndarray]) -> str:
+    """Write the weights sidecar atomically and return its sha256.
+
+    An `.npz` readable by `numpy.load`: members `<name>.npy` in sorted name order, stored
+    uncompressed with a fixed timestamp (numpy.savez stamps the current time), so the same
+    weights always give the same bytes. Arrays are streamed, never copied whole.
+    """
+    target = Path(path)
+    folder = target.parent if str(target.parent) else Path(".")
+    if not folder.is_dir():
+        raise TilekitError(f"folder '{folder}' does not exist", f"--weights {path}",
+                           "create it first")
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            with zipfile.ZipFile(fh, "w", compression=zipfile.ZIP_STORED,
+                                 allowZip64=True) as zf:
+                for name in sorted(weights):
+                    info = zipfile.ZipInfo(f"{name}.npy", date_time=(1980, 1, 1, 0, 0, 0))
+                    info.external_attr = 0o644 << 16
+                    with zf.open(info, "w", force_zip64=True) as member:
+                        np.lib.format.write_array(member, np.asanyarray(weights[name]),
+                                                  allow_pickle=False)
+        digest = hashlib.sha256()
+        with open(tmp, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 22), b""):
+                digest.update(block)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; a sidecar is an ordinary file
+        os.replace(tmp, target)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    return digest.hexdigest()
+
+
+def _relative(path: str, folder: str) -> str:
+    return Path(os.path.relpath(os.path.abspath(path), os.path.abspath(folder))).as_posix()
+
+
+def attach_files(imported: Imported, *, ir_folder: str, weights_path: str,
+                 onnx_path: str | None, onnx_sha256: str,
+                 options: Mapping[str, Any]) -> Imported:
+    """Write the weights sidecar (when there are weights) and record in the module `source`
+    and `weights` (paths relative to `ir_folder`, checksums) and the `import` stage."""
+    module = imported.module
+    source = {"onnx": _relative(onnx_path, ir_folder)} if onnx_path else {}
+    source["sha256"] = onnx_sha256
+    source.update(module.source or {})
+    weights_ref = None
+    if imported.weights:
+        digest = write_weights(weights_path, imported.weights)
+        weights_ref = {"file": _relative(weights_path, ir_folder), "sha256": digest}
+    module = replace(module, source=source, weights=weights_ref)
+    module = module.with_stage("import", **dict(options))
+    return Imported(module, imported.weights, imported.warnings)

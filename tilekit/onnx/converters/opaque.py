@@ -1,0 +1,115 @@
+"""Ops that are not tensor expressions become explicit opaque ops (see `tilekit.opaque`).
+
+Where a constant makes an op affine it is written as an expression instead: Resize/Upsample in
+nearest mode with integer scale factors (and a coordinate mode that maps to `x // s`) is
+`y[n, c, h, w] = x[n, c, h // 2, w // 2]`; Gather with constant indices is in `layout`.
+"""
+
+from __future__ import annotations
+
+from tilekit.onnx import text
+from tilekit.onnx.context import NodeContext
+from tilekit.onnx.converters import converter
+
+
+@converter("GatherElements", summary="opaque GatherElements")
+def gather_elements(ctx: NodeContext) -> None:
+    x, ind, out = ctx.input(0), ctx.input(1), ctx.output(0)
+    ctx.opaque("GatherElements", [x, ind], [out], {"axis": ctx.attr("axis", 0) % x.rank})
+
+
+@converter("GatherND", summary="opaque GatherND")
+def gather_nd(ctx: NodeContext) -> None:
+    ctx.opaque("GatherND", ctx.inputs(), [ctx.output(0)],
+               {"batch_dims": ctx.attr("batch_dims", 0)})
+
+
+@converter("ScatterND", summary="opaque ScatterND")
+def scatter_nd(ctx: NodeContext) -> None:
+    ctx.opaque("ScatterND", ctx.inputs(), [ctx.output(0)],
+               {"reduction": ctx.attr("reduction", "none")})
+
+
+@converter("ScatterElements", "Scatter", summary="opaque ScatterElements")
+def scatter_elements(ctx: NodeContext) -> None:
+    x = ctx.input(0)
+    ctx.opaque("ScatterElements", ctx.inputs(), [ctx.output(0)],
+               {"axis": ctx.attr("axis", 0) % x.rank,
+                "reduction": ctx.attr("reduction", "none")})
+
+
+@converter("TopK", summary="opaque TopK (k constant)")
+def topk(ctx: NodeContext) -> None:
+    x = ctx.input(0)
+    k = int(ctx.attr("k")) if ctx.opset < 10 else int(ctx.require_const(1, "k").reshape(-1)[0])
+    outs = [ctx.output(0), ctx.output(1)]
+    ctx.opaque("TopK", [x], outs, {"axis": ctx.attr("axis", -1) % x.rank, "k": k,
+                                   "largest": ctx.attr("largest", 1),
+                                   "sorted": ctx.attr("sorted", 1)})
+
+
+def _arg(kind: str):
+    def convert(ctx: NodeContext) -> None:
+        x = ctx.input(0)
+        ctx.opaque(kind, [x], [ctx.output(0)],
+                   {"axis": ctx.attr("axis", 0) % x.rank, "keepdims": ctx.attr("keepdims", 1),
+                    "select_last_index": ctx.attr("select_last_index", 0)})
+    return convert
+
+
+converter("ArgMax", summary="opaque ArgMax")(_arg("ArgMax"))
+converter("ArgMin", summary="opaque ArgMin")(_arg("ArgMin"))
+
+#: (coordinate_transformation_mode, nearest_mode) pairs where nearest resizing by an integer
+#: factor s reads source index `o // s`.
+_FLOOR_DIV_MODES = {("asymmetric", "floor"), ("half_pixel", "round_prefer_floor"),
+                    ("half_pixel", "round_prefer_ceil"),
+                    ("pytorch_half_pixel", "round_prefer_floor"),
+                    ("pytorch_half_pixel", "round_prefer_ceil"),
+                    ("tf_half_pixel_for_nn", "floor")}
+
+
+def _resize(ctx: NodeContext, mode: str, coord: str, nearest: str) -> None:
+    x, out = ctx.input(0), ctx.output(0)
+    factors = [o / i for o, i in zip(out.shape, x.shape)]
+    integer = all(f == int(f) and f >= 1 for f in factors)
+    if mode == "nearest" and integer and (coord, nearest) in _FLOOR_DIV_MODES:
+        ax = text.axes(out.rank)
+        idx = [a if f == 1 else f"{a} // {int(f)}" for a, f in zip(ax, factors)]
+        ctx.assign(out, ax, "=", ctx.access(x, idx))
+        return
+    attrs = {"mode": mode, "coordinate_transformation_mode": coord, "nearest_mode": nearest,
+             "sizes": list(out.shape)}
+    for key in ("cubic_coeff_a", "exclude_outside", "extrapolation_value"):
+        if key in ctx.attrs:
+            attrs[key] = ctx.attr(key)
+    if coord == "tf_crop_and_resize":
+        raise ctx.unsupported("coordinate_transformation_mode='tf_crop_and_resize'")
+    ctx.opaque("Resize", [x], [out], attrs)
+
+
+@converter("Resize", summary="nearest by integer factors: x[.., h // s, ..]; otherwise opaque "
+                             "Resize")
+def resize(ctx: NodeContext) -> None:
+    for i in range(1, 4):
+        if ctx.has_input(i) and ctx.const(i) is None:
+            raise ctx.unsupported(f"input {i} (roi/scales/sizes) must be constant")
+    if ctx.attr("antialias", 0) or ctx.attr("keep_aspect_ratio_policy", "stretch") != "stretch":
+        raise ctx.unsupported("antialias / keep_aspect_ratio_policy")
+    ctx.attr("axes")
+    if ctx.opset < 11:
+        # Resize-10 resamples like Upsample: asymmetric coordinates, nearest by flooring.
+        _resize(ctx, ctx.attr("mode", "nearest"), "asymmetric", "floor")
+        return
+    _resize(ctx, ctx.attr("mode", "nearest"),
+            ctx.attr("coordinate_transformation_mode", "half_pixel"),
+            ctx.attr("nearest_mode", "round_prefer_floor"))
+
+
+@converter("Upsample", summary="like Resize with asymmetric coordinates and floor rounding")
+def upsample(ctx: NodeContext) -> None:
+    ctx.attr("scales")
+    mode = ctx.attr("mode", "nearest")
+    mode = "linear" if mode in ("bilinear", "linear") else mode
+    _resize(ctx, mode, "asymmetric", "floor")
+
