@@ -6,7 +6,9 @@ from typing import Mapping
 
 import numpy as np
 import onnx
-from onnx import helper
+from pathlib import Path
+
+from onnx import helper, numpy_helper
 
 from tilekit.ir.verify import verify
 from tilekit.onnx import Imported, import_model
@@ -117,4 +119,32 @@ def single_node_model(op_type: str, inputs: list, outputs: list, *, opset: int =
     graph = helper.make_graph([node], op_type.lower(), in_infos, out_infos, inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
     model.ir_version = 8
+    return model
+
+
+def with_random_weights(path: Path, seed: int = 0) -> onnx.ModelProto:
+    """The bundled model with its ConstantOfShape fills replaced by random initializers
+    (positive where a BatchNorm variance or scale is expected), to check real arithmetic."""
+    model = onnx.load(str(path))
+    g = model.graph
+    rng = np.random.default_rng(seed)
+    shapes = {t.name: numpy_helper.to_array(t) for t in g.initializer}
+    keep, inits = [], list(g.initializer)
+    for node in g.node:
+        if node.op_type != "ConstantOfShape":
+            keep.append(node)
+            continue
+        shape = [int(d) for d in shapes[node.input[0]]]
+        name = node.output[0]
+        if any(k in name for k in ("var", "riv", "scale", "_s_0")):
+            value = rng.uniform(0.5, 1.5, shape)
+        else:
+            value = rng.standard_normal(shape) / np.sqrt(max(np.prod(shape[1:]), 1))
+        inits.append(numpy_helper.from_array(value.astype(np.float32), name))
+        # IR version 3 wants every initializer declared as a graph input too.
+        g.input.append(onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, shape))
+    del g.node[:]
+    g.node.extend(keep)
+    del g.initializer[:]
+    g.initializer.extend(inits)
     return model

@@ -16,7 +16,7 @@ from onnx import numpy_helper
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from models import onnx_models  # noqa: E402
-from models.onnx_check import check_against_onnxruntime  # noqa: E402
+from models.onnx_check import check_against_onnxruntime, with_random_weights  # noqa: E402
 
 from tilekit.ir.verify import verify  # noqa: E402
 from tilekit.onnx import attach_files, import_model, load_model  # noqa: E402
@@ -90,37 +90,9 @@ def test_resnet50_import_under_two_seconds(tmp_path):
     assert len(convs) == 53
 
 
-def _with_random_weights(path: Path, seed: int = 0) -> onnx.ModelProto:
-    """The bundled model with its ConstantOfShape fills replaced by random initializers
-    (positive where a BatchNorm variance or scale is expected), to check real arithmetic."""
-    model = onnx.load(str(path))
-    g = model.graph
-    rng = np.random.default_rng(seed)
-    shapes = {t.name: numpy_helper.to_array(t) for t in g.initializer}
-    keep, inits = [], list(g.initializer)
-    for node in g.node:
-        if node.op_type != "ConstantOfShape":
-            keep.append(node)
-            continue
-        shape = [int(d) for d in shapes[node.input[0]]]
-        name = node.output[0]
-        if any(k in name for k in ("var", "riv", "scale", "_s_0")):
-            value = rng.uniform(0.5, 1.5, shape)
-        else:
-            value = rng.standard_normal(shape) / np.sqrt(max(np.prod(shape[1:]), 1))
-        inits.append(numpy_helper.from_array(value.astype(np.float32), name))
-        # IR version 3 wants every initializer declared as a graph input too.
-        g.input.append(onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, shape))
-    del g.node[:]
-    g.node.extend(keep)
-    del g.initializer[:]
-    g.initializer.extend(inits)
-    return model
-
-
 @pytest.mark.parametrize("name", ["squeezenet", "shufflenet"])
 def test_bundled_model_with_random_weights_matches_onnxruntime(name):
-    model = _with_random_weights(LIGHT / f"light_{name}.onnx")
+    model = with_random_weights(LIGHT / f"light_{name}.onnx")
     rng = np.random.default_rng(1)
     x = rng.random((1, 3, 224, 224), dtype=np.float32)
     feeds = {vi.name: x for vi in model.graph.input if vi.name.endswith("data_0")}
