@@ -9,6 +9,7 @@ so that no intermediate exceeds `CHUNK_ELEMENTS` elements.
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Mapping
 
@@ -110,6 +111,10 @@ def _eval_chunked(analysis: Analysis, env, pad, box) -> np.ndarray:
         return np.zeros(spatial_shape, dtype=np.float32)
     if 0 in reduce_shape:
         return np.full(spatial_shape, _IDENTITY[assign], dtype=np.float32)
+    window = math.prod(reduce_shape)
+    if (analysis.reduction and window <= SMALL_WINDOW and math.prod(spatial_shape) >=
+            PLANE_ELEMENTS and _has_batch_axes(analysis)):
+        return _eval_per_point(analysis, env, pad, box)
     if _einsum_operands(analysis) is not None:
         return _eval_einsum(analysis, env, pad, box)
     size = math.prod(spatial_shape) * math.prod(reduce_shape)
@@ -128,32 +133,68 @@ def _eval_chunked(analysis: Analysis, env, pad, box) -> np.ndarray:
     return _eval_box(analysis, env, pad, box)
 
 
-#: Window reductions with at most this many points combine one window offset at a time.
+#: Reductions over at most this many points (pool windows, depthwise taps) are evaluated
+#: one point at a time over whole output planes: NumPy reduces strided windows slowly.
 SMALL_WINDOW = 64
+#: ... but only when the planes are large enough to amortise a Python step per point.
+PLANE_ELEMENTS = 1024
 
 
-def _eval_box(analysis: Analysis, env, pad, box) -> np.ndarray:
+def _eval_box(analysis: Analysis, env, pad, box, padded=None) -> np.ndarray:
     axes = [a for a, _ in analysis.axes]
-    ctx = _Context(analysis, env, pad, box, axes)
+    ctx = _Context(analysis, env, pad, box, axes, padded)
     value = np.asarray(ctx.eval(analysis.stmt.body))
     nspatial = len(analysis.spatial)
     full_shape = tuple(box[a][1] - box[a][0] for a in axes)
     value = value.reshape((1,) * (len(axes) - value.ndim) + value.shape)
-    window = math.prod(full_shape[nspatial:])
-    if analysis.reduction and 1 < window <= SMALL_WINDOW and value.shape[nspatial:] == \
-            full_shape[nspatial:]:
-        # Pooling-like: NumPy reduces strided windows slowly; combine whole planes instead.
-        combine = _COMBINE[analysis.assign]
-        lead = (slice(None),) * nspatial
-        points = np.ndindex(*full_shape[nspatial:])
-        acc = np.array(value[lead + next(points)])
-        for point in points:
-            combine(acc, value[lead + point], out=acc)
-        value = acc
+    if analysis.reduction and math.prod(full_shape[nspatial:]) == 1:
+        value = value.reshape(value.shape[:nspatial])  # one point: nothing to combine
     elif analysis.reduction:
         value = np.broadcast_to(value, value.shape[:nspatial] + full_shape[nspatial:])
         value = _REDUCERS[analysis.assign](value, axis=tuple(range(nspatial, len(axes))))
     return _contiguous(np.broadcast_to(value, full_shape[:nspatial]))
+
+
+def _eval_per_point(analysis: Analysis, env, pad, box) -> np.ndarray:
+    """Combine the body over whole spatial planes, one reduction point at a time.
+
+    Tensors that need padding are padded once for the whole box, not once per point.
+    """
+    padded: dict[int, tuple[np.ndarray, list[tuple[int, int]]]] = {}
+    axes = [a for a, _ in analysis.axes]
+    ranges = {a: (box[a][0], box[a][1] - 1) for a in axes}
+    for info in analysis.accesses:
+        if info.affine and info.tensor in env:
+            arr = _check_array(info, env[info.tensor])
+            widths = _needed_padding(info, ranges)
+            if any(w != (0, 0) for w in widths) and pad is not None:
+                arr = np.pad(arr, widths, mode="constant",
+                             constant_values=_pad_scalar(pad, arr.dtype))
+                padded[id(info.node)] = (np.ascontiguousarray(arr), widths)
+    names = [a for a, _ in analysis.reduction]
+    combine = _COMBINE[analysis.assign]
+    acc = None
+    for point in itertools.product(*(range(*box[a]) for a in names)):
+        sub = {**box, **{a: (p, p + 1) for a, p in zip(names, point)}}
+        part = _eval_box(analysis, env, pad, sub, padded)
+        if acc is None:
+            acc = part
+        elif acc.dtype == np.result_type(acc, part):
+            combine(acc, part, out=acc)
+        else:
+            acc = combine(acc, part)
+    return acc
+
+
+def _has_batch_axes(analysis: Analysis) -> bool:
+    """Whether a sum of products has an output axis that every operand reads (depthwise
+    convolution): then a batch of tiny matrix products loses to per-point planes."""
+    operands = _einsum_operands(analysis)
+    if operands is None:
+        return True
+    infos = {id(i.node): i for i in analysis.accesses}
+    used = [{a for m in infos[id(acc)].maps for a, _ in m.terms} for acc in operands[0]]
+    return len(used) > 1 and any(all(a in u for u in used) for a, _ in analysis.spatial)
 
 
 def _contiguous(x: np.ndarray) -> np.ndarray:
@@ -318,7 +359,7 @@ def _check_array(info: AccessInfo, arr: np.ndarray) -> np.ndarray:
 
 
 def _affine_view(info: AccessInfo, arr: np.ndarray, box, axes: list[str], pad,
-                 squeeze: bool) -> tuple[np.ndarray, list[str]]:
+                 squeeze: bool, padded=None) -> tuple[np.ndarray, list[str]]:
     """A strided view of the (padded) tensor indexed by the iteration axes of `box`.
 
     With `squeeze`, only the axes this read depends on are kept (in `axes` order);
@@ -327,7 +368,9 @@ def _affine_view(info: AccessInfo, arr: np.ndarray, box, axes: list[str], pad,
     arr = _check_array(info, arr)
     ranges = {a: (box[a][0], box[a][1] - 1) for a in axes}
     widths = _needed_padding(info, ranges)
-    if any(w != (0, 0) for w in widths):
+    if padded is not None:  # padded once for an enclosing box: at least as wide as needed
+        arr, widths = padded
+    elif any(w != (0, 0) for w in widths):
         if pad is None:
             raise ExprError(f"{format_node(info.node)} reads outside {info.tensor} and the op "
                             "declares no pad value", info.tensor)
@@ -389,8 +432,9 @@ def _eval_index(node: Node, axis_values):
 class _Context:
     """Evaluates body nodes over one box; caches axis ranges and reads."""
 
-    def __init__(self, analysis: Analysis, env, pad, box, axes: list[str]):
+    def __init__(self, analysis: Analysis, env, pad, box, axes: list[str], padded=None):
         self.analysis, self.env, self.pad, self.box, self.axes = analysis, env, pad, box, axes
+        self.padded = padded or {}
         self.infos = {id(i.node): i for i in analysis.accesses}
         self._axis_cache: dict[str, np.ndarray] = {}
 
@@ -412,7 +456,8 @@ class _Context:
             info = self.infos[id(node)]
             arr = self.env[info.tensor]
             if info.affine:
-                return _affine_view(info, arr, self.box, self.axes, self.pad, squeeze=False)[0]
+                return _affine_view(info, arr, self.box, self.axes, self.pad, squeeze=False,
+                                    padded=self.padded.get(id(node)))[0]
             return _gather_read(info, arr, self.axis_values, self.box, self.axes, self.pad)
         if isinstance(node, Unary):
             arg = self.eval(node.arg)

@@ -1,0 +1,96 @@
+"""One engine on one model in a fresh process: latency and peak memory, as JSON on stdout.
+
+    python tests/bench/cpu_engines.py --engine tilekit|onnxruntime --model M.onnx --runs N
+
+Peak memory is only comparable between processes that did nothing else, so each engine runs
+alone here; `test_cpu_bench.py` starts one process per engine and model, alternating engines
+run after run so that machine noise hits both alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+
+def rss_mib() -> float:
+    """Peak resident memory of this process (VmHWM: unlike ru_maxrss, not inherited from
+    the parent across fork and exec)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024.0
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def feeds_for(model: onnx.ModelProto, seed: int) -> dict[str, np.ndarray]:
+    inits = {t.name for t in model.graph.initializer}
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    for vi in model.graph.input:
+        if vi.name in inits:
+            continue
+        shape = [d.dim_value for d in vi.type.tensor_type.shape.dim]
+        feeds[vi.name] = rng.standard_normal(shape).astype(np.float32)
+    return feeds
+
+
+def tilekit_runner(path: Path, feeds: dict[str, np.ndarray], threads: int):
+    from tilekit.onnx import import_model, load_model
+    from tilekit.runtime import prepare
+
+    imported = import_model(load_model(str(path)))
+    module = imported.module
+    weights = {k: np.ascontiguousarray(v) for k, v in imported.weights.items()}
+    renamed = (module.source or {}).get("inputs", {})
+    ir_inputs = {ir: feeds[renamed.get(ir, ir)] for ir in module.inputs}
+    program = prepare(module)
+    return lambda: program.run(ir_inputs, weights)
+
+
+def onnxruntime_runner(path: Path, feeds: dict[str, np.ndarray], threads: int):
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    return lambda: session.run(None, feeds)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--engine", choices=["tilekit", "onnxruntime"], required=True)
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    args = parser.parse_args()
+    path = Path(args.model)
+    feeds = feeds_for(onnx.load(str(path), load_external_data=False), seed=0)
+    base = rss_mib()
+    runner = (tilekit_runner if args.engine == "tilekit" else onnxruntime_runner)(
+        path, feeds, args.threads)
+    runner()  # warm-up
+    times = []
+    for _ in range(args.runs):
+        start = time.perf_counter()
+        runner()
+        times.append(time.perf_counter() - start)
+    json.dump({"engine": args.engine, "times_ms": [t * 1e3 for t in times],
+               "peak_rss_mib": rss_mib(), "base_rss_mib": base}, sys.stdout)
+
+
+if __name__ == "__main__":
+    with tempfile.TemporaryDirectory():
+        main()
