@@ -1,0 +1,95 @@
+"""tk-roll: give every op of a tile-IR module its tiles (Roller) for a hardware profile.
+
+    tk-import m.onnx | tk-roll --hw h100 | tk-codegen ...
+    tk-roll m.yaml --hw v100 --top-k 10 -o m.rolled.yaml --report
+
+The pass is `tilekit.roll.roll_module`; the tile contract it writes is docs/roll.md. `--report`
+prints one row per op (tiles per level, grid, estimate, bound) on stderr only.
+"""
+
+from __future__ import annotations
+
+import click
+
+from tilekit.cli.common import (format_option, hw_option, input_argument, output_option,
+                                stderr_is_terminal, tk_command)
+from tilekit.errors import TilekitError
+
+TOOL = "tk-roll"
+
+
+@tk_command(TOOL)
+@input_argument
+@output_option
+@format_option
+@hw_option(required=False)
+@click.option("--top-k", "top_k", type=click.IntRange(min=1, max=64), default=1,
+              show_default=True, metavar="K",
+              help="Keep the K best tiles per op (the best is used; the next K-1 are listed "
+                   "under tile.candidates).")
+@click.option("--report", is_flag=True,
+              help="Print a table of ops, tiles, grids and estimates on stderr.")
+def main(input, output, fmt, hw, top_k, report, quiet, debug):
+    """Tile every op of the tile IR module IR (a file, or '-'/nothing for stdin)."""
+    from tilekit.hw import load_profile
+    from tilekit.ir import read_module, write_module
+    from tilekit.roll.schedule import roll_module
+
+    module = read_module(input)
+    name = hw or module.hardware
+    if not name:
+        raise TilekitError("no hardware profile", "--hw",
+                           "pass --hw NAME|PATH (e.g. --hw h100); 'tk-hw list' shows the names")
+    profile = load_profile(name)
+    rolled = roll_module(module, profile, top_k)
+    write_module(rolled, output, fmt, input_path=input)
+    if report and not quiet:
+        print_report(rolled)
+    return 0
+
+
+def _sizes(sizes: dict) -> str:
+    return " ".join(f"{a}{s}" for a, s in sizes.items()) or "-"
+
+
+def report_rows(module) -> list[tuple[str, ...]]:
+    """One row per op: name, thread tile, block tile, reduction step, grid, time, bound."""
+    rows = []
+    for op in module.ops:
+        t = op.tile or {}
+        est = t.get("estimate", {})
+        rows.append((op.name, _sizes(t.get("thread", {})), _sizes(t.get("block", {})),
+                     _sizes(t.get("step", {})), str(t.get("blocks", "")),
+                     f"{est.get('time_us', 0):g}", str(est.get("bound", ""))))
+    return rows
+
+
+REPORT_COLUMNS = ("op", "thread", "block", "step", "blocks", "time_us", "bound")
+
+
+def print_report(module) -> None:
+    """The report table on stderr: rich on a terminal, aligned plain text otherwise."""
+    from tilekit.roll.schedule import module_estimate
+
+    total = module_estimate(module)
+    title = (f"tk-roll: {module.model} on {module.hardware}: {len(module.ops)} ops, "
+             f"{total['kernels']} kernels, estimated {total['time_us']:g} us")
+    rows = report_rows(module)
+    if stderr_is_terminal():
+        from rich.console import Console
+        from rich.table import Table
+
+        table = Table(*REPORT_COLUMNS, title=title, title_justify="left")
+        for row in rows:
+            table.add_row(*row)
+        Console(stderr=True).print(table)
+        return
+    click.echo(title, err=True)
+    widths = [max(len(r[i]) for r in [REPORT_COLUMNS, *rows])
+              for i in range(len(REPORT_COLUMNS))]
+    for row in [REPORT_COLUMNS, *rows]:
+        click.echo("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip(), err=True)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,20 @@
+"""Roller: tiles constructed, not searched (DESIGN.md section 3; docs/roll.md).
+
+- `tilekit.roll.problem`: an expr op reduced to its iteration space and footprints (`Problem`);
+- `tilekit.roll.rtile`: rTiles, alignment and the padding-waste rule;
+- `tilekit.roll.cost`: the micro performance model, shared by every stage that estimates;
+- `tilekit.roll.construct`: scale-up and scale-out, ranking by the model;
+- `tilekit.roll.schedule`: the pass `roll_module(module, profile, top_k) -> Module`;
+- `tilekit.roll.tiled`: tile-faithful CPU execution (`run_op_tiled`, `check_tile_cover`) and
+  the runtime's "tiled" mode;
+- `tilekit.roll.workloads`: the operator suite of specs/workloads.yaml.
+"""
+
+from tilekit.roll.construct import Candidate, roll_problem
+from tilekit.roll.cost import Estimate, cost_tiles, machine
+from tilekit.roll.problem import Problem, problem_from_analysis
+from tilekit.roll.rtile import RTile
+from tilekit.roll.schedule import module_estimate, roll_module
+
+__all__ = ["Candidate", "Estimate", "Problem", "RTile", "cost_tiles", "machine",
+           "module_estimate", "problem_from_analysis", "roll_module", "roll_problem"]

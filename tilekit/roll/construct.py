@@ -1,0 +1,343 @@
+"""Roller's tile construction: scale-up from the smallest aligned tile, then scale-out.
+
+Tiles are constructed, not searched (DESIGN.md section 3):
+
+1. **Register level** (ops with a reduction): start from a 1-element thread tile; repeatedly
+   grow the spatial axis with the best reuse gain (shared-memory bytes read per output per
+   reduction point saved, per register added) until the thread tile is compute-bound against
+   shared memory (`flops / peak >= bytes / smem bandwidth`) or the next step would break the
+   per-thread register limit. Ops without a reduction have nothing to reuse: one element per
+   thread.
+2. **Block level**, for each of the last `THREAD_CHOICES` thread tiles of step 1: start from
+   `START_WARPS` warps laid over the innermost axes, sizes aligned (tilekit.roll.rtile);
+   repeatedly grow the block axis or reduction step with the best gain (global traffic saved
+   per byte of block footprint added) until the block is compute-bound against the memory
+   level that serves it, no move saves traffic, or a capacity limit (threads, registers per
+   block, shared memory per block) would break.
+3. **Scale-out**: while the grid has fewer blocks than SMs, shrink the block along the axis
+   whose shrinking costs the least traffic (the lowest-reuse axis); then grow its reduction
+   step for coalescing as in step 2.
+
+Every tile visited on the way is a candidate; all are costed at once by the micro performance
+model (tilekit.roll.cost) and the `top_k` fastest valid ones are returned, best first.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from tilekit.roll.cost import (Estimate, Machine, TileCosts, cost_tiles, machine,
+                               registers_per_thread, round_sig)
+from tilekit.roll.problem import Problem
+from tilekit.roll.rtile import RTile, block_sizes, thread_sizes
+
+#: Thread tiles from the end of the register-level trajectory that each get a block level.
+THREAD_CHOICES = 3
+#: Warps a block starts with (before growth), where the problem has that much work.
+START_WARPS = 4
+#: Contiguous bytes per staged row that reduction steps are grown to (Welder's 128 B runs).
+COALESCE_BYTES = 128
+#: Safety stop for the greedy loops (a trajectory is never this long in practice).
+MAX_MOVES = 64
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One costed rTile: its sizes, the model's estimate and the resources it uses."""
+
+    tile: RTile
+    estimate: Estimate
+    smem_bytes: int
+    regs: int
+    threads: int
+    blocks: int
+
+
+def roll_problem(problem: Problem, profile, top_k: int = 1) -> list[Candidate]:
+    """The `top_k` best valid tiles for `problem` on `profile`, best first (at least one)."""
+    m = machine(profile, problem.dtype)
+    tiles = construct_tiles(problem, profile, m)
+    ranked = rank(problem, m, tiles, max(top_k, THREAD_CHOICES))
+    # The front runners get the coalescing step growth too (some come from mid-trajectory).
+    bsizes = [block_sizes(problem, m.transaction_bytes, a) for a in range(len(problem.axes))]
+    seen = dict.fromkeys(tiles)
+    for c in ranked:
+        for tile in grow_steps(problem, m, bsizes, c.tile):
+            seen.setdefault(tile, None)
+    return rank(problem, m, list(seen), top_k)
+
+
+def construct_tiles(problem: Problem, profile, m: Machine | None = None) -> list[RTile]:
+    """Every tile visited by scale-up and scale-out (unranked, no duplicates, in order)."""
+    m = m or machine(profile, problem.dtype)
+    ns = problem.n_spatial
+    bsizes = [block_sizes(problem, m.transaction_bytes, a) for a in range(len(problem.axes))]
+    seen: dict[RTile, None] = {}
+    for thread in thread_choices(problem, m, register_trajectory(problem, m, bsizes)):
+        trajectory = block_trajectory(problem, m, bsizes, thread)
+        if not trajectory:
+            continue
+        for tile in trajectory:
+            seen.setdefault(tile, None)
+        shrunk = scale_out(problem, m, bsizes, trajectory[-1])
+        if shrunk:
+            shrunk += grow_steps(problem, m, bsizes, shrunk[-1])
+        for tile in shrunk:
+            seen.setdefault(tile, None)
+    # The smallest tile (one element per thread, smallest aligned block and step) always
+    # takes part: it is the fallback when every larger tile breaks a limit.
+    seen.setdefault(start_tile(problem, bsizes, tuple(1 for _ in range(ns))), None)
+    return list(seen)
+
+
+def rank(problem: Problem, m: Machine, tiles: list[RTile], top_k: int) -> list[Candidate]:
+    """Cost `tiles` in one vectorised call; the `top_k` fastest valid ones, best first.
+
+    Ties (equal time to 6 significant digits; the model is flat for memory-bound ops) go to
+    fewer reduction steps (fewer synchronisations, which the model does not cost), then to
+    whole warps, then to blocks of up to `START_WARPS` warps (latency hiding the model does not
+    see), then to the tile order, so that the choice never depends on float noise."""
+    costs = _cost(problem, m, tiles)
+    ns = problem.n_spatial
+    steps = [math.prod(-(-n // s) for n, s in zip(problem.extents[ns:], t.step)) for t in tiles]
+    full = START_WARPS * m.warp_size
+
+    def key(k):
+        threads = int(costs.threads[k])
+        return (round_sig(costs.time_s[k], 6), steps[k], threads % m.warp_size != 0,
+                -min(threads, full), tiles[k])
+
+    order = sorted((k for k in range(len(tiles)) if costs.valid[k]), key=key)
+    if not order:  # cannot happen with a sane profile: the smallest tile always fits
+        raise RuntimeError("no tile fits the profile's capacity limits")
+    return [_candidate(tiles[k], costs, k) for k in order[:max(1, top_k)]]
+
+
+def _candidate(tile: RTile, costs: TileCosts, k: int) -> Candidate:
+    return Candidate(tile, costs.estimate(k), int(costs.smem_tile[k]), int(costs.regs[k]),
+                     int(costs.threads[k]), int(costs.blocks[k]))
+
+
+def thread_choices(problem: Problem, m: Machine, trajectory: list[tuple[int, ...]]
+                   ) -> list[tuple[int, ...]]:
+    """The thread tiles that get a block level: the last `THREAD_CHOICES` of the register
+    trajectory and, when those leave too few threads to fill the device (a small problem),
+    also the largest one that still does (or the 1-element tile)."""
+    chosen = trajectory[-THREAD_CHOICES:]
+    target = m.sm_count * START_WARPS * m.warp_size
+
+    def usable(t):
+        return math.prod(-(-n // s) for n, s in zip(problem.extents, t))
+
+    if usable(chosen[0]) < target:
+        filling = [t for t in trajectory if usable(t) >= target]
+        extra = filling[-1] if filling else trajectory[0]
+        if extra not in chosen:
+            chosen = [extra] + chosen
+    return chosen
+
+
+# -- register level -------------------------------------------------------------------------
+
+def register_trajectory(problem: Problem, m: Machine, bsizes) -> list[tuple[int, ...]]:
+    """Thread tiles visited by register-level scale-up, smallest first."""
+    ns = problem.n_spatial
+    thread = tuple(1 for _ in range(ns))
+    path = [thread]
+    if not problem.has_reduction or ns == 0:
+        return path
+    tsizes = [tuple(s for s in thread_sizes(problem, a)
+                    if any(b % s == 0 for b in bsizes[a])) for a in range(ns)]
+    reduced = [op for op, r in zip(problem.operands, problem.reduced) if r]
+    nr = len(problem.axes) - ns
+    threshold = m.peak / m.smem_bw  # FLOP per byte of shared memory that keeps ALUs busy
+
+    def measure(cands: list[tuple[int, ...]]):
+        sizes = np.array(cands, dtype=np.int64).T.reshape(ns, len(cands))
+        unit = np.vstack([sizes, np.ones((nr, len(cands)), dtype=np.int64)])
+        per_point = sum(op.footprint(unit) * op.itemsize for op in reduced)
+        outputs = sizes.prod(axis=0)
+        regs = registers_per_thread(problem, sizes)
+        return per_point / outputs, regs, outputs, per_point
+
+    (q,), (regs,), (outs,), (bytes_,) = measure([thread])
+    for _ in range(MAX_MOVES):
+        if problem.flops_per_point * outs / max(bytes_, 1) >= threshold:
+            break  # compute-bound at the register level
+        moves = []
+        for a in reversed(range(ns)):  # innermost first: ties favour contiguous rows
+            bigger = [s for s in tsizes[a] if s > thread[a]]
+            if bigger:
+                moves.append(thread[:a] + (bigger[0],) + thread[a + 1:])
+        if not moves:
+            break
+        mq, mregs, mouts, mbytes = measure(moves)
+        threads_left = [math.prod(-(-n // t) for n, t in zip(problem.extents, mv))
+                        for mv in moves]
+        ok = (mregs <= m.max_regs_per_thread) & (mregs * m.warp_size <= m.regs_per_block) & \
+            (np.array(threads_left) >= min(m.warp_size, problem.output_points))
+        gain = np.where(ok, (q - mq) / np.maximum(mregs - regs, 1), -np.inf)
+        best = int(np.argmax(gain))
+        if not gain[best] > 0:
+            break
+        thread = moves[best]
+        q, regs, outs, bytes_ = mq[best], mregs[best], mouts[best], mbytes[best]
+        path.append(thread)
+    return path
+
+
+# -- block level ----------------------------------------------------------------------------
+
+def _fits(thread: int, sizes) -> list[int]:
+    """Block sizes that hold a whole number of thread tiles."""
+    return [s for s in sizes if s % thread == 0]
+
+
+def _pow2_at_least(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def start_tile(problem: Problem, bsizes, thread: tuple[int, ...]) -> RTile:
+    """The smallest aligned block for `thread`: on each spatial axis the smallest allowed
+    block size that holds whole thread tiles; the smallest allowed step on every reduction
+    axis."""
+    ns = problem.n_spatial
+    block = []
+    for a in range(ns):
+        allowed = _fits(thread[a], bsizes[a])
+        block.append(allowed[0] if allowed else thread[a])
+    step = tuple(bsizes[ns + r][0] for r in range(len(problem.axes) - ns))
+    return RTile(tuple(block), thread, step)
+
+
+def _moves(problem: Problem, bsizes, tile: RTile, grow: bool) -> list[RTile]:
+    """Tiles one size step bigger (or smaller) on one axis; reduction steps only grow."""
+    ns = problem.n_spatial
+    out = []
+    for a in reversed(range(ns)):
+        allowed = _fits(tile.thread[a], bsizes[a])
+        nxt = [s for s in allowed if s > tile.block[a]] if grow else \
+            [s for s in allowed if s < tile.block[a]]
+        if nxt:
+            size = nxt[0] if grow else nxt[-1]
+            out.append(RTile(tile.block[:a] + (size,) + tile.block[a + 1:], tile.thread,
+                             tile.step))
+    if grow:
+        for r in range(len(problem.axes) - ns):
+            nxt = [s for s in bsizes[ns + r] if s > tile.step[r]]
+            if nxt:
+                out.append(RTile(tile.block, tile.thread,
+                                 tile.step[:r] + (nxt[0],) + tile.step[r + 1:]))
+    return out
+
+
+def _cost(problem: Problem, m: Machine, tiles: list[RTile]) -> TileCosts:
+    ns, nr, n = problem.n_spatial, len(problem.axes) - problem.n_spatial, len(tiles)
+    return cost_tiles(problem, m,
+                      np.array([t.block for t in tiles], dtype=np.int64).T.reshape(ns, n),
+                      np.array([t.thread for t in tiles], dtype=np.int64).T.reshape(ns, n),
+                      np.array([t.step for t in tiles], dtype=np.int64).T.reshape(nr, n))
+
+
+def _footprint(problem: Problem, costs: TileCosts) -> np.ndarray:
+    """Bytes a block holds: its staged tile, or (no reduction) its loads and its output."""
+    if problem.has_reduction:
+        return costs.smem_tile.astype(np.float64)
+    return costs.dram_bytes / np.maximum(costs.blocks, 1)
+
+
+def block_trajectory(problem: Problem, m: Machine, bsizes, thread: tuple[int, ...]
+                     ) -> list[RTile]:
+    """Block tiles visited by block-level scale-up for one thread tile, smallest first.
+
+    Until the block has `START_WARPS` warps (or all the threads the problem can use), a move
+    that saves nothing is still taken (innermost axis first): a block of a few threads cannot
+    hide memory latency, whatever its reuse. After that, a move must save traffic."""
+    tile = start_tile(problem, bsizes, thread)
+    costs = _cost(problem, m, [tile])
+    k = 0
+    path = [tile] if costs.valid[0] else []
+    usable = math.prod(-(-n // t) for n, t in zip(problem.extents, thread))
+    min_threads = min(START_WARPS * m.warp_size, m.max_threads_per_block, usable)
+    for _ in range(MAX_MOVES):
+        filling = costs.threads[k] < min_threads
+        if not filling and costs.valid[k] and costs.t_compute[k] >= costs.t_traffic[k]:
+            break  # compute-bound at the block level
+        moves = _moves(problem, bsizes, tile, grow=True)
+        if filling:
+            moves = [mv for mv in moves if mv.block != tile.block]
+        if not moves:
+            break
+        cur_traffic, cur_footprint = costs.dram_bytes[k], _footprint(problem, costs)[k]
+        costs = _cost(problem, m, moves)
+        saved = cur_traffic - costs.dram_bytes
+        added = _footprint(problem, costs) - cur_footprint
+        ok = costs.valid & ((saved >= 0) if filling else (saved > 0))
+        gain = np.where(ok, saved / np.maximum(added, 1.0), -np.inf)
+        k = int(np.argmax(gain))
+        if not np.isfinite(gain[k]):
+            break
+        tile = moves[k]
+        path.append(tile)
+    return path + grow_steps(problem, m, bsizes, tile)
+
+
+def grow_steps(problem: Problem, m: Machine, bsizes, tile: RTile) -> list[RTile]:
+    """Longer reduction steps for coalescing: grow the step along the reduction axis that
+    extends a staged input's contiguous run until every run is `COALESCE_BYTES` long (or the
+    axis is whole), while the tile stays within the capacity limits."""
+    ns = problem.n_spatial
+    if not problem.has_reduction:
+        return []
+    path = []
+    for _ in range(MAX_MOVES):
+        sizes = np.array(tile.block + tile.step, dtype=np.int64).reshape(-1, 1)
+        short = set()
+        for op, reduced in zip(problem.operands, problem.reduced):
+            if not reduced:
+                continue
+            _, run = op.contiguous_run(sizes)
+            if int(run[0]) * op.itemsize >= COALESCE_BYTES:
+                continue
+            # The innermost dimension not yet read whole, and the reduction axes indexing it.
+            spans = op.spans(sizes)
+            for d in reversed(range(len(op.dims))):
+                if int(spans[d, 0]) < op.dims[d].size:
+                    short.update(a - ns for a, c in enumerate(op.dims[d].coefs)
+                                 if c and a >= ns)
+                    break
+        moves = [mv for mv in _moves(problem, bsizes, tile, grow=True)
+                 if mv.block == tile.block and any(mv.step[r] != tile.step[r] for r in short)]
+        if not moves:
+            break
+        costs = _cost(problem, m, moves)
+        ok = np.flatnonzero(costs.valid)
+        if not len(ok):
+            break
+        tile = moves[int(ok[0])]
+        path.append(tile)
+    return path
+
+
+def scale_out(problem: Problem, m: Machine, bsizes, tile: RTile) -> list[RTile]:
+    """Tiles visited while shrinking a block whose grid leaves SMs idle, along the axis whose
+    shrinking adds the least global traffic."""
+    path = []
+    blocks = math.prod(tile.grid(problem))
+    for _ in range(MAX_MOVES):
+        if blocks >= m.sm_count:
+            break
+        moves = _moves(problem, bsizes, tile, grow=False)
+        if not moves:
+            break
+        costs = _cost(problem, m, moves)
+        traffic = np.where(costs.valid, costs.dram_bytes, np.inf)
+        best = int(np.argmin(traffic))
+        if not np.isfinite(traffic[best]):
+            break
+        tile, blocks = moves[best], int(costs.blocks[best])
+        path.append(tile)
+    return path

@@ -1,0 +1,437 @@
+"""The micro performance model: how long one tiled op (or a group of them) takes on a profile.
+
+This is tilekit's shared cost model: tk-roll ranks tiles with it, and later stages (tk-weld,
+tk-ram) estimate groups and schedules with the same functions. Everything here is a pure
+function of a `Problem` (tilekit.roll.problem), tile sizes and a `Profile`; the tile-size
+arguments are NumPy arrays so that a whole set of candidates is costed in one call.
+
+The model (docs/roll.md has the derivation and the distributed-machine mapping):
+
+    time = max(compute / sm_busy, shared-memory traffic / sm_busy, global traffic) + launch
+    sm_busy = wave_efficiency x saturation x lanes
+
+- compute: padded iteration points x flops per point, over the SIMT peak of the output dtype
+  x the achievable compute fraction;
+- shared memory (ops with a reduction: their input tiles are staged per step): the staged
+  bytes written, plus every thread's register-tile operands read once per reduction point,
+  over the device's shared-memory bandwidth x achievable;
+- waves: `r` blocks on `m = SMs x blocks-per-SM` slots (occupancy from threads, registers,
+  shared memory and the per-SM block limit) run with efficiency `r / (m * ceil(r/m))`; a grid
+  smaller than one full wave is spread over the SMs first (`blocks-per-SM` is then
+  `ceil(r / SMs)`); an SM holding fewer than `SATURATING_WARPS` warps issues at that fraction
+  of its peak (saturation); a block that does not fill whole warps idles the rest of its last
+  warp (lanes);
+- global: each block loads its input tiles once per reduction step and stores its output
+  tile, every contiguous run rounded up to whole transactions. On a SIMT GPU, what is
+  re-read is served by L2 when the op's tensors fit in it, by DRAM otherwise; the compulsory
+  bytes (each tensor once) always come from DRAM. On a distributed machine every tile's loads
+  cross the exchange (no shared cache, no reuse between tiles). The level is device-wide, so
+  it is not divided by the wave efficiency; instead the busiest SM's bytes (`ceil(r/SMs)`
+  blocks, over its lanes and saturation) must pass its port, its share of the L2 (exchange)
+  bandwidth;
+- launch: the profile's `launch_overhead` (seconds) when it states one, else 0.
+
+Monotone by construction: more bandwidth anywhere, or more SMs each as before (device peaks
+and L2/exchange bandwidth growing with the count), never gives a longer time.
+
+Public API (docs/roll.md): `Machine` / `machine(profile, dtype)`; `TileCosts` /
+`cost_tiles(problem, machine, block, thread, step)` with sizes as (n_axes, n) arrays, one
+column per candidate; `Estimate` (one candidate, `as_dict()` with 4 significant digits);
+`estimate_bytes(...)` for ops known only by their bytes; `combine_estimates(...)`;
+`wave_efficiency(blocks, slots)`; `registers_per_thread(...)`; `round_sig(x)`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Sequence
+
+import numpy as np
+
+from tilekit.roll.problem import Problem
+
+#: Registers a thread spends beyond its tile (addresses, loop counters, predicates).
+REG_OVERHEAD = 12
+#: Warps an SM needs to issue at its peak (one per scheduler: 4 on every NVIDIA SM since
+#: Maxwell); fewer leave issue slots idle. Capped by the profile's warps per SM.
+SATURATING_WARPS = 4
+#: Registers are allocated per warp in units of this many per thread (NVIDIA: 8).
+REG_GRANULE = 8
+#: Significant digits of every float written to the IR (stable bytes across machines).
+SIG_DIGITS = 4
+BOUNDS = ("compute", "smem", "dram", "launch")
+
+
+def round_sig(x: float, digits: int = SIG_DIGITS) -> float:
+    """`x` rounded to `digits` significant digits (0 stays 0)."""
+    x = float(x)
+    if x == 0 or not math.isfinite(x):
+        return 0.0 if x == 0 else x
+    return float(f"{x:.{digits}g}")
+
+
+@dataclass(frozen=True)
+class Machine:
+    """The figures of a profile that the model reads, in base units (s, B, B/s, FLOP/s).
+
+    `global_bw` is the bandwidth of the level that serves tile loads: DRAM, L2 (`l2_bw`, used
+    when the op's tensors fit in `l2_bytes`) or, on a distributed machine, the exchange.
+    """
+
+    name: str
+    kind: str
+    sm_count: int
+    warp_size: int
+    max_threads_per_block: int
+    max_threads_per_sm: int
+    max_blocks_per_sm: int
+    max_warps_per_sm: int
+    regs_per_sm: int
+    regs_per_block: int
+    max_regs_per_thread: int
+    smem_per_sm: int
+    smem_per_block: int
+    smem_bw: float
+    dram_bw: float
+    l2_bw: float
+    l2_bytes: int
+    exchange_bw: float
+    transaction_bytes: int
+    peak: float
+    launch_s: float
+
+    @property
+    def distributed(self) -> bool:
+        return self.kind == "distributed"
+
+
+#: (id(profile), dtype) -> (profile, Machine). The profile is kept so that its id stays unique;
+#: hashing a Profile hashes its whole content, too slow for a per-op lookup.
+_MACHINES: dict[tuple[int, str], tuple[object, Machine]] = {}
+
+
+def machine(profile, dtype: str = "float32") -> Machine:
+    """The model's view of `profile` for ops computing in `dtype` (SIMT peak; fp32 when the
+    profile has no peak for `dtype`, e.g. integer or bool outputs)."""
+    hit = _MACHINES.get((id(profile), dtype))
+    if hit is not None and hit[0] is profile:
+        return hit[1]
+    if len(_MACHINES) > 256:
+        _MACHINES.clear()
+    m = _make_machine(profile, dtype)
+    _MACHINES[(id(profile), dtype)] = (profile, m)
+    return m
+
+
+def _make_machine(profile, dtype: str) -> Machine:
+    a = profile.achievable
+    key = dtype if profile.has_peak(dtype) else "float32"
+    l2_bw = (profile.l2_bandwidth or profile.dram_bandwidth) * a.dram
+    return Machine(
+        name=profile.name, kind=profile.kind, sm_count=profile.sm_count,
+        warp_size=profile.warp_size, max_threads_per_block=profile.max_threads_per_block,
+        max_threads_per_sm=profile.max_threads_per_sm,
+        max_blocks_per_sm=profile.max_blocks_per_sm,
+        max_warps_per_sm=profile.max_warps_per_sm, regs_per_sm=profile.regs_per_sm,
+        regs_per_block=profile.regs_per_block, max_regs_per_thread=profile.max_regs_per_thread,
+        smem_per_sm=profile.smem_per_sm, smem_per_block=profile.smem_per_block,
+        smem_bw=profile.smem_bandwidth * a.smem, dram_bw=profile.dram_bandwidth * a.dram,
+        l2_bw=l2_bw, l2_bytes=profile.l2_bytes,
+        exchange_bw=(profile.exchange_bandwidth or 0.0) * a.dram,
+        # A distributed machine has no DRAM sector between tiles: its loads are the tile
+        # memory's aligned accesses.
+        transaction_bytes=(profile.smem_transaction_bytes if profile.kind == "distributed"
+                           else profile.transaction_bytes),
+        peak=profile.peak_flops(key) * a.compute,
+        launch_s=float(getattr(profile, "launch_overhead", 0.0) or 0.0))
+
+
+def wave_efficiency(blocks, slots):
+    """Fraction of the device busy over the waves: `r / (m * ceil(r/m))`."""
+    blocks = np.asarray(blocks, dtype=np.float64)
+    slots = np.maximum(np.asarray(slots, dtype=np.float64), 1.0)
+    waves = np.ceil(blocks / slots)
+    return blocks / (slots * np.maximum(waves, 1.0)), waves
+
+
+def _rounded_bytes(total: np.ndarray, run: np.ndarray, itemsize: int, txn: int) -> np.ndarray:
+    """Bytes moved for `total` elements read in contiguous runs of `run` elements: each run
+    rounded up to whole transactions."""
+    runs = total // np.maximum(run, 1)
+    return runs * (-(-(run * itemsize) // txn) * txn)
+
+
+def registers_per_thread(problem: Problem, thread: np.ndarray) -> np.ndarray:
+    """32-bit registers a thread needs for thread tiles `thread` (n_spatial, n): its
+    accumulators, one reduction point's operands from each input, and `REG_OVERHEAD`;
+    rounded up to the allocation granule."""
+    n = thread.shape[1]
+    sizes = np.vstack([thread, np.ones((len(problem.axes) - problem.n_spatial, n),
+                                       dtype=np.int64)])
+    regs = -(-(thread.prod(axis=0) * max(problem.out_itemsize, 4)) // 4)
+    for op in problem.operands:
+        regs = regs + -(-(op.footprint(sizes) * op.itemsize) // 4)
+    regs = regs + REG_OVERHEAD
+    return -(-regs // REG_GRANULE) * REG_GRANULE
+
+
+@dataclass
+class TileCosts:
+    """The model's figures for a set of candidates (arrays of one shape).
+
+    `smem_tile` is the shared memory a block stages per step (the tile contract's
+    `smem_bytes`); `smem_bytes` the shared-memory traffic of the whole op; `dram_bytes` its
+    global-memory traffic (loads and stores as issued by the blocks). `valid` is False where a
+    capacity limit is broken; `limit` names the first one broken ("" when valid).
+    """
+
+    time_s: np.ndarray
+    flops: float
+    dram_bytes: np.ndarray
+    smem_bytes: np.ndarray
+    smem_tile: np.ndarray
+    regs: np.ndarray
+    threads: np.ndarray
+    blocks: np.ndarray
+    blocks_per_sm: np.ndarray
+    waves: np.ndarray
+    wave_eff: np.ndarray
+    bound: np.ndarray          # index into BOUNDS
+    valid: np.ndarray
+    t_compute: np.ndarray
+    t_smem: np.ndarray
+    t_global: np.ndarray
+    t_traffic: np.ndarray      # the blocks' global traffic over the bandwidth serving it
+                               # (no wave or port effects): the scale-up stop criterion
+
+    def estimate(self, k: int) -> "Estimate":
+        """Candidate `k`'s estimate."""
+        return Estimate(time_us=float(self.time_s[k]) * 1e6, flops=self.flops,
+                        dram_bytes=float(self.dram_bytes[k]),
+                        smem_bytes=float(self.smem_bytes[k]),
+                        bound=BOUNDS[int(self.bound[k])], waves=int(self.waves[k]),
+                        wave_efficiency=float(self.wave_eff[k]))
+
+
+def as_columns(rows, n: int) -> np.ndarray:
+    """Tile sizes as a (len(rows), n) int64 array (one column per candidate); each row may be
+    a scalar or a length-n sequence."""
+    if not len(rows):
+        return np.zeros((0, n), dtype=np.int64)
+    return np.broadcast_to(np.asarray(rows, dtype=np.int64).reshape(len(rows), -1),
+                           (len(rows), n)).copy()
+
+
+def cost_tiles(problem: Problem, m: Machine, block: np.ndarray, thread: np.ndarray,
+               step: np.ndarray) -> TileCosts:
+    """Cost candidates given as columns: `block` and `thread` are (n_spatial, n) int arrays,
+    `step` is (n_reduction, n)."""
+    ns = problem.n_spatial
+    n = max(np.shape(block)[1] if ns else 1, np.shape(step)[1] if len(step) else 1)
+    if not (np.shape(block) == np.shape(thread) == (ns, n) and np.shape(step)[0] == len(
+            problem.axes) - ns and (not len(step) or np.shape(step)[1] == n)):
+        block, thread, step = (as_columns(block, n), as_columns(thread, n),
+                               as_columns(step, n))
+    ext = np.array(problem.extents, dtype=np.int64).reshape(-1, 1)
+    s_ext, r_ext = ext[:ns], ext[ns:]
+    txn = m.transaction_bytes
+
+    grid = -(-s_ext // block)
+    blocks = grid.prod(axis=0)
+    threads = (block // thread).prod(axis=0)
+    nsteps_axes = -(-r_ext // step)
+    nsteps = nsteps_axes.prod(axis=0)
+    red_points = (nsteps_axes * step).prod(axis=0)
+
+    # Compute: the padded iteration space is what the blocks execute.
+    work = (grid * block).prod(axis=0).astype(np.float64) * red_points * \
+        problem.flops_per_point
+    flops = float(problem.flops_per_point) * problem.output_points * problem.reduction_points
+
+    # Global traffic per block: staged inputs once per step, the rest once, then the store.
+    staged = problem.has_reduction
+    tile_sizes = np.vstack([block, step])
+    whole_sizes = np.vstack([block, np.broadcast_to(r_ext, step.shape)])
+    loads = np.zeros(n, dtype=np.int64)
+    smem_tile = np.zeros(n, dtype=np.int64)
+    for op, reduced in zip(problem.operands, problem.reduced):
+        if staged and reduced:
+            total, run = op.contiguous_run(tile_sizes)
+            loads = loads + nsteps * _rounded_bytes(total, run, op.itemsize, txn)
+            smem_tile = smem_tile + total * op.itemsize
+        else:
+            total, run = op.contiguous_run(whole_sizes)
+            loads = loads + _rounded_bytes(total, run, op.itemsize, txn)
+    out_total = block.prod(axis=0)
+    out_run = np.ones(n, dtype=np.int64)
+    whole = np.ones(n, dtype=bool)
+    for a in reversed(range(ns)):  # the output's run continues while inner axes are whole
+        out_run = np.where(whole, out_run * block[a], out_run)
+        whole = whole & (block[a] >= problem.extents[a])
+    stores = _rounded_bytes(out_total, out_run, problem.out_itemsize, txn)
+    dram_bytes = (blocks * (loads + stores)).astype(np.float64)
+
+    # Shared memory: staged bytes written, register-tile operands read per reduction point.
+    if staged:
+        unit = np.vstack([thread, np.ones_like(step)])
+        per_point = np.zeros(n, dtype=np.int64)
+        for op, reduced in zip(problem.operands, problem.reduced):
+            if reduced:
+                per_point = per_point + op.footprint(unit) * op.itemsize
+        smem_traffic = (blocks * threads * red_points * per_point).astype(np.float64) + \
+            (blocks * nsteps * smem_tile).astype(np.float64)
+    else:
+        smem_traffic = np.zeros(n, dtype=np.float64)
+
+    # Resources and occupancy. A block whose threads do not fill whole warps leaves lanes
+    # idle: every kind of work (arithmetic, shared and global accesses) is issued per warp,
+    # so each time is divided by the fraction of lanes used.
+    regs = registers_per_thread(problem, thread)
+    warps = -(-threads // m.warp_size)
+    lanes = threads / (warps * m.warp_size)
+    reg_alloc = regs * warps * m.warp_size
+    by_threads = m.max_threads_per_sm // (warps * m.warp_size)
+    by_regs = m.regs_per_sm // reg_alloc
+    by_smem = np.where(smem_tile > 0, m.smem_per_sm // np.maximum(smem_tile, 1),
+                       m.max_blocks_per_sm)
+    per_sm = np.minimum(np.minimum(by_threads, by_regs),
+                        np.minimum(by_smem, m.max_blocks_per_sm))
+    valid = ((threads <= m.max_threads_per_block) & (regs <= m.max_regs_per_thread)
+             & (regs * threads <= m.regs_per_block) & (smem_tile <= m.smem_per_block)
+             & (per_sm >= 1))
+    # A grid smaller than one full wave spreads over the SMs first, so only
+    # `resident` blocks share an SM; the SM is saturated once it holds `SATURATING_WARPS`.
+    resident = np.minimum(np.maximum(per_sm, 1), -(-blocks // m.sm_count))
+    slots = m.sm_count * resident
+    eff, waves = wave_efficiency(blocks, slots)
+    saturation = np.minimum(1.0, warps * resident / min(SATURATING_WARPS, m.max_warps_per_sm))
+
+    # Times. Compute and shared memory are per-SM resources: a partial wave or an SM short of
+    # warps leaves them idle. The global level is device-wide, so it is not quantised by
+    # waves: its traffic (L2 or exchange to the SMs) is bounded by what the busiest SM can
+    # pull through its port (its share of that bandwidth), and the compulsory bytes by DRAM.
+    sm_busy = eff * saturation
+    t_compute = work / m.peak / lanes / sm_busy
+    t_smem = smem_traffic / m.smem_bw / lanes / sm_busy
+    per_block = loads + stores
+    busiest = -(-blocks // m.sm_count) * per_block / (lanes * saturation)
+    if m.distributed:
+        t_traffic = dram_bytes / m.exchange_bw
+        t_global = np.maximum(t_traffic, busiest / (m.exchange_bw / m.sm_count))
+    else:
+        unique = float(_unique_bytes(problem))
+        reload_bw = m.l2_bw if unique <= m.l2_bytes else m.dram_bw
+        t_traffic = dram_bytes / reload_bw
+        t_global = np.maximum(np.maximum(unique / m.dram_bw, t_traffic),
+                              busiest / (m.l2_bw / m.sm_count))
+    terms = np.stack([t_compute, t_smem, t_global])
+    busy = terms.max(axis=0)
+    time_s = busy + m.launch_s
+    bound = np.where(m.launch_s > busy, BOUNDS.index("launch"), terms.argmax(axis=0))
+    return TileCosts(time_s=time_s, flops=flops, dram_bytes=dram_bytes,
+                     smem_bytes=smem_traffic, smem_tile=smem_tile, regs=regs, threads=threads,
+                     blocks=blocks, blocks_per_sm=per_sm, waves=waves, wave_eff=eff,
+                     bound=bound, valid=valid, t_compute=t_compute, t_smem=t_smem,
+                     t_global=t_global, t_traffic=t_traffic)
+
+
+@lru_cache(maxsize=1024)
+def _unique_bytes(problem: Problem) -> int:
+    """Compulsory bytes: every input box the op reads and its output, once."""
+    full = np.array(problem.extents, dtype=np.int64).reshape(-1, 1)
+    total = problem.output_points * problem.out_itemsize
+    for op in problem.operands:
+        total += int(op.footprint(full)[0]) * op.itemsize
+    return total
+
+
+def limit_broken(problem: Problem, m: Machine, costs: TileCosts, k: int) -> str:
+    """The first capacity limit candidate `k` breaks, for messages ("" when none)."""
+    if costs.threads[k] > m.max_threads_per_block:
+        return f"threads {costs.threads[k]} > max_threads_per_block {m.max_threads_per_block}"
+    if costs.regs[k] > m.max_regs_per_thread:
+        return f"registers {costs.regs[k]} > max_per_thread {m.max_regs_per_thread}"
+    if costs.regs[k] * costs.threads[k] > m.regs_per_block:
+        return f"registers per block > {m.regs_per_block}"
+    if costs.smem_tile[k] > m.smem_per_block:
+        return f"shared memory {costs.smem_tile[k]} B > per block {m.smem_per_block} B"
+    return ""
+
+
+# -- estimates as data ---------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Estimate:
+    """One candidate's estimate, as written to the IR (`tile.estimate`, `kernel.estimate`)."""
+
+    time_us: float
+    flops: float
+    dram_bytes: float
+    smem_bytes: float
+    bound: str
+    waves: int
+    wave_efficiency: float
+
+    def as_dict(self) -> dict:
+        """JSON-like, floats to `SIG_DIGITS` significant digits, counts as ints."""
+        return {"time_us": round_sig(self.time_us), "flops": _count(self.flops),
+                "dram_bytes": _count(self.dram_bytes), "smem_bytes": _count(self.smem_bytes),
+                "bound": self.bound, "waves": int(self.waves),
+                "wave_efficiency": round_sig(self.wave_efficiency)}
+
+
+def _count(x: float) -> int | float:
+    """Counts stay exact integers while they are small enough to be stable, else 4 digits."""
+    x = float(x)
+    if x.is_integer() and abs(x) < 2**53:
+        return int(round_sig(x)) if abs(x) >= 1e4 else int(x)
+    return round_sig(x)
+
+
+def estimate_bytes(profile, read_bytes: int, write_bytes: int, threads: int = 256,
+                   elements: int = 1) -> Estimate:
+    """Estimate of an op known only by the bytes it moves (opaque ops): one thread per output
+    element in blocks of `threads`, bound by DRAM (the exchange on a distributed machine) or by
+    the busiest SM's port, as in `cost_tiles`."""
+    m = machine(profile)
+    blocks = max(1, -(-elements // threads))
+    per_sm = max(1, min(m.max_blocks_per_sm, m.max_threads_per_sm // max(threads, 1)))
+    eff, waves = wave_efficiency(blocks, m.sm_count * min(per_sm, -(-blocks // m.sm_count)))
+    moved = float(read_bytes + write_bytes)
+    port_bw = (m.exchange_bw if m.distributed else m.l2_bw) / m.sm_count
+    busiest = -(-blocks // m.sm_count) * moved / blocks
+    bw = m.exchange_bw if m.distributed else m.dram_bw
+    busy = max(moved / bw, busiest / port_bw)
+    bound = "launch" if m.launch_s > busy else "dram"
+    return Estimate(time_us=(busy + m.launch_s) * 1e6, flops=0.0, dram_bytes=moved,
+                    smem_bytes=0.0, bound=bound, waves=int(waves),
+                    wave_efficiency=float(eff))
+
+
+def combine_estimates(profile, parts: Sequence[Estimate], saved_dram_bytes: float = 0.0,
+                      last: Estimate | None = None) -> Estimate:
+    """A group of ops run as one kernel: flops and traffic add up, minus the DRAM bytes of
+    intermediates that stay on chip (`saved_dram_bytes`); the time is the slower of the
+    summed compute-or-smem times and the remaining DRAM time; waves are the group's last op's
+    (whose tile the kernel uses)."""
+    if not parts:
+        raise ValueError("combine_estimates needs at least one estimate")
+    if len(parts) == 1 and not saved_dram_bytes:
+        return parts[0]
+    m = machine(profile)
+    last = last or parts[-1]
+    flops = sum(p.flops for p in parts)
+    dram = max(0.0, sum(p.dram_bytes for p in parts) - saved_dram_bytes)
+    smem = sum(p.smem_bytes for p in parts)
+    eff = max(last.wave_efficiency, 1e-9)
+    inner = sum(p.time_us * 1e-6 - m.launch_s for p in parts if p.bound in ("compute", "smem"))
+    bw = m.exchange_bw if m.distributed else m.dram_bw
+    t_dram = dram / bw
+    busy = max(inner, t_dram, 0.0)
+    bound = "dram" if t_dram >= inner else ("compute" if flops else "smem")
+    if m.launch_s > busy:
+        bound = "launch"
+    return Estimate(time_us=(busy + m.launch_s) * 1e6, flops=flops, dram_bytes=dram,
+                    smem_bytes=smem, bound=bound, waves=last.waves, wave_efficiency=eff)

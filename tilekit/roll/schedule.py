@@ -1,0 +1,198 @@
+"""The roll pass: `roll_module(module, profile, top_k) -> Module` with every op tiled.
+
+Each `expr` op gets a `tile` (the contract in docs/roll.md: block, thread, step, grid, blocks,
+threads, smem_bytes, regs, estimate, candidates); each `opaque` op a fixed schedule (one thread
+per output element, blocks of `OPAQUE_THREADS`) with an estimate from the bytes it moves; each
+kernel an `estimate`, and a kernel of several ops also the `tile` of its last op. The module
+records `hardware: <profile name>` and the stage `roll` with its options.
+
+Rolling is a pure function of the op's `Problem` (tilekit.roll.problem) and the profile, so
+within one call ops with the same problem share one construction (an imported ResNet-50 has
+179 expr ops but 59 distinct problems).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Any, Mapping
+
+from tilekit.errors import IRError, TilekitError, UnsupportedError
+from tilekit.expr import Analysis, analyze, parse
+from tilekit.expr.ast import body_accesses
+from tilekit.ir.model import OP_KINDS, Kernel, Module, Op, default_kernels
+from tilekit.roll.construct import Candidate, roll_problem
+from tilekit.roll.cost import Estimate, combine_estimates, estimate_bytes, round_sig
+from tilekit.roll.problem import ITEMSIZE, Problem, problem_from_analysis
+
+STAGE = "roll"
+#: Threads per block of the fixed schedule given to opaque ops.
+OPAQUE_THREADS = 256
+#: Registers per thread assumed for an opaque op (its implementation is not ours to size).
+OPAQUE_REGS = 32
+#: The axis name of an opaque op's flattened output in its tile.
+OPAQUE_AXIS = "x"
+
+
+@dataclass(frozen=True)
+class RolledOp:
+    """One op's schedule as data, and its estimate for kernel and module totals."""
+
+    tile: dict[str, Any]
+    estimate: Estimate
+
+
+def roll_module(module: Module, profile, top_k: int = 1) -> Module:
+    """Tile every op of `module` for `profile`; keep the `top_k - 1` runners-up per op.
+
+    Raises TilekitError for input that did not come through tk-import (no `import` stage),
+    ops of unknown kinds, and expressions that do not analyse.
+    """
+    if top_k < 1:
+        raise TilekitError(f"top_k must be at least 1, got {top_k}", "--top-k")
+    if "import" not in module.stage_names():
+        raise IRError("the input has no 'import' stage", "stages",
+                      "produce it with tk-import, or add '{name: import}' to a hand-written "
+                      "document")
+    cache: dict[Problem, list[Candidate]] = {}
+    rolled: dict[str, RolledOp] = {}
+    dtypes = dtypes_of(module)
+    ops = []
+    for index, op in enumerate(module.ops):
+        where = f"ops[{index}] ({op.name})"
+        if op.kind not in OP_KINDS:
+            raise UnsupportedError(f"op kind '{op.kind}' is unknown to tk-roll", f"{where}.kind",
+                                   f"known kinds: {', '.join(OP_KINDS)}")
+        if op.kind == "opaque":
+            result = roll_opaque(module, op, profile)
+        else:
+            analysis = analyze_op(module, op, where)
+            problem = problem_from_analysis(analysis, dtypes)
+            if problem not in cache:
+                cache[problem] = roll_problem(problem, profile, top_k)
+            result = tile_record(problem, cache[problem])
+        rolled[op.name] = result
+        ops.append(replace(op, tile=result.tile))
+    kernels = tuple(roll_kernel(module, k, rolled, profile)
+                    for k in (module.kernels or default_kernels(module.ops)))
+    out = replace(module, ops=tuple(ops), kernels=kernels, hardware=profile.name)
+    return out.with_stage(STAGE, top_k=top_k)
+
+
+def dtypes_of(module: Module) -> dict[str, str]:
+    return {name: t.dtype for name, t in module.tensors.items()}
+
+
+def analyze_op(module: Module, op: Op, where: str) -> Analysis:
+    """The op's analysis; expression errors are located at `ops[i] (name).expr`."""
+    if not op.expr:
+        raise IRError("an expr op needs an expression", f"{where}.expr")
+    try:
+        return analyze(parse(op.expr), {n: tuple(t.shape) for n, t in module.tensors.items()},
+                       axes=op.axes or None, pad=op.pad, dtypes=dtypes_of(module))
+    except TilekitError as exc:
+        raise exc.located(f"{where}.expr") from None
+
+
+# -- records ---------------------------------------------------------------------------------
+
+def tile_record(problem: Problem, candidates: list[Candidate]) -> RolledOp:
+    """The `tile` mapping for the best candidate, the others listed under `candidates`."""
+    best = candidates[0]
+    t = best.tile
+    spatial = [a for a, _ in problem.spatial]
+    reduction = [a for a, _ in problem.reduction]
+    grid = t.grid(problem)
+    tile = {
+        "block": dict(zip(spatial, t.block)),
+        "thread": dict(zip(spatial, t.thread)),
+        "step": dict(zip(reduction, t.step)),
+        "grid": dict(zip(spatial, grid)),
+        "blocks": math.prod(grid),
+        "threads": t.threads(),
+        "smem_bytes": best.smem_bytes,
+        "regs": best.regs,
+        "estimate": best.estimate.as_dict(),
+        "candidates": [{"block": dict(zip(spatial, c.tile.block)),
+                        "thread": dict(zip(spatial, c.tile.thread)),
+                        "step": dict(zip(reduction, c.tile.step)),
+                        "estimate": c.estimate.as_dict()} for c in candidates[1:]],
+    }
+    return RolledOp(tile, best.estimate)
+
+
+def opaque_tile(elements: int, estimate: Estimate) -> dict[str, Any]:
+    """The fixed schedule of an opaque op: one thread per element of its first output."""
+    blocks = max(1, -(-elements // OPAQUE_THREADS))
+    return {"block": {OPAQUE_AXIS: OPAQUE_THREADS}, "thread": {OPAQUE_AXIS: 1}, "step": {},
+            "grid": {OPAQUE_AXIS: blocks}, "blocks": blocks, "threads": OPAQUE_THREADS,
+            "smem_bytes": 0, "regs": OPAQUE_REGS, "estimate": estimate.as_dict(),
+            "candidates": []}
+
+
+def roll_opaque(module: Module, op: Op, profile) -> RolledOp:
+    spec = op.opaque or {}
+    reads = [n for n in dict.fromkeys(spec.get("inputs", ())) if n in module.tensors]
+    writes = [n for n in spec.get("outputs", ()) if n in module.tensors]
+    elements = module.tensors[writes[0]].size if writes else 1
+    est = estimate_bytes(profile, tensor_bytes(module, reads), tensor_bytes(module, writes),
+                         OPAQUE_THREADS, elements)
+    return RolledOp(opaque_tile(elements, est), est)
+
+
+def roll_kernel(module: Module, kernel: Kernel, rolled: Mapping[str, RolledOp],
+                profile) -> Kernel:
+    """A kernel's estimate (its op's, for a singleton); a group of ops also gets the tile of
+    its last op, and an estimate in which intermediates that stay inside it cost no DRAM."""
+    parts = [rolled[name].estimate for name in kernel.ops]
+    if len(kernel.ops) == 1:
+        return replace(kernel, estimate=parts[0].as_dict())
+    last = rolled[kernel.ops[-1]].tile
+    tile = {k: last[k] for k in ("block", "thread", "step", "grid", "blocks", "threads",
+                                 "smem_bytes", "regs")}
+    saved = 2 * tensor_bytes(module, internal_tensors(module, kernel))
+    est = combine_estimates(profile, parts, saved, rolled[kernel.ops[-1]].estimate)
+    return replace(kernel, tile=tile, estimate=est.as_dict())
+
+
+def tensor_bytes(module: Module, names) -> int:
+    return sum(module.tensors[n].size * ITEMSIZE.get(module.tensors[n].dtype, 4) for n in names)
+
+
+def internal_tensors(module: Module, kernel: Kernel) -> list[str]:
+    """Tensors written by one op of `kernel` and read only by its ops (never outputs)."""
+    inside = set(kernel.ops)
+    written, read_outside = [], set()
+    for op in module.ops:
+        reads, writes = op_tensors(module, op)
+        if op.name in inside:
+            written.extend(writes)
+        else:
+            read_outside.update(reads)
+    return [t for t in written if t not in read_outside and t not in module.outputs]
+
+
+def op_tensors(module: Module, op: Op) -> tuple[list[str], list[str]]:
+    if op.kind == "opaque":
+        spec = op.opaque or {}
+        return [n for n in spec.get("inputs", ()) if n], [n for n in spec.get("outputs", ())
+                                                           if n]
+    stmt = parse(op.expr)
+    return [a.tensor for a in body_accesses(stmt.body)], [stmt.output.tensor]
+
+
+def module_estimate(module: Module) -> dict[str, Any]:
+    """Totals over the kernels of a rolled module: kernels run one after another."""
+    time_us = flops = dram = 0.0
+    bounds: dict[str, int] = {}
+    for kernel in module.kernels:
+        est = kernel.estimate or {}
+        time_us += float(est.get("time_us", 0.0))
+        flops += float(est.get("flops", 0.0))
+        dram += float(est.get("dram_bytes", 0.0))
+        bound = est.get("bound")
+        if bound:
+            bounds[bound] = bounds.get(bound, 0) + 1
+    return {"time_us": round_sig(time_us), "flops": round_sig(flops),
+            "dram_bytes": round_sig(dram), "kernels": len(module.kernels),
+            "bounds": dict(sorted(bounds.items()))}
