@@ -68,3 +68,12 @@ def test_import_run_check(name, model_dir):
     model = model_path(model_dir, name)
     pipe = f"tk-import {model.name} | tk-run --device cpu --seed 0 --check"
     assert_checked(run_pipe(pipe, model_dir), pipe)
+
+
+@pytest.mark.parametrize("name", ALL_MODELS)
+def test_import_roll_run_tiled_check(name, model_dir):
+    """Issue 4: rolled for the H100 and executed tile by tile as rolled, still checked."""
+    model = model_path(model_dir, name)
+    pipe = (f"tk-import {model.name} | tk-roll --hw h100 | "
+            f"tk-run --device cpu --mode tiled --seed 0 --check")
+    assert_checked(run_pipe(pipe, model_dir), pipe)
