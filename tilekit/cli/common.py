@@ -15,7 +15,6 @@ from __future__ import annotations
 import functools
 import os
 import sys
-import tempfile
 import traceback
 from pathlib import Path
 from typing import Callable
@@ -24,6 +23,7 @@ import click
 
 from tilekit import IR_VERSION, __version__
 from tilekit.errors import EXIT_BAD_INPUT, EXIT_INTERNAL, TilekitError
+from tilekit.fileio import atomic_write
 
 
 def version_text(tool: str) -> str:
@@ -197,32 +197,9 @@ def write_output(output: str, data: str | bytes, input_path: str | None = None) 
     if input_path is not None and same_file(input_path, output):
         raise TilekitError("refusing to overwrite the input file", f"-o {output}",
                            "write to a different file")
-    target = Path(output)
-    if target.is_dir():
-        raise TilekitError("is a directory", f"-o {output}", "give a file name")
-    folder = target.parent if str(target.parent) else Path(".")
-    if not folder.exists():
-        raise TilekitError(f"folder '{folder}' does not exist", f"-o {output}",
-                           "create it first")
-    mode = "wb" if isinstance(data, bytes) else "w"
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=folder)
-    try:
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the usual mode
-        with os.fdopen(fd, mode, **({} if mode == "wb" else {"encoding": "utf-8"})) as fh:
-            fh.write(data)
-        os.replace(tmp, target)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
+    payload = data if isinstance(data, bytes) else data.encode("utf-8")
+    with atomic_write(output, f"-o {output}") as fh:
+        fh.write(payload)
 
 
 def stderr_is_terminal() -> bool:

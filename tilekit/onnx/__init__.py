@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import tempfile
 import zipfile
 from dataclasses import replace
 from pathlib import Path
@@ -20,6 +19,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from tilekit.errors import TilekitError
+from tilekit.fileio import atomic_write
 from tilekit.onnx.importer import Imported, import_model
 
 __all__ = ["Imported", "import_model", "load_model", "load_model_bytes", "write_weights",
@@ -87,36 +87,18 @@ def write_weights(path: str, weights: Mapping[str, np.ndarray]) -> str:
     uncompressed with a fixed timestamp (numpy.savez stamps the current time), so the same
     weights always give the same bytes. Arrays are streamed, never copied whole.
     """
-    target = Path(path)
-    folder = target.parent if str(target.parent) else Path(".")
-    if not folder.is_dir():
-        raise TilekitError(f"folder '{folder}' does not exist", f"--weights {path}",
-                           "create it first")
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=folder)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            with zipfile.ZipFile(fh, "w", compression=zipfile.ZIP_STORED,
-                                 allowZip64=True) as zf:
-                for name in sorted(weights):
-                    info = zipfile.ZipInfo(f"{name}.npy", date_time=(1980, 1, 1, 0, 0, 0))
-                    info.external_attr = 0o644 << 16
-                    with zf.open(info, "w", force_zip64=True) as member:
-                        np.lib.format.write_array(member, np.asanyarray(weights[name]),
-                                                  allow_pickle=False)
-        digest = hashlib.sha256()
-        with open(tmp, "rb") as fh:
-            for block in iter(lambda: fh.read(1 << 22), b""):
-                digest.update(block)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; a sidecar is an ordinary file
-        os.replace(tmp, target)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    with atomic_write(path, f"--weights {path}") as fh:
+        with zipfile.ZipFile(fh, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
+            for name in sorted(weights):
+                info = zipfile.ZipInfo(f"{name}.npy", date_time=(1980, 1, 1, 0, 0, 0))
+                info.external_attr = 0o644 << 16
+                with zf.open(info, "w", force_zip64=True) as member:
+                    np.lib.format.write_array(member, np.asanyarray(weights[name]),
+                                              allow_pickle=False)
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 22), b""):
+            digest.update(block)
     return digest.hexdigest()
 
 
