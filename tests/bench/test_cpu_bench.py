@@ -38,7 +38,7 @@ def build(name: str, folder: Path) -> Path:
     if name == "resnet50":
         model = with_random_weights(LIGHT / "light_resnet50.onnx")
     elif name == "bert_layer":
-        model = onnx_models.bert_encoder_layer(batch=1, seq=128, hidden=768, heads=12)
+        model = onnx_models.bert_encoder_layer(batch=1, seq=128, hidden=768, heads=12, ffn=3072)
     elif name == "mobilenet_block":
         model = onnx_models.mobilenet_block(channels=32, expand=6, size=56, classes=1000)
     else:

@@ -152,7 +152,9 @@ def _eval_box(analysis: Analysis, env, pad, box, padded=None) -> np.ndarray:
     elif analysis.reduction:
         value = np.broadcast_to(value, value.shape[:nspatial] + full_shape[nspatial:])
         value = _REDUCERS[analysis.assign](value, axis=tuple(range(nspatial, len(axes))))
-    return _contiguous(np.broadcast_to(value, full_shape[:nspatial]))
+    if value.shape != full_shape[:nspatial]:
+        value = np.broadcast_to(value, full_shape[:nspatial])
+    return _owned(value, env, analysis.inputs)
 
 
 def _eval_per_point(analysis: Analysis, env, pad, box) -> np.ndarray:
@@ -197,10 +199,13 @@ def _has_batch_axes(analysis: Analysis) -> bool:
     return len(used) > 1 and any(all(a in u for u in used) for a, _ in analysis.spatial)
 
 
-def _contiguous(x: np.ndarray) -> np.ndarray:
-    """An owned C-contiguous array of the same shape (`np.ascontiguousarray` turns 0-d
-    arrays into 1-d ones)."""
-    return x if x.flags.c_contiguous and x.flags.owndata else np.array(x, order="C")
+def _owned(x: np.ndarray, env, inputs) -> np.ndarray:
+    """`x` as a writable C-contiguous array that shares no memory with the op's inputs:
+    `x` itself when it already is one (a fresh result), else a copy."""
+    if (x.flags.c_contiguous and x.flags.writeable
+            and not any(np.may_share_memory(x, env[t]) for t in inputs)):
+        return x
+    return np.array(x, order="C")
 
 
 # -- sums of products through einsum ------------------------------------------------------
@@ -260,7 +265,9 @@ def _eval_einsum(analysis: Analysis, env, pad, box) -> np.ndarray:
             result = result * (box[a][1] - box[a][0])
     shape = tuple(box[a][1] - box[a][0] for a in spatial)
     expanded = result.reshape(tuple(box[a][1] - box[a][0] if a in used else 1 for a in spatial))
-    return _contiguous(np.broadcast_to(expanded, shape))
+    if expanded.shape != shape:
+        expanded = np.broadcast_to(expanded, shape)
+    return _owned(expanded, env, analysis.inputs)
 
 
 def _contract_pair(a: np.ndarray, a_axes: str, b: np.ndarray, b_axes: str,
