@@ -100,3 +100,25 @@ def test_command_refuses_to_write_an_invalid_module(monkeypatch: pytest.MonkeyPa
                                     "refusing to write an invalid tile IR document: <output>: "
                                     "model: ")
     assert result.stdout == ""
+
+
+def _real_commands():
+    """The installed commands that read a tile IR document, with the flags they need."""
+    from tilekit.cli import tk_codegen, tk_roll, tk_run
+    return [("tk-run", tk_run.main, ["--seed", "0"]),
+            ("tk-roll", tk_roll.main, ["--hw", "h100"]),
+            ("tk-codegen", tk_codegen.main, [])]
+
+
+@pytest.mark.parametrize("tool, command, flags", _real_commands(), ids=lambda c: c
+                         if isinstance(c, str) else "")
+def test_real_commands_report_every_case_in_one_line(tool, command, flags) -> None:
+    """Every corpus case through every IR-reading command: exit 2, one located line."""
+    for case in CASES:
+        result = CliRunner().invoke(command, [str(case), *flags])
+        assert result.exit_code == EXIT_BAD_INPUT, (tool, case.name, result.output)
+        lines = result.stderr.splitlines()
+        assert len(lines) == 1, (tool, case.name, result.stderr)
+        assert lines[0].startswith(f"{tool}: error: {case}:"), (tool, lines[0])
+        assert expectation(case) in lines[0], (tool, case.name, lines[0])
+        assert "Traceback" not in result.stderr

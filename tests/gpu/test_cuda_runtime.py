@@ -1,0 +1,123 @@
+"""The CUDA runtime on a GPU: every codegen fixture against the CPU reference executor.
+
+Marked `gpu`: skipped (by tests/conftest.py) where CuPy or a CUDA device is missing. These are
+the tests that turn "compiles and emulates correctly" into "runs correctly": run them on any
+machine with a GPU (`pytest tests/gpu`), with compute-sanitizer when it is installed.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests" / "unit"))
+
+from codegen_support import DATA, FIXTURES, VARIANTS, fixture, random_values  # noqa: E402
+
+from tilekit.codegen import generate  # noqa: E402
+from tilekit.ir.model import Module, Op, Tensor  # noqa: E402
+from tilekit.runtime.cpu import run_module as run_cpu  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+
+def close(got, want, name):
+    if want.dtype.kind == "f":
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=name)
+    else:
+        np.testing.assert_array_equal(got, want, err_msg=name)
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+@pytest.mark.parametrize("name", FIXTURES)
+def test_fixture_on_the_gpu(name, variant):
+    from tilekit.runtime import cuda
+    module = generate(VARIANTS[variant](fixture(name))).module
+    inputs, weights = random_values(module)
+    got = cuda.run_module(module, inputs, weights)
+    want = run_cpu(module, inputs, weights)
+    for out in module.outputs:
+        close(got[out], want[out], out)
+    # A second run reuses the uploaded weights and the buffers.
+    again = cuda.run_module(module, inputs, weights)
+    for out in module.outputs:
+        np.testing.assert_array_equal(again[out], got[out])
+
+
+def test_module_without_codegen_is_generated_on_the_fly():
+    from tilekit.runtime import cuda
+    module = fixture("softmax")
+    inputs, weights = random_values(module)
+    got = cuda.run_module(module, inputs, weights)
+    close(got["y"], run_cpu(module, inputs, weights)["y"], "y")
+
+
+def test_dynamic_shared_memory_above_48kb():
+    """A staged matmul whose buffers need 64 KB: dynamic shared memory with the opt-in."""
+    from tilekit.hw import load_profile
+    from tilekit.runtime import cuda
+    module = Module(
+        model="big_tile", inputs=("a", "b"), outputs=("c",),
+        tensors={"a": Tensor((256, 256), "float32", "input"),
+                 "b": Tensor((256, 256), "float32", "input"),
+                 "c": Tensor((256, 256), "float32", "output")},
+        ops=(Op("mm", "c[i,j] += a[i,k] * b[k,j]",
+                tile={"block": {"i": 128, "j": 128}, "thread": {"i": 8, "j": 8},
+                      "step": {"k": 64}}),))
+    result = generate(module, load_profile("h100"))
+    assert result.kernels[0].smem_bytes == 65536
+    rng = np.random.default_rng(1)
+    inputs = {n: rng.standard_normal((256, 256)).astype(np.float32) for n in ("a", "b")}
+    got = cuda.run_module(result.module, inputs, {})
+    close(got["c"], inputs["a"] @ inputs["b"], "c")
+
+
+def test_kernel_timing_with_events():
+    from tilekit.runtime import cuda
+    module = generate(fixture("matmul_aligned")).module
+    inputs, weights = random_values(module)
+    timing = cuda.time_kernels(module, inputs, weights, runs=5, warmup=2, per_kernel=True)
+    assert len(timing.seconds) == 5 and timing.min > 0
+    assert set(timing.per_kernel) == {"tk_k_mm"}
+    assert "CUDA events" in timing.line(cuda.device_description())
+
+
+def test_tk_run_device_cuda_check(tmp_path):
+    ir = tmp_path / "m.yaml"
+    subprocess.run([sys.executable, str(ROOT / "bin" / "tk-codegen"), str(DATA / "conv_bias_relu.yaml"),
+                    "-o", str(ir)], check=True)
+    shutil.copy(DATA / "conv_bias_relu.weights.npz", tmp_path)
+    proc = subprocess.run([sys.executable, str(ROOT / "bin" / "tk-run"), str(ir), "--device", "cuda",
+                           "--seed", "0", "--check", "--bench", "3"],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "check: pass" in proc.stdout
+
+
+@pytest.mark.skipif(shutil.which("compute-sanitizer") is None, reason="no compute-sanitizer")
+@pytest.mark.parametrize("tool", ["memcheck", "racecheck", "synccheck"])
+def test_compute_sanitizer(tool, tmp_path):
+    """No out-of-bounds access, shared-memory race or barrier misuse in the fused and staged
+    fixtures."""
+    script = tmp_path / "run.py"
+    script.write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {str(ROOT)!r}); sys.path.insert(0, {str(ROOT / 'tests' / 'unit')!r})\n"
+        "from codegen_support import fixture, random_values\n"
+        "from tilekit.codegen import generate\n"
+        "from tilekit.runtime import cuda\n"
+        "for name in ('matmul_bias_relu', 'conv_bias_relu', 'softmax', 'layernorm', 'conv_chain'):\n"
+        "    m = generate(fixture(name)).module\n"
+        "    x, w = random_values(m)\n"
+        "    cuda.run_module(m, x, w)\n")
+    proc = subprocess.run(["compute-sanitizer", f"--tool={tool}", "--error-exitcode=9",
+                           sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=600, env={**os.environ})
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]

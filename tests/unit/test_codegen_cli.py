@@ -1,0 +1,118 @@
+"""tk-codegen end to end through bin/tk-codegen: IR out, files, warnings, exit codes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tilekit.codegen.nvcc import find_nvcc
+from tilekit.ir.codec import loads
+
+from codegen_support import DATA
+
+ROOT = Path(__file__).resolve().parents[2]
+TK_CODEGEN = ROOT / "bin" / "tk-codegen"
+
+
+def tk_codegen(*args, stdin: bytes | None = None, env=None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(TK_CODEGEN), *map(str, args)], input=stdin,
+                          capture_output=True, timeout=300, env={**os.environ, **(env or {})})
+
+
+def test_writes_the_codegen_section_to_stdout():
+    proc = tk_codegen(DATA / "softmax.yaml")
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert proc.stderr == b""
+    module = loads(proc.stdout.decode())
+    assert module.codegen["arch"] == "sm_90"
+    assert [k["entry"] for k in module.codegen["kernels"]] == ["tk_softmax"]
+    assert module.kernels[0].launch["entries"] == ["tk_softmax"]
+    assert module.stages[-1] == {"name": "codegen", "options": {"arch": "sm_90",
+                                                                 "compile": False}}
+
+
+def test_stdin_json_and_the_output_file(tmp_path):
+    out = tmp_path / "out.json"
+    proc = tk_codegen("-", "--format", "json", "-o", out, "--arch", "sm_80",
+                      stdin=(DATA / "matmul_aligned.yaml").read_bytes())
+    assert proc.returncode == 0, proc.stderr.decode()
+    text = out.read_text()
+    assert text.startswith("{") and loads(text).codegen["arch"] == "sm_80"
+
+
+def test_hw_profile_sets_the_arch():
+    proc = tk_codegen(DATA / "bmm.yaml", "--hw", "a100")
+    assert proc.returncode == 0, proc.stderr.decode()
+    module = loads(proc.stdout.decode())
+    assert module.codegen["arch"] == "sm_80"
+    assert module.stages[-1]["options"]["hw"] == "a100"
+
+
+def test_emit_dir(tmp_path):
+    proc = tk_codegen(DATA / "gather.yaml", "--emit-dir", tmp_path / "cu", "-o", tmp_path / "o.yaml")
+    assert proc.returncode == 0, proc.stderr.decode()
+    names = sorted(p.name for p in (tmp_path / "cu").iterdir())
+    assert names == ["runtime.cuh", "tk_k_lookup.cu", "tk_k_scale.cu"]
+    assert (tmp_path / "cu" / "tk_k_lookup.cu").read_text().count('#include "runtime.cuh"') == 1
+
+
+def test_unknown_opaque_type_exits_2(tmp_path):
+    ir = tmp_path / "resize.yaml"
+    ir.write_text("""tilekit: 1
+model: r
+inputs: [x]
+outputs: [y]
+tensors:
+  x: {shape: [2, 2], dtype: float32, role: input}
+  y: {shape: [4, 4], dtype: float32, role: output}
+ops:
+  - name: up
+    kind: opaque
+    opaque: {type: Resize, inputs: [x], outputs: [y], attrs: {sizes: [4, 4], mode: nearest}}
+""")
+    proc = tk_codegen(ir)
+    assert proc.returncode == 2
+    err = proc.stderr.decode()
+    assert err.startswith("tk-codegen: error: ops[0] (up): opaque op type 'Resize' has no CUDA "
+                          "implementation; CUDA implementations exist for: Gather")
+    assert proc.stdout == b""
+
+
+def test_strict_needs_compile():
+    proc = tk_codegen(DATA / "softmax.yaml", "--strict")
+    assert proc.returncode == 2
+    assert b"--strict needs --compile" in proc.stderr
+
+
+def test_split_note_is_a_warning(tmp_path):
+    text = (DATA / "gather.yaml").read_text()
+    text += "kernels:\n  - {name: all, ops: [lookup, scale]}\n"
+    ir = tmp_path / "g.yaml"
+    ir.write_text(text)
+    (tmp_path / "gather.weights.npz").write_bytes((DATA / "gather.weights.npz").read_bytes())
+    proc = tk_codegen(ir, "-o", tmp_path / "o.yaml")
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert "tk-codegen: warning: kernels[0] (all): split into one kernel per op" in \
+        proc.stderr.decode()
+
+
+@pytest.mark.skipif(find_nvcc() is None, reason="nvcc not on PATH")
+def test_compile_records_resources(tmp_path):
+    proc = tk_codegen(DATA / "matmul_bias_relu.yaml", "--compile", "--strict", "--hw", "h100",
+                      env={"TILEKIT_CACHE": str(tmp_path)})
+    assert proc.returncode == 0, proc.stderr.decode()
+    module = loads(proc.stdout.decode())
+    (record,) = module.codegen["kernels"]
+    assert record["resources"]["registers"] > 0
+    assert record["resources"]["smem_static"] == 2048
+    assert module.codegen["compiled"]["arch"] == "sm_90"
+
+
+def test_deterministic_bytes():
+    a = tk_codegen(DATA / "conv_chain.yaml").stdout
+    b = tk_codegen(DATA / "conv_chain.yaml").stdout
+    assert a == b and a

@@ -1,0 +1,213 @@
+"""FileCheck-style checks of the emitted CUDA, shape choice, the IR section, determinism."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from tilekit.codegen import generate
+from tilekit.codegen.module import helpers_sha256
+from tilekit.errors import TilekitError, UnsupportedError
+from tilekit.ir.codec import dumps, loads
+from tilekit.ir.model import Kernel, Module, Op, Tensor
+from tilekit.ir.verify import verify
+
+from codegen_support import FIXTURES, fixture, filecheck, without_groups, without_tiles
+
+
+def kernels_of(name: str, transform=lambda m: m):
+    return generate(transform(fixture(name))).kernels
+
+
+def test_staged_contraction_has_shared_tiles_and_a_step_loop():
+    (k,) = kernels_of("matmul_bias_relu")
+    assert k.shape == "staged" and k.ops == ("mm", "bias_relu")
+    filecheck(k.source,
+              r"CHECK: __shared__ __align__\(16\) float s_x_0\[256\];",   # x box [32, 8]
+              r"CHECK: __shared__ __align__\(16\) float s_w_1\[256\];",   # w box [8, 32]
+              r"CHECK: for \(int q_k = 0; q_k < 37; q_k \+= 8\)",
+              r"CHECK: __syncthreads\(\);",
+              r"CHECK: s_x_0\[i\] = ",
+              r"CHECK: __syncthreads\(\);",
+              # 37 % 8 != 0: the last step is shorter
+              r"CHECK: for \(int a_k = 0; a_k < \(37 - q_k < 8 \? 37 - q_k : 8\); \+\+a_k\)",
+              r"CHECK: acc\[.*\] \+= \(f_x_0\[.*\] \* f_w_1\[.*\]\);",
+              # epilogue: 50 and 70 are not multiples of 32: guarded stores, bias and ReLU
+              r"CHECK: if \(a_i < 50 && a_j < 70\)",
+              r"CHECK: tk_max\(\(v_t_0 \+ t_b\[a_j\]\), 0.0f\)",
+              r"CHECK: t_y\[70 \* a_i \+ a_j\] = ",
+              r"CHECK-NOT: t_t\[",            # the matmul result never reaches memory
+              r"CHECK-NOT: float4")           # rows of 37 floats are not 16-byte aligned
+    assert k.args == ("x", "w", "b", "y") and k.writes == ("y",)
+
+
+def test_aligned_contraction_uses_float4_loads():
+    (k,) = kernels_of("matmul_aligned")
+    assert k.schedule["vectorized"] == ["a", "b"]
+    filecheck(k.source,
+              r"CHECK-COUNT-2: \*reinterpret_cast<float4\*>\(&s_",
+              r"CHECK-NOT: tk_in\(",          # tiles divide every size: no checks at all
+              r"CHECK-NOT: if \(a_i <")
+
+
+def test_convolution_stages_a_halo_box_with_zero_padding():
+    (k,) = kernels_of("conv_bias_relu")
+    assert k.shape == "staged"
+    boxes = {b["tensor"]: b["box"] for b in k.schedule["smem_buffers"]}
+    # h: 4 outputs at stride 2 with a 3-tap window -> (4-1)*2 + 3 = 9 rows; 2 channels/step
+    assert boxes == {"x": [1, 2, 9, 9], "w": [8, 2, 3, 3]}
+    filecheck(k.source,
+              r"CHECK: const int q_kh = 0;",     # one step covers the window: no loop
+              r"CHECK: const int lo\d+ = 2 \* o_h \+ q_kh - 1;",
+              r"CHECK: const int lo\d+ = q_kw \+ 2 \* o_q - 1;",
+              # 2 channels per step over 3: the channel is checked too
+              r"CHECK: tk_in\(g\d+, 3\) && tk_in\(g\d+, 13\) && tk_in\(g\d+, 13\) \? t_x\[",
+              r"CHECK: : 0.0f\);")
+
+
+def test_fused_softmax_keeps_intermediates_on_chip():
+    (k,) = kernels_of("softmax")
+    assert k.shape == "fused" and k.ops == ("max", "exp", "sum", "div")
+    assert k.schedule["inlined"] == ["exp"] and k.schedule["shared"] == ["m", "s"]
+    assert k.args == ("x", "y") and k.writes == ("y",)
+    filecheck(k.source,
+              r"CHECK: __shared__ float s_m\[",
+              r"CHECK: __shared__ float s_s\[",
+              # 2 rows per block, 256 threads: 64 lanes per row, so two warps per row
+              # combine through shared memory
+              r"CHECK: // stage 0: max; region \[2\], 64 lanes per point",
+              r"CHECK: tk_warp_max<32>",
+              r"CHECK: __shared__ float red0\[8\];",
+              r"CHECK: acc0 = tk_max\(acc0, red0\[tid / 32 \+ w\]\);",
+              r"CHECK: s_m\[pt\] = ",
+              r"CHECK: __syncthreads\(\);",
+              r"CHECK: // stage 1: sum",
+              r"CHECK: expf\(",                # exp inlined into the sum
+              r"CHECK: tk_warp_sum<32>",
+              r"CHECK: __syncthreads\(\);",
+              r"CHECK: // stage 2: div",
+              r"CHECK: t_y\[",
+              r"CHECK-NOT: t_[mes]\[",        # no global stores (or loads) of m, e, s
+              r"CHECK-COUNT-6: __syncthreads")  # 2 between stages, 2 per cross-warp fold
+
+
+def test_fused_convolutions_compute_the_halo():
+    (k,) = kernels_of("conv_chain")
+    assert k.shape == "fused"
+    # Output tile 4x4x4; conv2 reads r (= relu(conv1)) at h-1..h+4: a 6x6 region, all 4
+    # channels; the region origin moves with the tile and the borders read zero padding.
+    assert k.schedule["regions"] == {"conv1": [4, 6, 6], "conv2": [4, 4, 4]}
+    filecheck(k.source,
+              r"CHECK: __shared__ float s_r\[144\];",
+              r"CHECK: const int r0_1 = o1 - 1;",
+              r"CHECK: s_r\[pt\] = ",
+              r"CHECK: __syncthreads\(\);",
+              r"CHECK: \? s_r\[",
+              r"CHECK-NOT: t_t\[|t_r\[")
+
+
+def test_default_schedule_without_tiles():
+    kernels = kernels_of("matmul_bias_relu", without_tiles)
+    (k,) = kernels
+    assert k.shape == "default"
+    assert k.schedule == {"source": "default", "threads": 256, "lanes": 32,
+                          "points_per_block": 8}
+    filecheck(k.source, r"CHECK: grid-stride",
+              r"CHECK: for \(int a_k = lane; a_k < 37; a_k \+= 32\)",
+              r"CHECK: tk_warp_sum<32>",
+              r"CHECK: if \(active && lane == 0\)")
+
+
+def test_tiled_shape_for_a_reduction_without_reuse():
+    kernels = kernels_of("pool_transpose")
+    assert [k.shape for k in kernels] == ["tiled", "tiled"]
+    filecheck(kernels[0].source, r"CHECK: -TK_INF", r"CHECK: tk_max\(acc\[")
+
+
+def test_one_kernel_per_op_when_the_module_lists_none():
+    result = generate(without_groups(fixture("softmax")))
+    assert [k.name for k in result.module.kernels] == ["k_max", "k_exp", "k_sum", "k_div"]
+    assert all(k.launch["entries"] == [f"tk_{k.name}"] for k in result.module.kernels)
+
+
+def test_gather_uses_its_cuda_implementation():
+    kernels = kernels_of("gather")
+    assert [k.shape for k in kernels] == ["opaque:Gather", "default"]
+    filecheck(kernels[0].source, r"CHECK: if \(k < 0\) k \+= 11;", r"CHECK: tk_in\(k, 11LL\)")
+
+
+def test_unknown_opaque_type_is_an_error_naming_the_op():
+    module = Module(
+        model="m", inputs=("x",), outputs=("y",),
+        tensors={"x": Tensor((4, 3), "float32", "input"), "y": Tensor((3, 4), "float32",
+                                                                         "output")},
+        ops=(Op(name="resize", kind="opaque",
+                opaque={"type": "Resize", "inputs": ["x"], "outputs": ["y"], "attrs": {}}),))
+    with pytest.raises(UnsupportedError) as info:
+        generate(module)
+    text = info.value.message()
+    assert "ops[0] (resize)" in text and "'Resize' has no CUDA implementation" in text
+    assert "Gather" in text
+
+
+def test_an_opaque_op_inside_a_group_splits_it():
+    module = fixture("gather")
+    grouped = replace(module, kernels=(Kernel("all", ("lookup", "scale")),))
+    result = generate(grouped)
+    (kernel,) = result.module.kernels
+    assert kernel.launch["entries"] == ["tk_all__lookup", "tk_all__scale"]
+    assert "opaque op 'lookup' cannot share a kernel" in kernel.launch["split"]
+    assert result.notes and "split into one kernel per op" in result.notes[0]
+
+
+def test_bad_tile_is_bad_input():
+    module = fixture("matmul_aligned")
+    op = replace(module.ops[0], tile={"block": {"i": 32, "j": 64}, "thread": {"i": 3, "j": 4},
+                                      "step": {"k": 16}})
+    with pytest.raises(TilekitError, match=r"ops\[0\] \(mm\)\.tile\.thread\.i"):
+        generate(replace(module, ops=(op,)))
+    op = replace(module.ops[0], tile={"block": {"i": 64, "j": 64}, "thread": {"i": 1, "j": 1},
+                                      "step": {"k": 16}})
+    with pytest.raises(TilekitError, match="4096 threads per block"):
+        generate(replace(module, ops=(op,)))
+
+
+def test_steps_shrink_to_fit_shared_memory():
+    module = fixture("matmul_aligned")
+    op = replace(module.ops[0], tile={"block": {"i": 32, "j": 64}, "thread": {"i": 4, "j": 4},
+                                      "step": {"k": 48}})
+    big = replace(module, ops=(op,), tensors={**module.tensors})
+    result = generate(big)  # 48 KB limit without a profile: 32*48 + 48*64 floats = 18 KB fits
+    assert result.kernels[0].schedule["step"] == {"k": 48}
+    from tilekit.codegen.staged import fit_steps
+    from tilekit.codegen.schedule import read_tile
+    from tilekit.codegen.plan import plan_group, readers
+    plan = plan_group(big, Kernel("k", ("mm",)), "k", readers(big))
+    tile = read_tile(op.tile, "t", plan.stages[0].main.spatial, plan.stages[0].main.reduction,
+                     "roll")
+    assert fit_steps(plan.stages[0].main, tile, 8 * 1024).step == (12,)
+
+
+@pytest.mark.parametrize("name", FIXTURES)
+def test_output_is_deterministic_and_valid(name):
+    module = fixture(name)
+    first = dumps(generate(module).module)
+    second = dumps(generate(fixture(name)).module)
+    assert first == second
+    again = loads(first)
+    verify(again)
+    assert dumps(again) == first
+    assert again.codegen["helpers"] == {"file": "runtime.cuh", "sha256": helpers_sha256()}
+    for record in again.codegen["kernels"]:
+        assert set(record) >= {"name", "group", "entry", "ops", "shape", "schedule", "grid",
+                               "block", "smem_bytes", "args", "writes", "source"}
+        assert record["source"].count('#include "runtime.cuh"') == 1
+        assert "/" + "work" not in record["source"]  # no absolute paths
+
+
+def test_rolled_reduction_without_reuse_gets_lanes():
+    kernels = kernels_of("rownorm")
+    assert [k.shape for k in kernels] == ["default", "tiled"]
+    assert kernels[0].schedule["lanes"] == 32 and "tile_ignored" in kernels[0].schedule
+    filecheck(kernels[0].source, r"CHECK: for \(int a_j = lane; a_j < 300; a_j \+= 32\)")

@@ -1,0 +1,95 @@
+"""tk-codegen: generate one CUDA kernel per kernel group of a tile-IR module.
+
+    tk-import m.onnx | tk-roll --hw h100 | tk-codegen | tk-run --device cuda
+    tk-codegen m.yaml --hw a100 --compile --strict -o m.cuda.yaml --emit-dir build/m
+
+The pass is `tilekit.codegen.generate`; the `codegen` section it adds (kernel sources, launch
+geometry, arguments, and with `--compile` ptxas' resources) is documented in docs/codegen.md.
+Notes (a group split into several kernels, a shrunk reduction step) and `--compile` problems
+(spills, limits) are warnings on stderr; `--strict` makes the problems errors (exit 2).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from tilekit.cli.common import (format_option, input_argument, output_option, tk_command, warn)
+from tilekit.errors import TilekitError
+
+TOOL = "tk-codegen"
+
+
+@tk_command(TOOL)
+@input_argument
+@output_option
+@format_option
+@click.option("--hw", "hw", metavar="NAME|PATH", default=None,
+              help="Hardware profile (default: the IR's 'hardware'); sets the arch and the "
+                   "shared-memory and register limits.")
+@click.option("--arch", metavar="sm_XY", default=None,
+              help="Target arch recorded in the IR and used by --compile (default: the "
+                   "profile's, else sm_90).")
+@click.option("--emit-dir", "emit_dir", metavar="DIR", default=None,
+              help="Also write each kernel as DIR/<entry>.cu, with runtime.cuh, for reading.")
+@click.option("--compile", "compile_", is_flag=True,
+              help="Compile every kernel with nvcc for the arch and record ptxas' registers, "
+                   "shared memory and spills in the IR.")
+@click.option("--strict", is_flag=True,
+              help="With --compile: a kernel that spills or exceeds the profile's limits is an "
+                   "error, not a warning.")
+def main(input, output, fmt, hw, arch, emit_dir, compile_, strict, quiet, debug):
+    """Generate CUDA kernels for the tile IR module IR (a file, or '-'/nothing for stdin)."""
+    from tilekit.codegen.module import compile_module, generate
+    from tilekit.ir.codec import read_module, write_module
+
+    if strict and not compile_:
+        raise TilekitError("--strict needs --compile", "--strict",
+                           "add --compile, or drop --strict")
+    module = read_module(input)
+    profile = None
+    name = hw or module.hardware
+    if name:
+        from tilekit.hw import load_profile
+        profile = load_profile(name)
+    result = generate(module, profile, arch)
+    if not quiet:
+        for note in result.notes:
+            warn(TOOL, note)
+    out = result.module
+    if compile_:
+        report = compile_module(result, arch, profile)
+        if report.problems:
+            if strict:
+                raise TilekitError(f"{len(report.problems)} kernel problem(s): "
+                                   + "; ".join(report.problems), "--strict",
+                                   "re-run tk-roll with a smaller tile, or drop --strict")
+            for problem in report.problems:
+                warn(TOOL, problem)
+        out = report.module
+    options = {"arch": out.codegen["arch"], "compile": bool(compile_)}
+    if profile is not None:
+        options["hw"] = profile.name
+    out = out.with_stage("codegen", **options)
+    if emit_dir:
+        write_sources(result.kernels, Path(emit_dir))
+    write_module(out, output, fmt, input_path=input)
+    return 0
+
+
+def write_sources(kernels, folder: Path) -> None:
+    """Each kernel's source as <entry>.cu, plus runtime.cuh, written atomically."""
+    from tilekit.cli.common import write_output
+    from tilekit.codegen.module import HELPERS_NAME, helpers_text
+
+    if folder.exists() and not folder.is_dir():
+        raise TilekitError("exists and is not a folder", f"--emit-dir {folder}")
+    folder.mkdir(parents=True, exist_ok=True)
+    write_output(str(folder / HELPERS_NAME), helpers_text())
+    for k in kernels:
+        write_output(str(folder / f"{k.entry}.cu"), k.source)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,205 @@
+"""Run a module's generated CUDA on the CPU: the evidence that kernels compute the right thing
+on a machine without a GPU.
+
+`emulate(module, inputs, weights)` takes the kernel sources recorded in the IR's `codegen`
+section, compiles them as host C++ with `host_emul.h` (g++, C++17), launches every kernel with
+its recorded grid and block (blocks one after another, the threads of a block as fibers with
+real barriers that also catch divergent ones) and returns the module's outputs. Index maps, padding, boundary tiles,
+shared-memory staging, barriers between stages and lane-group reductions all run as written;
+what it cannot show is timing, coalescing, bank conflicts, or races that only the hardware's
+scheduling exposes. float16/bfloat16 kernels are not emulated (their CUDA types are device
+headers).
+
+Binaries are cached next to nvcc's (`$TILEKIT_CACHE/emul/<key>`). A fiber switch costs about
+a microsecond: keep fixtures small (thousands of blocks with many barriers take seconds).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Mapping
+
+import numpy as np
+
+from tilekit.codegen.cexpr import HALF_DTYPES, storage
+from tilekit.codegen.kernel import tvar
+from tilekit.errors import TilekitError, UnsupportedError
+from tilekit.ir.model import Module
+
+HERE = Path(__file__).resolve().parent
+CXX_FLAGS = ("-std=c++17", "-O1", "-w")
+
+
+def find_cxx() -> str | None:
+    return os.environ.get("CXX") or shutil.which("g++") or shutil.which("clang++")
+
+
+def harness_source(module: Module) -> str:
+    """A C++ main() that loads tensors from `<dir>/<name>.bin`, launches every kernel in
+    order and writes every tensor a kernel wrote back to `<dir>/<name>.out`."""
+    cg = module.codegen
+    tensors: list[str] = []
+    for k in cg["kernels"]:
+        for t in k["args"]:
+            if t not in tensors:
+                tensors.append(t)
+    lines = ["#include <cstdio>", "#include <cstdlib>", "#include <string>", "",
+             "// argv: data folder, then optionally a kernel index and block ids: launch only",
+             "// those blocks of that kernel (sampled emulation of large modules).",
+             "static std::vector<unsigned char> load(const std::string& path, size_t n) {",
+             "  std::vector<unsigned char> buf(n ? n : 1);",
+             "  if (FILE* f = std::fopen(path.c_str(), \"rb\")) {",
+             "    size_t got = std::fread(buf.data(), 1, n, f); std::fclose(f);",
+             "    if (got != n) { std::fprintf(stderr, \"short read %s\\n\", path.c_str()); "
+             "std::exit(3); }",
+             "  }",
+             "  return buf;",
+             "}", "",
+             "int main(int argc, char** argv) {",
+             "  const std::string dir = argc > 1 ? argv[1] : \".\";",
+             "  const int only = argc > 2 ? std::atoi(argv[2]) : -1;",
+             "  std::vector<unsigned> ids;",
+             "  for (int a = 3; a < argc; ++a) ids.push_back((unsigned)std::atoi(argv[a]));"]
+    for t in tensors:
+        tensor = module.tensors[t]
+        nbytes = tensor.size * np.dtype(_np_dtype(tensor.dtype)).itemsize
+        lines.append(f"  auto buf_{_c(t)} = load(dir + \"/{t}.bin\", {nbytes});")
+    for k in cg["kernels"]:
+        ptrs = []
+        for t in k["args"]:
+            ctype = storage(module.tensors[t].dtype).ctype
+            ptrs.append(f"reinterpret_cast<{ctype}*>(buf_{_c(t)}.data())")
+        grid = k["grid"][0] * k["grid"][1] * k["grid"][2]
+        block = k["block"][0] * k["block"][1] * k["block"][2]
+        index = len([ln for ln in lines if "tk_emul::launch" in ln])
+        lines.append(f"  if (only < 0 || only == {index}) tk_emul::launch({grid}, {block}, "
+                     f"[&] {{ {k['entry']}({', '.join(ptrs)}); }}, "
+                     f"only < 0 ? nullptr : ids.data(), (unsigned)ids.size());")
+    written = [t for k in cg["kernels"] for t in k["writes"]]
+    for t in dict.fromkeys(written):
+        writers = [i for i, k in enumerate(cg["kernels"]) if t in k["writes"]]
+        cond = " || ".join(f"only == {i}" for i in writers)
+        lines.append(f"  if (only < 0 || {cond}) "
+                     f"if (FILE* f = std::fopen((dir + \"/{t}.out\").c_str(), \"wb\")) {{ "
+                     f"std::fwrite(buf_{_c(t)}.data(), 1, buf_{_c(t)}.size(), f); std::fclose(f); }}")
+    lines += ["  return 0;", "}"]
+    return "\n".join(lines) + "\n"
+
+
+def _c(name: str) -> str:
+    return tvar(name)[2:]
+
+
+def _np_dtype(dtype: str) -> str:
+    return "bool" if dtype == "bool" else dtype
+
+
+def unit_from_ir(module: Module) -> str:
+    return "\n".join(k["source"] for k in module.codegen["kernels"])
+
+
+def build(module: Module) -> Path:
+    """Compile the emulation binary for `module` (cached by content)."""
+    from tilekit.codegen.nvcc import cache_dir
+
+    if not module.codegen:
+        raise TilekitError("the module has no codegen section", "codegen", "run tk-codegen")
+    for t in {t for k in module.codegen["kernels"] for t in k["args"]}:
+        if module.tensors[t].dtype in HALF_DTYPES:
+            raise UnsupportedError(f"'{t}' is {module.tensors[t].dtype}: the CPU emulation "
+                                   "has no half types")
+    cxx = find_cxx()
+    if cxx is None:
+        raise UnsupportedError("no C++ compiler (g++ or clang++) for the CPU emulation")
+    dyn = max([k["smem_bytes"] for k in module.codegen["kernels"]] + [16])
+    unit = unit_from_ir(module)
+    harness = harness_source(module)
+    emul = (HERE / "host_emul.h").read_text()
+    helpers = (HERE / "runtime.cuh").read_text()
+    key = hashlib.sha256("\0".join((unit, harness, emul, helpers, cxx, str(dyn),
+                                    " ".join(CXX_FLAGS))).encode()).hexdigest()[:32]
+    final = cache_dir() / "emul" / key
+    exe = final / "emulate"
+    if exe.exists():
+        return exe
+    final.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=final.parent))
+    (work / "unit.cu").write_text(unit)
+    (work / "runtime.cuh").write_text(helpers)
+    (work / "host_emul.h").write_text(emul)
+    (work / "main.cpp").write_text('#include "unit.cu"\n' + harness)
+    argv = [cxx, *CXX_FLAGS, f"-DTK_EMUL_DYNAMIC_SMEM={dyn}", "-include", "host_emul.h",
+            "-I", ".", "-x", "c++", "main.cpp", "-o", "emulate"]
+    proc = subprocess.run(argv, cwd=work, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise TilekitError(f"host compile of the emulation failed: "
+                           f"{proc.stderr.strip()[:2000]}", str(work),
+                           f"reproduce with: cd {work} && {' '.join(argv)}")
+    try:
+        os.replace(work, final)
+    except OSError:
+        shutil.rmtree(work, ignore_errors=True)
+    return exe
+
+
+def emulate(module: Module, inputs: Mapping[str, np.ndarray],
+            weights: Mapping[str, np.ndarray], timeout: float = 600) -> dict[str, np.ndarray]:
+    """Outputs of `module` computed by its generated kernels run on the CPU."""
+    exe = build(module)
+    values = {**weights, **inputs}
+    with tempfile.TemporaryDirectory(prefix="tk-emul-") as tmp:
+        args = {t for k in module.codegen["kernels"] for t in k["args"]}
+        for t in args:
+            tensor = module.tensors[t]
+            if t in values:
+                arr = np.ascontiguousarray(np.asarray(values[t], dtype=_np_dtype(tensor.dtype)))
+            else:  # written by a kernel: garbage-fill so that unwritten elements show up
+                arr = np.full(tensor.shape, np.nan if tensor.dtype.startswith("float") else 0,
+                              dtype=_np_dtype(tensor.dtype))
+            arr.tofile(os.path.join(tmp, f"{t}.bin"))
+        proc = subprocess.run([str(exe), tmp], capture_output=True, text=True, timeout=timeout)
+        if proc.returncode != 0:
+            raise RuntimeError(f"emulation failed (exit {proc.returncode}): {proc.stderr[-2000:]}")
+        out = {}
+        for name in module.outputs:
+            tensor = module.tensors[name]
+            path = os.path.join(tmp, f"{name}.out")
+            if os.path.exists(path):
+                out[name] = np.fromfile(path, dtype=_np_dtype(tensor.dtype)).reshape(tensor.shape)
+            else:
+                out[name] = np.asarray(values[name])
+        return out
+
+
+def emulate_blocks(module: Module, kernel: int, values: Mapping[str, np.ndarray],
+                   blocks: list[int], timeout: float = 600) -> dict[str, np.ndarray]:
+    """Run only `blocks` of kernel number `kernel` (of `codegen.kernels`) on `values` (every
+    tensor it reads); returns the tensors it writes, NaN (or 0 for integers) where the sampled
+    blocks wrote nothing. For checking large modules kernel by kernel against reference
+    intermediates without emulating every block."""
+    exe = build(module)
+    record = module.codegen["kernels"][kernel]
+    grid = record["grid"][0] * record["grid"][1] * record["grid"][2]
+    if any(not 0 <= b < grid for b in blocks):
+        raise ValueError(f"block ids must be in [0, {grid})")
+    with tempfile.TemporaryDirectory(prefix="tk-emul-") as tmp:
+        for t in record["args"]:
+            tensor = module.tensors[t]
+            if t in record["writes"]:
+                arr = np.full(tensor.shape, np.nan if tensor.dtype.startswith("float") else 0,
+                              dtype=_np_dtype(tensor.dtype))
+            else:
+                arr = np.ascontiguousarray(np.asarray(values[t], dtype=_np_dtype(tensor.dtype)))
+            arr.tofile(os.path.join(tmp, f"{t}.bin"))
+        proc = subprocess.run([str(exe), tmp, str(kernel), *map(str, blocks)],
+                              capture_output=True, text=True, timeout=timeout)
+        if proc.returncode != 0:
+            raise RuntimeError(f"emulation failed (exit {proc.returncode}): {proc.stderr[-2000:]}")
+        return {t: np.fromfile(os.path.join(tmp, f"{t}.out"), dtype=_np_dtype(
+                    module.tensors[t].dtype)).reshape(module.tensors[t].shape)
+                for t in record["writes"]}

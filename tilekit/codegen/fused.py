@@ -1,0 +1,387 @@
+"""The `fused` kernel shape: a group of several stages sharing one output tile.
+
+The block owns a tile of the last stage's output (`block` per spatial axis: kernel.tile from
+tk-weld, or the default below). Walking the stages backwards, each stage's **region** is the
+box of its output that later stages read (Welder's backward propagation through the index
+maps, halo included, exactly `tilekit.expr.input_box` for affine maps): per dimension an
+origin that is linear in the block's tile origin and a fixed length. Regions of one tensor
+read by several stages are unioned; a non-affine index takes the whole dimension.
+
+Each stage then runs as one block-wide loop over its region (every thread one point, or one
+lane group per point for a reduction over a contiguous axis), writes the results that later
+stages read to shared memory (a buffer per tensor, the region's size) and the results that
+leave the group to global memory, and ends with `__syncthreads()`. Points of a region outside
+the tensor are not computed; a read there yields the reader's pad value, as everywhere.
+
+Default tile (no kernel.tile): every outer axis 1 except the next-to-innermost, which grows to
+fill `DEFAULT_THREADS` points, and the innermost axis whole; the innermost axis is halved until
+the shared buffers fit.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from tilekit.codegen.cexpr import (IDENTITY, KIND_CTYPE, WARP_REDUCE, combine, index_code,
+                                   linear, pad_literal, storage)
+from tilekit.codegen.emitter import Emitter
+from tilekit.codegen.kernel import (GeneratedKernel, PointEmitter, avar, c_name,
+                                    contiguous_reduction, decompose, full_ranges, global_read,
+                                    global_store, group_signature, index_type, needs_check,
+                                    open_kernel, strides)
+from tilekit.codegen.plan import GroupPlan, OpPlan, Read
+from tilekit.codegen.schedule import (DEFAULT_THREADS, STATIC_SMEM_LIMIT, WARP, Tile,
+                                     lane_count)
+
+
+class FusionError(Exception):
+    """The group cannot be one fused kernel (the caller splits it, with this reason)."""
+
+
+@dataclass(frozen=True)
+class Lin:
+    """`sum(coef * origin[pos]) + const`: an origin linear in the block's tile origin."""
+
+    coefs: tuple[tuple[int, int], ...] = ()
+    const: int = 0
+
+    def scale(self, k: int) -> "Lin":
+        return Lin(tuple((p, c * k) for p, c in self.coefs if c * k), self.const * k)
+
+    def __add__(self, other: "Lin") -> "Lin":
+        acc = dict(self.coefs)
+        for p, c in other.coefs:
+            acc[p] = acc.get(p, 0) + c
+        return Lin(tuple(sorted((p, c) for p, c in acc.items() if c)), self.const + other.const)
+
+    def code(self, origins: list[str]) -> str:
+        return linear(((c, origins[p]) for p, c in self.coefs), self.const)
+
+
+@dataclass(frozen=True)
+class Span:
+    lo: Lin
+    length: int
+
+
+def _union(a: Span, b: Span, dim: int) -> Span:
+    if a.lo.coefs != b.lo.coefs:
+        return Span(Lin(), dim)
+    lo = min(a.lo.const, b.lo.const)
+    hi = max(a.lo.const + a.length, b.lo.const + b.length)
+    return Span(Lin(a.lo.coefs, lo), hi - lo)
+
+
+def _clamp(s: Span, dim: int) -> Span:
+    return Span(Lin(), dim) if s.length >= dim else s
+
+
+def _read_box(r: Read, p: OpPlan, region: list[Span]) -> list[Span]:
+    """The box of `r`'s tensor that op `p` reads when its spatial axes cover `region`."""
+    spans = {a: s for (a, _), s in zip(p.spatial, region)}
+    spans.update({a: Span(Lin(), n) for a, n in p.reduction})
+    out = []
+    for m, dim in zip(r.maps, r.shape):
+        if not m.affine:
+            out.append(Span(Lin(), dim))
+            continue
+        lo = Lin((), m.const)
+        length = 1
+        for a, c in m.terms:
+            s = spans[a]
+            lo = lo + s.lo.scale(c)
+            if c < 0:
+                lo = lo + Lin((), c * (s.length - 1))
+            length += abs(c) * (s.length - 1)
+        out.append(Span(lo, length))
+    return out
+
+
+@dataclass(frozen=True)
+class Regions:
+    block: tuple[int, ...]
+    spans: tuple[tuple[Span, ...], ...]   # per stage, per spatial position of its main op
+    smem: int                              # bytes of all shared buffers
+
+
+def plan_regions(module, plan: GroupPlan, block: tuple[int, ...]) -> Regions:
+    stages = plan.stages
+    last = stages[-1]
+    spans: list[list[Span] | None] = [None] * len(stages)
+    spans[-1] = [Span(Lin(((q, 1),), 0), b) for q, b in enumerate(block)]
+    needs: dict[str, list[Span]] = {}
+    stage_of = {t: k for k, s in enumerate(stages) for t in s.outputs}
+    for k in range(len(stages) - 1, -1, -1):
+        s = stages[k]
+        if spans[k] is None:
+            shape = s.main.out_shape
+            region = None
+            for t in s.outputs:
+                if t in needs:
+                    region = needs[t] if region is None else [
+                        _union(a, b, d) for a, b, d in zip(region, needs[t], shape)]
+            if region is None:
+                raise FusionError(f"stage '{s.main.op.name}' computes nothing the group's "
+                                  "last op reads")
+            spans[k] = [_clamp(x, d) for x, d in zip(region, shape)]
+        for p in s.ops:
+            for r in p.read_list():
+                src = stage_of.get(r.tensor)
+                if src is None or src >= k:
+                    continue
+                box = _read_box(r, p, spans[k])
+                old = needs.get(r.tensor)
+                needs[r.tensor] = box if old is None else [
+                    _union(a, b, d) for a, b, d in zip(old, box, r.shape)]
+    smem = 0
+    for t in sorted(plan.shared):
+        k = stage_of[t]
+        smem += _align16(math.prod(x.length for x in spans[k]) *
+                         _kind_bytes(storage(module.tensors[t].dtype).kind))
+    # Results stored to global memory must be computed everywhere by some block.
+    extents = [n for _, n in last.main.spatial]
+    for k, s in enumerate(stages[:-1]):
+        for t in s.outputs:
+            if t in plan.stored and not _covers(spans[k], s.main.out_shape, block, extents):
+                raise FusionError(f"'{t}' leaves the group but the blocks' regions do not "
+                                  "cover it")
+    return Regions(tuple(block), tuple(tuple(x) for x in spans), smem)
+
+
+def _covers(region: list[Span], shape, block, extents) -> bool:
+    for s, dim in zip(region, shape):
+        if not s.lo.coefs:
+            if s.lo.const > 0 or s.lo.const + s.length < dim:
+                return False
+            continue
+        if len(s.lo.coefs) != 1 or s.lo.coefs[0][1] != 1:
+            return False
+        q = s.lo.coefs[0][0]
+        tiles = -(-extents[q] // block[q])
+        if s.lo.const > 0 or s.length < block[q]:
+            return False
+        if (tiles - 1) * block[q] + s.lo.const + s.length < dim:
+            return False
+    return True
+
+
+def _kind_bytes(kind: str) -> int:
+    return {"b": 1, "i": 8, "f": 4, "d": 8}[kind]
+
+
+def _align16(n: int) -> int:
+    return -(-n // 16) * 16
+
+
+def default_block(module, plan: GroupPlan, limit: int) -> Regions:
+    """The default tile (module docstring): the largest that fits `limit` bytes."""
+    extents = [n for _, n in plan.stages[-1].main.spatial]
+    if not extents:
+        return plan_regions(module, plan, ())
+    inner = extents[-1]
+    while True:
+        block = [1] * len(extents)
+        block[-1] = inner
+        if len(extents) > 1:
+            grow = max(1, DEFAULT_THREADS // inner)
+            block[-2] = min(extents[-2], 1 << (grow.bit_length() - 1))
+        regions = plan_regions(module, plan, tuple(block))
+        if regions.smem <= limit:
+            return regions
+        if len(extents) > 1 and block[-2] > 1:
+            # Fewer outer rows first, then a narrower innermost axis.
+            regions = plan_regions(module, plan, tuple(block[:-2] + [1, inner]))
+            if regions.smem <= limit:
+                return regions
+        if inner == 1:
+            raise FusionError(f"its shared buffers need {regions.smem} bytes even for a "
+                              f"1-point tile, more than {limit}")
+        inner = -(-inner // 2)
+
+
+def fused_kernel(module, plan: GroupPlan, entry: str, tile: Tile | None, limit: int
+                 ) -> GeneratedKernel:
+    last = plan.stages[-1].main
+    extents = [n for _, n in last.spatial]
+    if tile is not None:
+        regions = plan_regions(module, plan, tile.block)
+        threads = max(tile.threads, 32)
+        source = tile.source
+    else:
+        regions = default_block(module, plan, limit)
+        threads = DEFAULT_THREADS
+        source = "default"
+    if regions.smem > limit:
+        raise FusionError(f"its shared buffers need {regions.smem} bytes, more than {limit}")
+    block = regions.block
+    sig = group_signature(module, plan)
+    idx_t = index_type(module, sig.args)
+    grid = math.prod(-(-n // b) for n, b in zip(extents, block)) if extents else 1
+    dynamic = regions.smem > STATIC_SMEM_LIMIT
+    stage_of = {t: k for k, s in enumerate(plan.stages) for t in s.outputs}
+    e = Emitter()
+    axes = [a for a, _ in last.spatial]
+    open_kernel(e, entry, sig, threads,
+                [f"fused: {len(plan.stages)} stages over a block tile "
+                 + " x ".join(f"{a}:{b}" for a, b in zip(axes, block)) + f" (from {source})",
+                 f"shared memory: {regions.smem} bytes for "
+                 f"{', '.join(sorted(plan.shared)) or 'nothing'}"])
+    with e.block():
+        if dynamic:
+            e.line("TK_DYNAMIC_SMEM(tk_smem);")
+        offset = 0
+        buffers: dict[str, str] = {}
+        for t in sorted(plan.shared):
+            k = stage_of[t]
+            ctype = KIND_CTYPE[storage(module.tensors[t].dtype).kind]
+            size = math.prod(x.length for x in regions.spans[k])
+            name = f"s_{c_name(t)}"
+            buffers[t] = name
+            lens = [x.length for x in regions.spans[k]]
+            if dynamic:
+                e.line(f"{ctype}* {name} = reinterpret_cast<{ctype}*>(tk_smem + {offset});"
+                       f"  // {t} region {lens}")
+            else:
+                e.line(f"__shared__ {ctype} {name}[{size}];  // {t} region {lens}")
+            offset += _align16(size * _kind_bytes(storage(module.tensors[t].dtype).kind))
+        e.line("const int tid = threadIdx.x;")
+        origins = [e.tmp("o") for _ in axes]
+        grid_dims = [-(-n // b) for n, b in zip(extents, block)]
+        tiles = [e.tmp("b") for _ in axes]
+        decompose(e, f"({idx_t})blockIdx.x", grid_dims, tiles, idx_t)
+        for o, t, b in zip(origins, tiles, block):
+            e.line(f"const {idx_t} {o} = {t} * {b};")
+        # Region origins, and each shared buffer's base offset in element units.
+        region_lo: list[list[str]] = []
+        for k, s in enumerate(plan.stages):
+            names = []
+            for q, span in enumerate(regions.spans[k]):
+                name = f"r{k}_{q}"
+                e.line(f"const {idx_t} {name} = {span.lo.code(origins)};")
+                names.append(name)
+            region_lo.append(names)
+        bases: dict[str, str] = {}
+        for t in sorted(plan.shared):
+            k = stage_of[t]
+            lens = [x.length for x in regions.spans[k]]
+            name = f"sb_{c_name(t)}"
+            e.line(f"const {idx_t} {name} = {linear(zip(strides(tuple(lens)), region_lo[k]))};")
+            bases[t] = name
+
+        def resolve(p: OpPlan, node, axis_code) -> str:
+            r = p.read(node)
+            ranges = full_ranges(p)
+            if r.tensor not in buffers:
+                return global_read(r, axis_code, ranges)
+            k = stage_of[r.tensor]
+            lens = tuple(x.length for x in regions.spans[k])
+            codes = [index_code(m.node, axis_code, ranges) for m in r.maps]
+            offset = linear(zip(strides(lens), [f"({c})" if " " in c else c for c in codes]))
+            value = f"{buffers[r.tensor]}[{offset} - {bases[r.tensor]}]"
+            checks = [f"tk_in({c}, {d})" for c, d, n in
+                      zip(codes, r.shape, needs_check(r, ranges)) if n]
+            if not checks:
+                return value
+            return f"({' && '.join(checks)} ? {value} : {pad_literal(r.pad, r.dtype)})"
+
+        lanes_used = {}
+        for k, s in enumerate(plan.stages):
+            volume = math.prod(x.length for x in regions.spans[k])
+            lanes = stage_lanes(s.main, volume, threads)
+            lanes_used[s.main.op.name] = lanes
+            _emit_stage(e, module, plan, k, s, regions.spans[k], region_lo[k], threads, lanes,
+                        idx_t, resolve, buffers, is_last=k == len(plan.stages) - 1)
+    sched = {"source": source, "block": dict(zip(axes, block)), "threads": threads,
+             "lanes": lanes_used,
+             "regions": {s.main.op.name: [x.length for x in regions.spans[k]]
+                         for k, s in enumerate(plan.stages)},
+             "shared": sorted(plan.shared)}
+    return GeneratedKernel(
+        name=plan.name, group=plan.kernel.name, entry=entry,
+        ops=tuple(plan.kernel.ops), shape="fused", schedule=sched,
+        grid=(grid, 1, 1), block=(threads, 1, 1), smem_bytes=regions.smem if dynamic else 0,
+        smem_planned=regions.smem, args=sig.args, writes=tuple(sig.writes), body=e.text(),
+        uses_half=sig.uses_half())
+
+
+def stage_lanes(p: OpPlan, volume: int, threads: int) -> int:
+    """Lanes per point of a stage: a warp's worth for a contiguous reduction (lane_count),
+    more (up to the whole block) when the region has fewer points than warps, so that a
+    block reducing one long row keeps every warp busy."""
+    lanes = lane_count(p.reduction, contiguous_reduction(p))
+    if lanes < WARP:
+        return min(lanes, threads)
+    extent = p.reduction[-1][1]
+    points = 1 << max(0, (volume - 1).bit_length())          # next power of two
+    wide = max(WARP, threads // points)
+    wide = min(wide, threads, 1 << (extent.bit_length() - 1))
+    return max(lanes, 1 << (wide.bit_length() - 1))
+
+
+def _cross_warp(e: Emitter, assign: str, acc: str, kind: str, lanes: int, threads: int) -> None:
+    """Combine the warps of each lane group through shared memory: warp leaders write their
+    partial result, the group's first lane folds them. Two barriers, block-uniform."""
+    warps = lanes // WARP
+    red = e.tmp("red")
+    e.line(f"__shared__ {KIND_CTYPE[kind]} {red}[{threads // WARP}];")
+    e.line(f"if (tid % {WARP} == 0) {red}[tid / {WARP}] = {acc};")
+    e.line("__syncthreads();")
+    with e.block("if (lane == 0)"):
+        with e.block(f"for (int w = 1; w < {warps}; ++w)"):
+            e.line(combine(assign, acc, f"{red}[tid / {WARP} + w]"))
+    e.line("__syncthreads();  // the partials are read before the next pass rewrites them")
+
+
+def _emit_stage(e: Emitter, module, plan: GroupPlan, k: int, s, spans, lo_vars: list[str],
+                threads: int, lanes: int, idx_t: str, resolve, buffers: dict[str, str],
+                is_last: bool) -> None:
+    p = s.main
+    lens = [x.length for x in spans]
+    volume = math.prod(lens)
+    per_pass = threads // lanes
+    names = ", ".join(q.op.name for q in s.ops)
+    e.comment(f"stage {k}: {names}; region {lens}"
+              + (f", {lanes} lanes per point" if lanes > 1 else ""))
+    vars_ = [avar(a) for a, _ in p.spatial]
+    with e.block():
+        head = f"for (int base = 0; base < {volume}; base += {per_pass})"
+        with e.block(head):
+            e.line(f"const int pt = base + tid{f' / {lanes}' if lanes > 1 else ''};")
+            if lanes > 1:
+                e.line(f"const int lane = tid % {lanes};")
+            locs = [e.tmp("l") for _ in spans]
+            decompose(e, f"(pt < {volume} ? pt : 0)" if lanes > 1 else "pt", lens, locs, "int")
+            for v, lo, loc in zip(vars_, lo_vars, locs):
+                e.line(f"const {idx_t} {v} = {lo} + {loc};")
+            checks = [f"pt < {volume}"] if volume % per_pass else []
+            for v, span, (_, n) in zip(vars_, spans, p.spatial):
+                if span.lo.coefs or span.lo.const < 0 or span.lo.const + span.length > n:
+                    checks.append(f"tk_in({v}, {n})")
+            ok = " && ".join(checks) or "true"
+            e.line(f"const bool ok = {ok};")
+            pe = PointEmitter(module, e, s, vars_, resolve)
+
+            def sink(tensor: str, value: str, kind: str) -> None:
+                if tensor in buffers:
+                    e.line(f"{buffers[tensor]}[pt] = {value};")
+                if tensor in plan.stored:
+                    e.line(global_store(module, tensor, vars_, value, kind))
+
+            if p.reduces:
+                kind = pe.acc_kind(p)
+                acc = e.tmp("acc")
+                e.line(f"{KIND_CTYPE[kind]} {acc} = {IDENTITY[p.assign][kind]};")
+                with e.block("if (ok)"):
+                    pe.emit_reduction_loops(p, acc, kind, lanes)
+                if lanes > 1:
+                    e.line(f"{acc} = {WARP_REDUCE[p.assign]}<{min(lanes, WARP)}>({acc});")
+                if lanes > WARP:
+                    _cross_warp(e, p.assign, acc, kind, lanes, threads)
+                with e.block("if (ok && lane == 0)" if lanes > 1 else "if (ok)"):
+                    pe.epilogue(pe.main_value(p, (acc, kind)), sink)
+            else:
+                with e.block("if (ok)"):
+                    pe.epilogue(None, sink)
+    if not is_last:
+        e.line("__syncthreads();")

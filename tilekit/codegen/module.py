@@ -1,0 +1,262 @@
+"""The codegen pass: `codegen_module(module, profile) -> Module` with a `codegen` section.
+
+For every kernel group (`module.kernels`, or the explicit default of one kernel per op, which
+is then written into the IR) it plans stages (`tilekit.codegen.plan`), picks a kernel shape,
+generates the CUDA C++ and records how to launch it. Shape choice, in order:
+
+1. one opaque op: its registered CUDA implementation (`tilekit.codegen.opaque`);
+2. one stage with a tile (the main op's tile from tk-roll, else the kernel's tile):
+   `staged` when the op reduces with reuse (`tilekit.codegen.staged.eligible`); `default`
+   with a warp per point for a reduction without reuse over a long contiguous axis (the tile
+   is set aside: `schedule.tile_ignored`); else `tiled`;
+3. one stage without a tile: `default`;
+4. several stages: `fused` (kernel.tile when tk-weld wrote it, else the fused default tile).
+
+A group that cannot be one kernel (an opaque op among others, shared buffers over the
+profile's limit, a stored result the tiles would not cover) is split into one kernel per op,
+and the reason is recorded (`launch.split`) and reported as a note.
+
+The section's layout is documented in docs/codegen.md; everything in it is a pure function of
+the IR, the profile and runtime.cuh, so the output is deterministic.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from tilekit.codegen.fused import FusionError, fused_kernel
+from tilekit.codegen.kernel import (GeneratedKernel, c_name, contiguous_reduction,
+                                    default_kernel, tiled_kernel)
+from tilekit.codegen.opaque import opaque_kernel
+from tilekit.codegen.plan import GroupPlan, GroupSplit, OpaquePlan, plan_group, readers
+from tilekit.codegen.schedule import STATIC_SMEM_LIMIT, WARP, Tile, lane_count, read_tile
+from tilekit.codegen.staged import eligible, fit_steps, staged_kernel
+from tilekit.errors import TilekitError
+from tilekit.ir.model import Kernel, Module, default_kernels
+
+HELPERS = Path(__file__).resolve().parent / "runtime.cuh"
+HELPERS_NAME = "runtime.cuh"
+#: Arch recorded when neither --arch nor a hardware profile names one.
+DEFAULT_ARCH = "sm_90"
+
+
+def helpers_text() -> str:
+    return HELPERS.read_text(encoding="utf-8")
+
+
+def helpers_sha256() -> str:
+    return hashlib.sha256(HELPERS.read_bytes()).hexdigest()
+
+
+@dataclass(frozen=True)
+class CodegenResult:
+    module: Module
+    kernels: tuple[GeneratedKernel, ...]
+    notes: tuple[str, ...]       # things a user should know (splits, shrunk steps)
+
+
+def smem_limit(profile) -> int:
+    """Shared memory one block may use: the profile's opt-in maximum, else the 48 KB that
+    every NVIDIA GPU allows without opting in."""
+    return int(profile.smem_per_block) if profile is not None else STATIC_SMEM_LIMIT
+
+
+def generate(module: Module, profile=None, arch: str | None = None) -> CodegenResult:
+    """Generate every kernel of `module`; see the module docstring."""
+    limit = smem_limit(profile)
+    kernels = module.kernels or default_kernels(module.ops)
+    tensor_readers = readers(module)
+    generated: list[GeneratedKernel] = []
+    notes: list[str] = []
+    launches: dict[str, dict[str, Any]] = {}
+    used: set[str] = set()
+    for k, kernel in enumerate(kernels):
+        where = f"kernels[{k}] ({kernel.name})"
+        try:
+            made = [_one_group(module, kernel, kernel.name, tensor_readers, limit, notes,
+                               used, where)]
+            split = None
+        except (GroupSplit, FusionError) as exc:
+            split = str(exc)
+            notes.append(f"{where}: split into one kernel per op: {split}")
+            made = []
+            for op in kernel.ops:
+                sub = Kernel(name=f"{kernel.name}__{op}", ops=(op,))
+                try:
+                    made.append(_one_group(module, sub, sub.name, tensor_readers, limit,
+                                           notes, used, where, group=kernel.name))
+                except (GroupSplit, FusionError) as inner:  # pragma: no cover - singletons fuse
+                    raise TilekitError(str(inner), where) from None
+        generated.extend(made)
+        launch: dict[str, Any] = {"entries": [g.entry for g in made]}
+        if len(made) == 1:
+            g = made[0]
+            launch.update(grid=list(g.grid), block=list(g.block), smem_bytes=g.smem_bytes,
+                          shape=g.shape)
+        if split:
+            launch["split"] = split
+        launches[kernel.name] = launch
+    out_kernels = tuple(replace(kn, launch=launches[kn.name]) for kn in kernels)
+    the_arch = arch or (profile.arch if profile is not None else DEFAULT_ARCH)
+    section = {
+        "arch": the_arch,
+        "helpers": {"file": HELPERS_NAME, "sha256": helpers_sha256()},
+        "kernels": [kernel_record(g) for g in generated],
+    }
+    if notes:
+        section["notes"] = list(notes)
+    result = replace(module, kernels=out_kernels, codegen=section)
+    return CodegenResult(result, tuple(generated), tuple(notes))
+
+
+def kernel_record(g: GeneratedKernel) -> dict[str, Any]:
+    """One entry of `codegen.kernels` (docs/codegen.md)."""
+    return {
+        "name": g.name, "group": g.group, "entry": g.entry, "ops": list(g.ops),
+        "shape": g.shape, "schedule": dict(g.schedule), "grid": list(g.grid),
+        "block": list(g.block), "smem_bytes": g.smem_bytes, "args": list(g.args),
+        "writes": list(g.writes), "source": g.source,
+    }
+
+
+def _unique_entry(name: str, used: set[str]) -> str:
+    base = f"tk_{c_name(name)}"
+    entry, n = base, 1
+    while entry in used:
+        entry = f"{base}_{n}"
+        n += 1
+    used.add(entry)
+    return entry
+
+
+def _one_group(module: Module, kernel: Kernel, name: str, tensor_readers, limit: int,
+               notes: list[str], used: set[str], where: str,
+               group: str | None = None) -> GeneratedKernel:
+    plan = plan_group(module, kernel, name, tensor_readers)
+    entry = _unique_entry(name, used)
+    if isinstance(plan, OpaquePlan):
+        g = opaque_kernel(module, plan, entry)
+    elif len(plan.stages) == 1:
+        g = _single_stage(module, plan, entry, limit, notes, where)
+    else:
+        # A group's kernel.tile is its fusion decision only when tk-weld chose it; tk-roll
+        # copies the last op's unfused tile there, which would split row reductions.
+        tile = _kernel_tile(plan, where) if "weld" in module.stage_names() else None
+        g = fused_kernel(module, plan, entry, tile, limit)
+    if isinstance(plan, GroupPlan) and plan.inlined:
+        g = replace(g, schedule={**g.schedule, "inlined": list(plan.inlined)})
+    if group is not None:
+        g = replace(g, group=group)
+    return g
+
+
+def _kernel_tile(plan: GroupPlan, where: str) -> Tile | None:
+    """kernel.tile (tk-weld: the last op's output tile), read over the last stage's axes."""
+    if plan.kernel.tile is None:
+        return None
+    stage = plan.stages[-1]
+    main, last = stage.main, stage.last
+    return read_tile(plan.kernel.tile, f"{where}.tile", main.spatial, main.reduction, "weld",
+                     axis_names=tuple(a for a, _ in last.spatial), require_step=False)
+
+
+def _single_stage(module: Module, plan: GroupPlan, entry: str, limit: int, notes: list[str],
+                  where: str) -> GeneratedKernel:
+    main = plan.stages[0].main
+    # The main op's own tile first: a chain only adds an epilogue, so the tile chosen for the
+    # main op's work is the right one (a group's kernel.tile is its last op's tile).
+    tile = None
+    if main.op.tile is not None:
+        tile = read_tile(main.op.tile, f"{main.where}.tile", main.spatial, main.reduction,
+                         "roll")
+    if tile is None:
+        tile = _kernel_tile(plan, where)
+    if tile is None:
+        return default_kernel(module, plan, entry)
+    reason = eligible(main, tile)
+    if reason is not None and lane_count(main.reduction, contiguous_reduction(main)) >= WARP:
+        # A reduction without reuse along a long contiguous axis: a tile maps threads to
+        # output points only, so each thread would walk its own row (uncoalesced); a warp
+        # per point reads the row contiguously. The tile is recorded as set aside.
+        g = default_kernel(module, plan, entry)
+        return replace(g, schedule={**g.schedule, "tile_ignored":
+                                    "reduction over a contiguous axis without reuse: lanes"})
+    if reason is None:
+        fitted = fit_steps(main, tile, limit)
+        if fitted is not None:
+            if fitted.step != tile.step:
+                notes.append(f"{where}: reduction step shrunk from {list(tile.step)} to "
+                             f"{list(fitted.step)} to fit {limit} bytes of shared memory")
+            return staged_kernel(module, plan, entry, fitted)
+        notes.append(f"{where}: staged buffers do not fit {limit} bytes even with step 1; "
+                     "using the tiled shape")
+    return tiled_kernel(module, plan, entry, tile)
+
+
+# -- compiling ---------------------------------------------------------------------------
+
+#: Limits checked when no profile is given (every NVIDIA GPU since sm_50).
+GENERIC_LIMITS = {"max_regs_per_thread": 255, "regs_per_block": 65536,
+                  "smem_per_block": STATIC_SMEM_LIMIT}
+
+
+def unit_source(kernels) -> str:
+    """All kernels of a module as one translation unit (one nvcc call per module)."""
+    from tilekit.codegen.kernel import preamble
+
+    uses_half = any(k.uses_half for k in kernels)
+    return preamble(None, uses_half) + "\n".join(k.body for k in kernels)
+
+
+@dataclass(frozen=True)
+class CompileReport:
+    module: Module
+    problems: tuple[str, ...]     # over a limit or spilling: warnings, errors under --strict
+    command: str
+    cached: bool
+
+
+def compile_module(result: CodegenResult, arch: str | None = None, profile=None
+                   ) -> CompileReport:
+    """Compile every kernel with nvcc for `arch` (default: codegen.arch), record each kernel's
+    `resources` in the IR and list the kernels over the profile's limits or that spill."""
+    from tilekit.codegen.nvcc import compile_unit, find_nvcc, nvcc_version
+
+    module = result.module
+    arch = arch or module.codegen["arch"]
+    compiled = compile_unit(unit_source(result.kernels), arch)
+    limits = GENERIC_LIMITS if profile is None else {
+        "max_regs_per_thread": profile.max_regs_per_thread,
+        "regs_per_block": profile.regs_per_block, "smem_per_block": profile.smem_per_block}
+    problems: list[str] = []
+    records = []
+    for g, record in zip(result.kernels, module.codegen["kernels"]):
+        res = compiled.resources.get(g.entry)
+        if res is None:  # pragma: no cover - ptxas reports every entry
+            raise TilekitError(f"ptxas reported nothing for {g.entry}", "--compile")
+        threads = g.block[0] * g.block[1] * g.block[2]
+        # Registers are allocated per warp in units of 256 (sm_50+): round as the hardware does.
+        regs_block = -(-res.registers * 32 // 256) * 256 * -(-threads // 32)
+        if res.spills:
+            problems.append(f"{g.name} ({g.entry}) spills: {res.spill_stores} bytes stored, "
+                            f"{res.spill_loads} bytes loaded per thread")
+        if res.registers > limits["max_regs_per_thread"]:
+            problems.append(f"{g.name} uses {res.registers} registers per thread, over "
+                            f"{limits['max_regs_per_thread']}")
+        if regs_block > limits["regs_per_block"]:
+            problems.append(f"{g.name} needs {regs_block} registers per block "
+                            f"({res.registers} x {threads} threads), over "
+                            f"{limits['regs_per_block']}: the launch would fail")
+        if res.smem_static + g.smem_bytes > limits["smem_per_block"]:
+            problems.append(f"{g.name} uses {res.smem_static + g.smem_bytes} bytes of shared "
+                            f"memory, over {limits['smem_per_block']}")
+        records.append({**record, "resources": res.record()})
+    nvcc = find_nvcc()
+    section = {**module.codegen, "kernels": records,
+               "compiled": {"arch": arch, "nvcc": nvcc_version(nvcc) if nvcc else "unknown",
+                            "flags": "-O3 -std=c++17"}}
+    return CompileReport(replace(module, codegen=section), tuple(problems), compiled.command,
+                         compiled.cached)

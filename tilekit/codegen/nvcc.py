@@ -1,0 +1,183 @@
+"""Compiling generated kernels with nvcc, reading ptxas' resource report, caching by content.
+
+`compile_unit(source, arch)` compiles one translation unit (usually every kernel of a module,
+which is faster than one nvcc call per kernel) to a cubin with `-Xptxas -v` and parses, per
+entry function, registers, static shared memory, stack, and spill stores/loads.
+
+Results are cached in `$TILEKIT_CACHE` (default `~/.cache/tilekit`), under `nvcc/<key>/`, where
+the key hashes the source, runtime.cuh, the arch, the flags and nvcc's version; a cache entry is
+written to a temporary folder and renamed, so parallel test workers never see half of one.
+A failing compile raises `CompileError` with the exact command that reproduces it (its input
+file is kept in the cache folder for that purpose).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Mapping
+
+from tilekit.errors import TilekitError
+
+#: Flags of every compile; part of the cache key.
+NVCC_FLAGS = ("-cubin", "-O3", "-std=c++17", "-Xptxas", "-v")
+ENV_CACHE = "TILEKIT_CACHE"
+ENV_NVCC = "TILEKIT_NVCC"
+
+
+class CompileError(TilekitError):
+    """nvcc rejected generated code (a codegen bug, or an arch nvcc does not support)."""
+
+
+@dataclass(frozen=True)
+class Resources:
+    """What ptxas reports for one entry function."""
+
+    registers: int
+    smem_static: int
+    stack: int
+    spill_stores: int
+    spill_loads: int
+
+    @property
+    def spills(self) -> int:
+        return self.spill_stores + self.spill_loads
+
+    def record(self) -> dict[str, int]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class CompileResult:
+    arch: str
+    resources: Mapping[str, Resources]   # entry -> resources
+    cubin: Path                          # in the cache
+    command: str
+    cached: bool
+
+
+def find_nvcc() -> str | None:
+    """$TILEKIT_NVCC, else `nvcc` on PATH, else None."""
+    explicit = os.environ.get(ENV_NVCC)
+    if explicit:
+        return explicit
+    return shutil.which("nvcc")
+
+
+@functools.lru_cache(maxsize=None)
+def nvcc_version(nvcc: str) -> str:
+    """`13.0.88`-style version of an nvcc binary (from `nvcc --version`)."""
+    try:
+        out = subprocess.run([nvcc, "--version"], capture_output=True, text=True, timeout=60)
+    except OSError as exc:
+        raise CompileError(f"cannot run {nvcc}: {exc}", "--compile",
+                           "install the CUDA toolkit or set TILEKIT_NVCC") from None
+    m = re.search(r"V(\d+\.\d+\.\d+)", out.stdout) or re.search(r"release (\d+\.\d+)", out.stdout)
+    return m.group(1) if m else "unknown"
+
+
+def cache_dir() -> Path:
+    root = os.environ.get(ENV_CACHE)
+    return Path(root) if root else Path.home() / ".cache" / "tilekit"
+
+
+_ENTRY = re.compile(r"Compiling entry function '([^']+)'")
+_PROPS = re.compile(r"Function properties for (\S+)")
+_FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+_USED = re.compile(r"Used (\d+) registers")
+_SMEM = re.compile(r"(\d+) bytes smem")
+
+
+def parse_ptxas(log: str) -> dict[str, Resources]:
+    """Per entry function, the resources in a `ptxas -v` log."""
+    found: dict[str, dict[str, int]] = {}
+    current = None
+    for line in log.splitlines():
+        m = _ENTRY.search(line) or _PROPS.search(line)
+        if m:
+            current = m.group(1)
+            found.setdefault(current, {"registers": 0, "smem_static": 0, "stack": 0,
+                                       "spill_stores": 0, "spill_loads": 0})
+            continue
+        if current is None:
+            continue
+        m = _FRAME.search(line)
+        if m:
+            found[current].update(stack=int(m.group(1)), spill_stores=int(m.group(2)),
+                                  spill_loads=int(m.group(3)))
+        m = _USED.search(line)
+        if m:
+            found[current]["registers"] = int(m.group(1))
+            s = _SMEM.search(line)
+            found[current]["smem_static"] = int(s.group(1)) if s else 0
+    return {name: Resources(**values) for name, values in found.items()}
+
+
+def _key(source: str, helpers: str, arch: str, nvcc: str, extra: tuple[str, ...]) -> str:
+    h = hashlib.sha256()
+    for part in (source, helpers, arch, nvcc_version(nvcc), " ".join(NVCC_FLAGS + extra)):
+        h.update(part.encode("utf-8"))
+        h.update(b"\0")
+    return h.hexdigest()[:32]
+
+
+def compile_unit(source: str, arch: str, *, helpers_dir: Path | None = None,
+                 extra_flags: tuple[str, ...] = (), use_cache: bool = True) -> CompileResult:
+    """Compile `source` (which includes "runtime.cuh") for `arch` and parse ptxas' report."""
+    from tilekit.codegen.module import HELPERS
+
+    nvcc = find_nvcc()
+    if nvcc is None:
+        raise CompileError("nvcc was not found on PATH", "--compile",
+                           "install the CUDA toolkit, set TILEKIT_NVCC, or drop --compile")
+    if not re.fullmatch(r"sm_\d+[a-z]?", arch):
+        raise CompileError(f"'{arch}' is not an NVIDIA arch such as sm_90", "--arch")
+    helpers_path = (helpers_dir or HELPERS.parent) / "runtime.cuh"
+    helpers = helpers_path.read_text(encoding="utf-8")
+    key = _key(source, helpers, arch, nvcc, extra_flags)
+    final = cache_dir() / "nvcc" / key
+    if use_cache and (final / "ptxas.json").exists() and (final / "unit.cubin").exists():
+        data = json.loads((final / "ptxas.json").read_text())
+        return CompileResult(arch, {k: Resources(**v) for k, v in data["resources"].items()},
+                             final / "unit.cubin", data["command"], cached=True)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=final.parent))
+    (work / "unit.cu").write_text(source, encoding="utf-8")
+    (work / "runtime.cuh").write_text(helpers, encoding="utf-8")
+    argv = [nvcc, *NVCC_FLAGS[:1], f"-arch={arch}", *NVCC_FLAGS[1:], *extra_flags,
+            "-o", "unit.cubin", "unit.cu"]
+    try:
+        proc = subprocess.run(argv, cwd=work, capture_output=True, text=True, timeout=600)
+    except subprocess.TimeoutExpired:
+        raise CompileError("nvcc ran for more than 600 s", "--compile") from None
+    log = proc.stdout + proc.stderr
+    (work / "ptxas.log").write_text(log, encoding="utf-8")
+    if proc.returncode != 0:
+        # Keep the inputs where the message says, so the command reproduces the failure.
+        failed = cache_dir() / "nvcc" / f"failed-{key}"
+        shutil.rmtree(failed, ignore_errors=True)
+        os.replace(work, failed)
+        command = f"cd {shlex.quote(str(failed))} && {shlex.join([Path(nvcc).name] + argv[1:])}"
+        errors = [ln for ln in log.splitlines() if "error" in ln.lower()][:5]
+        raise CompileError(f"nvcc failed for {arch} (exit {proc.returncode}): "
+                           + " | ".join(errors or log.strip().splitlines()[-3:]),
+                           "--compile", f"reproduce with: {command}")
+    resources = parse_ptxas(log)
+    command = shlex.join([Path(nvcc).name] + argv[1:])
+    (work / "ptxas.json").write_text(json.dumps(
+        {"command": command, "resources": {k: v.record() for k, v in resources.items()}},
+        indent=1, sort_keys=True))
+    try:
+        os.replace(work, final)
+    except OSError:  # another worker got there first: theirs is identical
+        shutil.rmtree(work, ignore_errors=True)
+    return CompileResult(arch, resources, final / "unit.cubin", command, cached=False)

@@ -1,0 +1,125 @@
+// tilekit device helpers, included by every generated kernel (tilekit/codegen/runtime.cuh).
+//
+// Kept free of C++ standard headers so that the same text compiles with nvcc, with NVRTC
+// (CuPy's RawModule) and, under tilekit/codegen/host_emul.h, as host C++ for the CPU
+// emulation of a launch. Its SHA-256 is recorded in the IR (codegen.helpers.sha256).
+#pragma once
+
+#if defined(TK_USE_HALF)
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+#endif
+
+#ifndef LLONG_MAX
+#define LLONG_MAX 9223372036854775807LL
+#endif
+#ifndef LLONG_MIN
+#define LLONG_MIN (-LLONG_MAX - 1LL)
+#endif
+
+#define TK_INF __int_as_float(0x7f800000)
+#define TK_NAN __int_as_float(0x7fffffff)
+#define TK_DEVICE __device__ __forceinline__
+// Dynamic shared memory (launch-time size); a macro so that the CPU emulation can give it a
+// fixed size.
+#ifndef TK_DYNAMIC_SMEM
+#define TK_DYNAMIC_SMEM(name) extern __shared__ __align__(16) unsigned char name[]
+#endif
+
+// -- bounds ---------------------------------------------------------------------------------
+// 0 <= i < n in one unsigned compare (n > 0 always: tensors have no empty dimension here).
+TK_DEVICE bool tk_in(int i, int n) { return (unsigned)i < (unsigned)n; }
+// Any other pair (64-bit indices of tensors with 2^31 elements or more, mixed int widths).
+template <typename I, typename N> TK_DEVICE bool tk_in(I i, N n) {
+  return (unsigned long long)(long long)i < (unsigned long long)(long long)n;
+}
+
+// -- integer division with the expression language's (Python's) floor semantics ----------
+TK_DEVICE int tk_floordiv(int a, int b) {
+  const int q = a / b;
+  return (q * b != a && ((a < 0) != (b < 0))) ? q - 1 : q;
+}
+TK_DEVICE long long tk_floordiv(long long a, long long b) {
+  const long long q = a / b;
+  return (q * b != a && ((a < 0) != (b < 0))) ? q - 1 : q;
+}
+TK_DEVICE int tk_floormod(int a, int b) {
+  const int r = a % b;
+  return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
+}
+TK_DEVICE long long tk_floormod(long long a, long long b) {
+  const long long r = a % b;
+  return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
+}
+// Mixed integer widths (a 64-bit index beside an int constant) compute in 64 bits.
+template <typename A, typename B> TK_DEVICE long long tk_floordiv(A a, B b) {
+  return tk_floordiv((long long)a, (long long)b);
+}
+template <typename A, typename B> TK_DEVICE long long tk_floormod(A a, B b) {
+  return tk_floormod((long long)a, (long long)b);
+}
+// NumPy's float mod: the result takes the divisor's sign.
+TK_DEVICE float tk_floormod(float a, float b) {
+  const float r = fmodf(a, b);
+  return (r != 0.0f && ((r < 0.0f) != (b < 0.0f))) ? r + b : r;
+}
+TK_DEVICE double tk_floormod(double a, double b) {
+  const double r = fmod(a, b);
+  return (r != 0.0 && ((r < 0.0) != (b < 0.0))) ? r + b : r;
+}
+
+// -- max / min: NaN-propagating like NumPy's maximum/minimum (fmaxf would drop the NaN) ----
+// (a != a) is "a is NaN"; when only b is NaN, the comparison is false and b is returned.
+TK_DEVICE float tk_max(float a, float b) { return (a != a || a > b) ? a : b; }
+TK_DEVICE float tk_min(float a, float b) { return (a != a || a < b) ? a : b; }
+TK_DEVICE double tk_max(double a, double b) { return (a != a || a > b) ? a : b; }
+TK_DEVICE double tk_min(double a, double b) { return (a != a || a < b) ? a : b; }
+TK_DEVICE int tk_max(int a, int b) { return a > b ? a : b; }
+TK_DEVICE int tk_min(int a, int b) { return a < b ? a : b; }
+TK_DEVICE long long tk_max(long long a, long long b) { return a > b ? a : b; }
+TK_DEVICE long long tk_min(long long a, long long b) { return a < b ? a : b; }
+TK_DEVICE bool tk_max(bool a, bool b) { return a || b; }
+TK_DEVICE bool tk_min(bool a, bool b) { return a && b; }
+
+// -- small math -----------------------------------------------------------------------------
+TK_DEVICE float tk_abs(float x) { return fabsf(x); }
+TK_DEVICE double tk_abs(double x) { return fabs(x); }
+TK_DEVICE long long tk_abs(long long x) { return x < 0 ? -x : x; }
+TK_DEVICE float tk_sign(float x) { return x != x ? x : (float)((x > 0.0f) - (x < 0.0f)); }
+TK_DEVICE double tk_sign(double x) { return x != x ? x : (double)((x > 0.0) - (x < 0.0)); }
+TK_DEVICE long long tk_sign(long long x) { return (x > 0) - (x < 0); }
+// Split by sign so that exp never overflows (as the NumPy reference does).
+TK_DEVICE float tk_sigmoid(float x) {
+  const float e = expf(-fabsf(x));
+  return x >= 0.0f ? 1.0f / (1.0f + e) : e / (1.0f + e);
+}
+TK_DEVICE double tk_sigmoid(double x) {
+  const double e = exp(-fabs(x));
+  return x >= 0.0 ? 1.0 / (1.0 + e) : e / (1.0 + e);
+}
+
+// -- reductions across the L lanes of a lane group (L a power of two <= 32) ---------------
+// Every lane of the warp must call these (the generated loops are block-uniform).
+template <int L, typename T> TK_DEVICE T tk_warp_sum(T v) {
+#pragma unroll
+  for (int o = L / 2; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+template <int L, typename T> TK_DEVICE T tk_warp_prod(T v) {
+#pragma unroll
+  for (int o = L / 2; o > 0; o /= 2) v *= __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+template <int L, typename T> TK_DEVICE T tk_warp_max(T v) {
+#pragma unroll
+  for (int o = L / 2; o > 0; o /= 2) v = tk_max(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+template <int L, typename T> TK_DEVICE T tk_warp_min(T v) {
+#pragma unroll
+  for (int o = L / 2; o > 0; o /= 2) v = tk_min(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+// Shuffles move 32/64-bit words: a bool travels as an int.
+template <int L> TK_DEVICE bool tk_warp_max(bool v) { return tk_warp_max<L, int>((int)v) != 0; }
+template <int L> TK_DEVICE bool tk_warp_min(bool v) { return tk_warp_min<L, int>((int)v) != 0; }
