@@ -102,7 +102,10 @@ def main(input, device, mode, input_flags, inputs_npz, seed, allow_nan, output, 
         else:
             echo(f"check: pass ({len(results)} output{'s' if len(results) != 1 else ''})")
     if bench is not None:
-        timing = time_runs(lambda: runner.run(inputs, weights), bench, warmup)
+        if runner.bench is not None:
+            timing = runner.bench(inputs, weights, bench, warmup)
+        else:
+            timing = time_runs(lambda: runner.run(inputs, weights), bench, warmup)
         echo(timing.line(runner.description))
     if report and not quiet:
         _print_report(echo, module, profile, peak)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 from dataclasses import dataclass
-from typing import Callable, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -37,6 +37,9 @@ class Backend:
     device: str
     description: str
     run: Runner
+    #: Device-side timing `(inputs, weights, runs, warmup) -> Timing` where the device has
+    #: its own clock (CUDA events); None means wall-clock timing of `run`.
+    bench: Callable[..., Any] | None = None
 
 
 def backend(module: Module, device: str = "cpu", mode: str = "whole") -> Backend:
@@ -59,6 +62,8 @@ def backend(module: Module, device: str = "cpu", mode: str = "whole") -> Backend
         cuda = importlib.import_module("tilekit.runtime.cuda")
         describe = getattr(cuda, "device_description", None)
         return Backend("cuda", describe() if callable(describe) else "cuda",
-                       lambda inputs, weights: cuda.run_module(module, inputs, weights))
+                       lambda inputs, weights: cuda.run_module(module, inputs, weights),
+                       lambda inputs, weights, runs, warmup: cuda.time_kernels(
+                           module, inputs, weights, runs, warmup))
     raise TilekitError(f"unknown device '{device}'", "--device",
                        f"known devices: {', '.join(DEVICES)}")

@@ -18,10 +18,14 @@ from typing import Callable
 
 @dataclass(frozen=True)
 class Timing:
-    """Wall-clock seconds of `len(seconds)` runs, taken after `warmup` untimed runs."""
+    """Wall-clock seconds of `len(seconds)` runs, taken after `warmup` untimed runs.
+
+    `method` says what was timed when it is not the whole call (e.g. kernels only).
+    """
 
     seconds: tuple[float, ...]
     warmup: int
+    method: str = ""
 
     @property
     def median(self) -> float:
@@ -37,8 +41,9 @@ class Timing:
 
     def line(self, device: str) -> str:
         n = len(self.seconds)
-        return (f"bench: {n} run{'s' if n != 1 else ''} after {self.warmup} warm-up on {device}: "
-                f"median {self.median * 1e3:.3f} ms, min {self.min * 1e3:.3f} ms, "
+        how = f" ({self.method})" if self.method else ""
+        return (f"bench: {n} run{'s' if n != 1 else ''} after {self.warmup} warm-up on "
+                f"{device}{how}: median {self.median * 1e3:.3f} ms, min {self.min * 1e3:.3f} ms, "
                 f"max {self.max * 1e3:.3f} ms")
 
 

@@ -21,15 +21,15 @@ Without CuPy, or without a visible GPU, every entry point raises `TilekitError` 
 from __future__ import annotations
 
 import hashlib
-import statistics
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 import numpy as np
 
 from tilekit.errors import TilekitError
 from tilekit.ir.model import Module
+from tilekit.runtime.bench import Timing
 
 _PROGRAMS: dict[int, "CudaProgram"] = {}
 
@@ -205,34 +205,16 @@ class CudaProgram:
                 stop.synchronize()
                 totals.append(cupy.cuda.get_elapsed_time(start, stop) * 1e-3)
         return KernelTiming(tuple(totals), warmup,
-                            {k: tuple(v) for k, v in each.items()} if per_kernel else {})
+                            per_kernel={k: tuple(v) for k, v in each.items()} if per_kernel
+                            else {})
 
 
 @dataclass(frozen=True)
-class KernelTiming:
+class KernelTiming(Timing):
     """Seconds per run of all kernels (CUDA events), and per kernel when asked."""
 
-    seconds: tuple[float, ...]
-    warmup: int
-    per_kernel: Mapping[str, tuple[float, ...]]
-
-    @property
-    def median(self) -> float:
-        return statistics.median(self.seconds)
-
-    @property
-    def min(self) -> float:
-        return min(self.seconds)
-
-    @property
-    def max(self) -> float:
-        return max(self.seconds)
-
-    def line(self, device: str) -> str:
-        n = len(self.seconds)
-        return (f"bench: {n} run{'s' if n != 1 else ''} after {self.warmup} warm-up on {device} "
-                f"(CUDA events, kernels only): median {self.median * 1e3:.3f} ms, "
-                f"min {self.min * 1e3:.3f} ms, max {self.max * 1e3:.3f} ms")
+    method: str = "CUDA events, kernels only"
+    per_kernel: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
 
 
 def _np_dtype(dtype: str):
