@@ -181,7 +181,14 @@ _Dumper.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT_12, list("-+0123
 def _represent_str(dumper: _Dumper, value: str) -> yaml.ScalarNode:
     # PyYAML writes NEL and the Unicode line/paragraph separators raw inside single quotes,
     # where its own reader folds them into spaces: double quotes escape them (\N, \L, \P).
-    style = '"' if any(c in value for c in "\x85\u2028\u2029") else None
+    # Multi-line text (kernel sources) reads best as a literal block; PyYAML falls back to a
+    # quoted style by itself where a block cannot hold the text exactly.
+    if any(c in value for c in "\x85\u2028\u2029"):
+        style = '"'
+    elif "\n" in value.rstrip("\n"):
+        style = "|"
+    else:
+        style = None
     return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
 
 
