@@ -15,8 +15,9 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 # pytest exits 5 when it collects no tests; that is a failure of the suite, not a pass.
+# Two workers (pytest-xdist); each end-to-end model stays on one worker (--dist loadgroup).
 test: setup
-	$(BIN)/pytest
+	$(BIN)/pytest -n 2 --dist loadgroup
 
 demo: setup
 	PATH=$(CURDIR)/$(BIN):$$PATH bash tests/demo.sh

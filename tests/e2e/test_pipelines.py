@@ -28,6 +28,8 @@ REAL_MODELS = ["resnet50", "inception_v1", "inception_v2", "densenet121", "shuff
 BUILT_MODELS = ["bert_encoder_layer", "gpt_block", "mobilenet_block", "mlp_mixer_block",
                 "lstm_model"]
 ALL_MODELS = REAL_MODELS + BUILT_MODELS
+#: One xdist group per model: its ONNX file and imported IR are made once, on one worker.
+MODEL_PARAMS = [pytest.param(m, marks=pytest.mark.xdist_group(m)) for m in ALL_MODELS]
 
 pytestmark = pytest.mark.slow
 
@@ -49,6 +51,17 @@ def model_path(model_dir: Path, name: str) -> Path:
     return path
 
 
+def imported_ir(model_dir: Path, name: str) -> Path:
+    """`tk-import` of the model, run once per test session (the roll and codegen tests start
+    from it; the import itself is checked through a real pipe by test_import_run_check)."""
+    path = model_dir / f"{name}.tk.yaml"
+    if not path.exists():
+        model = model_path(model_dir, name)
+        proc = run_pipe(f"tk-import {model.name} -o {path.name}", model_dir)
+        assert proc.returncode == 0, proc.stderr
+    return path
+
+
 def run_pipe(pipe: str, cwd: Path) -> subprocess.CompletedProcess:
     env = dict(os.environ, PATH=f"{ROOT / 'bin'}{os.pathsep}{os.environ['PATH']}",
                NO_COLOR="1")
@@ -62,7 +75,7 @@ def assert_checked(proc: subprocess.CompletedProcess, pipe: str) -> None:
     assert "Traceback" not in proc.stderr
 
 
-@pytest.mark.parametrize("name", ALL_MODELS)
+@pytest.mark.parametrize("name", MODEL_PARAMS)
 def test_import_run_check(name, model_dir):
     """Issue 3: `tk-import M.onnx | tk-run --device cpu --check`."""
     model = model_path(model_dir, name)
@@ -70,10 +83,35 @@ def test_import_run_check(name, model_dir):
     assert_checked(run_pipe(pipe, model_dir), pipe)
 
 
-@pytest.mark.parametrize("name", ALL_MODELS)
+@pytest.mark.parametrize("name", MODEL_PARAMS)
 def test_import_roll_run_tiled_check(name, model_dir):
     """Issue 4: rolled for the H100 and executed tile by tile as rolled, still checked."""
-    model = model_path(model_dir, name)
-    pipe = (f"tk-import {model.name} | tk-roll --hw h100 | "
-            f"tk-run --device cpu --mode tiled --seed 0 --check")
+    ir = imported_ir(model_dir, name)
+    pipe = f"tk-roll --hw h100 {ir.name} | tk-run --device cpu --mode tiled --seed 0 --check"
     assert_checked(run_pipe(pipe, model_dir), pipe)
+
+
+def have_nvcc() -> bool:
+    import shutil
+    return shutil.which("nvcc") is not None
+
+
+@pytest.mark.skipif(not have_nvcc(), reason="nvcc is not installed")
+@pytest.mark.parametrize("hw, arch", [("h100", "sm_90"), ("a100", "sm_80")])
+@pytest.mark.parametrize("name", MODEL_PARAMS)
+def test_import_roll_codegen_compiles(name, hw, arch, model_dir):
+    """Issue 5: every kernel of every model compiles with nvcc, with no spills and within the
+    profile's limits (--strict), and its ptxas resources are recorded in the IR."""
+    ir = imported_ir(model_dir, name)
+    out = f"{name}.{hw}.cuda.yaml"
+    pipe = f"tk-roll --hw {hw} {ir.name} | tk-codegen --compile --strict -o {out}"
+    proc = run_pipe(pipe, model_dir)
+    assert proc.returncode == 0, f"$ {pipe}\n{proc.stderr}"
+    import yaml
+    codegen = yaml.safe_load((model_dir / out).read_text())["codegen"]
+    assert codegen["arch"] == arch
+    assert codegen["kernels"]
+    for kernel in codegen["kernels"]:
+        res = kernel["resources"]
+        assert res["spill_stores"] == 0 and res["spill_loads"] == 0, kernel["name"]
+        assert 0 < res["registers"] <= 255, kernel["name"]

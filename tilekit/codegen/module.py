@@ -23,6 +23,7 @@ the IR, the profile and runtime.cuh, so the output is deterministic.
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -219,6 +220,20 @@ class CompileReport:
     cached: bool
 
 
+_COMMENT = re.compile(r"//[^\n]*")
+
+
+def _canonical_body(kernel: GeneratedKernel) -> str:
+    """The kernel's text with comments dropped and its entry and tensor names replaced by
+    placeholders: equal for kernels that compile to the same code. Identifiers derived from a
+    tensor name (`t_x`, `s_x_0`) are renamed with it, consistently, so equal texts are the same
+    program up to renaming. Longer names first, so that `x` never replaces part of `x1`."""
+    text = _COMMENT.sub("", kernel.body).replace(kernel.entry, "@entry")
+    for i, name in sorted(enumerate(kernel.args), key=lambda p: -len(p[1])):
+        text = re.sub(rf"(?<![A-Za-z0-9]){re.escape(name)}(?![A-Za-z0-9])", f"@{i}", text)
+    return text
+
+
 def compile_module(result: CodegenResult, arch: str | None = None, profile=None
                    ) -> CompileReport:
     """Compile every kernel with nvcc for `arch` (default: codegen.arch), record each kernel's
@@ -227,14 +242,20 @@ def compile_module(result: CodegenResult, arch: str | None = None, profile=None
 
     module = result.module
     arch = arch or module.codegen["arch"]
-    compiled = compile_unit(unit_source(result.kernels), arch)
+    # Kernels that differ only in names (ResNet's repeated blocks, DenseNet's layers) compile
+    # once: the unit holds one representative of each, and the others share its resources.
+    representative: dict[str, GeneratedKernel] = {}
+    for g in result.kernels:
+        representative.setdefault(_canonical_body(g), g)
+    compiled = compile_unit(unit_source(list(representative.values())), arch)
+    entry_of = {g.entry: representative[_canonical_body(g)].entry for g in result.kernels}
     limits = GENERIC_LIMITS if profile is None else {
         "max_regs_per_thread": profile.max_regs_per_thread,
         "regs_per_block": profile.regs_per_block, "smem_per_block": profile.smem_per_block}
     problems: list[str] = []
     records = []
     for g, record in zip(result.kernels, module.codegen["kernels"]):
-        res = compiled.resources.get(g.entry)
+        res = compiled.resources.get(entry_of[g.entry])
         if res is None:  # pragma: no cover - ptxas reports every entry
             raise TilekitError(f"ptxas reported nothing for {g.entry}", "--compile")
         threads = g.block[0] * g.block[1] * g.block[2]
