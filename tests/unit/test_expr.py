@@ -285,3 +285,36 @@ def test_evaluate_cast_to_declared_dtype():
     x = rand(4)
     an = analyze(parse("y[i] = x[i] * 2"), {"x": (4,), "y": (4,)}, dtypes={"y": "float16"})
     assert evaluate(an, {"x": x}).dtype == np.float16
+
+
+@pytest.mark.parametrize("text, xs, ks, ys, pad", [
+    ("y[n,f,h,w] += x[n,c,h+kh-1,w+kw-1] * k[f,c,kh,kw]", (2, 3, 9, 7), (2, 3, 3, 3),
+     (2, 2, 9, 7), "0"),
+    ("y[n,f,h,w] += x[n,c,h+2*kh-2,w+2*kw-2] * k[f,c,kh,kw]", (1, 5, 8, 11), (2, 5, 3, 3),
+     (1, 2, 8, 11), "0"),
+    ("y[n,f,h] += x[n,c,h+kh] * k[f,c,kh]", (2, 3, 10), (2, 3, 4), (2, 2, 7), None),
+    ("y[n,f,d,h,w] += x[n,c,d+kd-1,h+kh-1,w+kw-1] * k[f,c,kd,kh,kw]", (1, 2, 5, 6, 7),
+     (3, 2, 3, 3, 3), (1, 3, 5, 6, 7), "0"),
+    ("y[n,f,h,w] += x[n,c,h+kh-3,w+kw-1] * k[f,c,kh,kw] * 0.5", (1, 4, 6, 6), (2, 4, 7, 3),
+     (1, 2, 6, 6), "0"),
+    ("y[f,n,h,w] += x[n,c,h+kh,w+kw] * k[f,c,kh,kw]", (2, 3, 6, 6), (2, 3, 3, 3),
+     (2, 2, 4, 4), None),
+])
+def test_stride1_window_sum_matches_im2col(text, xs, ks, ys, pad, monkeypatch):
+    """The shifted-matrix-product path for stride-1 windows equals the im2col path."""
+    import tilekit.expr.contract as contract
+    import tilekit.expr.reference as ref
+    x, k = rand(*xs), rand(*ks)
+    an = analyze(parse(text), {"x": xs, "k": ks, "y": ys}, pad=pad)
+    taken = []
+
+    def spy(*args, **kwargs):
+        result = contract.shifted_window_sum(*args, **kwargs)
+        taken.append(result is not None)
+        return result
+
+    monkeypatch.setattr(ref, "shifted_window_sum", spy)
+    got = evaluate(an, {"x": x, "k": k})
+    assert taken == [True]
+    monkeypatch.setattr(ref, "shifted_window_sum", lambda *a, **kw: None)
+    np.testing.assert_allclose(got, evaluate(an, {"x": x, "k": k}), rtol=1e-5, atol=1e-5)

@@ -18,6 +18,7 @@ from numpy.lib.stride_tricks import as_strided
 
 from tilekit.errors import ExprError
 from tilekit.expr.analysis import AccessInfo, Analysis, interval
+from tilekit.expr.contract import contract_pair, shifted_window_sum
 from tilekit.expr.ast import Access, Axis, Binary, Call, Node, Num, Unary, format_node
 
 #: Largest iteration box evaluated in one piece (elements of the broadcast body).
@@ -199,6 +200,31 @@ def _has_batch_axes(analysis: Analysis) -> bool:
     return len(used) > 1 and any(all(a in u for u in used) for a, _ in analysis.spatial)
 
 
+def _eval_window_sum(analysis: Analysis, accesses, env, pad) -> np.ndarray | None:
+    """A stride-1 convolution-like sum without im2col (see contract.shifted_window_sum)."""
+    infos = {id(i.node): i for i in analysis.accesses}
+    ranges = {a: (0, e - 1) for a, e in analysis.axes}
+
+    def padded(info: AccessInfo, extra: list[tuple[int, int]]):
+        arr = _check_array(info, env[info.tensor])
+        widths = _needed_padding(info, ranges)
+        if any(w != (0, 0) for w in widths) and pad is None:
+            raise ExprError(f"{format_node(info.node)} reads outside {info.tensor} and the op "
+                            "declares no pad value", info.tensor)
+        lead = len(widths) - len(extra)
+        widths = widths[:lead] + [(b + eb, a + ea) for (b, a), (eb, ea)
+                                  in zip(widths[lead:], extra)]
+        value = _pad_scalar(pad, arr.dtype) if pad is not None else 0
+        return np.ascontiguousarray(np.pad(arr, widths, constant_values=value)), widths
+
+    first, second = (infos[id(a)] for a in accesses)
+    for image, filt in ((first, second), (second, first)):
+        result = shifted_window_sum(analysis, image, filt, env, padded)
+        if result is not None:
+            return result
+    return None
+
+
 def _owned(x: np.ndarray, env, inputs) -> np.ndarray:
     """`x` as a writable C-contiguous array that shares no memory with the op's inputs:
     `x` itself when it already is one (a fresh result), else a copy."""
@@ -237,6 +263,10 @@ def _einsum_operands(analysis: Analysis) -> tuple[list[Access], float] | None:
 
 def _eval_einsum(analysis: Analysis, env, pad, box) -> np.ndarray:
     accesses, scale = _einsum_operands(analysis)
+    if len(accesses) == 2 and box == analysis.full_box():
+        result = _eval_window_sum(analysis, accesses, env, pad)
+        if result is not None:
+            return _owned(result * scale if scale != 1.0 else result, env, analysis.inputs)
     axes = [a for a, _ in analysis.axes]
     letters = {a: chr(ord("a") + i) if i < 26 else chr(ord("A") + i - 26)
                for i, a in enumerate(axes)}
@@ -252,7 +282,7 @@ def _eval_einsum(analysis: Analysis, env, pad, box) -> np.ndarray:
     spatial = [a for a, _ in analysis.spatial]
     out_axes = [a for a in spatial if a in used]
     if len(operands) == 2:
-        result = _contract_pair(operands[0], subscripts[0], operands[1], subscripts[1],
+        result = contract_pair(operands[0], subscripts[0], operands[1], subscripts[1],
                                 [letters[a] for a in out_axes])
     else:
         spec = ",".join(subscripts) + "->" + "".join(letters[a] for a in out_axes)
@@ -268,75 +298,6 @@ def _eval_einsum(analysis: Analysis, env, pad, box) -> np.ndarray:
     if expanded.shape != shape:
         expanded = np.broadcast_to(expanded, shape)
     return _owned(expanded, env, analysis.inputs)
-
-
-def _contract_pair(a: np.ndarray, a_axes: str, b: np.ndarray, b_axes: str,
-                   out_axes: list[str]) -> np.ndarray:
-    """sum over shared non-output axes of a * b, as one (batched) matrix product.
-
-    Axes are single letters. Operands are arranged as (batch, m, k) and (batch, k, n); the
-    transpose+reshape of a strided view is the im2col copy that lets BLAS do the work. With
-    batch axes and a short contraction (depthwise convolution), a multiply-add per
-    contraction index beats a batch of tiny matrix products.
-    """
-    def presum(x, xa, other):
-        drop = tuple(i for i, ax in enumerate(xa) if ax not in out_axes and ax not in other)
-        if drop:
-            x = x.sum(axis=drop)
-            xa = "".join(ax for i, ax in enumerate(xa) if i not in drop)
-        return x, xa
-
-    a, a_axes = presum(a, a_axes, b_axes)
-    b, b_axes = presum(b, b_axes, a_axes)
-    batch = [ax for ax in out_axes if ax in a_axes and ax in b_axes]
-    contract = [ax for ax in a_axes if ax in b_axes and ax not in out_axes]
-    m_axes = [ax for ax in a_axes if ax not in b_axes]
-    n_axes = [ax for ax in b_axes if ax not in a_axes]
-    size = {**dict(zip(a_axes, a.shape)), **dict(zip(b_axes, b.shape))}
-    nb = math.prod(size[x] for x in batch)
-    nm = math.prod(size[x] for x in m_axes)
-    nk = math.prod(size[x] for x in contract)
-    nn = math.prod(size[x] for x in n_axes)
-    lhs = _as_matrices(a, a_axes, batch, m_axes, contract, (nb, nm, nk))
-    rhs = _as_matrices(b, b_axes, batch, contract, n_axes, (nb, nk, nn))
-    if nb > 1 and nk <= 16:
-        prod = lhs[:, :, 0, None] * rhs[:, None, 0, :]
-        for k in range(1, nk):
-            prod += lhs[:, :, k, None] * rhs[:, None, k, :]
-    else:
-        prod = np.matmul(lhs, rhs)
-    order = batch + m_axes + n_axes
-    prod = prod.reshape(tuple(size[x] for x in order))
-    return prod.transpose([order.index(x) for x in out_axes])
-
-
-def _as_matrices(x: np.ndarray, axes: str, batch: list[str], rows: list[str],
-                 cols: list[str], shape: tuple[int, int, int]) -> np.ndarray:
-    """`x` as a stack of (rows x cols) matrices, without a copy when its memory allows.
-
-    A weight stored (n, k) serves as a transposed (k, n) view that BLAS reads directly. When
-    a copy is unavoidable (im2col of a strided view), copy in the order whose innermost run
-    is longest, and transpose the result as a view.
-    """
-    options = [(batch + rows + cols, False), (batch + cols + rows, True)]
-    best = None
-    for order, swapped in options:
-        t = x.transpose([axes.index(a) for a in order])
-        nshape = (shape[0], shape[2], shape[1]) if swapped else shape
-        try:
-            view = t.view()
-            view.shape = nshape  # raises when this needs a copy
-        except AttributeError:
-            stride = abs(t.strides[-1]) if t.ndim else 0
-            run = t.shape[-1] if t.ndim else 1
-            key = (stride == 0, stride, -run)
-            if best is None or key < best[0]:
-                best = (key, t, nshape, swapped)
-            continue
-        return view.swapaxes(1, 2) if swapped else view
-    _, t, nshape, swapped = best
-    flat = t.reshape(nshape)
-    return flat.swapaxes(1, 2) if swapped else flat
 
 
 # -- reads -------------------------------------------------------------------------------
