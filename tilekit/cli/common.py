@@ -16,14 +16,13 @@ import functools
 import os
 import sys
 import traceback
-from pathlib import Path
 from typing import Callable
 
 import click
 
 from tilekit import IR_VERSION, __version__
 from tilekit.errors import EXIT_BAD_INPUT, EXIT_INTERNAL, TilekitError
-from tilekit.fileio import atomic_write
+from tilekit.fileio import read_input_text, same_file, write_output  # noqa: F401 (re-exported)
 
 
 def version_text(tool: str) -> str:
@@ -140,67 +139,11 @@ def hw_option(required: bool = True) -> Callable:
     return add
 
 
-# -- reading and writing -----------------------------------------------------------------
-
-def read_input_text(path: str, what: str = "IR") -> tuple[str, str]:
-    """Read the whole input as text. Returns (text, display name). Empty input is bad input."""
-    if path == "-":
-        if sys.stdin is None or sys.stdin.isatty():
-            raise TilekitError(f"no {what} given and stdin is a terminal", "<stdin>",
-                               f"pass a file or pipe one in, e.g. 'tk-import m.onnx | ...'")
-        data = sys.stdin.buffer.read()
-        name = "<stdin>"
-    else:
-        p = Path(path)
-        if not p.exists():
-            raise TilekitError("no such file", path, "check the path")
-        if p.is_dir():
-            raise TilekitError("is a directory, expected a file", path)
-        data = p.read_bytes()
-        name = path
-    if not data.strip():
-        raise TilekitError(f"empty input, expected a tile {what} document", name,
-                           "did the command before this one in the pipe fail?")
-    try:
-        return data.decode("utf-8"), name
-    except UnicodeDecodeError as exc:
-        raise TilekitError(f"not UTF-8 text (byte {exc.start})", name,
-                           f"expected a YAML or JSON tile {what} document") from None
-
-
-def same_file(a: str, b: str) -> bool:
-    if a == "-" or b == "-":
-        return False
-    try:
-        return Path(a).resolve() == Path(b).resolve() or (
-            Path(b).exists() and os.path.samefile(a, b))
-    except OSError:
-        return False
-
-
-def write_output(output: str, data: str | bytes, input_path: str | None = None) -> None:
-    """Write to stdout or atomically to a file (temp file in the same folder, then rename).
-
-    Refuses to overwrite the input file and to write binary data to a terminal.
-    """
-    if output == "-":
-        if isinstance(data, bytes):
-            if sys.stdout.isatty():
-                raise TilekitError("refusing to write binary data to a terminal", "-o",
-                                   "redirect stdout or pass -o FILE")
-            sys.stdout.buffer.write(data)
-            sys.stdout.buffer.flush()
-        else:
-            sys.stdout.write(data)
-            sys.stdout.flush()
-        return
-    if input_path is not None and same_file(input_path, output):
-        raise TilekitError("refusing to overwrite the input file", f"-o {output}",
-                           "write to a different file")
-    payload = data if isinstance(data, bytes) else data.encode("utf-8")
-    with atomic_write(output, f"-o {output}") as fh:
-        fh.write(payload)
-
-
 def stderr_is_terminal() -> bool:
+    """Whether rich output (colour, tables) may go to stderr: a terminal, and NO_COLOR unset."""
     return sys.stderr.isatty() and not os.environ.get("NO_COLOR")
+
+
+def stdout_is_terminal() -> bool:
+    """Whether rich output may go to stdout: a terminal, and NO_COLOR unset."""
+    return sys.stdout.isatty() and not os.environ.get("NO_COLOR")

@@ -22,7 +22,7 @@ from typing import Any, Mapping
 import yaml
 
 from tilekit import IR_VERSION
-from tilekit.cli.common import read_input_text, write_output
+from tilekit.fileio import read_input_text, write_output
 from tilekit.errors import IRError
 from tilekit.ir.model import Kernel, Module, Op, Tensor
 
