@@ -1,7 +1,8 @@
 """Golden CLI cases: one folder per case under tests/golden/, walked by one test.
 
 A case folder holds:
-- `cmd`: one shell command line (bash), run with the case folder as working directory,
+- `cmd`: one shell command line, run by `bash -o pipefail -c` (a pipe fails when any of its
+  stages does, so `... | tail -1` cannot hide a crash) with the case folder as working directory,
   stdin empty, and on PATH the checkout's `bin/` (the `tk-*` shims), the running Python's
   folder, `.venv/bin` and `tests/golden/_tools` (test-only commands);
 - any input files the command names;
@@ -41,7 +42,7 @@ def case_env() -> dict[str, str]:
 
 def run_case(case: Path) -> tuple[str, str, int]:
     cmd = (case / "cmd").read_text(encoding="utf-8").strip()
-    proc = subprocess.run(["bash", "-c", cmd], cwd=case, env=case_env(),
+    proc = subprocess.run(["bash", "-o", "pipefail", "-c", cmd], cwd=case, env=case_env(),
                           stdin=subprocess.DEVNULL, capture_output=True, timeout=TIMEOUT_S)
     return (proc.stdout.decode("utf-8", "replace"), proc.stderr.decode("utf-8", "replace"),
             proc.returncode)

@@ -79,6 +79,33 @@ def test_dynamic_shared_memory_above_48kb():
     close(got["c"], inputs["a"] @ inputs["b"], "c")
 
 
+def test_mixed_float32_float16_and_rank0_input():
+    """One unit with a float32 then a float16 kernel (TK_USE_HALF before the header), and a
+    rank-0 input uploaded with its own shape."""
+    from test_codegen_runtime_cuda import mixed_inputs, mixed_module
+
+    from tilekit.runtime import cuda
+    module = generate(mixed_module()).module
+    inputs = mixed_inputs()
+    got = cuda.run_module(module, inputs, {})
+    want = run_cpu(module, inputs, {})
+    for out in module.outputs:
+        close(got[out].astype(np.float32), want[out].astype(np.float32), out)
+
+
+def test_weights_reuploaded_for_new_arrays():
+    from tilekit.runtime import cuda
+    module = generate(fixture("gather")).module
+    inputs, weights = random_values(module)
+    cuda.run_module(module, inputs, weights)
+    doubled = {name: array * 2 if array.dtype.kind == "f" else array
+               for name, array in weights.items()}
+    got = cuda.run_module(module, inputs, doubled)
+    want = run_cpu(module, inputs, doubled)
+    for out in module.outputs:
+        close(got[out], want[out], out)
+
+
 def test_kernel_timing_with_events():
     from tilekit.runtime import cuda
     module = generate(fixture("matmul_aligned")).module

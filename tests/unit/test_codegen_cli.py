@@ -116,3 +116,22 @@ def test_deterministic_bytes():
     a = tk_codegen(DATA / "conv_chain.yaml").stdout
     b = tk_codegen(DATA / "conv_chain.yaml").stdout
     assert a == b and a
+
+
+@pytest.mark.parametrize("output", ["same", "nodir/x.yaml"])
+def test_emit_dir_writes_nothing_when_the_ir_cannot_be_written(tmp_path, output):
+    ir = tmp_path / "r.yaml"
+    ir.write_bytes((DATA / "softmax.yaml").read_bytes())
+    target = ir if output == "same" else tmp_path / output
+    proc = tk_codegen(ir, "--emit-dir", tmp_path / "cu", "-o", target)
+    assert proc.returncode == 2, proc.stderr.decode()
+    assert not (tmp_path / "cu").exists()
+    assert ir.read_bytes() == (DATA / "softmax.yaml").read_bytes()
+
+
+@pytest.mark.parametrize("arch", ["sm_xx", "compute_90", "90", "sm_"])
+def test_a_bad_arch_is_refused_without_compile(arch):
+    proc = tk_codegen(DATA / "softmax.yaml", "--arch", arch)
+    assert proc.returncode == 2
+    assert proc.stdout == b""
+    assert f"'{arch}' is not an NVIDIA arch" in proc.stderr.decode()

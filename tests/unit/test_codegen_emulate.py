@@ -139,3 +139,16 @@ def test_dynamic_shared_memory_kernel():
     b = rng.standard_normal((192, 256)).astype(np.float32)
     got = emulate(result.module, {"a": a, "b": b}, {})
     np.testing.assert_allclose(got["c"], a @ b, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("j", [3, 48, 96])
+def test_fused_block_of_partial_warps_matches_reference(j):
+    """A kernel tile whose thread count is not a multiple of 32: whole warps, right values."""
+    from dataclasses import replace
+    module = fixture("softmax")
+    kernel = replace(module.kernels[0], tile={"block": {"i": 1, "j": j},
+                                              "thread": {"i": 1, "j": 1}})
+    module = replace(module, kernels=(kernel,))
+    inputs, weights = random_values(module)
+    got = emulate(generate(module).module, inputs, weights)
+    assert_close("y", got["y"], run_module(module, inputs, weights)["y"])

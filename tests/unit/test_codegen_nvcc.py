@@ -16,6 +16,7 @@ import pytest
 from tilekit.codegen import compile_module, generate
 from tilekit.codegen.nvcc import CompileError, compile_unit, find_nvcc, parse_ptxas
 from tilekit.ir.codec import read_module
+from tilekit.errors import TilekitError
 
 from codegen_support import DATA, without_tiles
 
@@ -106,5 +107,5 @@ def test_cache_hit(tmp_path, monkeypatch):
 def test_bad_arch_is_bad_input():
     if find_nvcc() is None:
         pytest.skip("nvcc not on PATH")
-    with pytest.raises(CompileError, match="not an NVIDIA arch"):
+    with pytest.raises(TilekitError, match="not an NVIDIA arch"):
         compile_unit("", "compute_90")

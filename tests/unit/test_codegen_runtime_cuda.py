@@ -19,10 +19,14 @@ from codegen_support import fixture, random_values
 class FakeArray:
     def __init__(self, shape, dtype):
         self.data = np.zeros(shape, dtype)
+        self.shape = self.data.shape
         self.sets = 0
 
     def set(self, value):
-        assert value.shape == self.data.shape and value.dtype == self.data.dtype
+        # cupy.ndarray.set refuses a host array of another shape or dtype.
+        if value.shape != self.data.shape or value.dtype != self.data.dtype:
+            raise ValueError(f"set: shape {value.shape} {value.dtype} into {self.data.shape} "
+                             f"{self.data.dtype}")
         self.data[...] = value
         self.sets += 1
 
@@ -39,13 +43,17 @@ class FakeFunction:
         self.log.append((self.name, grid, block, args, shared_mem))
 
 
-def fake_cupy(log):
+def fake_cupy(log, driver=99000, smem_optin=232448):
     cupy = types.ModuleType("cupy")
     cuda = types.SimpleNamespace()
     cuda.runtime = types.SimpleNamespace(
-        getDeviceCount=lambda: 1, runtimeGetVersion=lambda: 12040, driverGetVersion=lambda: 12040,
+        getDeviceCount=lambda: 1, runtimeGetVersion=lambda: 12040,
+        driverGetVersion=lambda: driver,
         getDeviceProperties=lambda i: {"name": b"Fake GPU", "multiProcessorCount": 132})
-    cuda.Device = lambda: types.SimpleNamespace(compute_capability="90", id=0)
+    cuda.Device = lambda: types.SimpleNamespace(
+        compute_capability="90", id=0,
+        attributes={"MaxSharedMemoryPerBlockOptin": smem_optin,
+                    "MaxSharedMemoryPerBlock": 49152})
     cuda.get_current_stream = lambda: types.SimpleNamespace(synchronize=lambda: None)
 
     class Event:
@@ -65,6 +73,7 @@ def fake_cupy(log):
     class RawModule:
         def __init__(self, path=None, code=None, backend=None, options=()):
             log.append(("module", path is not None, code is not None))
+            self.code = code
             self.functions = {}
 
         def get_function(self, name):
@@ -142,3 +151,126 @@ def test_a_different_runtime_cuh_is_refused(runtime):
                                                                    "sha256": "0" * 64}})
     with pytest.raises(TilekitError, match="another runtime.cuh"):
         cuda.run_module(stale, *random_values(stale))
+
+
+def mixed_module():
+    """A float32 kernel, then a float16 one (TK_USE_HALF must still come before the header),
+    then one that reads a rank-0 input."""
+    from tilekit.ir.model import Module, Op, Tensor
+    return Module(
+        model="mixed", inputs=("a", "h", "s"), outputs=("y", "z", "r"),
+        tensors={"a": Tensor((8,), "float32", "input"), "y": Tensor((8,), "float32", "output"),
+                 "h": Tensor((8,), "float16", "input"), "z": Tensor((8,), "float16", "output"),
+                 "s": Tensor((), "float32", "input"), "r": Tensor((8,), "float32", "output")},
+        ops=(Op("f32", "y[i] = a[i] * 2"), Op("f16", "z[i] = h[i] * h[i]"),
+             Op("sc", "r[i] = a[i] * s[]")))
+
+
+def mixed_inputs():
+    return {"a": np.arange(8, dtype=np.float32), "h": np.ones(8, np.float16),
+            "s": np.array(3.0, np.float32)}
+
+
+def test_unit_source_has_one_preamble_with_half_first():
+    from tilekit.runtime import cuda
+    module = generate(mixed_module()).module
+    unit = cuda.unit_source(module.codegen["kernels"])
+    assert unit.count('#include "runtime.cuh"') == 1
+    assert unit.index("#define TK_USE_HALF 1") < unit.index('#include "runtime.cuh"')
+    for entry in ("tk_k_f32", "tk_k_f16", "tk_k_sc"):
+        assert f"\n{entry}(" in unit
+
+
+@pytest.mark.skipif(find_nvcc() is None, reason="nvcc not on PATH")
+def test_mixed_float32_float16_unit_compiles(tmp_path, monkeypatch):
+    """Exactly the unit `_load` builds, through nvcc (it failed when the sources were joined)."""
+    from tilekit.codegen.nvcc import compile_unit
+    from tilekit.runtime import cuda
+    monkeypatch.setenv("TILEKIT_CACHE", str(tmp_path))
+    module = generate(mixed_module()).module
+    compiled = compile_unit(cuda.unit_source(module.codegen["kernels"]), "sm_80")
+    assert {"tk_k_f32", "tk_k_f16", "tk_k_sc"} <= set(compiled.resources)
+
+
+def test_rank0_input_is_uploaded_with_its_shape(runtime, monkeypatch):
+    cuda, log = runtime
+    monkeypatch.setattr(cuda, "_usable_nvcc", lambda cupy: None)  # NVRTC: no compile here
+    module = generate(mixed_module()).module
+    cuda.run_module(module, mixed_inputs(), {})
+    program = cuda.prepare(module)
+    assert program.buffers["s"].shape == () and float(program.buffers["s"].data) == 3.0
+    assert program.buffers["s"].sets == 1
+
+
+def test_nvrtc_when_nvcc_is_newer_than_the_driver(monkeypatch, tmp_path):
+    import tilekit.codegen.nvcc as nvcc
+    log = []
+    monkeypatch.setitem(sys.modules, "cupy", fake_cupy(log, driver=12040))
+    from tilekit.runtime import cuda
+    monkeypatch.setattr(cuda, "_PROGRAMS", {})
+    monkeypatch.setattr(nvcc, "find_nvcc", lambda: "/opt/cuda/bin/nvcc")
+    monkeypatch.setattr(nvcc, "nvcc_version", lambda path: "13.0.88")
+    module = generate(mixed_module()).module
+    program = cuda.prepare(module)
+    assert log[0] == ("module", False, True)                 # NVRTC, not a cubin
+    assert program.raw.code == cuda.unit_source(module.codegen["kernels"])
+    monkeypatch.setattr(nvcc, "nvcc_version", lambda path: "12.4.131")
+    assert cuda._usable_nvcc(sys.modules["cupy"]) == "/opt/cuda/bin/nvcc"
+
+
+def test_shared_memory_over_the_device_limit_is_refused(monkeypatch, tmp_path):
+    from tilekit.hw import load_profile
+    from tilekit.ir.model import Module, Op, Tensor
+    monkeypatch.setitem(sys.modules, "cupy", fake_cupy([], smem_optin=49152))
+    from tilekit.runtime import cuda
+    monkeypatch.setattr(cuda, "_PROGRAMS", {})
+    module = Module(
+        model="big", inputs=("a", "b"), outputs=("c",),
+        tensors={"a": Tensor((256, 256), "float32", "input"),
+                 "b": Tensor((256, 256), "float32", "input"),
+                 "c": Tensor((256, 256), "float32", "output")},
+        ops=(Op("mm", "c[i,j] += a[i,k] * b[k,j]",
+                tile={"block": {"i": 128, "j": 128}, "thread": {"i": 8, "j": 8},
+                      "step": {"k": 64}}),))
+    module = generate(module, load_profile("h100")).module
+    with pytest.raises(TilekitError) as err:
+        cuda.prepare(module)
+    assert "needs 65536 bytes of shared memory" in err.value.message()
+    assert "at most 49152" in err.value.message()
+
+
+@pytest.mark.parametrize("change", ["control", "kind"])
+def test_control_section_and_unknown_op_kind_refused(runtime, change):
+    from dataclasses import replace
+    cuda, _ = runtime
+    module = generate(fixture("softmax")).module
+    if change == "control":
+        module, what = replace(module, control={"loops": []}), "control-flow regions"
+    else:
+        module = replace(module, ops=(replace(module.ops[0], kind="fancy"),) + module.ops[1:])
+        what = "op kind 'fancy'"
+    with pytest.raises(TilekitError) as err:
+        cuda.prepare(module)
+    assert what in err.value.message() and "the CUDA runtime" in err.value.message()
+    assert "--device" not in err.value.message()
+
+
+def test_weights_reuploaded_for_a_new_array_and_held_while_compared(runtime, monkeypatch):
+    import gc
+    import weakref
+    cuda, _ = runtime
+    monkeypatch.setattr(cuda, "_usable_nvcc", lambda cupy: None)
+    module = generate(fixture("gather")).module
+    inputs, weights = random_values(module)
+    cuda.run_module(module, inputs, weights)
+    program = cuda.prepare(module)
+    assert program.buffers["emb"].sets == 1
+    fresh = {name: array.copy() for name, array in weights.items()}
+    held = weakref.ref(fresh["emb"])
+    cuda.run_module(module, inputs, fresh)
+    assert program.buffers["emb"].sets == 2          # another array object: uploaded again
+    del fresh
+    gc.collect()
+    # The program keeps the array it compares against, so its id can never be reused by a
+    # new array that would then be mistaken for it.
+    assert held() is not None

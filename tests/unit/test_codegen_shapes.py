@@ -211,3 +211,51 @@ def test_rolled_reduction_without_reuse_gets_lanes():
     assert [k.shape for k in kernels] == ["default", "tiled"]
     assert kernels[0].schedule["lanes"] == 32 and "tile_ignored" in kernels[0].schedule
     filecheck(kernels[0].source, r"CHECK: for \(int a_j = lane; a_j < 300; a_j \+= 32\)")
+
+
+@pytest.mark.parametrize("j", [3, 48, 96, 200])
+def test_fused_blocks_are_whole_warps_and_lane_groups_divide_them(j):
+    """A kernel tile of j threads: the block is rounded up to whole warps (the shuffles use
+    the full mask), and every stage's lane group divides the block."""
+    module = fixture("softmax")
+    kernel = replace(module.kernels[0], tile={"block": {"i": 1, "j": j},
+                                              "thread": {"i": 1, "j": 1}})
+    (k,) = generate(replace(module, kernels=(kernel,))).kernels
+    threads = k.schedule["threads"]
+    assert k.shape == "fused" and threads % 32 == 0 and threads >= j
+    assert k.block == (threads, 1, 1)
+    assert all(threads % lanes == 0 for lanes in k.schedule["lanes"].values())
+
+
+def test_fused_cross_warp_partials_count_as_shared_memory():
+    (k,) = kernels_of("softmax")
+    assert "red0[8]" in k.source  # 256 threads: 8 warps, two stages fold across warps
+    buffers = 2 * 16               # s_m[2] and s_s[2], each rounded up to 16 bytes
+    partials = 2 * 8 * 8           # per stage, a slot per warp at 8 bytes
+    assert k.smem_planned == buffers + partials
+    assert f"shared memory: {buffers + partials} bytes" in k.source
+
+
+@pytest.mark.parametrize("points, wide", [(2 ** 31 - 1000, True), (2 ** 30, False)])
+def test_grid_stride_counter_is_64_bit_within_a_stride_of_int_max(points, wide):
+    """p < points, then p += gridDim.x * 256: an int counter overflows for a tensor within
+    one grid stride of 2^31 even though the tensor itself has fewer elements."""
+    module = Module(
+        model="m", inputs=("x",), outputs=("y",),
+        tensors={"x": Tensor((points,), "float32", "input"),
+                 "y": Tensor((points,), "float32", "output")},
+        ops=(Op(name="neg", expr="y[i] = -x[i]"),))
+    (k,) = generate(module).kernels
+    assert k.shape == "default"
+    assert ("long long p" in k.source) is wide
+    gathered = Module(
+        model="g", inputs=("x", "ids"), outputs=("y",),
+        tensors={"x": Tensor((points,), "float32", "input"),
+                 "ids": Tensor((points,), "int64", "input"),
+                 "y": Tensor((points,), "float32", "output")},
+        ops=(Op(name="take", kind="opaque", opaque={
+            "type": "GatherElements", "inputs": ["x", "ids"], "outputs": ["y"],
+            "attrs": {"axis": 0}}),))
+    (k,) = generate(gathered).kernels
+    assert k.shape == "opaque:GatherElements"
+    assert ("long long p" in k.source) is wide

@@ -245,3 +245,41 @@ def test_profile_is_plain_data():
     data = p.to_dict()
     assert data["sm_count"] == 128 and "origin" not in data
     assert Profile(**{**{f.name: getattr(p, f.name) for f in dataclasses.fields(p)}}) == p
+
+
+# -- achievable fractions and launch overhead ------------------------------------------------
+
+@pytest.mark.parametrize("name", ["h100", "a100", "v100", "rtx4090"])
+def test_nvidia_profiles_state_a_sourced_launch_overhead(name, no_env):
+    p = load_profile(name)
+    assert 1e-6 <= p.launch_overhead <= 1e-5
+    assert p.figure("launch.overhead") == p.launch_overhead
+    assert p.source("launch.overhead").startswith("assumed:")
+
+
+def test_ipu_has_no_launch_overhead(no_env):
+    assert load_profile("ipu").launch_overhead is None
+
+
+def test_simt_and_tensor_compute_fractions_are_apart(no_env):
+    """h100's 0.81 was measured on a bf16 tensor-core matmul: it is the tensor fraction."""
+    p = load_profile("h100")
+    assert p.achievable.compute_tensor == 0.81
+    assert p.source("achievable.compute_tensor").startswith("measured:")
+    assert p.source("achievable.compute").startswith("assumed:")
+    assert p.achievable_flops("bf16", tensor_core=True) == pytest.approx(
+        p.peak_flops("bf16", tensor_core=True) * 0.81)
+    assert p.achievable_flops("fp32") == pytest.approx(p.peak_flops("fp32")
+                                                       * p.achievable.compute)
+    from tilekit.roll.cost import machine
+    m = machine(p, "float32")
+    assert m.peak == pytest.approx(p.peak_flops("fp32") * p.achievable.compute)
+    assert m.launch_s == p.launch_overhead
+
+
+def test_launch_overhead_is_a_time_with_a_unit():
+    text = _shipped_text("h100").replace("{value: 4, unit: us,", "{value: 4, unit: GB,")
+    with pytest.raises(ProfileError, match=r"launch\.overhead"):
+        read_profile_text(text, "h100.yaml")
+    text = _shipped_text("h100").replace("{value: 4, unit: us,", "{value: 4000, unit: ns,")
+    assert read_profile_text(text, "h100.yaml").launch_overhead == pytest.approx(4e-6)

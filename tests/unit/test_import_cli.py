@@ -217,3 +217,22 @@ def test_graph_output_that_is_an_input_or_constant_gets_a_copy():
     m = import_model(model).module
     assert m.outputs == ("y", "c")
     assert [op.expr for op in m.ops] == ["y[i] = x[i]", "c[i] = c_value[i]"]
+
+
+@pytest.mark.parametrize("args, where", [
+    (["--weights", "w1.npz", "-o", "missing/x.yaml"], "folder 'missing' does not exist"),
+    (["-o", "./mixer.onnx"], "refusing to overwrite the input file"),
+    (["-o", "sub"], "is a directory"),
+    (["--weights", "mixer.onnx", "-o", "m.yaml"], "would overwrite the model"),
+    (["--weights", "m.yaml", "-o", "m.yaml"], "would overwrite the IR output"),
+])
+def test_bad_output_paths_are_refused_before_anything_is_written(tmp_path, mlp_file, args,
+                                                                    where):
+    (tmp_path / "sub").mkdir()
+    model_bytes = mlp_file.read_bytes()
+    before = sorted(p.name for p in tmp_path.iterdir())
+    result = run([mlp_file.name, *args], tmp_path)
+    assert result.exit_code == 2
+    assert where in result.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # no sidecar, no temp file
+    assert mlp_file.read_bytes() == model_bytes

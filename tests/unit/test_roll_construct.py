@@ -196,7 +196,7 @@ def test_opaque_ops_get_the_fixed_schedule():
     tile = roll_module(m, h100).ops[0].tile
     assert tile["block"] == {"x": 256} and tile["threads"] == 256
     assert tile["grid"] == {"x": 2} and tile["blocks"] == 2
-    assert tile["estimate"]["bound"] == "dram" and tile["estimate"]["flops"] == 0
+    assert tile["estimate"]["bound"] == "launch" and tile["estimate"]["flops"] == 0  # 2 KiB
 
 
 def test_refusals():
@@ -213,3 +213,75 @@ def test_refusals():
                     h100)
     with pytest.raises(TilekitError, match="top_k"):
         roll_module(bare, h100, 0)
+
+
+def test_rerolling_drops_stale_codegen_and_launch():
+    h100 = load_profile("h100")
+    once = roll_module(mlp_module(), h100)
+    import dataclasses
+    generated = dataclasses.replace(
+        once, codegen={"arch": "sm_90"},
+        kernels=tuple(dataclasses.replace(k, launch={"grid": [7], "block": [32]})
+                      for k in once.kernels))
+    again = roll_module(generated, load_profile("v100"))
+    verify(again)
+    assert again.codegen is None and all(k.launch is None for k in again.kernels)
+    assert again.stages[-1]["options"]["dropped"] == ["codegen", "kernels[*].launch"]
+    assert "dropped" not in roll_module(mlp_module(), h100).stages[-1]["options"]
+
+
+def test_a_profile_too_small_for_any_tile_is_a_located_error():
+    import dataclasses
+
+    from tilekit.errors import TilekitError
+
+    tiny = dataclasses.replace(load_profile("v100"), max_regs_per_thread=8)
+    with pytest.raises(TilekitError, match="no tile fits.*registers.max_per_thread 8") as info:
+        roll_module(mlp_module(), tiny)
+    assert info.value.where == "--hw"
+
+
+def test_profile_given_by_path_is_recorded_so_later_stages_find_it(tmp_path, monkeypatch):
+    import subprocess
+    import sys
+
+    from tilekit.hw import builtin_dir, load_recorded_profile
+
+    monkeypatch.chdir(tmp_path)
+    text = (builtin_dir() / "v100.yaml").read_text().replace("name: v100", "name: myv100")
+    text = text.replace("aliases: [v100-sxm2, v100-sxm2-32gb, V100]", "aliases: []")
+    (tmp_path / "my.yaml").write_text(text)
+    (tmp_path / "out").mkdir()
+    (tmp_path / "m.yaml").write_text(dumps(mlp_module()))
+    tk = [sys.executable, "-m", "tilekit.cli.tk_roll"]
+    run = lambda *a: subprocess.run([*tk, *a], capture_output=True, text=True)  # noqa: E731
+    r = run("m.yaml", "--hw", "./my.yaml", "-o", "out/r.yaml")
+    assert r.returncode == 0, r.stderr
+    from tilekit.ir import read_module
+    rolled = read_module("out/r.yaml")
+    assert rolled.hardware == "../my.yaml"
+    assert load_recorded_profile(rolled.hardware, "out/r.yaml").name == "myv100"
+    r = run("out/r.yaml", "-o", "again.yaml")          # re-roll: resolved, then re-recorded
+    assert r.returncode == 0, r.stderr
+    assert read_module("again.yaml").hardware == "my.yaml"
+    r = run("m.yaml", "--hw", str(builtin_dir() / "h100.yaml"))
+    assert "hardware: h100" in r.stdout                 # a shipped profile keeps its name
+
+
+def test_output_never_overwrites_the_weights_sidecar(tmp_path, monkeypatch):
+    import subprocess
+    import sys
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "a.weights.npz").write_bytes(b"weights")
+    m = dataclasses_replace(mlp_module(), weights={"file": "a.weights.npz", "sha256": "0" * 64})
+    (tmp_path / "m.yaml").write_text(dumps(m))
+    r = subprocess.run([sys.executable, "-m", "tilekit.cli.tk_roll", "m.yaml", "--hw", "v100",
+                        "-o", "a.weights.npz"], capture_output=True, text=True)
+    assert r.returncode == 2 and "refusing to overwrite" in r.stderr
+    assert (tmp_path / "a.weights.npz").read_bytes() == b"weights"
+
+
+def dataclasses_replace(obj, **changes):
+    import dataclasses
+    return dataclasses.replace(obj, **changes)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 
@@ -118,16 +119,32 @@ def test_every_output_point_is_covered_exactly_once():
     (lambda t: t["block"].update(zz=2), "unknown"),
     (lambda t: t["step"].update(c=0), "positive integer"),
     (lambda t: t["thread"].update(h=2), "not a multiple"),     # block h is 3
-    (lambda t: t["grid"].update(h=1), "ceil"),
+    (lambda t: t["grid"].update(h=1), r"leaving points 3\.\.6 .*uncomputed"),  # 1 x 3 < 7
+    (lambda t: t["grid"].update(h=5), "already cover"),           # 4 blocks of 3 cover 7
+    (lambda t: t["grid"].update(h=0), "positive integer"),
+    (lambda t: t["grid"].pop("n"), "exactly the axes"),
+    (lambda t: t["step"].pop("kh"), "exactly the axes"),           # a reduction axis missing
+    (lambda t: t.update(grid=7), "mapping"),                       # codegen once accepted this
     (lambda t: t.update(block=[1, 2]), "mapping"),
+    (lambda t: t.update(blocks=t["blocks"] + 1), "'blocks' is"),
+    (lambda t: t.update(threads=t["threads"] * 2), "'threads' is"),
 ])
 def test_cover_check_refuses_broken_tiles(change, message):
     an, _, _ = setup("conv_stride_pad")
     tile = small_tile(an)
     tile["thread"]["h"] = 1
+    tile["blocks"] = math.prod(tile["grid"].values())
+    tile["threads"] = math.prod(b // tile["thread"][a] for a, b in tile["block"].items())
+    check_tile_cover(an, tile)                                     # the unbroken tile passes
     change(tile)
-    with pytest.raises(IRError, match=message):
-        check_tile_cover(an, tile)
+    with pytest.raises(IRError, match=message) as info:
+        check_tile_cover(an, tile, "ops[3].tile")
+    assert info.value.where.startswith("ops[3].tile")
+
+
+def test_default_threads_live_in_rtile():
+    from tilekit.roll import rtile, tiled
+    assert tiled.DEFAULT_THREADS is rtile.DEFAULT_THREADS == 256
 
 
 def test_runtime_mode_tiled_runs_a_rolled_module():

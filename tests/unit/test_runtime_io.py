@@ -77,7 +77,7 @@ def test_weights_not_an_npz(tmp_path):
     ref = {"file": path.name, "sha256": hashlib.sha256(b"not a zip").hexdigest()}
     with pytest.raises(TilekitError) as err:
         load_weights(small_module(ref), tmp_path)
-    assert "cannot read" in message(err)
+    assert "is not an .npz archive" in message(err)
 
 
 def test_weight_tensors_without_sidecar():

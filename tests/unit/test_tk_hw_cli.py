@@ -151,3 +151,21 @@ def test_debug_shows_the_traceback(args):
     assert result.exit_code == 2
     assert "Traceback" in result.stderr
     assert result.stderr.splitlines()[-1].startswith("tk-hw: error: h1000: unknown")
+
+
+def test_no_color_on_a_terminal_gives_the_plain_table(monkeypatch):
+    """NO_COLOR wins over a terminal: no bold escapes in `tk-hw list`/`show`."""
+    import tilekit.cli.common as common
+
+    class Tty:
+        @staticmethod
+        def isatty():
+            return True
+
+    monkeypatch.setattr(common.sys, "stdout", Tty)
+    monkeypatch.setenv("NO_COLOR", "1")
+    assert not common.stdout_is_terminal()
+    import tilekit.cli.tk_hw as tk_hw
+    assert not tk_hw._stdout_is_terminal()
+    monkeypatch.delenv("NO_COLOR")
+    assert tk_hw._stdout_is_terminal()

@@ -262,43 +262,74 @@ def test_unreadable_npy(mlp, tmp_path):
 
 def test_unreadable_npz(mlp, tmp_path):
     (tmp_path / "in.npz").write_text("not a zip")
-    assert_one_line_error(tk_run(mlp, "--inputs", tmp_path / "in.npz"), "cannot read")
+    assert_one_line_error(tk_run(mlp, "--inputs", tmp_path / "in.npz"), "is not an .npz archive")
+
+
+def test_inputs_given_an_npy_file(mlp, tmp_path):
+    np.save(tmp_path / "x.npy", np.zeros((2, 4), np.float32))
+    assert_one_line_error(tk_run(mlp, "--inputs", tmp_path / "x.npy"),
+                          "is an .npy file (one array), not an .npz archive", "--input NAME=@")
+
+
+def test_inputs_given_a_yaml_file(mlp):
+    # np.load reads anything unknown as a pickle: the message must not speak of pickled data.
+    proc = tk_run(mlp, "--inputs", mlp)
+    assert_one_line_error(proc, "is not an .npz archive")
+    assert "pickle" not in text(proc)
+
+
+def test_input_given_a_directory(mlp, tmp_path):
+    assert_one_line_error(tk_run(mlp, "--input", "x=@.", cwd=tmp_path),
+                          "--input x", "'.' is a directory")
+    assert_one_line_error(tk_run(mlp, "--inputs", ".", cwd=tmp_path), "is a directory")
 
 
 def test_control_section_refused(tmp_path):
     ir = install("control.yaml", tmp_path)
-    assert_one_line_error(tk_run(ir, "--seed", 0), "control", "tk-grind", "--device cuda")
+    proc = tk_run(ir, "--seed", 0)
+    assert_one_line_error(proc, "control", "tk-grind")
+    assert "--device cuda" not in text(proc)  # the CUDA runtime cannot run it either
 
 
 def test_cuda_device(mlp):
     proc = tk_run(mlp, "--seed", 0, "--device", "cuda")
-    if not (ROOT / "tilekit" / "runtime" / "cuda.py").exists():
-        assert_one_line_error(proc, "CUDA runtime is not built yet")
-    elif proc.returncode == 2:  # no CuPy or no GPU here: bad input, said in one line
+    if proc.returncode == 2:  # no CuPy or no GPU here: bad input, said in one line
         assert_one_line_error(proc, "--device cuda")
     else:
         assert proc.returncode == 0, text(proc)
 
 
-def test_cuda_not_built_message(monkeypatch):
-    import importlib.util
+def test_cuda_device_refuses_cpu_modes(mlp):
+    assert_one_line_error(tk_run(mlp, "--seed", 0, "--device", "cuda", "--mode", "tiled"),
+                          "--mode", "'tiled' is for the CPU executor only")
 
-    from tilekit.errors import TilekitError
-    from tilekit.runtime import backend
 
-    real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a: None if name == "tilekit.runtime.cuda" else real(name, *a))
-    with pytest.raises(TilekitError) as err:
-        backend(None, "cuda")
-    assert err.value.message() == ("--device cuda: the CUDA runtime is not built yet "
-                                   "(issue: tk-codegen); use --device cpu")
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_unknown_mode_refused_on_every_device(mlp, device):
+    assert_one_line_error(tk_run(mlp, "--seed", 0, "--device", device, "--mode", "bogus"),
+                          "--mode", "unknown execution mode 'bogus'", "known modes: tiled, whole")
 
 
 def test_bad_flag_values(mlp):
     assert_one_line_error(tk_run(mlp, "--seed", 0, "--bench", 0), "--bench")
     assert_one_line_error(tk_run(mlp, "--seed", 0, "--check", "--rtol", "-1"), "--rtol")
     assert_one_line_error(tk_run(mlp, "--seed", 0, "--mode", "nope"), "known modes: tiled, whole")
+    assert_one_line_error(tk_run(mlp, "--seed", -1), "--seed")
+
+
+def test_output_never_overwrites_the_ir_weights_or_inputs(mlp, tmp_path):
+    np.save(tmp_path / "x.npy", np.ones((2, 4), np.float32))
+    (tmp_path / "in.npz").write_bytes(npz_bytes({"x": np.ones((2, 4), np.float32)}))
+    files = ("mlp.yaml", "mlp.weights.npz", "x.npy", "in.npz")
+    before = {name: sha256(tmp_path / name) for name in files}
+    for args in (["--seed", 0, "-o", "mlp.yaml"],
+                 ["--seed", 0, "-o", "mlp.weights.npz"],
+                 ["--input", "x=@x.npy", "-o", "x.npy"],
+                 ["--inputs", "in.npz", "-o", "./in.npz"]):
+        proc = tk_run("mlp.yaml", *args, cwd=tmp_path)
+        assert_one_line_error(proc, "refusing to overwrite the input file")
+        assert text(proc, "stdout") == ""  # refused before running
+    assert {name: sha256(tmp_path / name) for name in files} == before
 
 
 def test_missing_ir_file(tmp_path):

@@ -42,17 +42,25 @@ TOOL = "tk-codegen"
 def main(input, output, fmt, hw, arch, emit_dir, compile_, strict, quiet, debug):
     """Generate CUDA kernels for the tile IR module IR (a file, or '-'/nothing for stdin)."""
     from tilekit.codegen.module import compile_module, generate
+    from tilekit.codegen.nvcc import check_arch
     from tilekit.ir.codec import read_module, write_module
 
     if strict and not compile_:
         raise TilekitError("--strict needs --compile", "--strict",
                            "add --compile, or drop --strict")
+    if arch is not None:
+        check_arch(arch)
+    if emit_dir and Path(emit_dir).exists() and not Path(emit_dir).is_dir():
+        raise TilekitError("exists and is not a folder", f"--emit-dir {emit_dir}",
+                           "give a folder name")
     module = read_module(input)
     profile = None
-    name = hw or module.hardware
-    if name:
+    if hw:
         from tilekit.hw import load_profile
-        profile = load_profile(name)
+        profile = load_profile(hw)
+    elif module.hardware:
+        from tilekit.hw import load_recorded_profile
+        profile = load_recorded_profile(module.hardware, input if input != "-" else None)
     result = generate(module, profile, arch)
     if not quiet:
         for note in result.notes:
@@ -72,9 +80,11 @@ def main(input, output, fmt, hw, arch, emit_dir, compile_, strict, quiet, debug)
     if profile is not None:
         options["hw"] = profile.name
     out = out.with_stage("codegen", **options)
+    # The IR first: when it cannot be written (the input's own path, a missing folder),
+    # no kernel sources are left behind either.
+    write_module(out, output, fmt, input_path=input)
     if emit_dir:
         write_sources(result.kernels, Path(emit_dir))
-    write_module(out, output, fmt, input_path=input)
     return 0
 
 
@@ -84,7 +94,8 @@ def write_sources(kernels, folder: Path) -> None:
     from tilekit.codegen.module import HELPERS_NAME, helpers_text
 
     if folder.exists() and not folder.is_dir():
-        raise TilekitError("exists and is not a folder", f"--emit-dir {folder}")
+        raise TilekitError("exists and is not a folder", f"--emit-dir {folder}",
+                           "give a folder name")
     folder.mkdir(parents=True, exist_ok=True)
     write_output(str(folder / HELPERS_NAME), helpers_text())
     for k in kernels:

@@ -15,7 +15,8 @@ import sys
 import click
 
 from tilekit import __version__
-from tilekit.cli.common import TkGroup, print_error, tk_command, version_text
+from tilekit.cli.common import (TkGroup, print_error, stdout_is_terminal, tk_command,
+                                version_text)
 from tilekit.errors import EXIT_BAD_INPUT, ProfileError
 from tilekit.hw import list_profiles, load_profile
 from tilekit.hw.describe import SUMMARY_COLUMNS, figure_rows, identity_rows, summary_row
@@ -25,7 +26,8 @@ TOOL = "tk-hw"
 
 
 def _stdout_is_terminal() -> bool:
-    return sys.stdout.isatty()
+    # through tilekit.cli.common: a terminal with NO_COLOR set gets the plain table
+    return stdout_is_terminal()
 
 
 def _print_table(columns: tuple[str, ...], rows: list[tuple[str, ...]], title: str = "") -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import click
 
-from tilekit.cli.common import format_option, output_option, tk_command, warn
+from tilekit.cli.common import format_option, output_option, same_file, tk_command, warn
 from tilekit.errors import TilekitError
 
 TOOL = "tk-import"
@@ -48,6 +48,26 @@ def default_weights_path(output: str, model_path: str | None) -> str:
         return str(out.with_name(f"{out.stem}.weights.npz"))
     stem = Path(model_path).stem if model_path else "model"
     return f"{stem}.weights.npz"
+
+
+def check_output_paths(output: str, weights_path: str, model_path: str | None) -> None:
+    """Refuse, before anything is written, an IR output or weights path that cannot work:
+    a missing folder, a directory, the input model, or the two outputs on one file."""
+    if output != "-":
+        where = f"-o {output}"
+        target = Path(output)
+        if target.is_dir():
+            raise TilekitError("is a directory", where, "give a file name")
+        folder = target.parent if str(target.parent) else Path(".")
+        if not folder.is_dir():
+            raise TilekitError(f"folder '{folder}' does not exist", where, "create it first")
+        if model_path and same_file(model_path, output):
+            raise TilekitError(f"refusing to overwrite the input file {model_path}", where,
+                               "write to a different file")
+    for other, what in ((output, "the IR output"), (model_path, "the model")):
+        if other and same_file(other, weights_path):
+            raise TilekitError(f"the weights file would overwrite {what}",
+                               f"--weights {weights_path}", "choose another file name")
 
 
 @tk_command(TOOL)
@@ -84,10 +104,7 @@ def main(model, output, fmt, weights_path, shape_flags, list_ops, quiet, debug):
         data = Path(model).read_bytes()
         model_path, name = model, Path(model).stem
     weights_path = weights_path or default_weights_path(output, model_path)
-    for other, what in ((output, "the IR output"), (model_path, "the model")):
-        if other and other != "-" and os.path.abspath(other) == os.path.abspath(weights_path):
-            raise TilekitError(f"the weights file would overwrite {what}",
-                               f"--weights {weights_path}", "choose another file name")
+    check_output_paths(output, weights_path, model_path)
     try:
         imported = import_model(proto, name=name, shapes=shapes)
     except TilekitError as exc:

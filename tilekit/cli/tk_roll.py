@@ -9,6 +9,9 @@ prints one row per op (tiles per level, grid, estimate, bound) on stderr only.
 
 from __future__ import annotations
 
+import os
+from typing import Mapping
+
 import click
 
 from tilekit.cli.common import (format_option, hw_option, input_argument, output_option,
@@ -31,21 +34,40 @@ TOOL = "tk-roll"
               help="Print a table of ops, tiles, grids and estimates on stderr.")
 def main(input, output, fmt, hw, top_k, report, quiet, debug):
     """Tile every op of the tile IR module IR (a file, or '-'/nothing for stdin)."""
-    from tilekit.hw import load_profile
+    from tilekit.hw import load_profile, load_recorded_profile, recorded_profile
     from tilekit.ir import read_module, write_module
     from tilekit.roll.schedule import roll_module
 
     module = read_module(input)
-    name = hw or module.hardware
-    if not name:
+    if hw:
+        profile = load_profile(hw)
+        hardware = recorded_profile(hw, profile, output)
+    elif module.hardware:
+        profile = load_recorded_profile(module.hardware, input)
+        # a recorded path is relative to the input's folder: re-record it for the output's
+        hardware = recorded_profile(os.path.abspath(profile.origin), profile, output)
+    else:
         raise TilekitError("no hardware profile", "--hw",
                            "pass --hw NAME|PATH (e.g. --hw h100); 'tk-hw list' shows the names")
-    profile = load_profile(name)
-    rolled = roll_module(module, profile, top_k)
-    write_module(rolled, output, fmt, input_path=input)
+    rolled = roll_module(module, profile, top_k, hardware=hardware)
+    write_module(rolled, output, fmt, input_path=[input, weights_file(module, input)])
     if report and not quiet:
         print_report(rolled)
     return 0
+
+
+def weights_file(module, ir_path: str) -> str | None:
+    """The weights sidecar the IR names, resolved as tk-run does (relative to the IR file's
+    folder, or the working directory for stdin), so that `-o` never overwrites it."""
+    ref = module.weights
+    rel = ref.get("file") if isinstance(ref, Mapping) else None
+    if not isinstance(rel, str) or not rel:
+        return None
+    if os.path.isabs(rel):
+        return rel
+    folder = os.getcwd() if ir_path in ("-", "<stdin>") else \
+        os.path.dirname(os.path.abspath(ir_path))
+    return os.path.join(folder, rel)
 
 
 def _sizes(sizes: dict) -> str:

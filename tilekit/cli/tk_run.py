@@ -8,13 +8,12 @@ error, 2 bad input. See docs/run.md.
 
 from __future__ import annotations
 
-import sys
-
 import click
 import numpy as np
 
-from tilekit.cli.common import input_argument, stderr_is_terminal, tk_command, warn, write_output
-from tilekit.errors import EXIT_OK
+from tilekit.cli.common import (input_argument, same_file, stderr_is_terminal,
+                                stdout_is_terminal, tk_command, warn, write_output)
+from tilekit.errors import EXIT_OK, TilekitError
 
 TOOL = "tk-run"
 #: `--check` found a mismatch (bad input is 2, as for every tool).
@@ -26,13 +25,14 @@ EXIT_CHECK_FAILED = 1
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
               help="Where to run: the CPU reference executor, or the CUDA runtime.")
 @click.option("--mode", default="whole", show_default=True, metavar="MODE",
-              help="CPU execution mode: 'whole' ops, or a mode added by a stage (e.g. 'tiled').")
+              help="CPU execution mode: 'whole' ops, or a mode added by a stage (e.g. 'tiled'); "
+                   "--device cuda runs the generated kernels and takes no other mode.")
 @click.option("--input", "input_flags", multiple=True, metavar="NAME=@FILE.npy|NAME=V,V,..",
               help="One input: an .npy file, or comma-separated values (one value fills the "
                    "tensor). Repeatable; overrides --inputs.")
 @click.option("--inputs", "inputs_npz", metavar="FILE.npz",
               help="Inputs from an .npz archive keyed by input name.")
-@click.option("--seed", type=int, default=None, metavar="N",
+@click.option("--seed", type=click.IntRange(min=0), default=None, metavar="N",
               help="Random values for inputs not given (normal floats, ints in [0,8), bools).")
 @click.option("--allow-nan", is_flag=True, help="Accept NaN and infinities in inputs.")
 @click.option("-o", "--output", "output", default=None, metavar="FILE.npz",
@@ -57,7 +57,7 @@ def main(input, device, mode, input_flags, inputs_npz, seed, allow_nan, output, 
     from tilekit.runtime.bench import peak_rss_bytes, time_runs
     from tilekit.runtime.check import compare_outputs, reference_outputs
     from tilekit.runtime.io import (base_dir, check_inputs, describe, gather_inputs,
-                                    load_weights, npz_bytes)
+                                    input_files, load_weights, npz_bytes, weights_file)
 
     if (rtol is not None or atol is not None) and not check:
         warn(TOOL, "--rtol/--atol have no effect without --check")
@@ -65,6 +65,12 @@ def main(input, device, mode, input_flags, inputs_npz, seed, allow_nan, output, 
         warn(TOOL, "--report profiles the CPU executor only; ignored with --device cuda")
     module = read_module(input)
     folder = base_dir(input)
+    # -o never overwrites what this run reads: checked now, before any work is done.
+    read_paths = [input, weights_file(module, folder), *input_files(input_flags, inputs_npz)]
+    for path in read_paths if output not in (None, "-") else ():
+        if path is not None and same_file(str(path), output):
+            raise TilekitError(f"refusing to overwrite the input file {path}", f"-o {output}",
+                               "write to a different file")
     runner = backend(module, device, mode)  # refuses what the device cannot run, early
     weights = load_weights(module, folder)
     inputs = gather_inputs(module, input_flags, inputs_npz, seed)
@@ -81,7 +87,7 @@ def main(input, device, mode, input_flags, inputs_npz, seed, allow_nan, output, 
     peak = peak_rss_bytes()  # before --check loads a reference runtime into this process
 
     if output is not None:
-        write_output(output, npz_bytes(outputs), input_path=input)
+        write_output(output, npz_bytes(outputs), input_path=read_paths)
     if not quiet:
         for name, array in outputs.items():
             echo(f"{name}: {describe(array)}{_stats(array)}")
@@ -144,7 +150,7 @@ def _print_report(echo: _Echo, module, profile: list[tuple[str, float]], peak: i
     rows = [(name, f"{t * 1e3:.3f}", f"{100 * t / total:.1f}%") for name, t in slowest]
     heading = (f"report: {module.model}: {len(module.ops)} ops, "
                f"{total * 1e3:.3f} ms in ops, peak memory {peak / 2**20:.1f} MiB")
-    if stderr_is_terminal() and echo.to_stderr or (not echo.to_stderr and sys.stdout.isatty()):
+    if stderr_is_terminal() if echo.to_stderr else stdout_is_terminal():
         from rich.console import Console
         from rich.table import Table
 

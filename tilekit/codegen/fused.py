@@ -32,7 +32,7 @@ from tilekit.codegen.kernel import (GeneratedKernel, PointEmitter, avar, c_name,
                                     open_kernel, strides)
 from tilekit.codegen.plan import GroupPlan, OpPlan, Read
 from tilekit.codegen.schedule import (DEFAULT_THREADS, STATIC_SMEM_LIMIT, WARP, Tile,
-                                     lane_count)
+                                     lane_count, shared_bytes)
 
 
 class FusionError(Exception):
@@ -137,8 +137,8 @@ def plan_regions(module, plan: GroupPlan, block: tuple[int, ...]) -> Regions:
     smem = 0
     for t in sorted(plan.shared):
         k = stage_of[t]
-        smem += _align16(math.prod(x.length for x in spans[k]) *
-                         _kind_bytes(storage(module.tensors[t].dtype).kind))
+        smem += shared_bytes(math.prod(x.length for x in spans[k]),
+                             storage(module.tensors[t].dtype).kind)
     # Results stored to global memory must be computed everywhere by some block.
     extents = [n for _, n in last.main.spatial]
     for k, s in enumerate(stages[:-1]):
@@ -164,14 +164,6 @@ def _covers(region: list[Span], shape, block, extents) -> bool:
         if (tiles - 1) * block[q] + s.lo.const + s.length < dim:
             return False
     return True
-
-
-def _kind_bytes(kind: str) -> int:
-    return {"b": 1, "i": 8, "f": 4, "d": 8}[kind]
-
-
-def _align16(n: int) -> int:
-    return -(-n // 16) * 16
 
 
 def default_block(module, plan: GroupPlan, limit: int) -> Regions:
@@ -206,27 +198,36 @@ def fused_kernel(module, plan: GroupPlan, entry: str, tile: Tile | None, limit: 
     extents = [n for _, n in last.spatial]
     if tile is not None:
         regions = plan_regions(module, plan, tile.block)
-        threads = max(tile.threads, 32)
+        # Whole warps only: the shuffles use the full mask 0xffffffff, which is undefined on a
+        # partial warp. The extra threads take further points (the stage loops guard pt).
+        threads = -(-tile.threads // WARP) * WARP
         source = tile.source
     else:
         regions = default_block(module, plan, limit)
         threads = DEFAULT_THREADS
         source = "default"
-    if regions.smem > limit:
-        raise FusionError(f"its shared buffers need {regions.smem} bytes, more than {limit}")
+    lanes = [stage_lanes(s.main, math.prod(x.length for x in regions.spans[k]), threads)
+             for k, s in enumerate(plan.stages)]
+    # The cross-warp partials (`_cross_warp`) are static shared memory beside the buffers.
+    scratch = sum(cross_warp_bytes(threads) for n in lanes if n > WARP)
+    smem = regions.smem + scratch
+    if smem > limit:
+        raise FusionError(f"its shared buffers need {smem} bytes, more than {limit}")
     block = regions.block
     sig = group_signature(module, plan)
     idx_t = index_type(module, sig.args)
     grid = math.prod(-(-n // b) for n, b in zip(extents, block)) if extents else 1
-    dynamic = regions.smem > STATIC_SMEM_LIMIT
+    # Static shared memory (the buffers when static, and the scratch) must fit 48 KB.
+    dynamic = smem > STATIC_SMEM_LIMIT
     stage_of = {t: k for k, s in enumerate(plan.stages) for t in s.outputs}
     e = Emitter()
     axes = [a for a, _ in last.spatial]
     open_kernel(e, entry, sig, threads,
                 [f"fused: {len(plan.stages)} stages over a block tile "
                  + " x ".join(f"{a}:{b}" for a, b in zip(axes, block)) + f" (from {source})",
-                 f"shared memory: {regions.smem} bytes for "
-                 f"{', '.join(sorted(plan.shared)) or 'nothing'}"])
+                 f"shared memory: {smem} bytes for "
+                 f"{', '.join(sorted(plan.shared)) or 'nothing'}"
+                 + (f" and {scratch} of cross-warp partials" if scratch else "")])
     with e.block():
         if dynamic:
             e.line("TK_DYNAMIC_SMEM(tk_smem);")
@@ -244,7 +245,7 @@ def fused_kernel(module, plan: GroupPlan, entry: str, tile: Tile | None, limit: 
                        f"  // {t} region {lens}")
             else:
                 e.line(f"__shared__ {ctype} {name}[{size}];  // {t} region {lens}")
-            offset += _align16(size * _kind_bytes(storage(module.tensors[t].dtype).kind))
+            offset += shared_bytes(size, storage(module.tensors[t].dtype).kind)
         e.line("const int tid = threadIdx.x;")
         origins = [e.tmp("o") for _ in axes]
         grid_dims = [-(-n // b) for n, b in zip(extents, block)]
@@ -285,15 +286,11 @@ def fused_kernel(module, plan: GroupPlan, entry: str, tile: Tile | None, limit: 
                 return value
             return f"({' && '.join(checks)} ? {value} : {pad_literal(r.pad, r.dtype)})"
 
-        lanes_used = {}
         for k, s in enumerate(plan.stages):
-            volume = math.prod(x.length for x in regions.spans[k])
-            lanes = stage_lanes(s.main, volume, threads)
-            lanes_used[s.main.op.name] = lanes
-            _emit_stage(e, module, plan, k, s, regions.spans[k], region_lo[k], threads, lanes,
-                        idx_t, resolve, buffers, is_last=k == len(plan.stages) - 1)
+            _emit_stage(e, module, plan, k, s, regions.spans[k], region_lo[k], threads,
+                        lanes[k], idx_t, resolve, buffers, is_last=k == len(plan.stages) - 1)
     sched = {"source": source, "block": dict(zip(axes, block)), "threads": threads,
-             "lanes": lanes_used,
+             "lanes": {s.main.op.name: n for s, n in zip(plan.stages, lanes)},
              "regions": {s.main.op.name: [x.length for x in regions.spans[k]]
                          for k, s in enumerate(plan.stages)},
              "shared": sorted(plan.shared)}
@@ -301,7 +298,7 @@ def fused_kernel(module, plan: GroupPlan, entry: str, tile: Tile | None, limit: 
         name=plan.name, group=plan.kernel.name, entry=entry,
         ops=tuple(plan.kernel.ops), shape="fused", schedule=sched,
         grid=(grid, 1, 1), block=(threads, 1, 1), smem_bytes=regions.smem if dynamic else 0,
-        smem_planned=regions.smem, args=sig.args, writes=tuple(sig.writes), body=e.text(),
+        smem_planned=smem, args=sig.args, writes=tuple(sig.writes), body=e.text(),
         uses_half=sig.uses_half())
 
 
@@ -315,8 +312,17 @@ def stage_lanes(p: OpPlan, volume: int, threads: int) -> int:
     extent = p.reduction[-1][1]
     points = 1 << max(0, (volume - 1).bit_length())          # next power of two
     wide = max(WARP, threads // points)
-    wide = min(wide, threads, 1 << (extent.bit_length() - 1))
+    # A lane group must divide the block (threads & -threads: its largest power-of-two
+    # divisor, a multiple of WARP): a thread past the last whole group would take part in a
+    # point that belongs to the next pass.
+    wide = min(wide, threads & -threads, 1 << (extent.bit_length() - 1))
     return max(lanes, 1 << (wide.bit_length() - 1))
+
+
+def cross_warp_bytes(threads: int) -> int:
+    """Static shared memory of one `_cross_warp` partials array: a slot per warp, counted at
+    8 bytes (the widest accumulator) so that the bound holds for every kind."""
+    return shared_bytes(threads // WARP, "d")
 
 
 def _cross_warp(e: Emitter, assign: str, acc: str, kind: str, lanes: int, threads: int) -> None:

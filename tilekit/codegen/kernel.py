@@ -194,10 +194,18 @@ def contiguous_reduction(p: OpPlan) -> bool:
     return False
 
 
-def index_type(module: Module, tensors) -> str:
-    """`int` when every tensor the kernel touches has fewer than 2^31 elements."""
-    big = any(module.tensors[t].size > INT32_LIMIT for t in tensors)
+def index_type(module: Module, tensors, loop_end: int = 0) -> str:
+    """`int` when every tensor the kernel touches has fewer than 2^31 elements and a
+    grid-stride loop's counter, which reaches `loop_end` (`grid_stride_end`), fits too."""
+    big = loop_end > INT32_LIMIT or any(module.tensors[t].size > INT32_LIMIT for t in tensors)
     return "long long" if big else "int"
+
+
+def grid_stride_end(points: int, grid: int, threads: int) -> int:
+    """A bound on the counter of `for (p = ...; p < points; p += grid * threads)`: its last
+    increment starts below `points` and adds one whole stride, so a loop over fewer than 2^31
+    points can still overflow an `int` counter."""
+    return points + grid * threads
 
 
 # -- signatures --------------------------------------------------------------------------
@@ -410,12 +418,12 @@ def default_kernel(module: Module, plan: GroupPlan, entry: str) -> GeneratedKern
     stage = plan.stages[0]
     main = stage.main
     sig = group_signature(module, plan)
-    idx_t = index_type(module, sig.args)
     points = main.points
     lanes = lane_count(main.reduction, contiguous_reduction(main))
     threads = DEFAULT_THREADS
     per_block = threads // lanes
     grid = default_grid(points, per_block)
+    idx_t = index_type(module, sig.args, grid_stride_end(points, grid, threads))
     e = Emitter()
     sched = {"source": "default", "threads": threads, "lanes": lanes,
              "points_per_block": per_block}
@@ -485,10 +493,10 @@ def block_origins(e: Emitter, axes: list[str], extents: list[int], block: tuple[
     return names
 
 
-def thread_coords(e: Emitter, axes: list[str], warps: list[int]) -> list[str]:
+def thread_coords(e: Emitter, axes: list[str], threads_per_axis: list[int]) -> list[str]:
     """Declare `w_<axis>` (this thread's coordinate in the block) from threadIdx.x."""
     names = [f"w_{c_name(a)}" for a in axes]
-    decompose(e, "(int)threadIdx.x", warps, names, "int")
+    decompose(e, "(int)threadIdx.x", threads_per_axis, names, "int")
     return names
 
 
@@ -500,7 +508,7 @@ def tiled_kernel(module: Module, plan: GroupPlan, entry: str, tile: Tile) -> Gen
     idx_t = index_type(module, sig.args)
     axes = [a for a, _ in main.spatial]
     extents = [n for _, n in main.spatial]
-    warps = [b // t for b, t in zip(tile.block, tile.thread)]
+    threads_per_axis = [b // t for b, t in zip(tile.block, tile.thread)]
     threads = tile.threads
     grid = math.prod(tile.grid(tuple(extents)))
     e = Emitter()
@@ -509,7 +517,7 @@ def tiled_kernel(module: Module, plan: GroupPlan, entry: str, tile: Tile) -> Gen
     vars_ = [avar(a) for a in axes]
     with e.block():
         origins = block_origins(e, axes, extents, tile.block, idx_t)
-        wvars = thread_coords(e, axes, warps)
+        thread_vars = thread_coords(e, axes, threads_per_axis)
         pe = PointEmitter(module, e, stage, vars_, global_resolver)
         npoints = math.prod(tile.thread)
         kind = pe.acc_kind(main) if main.reduces else None
@@ -524,8 +532,9 @@ def tiled_kernel(module: Module, plan: GroupPlan, entry: str, tile: Tile) -> Gen
                                  f"++j_{c_name(a)})")
                     cm.__enter__()
                     opened.append(cm)
-            for v, o, w, a, t, wn in zip(vars_, origins, wvars, axes, tile.thread, warps):
-                j = f" + j_{c_name(a)} * {wn}" if t > 1 else ""
+            for v, o, w, a, t, across in zip(vars_, origins, thread_vars, axes, tile.thread,
+                                                  threads_per_axis):
+                j = f" + j_{c_name(a)} * {across}" if t > 1 else ""
                 e.line(f"const {idx_t} {v} = {o} + {w}{j};")
             slot = linear(((math.prod(tile.thread[k + 1:]), f"j_{c_name(a)}")
                            for k, (a, t) in enumerate(zip(axes, tile.thread)) if t > 1))

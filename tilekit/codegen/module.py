@@ -31,6 +31,7 @@ from typing import Any
 from tilekit.codegen.fused import FusionError, fused_kernel
 from tilekit.codegen.kernel import (GeneratedKernel, c_name, contiguous_reduction,
                                     default_kernel, tiled_kernel)
+from tilekit.codegen.nvcc import check_arch
 from tilekit.codegen.opaque import opaque_kernel
 from tilekit.codegen.plan import GroupPlan, GroupSplit, OpaquePlan, plan_group, readers
 from tilekit.codegen.schedule import STATIC_SMEM_LIMIT, WARP, Tile, lane_count, read_tile
@@ -101,7 +102,12 @@ def generate(module: Module, profile=None, arch: str | None = None) -> CodegenRe
             launch["split"] = split
         launches[kernel.name] = launch
     out_kernels = tuple(replace(kn, launch=launches[kn.name]) for kn in kernels)
-    the_arch = arch or (profile.arch if profile is not None else DEFAULT_ARCH)
+    if arch is not None:
+        the_arch = check_arch(arch)
+    elif profile is not None:
+        the_arch = check_arch(profile.arch, f"hardware profile '{profile.name}': arch")
+    else:
+        the_arch = DEFAULT_ARCH
     section = {
         "arch": the_arch,
         "helpers": {"file": HELPERS_NAME, "sha256": helpers_sha256()},

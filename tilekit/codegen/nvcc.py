@@ -65,6 +65,18 @@ class CompileResult:
     cached: bool
 
 
+#: An NVIDIA GPU arch as nvcc's -arch takes it: sm_80, sm_90a, sm_100f.
+ARCH_PATTERN = re.compile(r"sm_\d{2,3}[a-z]?")
+
+
+def check_arch(arch: str, where: str = "--arch") -> str:
+    """`arch` if it names an NVIDIA GPU arch (`sm_90`, `sm_90a`), else a TilekitError."""
+    if not ARCH_PATTERN.fullmatch(arch):
+        raise TilekitError(f"'{arch}' is not an NVIDIA arch", where,
+                           "write sm_ and the compute capability, e.g. sm_80, sm_90 or sm_90a")
+    return arch
+
+
 def find_nvcc() -> str | None:
     """$TILEKIT_NVCC, else `nvcc` on PATH, else None."""
     explicit = os.environ.get(ENV_NVCC)
@@ -139,8 +151,7 @@ def compile_unit(source: str, arch: str, *, helpers_dir: Path | None = None,
     if nvcc is None:
         raise CompileError("nvcc was not found on PATH", "--compile",
                            "install the CUDA toolkit, set TILEKIT_NVCC, or drop --compile")
-    if not re.fullmatch(r"sm_\d+[a-z]?", arch):
-        raise CompileError(f"'{arch}' is not an NVIDIA arch such as sm_90", "--arch")
+    check_arch(arch)
     helpers_path = (helpers_dir or HELPERS.parent) / "runtime.cuh"
     helpers = helpers_path.read_text(encoding="utf-8")
     key = _key(source, helpers, arch, nvcc, extra_flags)

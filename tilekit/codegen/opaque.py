@@ -18,7 +18,8 @@ from typing import Callable, Mapping
 
 from tilekit.codegen.cexpr import load_value, storage
 from tilekit.codegen.emitter import Emitter
-from tilekit.codegen.kernel import (GeneratedKernel, Signature, index_type, open_kernel, tvar)
+from tilekit.codegen.kernel import (GeneratedKernel, Signature, grid_stride_end, index_type,
+                                    open_kernel, strides, tvar)
 from tilekit.codegen.plan import OpaquePlan
 from tilekit.codegen.schedule import DEFAULT_THREADS, default_grid
 from tilekit.errors import TilekitError, UnsupportedError
@@ -36,6 +37,11 @@ def _spec(plan: OpaquePlan) -> tuple[list[str], list[str], Mapping]:
 def _grid_stride(e: Emitter, idx_t: str, total: int) -> str:
     return (f"for ({idx_t} p = ({idx_t})blockIdx.x * {DEFAULT_THREADS} + threadIdx.x; "
             f"p < {total}; p += ({idx_t})gridDim.x * {DEFAULT_THREADS})")
+
+
+def _index_type(module: Module, sig: Signature, total: int) -> str:
+    grid = default_grid(total, DEFAULT_THREADS)
+    return index_type(module, sig.args, grid_stride_end(total, grid, DEFAULT_THREADS))
 
 
 def _kernel(module: Module, plan: OpaquePlan, entry: str, sig: Signature, e: Emitter,
@@ -60,7 +66,7 @@ def gather(module: Module, plan: OpaquePlan, entry: str) -> GeneratedKernel:
     count = module.tensors[ind].size
     total = module.tensors[out].size
     sig = _signature(module, [data, ind], [out])
-    idx_t = index_type(module, sig.args)
+    idx_t = _index_type(module, sig, total)
     e = Emitter()
     open_kernel(e, entry, sig, DEFAULT_THREADS,
                 [f"opaque Gather (axis {axis}): {out} = take({data}, {ind})"])
@@ -87,11 +93,11 @@ def gather_elements(module: Module, plan: OpaquePlan, entry: str) -> GeneratedKe
     axis = int(attrs.get("axis", 0)) % len(dshape)
     total = module.tensors[out].size
     sig = _signature(module, [data, ind], [out])
-    idx_t = index_type(module, sig.args)
+    idx_t = _index_type(module, sig, total)
     e = Emitter()
     open_kernel(e, entry, sig, DEFAULT_THREADS,
                 [f"opaque GatherElements (axis {axis}): {out} = take_along_axis({data}, {ind})"])
-    dstr = _strides(dshape)
+    dstr = strides(dshape)
     with e.block():
         with e.block(_grid_stride(e, idx_t, total)):
             e.line(f"{idx_t} rem = p;")
@@ -109,14 +115,6 @@ def gather_elements(module: Module, plan: OpaquePlan, entry: str) -> GeneratedKe
             zero = "0" if storage(dtype).kind != "b" else "false"
             e.line(f"{tvar(out)}[p] = ok ? {tvar(data)}[off] : ({storage(dtype).ctype}){zero};")
     return _kernel(module, plan, entry, sig, e, total, "GatherElements")
-
-
-def _strides(shape):
-    out, acc = [], 1
-    for d in reversed(shape):
-        out.append(acc)
-        acc *= d
-    return list(reversed(out))
 
 
 def _io(plan: OpaquePlan, n_in: int, n_out: int):

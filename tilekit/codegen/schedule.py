@@ -18,9 +18,10 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from tilekit.errors import TilekitError
+# Threads per block of the default schedule and of the fused shape without a tile: one
+# default shared with tk-roll's schedule for opaque ops.
+from tilekit.roll.rtile import DEFAULT_THREADS  # noqa: F401
 
-#: Threads per block of the default schedule and of the fused shape without a tile.
-DEFAULT_THREADS = 256
 #: The default schedule's grid cap; a grid-stride loop covers the rest.
 MAX_DEFAULT_GRID = 65535
 #: CUDA's limit on threads per block (every NVIDIA architecture since sm_20).
@@ -31,6 +32,14 @@ STATIC_SMEM_LIMIT = 48 * 1024
 #: least this long is split over up to 32 lanes (warp shuffles combine the partial results).
 LANE_MIN_EXTENT = 16
 WARP = 32
+#: Bytes of one shared-memory element per compute kind (bool, int64, float32, float64).
+KIND_BYTES = {"b": 1, "i": 8, "f": 4, "d": 8}
+
+
+def shared_bytes(count: int, kind: str) -> int:
+    """Bytes of a shared buffer of `count` elements of `kind`, rounded up to 16 so that the
+    next buffer carved from the same dynamic allocation stays 16-byte aligned (float4)."""
+    return -(-count * KIND_BYTES[kind] // 16) * 16
 
 
 @dataclass(frozen=True)
@@ -116,6 +125,13 @@ def read_tile(payload: Mapping[str, Any] | None, where: str, spatial: tuple[tupl
         if b % t:
             raise TilekitError(f"block size {b} of axis '{a}' is not a multiple of its thread "
                                f"size {t}", f"{where}.thread.{a}", "re-run tk-roll on this IR")
+    grid = payload.get("grid")
+    if isinstance(grid, Mapping) and not axis_names:
+        for a, b, (_, extent) in zip(names, block, spatial):
+            if a in grid and grid[a] != -(-extent // b):
+                raise TilekitError(f"grid {grid[a]} of axis '{a}' does not match "
+                                   f"ceil({extent} / block {b}) = {-(-extent // b)}",
+                                   f"{where}.grid.{a}", "re-run tk-roll on this IR")
     # Sizes larger than the extent waste threads but stay correct; clamp steps only.
     step = tuple(min(s, e) for s, (_, e) in zip(step, reduction))
     tile = Tile(block, thread, step, source)

@@ -32,7 +32,7 @@ from tilekit.codegen.kernel import (GeneratedKernel, PointEmitter, _ll_if, _tile
                                     has_guarded_reads, store_sink, strides, thread_coords, tvar,
                                     uses_axis_values)
 from tilekit.codegen.plan import GroupPlan, OpPlan, Read
-from tilekit.codegen.schedule import STATIC_SMEM_LIMIT, Tile
+from tilekit.codegen.schedule import STATIC_SMEM_LIMIT, Tile, shared_bytes
 
 #: A read is worth staging when each element of its box is used this many times per step.
 MIN_REUSE = 2
@@ -118,16 +118,8 @@ def smem_bytes(p: OpPlan, tile: Tile) -> int:
     total = 0
     for r in distinct_reads(p):
         kind = storage(r.dtype).kind
-        total += _align16(make_box(r, lengths, "").volume * _kind_bytes(kind))
+        total += shared_bytes(make_box(r, lengths, "").volume, kind)
     return total
-
-
-def _kind_bytes(kind: str) -> int:
-    return {"b": 1, "i": 8, "f": 4, "d": 8}[kind]
-
-
-def _align16(n: int) -> int:
-    return -(-n // 16) * 16
 
 
 def fit_steps(p: OpPlan, tile: Tile, limit: int) -> Tile | None:
@@ -162,8 +154,7 @@ def vector_width(box: Box, lengths: dict[str, int]) -> int:
     return 4
 
 
-def staged_kernel(module, plan: GroupPlan, entry: str, tile: Tile,
-                  dynamic_limit: int | None = None) -> GeneratedKernel:
+def staged_kernel(module, plan: GroupPlan, entry: str, tile: Tile) -> GeneratedKernel:
     stage = plan.stages[0]
     p = stage.main
     sig = group_signature(module, plan)
@@ -171,14 +162,14 @@ def staged_kernel(module, plan: GroupPlan, entry: str, tile: Tile,
     axes = [a for a, _ in p.spatial]
     extents = [n for _, n in p.spatial]
     raxes = [a for a, _ in p.reduction]
-    warps = [b // t for b, t in zip(tile.block, tile.thread)]
+    threads_per_axis = [b // t for b, t in zip(tile.block, tile.thread)]
     threads = tile.threads
     grid = math.prod(tile.grid(tuple(extents)))
     lengths = tile_lengths(p, tile)
     boxes: dict[tuple, Box] = {}
     for r in distinct_reads(p):
         boxes[read_key(r)] = make_box(r, lengths, f"s_{c_name(r.tensor)}_{len(boxes)}")
-    total = sum(_align16(b.volume * _kind_bytes(storage(b.read.dtype).kind))
+    total = sum(shared_bytes(b.volume, storage(b.read.dtype).kind)
                 for b in boxes.values())
     dynamic = total > STATIC_SMEM_LIMIT
     e = Emitter()
@@ -199,10 +190,10 @@ def staged_kernel(module, plan: GroupPlan, entry: str, tile: Tile,
             else:
                 e.line(f"__shared__ __align__(16) {ctype} {b.buffer}[{b.volume}];"
                        f"  // {b.read.tensor} box {list(b.extents)}")
-            offset += _align16(b.volume * _kind_bytes(storage(b.read.dtype).kind))
+            offset += shared_bytes(b.volume, storage(b.read.dtype).kind)
         e.line("const int tid = threadIdx.x;")
         origins = block_origins(e, axes, extents, tile.block, idx_t)
-        wvars = thread_coords(e, axes, warps)
+        thread_vars = thread_coords(e, axes, threads_per_axis)
         pe = PointEmitter(module, e, stage, vars_, global_resolver)
         kind = pe.acc_kind(p)
         npoints = math.prod(tile.thread)
@@ -226,7 +217,7 @@ def staged_kernel(module, plan: GroupPlan, entry: str, tile: Tile,
         for b in boxes.values():
             _emit_load(e, b, base, ranges, threads, idx_t, lengths)
         e.line("__syncthreads();")
-        _emit_compute(e, p, tile, boxes, wvars, warps, kind, module)
+        _emit_compute(e, p, tile, boxes, thread_vars, threads_per_axis, kind, module)
         for cm in reversed(opened):
             cm.__exit__(None, None, None)
         # Epilogue: every point of the register tile, in range, through the chain to memory.
@@ -239,8 +230,9 @@ def staged_kernel(module, plan: GroupPlan, entry: str, tile: Tile,
                 cm = e.block(f"for (int j_{c_name(a)} = 0; j_{c_name(a)} < {t}; ++j_{c_name(a)})")
                 cm.__enter__()
                 opened.append(cm)
-        for v, o, w, a, t, wn in zip(vars_, origins, wvars, axes, tile.thread, warps):
-            j = f" + j_{c_name(a)} * {wn}" if t > 1 else ""
+        for v, o, w, a, t, across in zip(vars_, origins, thread_vars, axes, tile.thread,
+                                              threads_per_axis):
+            j = f" + j_{c_name(a)} * {across}" if t > 1 else ""
             e.line(f"const {idx_t} {v} = {o} + {w}{j};")
         slot = _slot(axes, tile.thread, axes)
         cm = e.block(f"if ({bounds})") if bounds else None
@@ -332,11 +324,11 @@ def _slot(axes: list[str], thread: tuple[int, ...], over: list[str]) -> str:
 
 
 def _emit_compute(e: Emitter, p: OpPlan, tile: Tile, boxes: dict[tuple, Box],
-                  wvars: list[str], warps: list[int], kind: str, module) -> None:
+                  thread_vars: list[str], threads_per_axis: list[int], kind: str, module) -> None:
     axes = [a for a, _ in p.spatial]
     thread = dict(zip(axes, tile.thread))
-    wvar = dict(zip(axes, wvars))
-    warp = dict(zip(axes, warps))
+    thread_var = dict(zip(axes, thread_vars))
+    threads_along = dict(zip(axes, threads_per_axis))
     opened = []
     last = len(p.reduction) - 1
     for k, ((a, n), s) in enumerate(zip(p.reduction, tile.step)):
@@ -371,9 +363,9 @@ def _emit_compute(e: Emitter, p: OpPlan, tile: Tile, boxes: dict[tuple, Box],
         terms: list[tuple[int, str]] = []
         for a, c in sorted(coefs.items(), key=lambda ac: (ac[0] not in axes, ac[0])):
             if a in axes:
-                terms.append((c, wvar[a]))
+                terms.append((c, thread_var[a]))
                 if thread[a] > 1:
-                    terms.append((c * warp[a], f"j_{c_name(a)}"))
+                    terms.append((c * threads_along[a], f"j_{c_name(a)}"))
             else:
                 terms.append((c, avar(a)))
         e.line(f"{name}[{_slot(axes, tile.thread, dep)}] = {b.buffer}[{linear(terms, const)}];")

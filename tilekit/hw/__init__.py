@@ -12,11 +12,13 @@ format: fields, units, sources, located errors), `registry` (names, folders, loa
 from tilekit.hw.profile import (DTYPES, FEATURES, KINDS, Achievable, Features, MemoryLevel,
                                 MmaShape, Profile)
 from tilekit.hw.registry import (ENV_VAR, builtin_dir, list_profiles, load_profile,
-                                 profile_dirs, profile_names, read_profile_file, resolve)
+                                 load_recorded_profile, profile_dirs, profile_names,
+                                 read_profile_file, recorded_profile, resolve)
 from tilekit.hw.schema import SCHEMA_VERSION
 
 __all__ = [
     "Achievable", "DTYPES", "ENV_VAR", "FEATURES", "Features", "KINDS", "MemoryLevel",
     "MmaShape", "Profile", "SCHEMA_VERSION", "builtin_dir", "list_profiles", "load_profile",
-    "profile_dirs", "profile_names", "read_profile_file", "resolve",
+    "load_recorded_profile", "profile_dirs", "profile_names", "read_profile_file",
+    "recorded_profile", "resolve",
 ]

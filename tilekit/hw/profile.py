@@ -41,7 +41,7 @@ REGISTER_BYTES = 4
 #: The PTX ISA encodes a register number in 8 bits; ptxas caps a thread at 255.
 NVIDIA_MAX_REGS_PER_THREAD = 255
 #: A cost model divides by these, and a fraction above 1 would claim more than the peak.
-_FRACTIONS = ("dram", "compute", "smem")
+_FRACTIONS = ("dram", "compute", "smem", "compute_tensor")
 
 
 @dataclass(frozen=True)
@@ -70,11 +70,21 @@ class Features:
 
 @dataclass(frozen=True)
 class Achievable:
-    """Fractions of the peaks that real kernels reach; the cost model multiplies peaks by these."""
+    """Fractions of the peaks that real kernels reach; the cost model multiplies peaks by these.
+
+    `compute` is the fraction of the SIMT (CUDA-core) peak, which is what tk-roll's tiles run
+    on; `compute_tensor` the fraction of the tensor-core peak (a GEMM library's), `compute`
+    when the profile does not state one. The two differ: a measured bf16 tensor-core matmul
+    says nothing about an fp32 FMA loop."""
 
     dram: float
     compute: float
     smem: float
+    compute_tensor: float | None = None
+
+    @property
+    def tensor(self) -> float:
+        return self.compute if self.compute_tensor is None else self.compute_tensor
 
 
 @dataclass(frozen=True)
@@ -121,6 +131,7 @@ FIELD_PATHS = {
     "transaction_bytes": "memory[dram].transaction",
     "exchange_bandwidth": "exchange.bandwidth",
     "clock_hz": "compute.clock",
+    "launch_overhead": "launch.overhead",
 }
 
 _ATTR_OF_PATH = {path: attr for attr, path in FIELD_PATHS.items()}
@@ -172,6 +183,8 @@ class Profile:
     l2_transaction_bytes: int | None = None
     # all-to-all tile interconnect of a distributed machine (aggregate B/s)
     exchange_bandwidth: float | None = None
+    # seconds from one kernel's launch to the next one starting (None: not modelled)
+    launch_overhead: float | None = None
     aliases: tuple[str, ...] = ()
     description: str = ""
     #: memory level name -> what the vendor calls it ("HBM3", "In-Processor-Memory")
@@ -257,7 +270,8 @@ class Profile:
 
     def achievable_flops(self, dtype: str, tensor_core: bool = False) -> float:
         """`peak_flops` x the achievable compute fraction."""
-        return self.peak_flops(dtype, tensor_core) * self.achievable.compute
+        a = self.achievable
+        return self.peak_flops(dtype, tensor_core) * (a.tensor if tensor_core else a.compute)
 
     def figure(self, path: str) -> Any:
         """The value of the figure at a file path (`memory[dram].bandwidth`), in base units.
@@ -337,6 +351,8 @@ def _check_profile(p: Profile) -> None:
             _fail(attr, f"must be positive, got {value}")
     for name in _FRACTIONS:
         value = getattr(p.achievable, name)
+        if value is None and name == "compute_tensor":
+            continue
         if not 0 < value <= 1:
             raise ProfileError(f"must be in (0, 1], got {value}", f"achievable.{name}")
 

@@ -155,6 +155,53 @@ def load_profile(name_or_path: str | Path) -> Profile:
     return read_profile_file(display_path(path))
 
 
+def _ir_folder(ir_path: str | None) -> Path:
+    """The folder a profile path recorded in an IR document is relative to: the IR file's,
+    or the working directory for stdin/stdout."""
+    if not ir_path or ir_path in ("-", "<stdin>", "<output>"):
+        return Path.cwd()
+    return Path(ir_path).resolve().parent
+
+
+def _found_by_name(name: str, path: Path) -> bool:
+    try:
+        return resolve(name).resolve() == path.resolve()
+    except ProfileError:
+        return False
+
+
+def recorded_profile(given: str, profile: Profile, ir_output: str | None) -> str:
+    """What an IR document written to `ir_output` records as its `hardware` for the profile
+    the user gave as `given` (a name or a path), so that later stages load the same file:
+    the profile's name when that name finds it (shipped profiles, `$TILEKIT_HWPROFILES`),
+    else its path relative to the output IR's folder (the working directory for stdout)."""
+    path = Path(given) if is_path(given) else resolve(given)
+    if _found_by_name(profile.name, path):
+        return profile.name
+    try:
+        rel = os.path.relpath(path.resolve(), _ir_folder(ir_output))
+    except ValueError:  # another drive on Windows
+        return path.resolve().as_posix()
+    rel = Path(rel).as_posix()
+    return rel if is_path(rel) else f"./{rel}"
+
+
+def load_recorded_profile(hardware: str, ir_path: str | None) -> Profile:
+    """The profile an IR document's `hardware` names: a name, or a path relative to the IR
+    file's folder (the working directory when the IR came through stdin); see
+    `recorded_profile`."""
+    if is_path(hardware) and not os.path.isabs(hardware):
+        path = _ir_folder(ir_path) / hardware
+        if not path.exists():
+            raise ProfileError(f"hardware profile file '{hardware}' not found (looked in "
+                               f"{display_path(path.parent)})", "hardware",
+                               "paths in the IR are relative to the IR file's folder, or to "
+                               "the current directory when the IR comes through stdin; or "
+                               "pass --hw")
+        return read_profile_file(display_path(path))
+    return load_profile(hardware)
+
+
 def profile_names() -> list[str]:
     """Names (file stems) of every profile in the search folders, sorted; no file is validated."""
     seen: dict[str, None] = {}

@@ -94,12 +94,16 @@ LEVEL_FIELDS: dict[str, dict[str, Spec]] = {
 CLOCK = Spec("frequency", 1e8, 1e10)
 PEAK = Spec("rate", 1e9, 1e17)
 MMA_DIM = (1, 1024)
-ACHIEVABLE = {name: Spec("fraction", 0, 1) for name in ("dram", "compute", "smem")}
+ACHIEVABLE = {"dram": Spec("fraction", 0, 1), "compute": Spec("fraction", 0, 1),
+              "smem": Spec("fraction", 0, 1),
+              "compute_tensor": Spec("fraction", 0, 1, required=False)}
 EXCHANGE = {"bandwidth": Spec("bandwidth", 1e9, 1e16)}
+#: Kernel launch: the time from one kernel's launch to the next one's start on an idle device.
+LAUNCH = {"overhead": Spec("time", 1e-8, 1e-3)}
 
 TOP_LEVEL = ("schema", "name", "vendor", "arch", "aliases", "kind", "description", "sources",
              "parallelism", "registers", "memory", "compute", "features", "achievable",
-             "exchange")
+             "exchange", "launch")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]*")
 
 
@@ -115,7 +119,7 @@ def dimension_of(path: str) -> str | None:
             return CLOCK.dim
         return PEAK.dim if key.startswith(("simt.", "tensor_core.")) else None
     tables = {"parallelism": PARALLELISM, "registers": REGISTERS, "achievable": ACHIEVABLE,
-              "exchange": EXCHANGE}
+              "exchange": EXCHANGE, "launch": LAUNCH}
     spec = tables.get(section, {}).get(key)
     return spec.dim if spec else None
 
@@ -475,6 +479,8 @@ def read_profile(data: Any, origin: str) -> Profile:
     ach = r.figures(r.mapping(doc, "achievable", "achievable"), ACHIEVABLE, "achievable")
     exchange = r.mapping(doc, "exchange", "exchange", required=False)
     exch = r.figures(exchange, EXCHANGE, "exchange") if exchange is not None else {}
+    launch = r.mapping(doc, "launch", "launch", required=False)
+    launch_figs = r.figures(launch, LAUNCH, "launch") if launch is not None else {}
 
     shared, dram = levels["shared"], levels["dram"]
     l2 = levels.get("l2", {})
@@ -498,6 +504,7 @@ def read_profile(data: Any, origin: str) -> Profile:
             dram_bytes=dram["capacity"], dram_bandwidth=dram["bandwidth"],
             transaction_bytes=dram["transaction"],
             exchange_bandwidth=exch.get("bandwidth"),
+            launch_overhead=launch_figs.get("overhead"),
             clock_hz=clock, peaks=peaks, tensor_peaks=tensor_peaks, mma_shapes=mma,
             features=features, achievable=Achievable(**ach),
             aliases=tuple(aliases), description=description, labels=labels,

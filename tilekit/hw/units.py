@@ -26,13 +26,14 @@ UNITS: dict[str, dict[str, float]] = {
         "FLOP/s": 1, "GFLOP/s": 1e9, "TFLOP/s": 1e12, "PFLOP/s": 1e15,
         "OP/s": 1, "GOP/s": 1e9, "TOP/s": 1e12, "POP/s": 1e15,
     },
+    "time": {"s": 1, "ms": 1e-3, "us": 1e-6, "ns": 1e-9},
     "count": {},
     "fraction": {},
 }
 
 #: The base unit each dimension is stored in (what `Profile` attributes hold).
 BASE_UNIT = {"bytes": "B", "bandwidth": "B/s", "frequency": "Hz", "rate": "FLOP/s",
-             "count": "", "fraction": ""}
+             "time": "s", "count": "", "fraction": ""}
 
 
 def to_base(value: float | int, factor: float | int) -> float | int:
@@ -41,7 +42,7 @@ def to_base(value: float | int, factor: float | int) -> float | int:
     66.9 x 1e12 in floating point is 66900000000000.01; shifting the decimal exponent of the
     written value instead gives the float nearest to what the author wrote.
     """
-    if isinstance(value, float) and factor > 1:
+    if isinstance(value, (int, float)) and factor != 1:
         exponent = math.log10(factor)
         if exponent.is_integer():
             return float(f"{value!r}e{int(exponent)}")
@@ -81,6 +82,8 @@ def format_quantity(value: float | int | None, dimension: str) -> str:
     if dimension == "rate":
         return _scaled(value, [(1e15, "PFLOP/s"), (1e12, "TFLOP/s"), (1e9, "GFLOP/s"),
                                (1, "FLOP/s")])
+    if dimension == "time":
+        return _scaled(value, [(1, "s"), (1e-3, "ms"), (1e-6, "us"), (1e-9, "ns")])
     if dimension == "fraction":
         return f"{value:g}"
     return f"{value}"

@@ -17,7 +17,7 @@ from __future__ import annotations
 import difflib
 import json
 import re
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 import yaml
 
@@ -560,7 +560,7 @@ class InvalidOutputError(RuntimeError):
 
 
 def write_module(module: Module, output: str = "-", fmt: str | None = None,
-                 input_path: str | None = None) -> None:
+                 input_path: str | Iterable[str | None] | None = None) -> None:
     """Verify `module`, then write it to `output` (`-` is stdout; files atomically).
 
     `fmt` is `yaml` (the default) or `json`. An invalid module is never written: that raises

@@ -180,10 +180,11 @@ class _Verifier:
                 raise self.fail(f"{path}.shape", f"shape must be a tuple of integers, got "
                                 f"{type(t.shape).__name__}")
             for i, d in enumerate(t.shape):
-                if type(d) is not int or d < 0:
-                    raise self.fail(f"{path}.shape[{i}]", f"dimension must be a non-negative "
+                if type(d) is not int or d < 1:
+                    raise self.fail(f"{path}.shape[{i}]", f"dimension must be a positive "
                                     f"integer, got {type_name(d)} {d!r}",
-                                    "shapes are static; dynamic sizes are not supported")
+                                    "shapes are static and non-empty: dynamic sizes and "
+                                    "zero-size tensors are not supported")
             if t.dtype not in DTYPES:
                 raise self.fail(f"{path}.dtype", f"unknown dtype {t.dtype!r}",
                                 _choices(t.dtype, DTYPES))

@@ -1,10 +1,15 @@
-"""Constant folding: evaluate an ONNX node whose inputs are all known at import.
+"""Constant folding and static shapes: what an import knows before any converter runs.
 
-Common shape arithmetic and weight producers (Constant, ConstantOfShape, Shape, Gather,
-Concat, Unsqueeze, Reshape, Cast, ...) have NumPy fast paths because real models hold hundreds
+`evaluate(node, inputs, opset)` evaluates one ONNX node whose inputs are all known. Common
+shape arithmetic and weight producers (Constant, ConstantOfShape, Shape, Gather, Concat,
+Unsqueeze, Reshape, Cast, ...) have NumPy fast paths because real models hold hundreds
 of them (ResNet-50's weights are 239 ConstantOfShape fills); anything else goes through
 `onnx.reference.ReferenceEvaluator` on the single node, so every deterministic standard op
 folds.
+
+`ShapeFolding` (a base of `tilekit.onnx.importer.Importer`) applies it to a whole graph:
+`--shape` overrides, ONNX shape inference and folding, repeated until every tensor that is
+read has a static shape.
 """
 
 from __future__ import annotations
@@ -12,7 +17,11 @@ from __future__ import annotations
 from typing import Any, Callable, Sequence
 
 import numpy as np
-from onnx import NodeProto, helper, numpy_helper
+import onnx
+from onnx import NodeProto, TensorProto, helper, numpy_helper
+
+from tilekit.errors import TilekitError, UnsupportedError
+from tilekit.onnx.names import sanitize
 
 #: Ops that must never be folded: their value is not a function of their inputs.
 NOT_FOLDABLE = frozenset({
@@ -160,3 +169,233 @@ def _reference(node: NodeProto, inputs: Arrays, opset: int) -> list[np.ndarray]:
     feeds = {n: np.asarray(x) for n, x in zip(names, inputs) if n}
     results = evaluator.run(None, feeds)
     return [np.asarray(r) for r in results]
+
+
+# -- whole-graph shapes ------------------------------------------------------------------
+
+#: ONNX element types the tile IR can hold.
+ONNX_DTYPES = {
+    TensorProto.FLOAT: "float32", TensorProto.FLOAT16: "float16",
+    TensorProto.BFLOAT16: "bfloat16", TensorProto.DOUBLE: "float64",
+    TensorProto.INT64: "int64", TensorProto.INT32: "int32", TensorProto.INT16: "int16",
+    TensorProto.INT8: "int8", TensorProto.UINT8: "uint8", TensorProto.BOOL: "bool",
+}
+
+#: Ops whose output shape depends on input values: importable only when folded.
+_DATA_DEPENDENT_SHAPES = frozenset({"NonZero", "Unique", "NonMaxSuppression", "Compress",
+                                    "StringSplit", "RandomNormalLike"})
+#: Shape inference + folding rounds before giving up on a still-unknown shape.
+_MAX_ROUNDS = 4
+
+
+def type_of(vi: onnx.ValueInfoProto) -> tuple[tuple[int | None, ...] | None, int] | None:
+    """(shape with None for unknown dims, elem type), or None for a non-tensor type."""
+    t = vi.type
+    if not t.HasField("tensor_type"):
+        return None
+    tt = t.tensor_type
+    if not tt.HasField("shape"):
+        return None, tt.elem_type
+    dims = tuple(d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim)
+    return dims, tt.elem_type
+
+
+class ShapeFolding:
+    """Steps 1-3 of an import (`tilekit.onnx.importer`): static graph inputs, ONNX shape
+    inference, and folding of every node whose inputs are known, repeated until every read
+    tensor has a static shape.
+
+    A base of `Importer`, whose state it reads and fills: `model`, `graph`, `nodes`,
+    `input_names`, `graph_outputs`, `shape_overrides`, `opset` (read); `types`, `consts`,
+    `folded`, `warnings` (filled); `_unsupported_op(index, node)` makes the error for a node
+    without a converter.
+    """
+
+    def _static_inputs(self) -> onnx.ModelProto:
+        """The model with `--shape` overrides applied; every real input must be static."""
+        overrides = dict(self.shape_overrides)
+        by_sanitized = {sanitize(n): n for n in self.input_names}
+        for key in list(overrides):
+            if key not in self.input_names and key in by_sanitized:
+                overrides[by_sanitized[key]] = overrides.pop(key)
+        unknown = sorted(set(overrides) - set(self.input_names))
+        if unknown:
+            raise TilekitError(f"--shape names '{unknown[0]}', which is not a graph input",
+                               "--shape", f"graph inputs: {', '.join(self.input_names[:8])}")
+        model = self.model
+        if overrides:
+            model = onnx.ModelProto()
+            model.CopyFrom(self.model)
+            for vi in model.graph.input:
+                if vi.name in overrides:
+                    dims = [int(d) for d in overrides[vi.name]]
+                    shape = vi.type.tensor_type.shape
+                    if shape.dim and len(shape.dim) != len(dims):
+                        raise TilekitError(
+                            f"--shape gives {len(dims)} dimensions for '{vi.name}', which has "
+                            f"rank {len(shape.dim)}", "--shape", "give one size per dimension")
+                    vi.type.tensor_type.ClearField("shape")
+                    for d in dims:
+                        vi.type.tensor_type.shape.dim.add().dim_value = d
+            self.graph = model.graph
+            self.nodes = list(self.graph.node)
+        for vi in model.graph.input:
+            if vi.name not in self.input_names:
+                continue
+            typ = type_of(vi)
+            if typ is None:
+                raise UnsupportedError(f"graph input '{vi.name}' is not a tensor",
+                                       "graph.input", "only tensor inputs are supported")
+            shape, elem = typ
+            if elem not in ONNX_DTYPES:
+                raise UnsupportedError(
+                    f"graph input '{vi.name}' has element type "
+                    f"{helper.tensor_dtype_to_string(elem)}", "graph.input",
+                    f"supported element types: {', '.join(sorted(set(ONNX_DTYPES.values())))}")
+            if shape is None or any(d is None or d <= 0 for d in shape):
+                dims = vi.type.tensor_type.shape.dim if shape is not None else []
+                shown = ",".join(str(d.dim_value) if d.HasField("dim_value")
+                                 else (d.dim_param or "?") for d in dims) or "unknown rank"
+                example = ",".join(str(d.dim_value) if d.HasField("dim_value") and d.dim_value
+                                   else "1" for d in dims) or "1,3,224,224"
+                raise TilekitError(
+                    f"graph input '{vi.name}' has a symbolic or unknown shape [{shown}]; "
+                    "tilekit needs static shapes", "graph.input",
+                    f"give it one with --shape {vi.name}={example}")
+        return model
+
+    def _infer(self, model: onnx.ModelProto) -> None:
+        inferred = None
+        try:
+            inferred = onnx.shape_inference.infer_shapes(model, check_type=True,
+                                                         strict_mode=True, data_prop=True)
+        except Exception as exc:  # noqa: BLE001 - fall back to lenient inference below
+            self.warnings.append(f"strict shape inference failed ({_first_line(exc)}); "
+                                 "using lenient inference")
+            try:
+                inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
+            except Exception as exc2:  # noqa: BLE001
+                raise TilekitError(f"ONNX shape inference failed: {_first_line(exc2)}",
+                                   "model", "check the model with onnx.checker") from None
+        g = inferred.graph
+        for vi in list(g.input) + list(g.value_info) + list(g.output):
+            typ = type_of(vi)
+            if typ is None:
+                continue
+            old = self.types.get(vi.name)
+            if old is None or old[0] is None or (typ[0] is not None and None not in typ[0]):
+                self.types[vi.name] = typ
+
+    # -- folding -------------------------------------------------------------------------
+    def _fold_until_static(self, model: onnx.ModelProto) -> None:
+        for _ in range(_MAX_ROUNDS):
+            self._fold()
+            missing = self._missing_shapes()
+            if not missing:
+                return
+            self._infer(self._partially_folded(model))
+        missing = self._missing_shapes()
+        if missing:
+            from tilekit.onnx.converters import lookup
+
+            for index, _ in missing:
+                node = self.nodes[index]
+                if node.op_type in _DATA_DEPENDENT_SHAPES:
+                    raise UnsupportedError(
+                        f"op type '{node.op_type}' (opset {self.opset}) has an output shape "
+                        "that depends on the input values", f"node {index} "
+                        f"'{node.name or f'{node.op_type}_{index}'}'",
+                        "tilekit needs static shapes; such an op is only importable when its "
+                        "inputs are constants (it is then folded)")
+                if lookup(node.op_type) is None:
+                    raise self._unsupported_op(index, node)
+            index, name = missing[0]
+            node = self.nodes[index]
+            raise TilekitError(
+                f"the shape of '{name}' (output of {node.op_type} node {index} "
+                f"'{node.name or f'{node.op_type}_{index}'}') is not static after shape "
+                "inference", "model",
+                "give every graph input a static shape with --shape NAME=d0,d1,...")
+
+    def _fold(self) -> None:
+        for index, node in enumerate(self.nodes):
+            if index in self.folded or node.op_type in NOT_FOLDABLE:
+                continue
+            if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+                   for a in node.attribute):
+                continue
+            results = self._try_fold(node)
+            if results is None:
+                continue
+            for name, array in zip(node.output, results):
+                if name:
+                    self.consts[name] = array
+            self.folded.add(index)
+
+    def _try_fold(self, node: onnx.NodeProto) -> list[np.ndarray] | None:
+        if node.op_type in ("Shape", "Size"):
+            shape = self._static_shape(node.input[0])
+            if shape is None:
+                return None
+            if node.op_type == "Size":
+                return [np.asarray(int(np.prod(shape, dtype=np.int64)), dtype=np.int64)]
+            attrs = attributes(node)
+            start, end = attrs.get("start", 0), attrs.get("end", None)
+            return [np.asarray(shape[start:end], dtype=np.int64)]
+        ins = [n for n in node.input if n]
+        if not ins and node.op_type != "Constant":
+            return None
+        if any(n not in self.consts for n in ins):
+            return None
+        inputs = [self.consts[n] if n else None for n in node.input]
+        try:
+            return evaluate(node, inputs, self.opset)
+        except Exception:  # noqa: BLE001 - an op the evaluators cannot fold is converted
+            return None
+
+    def _static_shape(self, name: str) -> tuple[int, ...] | None:
+        if name in self.consts:
+            return tuple(self.consts[name].shape)
+        typ = self.types.get(name)
+        if typ is None or typ[0] is None or None in typ[0]:
+            return None
+        return tuple(int(d) for d in typ[0])
+
+    def _missing_shapes(self) -> list[tuple[int, str]]:
+        missing = []
+        for index, node in enumerate(self.nodes):
+            if index in self.folded:
+                continue
+            for name in node.output:
+                if name and name in self._read_anywhere and self._static_shape(name) is None:
+                    missing.append((index, name))
+        return missing
+
+    def _partially_folded(self, model: onnx.ModelProto) -> onnx.ModelProto:
+        """`model` with folded nodes replaced by their values, for shape inference.
+
+        Small constants travel as initializers (inference reads their values: shapes, axes);
+        large ones only as typed inputs, so that no weight data is serialised for inference.
+        """
+        g = model.graph
+        keep = [n for i, n in enumerate(self.nodes) if i not in self.folded]
+        needed = {name for n in keep for name in n.input if name in self.consts}
+        needed |= {o for o in self.graph_outputs if o in self.consts}
+        inits, inputs = [], [vi for vi in g.input if vi.name in self.input_names]
+        for name in sorted(needed):
+            array = self.consts[name]
+            if array.size <= 4096:
+                inits.append(numpy_helper.from_array(array, name))
+            else:
+                inputs.append(helper.make_tensor_value_info(
+                    name, helper.np_dtype_to_tensor_dtype(array.dtype), list(array.shape)))
+        graph = helper.make_graph(keep, g.name or "g", inputs, list(g.output), inits,
+                                  value_info=list(g.value_info))
+        out = helper.make_model(graph, opset_imports=list(model.opset_import))
+        out.ir_version = max(model.ir_version, 4)
+        return out
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    return lines[0] if lines else type(exc).__name__

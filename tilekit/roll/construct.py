@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tilekit.errors import TilekitError
 from tilekit.roll.cost import (Estimate, Machine, TileCosts, cost_tiles, machine,
                                registers_per_thread, round_sig)
 from tilekit.roll.problem import Problem
@@ -111,9 +112,37 @@ def rank(problem: Problem, m: Machine, tiles: list[RTile], top_k: int) -> list[C
                 -min(threads, full), tiles[k])
 
     order = sorted((k for k in range(len(tiles)) if costs.valid[k]), key=key)
-    if not order:  # cannot happen with a sane profile: the smallest tile always fits
-        raise RuntimeError("no tile fits the profile's capacity limits")
+    if not order:  # a valid but tiny profile: even the smallest tile breaks a limit
+        raise no_tile_fits(m, costs, tiles)
     return [_candidate(tiles[k], costs, k) for k in order[:max(1, top_k)]]
+
+
+def no_tile_fits(m: Machine, costs: TileCosts, tiles: list[RTile]) -> TilekitError:
+    """The error for a profile whose limits no tile meets, naming the limits that the
+    smallest tile (fewest shared-memory bytes, then threads, then registers) breaks."""
+    k = min(range(len(tiles)), key=lambda i: (int(costs.smem_tile[i]), int(costs.threads[i]),
+                                              int(costs.regs[i])))
+    threads, regs, smem = int(costs.threads[k]), int(costs.regs[k]), int(costs.smem_tile[k])
+    broken = []
+    if threads > m.max_threads_per_block:
+        broken.append(f"{threads} threads > parallelism.max_threads_per_block "
+                      f"{m.max_threads_per_block}")
+    if regs > m.max_regs_per_thread:
+        broken.append(f"{regs} registers per thread > registers.max_per_thread "
+                      f"{m.max_regs_per_thread}")
+    if regs * threads > m.regs_per_block:
+        broken.append(f"{regs * threads} registers per block > registers.max_per_block "
+                      f"{m.regs_per_block}")
+    if smem > m.smem_per_block:
+        broken.append(f"{smem} B of shared memory > memory[shared].per_block_optin "
+                      f"{m.smem_per_block} B")
+    if int(costs.blocks_per_sm[k]) < 1:
+        broken.append("not one block fits an SM (parallelism.max_threads_per_sm, "
+                      "registers.per_sm, memory[shared].capacity)")
+    return TilekitError(f"no tile fits hardware profile '{m.name}': the smallest tile "
+                        f"({tiles[k].block} block, {tiles[k].step} step) needs "
+                        + ("; ".join(broken) or "more than the profile allows"), "--hw",
+                        "use a profile with larger limits, or fix the profile's figures")
 
 
 def _candidate(tile: RTile, costs: TileCosts, k: int) -> Candidate:

@@ -11,7 +11,8 @@ The model (docs/roll.md has the derivation and the distributed-machine mapping):
     sm_busy = wave_efficiency x saturation x lanes
 
 - compute: padded iteration points x flops per point, over the SIMT peak of the output dtype
-  x the achievable compute fraction;
+  x the achievable SIMT compute fraction (`achievable.compute`, not `compute_tensor`: the
+  tiles tk-roll makes run on CUDA cores);
 - shared memory (ops with a reduction: their input tiles are staged per step): the staged
   bytes written, plus every thread's register-tile operands read once per reduction point,
   over the device's shared-memory bandwidth x achievable;
@@ -29,7 +30,8 @@ The model (docs/roll.md has the derivation and the distributed-machine mapping):
   it is not divided by the wave efficiency; instead the busiest SM's bytes (`ceil(r/SMs)`
   blocks, over its lanes and saturation) must pass its port, its share of the L2 (exchange)
   bandwidth;
-- launch: the profile's `launch_overhead` (seconds) when it states one, else 0.
+- launch: the profile's `launch.overhead` (seconds, `Profile.launch_overhead`) when it states
+  one, else 0. Every kernel pays it; it is why fusing kernels pays off for small ops (Rammer).
 
 Monotone by construction: more bandwidth anywhere, or more SMs each as before (device peaks
 and L2/exchange bandwidth growing with the count), never gives a longer time.
@@ -145,7 +147,7 @@ def _make_machine(profile, dtype: str) -> Machine:
         transaction_bytes=(profile.smem_transaction_bytes if profile.kind == "distributed"
                            else profile.transaction_bytes),
         peak=profile.peak_flops(key) * a.compute,
-        launch_s=float(getattr(profile, "launch_overhead", 0.0) or 0.0))
+        launch_s=float(profile.launch_overhead or 0.0))
 
 
 def wave_efficiency(blocks, slots):

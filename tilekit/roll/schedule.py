@@ -4,7 +4,9 @@ Each `expr` op gets a `tile` (the contract in docs/roll.md: block, thread, step,
 threads, smem_bytes, regs, estimate, candidates); each `opaque` op a fixed schedule (one thread
 per output element, blocks of `OPAQUE_THREADS`) with an estimate from the bytes it moves; each
 kernel an `estimate`, and a kernel of several ops also the `tile` of its last op. The module
-records `hardware: <profile name>` and the stage `roll` with its options.
+records `hardware: <profile name or path>` and the stage `roll` with its options; re-rolling a
+module that went through tk-codegen drops its stale `codegen` section and kernel `launch`es
+(recorded as the stage option `dropped`).
 
 Rolling is a pure function of the op's `Problem` (tilekit.roll.problem) and the profile, so
 within one call ops with the same problem share one construction (an imported ResNet-50 has
@@ -42,8 +44,14 @@ class RolledOp:
     estimate: Estimate
 
 
-def roll_module(module: Module, profile, top_k: int = 1) -> Module:
+def roll_module(module: Module, profile, top_k: int = 1, hardware: str | None = None
+                ) -> Module:
     """Tile every op of `module` for `profile`; keep the `top_k - 1` runners-up per op.
+
+    `hardware` is what the module records as its profile (default: `profile.name`); tk-roll
+    passes a path there for a profile that is not found by name
+    (`tilekit.hw.recorded_profile`). The output has no `codegen` section and no kernel
+    `launch`: those belong to the tiles being replaced.
 
     Raises TilekitError for input that did not come through tk-import (no `import` stage),
     ops of unknown kinds, and expressions that do not analyse.
@@ -73,10 +81,18 @@ def roll_module(module: Module, profile, top_k: int = 1) -> Module:
             result = tile_record(problem, cache[problem])
         rolled[op.name] = result
         ops.append(replace(op, tile=result.tile))
-    kernels = tuple(roll_kernel(module, k, rolled, profile)
+    # A module that went through tk-codegen carries launch configurations and a `codegen`
+    # section computed from the old tiles: they would contradict the new ones, so they go,
+    # and the stage says so (run tk-codegen again).
+    stale = module.codegen is not None or any(k.launch for k in module.kernels)
+    kernels = tuple(roll_kernel(module, replace(k, launch=None), rolled, profile)
                     for k in (module.kernels or default_kernels(module.ops)))
-    out = replace(module, ops=tuple(ops), kernels=kernels, hardware=profile.name)
-    return out.with_stage(STAGE, top_k=top_k)
+    out = replace(module, ops=tuple(ops), kernels=kernels, codegen=None,
+                  hardware=hardware or profile.name)
+    options: dict[str, Any] = {"top_k": top_k}
+    if stale:
+        options["dropped"] = ["codegen", "kernels[*].launch"]
+    return out.with_stage(STAGE, **options)
 
 
 def dtypes_of(module: Module) -> dict[str, str]:

@@ -7,8 +7,10 @@ combined with the statement's operator (`+=` add, `max=` maximum, ...). Comparin
 with the whole-op evaluation checks a schedule (coverage, boundary tiles, halos, step
 boundaries) without a GPU.
 
-`check_tile_cover` proves, on the very intervals the executor walks, that every output point
-is computed exactly once and every reduction point is combined exactly once.
+`check_tile_cover` is tilekit's one tile checker: it checks a tile against its op (axes,
+positive sizes, thread tiles dividing blocks, `grid == ceil(extent / block)` from the tile's
+own grid and block), so that the blocks and steps the executor walks compute every output
+point once and combine every reduction point once.
 
 Speed: blocks are independent, so `max_boxes` lets the executor evaluate several whole,
 adjacent blocks as one box (never splitting a block, and keeping every boundary block on
@@ -26,13 +28,12 @@ import numpy as np
 
 from tilekit.errors import IRError
 from tilekit.expr import Analysis, evaluate
+from tilekit.roll.rtile import DEFAULT_THREADS
 
 _COMBINE = {"+=": np.add, "*=": np.multiply, "max=": np.maximum, "min=": np.minimum}
 #: Boxes (blocks x steps) one op may evaluate in the runtime's tiled mode before adjacent
 #: whole blocks are merged; keeps `tk-run --mode tiled` on a ResNet-50 in seconds.
 RUNTIME_BOX_BUDGET = 64
-#: Threads per block of the default schedule (an op that tk-roll did not tile).
-DEFAULT_THREADS = 256
 
 Interval = tuple[int, int]
 
@@ -63,7 +64,8 @@ def axis_intervals(extent: int, size: int) -> list[Interval]:
 def _sizes(tile: Mapping[str, Any], key: str, axes, where: str) -> dict[str, int]:
     given = tile.get(key)
     if not isinstance(given, Mapping):
-        raise IRError(f"'{key}' must be a mapping of axis sizes", f"{where}.{key}")
+        raise IRError(f"'{key}' must be a mapping of axis sizes, got {given!r}",
+                      f"{where}.{key}", "re-run tk-roll on this module")
     names = [a for a, _ in axes]
     missing = [a for a in names if a not in given]
     extra = [a for a in given if a not in names]
@@ -77,47 +79,62 @@ def _sizes(tile: Mapping[str, Any], key: str, axes, where: str) -> dict[str, int
         v = given[a]
         if type(v) is not int or v < 1:
             raise IRError(f"size of axis '{a}' must be a positive integer, got {v!r}",
-                          f"{where}.{key}.{a}")
+                          f"{where}.{key}.{a}", "re-run tk-roll on this module")
         sizes[a] = v
     return sizes
 
 
 def check_tile_cover(analysis: Analysis, tile: Mapping[str, Any], where: str = "tile"
                      ) -> None:
-    """Raise IRError unless `tile` covers the op's output exactly once and its reduction
-    exactly once, and its block, thread, step and grid agree with each other.
+    """Raise IRError (located at the field to fix) unless `tile` is a schedule of the op that
+    computes every output point once and combines every reduction point once.
 
-    The proof is per axis, on the intervals `run_op_tiled` walks: along every spatial axis the
-    block intervals start at 0, each starts where the previous one stopped, and the last stops
-    at the extent (so they are disjoint and cover it); the blocks are their cross product,
-    hence a partition of the output. The same holds for the reduction steps.
+    The one tile checker of tilekit: the CPU tiled mode and the code generator both call it.
+    It checks the tile against the op, from the tile's own numbers:
+
+    - `block` and `step` list exactly the op's spatial and reduction axes, sizes positive
+      integers; `thread`, when given, too, and each thread size divides its block size;
+    - `grid`, when given, lists exactly the spatial axes; along each, the blocks cover the
+      extent (`grid * block >= extent`) and none lies wholly outside it
+      (`(grid - 1) * block < extent`), i.e. `grid == ceil(extent / block)`;
+    - `blocks` and `threads`, when given, are the products of the grid and of block/thread.
+
+    Reduction steps need no grid: the executor walks `ceil(extent / step)` of them, clipping
+    the last, so a positive step covers the reduction exactly once.
     """
     block = _sizes(tile, "block", analysis.spatial, where)
     step = _sizes(tile, "step", analysis.reduction, where)
+    thread = None
     if "thread" in tile:
         thread = _sizes(tile, "thread", analysis.spatial, where)
         for a in block:
             if block[a] % thread[a]:
                 raise IRError(f"block size {block[a]} of axis '{a}' is not a multiple of the "
-                              f"thread size {thread[a]}", f"{where}.thread.{a}")
-    if "grid" in tile:
-        grid = tile["grid"]
-        for a, e in analysis.spatial:
-            want = -(-e // block[a])
-            if not isinstance(grid, Mapping) or grid.get(a) != want:
-                raise IRError(f"grid of axis '{a}' must be ceil({e}/{block[a]}) = {want}, got "
-                              f"{grid.get(a) if isinstance(grid, Mapping) else grid!r}",
-                              f"{where}.grid.{a}")
-    for (axis, extent), size in [*((ae, block[ae[0]]) for ae in analysis.spatial),
-                                 *((ae, step[ae[0]]) for ae in analysis.reduction)]:
-        pos = 0
-        for lo, hi in axis_intervals(extent, size):
-            if lo != pos or hi <= lo:
-                raise IRError(f"tiles of axis '{axis}' leave a gap or overlap at {pos}",
-                              where)
-            pos = hi
-        if pos != extent:
-            raise IRError(f"tiles of axis '{axis}' stop at {pos}, extent is {extent}", where)
+                              f"thread size {thread[a]}", f"{where}.thread.{a}",
+                              "re-run tk-roll on this module")
+    grid = _sizes(tile, "grid", analysis.spatial, where) if "grid" in tile else \
+        {a: -(-e // block[a]) for a, e in analysis.spatial}
+    for a, extent in analysis.spatial:
+        g, b = grid[a], block[a]
+        if g * b < extent:
+            raise IRError(f"grid x block of axis '{a}' is {g} x {b} = {g * b}, leaving points "
+                          f"{g * b}..{extent - 1} of its extent {extent} uncomputed",
+                          f"{where}.grid.{a}", f"the grid must be ceil({extent}/{b}) = "
+                          f"{-(-extent // b)}")
+        if (g - 1) * b >= extent:
+            raise IRError(f"grid of axis '{a}' has {g} blocks of {b}, but {g - 1} blocks "
+                          f"already cover its extent {extent}", f"{where}.grid.{a}",
+                          f"the grid must be ceil({extent}/{b}) = {-(-extent // b)}")
+    if "blocks" in tile and tile["blocks"] != math.prod(grid.values()):
+        raise IRError(f"'blocks' is {tile['blocks']!r}, the grid has "
+                      f"{math.prod(grid.values())}", f"{where}.blocks",
+                      "re-run tk-roll on this module")
+    if "threads" in tile and thread is not None and \
+            tile["threads"] != math.prod(block[a] // thread[a] for a in block):
+        raise IRError(f"'threads' is {tile['threads']!r}, block / thread gives "
+                      f"{math.prod(block[a] // thread[a] for a in block)}", f"{where}.threads",
+                      "re-run tk-roll on this module")
+    del step  # checked above; any positive step covers the reduction (see the docstring)
 
 
 # -- execution -----------------------------------------------------------------------------

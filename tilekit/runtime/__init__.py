@@ -4,13 +4,11 @@
 - `tilekit.runtime.io`: weights, inputs and outputs, with their checks;
 - `tilekit.runtime.check`: comparison with onnxruntime or the CPU reference;
 - `tilekit.runtime.bench`: timing and the device's name;
-- `tilekit.runtime.cuda` (when built): the same `run_module` on an NVIDIA GPU.
+- `tilekit.runtime.cuda`: the same `run_module` on an NVIDIA GPU (through CuPy).
 """
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
@@ -45,8 +43,8 @@ class Backend:
 def backend(module: Module, device: str = "cpu", mode: str = "whole") -> Backend:
     """Prepare `module` for `device` ("cpu" or "cuda"); refuses what that device cannot run.
 
-    The CUDA backend is `tilekit.runtime.cuda` (its `run_module(module, inputs, weights)` and,
-    if it has one, `device_description()`); until it exists, asking for it is bad input.
+    `mode` is the CPU execution mode ("whole", or one added with `register_mode`); the CUDA
+    runtime runs the generated kernels and has no modes, so any other mode is refused there.
     """
     from tilekit.runtime.bench import cpu_description
 
@@ -56,12 +54,15 @@ def backend(module: Module, device: str = "cpu", mode: str = "whole") -> Backend
         return Backend("cpu", cpu_description(),
                        lambda inputs, weights: program.run(inputs, weights, mode=mode))
     if device == "cuda":
-        if importlib.util.find_spec("tilekit.runtime.cuda") is None:
-            raise TilekitError("the CUDA runtime is not built yet (issue: tk-codegen)",
-                               "--device cuda", "use --device cpu")
-        cuda = importlib.import_module("tilekit.runtime.cuda")
-        describe = getattr(cuda, "device_description", None)
-        return Backend("cuda", describe() if callable(describe) else "cuda",
+        if mode != "whole":
+            op_runner(mode)  # an unknown mode is named as such
+            raise TilekitError(f"execution mode '{mode}' is for the CPU executor only", "--mode",
+                               "the CUDA runtime runs the generated kernels: drop --mode, or "
+                               "use --device cpu")
+        from tilekit.runtime import cuda
+
+        cuda.prepare(module)  # refuses what it cannot run and builds the kernels, early
+        return Backend("cuda", cuda.device_description(),
                        lambda inputs, weights: cuda.run_module(module, inputs, weights),
                        lambda inputs, weights, runs, warmup: cuda.time_kernels(
                            module, inputs, weights, runs, warmup))

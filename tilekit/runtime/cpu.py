@@ -4,7 +4,7 @@ It is the semantics every other backend is checked against, so it reads only wha
 the result (tensors, ops, inputs, outputs) and ignores schedules (`tile`, `kernels`,
 `program`, `codegen`): those change how fast a result comes, never what it is. IR parts that
 do change the result and that it cannot run (a `control` section, an unknown op kind) are
-refused with a message naming the stage that wrote them.
+refused with a message naming the stage that wrote them (the CUDA runtime refuses the same).
 
 A run has two phases:
 
@@ -103,19 +103,20 @@ def op_runner(mode: str) -> OpRunner:
 
 # -- preparation -------------------------------------------------------------------------
 
-def check_runnable(module: Module) -> None:
-    """Refuse IR whose meaning depends on parts this executor cannot run."""
+def check_runnable(module: Module, executor: str = "the CPU reference executor") -> None:
+    """Refuse IR whose meaning depends on parts no tilekit executor runs (the CUDA runtime
+    applies the same rule, naming itself as `executor`)."""
     if module.control:
         raise UnsupportedError(
-            "the CPU reference executor cannot run the control-flow regions in 'control' "
-            "(written by tk-grind)", "control",
-            "run it with --device cuda, or leave tk-grind out of the pipeline")
+            f"{executor} cannot run the control-flow regions in 'control' (written by "
+            "tk-grind); no tilekit device runs them yet", "control",
+            "leave tk-grind out of the pipeline (or remove the 'control' section)")
     for index, op in enumerate(module.ops):
         if op.kind not in OP_KINDS:
             raise UnsupportedError(
-                f"op kind '{op.kind}' is unknown to the CPU reference executor "
+                f"op kind '{op.kind}' is unknown to {executor} "
                 f"(known: {', '.join(OP_KINDS)})", f"ops[{index}] ({op.name}).kind",
-                "run it with --device cuda, or drop the stage that wrote this op")
+                "drop the stage that wrote this op from the pipeline")
 
 
 def _expr_step(index: int, op: Op, module: Module, shapes: Mapping[str, tuple[int, ...]],

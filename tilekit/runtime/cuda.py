@@ -6,12 +6,15 @@
 
 `prepare(module)` builds a `CudaProgram` once per module object: it takes the kernels from the
 IR's `codegen` section (running `tilekit.codegen.generate` first when the section is absent,
-with the default schedules), checks that runtime.cuh is the one they were generated against,
-builds them for the device's arch (nvcc to a cubin through the compile cache when nvcc is on
-PATH, else NVRTC through `cupy.RawModule`), and allocates one device buffer per tensor that a
-kernel reads or writes. A run uploads the inputs (weights are uploaded on the first run and
-again only when a different array is passed), launches every kernel in order on the current
-stream, synchronises and downloads the outputs.
+with the default schedules), refuses what changes the result and that it cannot run (a
+`control` section, an unknown op kind: the same rule as the CPU executor), checks that
+runtime.cuh is the one they were generated against and that each kernel's shared memory fits
+the device, builds them as one translation unit for the device's arch (nvcc to a cubin through
+the compile cache when nvcc is on PATH and not newer than the driver, else NVRTC through
+`cupy.RawModule`), and allocates one device buffer per tensor that a kernel reads or writes. A
+run uploads the inputs (weights are uploaded on the first run and again only when a different
+array object is passed), launches every kernel in order on the current stream, synchronises
+and downloads the outputs.
 
 Without CuPy, or without a visible GPU, every entry point raises `TilekitError` saying so
 (tk-run exits 2). STATUS: written without access to a GPU; exercised only by tests/gpu/
@@ -21,6 +24,7 @@ Without CuPy, or without a visible GPU, every entry point raises `TilekitError` 
 from __future__ import annotations
 
 import hashlib
+import re
 import weakref
 from dataclasses import dataclass, field
 from typing import Any, Mapping
@@ -85,12 +89,16 @@ class CudaProgram:
     """A module's kernels loaded on the current device, with its buffers."""
 
     def __init__(self, module: Module):
+        from tilekit.runtime.cpu import check_runnable
+
+        check_runnable(module, "the CUDA runtime")
         cupy = _cupy()
         self.cupy = cupy
         if not module.codegen:
             from tilekit.codegen.module import generate
             module = generate(module).module
         self._check_helpers(module)
+        self._check_shared_memory(module)
         self.outputs = tuple(module.outputs)
         self.arch = device_arch()
         self.raw = self._load(module)
@@ -116,7 +124,9 @@ class CudaProgram:
             if o not in module.inputs and o not in self.weight_names:
                 raise TilekitError(f"output '{o}' is written by no kernel", "codegen.kernels",
                                    "re-run tk-codegen on this IR")
-        self._uploaded: dict[str, int] = {}
+        # The weight arrays last uploaded, held (not their id(): ids are reused after a free)
+        # so that a run with the same array objects skips the upload.
+        self._uploaded: dict[str, np.ndarray] = {}
 
     @staticmethod
     def _check_helpers(module: Module) -> None:
@@ -129,28 +139,48 @@ class CudaProgram:
                                f"(sha256 {want[:12]}..., this tilekit has {have[:12]}...)",
                                "codegen.helpers", "re-run tk-codegen with this tilekit")
 
+    def _check_shared_memory(self, module: Module) -> None:
+        """Each kernel's dynamic shared memory within the device's opt-in maximum per block."""
+        limit = _max_shared_memory_per_block(self.cupy)
+        if limit is None:
+            return
+        for index, k in enumerate(module.codegen["kernels"]):
+            if int(k["smem_bytes"]) > limit:
+                raise TilekitError(
+                    f"kernel {k['entry']} needs {k['smem_bytes']} bytes of shared memory per "
+                    f"block; this device allows at most {limit}",
+                    f"codegen.kernels[{index}].smem_bytes",
+                    "re-run tk-codegen with this device's hardware profile (--hw), or smaller "
+                    "tiles")
+
     def _load(self, module: Module):
         cupy = self.cupy
         from tilekit.codegen.module import HELPERS
-        from tilekit.codegen.nvcc import compile_unit, find_nvcc
+        from tilekit.codegen.nvcc import compile_unit
 
-        source = "\n".join(k["source"] for k in module.codegen["kernels"])
-        if find_nvcc() is not None:
+        source = unit_source(module.codegen["kernels"])
+        nvcc = _usable_nvcc(cupy)
+        if nvcc is not None:
             compiled = compile_unit(source, self.arch)
             return cupy.RawModule(path=str(compiled.cubin))
-        # NVRTC: the same source; runtime.cuh is found through the include path.
+        # NVRTC: the same unit; runtime.cuh is found through the include path.
         return cupy.RawModule(code=source, backend="nvrtc",
                               options=("-std=c++17", f"-I{HELPERS.parent}"))
 
     # -- running ---------------------------------------------------------------------------
     def upload(self, inputs: Mapping[str, np.ndarray], weights: Mapping[str, np.ndarray]) -> None:
         for name in self.weight_names:
-            if name in self.buffers and self._uploaded.get(name) != id(weights[name]):
-                self.buffers[name].set(np.ascontiguousarray(weights[name]))
-                self._uploaded[name] = id(weights[name])
+            if name in self.buffers and self._uploaded.get(name) is not weights[name]:
+                self._set(name, weights[name])
+                self._uploaded[name] = weights[name]
         for name in self.inputs:
             if name in self.buffers:
-                self.buffers[name].set(np.ascontiguousarray(inputs[name]))
+                self._set(name, inputs[name])
+
+    def _set(self, name: str, array: np.ndarray) -> None:
+        # ascontiguousarray makes a 0-d array 1-d; the buffer has the tensor's own shape.
+        buffer = self.buffers[name]
+        buffer.set(np.ascontiguousarray(array).reshape(buffer.shape))
 
     def launch_all(self) -> None:
         for launch in self.launches:
@@ -215,6 +245,56 @@ class KernelTiming(Timing):
 
     method: str = "CUDA events, kernels only"
     per_kernel: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
+
+
+_PREAMBLE_END = '#include "runtime.cuh"\n'
+
+
+def unit_source(kernels: list[Mapping]) -> str:
+    """The kernels recorded in a `codegen` section as one translation unit, the way
+    `tilekit.codegen.module.unit_source` builds it: one preamble (with `TK_USE_HALF` before
+    runtime.cuh when any kernel needs it), then every kernel's body.
+
+    Each recorded source is a whole file (its own preamble, then its body); joining them as
+    they are would put a later kernel's `#define TK_USE_HALF` after the header's include
+    guard, where it no longer has any effect.
+    """
+    from tilekit.codegen.kernel import preamble
+
+    bodies, uses_half = [], False
+    for k in kernels:
+        head, sep, body = k["source"].partition(_PREAMBLE_END)
+        if not sep:
+            raise TilekitError(f"kernel {k.get('entry')} does not include runtime.cuh",
+                               "codegen.kernels", "re-run tk-codegen with this tilekit")
+        uses_half = uses_half or re.search(r"^#define TK_USE_HALF 1$", head, re.M) is not None
+        bodies.append(body[1:] if body.startswith("\n") else body)  # the blank line
+    return preamble(None, uses_half) + "\n".join(bodies)
+
+
+def _major(version: str) -> int | None:
+    head = version.split(".")[0]
+    return int(head) if head.isdigit() else None
+
+
+def _usable_nvcc(cupy) -> str | None:
+    """nvcc when it is on PATH and no newer than the driver (a cubin from a newer toolkit
+    does not load); None means NVRTC, which CuPy matches to its own CUDA runtime."""
+    from tilekit.codegen.nvcc import find_nvcc, nvcc_version
+
+    nvcc = find_nvcc()
+    if nvcc is None:
+        return None
+    toolkit = _major(nvcc_version(nvcc))
+    driver = cupy.cuda.runtime.driverGetVersion() // 1000   # 12040 -> 12
+    return nvcc if toolkit is not None and toolkit <= driver else None
+
+
+def _max_shared_memory_per_block(cupy) -> int | None:
+    """The device's opt-in maximum of shared memory per block (bytes), if CuPy reports it."""
+    # Device.attributes keys are the cudaDevAttr names without the prefix.
+    value = cupy.cuda.Device().attributes.get("MaxSharedMemoryPerBlockOptin")
+    return int(value) if value else None
 
 
 def _np_dtype(dtype: str):

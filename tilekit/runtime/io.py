@@ -98,11 +98,26 @@ def resolve_sidecar(ref: Mapping, key: str, folder: Path, where: str) -> Path:
     return path
 
 
+_NPY_MAGIC = b"\x93NUMPY"
+
+
 def _load_npz(path: Path, where: str) -> dict[str, np.ndarray]:
+    # Look at the file before np.load does: it returns an ndarray for an .npy file and reads
+    # anything else as a pickle, whose refusal ("contains pickled data") would mislead.
+    try:
+        with open(path, "rb") as fh:
+            magic = fh.read(len(_NPY_MAGIC))
+    except OSError as exc:
+        raise TilekitError(f"cannot read '{path}': {exc.strerror}", where) from None
+    if magic.startswith(_NPY_MAGIC):
+        raise TilekitError(f"'{path}' is an .npy file (one array), not an .npz archive", where,
+                           "pass it as --input NAME=@FILE.npy, or bundle arrays with "
+                           "numpy.savez")
+    if not zipfile.is_zipfile(path):
+        raise TilekitError(f"'{path}' is not an .npz archive", where,
+                           "expected an archive written by numpy.savez")
     try:
         with np.load(path, allow_pickle=False) as data:
-            if not isinstance(data, np.lib.npyio.NpzFile):
-                raise ValueError("not an .npz archive")
             return {name: data[name] for name in data.files}
     except (OSError, ValueError, zipfile.BadZipFile, EOFError, zlib.error) as exc:
         raise TilekitError(f"cannot read '{path}' as .npz: {exc}", where,
@@ -110,6 +125,9 @@ def _load_npz(path: Path, where: str) -> dict[str, np.ndarray]:
 
 
 def _load_npy(path: Path, where: str) -> np.ndarray:
+    if path.is_dir():
+        raise TilekitError(f"'{path}' is a directory, not an .npy file", where,
+                           "expected NAME=@FILE.npy")
     if not path.is_file():
         raise TilekitError(f"file '{path}' not found", where, "check the path")
     try:
@@ -224,6 +242,9 @@ def gather_inputs(module: Module, flags: Iterable[str] = (), npz: str | None = N
     inputs: dict[str, np.ndarray] = {}
     if npz is not None:
         path = Path(npz)
+        if path.is_dir():
+            raise TilekitError(f"'{npz}' is a directory, not an .npz archive", "--inputs",
+                               "expected --inputs FILE.npz")
         if not path.is_file():
             raise TilekitError(f"file '{npz}' not found", "--inputs", "check the path")
         for name, array in _load_npz(path, f"--inputs {npz}").items():
@@ -245,6 +266,25 @@ def gather_inputs(module: Module, flags: Iterable[str] = (), npz: str | None = N
             if name not in inputs:
                 inputs[name] = random_input(module.tensors[name], seed, index)
     return inputs
+
+
+def input_files(flags: Iterable[str] = (), npz: str | None = None) -> list[str]:
+    """The files a run reads its inputs from (`--inputs`, every `--input NAME=@FILE`): what
+    `-o` must never overwrite."""
+    paths = [npz] if npz is not None else []
+    for text in flags:
+        _, sep, value = text.partition("=")
+        if sep and value.strip().startswith("@"):
+            paths.append(value.strip()[1:])
+    return paths
+
+
+def weights_file(module: Module, folder: Path) -> Path | None:
+    """The path of the module's weights sidecar (unchecked), if it names one."""
+    rel = module.weights.get("file") if isinstance(module.weights, Mapping) else None
+    if not isinstance(rel, str) or not rel:
+        return None
+    return Path(rel) if os.path.isabs(rel) else folder / rel
 
 
 def input_name(module: Module, name: str, where: str) -> str:
