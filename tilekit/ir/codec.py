@@ -78,6 +78,18 @@ def type_name(value: Any) -> str:
     return type(value).__name__
 
 
+def key_problem(value: Mapping[str, Any], path: str, known: tuple[str, ...],
+                required: tuple[str, ...]) -> tuple[str, str, str | None] | None:
+    """(IR path, what, hint) for the first unknown or missing key of a mapping, else None."""
+    for key in value:
+        if key not in known:
+            return key_path(path, str(key)), f"unknown key '{key}'", did_you_mean(str(key), known)
+    for key in required:
+        if key not in value:
+            return key_path(path, key), f"missing required key '{key}'", None
+    return None
+
+
 def did_you_mean(word: str, known: tuple[str, ...] | list[str]) -> str:
     close = difflib.get_close_matches(str(word), list(known), n=1, cutoff=0.6)
     if close:
@@ -306,13 +318,9 @@ class _Decoder:
 
     def keys(self, value: Mapping[str, Any], path: str, known: tuple[str, ...],
              required: tuple[str, ...]) -> None:
-        for key in value:
-            if key not in known:
-                raise self.fail(key_path(path, str(key)), f"unknown key '{key}'",
-                                did_you_mean(str(key), known))
-        for key in required:
-            if key not in value:
-                raise self.fail(key_path(path, key), f"missing required key '{key}'")
+        problem = key_problem(value, path, known, required)
+        if problem:
+            raise self.fail(*problem)
 
     def module(self, doc: Any) -> Module:
         if doc is None:

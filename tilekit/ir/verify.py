@@ -18,7 +18,7 @@ import re
 from typing import Any, Mapping
 
 from tilekit.errors import ExprError, IRError, TilekitError
-from tilekit.ir.codec import (OPAQUE_KEYS, STAGE_KEYS, WEIGHTS_KEYS, did_you_mean, key_path,
+from tilekit.ir.codec import (OPAQUE_KEYS, STAGE_KEYS, WEIGHTS_KEYS, key_path, key_problem,
                               type_name, where)
 from tilekit.ir.model import DTYPES, OP_KINDS, PAD_VALUES, ROLES, Kernel, Module, Op, Tensor
 
@@ -91,13 +91,9 @@ class _Verifier:
 
     def known_keys(self, value: Mapping[str, Any], path: str, known: tuple[str, ...],
                    required: tuple[str, ...]) -> None:
-        for key in value:
-            if key not in known:
-                raise self.fail(key_path(path, str(key)), f"unknown key '{key}'",
-                                did_you_mean(str(key), known))
-        for key in required:
-            if key not in value:
-                raise self.fail(key_path(path, key), f"missing required key '{key}'")
+        problem = key_problem(value, path, known, required)
+        if problem:
+            raise self.fail(*problem)
 
     def name_list(self, value: Any, path: str, what: str) -> tuple[str, ...]:
         if not isinstance(value, (tuple, list)):
