@@ -37,6 +37,16 @@ def contract_pair(a: np.ndarray, a_axes: str, b: np.ndarray, b_axes: str,
 
     a, a_axes = presum(a, a_axes, b_axes)
     b, b_axes = presum(b, b_axes, a_axes)
+    # The product comes out as (batch, a-only, b-only): take the operand whose own axes come
+    # first in the output as `a`, so that the result needs no transposing copy (y[n,f,h,w]
+    # from x[n,c,h,w] and w[f,c] is w @ x, not (x^T @ w^T)^T).
+    # Axes of extent 1 (a batch of one) do not decide the layout.
+    sizes = {**dict(zip(a_axes, a.shape)), **dict(zip(b_axes, b.shape))}
+    first = {ax: i for i, ax in enumerate(out_axes) if sizes.get(ax, 1) > 1}
+    a_first = min((first[ax] for ax in a_axes if ax in first and ax not in b_axes), default=-1)
+    b_first = min((first[ax] for ax in b_axes if ax in first and ax not in a_axes), default=-1)
+    if 0 <= b_first < a_first:
+        a, a_axes, b, b_axes = b, b_axes, a, a_axes
     batch = [ax for ax in out_axes if ax in a_axes and ax in b_axes]
     contract = [ax for ax in a_axes if ax in b_axes and ax not in out_axes]
     m_axes = [ax for ax in a_axes if ax not in b_axes]
@@ -192,7 +202,11 @@ def shifted_window_sum(analysis: Analysis, image: AccessInfo, filt: AccessInfo,
         part = contract_pair(view, "".join(letters[a] for a in lead) + run_letter,
                              filt_arr[index], "".join(letters[a] for a in f_axes),
                              [letters[a] for a in out_axes if a in lead + f_axes] + [run_letter])
-        acc = part.copy() if acc is None else np.add(acc, part, out=acc)
+        if acc is None:  # the first product is fresh unless it is a view of an operand
+            shared = np.may_share_memory(part, arr) or np.may_share_memory(part, filt_arr)
+            acc = part.copy() if shared or not part.flags.writeable else part
+        else:
+            np.add(acc, part, out=acc)
     # Back to the output's axes: drop the padded columns of the windowed dims.
     kept = [a for a in out_axes if a in lead + f_axes]
     shape = [acc.shape[i] for i in range(len(kept))] + [extents[windows[0][1]]] + \
