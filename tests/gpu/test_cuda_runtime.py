@@ -19,10 +19,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "unit"))
 
-from codegen_support import DATA, FIXTURES, VARIANTS, fixture, random_values  # noqa: E402
+from codegen_support import (DATA, FIXTURES, VARIANTS, big_tile_matmul, fixture,  # noqa: E402
+                             random_values)
 
 from tilekit.codegen import generate  # noqa: E402
-from tilekit.ir.model import Module, Op, Tensor  # noqa: E402
 from tilekit.runtime.cpu import run_module as run_cpu  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -63,14 +63,7 @@ def test_dynamic_shared_memory_above_48kb():
     """A staged matmul whose buffers need 64 KB: dynamic shared memory with the opt-in."""
     from tilekit.hw import load_profile
     from tilekit.runtime import cuda
-    module = Module(
-        model="big_tile", inputs=("a", "b"), outputs=("c",),
-        tensors={"a": Tensor((256, 256), "float32", "input"),
-                 "b": Tensor((256, 256), "float32", "input"),
-                 "c": Tensor((256, 256), "float32", "output")},
-        ops=(Op("mm", "c[i,j] += a[i,k] * b[k,j]",
-                tile={"block": {"i": 128, "j": 128}, "thread": {"i": 8, "j": 8},
-                      "step": {"k": 64}}),))
+    module = big_tile_matmul(model="big_tile")
     result = generate(module, load_profile("h100"))
     assert result.kernels[0].smem_bytes == 65536
     rng = np.random.default_rng(1)

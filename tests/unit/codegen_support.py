@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from tilekit.ir.codec import read_module
-from tilekit.ir.model import Module
+from tilekit.ir.model import Module, Op, Tensor
 from tilekit.runtime.io import load_weights
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "codegen"
@@ -84,3 +84,16 @@ def filecheck(text: str, *checks: str) -> None:
             assert found == n, f"{kind} failed: {pattern!r} found {found} times in:\n{text}"
         else:
             raise ValueError(f"unknown check {check!r}")
+
+
+def big_tile_matmul(m: int = 256, k: int = 256, n: int = 256, model: str = "big") -> Module:
+    """`c = a @ b` with a 128x128 block tile, 8x8 thread tiles and 64-deep steps: its staged
+    buffers need 64 KB, over the 48 KB a kernel gets without the dynamic shared memory opt-in."""
+    return Module(
+        model=model, inputs=("a", "b"), outputs=("c",),
+        tensors={"a": Tensor((m, k), "float32", "input"),
+                 "b": Tensor((k, n), "float32", "input"),
+                 "c": Tensor((m, n), "float32", "output")},
+        ops=(Op("mm", "c[i,j] += a[i,k] * b[k,j]",
+                tile={"block": {"i": 128, "j": 128}, "thread": {"i": 8, "j": 8},
+                      "step": {"k": 64}}),))

@@ -15,7 +15,7 @@ from tilekit.codegen import generate
 from tilekit.codegen.emulate import emulate, find_cxx
 from tilekit.runtime.cpu import run_module
 
-from codegen_support import FIXTURES, VARIANTS, fixture, random_values
+from codegen_support import FIXTURES, VARIANTS, big_tile_matmul, fixture, random_values
 
 pytestmark = pytest.mark.skipif(find_cxx() is None, reason="no C++ compiler for the emulation")
 
@@ -122,15 +122,7 @@ def test_64_bit_indices(name, monkeypatch):
 def test_dynamic_shared_memory_kernel():
     """Buffers over 48 KB (allowed by the H100 profile) are carved from dynamic shared memory."""
     from tilekit.hw import load_profile
-    from tilekit.ir.model import Module, Op, Tensor
-    module = Module(
-        model="big", inputs=("a", "b"), outputs=("c",),
-        tensors={"a": Tensor((160, 192), "float32", "input"),
-                 "b": Tensor((192, 256), "float32", "input"),
-                 "c": Tensor((160, 256), "float32", "output")},
-        ops=(Op("mm", "c[i,j] += a[i,k] * b[k,j]",
-                tile={"block": {"i": 128, "j": 128}, "thread": {"i": 8, "j": 8},
-                      "step": {"k": 64}}),))
+    module = big_tile_matmul(160, 192, 256)
     result = generate(module, load_profile("h100"))
     (k,) = result.kernels
     assert k.smem_bytes == 65536 and "TK_DYNAMIC_SMEM(tk_smem);" in k.source

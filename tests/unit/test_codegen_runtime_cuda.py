@@ -13,7 +13,7 @@ from tilekit.codegen import generate
 from tilekit.codegen.nvcc import find_nvcc
 from tilekit.errors import TilekitError
 
-from codegen_support import fixture, random_values
+from codegen_support import big_tile_matmul, fixture, random_values
 
 
 class FakeArray:
@@ -116,16 +116,8 @@ def test_launches_in_order_with_buffers_and_weights_once(runtime):
 @pytest.mark.skipif(find_nvcc() is None, reason="nvcc not on PATH")
 def test_dynamic_shared_memory_opt_in_and_event_timing(runtime):
     from tilekit.hw import load_profile
-    from tilekit.ir.model import Module, Op, Tensor
     cuda, log = runtime
-    module = Module(
-        model="big", inputs=("a", "b"), outputs=("c",),
-        tensors={"a": Tensor((256, 256), "float32", "input"),
-                 "b": Tensor((256, 256), "float32", "input"),
-                 "c": Tensor((256, 256), "float32", "output")},
-        ops=(Op("mm", "c[i,j] += a[i,k] * b[k,j]",
-                tile={"block": {"i": 128, "j": 128}, "thread": {"i": 8, "j": 8},
-                      "step": {"k": 64}}),))
+    module = big_tile_matmul()
     module = generate(module, load_profile("h100")).module
     inputs = {n: np.ones((256, 256), np.float32) for n in ("a", "b")}
     timing = cuda.time_kernels(module, inputs, {}, runs=3, warmup=1, per_kernel=True)
@@ -220,18 +212,10 @@ def test_nvrtc_when_nvcc_is_newer_than_the_driver(monkeypatch, tmp_path):
 
 def test_shared_memory_over_the_device_limit_is_refused(monkeypatch, tmp_path):
     from tilekit.hw import load_profile
-    from tilekit.ir.model import Module, Op, Tensor
     monkeypatch.setitem(sys.modules, "cupy", fake_cupy([], smem_optin=49152))
     from tilekit.runtime import cuda
     monkeypatch.setattr(cuda, "_PROGRAMS", {})
-    module = Module(
-        model="big", inputs=("a", "b"), outputs=("c",),
-        tensors={"a": Tensor((256, 256), "float32", "input"),
-                 "b": Tensor((256, 256), "float32", "input"),
-                 "c": Tensor((256, 256), "float32", "output")},
-        ops=(Op("mm", "c[i,j] += a[i,k] * b[k,j]",
-                tile={"block": {"i": 128, "j": 128}, "thread": {"i": 8, "j": 8},
-                      "step": {"k": 64}}),))
+    module = big_tile_matmul()
     module = generate(module, load_profile("h100")).module
     with pytest.raises(TilekitError) as err:
         cuda.prepare(module)

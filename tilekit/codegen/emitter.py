@@ -8,8 +8,8 @@ Output is a pure function of the calls made, so the same IR gives the same bytes
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-from typing import Iterator
+from contextlib import ExitStack, contextmanager
+from typing import Iterable, Iterator
 
 INDENT = "  "
 
@@ -44,6 +44,14 @@ class Emitter:
         finally:
             self._depth -= 1
             self.line(f"}}{tail}")
+
+    @contextmanager
+    def blocks(self, heads: Iterable[str]) -> Iterator[None]:
+        """Nested blocks, one per head, outermost first; all closed on exit."""
+        with ExitStack() as stack:
+            for head in heads:
+                stack.enter_context(self.block(head))
+            yield
 
     @contextmanager
     def indented(self) -> Iterator[None]:

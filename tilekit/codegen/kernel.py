@@ -23,8 +23,9 @@ shared buffers `s_<name>`, block origins `o_<axis>`.
 from __future__ import annotations
 
 import math
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
-from typing import Callable, Mapping
+from typing import Callable, Iterator, Mapping
 
 from tilekit import __version__
 from tilekit.codegen.cexpr import (HALF_DTYPES, IDENTITY, KIND_CTYPE, WARP_REDUCE, ValueCompiler,
@@ -319,20 +320,16 @@ class PointEmitter:
         code = axis_code or self.axis_code(p)
         comp = self.compiler(p, code)
         last = len(p.reduction) - 1
-        opened = []
+        heads = []
         for k, (a, extent) in enumerate(p.reduction):
             var = avar(a)
             if k == last and lanes > 1:
-                head = f"for (int {var} = {lane_var}; {var} < {extent}; {var} += {lanes})"
+                heads.append(f"for (int {var} = {lane_var}; {var} < {extent}; {var} += {lanes})")
             else:
-                head = f"for (int {var} = 0; {var} < {extent}; ++{var})"
-            cm = self.e.block(head)
-            cm.__enter__()
-            opened.append(cm)
-        value = comp.emit(p.body, kind)
-        self.e.line(combine(p.assign, acc, _ll_if(value, kind)))
-        for cm in reversed(opened):
-            cm.__exit__(None, None, None)
+                heads.append(f"for (int {var} = 0; {var} < {extent}; ++{var})")
+        with self.e.blocks(heads):
+            value = comp.emit(p.body, kind)
+            self.e.line(combine(p.assign, acc, _ll_if(value, kind)))
 
     def main_value(self, p: OpPlan, acc: tuple[str, str] | None) -> tuple[str, str]:
         """Declare the main op's stored value at this point (from `acc` when it reduces)."""
@@ -524,27 +521,15 @@ def tiled_kernel(module: Module, plan: GroupPlan, entry: str, tile: Tile) -> Gen
         bounds = _bounds_check(vars_, extents, tile.block)
 
         def point_loops(body: Callable[[str], None]) -> None:
-            opened = []
-            for a, t in zip(axes, tile.thread):
-                if t > 1:
-                    e.line("#pragma unroll")
-                    cm = e.block(f"for (int j_{c_name(a)} = 0; j_{c_name(a)} < {t}; "
-                                 f"++j_{c_name(a)})")
-                    cm.__enter__()
-                    opened.append(cm)
-            for v, o, w, a, t, across in zip(vars_, origins, thread_vars, axes, tile.thread,
-                                                  threads_per_axis):
-                j = f" + j_{c_name(a)} * {across}" if t > 1 else ""
-                e.line(f"const {idx_t} {v} = {o} + {w}{j};")
-            slot = linear(((math.prod(tile.thread[k + 1:]), f"j_{c_name(a)}")
-                           for k, (a, t) in enumerate(zip(axes, tile.thread)) if t > 1))
-            if bounds:
-                with e.block(f"if ({bounds})"):
+            with register_loops(e, axes, tile.thread):
+                for v, o, w, a, t, across in zip(vars_, origins, thread_vars, axes,
+                                                      tile.thread, threads_per_axis):
+                    j = f" + j_{c_name(a)} * {across}" if t > 1 else ""
+                    e.line(f"const {idx_t} {v} = {o} + {w}{j};")
+                slot = linear(((math.prod(tile.thread[k + 1:]), f"j_{c_name(a)}")
+                               for k, (a, t) in enumerate(zip(axes, tile.thread)) if t > 1))
+                with e.blocks([f"if ({bounds})"] if bounds else []):
                     body(slot)
-            else:
-                body(slot)
-            for cm in reversed(opened):
-                cm.__exit__(None, None, None)
 
         if main.reduces:
             acc = "acc"
@@ -553,19 +538,13 @@ def tiled_kernel(module: Module, plan: GroupPlan, entry: str, tile: Tile) -> Gen
             e.line(f"for (int k = 0; k < {npoints}; ++k) {acc}[k] = {IDENTITY[main.assign][kind]};")
             # Reduction loops outside the register tile: each loaded reduction slice is
             # used by every point of the thread's tile while it is in registers or L1.
-            opened = []
-            for a, n in main.reduction:
-                cm = e.block(f"for (int {avar(a)} = 0; {avar(a)} < {n}; ++{avar(a)})")
-                cm.__enter__()
-                opened.append(cm)
-
             def fold(slot: str) -> None:
                 comp = pe.compiler(main, pe.axis_code(main))
                 e.line(combine(main.assign, f"{acc}[{slot}]",
                                _ll_if(comp.emit(main.body, kind), kind)))
-            point_loops(fold)
-            for cm in reversed(opened):
-                cm.__exit__(None, None, None)
+            with e.blocks(f"for (int {avar(a)} = 0; {avar(a)} < {n}; ++{avar(a)})"
+                          for a, n in main.reduction):
+                point_loops(fold)
 
             def finish(slot: str) -> None:
                 pe.registers.clear()
@@ -583,6 +562,19 @@ def tiled_kernel(module: Module, plan: GroupPlan, entry: str, tile: Tile) -> Gen
         schedule=tile.describe(tuple(axes), tuple(a for a, _ in main.reduction)),
         grid=(grid, 1, 1), block=(threads, 1, 1), smem_bytes=0, smem_planned=0,
         args=sig.args, writes=tuple(sig.writes), body=e.text(), uses_half=sig.uses_half())
+
+
+@contextmanager
+def register_loops(e: Emitter, axes, sizes) -> Iterator[None]:
+    """An unrolled `for (j_<axis> ...)` loop over each axis whose register-tile size is more
+    than one (a thread's points of its tile), nested in axis order."""
+    with ExitStack() as loops:
+        for a, t in zip(axes, sizes):
+            if t > 1:
+                e.line("#pragma unroll")
+                loops.enter_context(e.block(f"for (int j_{c_name(a)} = 0; j_{c_name(a)} < {t}; "
+                                            f"++j_{c_name(a)})"))
+        yield
 
 
 def _bounds_check(vars_: list[str], extents: list[int], block: tuple[int, ...]) -> str:

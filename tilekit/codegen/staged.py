@@ -21,6 +21,7 @@ extent), output points outside the tensor are computed on padding and never stor
 from __future__ import annotations
 
 import math
+from contextlib import ExitStack
 from dataclasses import dataclass
 
 from tilekit.codegen.cexpr import (IDENTITY, KIND_CTYPE, ValueCompiler, combine, linear,
@@ -29,8 +30,8 @@ from tilekit.codegen.emitter import Emitter
 from tilekit.codegen.kernel import (GeneratedKernel, PointEmitter, _ll_if, _tile_text, avar,
                                     block_origins, c_name, decompose, global_resolver,
                                     group_signature, index_type, needs_check, open_kernel,
-                                    has_guarded_reads, store_sink, strides, thread_coords, tvar,
-                                    uses_axis_values)
+                                    has_guarded_reads, register_loops, store_sink, strides,
+                                    thread_coords, tvar, uses_axis_values)
 from tilekit.codegen.plan import GroupPlan, OpPlan, Read
 from tilekit.codegen.schedule import STATIC_SMEM_LIMIT, Tile, shared_bytes
 
@@ -201,49 +202,33 @@ def staged_kernel(module, plan: GroupPlan, entry: str, tile: Tile) -> GeneratedK
         e.line("#pragma unroll")
         e.line(f"for (int k = 0; k < {npoints}; ++k) acc[k] = {IDENTITY[p.assign][kind]};")
         # Step loops over the reduction axes (chunk origins q_<axis>).
-        opened = []
-        for (a, n), s in zip(p.reduction, tile.step):
-            q = f"q_{c_name(a)}"
-            if s >= n:  # one step covers the axis
-                e.line(f"const int {q} = 0;")
-                continue
-            cm = e.block(f"for (int {q} = 0; {q} < {n}; {q} += {s})")
-            cm.__enter__()
-            opened.append(cm)
-        e.line("__syncthreads();  // the previous step's buffers are no longer read")
-        base = {a: o for a, o in zip(axes, origins)}
-        base.update({a: f"q_{c_name(a)}" for a in raxes})
-        ranges = _padded_ranges(p, tile)
-        for b in boxes.values():
-            _emit_load(e, b, base, ranges, threads, idx_t, lengths)
-        e.line("__syncthreads();")
-        _emit_compute(e, p, tile, boxes, thread_vars, threads_per_axis, kind, module)
-        for cm in reversed(opened):
-            cm.__exit__(None, None, None)
+        with ExitStack() as steps:
+            for (a, n), s in zip(p.reduction, tile.step):
+                q = f"q_{c_name(a)}"
+                if s >= n:  # one step covers the axis
+                    e.line(f"const int {q} = 0;")
+                    continue
+                steps.enter_context(e.block(f"for (int {q} = 0; {q} < {n}; {q} += {s})"))
+            e.line("__syncthreads();  // the previous step's buffers are no longer read")
+            base = {a: o for a, o in zip(axes, origins)}
+            base.update({a: f"q_{c_name(a)}" for a in raxes})
+            ranges = _padded_ranges(p, tile)
+            for b in boxes.values():
+                _emit_load(e, b, base, ranges, threads, idx_t, lengths)
+            e.line("__syncthreads();")
+            _emit_compute(e, p, tile, boxes, thread_vars, threads_per_axis, kind, module)
         # Epilogue: every point of the register tile, in range, through the chain to memory.
         bounds = " && ".join(f"{v} < {n}" for v, n, bl in zip(vars_, extents, tile.block)
                              if n % bl)
-        opened = []
-        for a, t in zip(axes, tile.thread):
-            if t > 1:
-                e.line("#pragma unroll")
-                cm = e.block(f"for (int j_{c_name(a)} = 0; j_{c_name(a)} < {t}; ++j_{c_name(a)})")
-                cm.__enter__()
-                opened.append(cm)
-        for v, o, w, a, t, across in zip(vars_, origins, thread_vars, axes, tile.thread,
-                                              threads_per_axis):
-            j = f" + j_{c_name(a)} * {across}" if t > 1 else ""
-            e.line(f"const {idx_t} {v} = {o} + {w}{j};")
-        slot = _slot(axes, tile.thread, axes)
-        cm = e.block(f"if ({bounds})") if bounds else None
-        if cm:
-            cm.__enter__()
-        pe.epilogue(pe.main_value(p, (f"acc[{slot}]", kind)),
-                    store_sink(module, e, plan.stored, vars_))
-        if cm:
-            cm.__exit__(None, None, None)
-        for c in reversed(opened):
-            c.__exit__(None, None, None)
+        with register_loops(e, axes, tile.thread):
+            for v, o, w, a, t, across in zip(vars_, origins, thread_vars, axes, tile.thread,
+                                                  threads_per_axis):
+                j = f" + j_{c_name(a)} * {across}" if t > 1 else ""
+                e.line(f"const {idx_t} {v} = {o} + {w}{j};")
+            slot = _slot(axes, tile.thread, axes)
+            with e.blocks([f"if ({bounds})"] if bounds else []):
+                pe.epilogue(pe.main_value(p, (f"acc[{slot}]", kind)),
+                            store_sink(module, e, plan.stored, vars_))
     sched = tile.describe(tuple(axes), tuple(raxes))
     sched["smem_buffers"] = [{"tensor": b.read.tensor, "box": list(b.extents)}
                              for b in boxes.values()]
@@ -329,68 +314,47 @@ def _emit_compute(e: Emitter, p: OpPlan, tile: Tile, boxes: dict[tuple, Box],
     thread = dict(zip(axes, tile.thread))
     thread_var = dict(zip(axes, thread_vars))
     threads_along = dict(zip(axes, threads_per_axis))
-    opened = []
-    last = len(p.reduction) - 1
-    for k, ((a, n), s) in enumerate(zip(p.reduction, tile.step)):
-        r = avar(a)
-        q = f"q_{c_name(a)}"
-        if n % s:
-            bound = f"({n} - {q} < {s} ? {n} - {q} : {s})"
-        else:
-            bound = str(s)
-            if s <= 32 and k == last:  # unroll the innermost loop only: code size
-                e.line("#pragma unroll")
-        cm = e.block(f"for (int {r} = 0; {r} < {bound}; ++{r})")
-        cm.__enter__()
-        opened.append(cm)
-    # Fragments: each buffer's values for the thread's register tile at this reduction point.
-    fragments: dict[tuple, tuple[str, list[str]]] = {}
-    for key, b in boxes.items():
-        coefs, const = b.local_terms()
-        dep = [a for a in axes if coefs.get(a)]
-        size = math.prod(thread[a] for a in dep)
-        name = f"f_{c_name(b.read.tensor)}_{len(fragments)}"
-        ctype = KIND_CTYPE[storage(b.read.dtype).kind]
-        e.line(f"{ctype} {name}[{size}];")
-        opened_j = []
-        for a in dep:
-            if thread[a] > 1:
-                e.line("#pragma unroll")
-                cm = e.block(f"for (int j_{c_name(a)} = 0; j_{c_name(a)} < {thread[a]}; "
-                             f"++j_{c_name(a)})")
-                cm.__enter__()
-                opened_j.append(cm)
-        terms: list[tuple[int, str]] = []
-        for a, c in sorted(coefs.items(), key=lambda ac: (ac[0] not in axes, ac[0])):
-            if a in axes:
-                terms.append((c, thread_var[a]))
-                if thread[a] > 1:
-                    terms.append((c * threads_along[a], f"j_{c_name(a)}"))
+    with ExitStack() as reduction_loops:
+        last = len(p.reduction) - 1
+        for k, ((a, n), s) in enumerate(zip(p.reduction, tile.step)):
+            r = avar(a)
+            q = f"q_{c_name(a)}"
+            if n % s:
+                bound = f"({n} - {q} < {s} ? {n} - {q} : {s})"
             else:
-                terms.append((c, avar(a)))
-        e.line(f"{name}[{_slot(axes, tile.thread, dep)}] = {b.buffer}[{linear(terms, const)}];")
-        for cm in reversed(opened_j):
-            cm.__exit__(None, None, None)
-        fragments[key] = (name, dep)
-    # Fold the body into every accumulator of the register tile.
-    opened_p = []
-    for a in axes:
-        if thread[a] > 1:
-            e.line("#pragma unroll")
-            cm = e.block(f"for (int j_{c_name(a)} = 0; j_{c_name(a)} < {thread[a]}; "
-                         f"++j_{c_name(a)})")
-            cm.__enter__()
-            opened_p.append(cm)
+                bound = str(s)
+                if s <= 32 and k == last:  # unroll the innermost loop only: code size
+                    e.line("#pragma unroll")
+            reduction_loops.enter_context(e.block(f"for (int {r} = 0; {r} < {bound}; ++{r})"))
+        # Fragments: each buffer's values for the thread's register tile at this point.
+        fragments: dict[tuple, tuple[str, list[str]]] = {}
+        for key, b in boxes.items():
+            coefs, const = b.local_terms()
+            dep = [a for a in axes if coefs.get(a)]
+            size = math.prod(thread[a] for a in dep)
+            name = f"f_{c_name(b.read.tensor)}_{len(fragments)}"
+            ctype = KIND_CTYPE[storage(b.read.dtype).kind]
+            e.line(f"{ctype} {name}[{size}];")
+            with register_loops(e, dep, [thread[a] for a in dep]):
+                terms: list[tuple[int, str]] = []
+                for a, c in sorted(coefs.items(), key=lambda ac: (ac[0] not in axes, ac[0])):
+                    if a in axes:
+                        terms.append((c, thread_var[a]))
+                        if thread[a] > 1:
+                            terms.append((c * threads_along[a], f"j_{c_name(a)}"))
+                    else:
+                        terms.append((c, avar(a)))
+                e.line(f"{name}[{_slot(axes, tile.thread, dep)}] = "
+                       f"{b.buffer}[{linear(terms, const)}];")
+            fragments[key] = (name, dep)
 
-    def read(node) -> str:
-        r = p.read(node)
-        name, dep = fragments[read_key(r)]
-        return f"{name}[{_slot(axes, tile.thread, dep)}]"
+        def read(node) -> str:
+            r = p.read(node)
+            name, dep = fragments[read_key(r)]
+            return f"{name}[{_slot(axes, tile.thread, dep)}]"
 
-    comp = ValueCompiler({}, lambda t: storage(module.tensors[t].dtype).kind, read)
-    e.line(combine(p.assign, f"acc[{_slot(axes, tile.thread, axes)}]",
-                   _ll_if(comp.emit(p.body, kind), kind)))
-    for cm in reversed(opened_p):
-        cm.__exit__(None, None, None)
-    for cm in reversed(opened):
-        cm.__exit__(None, None, None)
+        # Fold the body into every accumulator of the register tile.
+        with register_loops(e, axes, tile.thread):
+            comp = ValueCompiler({}, lambda t: storage(module.tensors[t].dtype).kind, read)
+            e.line(combine(p.assign, f"acc[{_slot(axes, tile.thread, axes)}]",
+                           _ll_if(comp.emit(p.body, kind), kind)))

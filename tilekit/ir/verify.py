@@ -89,6 +89,16 @@ class _Verifier:
             raise self.fail(path, f"{what} must be a mapping, got {type_name(value)}")
         self.payload(value, path)
 
+    def unique_name(self, name: Any, index: int, seen: dict[str, int], what: str,
+                    section: str) -> None:
+        """`section[index].name` is a string not used by an earlier entry; records it."""
+        path = f"{section}[{index}].name"
+        self.string(name, path, f"a{'n' if what[0] in 'aeio' else ''} {what} name")
+        if name in seen:
+            raise self.fail(path, f"duplicate {what} name '{name}' (also "
+                            f"{section}[{seen[name]}])", f"{what} names must be unique")
+        seen[name] = index
+
     def known_keys(self, value: Mapping[str, Any], path: str, known: tuple[str, ...],
                    required: tuple[str, ...]) -> None:
         problem = key_problem(value, path, known, required)
@@ -221,11 +231,7 @@ class _Verifier:
             path = f"ops[{i}]"
             if not isinstance(op, Op):
                 raise self.fail(path, f"expected an Op, got {type(op).__name__}")
-            self.string(op.name, f"{path}.name", "an op name")
-            if op.name in names:
-                raise self.fail(f"{path}.name", f"duplicate op name '{op.name}' (also "
-                                f"ops[{names[op.name]}])", "op names must be unique")
-            names[op.name] = i
+            self.unique_name(op.name, i, names, "op", "ops")
             op_reads, op_writes = self.op(op, path)
             for out in op_writes:
                 t = self.m.tensors.get(out)
@@ -386,11 +392,7 @@ class _Verifier:
             path = f"kernels[{k}]"
             if not isinstance(kernel, Kernel):
                 raise self.fail(path, f"expected a Kernel, got {type(kernel).__name__}")
-            self.string(kernel.name, f"{path}.name", "a kernel name")
-            if kernel.name in names:
-                raise self.fail(f"{path}.name", f"duplicate kernel name '{kernel.name}' (also "
-                                f"kernels[{names[kernel.name]}])", "kernel names must be unique")
-            names[kernel.name] = k
+            self.unique_name(kernel.name, k, names, "kernel", "kernels")
             ops = self.name_list(kernel.ops, f"{path}.ops", "a kernel's 'ops'")
             if not ops:
                 raise self.fail(f"{path}.ops", "a kernel has no ops")

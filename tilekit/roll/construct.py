@@ -104,11 +104,11 @@ def rank(problem: Problem, m: Machine, tiles: list[RTile], top_k: int) -> list[C
     costs = _cost(problem, m, tiles)
     ns = problem.n_spatial
     steps = [math.prod(-(-n // s) for n, s in zip(problem.extents[ns:], t.step)) for t in tiles]
-    full = START_WARPS * m.warp_size
+    full = START_WARPS * m.hw.warp_size
 
     def key(k):
         threads = int(costs.threads[k])
-        return (round_sig(costs.time_s[k], 6), steps[k], threads % m.warp_size != 0,
+        return (round_sig(costs.time_s[k], 6), steps[k], threads % m.hw.warp_size != 0,
                 -min(threads, full), tiles[k])
 
     order = sorted((k for k in range(len(tiles)) if costs.valid[k]), key=key)
@@ -124,22 +124,22 @@ def no_tile_fits(m: Machine, costs: TileCosts, tiles: list[RTile]) -> TilekitErr
                                               int(costs.regs[i])))
     threads, regs, smem = int(costs.threads[k]), int(costs.regs[k]), int(costs.smem_tile[k])
     broken = []
-    if threads > m.max_threads_per_block:
+    if threads > m.hw.max_threads_per_block:
         broken.append(f"{threads} threads > parallelism.max_threads_per_block "
-                      f"{m.max_threads_per_block}")
-    if regs > m.max_regs_per_thread:
+                      f"{m.hw.max_threads_per_block}")
+    if regs > m.hw.max_regs_per_thread:
         broken.append(f"{regs} registers per thread > registers.max_per_thread "
-                      f"{m.max_regs_per_thread}")
-    if regs * threads > m.regs_per_block:
+                      f"{m.hw.max_regs_per_thread}")
+    if regs * threads > m.hw.regs_per_block:
         broken.append(f"{regs * threads} registers per block > registers.max_per_block "
-                      f"{m.regs_per_block}")
-    if smem > m.smem_per_block:
+                      f"{m.hw.regs_per_block}")
+    if smem > m.hw.smem_per_block:
         broken.append(f"{smem} B of shared memory > memory[shared].per_block_optin "
-                      f"{m.smem_per_block} B")
+                      f"{m.hw.smem_per_block} B")
     if int(costs.blocks_per_sm[k]) < 1:
         broken.append("not one block fits an SM (parallelism.max_threads_per_sm, "
                       "registers.per_sm, memory[shared].capacity)")
-    return TilekitError(f"no tile fits hardware profile '{m.name}': the smallest tile "
+    return TilekitError(f"no tile fits hardware profile '{m.hw.name}': the smallest tile "
                         f"({tiles[k].block} block, {tiles[k].step} step) needs "
                         + ("; ".join(broken) or "more than the profile allows"), "--hw",
                         "use a profile with larger limits, or fix the profile's figures")
@@ -156,7 +156,7 @@ def thread_choices(problem: Problem, m: Machine, trajectory: list[tuple[int, ...
     trajectory and, when those leave too few threads to fill the device (a small problem),
     also the largest one that still does (or the 1-element tile)."""
     chosen = trajectory[-THREAD_CHOICES:]
-    target = m.sm_count * START_WARPS * m.warp_size
+    target = m.hw.sm_count * START_WARPS * m.hw.warp_size
 
     def usable(t):
         return math.prod(-(-n // s) for n, s in zip(problem.extents, t))
@@ -206,8 +206,8 @@ def register_trajectory(problem: Problem, m: Machine, bsizes) -> list[tuple[int,
         mq, mregs, mouts, mbytes = measure(moves)
         threads_left = [math.prod(-(-n // t) for n, t in zip(problem.extents, mv))
                         for mv in moves]
-        ok = (mregs <= m.max_regs_per_thread) & (mregs * m.warp_size <= m.regs_per_block) & \
-            (np.array(threads_left) >= min(m.warp_size, problem.output_points))
+        ok = (mregs <= m.hw.max_regs_per_thread) & (mregs * m.hw.warp_size <= m.hw.regs_per_block) & \
+            (np.array(threads_left) >= min(m.hw.warp_size, problem.output_points))
         gain = np.where(ok, (q - mq) / np.maximum(mregs - regs, 1), -np.inf)
         best = int(np.argmax(gain))
         if not gain[best] > 0:
@@ -290,7 +290,7 @@ def block_trajectory(problem: Problem, m: Machine, bsizes, thread: tuple[int, ..
     k = 0
     path = [tile] if costs.valid[0] else []
     usable = math.prod(-(-n // t) for n, t in zip(problem.extents, thread))
-    min_threads = min(START_WARPS * m.warp_size, m.max_threads_per_block, usable)
+    min_threads = min(START_WARPS * m.hw.warp_size, m.hw.max_threads_per_block, usable)
     for _ in range(MAX_MOVES):
         filling = costs.threads[k] < min_threads
         if not filling and costs.valid[k] and costs.t_compute[k] >= costs.t_traffic[k]:
@@ -357,7 +357,7 @@ def scale_out(problem: Problem, m: Machine, bsizes, tile: RTile) -> list[RTile]:
     path = []
     blocks = math.prod(tile.grid(problem))
     for _ in range(MAX_MOVES):
-        if blocks >= m.sm_count:
+        if blocks >= m.hw.sm_count:
             break
         moves = _moves(problem, bsizes, tile, grow=False)
         if not moves:

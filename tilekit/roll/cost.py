@@ -52,6 +52,7 @@ from typing import Sequence
 
 import numpy as np
 
+from tilekit.hw.profile import Profile
 from tilekit.roll.problem import Problem
 
 #: Registers a thread spends beyond its tile (addresses, loop counters, predicates).
@@ -74,31 +75,20 @@ def round_sig(x: float, digits: int = SIG_DIGITS) -> float:
     return float(f"{x:.{digits}g}")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Machine:
-    """The figures of a profile that the model reads, in base units (s, B, B/s, FLOP/s).
+    """A profile as the model reads it: the profile itself (`hw`, for its limits) and the
+    figures derived from it for one dtype, scaled by the achievable fractions (s, B, B/s,
+    FLOP/s).
 
     `global_bw` is the bandwidth of the level that serves tile loads: DRAM, L2 (`l2_bw`, used
-    when the op's tensors fit in `l2_bytes`) or, on a distributed machine, the exchange.
+    when the op's tensors fit in `hw.l2_bytes`) or, on a distributed machine, the exchange.
     """
 
-    name: str
-    kind: str
-    sm_count: int
-    warp_size: int
-    max_threads_per_block: int
-    max_threads_per_sm: int
-    max_blocks_per_sm: int
-    max_warps_per_sm: int
-    regs_per_sm: int
-    regs_per_block: int
-    max_regs_per_thread: int
-    smem_per_sm: int
-    smem_per_block: int
+    hw: Profile  # limits (threads, registers, shared memory, SMs) are read from here
     smem_bw: float
     dram_bw: float
     l2_bw: float
-    l2_bytes: int
     exchange_bw: float
     transaction_bytes: int
     peak: float
@@ -106,7 +96,7 @@ class Machine:
 
     @property
     def distributed(self) -> bool:
-        return self.kind == "distributed"
+        return self.hw.kind == "distributed"
 
 
 #: (id(profile), dtype) -> (profile, Machine). The profile is kept so that its id stays unique;
@@ -132,15 +122,9 @@ def _make_machine(profile, dtype: str) -> Machine:
     key = dtype if profile.has_peak(dtype) else "float32"
     l2_bw = (profile.l2_bandwidth or profile.dram_bandwidth) * a.dram
     return Machine(
-        name=profile.name, kind=profile.kind, sm_count=profile.sm_count,
-        warp_size=profile.warp_size, max_threads_per_block=profile.max_threads_per_block,
-        max_threads_per_sm=profile.max_threads_per_sm,
-        max_blocks_per_sm=profile.max_blocks_per_sm,
-        max_warps_per_sm=profile.max_warps_per_sm, regs_per_sm=profile.regs_per_sm,
-        regs_per_block=profile.regs_per_block, max_regs_per_thread=profile.max_regs_per_thread,
-        smem_per_sm=profile.smem_per_sm, smem_per_block=profile.smem_per_block,
+        hw=profile,
         smem_bw=profile.smem_bandwidth * a.smem, dram_bw=profile.dram_bandwidth * a.dram,
-        l2_bw=l2_bw, l2_bytes=profile.l2_bytes,
+        l2_bw=l2_bw,
         exchange_bw=(profile.exchange_bandwidth or 0.0) * a.dram,
         # A distributed machine has no DRAM sector between tiles: its loads are the tile
         # memory's aligned accesses.
@@ -291,24 +275,24 @@ def cost_tiles(problem: Problem, m: Machine, block: np.ndarray, thread: np.ndarr
     # idle: every kind of work (arithmetic, shared and global accesses) is issued per warp,
     # so each time is divided by the fraction of lanes used.
     regs = registers_per_thread(problem, thread)
-    warps = -(-threads // m.warp_size)
-    lanes = threads / (warps * m.warp_size)
-    reg_alloc = regs * warps * m.warp_size
-    by_threads = m.max_threads_per_sm // (warps * m.warp_size)
-    by_regs = m.regs_per_sm // reg_alloc
-    by_smem = np.where(smem_tile > 0, m.smem_per_sm // np.maximum(smem_tile, 1),
-                       m.max_blocks_per_sm)
+    warps = -(-threads // m.hw.warp_size)
+    lanes = threads / (warps * m.hw.warp_size)
+    reg_alloc = regs * warps * m.hw.warp_size
+    by_threads = m.hw.max_threads_per_sm // (warps * m.hw.warp_size)
+    by_regs = m.hw.regs_per_sm // reg_alloc
+    by_smem = np.where(smem_tile > 0, m.hw.smem_per_sm // np.maximum(smem_tile, 1),
+                       m.hw.max_blocks_per_sm)
     per_sm = np.minimum(np.minimum(by_threads, by_regs),
-                        np.minimum(by_smem, m.max_blocks_per_sm))
-    valid = ((threads <= m.max_threads_per_block) & (regs <= m.max_regs_per_thread)
-             & (regs * threads <= m.regs_per_block) & (smem_tile <= m.smem_per_block)
+                        np.minimum(by_smem, m.hw.max_blocks_per_sm))
+    valid = ((threads <= m.hw.max_threads_per_block) & (regs <= m.hw.max_regs_per_thread)
+             & (regs * threads <= m.hw.regs_per_block) & (smem_tile <= m.hw.smem_per_block)
              & (per_sm >= 1))
     # A grid smaller than one full wave spreads over the SMs first, so only
     # `resident` blocks share an SM; the SM is saturated once it holds `SATURATING_WARPS`.
-    resident = np.minimum(np.maximum(per_sm, 1), -(-blocks // m.sm_count))
-    slots = m.sm_count * resident
+    resident = np.minimum(np.maximum(per_sm, 1), -(-blocks // m.hw.sm_count))
+    slots = m.hw.sm_count * resident
     eff, waves = wave_efficiency(blocks, slots)
-    saturation = np.minimum(1.0, warps * resident / min(SATURATING_WARPS, m.max_warps_per_sm))
+    saturation = np.minimum(1.0, warps * resident / min(SATURATING_WARPS, m.hw.max_warps_per_sm))
 
     # Times. Compute and shared memory are per-SM resources: a partial wave or an SM short of
     # warps leaves them idle. The global level is device-wide, so it is not quantised by
@@ -318,16 +302,16 @@ def cost_tiles(problem: Problem, m: Machine, block: np.ndarray, thread: np.ndarr
     t_compute = work / m.peak / lanes / sm_busy
     t_smem = smem_traffic / m.smem_bw / lanes / sm_busy
     per_block = loads + stores
-    busiest = -(-blocks // m.sm_count) * per_block / (lanes * saturation)
+    busiest = -(-blocks // m.hw.sm_count) * per_block / (lanes * saturation)
     if m.distributed:
         t_traffic = dram_bytes / m.exchange_bw
-        t_global = np.maximum(t_traffic, busiest / (m.exchange_bw / m.sm_count))
+        t_global = np.maximum(t_traffic, busiest / (m.exchange_bw / m.hw.sm_count))
     else:
         unique = float(_unique_bytes(problem))
-        reload_bw = m.l2_bw if unique <= m.l2_bytes else m.dram_bw
+        reload_bw = m.l2_bw if unique <= m.hw.l2_bytes else m.dram_bw
         t_traffic = dram_bytes / reload_bw
         t_global = np.maximum(np.maximum(unique / m.dram_bw, t_traffic),
-                              busiest / (m.l2_bw / m.sm_count))
+                              busiest / (m.l2_bw / m.hw.sm_count))
     terms = np.stack([t_compute, t_smem, t_global])
     busy = terms.max(axis=0)
     time_s = busy + m.launch_s
@@ -351,14 +335,14 @@ def _unique_bytes(problem: Problem) -> int:
 
 def limit_broken(problem: Problem, m: Machine, costs: TileCosts, k: int) -> str:
     """The first capacity limit candidate `k` breaks, for messages ("" when none)."""
-    if costs.threads[k] > m.max_threads_per_block:
-        return f"threads {costs.threads[k]} > max_threads_per_block {m.max_threads_per_block}"
-    if costs.regs[k] > m.max_regs_per_thread:
-        return f"registers {costs.regs[k]} > max_per_thread {m.max_regs_per_thread}"
-    if costs.regs[k] * costs.threads[k] > m.regs_per_block:
-        return f"registers per block > {m.regs_per_block}"
-    if costs.smem_tile[k] > m.smem_per_block:
-        return f"shared memory {costs.smem_tile[k]} B > per block {m.smem_per_block} B"
+    if costs.threads[k] > m.hw.max_threads_per_block:
+        return f"threads {costs.threads[k]} > max_threads_per_block {m.hw.max_threads_per_block}"
+    if costs.regs[k] > m.hw.max_regs_per_thread:
+        return f"registers {costs.regs[k]} > max_per_thread {m.hw.max_regs_per_thread}"
+    if costs.regs[k] * costs.threads[k] > m.hw.regs_per_block:
+        return f"registers per block > {m.hw.regs_per_block}"
+    if costs.smem_tile[k] > m.hw.smem_per_block:
+        return f"shared memory {costs.smem_tile[k]} B > per block {m.hw.smem_per_block} B"
     return ""
 
 
@@ -399,11 +383,11 @@ def estimate_bytes(profile, read_bytes: int, write_bytes: int, threads: int = 25
     the busiest SM's port, as in `cost_tiles`."""
     m = machine(profile)
     blocks = max(1, -(-elements // threads))
-    per_sm = max(1, min(m.max_blocks_per_sm, m.max_threads_per_sm // max(threads, 1)))
-    eff, waves = wave_efficiency(blocks, m.sm_count * min(per_sm, -(-blocks // m.sm_count)))
+    per_sm = max(1, min(m.hw.max_blocks_per_sm, m.hw.max_threads_per_sm // max(threads, 1)))
+    eff, waves = wave_efficiency(blocks, m.hw.sm_count * min(per_sm, -(-blocks // m.hw.sm_count)))
     moved = float(read_bytes + write_bytes)
-    port_bw = (m.exchange_bw if m.distributed else m.l2_bw) / m.sm_count
-    busiest = -(-blocks // m.sm_count) * moved / blocks
+    port_bw = (m.exchange_bw if m.distributed else m.l2_bw) / m.hw.sm_count
+    busiest = -(-blocks // m.hw.sm_count) * moved / blocks
     bw = m.exchange_bw if m.distributed else m.dram_bw
     busy = max(moved / bw, busiest / port_bw)
     bound = "launch" if m.launch_s > busy else "dram"
