@@ -4,7 +4,7 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
-.PHONY: setup test demo bench clean
+.PHONY: setup test demo bench gpu-check clean
 
 setup: $(STAMP)
 
@@ -24,6 +24,12 @@ demo: setup
 
 bench: setup
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/pytest tests/bench -p no:cacheprovider -o addopts="" -s
+
+# On a machine with a GPU: everything that needs one, into out/gpu-check (see the script).
+# It uses the system python3 (CuPy, PyTorch, onnxruntime installed) and creates no venv,
+# because the lent GPU machines have no package registry.
+gpu-check:
+	PYTHONPATH=$(CURDIR) python3 tests/gpu/gpu_check.py --out out/gpu-check
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -382,3 +382,29 @@ def test_tiled_mode_checked_against_whole_ops(tmp_path):
     out = text(proc, "stdout")
     assert "check: cpu (tiled mode) against the CPU reference executor (whole ops" in out
     assert "check: pass (2 outputs)" in out
+
+
+def test_check_tensors_compares_every_computed_tensor(mlp):
+    proc = tk_run(mlp, "--seed", 0, "--check-tensors", "--quiet")
+    assert proc.returncode == 0, text(proc)
+    out = text(proc, "stdout")
+    assert "check-tensors: 3 computed tensors against the CPU reference executor" in out
+    assert ": 0 differ" in out
+
+
+def test_check_tensors_names_the_first_tensor_that_differs():
+    """A wrong intermediate is reported at the op that wrote it, before what it spoils."""
+    from tilekit.ir.codec import read_module
+    from tilekit.runtime.check import compare_tensors
+    from tilekit.runtime.cpu import prepare
+
+    module = read_module(str(DATA / "mlp.yaml"))
+    inputs = {"x": np.linspace(-1, 1, 8, dtype=np.float32).reshape(2, 4)}
+    weights = {"w1": W1, "b1": B1, "w2": W2}
+    actual: dict = {}
+    prepare(module).run(inputs, weights, trace=actual)
+    actual["r"] = actual["r"] + np.float32(1e-3)
+    results = compare_tensors(module, actual, inputs, weights)
+    assert [(r.op, r.comparison.passed) for r in results] == [
+        ("fc1", True), ("relu", False), ("fc2", True)]
+    assert results[1].line().startswith("ops[1] (relu) r: max_abs 0.001")

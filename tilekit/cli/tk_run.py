@@ -44,13 +44,17 @@ EXIT_CHECK_FAILED = 1
               help="Pass when the relative L2 error <= R (default by dtype: 1e-5 for float32).")
 @click.option("--atol", type=click.FloatRange(min=0), default=None, metavar="A",
               help="... or when the worst absolute error <= A (default 1e-6 for float32).")
+@click.option("--check-tensors", "check_tensors", is_flag=True,
+              help="Also compare every tensor the run computed (intermediates included) with "
+                   "the CPU reference executor's, in op order, and list those that differ: "
+                   "the first one is where an error starts.")
 @click.option("--bench", type=click.IntRange(min=1), default=None, metavar="N",
               help="Time N runs after the warm-up; print median/min/max and the device.")
 @click.option("--warmup", type=click.IntRange(min=0), default=1, show_default=True,
               metavar="K", help="Untimed runs before --bench.")
 @click.option("--report", is_flag=True, help="Print a per-op time profile and peak memory.")
 def main(input, device, mode, input_flags, inputs_npz, seed, allow_nan, output, check, rtol,
-         atol, bench, warmup, report, quiet, debug):
+         atol, check_tensors, bench, warmup, report, quiet, debug):
     """Run the tile IR module IR (a file, or '-'/nothing for stdin)."""
     from tilekit.ir.codec import read_module
     from tilekit.runtime import backend
@@ -59,8 +63,8 @@ def main(input, device, mode, input_flags, inputs_npz, seed, allow_nan, output, 
     from tilekit.runtime.io import (base_dir, check_inputs, describe, gather_inputs,
                                     input_files, load_weights, npz_bytes, weights_file)
 
-    if (rtol is not None or atol is not None) and not check:
-        warn(TOOL, "--rtol/--atol have no effect without --check")
+    if (rtol is not None or atol is not None) and not (check or check_tensors):
+        warn(TOOL, "--rtol/--atol have no effect without --check or --check-tensors")
     if report and device != "cpu":
         warn(TOOL, "--report profiles the CPU executor only; ignored with --device cuda")
     module = read_module(input)
@@ -107,6 +111,8 @@ def main(input, device, mode, input_flags, inputs_npz, seed, allow_nan, output, 
             status = EXIT_CHECK_FAILED
         else:
             echo(f"check: pass ({len(results)} output{'s' if len(results) != 1 else ''})")
+    if check_tensors and _check_tensors(echo, module, runner, inputs, weights, rtol, atol):
+        status = EXIT_CHECK_FAILED
     if bench is not None:
         if runner.bench is not None:
             timing = runner.bench(inputs, weights, bench, warmup)
@@ -116,6 +122,30 @@ def main(input, device, mode, input_flags, inputs_npz, seed, allow_nan, output, 
     if report and not quiet:
         _print_report(echo, module, profile, peak)
     return status
+
+
+#: At most this many differing tensors are listed by --check-tensors (the first ones matter).
+_LISTED_TENSORS = 20
+
+
+def _check_tensors(echo, module, runner, inputs, weights, rtol, atol) -> bool:
+    """Print the per-tensor comparison; True when some tensor differs."""
+    from tilekit.runtime.check import compare_tensors
+
+    results = compare_tensors(module, runner.trace(inputs, weights), inputs, weights, rtol,
+                              atol)
+    failed = [r for r in results if not r.comparison.passed]
+    echo(f"check-tensors: {len(results)} computed tensors against the CPU reference executor "
+         f"(whole ops), in op order: {len(failed)} differ")
+    for result in failed[:_LISTED_TENSORS]:
+        echo(f"  {result.line()}")
+    if len(failed) > _LISTED_TENSORS:
+        echo(f"  ... and {len(failed) - _LISTED_TENSORS} more")
+    worst = sorted(results, key=lambda r: -r.comparison.rel_l2)[:3]
+    if worst and not failed:
+        echo("  largest: " + "; ".join(f"{r.comparison.name} rel_l2 {r.comparison.rel_l2:.3g}"
+                                       for r in worst))
+    return bool(failed)
 
 
 class _Echo:

@@ -38,6 +38,9 @@ class Backend:
     #: Device-side timing `(inputs, weights, runs, warmup) -> Timing` where the device has
     #: its own clock (CUDA events); None means wall-clock timing of `run`.
     bench: Callable[..., Any] | None = None
+    #: `(inputs, weights) -> every tensor the run computed` (intermediates included), for
+    #: `tk-run --check-tensors`.
+    trace: Runner | None = None
 
 
 def backend(module: Module, device: str = "cpu", mode: str = "whole") -> Backend:
@@ -51,8 +54,14 @@ def backend(module: Module, device: str = "cpu", mode: str = "whole") -> Backend
     if device == "cpu":
         program = prepare(module)
         op_runner(mode)  # an unknown mode fails here, before any data is loaded
+        def trace(inputs, weights):
+            tensors: dict[str, np.ndarray] = {}
+            program.run(inputs, weights, mode=mode, trace=tensors)
+            return tensors
+
         return Backend("cpu", cpu_description(),
-                       lambda inputs, weights: program.run(inputs, weights, mode=mode))
+                       lambda inputs, weights: program.run(inputs, weights, mode=mode),
+                       trace=trace)
     if device == "cuda":
         if mode != "whole":
             op_runner(mode)  # an unknown mode is named as such
@@ -61,10 +70,16 @@ def backend(module: Module, device: str = "cpu", mode: str = "whole") -> Backend
                                "use --device cpu")
         from tilekit.runtime import cuda
 
-        cuda.prepare(module)  # refuses what it cannot run and builds the kernels, early
+        program = cuda.prepare(module)  # refuses what it cannot run, builds the kernels, early
+
+        def trace(inputs, weights):
+            program.run(inputs, weights)
+            return program.tensors()
+
         return Backend("cuda", cuda.device_description(),
                        lambda inputs, weights: cuda.run_module(module, inputs, weights),
                        lambda inputs, weights, runs, warmup: cuda.time_kernels(
-                           module, inputs, weights, runs, warmup))
+                           module, inputs, weights, runs, warmup),
+                       trace=trace)
     raise TilekitError(f"unknown device '{device}'", "--device",
                        f"known devices: {', '.join(DEVICES)}")

@@ -108,6 +108,50 @@ def compare_outputs(module: Module, actual: Mapping[str, np.ndarray],
             for name in module.outputs]
 
 
+@dataclass(frozen=True)
+class TensorComparison:
+    """One computed tensor against the CPU reference executor's, with the op that wrote it."""
+
+    index: int                    # the writing op's position in `module.ops`
+    op: str
+    comparison: Comparison
+
+    def line(self) -> str:
+        return f"ops[{self.index}] ({self.op}) {self.comparison.line()}"
+
+
+def compare_tensors(module: Module, actual: Mapping[str, np.ndarray],
+                    inputs: Mapping[str, np.ndarray], weights: Mapping[str, np.ndarray],
+                    rtol: float | None = None, atol: float | None = None
+                    ) -> list[TensorComparison]:
+    """Every tensor in `actual` that an op writes, against the same tensor in a whole-mode
+    run of the CPU reference executor on the same inputs, in op order.
+
+    Errors grow as they propagate, so the first tensor that fails is where to look: a jump
+    from 1e-7 to 1e-3 between an op's inputs and its output points at that op's kernel.
+    """
+    from tilekit.runtime.cpu import prepare
+
+    expected: dict[str, np.ndarray] = {}
+    prepare(module).run(inputs, weights, mode="whole", trace=expected)
+    found = []
+    for index, op in enumerate(module.ops):
+        for name in op_outputs(op):
+            if name in actual and name in expected:
+                found.append(TensorComparison(index, op.name, compare(
+                    name, np.asarray(actual[name]), expected[name], module.tensors[name].dtype,
+                    rtol, atol)))
+    return found
+
+
+def op_outputs(op) -> tuple[str, ...]:
+    """The tensors an op writes (an expression's output, an opaque op's named outputs)."""
+    if op.kind == "expr":
+        from tilekit.expr import parse
+        return (parse(op.expr).output.tensor,)
+    return tuple(n for n in (op.opaque or {}).get("outputs", ()) if n)
+
+
 # -- references --------------------------------------------------------------------------
 
 @dataclass(frozen=True)

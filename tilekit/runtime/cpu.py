@@ -192,12 +192,14 @@ class Program:
 
     def run(self, inputs: Mapping[str, np.ndarray], weights: Mapping[str, np.ndarray], *,
             mode: str = "whole",
-            on_step: Callable[[Step, float], None] | None = None) -> dict[str, np.ndarray]:
+            on_step: Callable[[Step, float], None] | None = None,
+            trace: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
         """Execute once. `inputs` and `weights` are keyed by IR tensor name and assumed
         checked (`tilekit.runtime.io.check_inputs`, `load_weights`); they are only read.
 
-        `on_step(step, seconds)` is called after each step (for profiles). Returns the
-        module's outputs in `module.outputs` order.
+        `on_step(step, seconds)` is called after each step (for profiles). With `trace`, every
+        tensor a step writes is also stored there (for per-tensor comparisons; the run then
+        holds every intermediate). Returns the module's outputs in `module.outputs` order.
         """
         runner = op_runner(mode)
         env: dict[str, np.ndarray] = {**weights, **inputs}
@@ -220,6 +222,8 @@ class Program:
                         raise RuntimeError(f"{step.where}: '{name}' came out with shape "
                                            f"{array.shape}, declared {shape}")
                 env[name] = array.astype(dtype, copy=False)
+                if trace is not None:
+                    trace[name] = env[name]
             for name in step.frees:
                 env.pop(name, None)
             if on_step:

@@ -45,8 +45,9 @@ def _cupy():
     except Exception as exc:  # noqa: BLE001 - ImportError or a broken CUDA install
         raise TilekitError(f"CuPy is not importable ({type(exc).__name__}: {exc})",
                            "--device cuda",
-                           "install it (pip install 'tilekit[cuda]', i.e. cupy-cuda12x) on a "
-                           "machine with an NVIDIA GPU, or use --device cpu") from None
+                           "install it (pip install 'tilekit[cuda]', i.e. cupy-cuda13x; "
+                           "cupy-cuda12x for a CUDA 12 driver) on a machine with an NVIDIA "
+                           "GPU, or use --device cpu") from None
     try:
         count = cupy.cuda.runtime.getDeviceCount()
     except Exception as exc:  # noqa: BLE001 - no driver
@@ -196,6 +197,10 @@ class CudaProgram:
             else:
                 out[name] = self.buffers[name].get()
         return out
+
+    def tensors(self) -> dict[str, np.ndarray]:
+        """Every tensor a kernel reads or writes, as the last run left it on the device."""
+        return {name: buffer.get() for name, buffer in self.buffers.items()}
 
     def run(self, inputs: Mapping[str, np.ndarray], weights: Mapping[str, np.ndarray]
             ) -> dict[str, np.ndarray]:

@@ -1,0 +1,262 @@
+"""Everything that needs a GPU, in one run: `make gpu-check` (or `python3 tests/gpu/gpu_check.py`).
+
+Written for the machines this project is lent now and then (a system `python3` with CuPy,
+PyTorch, onnx and onnxruntime, no network, no venv): it runs from the checkout with
+`PYTHONPATH=.`, installs nothing, and writes every result and log into one folder
+(`--out`, default `$OUT` when set, else `out/gpu-check`):
+
+    summary.json          one record per step (what ran, exit code, seconds, parsed figures)
+    logs.tar.gz           the full output of each step (<step>.log), and the bench results
+    *.json                the benchmark results (also written to tests/bench/results/)
+
+Models, IR and kernels are built in `--work` (default a temporary folder), not in the output
+folder, which stays small enough to copy back from a lent machine.
+
+Steps, in order (`--steps` picks some):
+
+    env         the device, driver, toolkit and library versions
+    pytest      pytest tests/gpu (every codegen fixture on the device against the CPU executor,
+                compute-sanitizer on the fixtures)
+    models      every model (the 9 real architectures with seeded random weights, the 5 built
+                ones) through `tk-import | tk-roll --hw H | tk-codegen` and, separately, with the
+                default schedules (no roll), then `tk-run --device cuda --check --bench`
+    sanitizer   compute-sanitizer memcheck and racecheck on three models' kernels
+    bench       tests/bench/test_gpu_bench.py (tilekit against cuBLAS/cuDNN/PyTorch, ratios)
+
+Each step has a time limit; a failing step is recorded and the next one runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = ROOT / "bin"
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+STEPS = ("env", "pytest", "models", "sanitizer", "bench")
+REAL_MODELS = ["resnet50", "inception_v1", "inception_v2", "densenet121", "shufflenet",
+               "squeezenet", "vgg19", "bvlc_alexnet", "zfnet512"]
+BUILT_MODELS = ["bert_encoder_layer", "gpt_block", "mobilenet_block", "mlp_mixer_block",
+                "lstm_model"]
+SANITIZED_MODELS = ["mobilenet_block", "bert_encoder_layer", "squeezenet"]
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ, NO_COLOR="1", PYTHONUNBUFFERED="1")
+    env["PATH"] = f"{BIN}{os.pathsep}{env['PATH']}"
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+    return env
+
+
+class Runner:
+    """Runs shell commands with limits, appends their output to per-step logs."""
+
+    def __init__(self, out: Path, work: Path):
+        self.out = out
+        self.work = work
+        self.logs = work / "logs"
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.records: list[dict] = []
+
+    def sh(self, step: str, command: str, timeout: float, cwd: Path | None = None) -> dict:
+        start = time.monotonic()
+        try:
+            proc = subprocess.run(["bash", "-o", "pipefail", "-c", command], cwd=cwd or ROOT,
+                                  env=_env(), capture_output=True, text=True, timeout=timeout)
+            rc, text = proc.returncode, proc.stdout + proc.stderr
+        except subprocess.TimeoutExpired as exc:
+            rc = 124
+            text = ((exc.stdout or b"").decode(errors="replace") if isinstance(exc.stdout, bytes)
+                    else (exc.stdout or "")) + f"\n[timed out after {timeout:.0f} s]\n"
+        seconds = round(time.monotonic() - start, 2)
+        with open(self.logs / f"{step}.log", "a", encoding="utf-8") as log:
+            log.write(f"$ {command}\n[exit {rc}, {seconds} s]\n{text}\n")
+        return {"command": command, "rc": rc, "seconds": seconds, "output": text}
+
+    def pack_logs(self) -> None:
+        with tarfile.open(self.out / "logs.tar.gz", "w:gz") as tar:
+            tar.add(self.logs, arcname="logs")
+
+    def record(self, step: str, **fields) -> None:
+        self.records.append({"step": step, **fields})
+        (self.out / "summary.json").write_text(json.dumps(self.records, indent=1) + "\n")
+        print(f"[{step}] " + ", ".join(f"{k}={v}" for k, v in fields.items()
+                                       if not isinstance(v, (list, dict))), flush=True)
+
+
+def step_env(run: Runner, args) -> None:
+    checks = {
+        "nvidia_smi": "nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm "
+                      "--format=csv,noheader",
+        "nvcc": "nvcc --version | tail -2",
+        "python": "python3 -c 'import sys,numpy,onnx,onnxruntime,cupy,torch;"
+                  "print(sys.version.split()[0], numpy.__version__, onnx.__version__, "
+                  "onnxruntime.__version__, cupy.__version__, torch.__version__)'",
+        "device": "python3 -c 'from tilekit.runtime import cuda; print(cuda.device_description())'",
+        "sanitizer": "compute-sanitizer --version | tail -1",
+    }
+    found = {k: run.sh("env", c, 120)["output"].strip() for k, c in checks.items()}
+    run.record("env", **found)
+
+
+def step_pytest(run: Runner, args) -> None:
+    r = run.sh("pytest", "python3 -m pytest tests/gpu -o addopts='' -q -p no:cacheprovider "
+               "-rfE --tb=short", args.limit_pytest)
+    summary = [ln for ln in r["output"].splitlines() if re.search(r"\d+ (passed|failed)", ln)]
+    run.record("pytest", rc=r["rc"], seconds=r["seconds"], summary=(summary or ["?"])[-1])
+
+
+def _write_model(name: str, folder: Path) -> Path:
+    sys.path.insert(0, str(ROOT / "tests"))
+    import onnx
+
+    from models import onnx_models
+    from models.onnx_check import with_random_weights
+
+    path = folder / f"{name}.onnx"
+    if not path.exists():
+        if name in REAL_MODELS:
+            light = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
+            model = with_random_weights(light / f"light_{name}.onnx", seed=0)
+        else:
+            model = getattr(onnx_models, name)()
+        onnx.save(model, str(path))
+    return path
+
+
+def _parse_run(text: str) -> dict:
+    fields: dict = {"check": "pass" if "check: pass" in text else
+                    ("FAIL" if "check: FAIL" in text else "none")}
+    errs = [float(m.group(1)) for m in re.finditer(r"rel_l2 ([0-9.e+-]+)", text)]
+    if errs:
+        fields["worst_rel_l2"] = max(errs)
+    m = re.search(r"median ([0-9.]+) (\w+)", text)
+    if m:
+        fields["median"] = f"{m.group(1)} {m.group(2)}"
+    return fields
+
+
+def step_models(run: Runner, args) -> None:
+    work = run.work / "models"
+    work.mkdir(exist_ok=True)
+    names = args.models or REAL_MODELS + BUILT_MODELS
+    for name in names:
+        _write_model(name, work)
+    variants = {"rolled": f"tk-roll --hw {args.hw} {{n}}.tk.yaml | tk-codegen --compile -o {{out}}",
+                "default": "tk-codegen --compile {n}.tk.yaml -o {out}"}
+
+    def build(name: str) -> list[tuple[str, str, dict]]:
+        done = []
+        r = run.sh(f"models-{name}", f"tk-import {name}.onnx -o {name}.tk.yaml", 300, work)
+        if r["rc"] != 0:
+            return [(name, "import", r)]
+        for variant, pipe in variants.items():
+            out = f"{name}.{variant}.cuda.yaml"
+            done.append((name, variant, run.sh(f"models-{name}",
+                                               pipe.format(n=name, out=out), 600, work)))
+        return done
+
+    # Import, roll and codegen (CPU work, nvcc) in parallel; the GPU runs one at a time.
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        built = [item for items in pool.map(build, names) for item in items]
+    for name, variant, r in built:
+        if r["rc"] != 0:
+            run.record("models", model=name, variant=variant, stage="build", rc=r["rc"],
+                       error=r["output"].strip().splitlines()[-1:])
+            continue
+        res = run.sh(f"models-{name}", f"tk-run {name}.{variant}.cuda.yaml --device cuda "
+                     f"--seed 0 --check --bench {args.runs} --warmup 3", 600, work)
+        tail = [] if res["rc"] == 0 else res["output"].strip().splitlines()[-3:]
+        if res["rc"] == 1:
+            # Where the difference starts: every tensor against the CPU reference executor.
+            diag = run.sh(f"models-{name}", f"tk-run {name}.{variant}.cuda.yaml --device cuda "
+                          "--seed 0 --check-tensors --quiet", 600, work)
+            tail += [ln for ln in diag["output"].splitlines() if ln.startswith(("check-", "  "))]
+        run.record("models", model=name, variant=variant, rc=res["rc"],
+                   seconds=res["seconds"], **_parse_run(res["output"]), tail=tail[:25])
+
+
+def step_sanitizer(run: Runner, args) -> None:
+    if shutil.which("compute-sanitizer") is None:
+        run.record("sanitizer", skipped="compute-sanitizer is not on PATH")
+        return
+    work = run.work / "models"
+    work.mkdir(exist_ok=True)
+    for name in SANITIZED_MODELS:
+        _write_model(name, work)
+        ir = work / f"{name}.rolled.cuda.yaml"
+        if not ir.exists():
+            r = run.sh("sanitizer", f"tk-import {name}.onnx | tk-roll --hw {args.hw} | "
+                       f"tk-codegen -o {ir.name}", 600, work)
+            if r["rc"]:
+                run.record("sanitizer", model=name, rc=r["rc"], stage="build")
+                continue
+        for tool in ("memcheck", "racecheck"):
+            r = run.sh("sanitizer", f"compute-sanitizer --tool={tool} --error-exitcode=9 "
+                       f"python3 {BIN / 'tk-run'} {ir.name} --device cuda --seed 0",
+                       args.limit_sanitizer, work)
+            errors = re.findall(r"ERROR SUMMARY: (\d+) error", r["output"])
+            hazards = re.findall(r"RACECHECK SUMMARY: (\d+) hazard", r["output"])
+            run.record("sanitizer", model=name, tool=tool, rc=r["rc"], seconds=r["seconds"],
+                       errors=errors[-1:] or hazards[-1:] or ["?"])
+
+
+def step_bench(run: Runner, args) -> None:
+    results = ROOT / "tests" / "bench" / "results"
+    before = {p: p.stat().st_mtime_ns for p in results.glob("*.json")}
+    r = run.sh("bench", f"TILEKIT_BENCH_RUNS={args.runs} python3 -m pytest "
+               "tests/bench/test_gpu_bench.py -o addopts='' -q -s -p no:cacheprovider "
+               "--tb=short", args.limit_bench)
+    written = [p for p in results.glob("*.json") if before.get(p) != p.stat().st_mtime_ns]
+    for path in written:
+        shutil.copy(path, run.out / path.name)
+    run.record("bench", rc=r["rc"], seconds=r["seconds"], written=[p.name for p in written])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default=os.environ.get("OUT") or str(ROOT / "out" / "gpu-check"))
+    parser.add_argument("--steps", default=",".join(STEPS),
+                        help=f"comma-separated, of {','.join(STEPS)}")
+    parser.add_argument("--work", default=None, help="where models and IR are built "
+                        "(default: a temporary folder)")
+    parser.add_argument("--hw", default="h100")
+    parser.add_argument("--models", type=lambda s: [m for m in s.split(",") if m], default=None)
+    parser.add_argument("--runs", type=int, default=20)
+    parser.add_argument("--jobs", type=int, default=min(8, os.cpu_count() or 2))
+    parser.add_argument("--limit-pytest", type=float, default=300)
+    parser.add_argument("--limit-bench", type=float, default=300)
+    parser.add_argument("--limit-sanitizer", type=float, default=300)
+    args = parser.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    run = Runner(out, Path(args.work or tempfile.mkdtemp(prefix="tk-gpu-check.")))
+    steps = [s for s in args.steps.split(",") if s]
+    unknown = sorted(set(steps) - set(STEPS))
+    if unknown:
+        parser.error(f"unknown steps {unknown}; known: {', '.join(STEPS)}")
+    for step in steps:
+        start = time.monotonic()
+        try:
+            globals()[f"step_{step}"](run, args)
+        except Exception as exc:  # noqa: BLE001 - record it, carry on with the next step
+            run.record(step, crashed=f"{type(exc).__name__}: {exc}")
+        print(f"[{step}] done in {time.monotonic() - start:.0f} s", flush=True)
+        run.pack_logs()
+    failed = [r for r in run.records if r.get("rc") not in (0, None) or r.get("crashed")]
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
