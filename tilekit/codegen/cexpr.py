@@ -25,6 +25,7 @@ from tilekit.errors import UnsupportedError
 from tilekit.expr.analysis import interval
 from tilekit.expr.ast import (BINARY_FUNCS, CAST_FUNCS, COMPARISONS, LOGICAL, Access, Axis,
                               Binary, Call, Node, Num, Unary, format_node)
+from tilekit.expr.ops import FUNCTIONS, PAD_VALUES, REDUCTIONS
 
 KINDS = "bifd"
 KIND_CTYPE = {"b": "bool", "i": "long long", "f": "float", "d": "double"}
@@ -135,7 +136,7 @@ def pad_literal(pad: str | None, dtype: str) -> str:
     Matches the reference: integer tensors pad -inf/inf with their type's min/max, bool with
     false/true. Without a declared pad (a read the kernel never uses) the value is 0.
     """
-    value = {"0": 0.0, "-inf": -math.inf, "inf": math.inf, None: 0.0}[pad]
+    value = PAD_VALUES.get(pad, 0.0) if pad is not None else 0.0
     kind = storage(dtype).kind
     if kind == "i" and math.isinf(value):
         lo, hi = _INT_LIMITS[dtype]
@@ -234,26 +235,17 @@ def _ll(code: str) -> str:
 
 # -- value code --------------------------------------------------------------------------
 
-_MATH = {  # name -> (float function, double function)
-    "exp": ("expf", "exp"), "log": ("logf", "log"), "tanh": ("tanhf", "tanh"),
-    "erf": ("erff", "erf"), "sqrt": ("sqrtf", "sqrt"), "rsqrt": ("rsqrtf", "rsqrt"),
-    "sigmoid": ("tk_sigmoid", "tk_sigmoid"), "floor": ("floorf", "floor"),
-    "ceil": ("ceilf", "ceil"), "round": ("rintf", "rint"), "sin": ("sinf", "sin"),
-    "cos": ("cosf", "cos"), "tan": ("tanf", "tan"), "asin": ("asinf", "asin"),
-    "acos": ("acosf", "acos"), "atan": ("atanf", "atan"), "sinh": ("sinhf", "sinh"),
-    "cosh": ("coshf", "cosh"), "asinh": ("asinhf", "asinh"), "acosh": ("acoshf", "acosh"),
-    "atanh": ("atanhf", "atanh"),
-}
 _CAST_KIND = {"float32": "f", "float64": "d", "float16": "f", "bfloat16": "f", "int64": "i",
               "int32": "i", "int16": "i", "int8": "i", "uint8": "i", "bool": "b"}
 
+def identity(assign: str, kind: str) -> str:
+    """The C literal of a reduction's identity in compute kind `kind` (tilekit.expr.ops)."""
+    r = REDUCTIONS[assign]
+    return literal(r.identity_bool if kind == "b" else r.identity, kind)
+
+
 #: Identity of each reduction, per compute kind.
-IDENTITY = {
-    "+=": {"b": "false", "i": "0", "f": "0.0f", "d": "0.0"},
-    "*=": {"b": "true", "i": "1", "f": "1.0f", "d": "1.0"},
-    "max=": {"b": "false", "i": "LLONG_MIN", "f": "(-TK_INF)", "d": "(-(double)TK_INF)"},
-    "min=": {"b": "true", "i": "LLONG_MAX", "f": "TK_INF", "d": "((double)TK_INF)"},
-}
+IDENTITY = {assign: {kind: identity(assign, kind) for kind in KINDS} for assign in REDUCTIONS}
 
 
 def accumulator_kind(assign: str, body_kind: str) -> str:
@@ -265,17 +257,14 @@ def accumulator_kind(assign: str, body_kind: str) -> str:
 
 def combine(assign: str, acc: str, value: str) -> str:
     """The statement that folds `value` into accumulator `acc`."""
-    if assign == "+=":
-        return f"{acc} += {value};"
-    if assign == "*=":
-        return f"{acc} *= {value};"
-    fn = "tk_max" if assign == "max=" else "tk_min"
-    return f"{acc} = {fn}({acc}, {value});"
+    helper = REDUCTIONS[assign].c_helper
+    if helper is None:
+        return f"{acc} {assign} {value};"
+    return f"{acc} = {helper}({acc}, {value});"
 
 
 #: Warp-shuffle reduction helper per assignment (runtime.cuh).
-WARP_REDUCE = {"+=": "tk_warp_sum", "*=": "tk_warp_prod", "max=": "tk_warp_max",
-               "min=": "tk_warp_min"}
+WARP_REDUCE = {assign: r.warp_helper for assign, r in REDUCTIONS.items()}
 
 
 class ValueCompiler:
@@ -436,8 +425,9 @@ class ValueCompiler:
             return f"tk_{fn}({_ll(arg) if kind == 'i' else arg})"
         if fn == "reciprocal":
             return f"({literal(1, kind)} / {arg})"
-        if fn in _MATH:
-            single, double = _MATH[fn]
-            return f"{single if kind == 'f' else double}({arg})"
+        entry = FUNCTIONS.get(fn)
+        if entry is not None and entry.c_float:
+            return f"{entry.c_float if kind == 'f' else entry.c_double}({arg})"
+        known = sorted(f.name for f in FUNCTIONS.values() if f.c_float)
         raise UnsupportedError(f"function '{fn}' has no CUDA translation",
-                               hint=f"known: {', '.join(sorted(_MATH))}")
+                               hint=f"known: {', '.join(known)}")

@@ -25,6 +25,7 @@ from typing import Mapping
 from tilekit.codegen.cexpr import storage
 from tilekit.errors import TilekitError, UnsupportedError
 from tilekit.expr import analyze, index_map, parse
+from tilekit.expr.ops import PAD_VALUES
 from tilekit.expr.analysis import Analysis, IndexMap
 from tilekit.expr.ast import (Access, Axis, Binary, Call, Node, Num, Unary, body_accesses)
 from tilekit.ir.model import Kernel, Module, Op
@@ -228,7 +229,7 @@ class _Expander:
 
 def _pad_node(pad: str | None, dtype: str) -> Node:
     import math
-    value = {"0": 0.0, "-inf": -math.inf, "inf": math.inf, None: 0.0}[pad]
+    value = PAD_VALUES.get(pad, 0.0) if pad is not None else 0.0
     kind = storage(dtype).kind
     if kind == "i" and math.isinf(value):
         from tilekit.codegen.cexpr import _INT_LIMITS

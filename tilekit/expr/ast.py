@@ -9,8 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Union
 
-ASSIGN_OPS = ("=", "+=", "*=", "max=", "min=")
-REDUCE_OPS = ("+=", "*=", "max=", "min=")
+from tilekit.expr.ops import FUNCTIONS, REDUCTIONS, functions_of
+
+REDUCE_OPS = tuple(REDUCTIONS)
+ASSIGN_OPS = ("=",) + REDUCE_OPS
 
 #: Binary operators by precedence level (low to high).
 BINARY_LEVELS = (("||",), ("&&",), ("<", "<=", ">", ">=", "==", "!="), ("+", "-"),
@@ -18,16 +20,12 @@ BINARY_LEVELS = (("||",), ("&&",), ("<", "<=", ">", ">=", "==", "!="), ("+", "-"
 COMPARISONS = frozenset(("<", "<=", ">", ">=", "==", "!="))
 LOGICAL = frozenset(("&&", "||"))
 
-UNARY_FUNCS = frozenset((
-    "exp", "log", "tanh", "erf", "sqrt", "rsqrt", "sigmoid", "abs", "neg", "sign", "floor",
-    "ceil", "round", "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh",
-    "acosh", "atanh", "isnan", "isinf", "reciprocal", "not"))
-BINARY_FUNCS = frozenset(("max", "min", "pow", "fmod"))
-TERNARY_FUNCS = frozenset(("select",))
-CAST_FUNCS = frozenset(("float32", "float16", "bfloat16", "float64", "int64", "int32", "int16",
-                        "int8", "uint8", "bool"))
-FUNC_ARITY = {**{f: 1 for f in UNARY_FUNCS | CAST_FUNCS}, **{f: 2 for f in BINARY_FUNCS},
-              **{f: 3 for f in TERNARY_FUNCS}}
+#: Function names by arity and family, from the one table of semantics (tilekit.expr.ops).
+CAST_FUNCS = functions_of("cast")
+UNARY_FUNCS = frozenset(f.name for f in FUNCTIONS.values() if f.arity == 1) - CAST_FUNCS
+BINARY_FUNCS = frozenset(f.name for f in FUNCTIONS.values() if f.arity == 2)
+TERNARY_FUNCS = frozenset(f.name for f in FUNCTIONS.values() if f.arity == 3)
+FUNC_ARITY = {f.name: f.arity for f in FUNCTIONS.values()}
 
 
 @dataclass(frozen=True)

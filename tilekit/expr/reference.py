@@ -20,57 +20,13 @@ from tilekit.errors import ExprError
 from tilekit.expr.analysis import AccessInfo, Analysis, interval
 from tilekit.expr.contract import contract_pair, shifted_window_sum
 from tilekit.expr.ast import Access, Axis, Binary, Call, Node, Num, Unary, format_node
+from tilekit.expr.ops import BINARY_OPERATORS, FUNCTIONS, PAD_VALUES, REDUCTIONS
 
 #: Largest iteration box evaluated in one piece (elements of the broadcast body).
 CHUNK_ELEMENTS = 1 << 23
 
-PAD_FLOATS = {"0": 0.0, "-inf": -math.inf, "inf": math.inf}
-
-_REDUCERS = {"+=": np.sum, "*=": np.prod, "max=": np.max, "min=": np.min}
-_COMBINE = {"+=": np.add, "*=": np.multiply, "max=": np.maximum, "min=": np.minimum}
-_IDENTITY = {"+=": 0.0, "*=": 1.0, "max=": -math.inf, "min=": math.inf}
-
-_BINARY = {
-    "+": np.add, "-": np.subtract, "*": np.multiply, "/": np.true_divide,
-    "//": np.floor_divide, "%": np.mod, "<": np.less, "<=": np.less_equal,
-    ">": np.greater, ">=": np.greater_equal, "==": np.equal, "!=": np.not_equal,
-    "&&": np.logical_and, "||": np.logical_or,
-}
-
-
-def _erf(x):
-    """erf to ~1e-7 absolute error (Abramowitz & Stegun 7.1.26, evaluated in float64).
-
-    NumPy has no erf and SciPy is not a dependency; fp32 checks use a 1e-5 relative bound.
-    """
-    x64 = np.asarray(x, dtype=np.float64)
-    t = 1.0 / (1.0 + 0.3275911 * np.abs(x64))
-    poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027
-                                                                            + t * 1.061405429))))
-    y = 1.0 - poly * np.exp(-x64 * x64)
-    out = np.sign(x64) * y
-    return out.astype(np.result_type(x, np.float32)) if np.ndim(x) else out
-
-
-def _sigmoid(x):
-    # Split by sign so that exp never overflows.
-    x = np.asarray(x)
-    e = np.exp(-np.abs(x))
-    return np.where(x >= 0, 1.0 / (1.0 + e), e / (1.0 + e)).astype(x.dtype if x.dtype.kind == "f"
-                                                                     else np.float64)
-
-
-_UNARY = {
-    "exp": np.exp, "log": np.log, "tanh": np.tanh, "erf": _erf, "sqrt": np.sqrt,
-    "rsqrt": lambda x: 1.0 / np.sqrt(x), "sigmoid": _sigmoid, "abs": np.abs,
-    "neg": np.negative, "sign": np.sign, "floor": np.floor, "ceil": np.ceil, "round": np.rint,
-    "sin": np.sin, "cos": np.cos, "tan": np.tan, "asin": np.arcsin, "acos": np.arccos,
-    "atan": np.arctan, "sinh": np.sinh, "cosh": np.cosh, "asinh": np.arcsinh,
-    "acosh": np.arccosh, "atanh": np.arctanh, "isnan": np.isnan, "isinf": np.isinf,
-    "reciprocal": lambda x: 1.0 / x, "not": np.logical_not,
-}
-_BINARY_FUNCS = {"max": np.maximum, "min": np.minimum, "pow": np.power, "fmod": np.fmod}
-
+#: The float each pad value stands for (the one table: tilekit.expr.ops).
+PAD_FLOATS = PAD_VALUES
 
 def evaluate(analysis: Analysis, env: Mapping[str, np.ndarray], pad: str | None = None,
              box: Mapping[str, tuple[int, int]] | None = None,
@@ -111,7 +67,7 @@ def _eval_chunked(analysis: Analysis, env, pad, box) -> np.ndarray:
     if 0 in spatial_shape:
         return np.zeros(spatial_shape, dtype=np.float32)
     if 0 in reduce_shape:
-        return np.full(spatial_shape, _IDENTITY[assign], dtype=np.float32)
+        return np.full(spatial_shape, REDUCTIONS[assign].identity, dtype=np.float32)
     operands = _einsum_operands(analysis)
     if operands is not None and len(operands[0]) == 2 and box == analysis.full_box():
         # Stride-1 windows (convolutions, depthwise too) first: no im2col, no per-point pass.
@@ -137,7 +93,7 @@ def _eval_chunked(analysis: Analysis, env, pad, box) -> np.ndarray:
             if name in dict(analysis.spatial):
                 pos = [a for a, _ in analysis.spatial].index(name)
                 return np.concatenate([lo, hi], axis=pos)
-            return _COMBINE[assign](lo, hi)
+            return REDUCTIONS[assign].combine(lo, hi)
     return _eval_box(analysis, env, pad, box)
 
 
@@ -159,7 +115,7 @@ def _eval_box(analysis: Analysis, env, pad, box, padded=None) -> np.ndarray:
         value = value.reshape(value.shape[:nspatial])  # one point: nothing to combine
     elif analysis.reduction:
         value = np.broadcast_to(value, value.shape[:nspatial] + full_shape[nspatial:])
-        value = _REDUCERS[analysis.assign](value, axis=tuple(range(nspatial, len(axes))))
+        value = REDUCTIONS[analysis.assign].reduce(value, axis=tuple(range(nspatial, len(axes))))
     if value.shape != full_shape[:nspatial]:
         value = np.broadcast_to(value, full_shape[:nspatial])
     return _owned(value, env, analysis.inputs)
@@ -181,7 +137,7 @@ def _eval_per_point(analysis: Analysis, env, pad, box) -> np.ndarray:
                 arr = _pad_constant(arr, widths, _pad_scalar(pad, arr.dtype))
                 padded[id(info.node)] = (arr, widths)
     names = [a for a, _ in analysis.reduction]
-    combine = _COMBINE[analysis.assign]
+    combine = REDUCTIONS[analysis.assign].combine
     acc = None
     for point in itertools.product(*(range(*box[a]) for a in names)):
         sub = {**box, **{a: (p, p + 1) for a, p in zip(names, point)}}
@@ -441,20 +397,8 @@ class _Context:
             arg = self.eval(node.arg)
             return np.logical_not(arg) if node.op == "!" else np.negative(arg)
         if isinstance(node, Binary):
-            return _BINARY[node.op](self.eval(node.lhs), self.eval(node.rhs))
+            return BINARY_OPERATORS[node.op](self.eval(node.lhs), self.eval(node.rhs))
         if isinstance(node, Call):
             args = [self.eval(a) for a in node.args]
-            if node.fn == "select":
-                return np.where(args[0], args[1], args[2])
-            if node.fn in _UNARY:
-                return _UNARY[node.fn](args[0])
-            if node.fn in _BINARY_FUNCS:
-                return _BINARY_FUNCS[node.fn](args[0], args[1])
-            return np.asarray(args[0]).astype(_cast_dtype(node.fn))
+            return FUNCTIONS[node.fn].numpy(*args)
         raise ExprError(f"cannot evaluate {node!r}")
-
-
-def _cast_dtype(name: str) -> np.dtype:
-    if name == "bfloat16":
-        return np.dtype(np.float32)  # NumPy has no bfloat16; the reference computes in fp32.
-    return np.dtype(name)

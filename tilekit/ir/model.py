@@ -13,11 +13,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
-DTYPES = ("float32", "float16", "bfloat16", "float64", "int64", "int32", "int16", "int8",
-          "uint8", "bool")
+from tilekit.expr.ops import DTYPES, PAD_VALUES as _PADS
+
+__all__ = ["DTYPES", "OP_KINDS", "PAD_VALUES", "ROLES", "Kernel", "Module", "Op", "Tensor",
+           "default_kernels"]
+
 ROLES = ("input", "output", "weight", "intermediate")
 #: Values an op may read where an index falls outside its tensor (see `Op.pad`).
-PAD_VALUES = ("0", "-inf", "inf")
+PAD_VALUES = tuple(_PADS)
 OP_KINDS = ("expr", "opaque")
 
 

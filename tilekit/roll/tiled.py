@@ -28,9 +28,9 @@ import numpy as np
 
 from tilekit.errors import IRError
 from tilekit.expr import Analysis, evaluate
+from tilekit.expr.ops import REDUCTIONS
 from tilekit.roll.rtile import DEFAULT_THREADS
 
-_COMBINE = {"+=": np.add, "*=": np.multiply, "max=": np.maximum, "min=": np.minimum}
 #: Boxes (blocks x steps) one op may evaluate in the runtime's tiled mode before adjacent
 #: whole blocks are merged; keeps `tk-run --mode tiled` on a ResNet-50 in seconds.
 RUNTIME_BOX_BUDGET = 64
@@ -194,7 +194,8 @@ def run_op_tiled(analysis: Analysis, env: Mapping[str, np.ndarray], tile: Mappin
     shape = tuple(e for _, e in analysis.spatial)
     dtype = np.dtype(out_dtype or analysis.out_dtype or np.float32)
     steps = step_boxes(analysis, tile.get("step", {}))
-    combine = _COMBINE.get(analysis.assign)
+    reduction = REDUCTIONS.get(analysis.assign)
+    combine = reduction.combine if reduction else None
     out = np.empty(shape, dtype=dtype)
     if 0 in shape:
         return out
