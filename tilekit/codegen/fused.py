@@ -33,69 +33,19 @@ from tilekit.codegen.kernel import (GeneratedKernel, PointEmitter, avar, c_name,
 from tilekit.codegen.plan import GroupPlan, OpPlan, Read
 from tilekit.codegen.schedule import (DEFAULT_THREADS, STATIC_SMEM_LIMIT, WARP, Tile,
                                      lane_count, shared_bytes)
+from tilekit.expr.box import Span, clamp, map_box, tile_spans, union
 
 
 class FusionError(Exception):
     """The group cannot be one fused kernel (the caller splits it, with this reason)."""
 
 
-@dataclass(frozen=True)
-class Lin:
-    """`sum(coef * origin[pos]) + const`: an origin linear in the block's tile origin."""
-
-    coefs: tuple[tuple[int, int], ...] = ()
-    const: int = 0
-
-    def scale(self, k: int) -> "Lin":
-        return Lin(tuple((p, c * k) for p, c in self.coefs if c * k), self.const * k)
-
-    def __add__(self, other: "Lin") -> "Lin":
-        acc = dict(self.coefs)
-        for p, c in other.coefs:
-            acc[p] = acc.get(p, 0) + c
-        return Lin(tuple(sorted((p, c) for p, c in acc.items() if c)), self.const + other.const)
-
-    def code(self, origins: list[str]) -> str:
-        return linear(((c, origins[p]) for p, c in self.coefs), self.const)
-
-
-@dataclass(frozen=True)
-class Span:
-    lo: Lin
-    length: int
-
-
-def _union(a: Span, b: Span, dim: int) -> Span:
-    if a.lo.coefs != b.lo.coefs:
-        return Span(Lin(), dim)
-    lo = min(a.lo.const, b.lo.const)
-    hi = max(a.lo.const + a.length, b.lo.const + b.length)
-    return Span(Lin(a.lo.coefs, lo), hi - lo)
-
-
-def _clamp(s: Span, dim: int) -> Span:
-    return Span(Lin(), dim) if s.length >= dim else s
-
-
 def _read_box(r: Read, p: OpPlan, region: list[Span]) -> list[Span]:
-    """The box of `r`'s tensor that op `p` reads when its spatial axes cover `region`."""
+    """The box of `r`'s tensor that op `p` reads when its spatial axes cover `region`
+    (reduction axes whole; tilekit.expr.box)."""
     spans = {a: s for (a, _), s in zip(p.spatial, region)}
-    spans.update({a: Span(Lin(), n) for a, n in p.reduction})
-    out = []
-    for m, dim in zip(r.maps, r.shape):
-        if not m.affine:
-            out.append(Span(Lin(), dim))
-            continue
-        lo = Lin((), m.const)
-        length = 1
-        for a, c in m.terms:
-            s = spans[a]
-            lo = lo + s.lo.scale(c)
-            if c < 0:
-                lo = lo + Lin((), c * (s.length - 1))
-            length += abs(c) * (s.length - 1)
-        out.append(Span(lo, length))
-    return out
+    spans.update({a: Span.whole(n) for a, n in p.reduction})
+    return list(map_box(r.maps, spans, r.shape))
 
 
 @dataclass(frozen=True)
@@ -109,7 +59,7 @@ def plan_regions(module, plan: GroupPlan, block: tuple[int, ...]) -> Regions:
     stages = plan.stages
     last = stages[-1]
     spans: list[list[Span] | None] = [None] * len(stages)
-    spans[-1] = [Span(Lin(((q, 1),), 0), b) for q, b in enumerate(block)]
+    spans[-1] = list(tile_spans(block))
     needs: dict[str, list[Span]] = {}
     stage_of = {t: k for k, s in enumerate(stages) for t in s.outputs}
     for k in range(len(stages) - 1, -1, -1):
@@ -120,11 +70,11 @@ def plan_regions(module, plan: GroupPlan, block: tuple[int, ...]) -> Regions:
             for t in s.outputs:
                 if t in needs:
                     region = needs[t] if region is None else [
-                        _union(a, b, d) for a, b, d in zip(region, needs[t], shape)]
+                        union(a, b, d) for a, b, d in zip(region, needs[t], shape)]
             if region is None:
                 raise FusionError(f"stage '{s.main.op.name}' computes nothing the group's "
                                   "last op reads")
-            spans[k] = [_clamp(x, d) for x, d in zip(region, shape)]
+            spans[k] = [clamp(x, d) for x, d in zip(region, shape)]
         for p in s.ops:
             for r in p.read_list():
                 src = stage_of.get(r.tensor)
@@ -133,7 +83,7 @@ def plan_regions(module, plan: GroupPlan, block: tuple[int, ...]) -> Regions:
                 box = _read_box(r, p, spans[k])
                 old = needs.get(r.tensor)
                 needs[r.tensor] = box if old is None else [
-                    _union(a, b, d) for a, b, d in zip(old, box, r.shape)]
+                    union(a, b, d) for a, b, d in zip(old, box, r.shape)]
     smem = 0
     for t in sorted(plan.shared):
         k = stage_of[t]
@@ -259,7 +209,7 @@ def fused_kernel(module, plan: GroupPlan, entry: str, tile: Tile | None, limit: 
             names = []
             for q, span in enumerate(regions.spans[k]):
                 name = f"r{k}_{q}"
-                e.line(f"const {idx_t} {name} = {span.lo.code(origins)};")
+                e.line(f"const {idx_t} {name} = {linear(((c, origins[q]) for q, c in span.lo.coefs), span.lo.const)};")
                 names.append(name)
             region_lo.append(names)
         bases: dict[str, str] = {}

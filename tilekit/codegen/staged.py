@@ -34,6 +34,7 @@ from tilekit.codegen.kernel import (GeneratedKernel, PointEmitter, _ll_if, _tile
                                     thread_coords, tvar, uses_axis_values)
 from tilekit.codegen.plan import GroupPlan, OpPlan, Read
 from tilekit.codegen.schedule import STATIC_SMEM_LIMIT, Tile, shared_bytes
+from tilekit.expr.box import Span, map_box
 
 #: A read is worth staging when each element of its box is used this many times per step.
 MIN_REUSE = 2
@@ -71,11 +72,11 @@ def tile_lengths(p: OpPlan, tile: Tile) -> dict[str, int]:
 
 
 def make_box(r: Read, lengths: dict[str, int], buffer: str) -> Box:
-    extents, adjust = [], []
-    for m in r.maps:
-        extents.append(sum(abs(c) * (lengths[a] - 1) for a, c in m.terms) + 1)
-        adjust.append(sum(-c * (lengths[a] - 1) for a, c in m.terms if c < 0))
-    return Box(r, buffer, tuple(extents), tuple(adjust))
+    """The read's box for a tile at the origin (tilekit.expr.box); `adjust` is how far below
+    the map's constant the box starts (negative coefficients reach back)."""
+    spans = map_box(r.maps, {a: Span.of(0, n) for a, n in lengths.items()}, r.shape)
+    return Box(r, buffer, tuple(s.length for s in spans),
+               tuple(m.const - s.lo.const for m, s in zip(r.maps, spans)))
 
 
 def distinct_reads(p: OpPlan) -> list[Read]:

@@ -209,19 +209,15 @@ def input_box(analysis: Analysis, access: int | AccessInfo, box: Box | None = No
     `box` range over their full extent. With `clamp`, the box is cut to the tensor's bounds
     (what is actually loaded when out-of-range reads are padding).
     """
+    from tilekit.expr.box import Span, map_box
+
     info = analysis.accesses[access] if isinstance(access, int) else access
-    ranges = {a: (0, e - 1) for a, e in analysis.axes}
+    spans = {a: Span.of(0, e) for a, e in analysis.axes}
     if box:
         for a, (start, stop) in box.items():
-            if a in ranges:
-                ranges[a] = (start, stop - 1)
-    out = []
-    for m, dim in zip(info.maps, info.shape):
-        lo, hi = interval(m.node, ranges)
-        if clamp:
-            lo, hi = max(lo, 0), min(hi, dim - 1)
-        out.append((lo, hi + 1))
-    return out
+            if a in spans:
+                spans[a] = Span.of(start, stop)
+    return [s.range for s in map_box(info.maps, spans, info.shape, clamp_to_tensor=clamp)]
 
 
 # -- analysis ----------------------------------------------------------------------------

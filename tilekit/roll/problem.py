@@ -20,6 +20,7 @@ from typing import Mapping
 import numpy as np
 
 from tilekit.expr import Analysis, interval
+from tilekit.expr.box import extent
 from tilekit.expr.ast import Node
 
 #: Bytes per element of each IR dtype (tilekit.ir.model.DTYPES).
@@ -74,7 +75,7 @@ class Operand:
         `1 + sum |coef| * (size - 1)` for affine dimensions, interval arithmetic otherwise,
         never more than the dimension."""
         coefs, dims, quasi = self._tables
-        out = 1 + coefs @ (sizes - 1)
+        out = extent(coefs, sizes)
         for i in quasi:
             out[i] = self._quasi_span(self.dims[i], sizes)
         return np.minimum(out, dims)
