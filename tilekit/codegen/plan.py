@@ -23,11 +23,12 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from tilekit.codegen.cexpr import storage
-from tilekit.errors import TilekitError, UnsupportedError
-from tilekit.expr import analyze, index_map, parse
-from tilekit.expr.ops import PAD_VALUES
+from tilekit.errors import UnsupportedError
+from tilekit.expr import index_map
 from tilekit.expr.analysis import Analysis, IndexMap
 from tilekit.expr.ast import (Access, Axis, Binary, Call, Node, Num, Unary, body_accesses)
+from tilekit.expr.ops import PAD_VALUES
+from tilekit.ir.graph import graph
 from tilekit.ir.model import Kernel, Module, Op
 
 
@@ -137,16 +138,6 @@ def _accesses(node: Node) -> list[Access]:
 
 # -- analysis of expr ops ----------------------------------------------------------------
 
-def analyse_op(module: Module, index: int) -> Analysis:
-    op = module.ops[index]
-    shapes = {n: tuple(t.shape) for n, t in module.tensors.items()}
-    dtypes = {n: t.dtype for n, t in module.tensors.items()}
-    try:
-        return analyze(parse(op.expr), shapes, axes=op.axes or None, pad=op.pad, dtypes=dtypes)
-    except TilekitError as exc:
-        raise exc.located(f"ops[{index}] ({op.name}).expr") from None
-
-
 def _substitute(node: Node, axes: Mapping[str, Node]) -> Node:
     """`node` with axis names replaced by index expressions (in indices and values)."""
     if isinstance(node, Axis):
@@ -177,7 +168,7 @@ class _Expander:
 
     def analysis(self, index: int) -> Analysis:
         if index not in self.analyses:
-            self.analyses[index] = analyse_op(self.module, index)
+            self.analyses[index] = graph(self.module).nodes[index].analysis
         return self.analyses[index]
 
     def plan(self, index: int) -> OpPlan:
@@ -264,31 +255,13 @@ def _range_guard(node: Access, shape: tuple[int, ...]) -> Node | None:
 
 # -- grouping ----------------------------------------------------------------------------
 
-def readers(module: Module) -> dict[str, list[int]]:
-    """tensor -> indices of the ops that read it."""
-    out: dict[str, list[int]] = {}
-    for i, op in enumerate(module.ops):
-        for name in op_reads(module, i):
-            out.setdefault(name, []).append(i)
-    return out
-
-
-def op_reads(module: Module, index: int) -> tuple[str, ...]:
-    op = module.ops[index]
-    if op.kind == "opaque":
-        return tuple(dict.fromkeys(n for n in (op.opaque or {}).get("inputs", ()) if n))
-    return tuple(dict.fromkeys(a.tensor for a in body_accesses(parse(op.expr).body)))
-
-
-def op_writes(module: Module, index: int) -> tuple[str, ...]:
-    op = module.ops[index]
-    if op.kind == "opaque":
-        return tuple(n for n in (op.opaque or {}).get("outputs", ()) if n)
-    return (parse(op.expr).output.tensor,)
+def readers(module: Module) -> Mapping[str, tuple[int, ...]]:
+    """tensor -> indices of the ops that read it (the module graph's consumers)."""
+    return graph(module).consumers
 
 
 def plan_group(module: Module, kernel: Kernel, name: str,
-               tensor_readers: Mapping[str, list[int]]) -> GroupPlan | OpaquePlan:
+               tensor_readers: Mapping[str, tuple[int, ...]]) -> GroupPlan | OpaquePlan:
     """Decide stages, chains and inlining for one kernel group (see the module docstring)."""
     index = module.op_index()
     members = [index[o] for o in kernel.ops]
@@ -299,7 +272,8 @@ def plan_group(module: Module, kernel: Kernel, name: str,
             return OpaquePlan(name, kernel, module.ops[i], i)
     member_set = set(members)
     outputs = set(module.outputs)
-    written = {t: i for i in members for t in op_writes(module, i)}
+    g = graph(module)
+    written = {t: i for i in members for t in g.nodes[i].writes}
     internal = {t for t, w in written.items()
                 if t not in outputs and tensor_readers.get(t)
                 and all(r in member_set for r in tensor_readers[t])}

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 
 from tilekit.errors import ExprError
 from tilekit.expr.ast import (ASSIGN_OPS, BINARY_LEVELS, FUNC_ARITY, Access, Axis, Binary, Call,
@@ -183,10 +184,18 @@ class _Parser:
 
 
 def parse(text: str) -> Statement:
-    """Parse one statement. Raises ExprError located by column."""
+    """Parse one statement. Raises ExprError located by column.
+
+    Statements are immutable, so a text is parsed once per process (every stage of a pipe
+    run in one process, and every copy of a module, shares the tree)."""
     if not isinstance(text, str) or not text.strip():
         raise ExprError("empty expression", None, "an expr op needs a statement like "
                         "'y[i] = x[i] + 1'")
+    return _parse(text)
+
+
+@lru_cache(maxsize=16384)
+def _parse(text: str) -> Statement:
     return _Parser(text).statement()
 
 

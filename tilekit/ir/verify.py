@@ -20,6 +20,7 @@ from typing import Any, Mapping
 from tilekit.errors import ExprError, IRError, TilekitError
 from tilekit.ir.codec import (OPAQUE_KEYS, STAGE_KEYS, WEIGHTS_KEYS, key_path, key_problem,
                               type_name, where)
+from tilekit.ir.graph import op_analysis
 from tilekit.ir.model import DTYPES, OP_KINDS, PAD_VALUES, ROLES, Kernel, Module, Op, Tensor
 
 #: Tensor names: what an expression can name (specs/expressions.md, NAME).
@@ -128,8 +129,6 @@ class _Verifier:
             self.string(m.hardware, "hardware", "'hardware'")
         self.stages()
         self.tensors()
-        self.shapes = {name: t.shape for name, t in m.tensors.items()}
-        self.dtypes = {name: t.dtype for name, t in m.tensors.items()}
         self.interface()
         writers, reads = self.ops()
         self.dataflow(writers, reads)
@@ -232,7 +231,7 @@ class _Verifier:
             if not isinstance(op, Op):
                 raise self.fail(path, f"expected an Op, got {type(op).__name__}")
             self.unique_name(op.name, i, names, "op", "ops")
-            op_reads, op_writes = self.op(op, path)
+            op_reads, op_writes = self.op(op, path, i)
             for out in op_writes:
                 t = self.m.tensors.get(out)
                 if t is None:
@@ -252,7 +251,7 @@ class _Verifier:
             reads.append(op_reads)
         return writers, reads
 
-    def op(self, op: Op, path: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    def op(self, op: Op, path: str, index: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """Check one op's fields; return (tensors read, tensors written)."""
         if op.kind not in OP_KINDS:
             raise self.fail(f"{path}.kind", f"unknown op kind {op.kind!r}",
@@ -279,17 +278,10 @@ class _Verifier:
         if not isinstance(op.expr, str) or not op.expr.strip():
             raise self.fail(f"{path}.expr", "an expr op needs an expression",
                             "write a statement like 'y[i] = x[i] + 1' (specs/expressions.md)")
-        from tilekit.expr import analyze, parse
-
         try:
-            stmt = parse(op.expr)
-            analysis = analyze(stmt, self.shapes, axes=op.axes, pad=op.pad,
-                               dtypes=self.dtypes)
+            analysis = op_analysis(self.m, index, f"{path}.expr")
         except ExprError as exc:
-            loc = f"{path}.expr"
-            if exc.where and exc.where.startswith("col "):
-                loc = f"{loc} {exc.where}"
-            raise ExprError(exc.what, where(self.origin, loc), exc.hint) from None
+            raise ExprError(exc.what, where(self.origin, exc.where), exc.hint) from None
         return analysis.inputs, (analysis.output,)
 
     def opaque_op(self, op: Op, path: str) -> tuple[tuple[str, ...], tuple[str, ...]]:

@@ -23,7 +23,6 @@ the files in the module. Steps 1-3 live in `tilekit.onnx.fold` (`ShapeFolding`).
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
@@ -32,6 +31,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from tilekit.errors import TilekitError, UnsupportedError
+from tilekit.ir.graph import op_tensors
 from tilekit.ir.model import Module, Op, Tensor, default_kernels
 from tilekit.onnx import fold, text
 from tilekit.onnx.fold import ONNX_DTYPES, ShapeFolding
@@ -340,9 +340,9 @@ class Importer(ShapeFolding):
         read: set[str] = set()
         written: set[str] = set()
         for op in ops:
-            r, w = _op_tensors(op)
-            read |= r
-            written |= w
+            r, w = op_tensors(op)
+            read.update(r)
+            written.update(w)
         inputs = [self.names.claim(n) for n in self.input_names]
         tensors: dict[str, Tensor] = {}
         for onnx_name, name in zip(self.input_names, inputs):
@@ -375,26 +375,16 @@ class Importer(ShapeFolding):
         return Imported(module, weights, tuple(self.warnings))
 
 
-def _op_tensors(op: Op) -> tuple[set[str], set[str]]:
-    """(tensors read, tensors written) by an op, from its statement or opaque record."""
-    if op.kind == "opaque":
-        return ({n for n in op.opaque["inputs"] if n}, set(op.opaque["outputs"]))
-    head, _, body = op.expr.partition("]")
-    written = {head.split("[", 1)[0].strip()}
-    read = set(re.findall(r"([A-Za-z_][A-Za-z0-9_]*)\s*\[", body))
-    return read, written
-
-
 def _live_ops(ops: list[Op], outputs: set[str]) -> list[Op]:
     """Drop ops whose results no later op and no graph output reads (unused optional
     outputs, a Dropout mask nobody reads, a Split part nobody uses)."""
     needed = set(outputs)
     keep: list[Op] = []
     for op in reversed(ops):
-        read, written = _op_tensors(op)
-        if written & needed:
+        read, written = op_tensors(op)
+        if needed.intersection(written):
             keep.append(op)
-            needed |= read
+            needed.update(read)
     keep.reverse()
     return keep
 

@@ -20,8 +20,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
 from tilekit.errors import IRError, TilekitError, UnsupportedError
-from tilekit.expr import Analysis, analyze, parse
-from tilekit.expr.ast import body_accesses
+from tilekit.ir.graph import graph, op_analysis
 from tilekit.ir.model import OP_KINDS, Kernel, Module, Op, default_kernels
 from tilekit.roll.construct import Candidate, roll_problem
 from tilekit.roll.cost import Estimate, combine_estimates, estimate_bytes, round_sig
@@ -74,7 +73,7 @@ def roll_module(module: Module, profile, top_k: int = 1, hardware: str | None = 
         if op.kind == "opaque":
             result = roll_opaque(module, op, profile)
         else:
-            analysis = analyze_op(module, op, where)
+            analysis = op_analysis(module, index)
             problem = problem_from_analysis(analysis, dtypes)
             if problem not in cache:
                 cache[problem] = roll_problem(problem, profile, top_k)
@@ -97,17 +96,6 @@ def roll_module(module: Module, profile, top_k: int = 1, hardware: str | None = 
 
 def dtypes_of(module: Module) -> dict[str, str]:
     return {name: t.dtype for name, t in module.tensors.items()}
-
-
-def analyze_op(module: Module, op: Op, where: str) -> Analysis:
-    """The op's analysis; expression errors are located at `ops[i] (name).expr`."""
-    if not op.expr:
-        raise IRError("an expr op needs an expression", f"{where}.expr")
-    try:
-        return analyze(parse(op.expr), {n: tuple(t.shape) for n, t in module.tensors.items()},
-                       axes=op.axes or None, pad=op.pad, dtypes=dtypes_of(module))
-    except TilekitError as exc:
-        raise exc.located(f"{where}.expr") from None
 
 
 # -- records ---------------------------------------------------------------------------------
@@ -166,35 +154,13 @@ def roll_kernel(module: Module, kernel: Kernel, rolled: Mapping[str, RolledOp],
     last = rolled[kernel.ops[-1]].tile
     tile = {k: last[k] for k in ("block", "thread", "step", "grid", "blocks", "threads",
                                  "smem_bytes", "regs")}
-    saved = 2 * tensor_bytes(module, internal_tensors(module, kernel))
+    saved = 2 * tensor_bytes(module, graph(module).internal_to(kernel.ops))
     est = combine_estimates(profile, parts, saved, rolled[kernel.ops[-1]].estimate)
     return replace(kernel, tile=tile, estimate=est.as_dict())
 
 
 def tensor_bytes(module: Module, names) -> int:
     return sum(module.tensors[n].size * ITEMSIZE.get(module.tensors[n].dtype, 4) for n in names)
-
-
-def internal_tensors(module: Module, kernel: Kernel) -> list[str]:
-    """Tensors written by one op of `kernel` and read only by its ops (never outputs)."""
-    inside = set(kernel.ops)
-    written, read_outside = [], set()
-    for op in module.ops:
-        reads, writes = op_tensors(module, op)
-        if op.name in inside:
-            written.extend(writes)
-        else:
-            read_outside.update(reads)
-    return [t for t in written if t not in read_outside and t not in module.outputs]
-
-
-def op_tensors(module: Module, op: Op) -> tuple[list[str], list[str]]:
-    if op.kind == "opaque":
-        spec = op.opaque or {}
-        return [n for n in spec.get("inputs", ()) if n], [n for n in spec.get("outputs", ())
-                                                           if n]
-    stmt = parse(op.expr)
-    return [a.tensor for a in body_accesses(stmt.body)], [stmt.output.tensor]
 
 
 def module_estimate(module: Module) -> dict[str, Any]:

@@ -26,6 +26,7 @@ from typing import Mapping
 import numpy as np
 
 from tilekit.errors import TilekitError
+from tilekit.ir.graph import graph
 from tilekit.ir.model import Module
 from tilekit.runtime.io import resolve_sidecar
 
@@ -135,21 +136,14 @@ def compare_tensors(module: Module, actual: Mapping[str, np.ndarray],
     expected: dict[str, np.ndarray] = {}
     prepare(module).run(inputs, weights, mode="whole", trace=expected)
     found = []
-    for index, op in enumerate(module.ops):
-        for name in op_outputs(op):
+    for node in graph(module).nodes:
+        index, op = node.index, node.op
+        for name in node.writes:
             if name in actual and name in expected:
                 found.append(TensorComparison(index, op.name, compare(
                     name, np.asarray(actual[name]), expected[name], module.tensors[name].dtype,
                     rtol, atol)))
     return found
-
-
-def op_outputs(op) -> tuple[str, ...]:
-    """The tensors an op writes (an expression's output, an opaque op's named outputs)."""
-    if op.kind == "expr":
-        from tilekit.expr import parse
-        return (parse(op.expr).output.tensor,)
-    return tuple(n for n in (op.opaque or {}).get("outputs", ()) if n)
 
 
 # -- references --------------------------------------------------------------------------

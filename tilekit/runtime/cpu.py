@@ -24,15 +24,15 @@ from __future__ import annotations
 
 import importlib
 import time
-import weakref
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 import numpy as np
 
 from tilekit import opaque as opaque_registry
 from tilekit.errors import TilekitError, UnsupportedError
-from tilekit.expr import analyze, evaluate, parse
+from tilekit.expr import evaluate
+from tilekit.ir.graph import OpNode, graph, per_module
 from tilekit.ir.model import OP_KINDS, Module, Op
 from tilekit.runtime.io import numpy_dtype
 
@@ -119,64 +119,30 @@ def check_runnable(module: Module, executor: str = "the CPU reference executor")
                 "drop the stage that wrote this op from the pipeline")
 
 
-def _expr_step(index: int, op: Op, module: Module, shapes: Mapping[str, tuple[int, ...]],
-               dtypes: Mapping[str, str]) -> Step:
-    where = f"ops[{index}] ({op.name})"
-    if not op.expr:
-        raise TilekitError("expr op without an expression", f"{where}.expr")
-    try:
-        analysis = analyze(parse(op.expr), shapes, axes=op.axes or None, pad=op.pad,
-                           dtypes=dtypes)
-    except TilekitError as exc:
-        raise exc.located(f"{where}.expr") from None
-    out = module.tensors[analysis.output]
-    return Step(index, op, reads=tuple(analysis.inputs), writes=(analysis.output,),
-                dtypes=(numpy_dtype(out.dtype),), shapes=(tuple(out.shape),),
-                analysis=analysis)
-
-
-def _opaque_step(index: int, op: Op, module: Module) -> Step:
-    where = f"ops[{index}] ({op.name})"
-    spec = op.opaque
-    if not isinstance(spec, Mapping) or "type" not in spec:
-        raise TilekitError("opaque op without an 'opaque: {type, inputs, outputs}' record",
-                           f"{where}.opaque")
-    try:
-        impl = opaque_registry.get(spec["type"])
-    except TilekitError as exc:
-        raise exc.located(where) from None
-    reads = tuple(dict.fromkeys(n for n in spec.get("inputs", ()) if n))
-    writes = tuple(spec.get("outputs", ()))
-    for name in reads + tuple(n for n in writes if n):
+def _step(node: OpNode, module: Module, dies: tuple[str, ...]) -> Step:
+    """A graph node made ready to run: dtypes and shapes of what it writes, the opaque
+    implementation looked up once, the tensors that die after it."""
+    impl = None
+    if node.op.kind == "opaque":
+        if not isinstance(node.op.opaque, Mapping) or "type" not in node.op.opaque:
+            raise TilekitError("opaque op without an 'opaque: {type, inputs, outputs}' record",
+                               f"{node.where}.opaque")
+        try:
+            impl = opaque_registry.get(node.op.opaque["type"])
+        except TilekitError as exc:
+            raise exc.located(node.where) from None
+        writes = tuple(node.op.opaque.get("outputs", ()))  # "" is an unused optional output
+    else:
+        writes = node.writes
+    for name in node.reads + tuple(n for n in writes if n):
         if name not in module.tensors:
-            raise TilekitError(f"tensor '{name}' is not declared", f"{where}.opaque",
+            raise TilekitError(f"tensor '{name}' is not declared", node.where,
                                "declare it under tensors:")
-    # An empty output name is an optional ONNX output nobody uses: computed, then dropped.
     tensors = [module.tensors[n] if n else None for n in writes]
-    return Step(index, op, reads=reads, writes=writes,
+    return Step(node.index, node.op, reads=node.reads, writes=writes,
                 dtypes=tuple(numpy_dtype(t.dtype) if t else None for t in tensors),
-                shapes=tuple(tuple(t.shape) if t else None for t in tensors), impl=impl)
-
-
-def _plan_frees(module: Module, steps: list[Step]) -> list[Step]:
-    """Attach to each step the tensors that die after it (never inputs, weights, outputs).
-
-    A tensor dies after its last reader; one that nothing reads dies right after its writer.
-    """
-    keep = set(module.outputs)
-    last: dict[str, int] = {}
-    for i, step in enumerate(steps):
-        for name in step.writes:
-            last.setdefault(name, i)
-        for name in step.reads:
-            last[name] = i
-    frees: dict[int, list[str]] = {}
-    for name, i in last.items():
-        role = module.tensors[name].role if name in module.tensors else "intermediate"
-        if name in keep or role in ("input", "weight"):
-            continue
-        frees.setdefault(i, []).append(name)
-    return [replace(s, frees=tuple(sorted(frees.get(i, ())))) for i, s in enumerate(steps)]
+                shapes=tuple(tuple(t.shape) if t else None for t in tensors),
+                analysis=node.analysis, impl=impl, frees=dies)
 
 
 @dataclass(frozen=True)
@@ -231,26 +197,20 @@ class Program:
         return {name: env[name] for name in self.outputs}
 
 
-# Analyses are pure functions of the module: prepare each module object once. The cache is
-# keyed by object identity (a Module holds dicts, so it is not hashable) and an entry goes
-# away with its module (a Program holds no reference to its module).
 _PROGRAMS: dict[int, Program] = {}
 
 
 def prepare(module: Module) -> Program:
-    """Check, analyse and plan `module` for the CPU executor (cached per module object)."""
-    cached = _PROGRAMS.get(id(module))
-    if cached is not None:
-        return cached
+    """Check, analyse and plan `module` for the CPU executor (cached per module object; a
+    Program holds no reference to its module, so the cache never keeps one alive)."""
+    return per_module(_PROGRAMS, module, _prepare)
+
+
+def _prepare(module: Module) -> Program:
     check_runnable(module)
-    shapes = {name: tuple(t.shape) for name, t in module.tensors.items()}
-    dtypes = {name: t.dtype for name, t in module.tensors.items()}
-    steps = [_expr_step(index, op, module, shapes, dtypes) if op.kind == "expr"
-             else _opaque_step(index, op, module) for index, op in enumerate(module.ops)]
-    program = Program(module.model, tuple(module.outputs), tuple(_plan_frees(module, steps)))
-    _PROGRAMS[id(module)] = program
-    weakref.finalize(module, _PROGRAMS.pop, id(module), None)
-    return program
+    g = graph(module)
+    steps = tuple(_step(node, module, dies) for node, dies in zip(g.nodes, g.dies_after()))
+    return Program(module.model, tuple(module.outputs), steps)
 
 
 def run_module(module: Module, inputs: Mapping[str, np.ndarray],
