@@ -11,8 +11,9 @@ import pytest
 from tilekit.expr import analyze, parse
 from tilekit.hw import load_profile
 from tilekit.roll.construct import construct_tiles, roll_problem
+from tilekit.ir.payloads import round_sig
 from tilekit.roll.cost import (Estimate, combine_estimates, cost_tiles, estimate_bytes, machine,
-                               round_sig, wave_efficiency)
+                               wave_efficiency)
 from tilekit.roll.problem import problem_from_analysis
 from tilekit.roll.workloads import load_workloads
 

@@ -20,7 +20,7 @@ onnx = pytest.importorskip("onnx")
 
 from tilekit.hw import load_profile  # noqa: E402
 from tilekit.roll.schedule import roll_module  # noqa: E402
-from tilekit.roll.tiled import run_step_tiled  # noqa: E402
+from tilekit.runtime.tiled import run_step_tiled  # noqa: E402
 from tilekit.runtime.cpu import prepare, run_op_whole  # noqa: E402
 from tilekit.runtime.io import random_input  # noqa: E402
 

@@ -31,8 +31,9 @@ from tilekit.codegen.kernel import (GeneratedKernel, PointEmitter, avar, c_name,
                                     global_store, group_signature, index_type, needs_check,
                                     open_kernel, strides)
 from tilekit.codegen.plan import GroupPlan, OpPlan, Read
-from tilekit.codegen.schedule import (DEFAULT_THREADS, STATIC_SMEM_LIMIT, WARP, Tile,
-                                     lane_count, shared_bytes)
+from tilekit.ir.payloads import Tile
+from tilekit.schedule.defaults import (DEFAULT_THREADS, STATIC_SMEM_LIMIT, WARP, lane_count,
+                                       shared_bytes)
 from tilekit.expr.box import Span, clamp, map_box, tile_spans, union
 
 

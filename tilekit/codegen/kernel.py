@@ -33,7 +33,8 @@ from tilekit.codegen.cexpr import (HALF_DTYPES, IDENTITY, KIND_CTYPE, WARP_REDUC
                                    load_value, pad_literal, storage, store_value)
 from tilekit.codegen.emitter import Emitter
 from tilekit.codegen.plan import GroupPlan, OpPlan, Read, Stage
-from tilekit.codegen.schedule import DEFAULT_THREADS, Tile, default_grid, lane_count
+from tilekit.ir.payloads import Tile
+from tilekit.schedule.defaults import DEFAULT_THREADS, default_grid, lane_count
 from tilekit.expr.analysis import interval
 from tilekit.expr.ast import Access, Axis, Call, children, walk
 from tilekit.ir.model import Module

@@ -34,7 +34,8 @@ from tilekit.codegen.kernel import (GeneratedKernel, c_name, contiguous_reductio
 from tilekit.codegen.nvcc import check_arch
 from tilekit.codegen.opaque import opaque_kernel
 from tilekit.codegen.plan import GroupPlan, GroupSplit, OpaquePlan, plan_group, readers
-from tilekit.codegen.schedule import STATIC_SMEM_LIMIT, WARP, Tile, lane_count, read_tile
+from tilekit.ir.payloads import Tile, read_tile
+from tilekit.schedule.defaults import STATIC_SMEM_LIMIT, WARP, lane_count
 from tilekit.codegen.staged import eligible, fit_steps, staged_kernel
 from tilekit.errors import TilekitError
 from tilekit.ir.model import Kernel, Module, default_kernels
@@ -149,9 +150,9 @@ def _one_group(module: Module, kernel: Kernel, name: str, tensor_readers, limit:
     elif len(plan.stages) == 1:
         g = _single_stage(module, plan, entry, limit, notes, where)
     else:
-        # A group's kernel.tile is its fusion decision only when tk-weld chose it; tk-roll
-        # copies the last op's unfused tile there, which would split row reductions.
-        tile = _kernel_tile(plan, where) if "weld" in module.stage_names() else None
+        # A group's own tile (kernels[].tile) is tk-weld's fusion decision; without one the
+        # fused shape picks its default tile.
+        tile = _kernel_tile(plan, where)
         g = fused_kernel(module, plan, entry, tile, limit)
     if isinstance(plan, GroupPlan) and plan.inlined:
         g = replace(g, schedule={**g.schedule, "inlined": list(plan.inlined)})
@@ -166,8 +167,8 @@ def _kernel_tile(plan: GroupPlan, where: str) -> Tile | None:
         return None
     stage = plan.stages[-1]
     main, last = stage.main, stage.last
-    return read_tile(plan.kernel.tile, f"{where}.tile", main.spatial, main.reduction, "weld",
-                     axis_names=tuple(a for a, _ in last.spatial), require_step=False)
+    return read_tile(plan.kernel.tile, main.spatial, main.reduction, f"{where}.tile", "weld",
+                     rename=tuple(a for a, _ in last.spatial), require_step=False)
 
 
 def _single_stage(module: Module, plan: GroupPlan, entry: str, limit: int, notes: list[str],
@@ -177,7 +178,7 @@ def _single_stage(module: Module, plan: GroupPlan, entry: str, limit: int, notes
     # main op's work is the right one (a group's kernel.tile is its last op's tile).
     tile = None
     if main.op.tile is not None:
-        tile = read_tile(main.op.tile, f"{main.where}.tile", main.spatial, main.reduction,
+        tile = read_tile(main.op.tile, main.spatial, main.reduction, f"{main.where}.tile",
                          "roll")
     if tile is None:
         tile = _kernel_tile(plan, where)

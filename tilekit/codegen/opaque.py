@@ -21,7 +21,7 @@ from tilekit.codegen.emitter import Emitter
 from tilekit.codegen.kernel import (GeneratedKernel, Signature, grid_stride_end, index_type,
                                     open_kernel, strides, tvar)
 from tilekit.codegen.plan import OpaquePlan
-from tilekit.codegen.schedule import DEFAULT_THREADS, default_grid
+from tilekit.schedule.defaults import DEFAULT_THREADS, default_grid
 from tilekit.errors import TilekitError, UnsupportedError
 from tilekit.ir.model import Module
 

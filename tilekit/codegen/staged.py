@@ -33,7 +33,8 @@ from tilekit.codegen.kernel import (GeneratedKernel, PointEmitter, _ll_if, _tile
                                     has_guarded_reads, register_loops, store_sink, strides,
                                     thread_coords, tvar, uses_axis_values)
 from tilekit.codegen.plan import GroupPlan, OpPlan, Read
-from tilekit.codegen.schedule import STATIC_SMEM_LIMIT, Tile, shared_bytes
+from tilekit.ir.payloads import Tile
+from tilekit.schedule.defaults import STATIC_SMEM_LIMIT, shared_bytes
 from tilekit.expr.box import Span, map_box
 
 #: A read is worth staging when each element of its box is used this many times per step.

@@ -5,9 +5,6 @@
 - `tilekit.roll.cost`: the micro performance model, shared by every stage that estimates;
 - `tilekit.roll.construct`: scale-up and scale-out, ranking by the model;
 - `tilekit.roll.schedule`: the pass `roll_module(module, profile, top_k) -> Module`;
-- `tilekit.roll.tiled`: tile-faithful CPU execution (`run_op_tiled`), the runtime's "tiled"
-  mode, and `check_tile_cover`, the one checker of a tile against its op (codegen uses it
-  too; import it from there: importing `tiled` registers the runtime mode);
 - `tilekit.roll.workloads`: the operator suite of specs/workloads.yaml.
 """
 

@@ -30,8 +30,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from tilekit.errors import TilekitError
+from tilekit.ir.payloads import round_sig
 from tilekit.roll.cost import (Estimate, Machine, TileCosts, cost_tiles, machine,
-                               registers_per_thread, round_sig)
+                               registers_per_thread)
 from tilekit.roll.problem import Problem
 from tilekit.roll.rtile import RTile, block_sizes, thread_sizes
 

@@ -45,7 +45,6 @@ column per candidate; `Estimate` (one candidate, `as_dict()` with 4 significant 
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Sequence
@@ -53,6 +52,7 @@ from typing import Sequence
 import numpy as np
 
 from tilekit.hw.profile import Profile
+from tilekit.ir.payloads import BOUNDS, Estimate
 from tilekit.roll.problem import Problem
 
 #: Registers a thread spends beyond its tile (addresses, loop counters, predicates).
@@ -62,17 +62,6 @@ REG_OVERHEAD = 12
 SATURATING_WARPS = 4
 #: Registers are allocated per warp in units of this many per thread (NVIDIA: 8).
 REG_GRANULE = 8
-#: Significant digits of every float written to the IR (stable bytes across machines).
-SIG_DIGITS = 4
-BOUNDS = ("compute", "smem", "dram", "launch")
-
-
-def round_sig(x: float, digits: int = SIG_DIGITS) -> float:
-    """`x` rounded to `digits` significant digits (0 stays 0)."""
-    x = float(x)
-    if x == 0 or not math.isfinite(x):
-        return 0.0 if x == 0 else x
-    return float(f"{x:.{digits}g}")
 
 
 @dataclass(frozen=True, eq=False)
@@ -344,36 +333,6 @@ def limit_broken(problem: Problem, m: Machine, costs: TileCosts, k: int) -> str:
     if costs.smem_tile[k] > m.hw.smem_per_block:
         return f"shared memory {costs.smem_tile[k]} B > per block {m.hw.smem_per_block} B"
     return ""
-
-
-# -- estimates as data ---------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Estimate:
-    """One candidate's estimate, as written to the IR (`tile.estimate`, `kernel.estimate`)."""
-
-    time_us: float
-    flops: float
-    dram_bytes: float
-    smem_bytes: float
-    bound: str
-    waves: int
-    wave_efficiency: float
-
-    def as_dict(self) -> dict:
-        """JSON-like, floats to `SIG_DIGITS` significant digits, counts as ints."""
-        return {"time_us": round_sig(self.time_us), "flops": _count(self.flops),
-                "dram_bytes": _count(self.dram_bytes), "smem_bytes": _count(self.smem_bytes),
-                "bound": self.bound, "waves": int(self.waves),
-                "wave_efficiency": round_sig(self.wave_efficiency)}
-
-
-def _count(x: float) -> int | float:
-    """Counts stay exact integers while they are small enough to be stable, else 4 digits."""
-    x = float(x)
-    if x.is_integer() and abs(x) < 2**53:
-        return int(round_sig(x)) if abs(x) >= 1e4 else int(x)
-    return round_sig(x)
 
 
 def estimate_bytes(profile, read_bytes: int, write_bytes: int, threads: int = 256,

@@ -33,9 +33,6 @@ MIN_SIZES = 6
 MAX_BLOCK_SIZE = 4096
 #: Largest per-axis size of a thread (register) tile.
 MAX_THREAD_SIZE = 16
-#: Threads per block of the default schedule of an op that tk-roll did not tile (the CPU
-#: tiled mode's `default_tile` and the code generator's default schedule share it).
-DEFAULT_THREADS = 256
 
 
 @dataclass(frozen=True, order=True)

@@ -3,7 +3,8 @@
 Each `expr` op gets a `tile` (the contract in docs/roll.md: block, thread, step, grid, blocks,
 threads, smem_bytes, regs, estimate, candidates); each `opaque` op a fixed schedule (one thread
 per output element, blocks of `OPAQUE_THREADS`) with an estimate from the bytes it moves; each
-kernel an `estimate`, and a kernel of several ops also the `tile` of its last op. The module
+kernel an `estimate` (for a group of several ops, the group's: intermediates it keeps on chip
+cost no DRAM traffic); a group's own tile (`kernels[].tile`) is tk-weld's to choose. The module
 records `hardware: <profile name or path>` and the stage `roll` with its options; re-rolling a
 module that went through tk-codegen drops its stale `codegen` section and kernel `launch`es
 (recorded as the stage option `dropped`).
@@ -15,7 +16,6 @@ within one call ops with the same problem share one construction (an imported Re
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
@@ -23,7 +23,8 @@ from tilekit.errors import IRError, TilekitError, UnsupportedError
 from tilekit.ir.graph import graph, op_analysis
 from tilekit.ir.model import OP_KINDS, Kernel, Module, Op, default_kernels
 from tilekit.roll.construct import Candidate, roll_problem
-from tilekit.roll.cost import Estimate, combine_estimates, estimate_bytes, round_sig
+from tilekit.ir.payloads import Candidate as TileChoice, OpTile, Tile, round_sig
+from tilekit.roll.cost import Estimate, combine_estimates, estimate_bytes
 from tilekit.roll.problem import ITEMSIZE, Problem, problem_from_analysis
 
 STAGE = "roll"
@@ -101,37 +102,25 @@ def dtypes_of(module: Module) -> dict[str, str]:
 # -- records ---------------------------------------------------------------------------------
 
 def tile_record(problem: Problem, candidates: list[Candidate]) -> RolledOp:
-    """The `tile` mapping for the best candidate, the others listed under `candidates`."""
+    """The `tile` record (tilekit.ir.payloads.OpTile) of the best candidate, the others
+    listed under `candidates`."""
     best = candidates[0]
-    t = best.tile
-    spatial = [a for a, _ in problem.spatial]
-    reduction = [a for a, _ in problem.reduction]
-    grid = t.grid(problem)
-    tile = {
-        "block": dict(zip(spatial, t.block)),
-        "thread": dict(zip(spatial, t.thread)),
-        "step": dict(zip(reduction, t.step)),
-        "grid": dict(zip(spatial, grid)),
-        "blocks": math.prod(grid),
-        "threads": t.threads(),
-        "smem_bytes": best.smem_bytes,
-        "regs": best.regs,
-        "estimate": best.estimate.as_dict(),
-        "candidates": [{"block": dict(zip(spatial, c.tile.block)),
-                        "thread": dict(zip(spatial, c.tile.thread)),
-                        "step": dict(zip(reduction, c.tile.step)),
-                        "estimate": c.estimate.as_dict()} for c in candidates[1:]],
-    }
-    return RolledOp(tile, best.estimate)
+
+    def tile(c: Candidate) -> Tile:
+        return Tile(c.tile.block, c.tile.thread, c.tile.step)
+
+    record = OpTile(tile(best), tuple(a for a, _ in problem.spatial),
+                    tuple(a for a, _ in problem.reduction), best.tile.grid(problem),
+                    best.smem_bytes, best.regs, best.estimate,
+                    tuple(TileChoice(tile(c), c.estimate) for c in candidates[1:]))
+    return RolledOp(record.record(), best.estimate)
 
 
 def opaque_tile(elements: int, estimate: Estimate) -> dict[str, Any]:
     """The fixed schedule of an opaque op: one thread per element of its first output."""
     blocks = max(1, -(-elements // OPAQUE_THREADS))
-    return {"block": {OPAQUE_AXIS: OPAQUE_THREADS}, "thread": {OPAQUE_AXIS: 1}, "step": {},
-            "grid": {OPAQUE_AXIS: blocks}, "blocks": blocks, "threads": OPAQUE_THREADS,
-            "smem_bytes": 0, "regs": OPAQUE_REGS, "estimate": estimate.as_dict(),
-            "candidates": []}
+    return OpTile(Tile((OPAQUE_THREADS,), (1,), ()), (OPAQUE_AXIS,), (), (blocks,), 0,
+                  OPAQUE_REGS, estimate).record()
 
 
 def roll_opaque(module: Module, op: Op, profile) -> RolledOp:
@@ -150,13 +139,10 @@ def roll_kernel(module: Module, kernel: Kernel, rolled: Mapping[str, RolledOp],
     its last op, and an estimate in which intermediates that stay inside it cost no DRAM."""
     parts = [rolled[name].estimate for name in kernel.ops]
     if len(kernel.ops) == 1:
-        return replace(kernel, estimate=parts[0].as_dict())
-    last = rolled[kernel.ops[-1]].tile
-    tile = {k: last[k] for k in ("block", "thread", "step", "grid", "blocks", "threads",
-                                 "smem_bytes", "regs")}
+        return replace(kernel, estimate=parts[0].record())
     saved = 2 * tensor_bytes(module, graph(module).internal_to(kernel.ops))
     est = combine_estimates(profile, parts, saved, rolled[kernel.ops[-1]].estimate)
-    return replace(kernel, tile=tile, estimate=est.as_dict())
+    return replace(kernel, estimate=est.record())
 
 
 def tensor_bytes(module: Module, names) -> int:

@@ -16,7 +16,7 @@ A run has two phases:
   memory stays near the largest live set rather than the sum of all tensors.
 
 Modes are a registry (`OP_RUNNERS`): "whole" evaluates each op over its whole iteration
-space; the roll stage adds "tiled" (each op box by box as tk-roll tiled it) with
+space; `tilekit.runtime.tiled` adds "tiled" (each op box by box as its tile says) with
 `register_mode`.
 """
 
@@ -79,7 +79,7 @@ def run_opaque(step: Step, env: Mapping[str, np.ndarray]) -> list[np.ndarray]:
 OP_RUNNERS: dict[str, OpRunner] = {"whole": run_op_whole}
 
 #: Modes defined outside the runtime, by the module that registers each on import.
-MODE_MODULES: dict[str, str] = {"tiled": "tilekit.roll.tiled"}
+MODE_MODULES: dict[str, str] = {"tiled": "tilekit.runtime.tiled"}
 
 
 def register_mode(name: str, runner: OpRunner) -> None:

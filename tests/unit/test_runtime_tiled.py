@@ -14,8 +14,8 @@ from tilekit.expr import analyze, evaluate, parse
 from tilekit.hw import load_profile
 from tilekit.ir import Module, Op, Tensor
 from tilekit.roll.schedule import roll_module
-from tilekit.roll.tiled import (block_boxes, check_tile_cover, default_tile, run_op_tiled,
-                                step_boxes)
+from tilekit.runtime.tiled import block_boxes, check_tile_cover, run_op_tiled, step_boxes
+from tilekit.schedule.defaults import default_tile
 from tilekit.runtime.cpu import OP_RUNNERS, run_module
 
 RNG = np.random.default_rng(3)
@@ -89,7 +89,7 @@ def test_tiled_equals_whole_with_rolled_tiles(name, hw):
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_the_default_tile_covers_and_computes(name):
     an, env, pad = setup(name)
-    tile = default_tile(an)
+    tile = default_tile(an.spatial, an.reduction)
     check_tile_cover(an, tile)
     same(run_op_tiled(an, env, tile, pad=pad), evaluate(an, env, pad=pad))
 
@@ -98,16 +98,16 @@ def test_every_output_point_is_covered_exactly_once():
     an, _, _ = setup("conv_stride_pad")
     tile = small_tile(an)
     count = np.zeros(tuple(e for _, e in an.spatial), dtype=np.int64)
-    for box in block_boxes(an, tile["block"]):
+    for box in block_boxes(an, tuple(tile["block"].values())):
         count[tuple(slice(lo, hi) for lo, hi in box.values())] += 1
     assert (count == 1).all()
     red = np.zeros(tuple(e for _, e in an.reduction), dtype=np.int64)
-    for box in step_boxes(an, tile["step"]):
+    for box in step_boxes(an, tuple(tile["step"].values())):
         red[tuple(slice(lo, hi) for lo, hi in box.values())] += 1
     assert (red == 1).all()
     # Merged boxes are unions of whole blocks: still exactly once, and fewer.
-    merged = list(block_boxes(an, tile["block"], max_boxes=5))
-    assert len(merged) < len(list(block_boxes(an, tile["block"])))
+    merged = list(block_boxes(an, tuple(tile["block"].values()), max_boxes=5))
+    assert len(merged) < len(list(block_boxes(an, tuple(tile["block"].values()))))
     count[:] = 0
     for box in merged:
         count[tuple(slice(lo, hi) for lo, hi in box.values())] += 1
@@ -115,15 +115,15 @@ def test_every_output_point_is_covered_exactly_once():
 
 
 @pytest.mark.parametrize("change, message", [
-    (lambda t: t["block"].pop("w"), "exactly the axes"),
-    (lambda t: t["block"].update(zz=2), "unknown"),
+    (lambda t: t["block"].pop("w"), "axis 'w' has no size"),
+    (lambda t: t["block"].update(zz=2), r"names axes \['zz'\]"),
     (lambda t: t["step"].update(c=0), "positive integer"),
     (lambda t: t["thread"].update(h=2), "not a multiple"),     # block h is 3
-    (lambda t: t["grid"].update(h=1), r"leaving points 3\.\.6 .*uncomputed"),  # 1 x 3 < 7
-    (lambda t: t["grid"].update(h=5), "already cover"),           # 4 blocks of 3 cover 7
-    (lambda t: t["grid"].update(h=0), "positive integer"),
-    (lambda t: t["grid"].pop("n"), "exactly the axes"),
-    (lambda t: t["step"].pop("kh"), "exactly the axes"),           # a reduction axis missing
+    (lambda t: t["grid"].update(h=1), r"grid 1 of axis 'h' does not match ceil\(7 / block 3\)"),
+    (lambda t: t["grid"].update(h=5), "grid 5 of axis 'h' does not match"),  # 3 blocks cover 7
+    (lambda t: t["grid"].update(h=0), "does not match"),
+    (lambda t: t["grid"].pop("n"), "axis 'n' has no grid size"),
+    (lambda t: t["step"].pop("kh"), "axis 'kh' has no size"),      # a reduction axis missing
     (lambda t: t.update(grid=7), "mapping"),                       # codegen once accepted this
     (lambda t: t.update(block=[1, 2]), "mapping"),
     (lambda t: t.update(blocks=t["blocks"] + 1), "'blocks' is"),
@@ -142,13 +142,14 @@ def test_cover_check_refuses_broken_tiles(change, message):
     assert info.value.where.startswith("ops[3].tile")
 
 
-def test_default_threads_live_in_rtile():
-    from tilekit.roll import rtile, tiled
-    assert tiled.DEFAULT_THREADS is rtile.DEFAULT_THREADS == 256
+def test_default_threads_live_in_one_place():
+    from tilekit.codegen import kernel
+    from tilekit.schedule import defaults
+    assert kernel.DEFAULT_THREADS is defaults.DEFAULT_THREADS == 256
 
 
 def test_runtime_mode_tiled_runs_a_rolled_module():
-    assert "tiled" in OP_RUNNERS      # registered on import of tilekit.roll.tiled
+    assert "tiled" in OP_RUNNERS      # registered on import of tilekit.runtime.tiled
     t = lambda shape, role="intermediate": Tensor(shape, "float32", role)  # noqa: E731
     m = Module(model="mlp",
                tensors={"x": t((33, 20), "input"), "w": t((20, 24), "input"),

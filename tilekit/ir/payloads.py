@@ -1,0 +1,406 @@
+"""Typed stage payloads: the one reader and the one writer of each section a stage adds.
+
+The IR document keeps stage payloads as JSON data (`op.tile`, `kernel.estimate`,
+`kernel.launch`, `codegen`), so the codec and the verifier stay generic and a document reads
+back byte for byte. Library code never picks those mappings apart by hand: it reads them here,
+into small frozen types checked against the op or kernel they belong to (errors located by IR
+path, exit 2), and writes them from those types (`record()`), with one rounding rule for every
+float (`SIG_DIGITS` significant digits, so that bytes are stable across machines).
+
+| payload | type | written by | read by |
+| --- | --- | --- | --- |
+| `ops[i].tile` | `OpTile` (a `Tile`, its launch figures, `Estimate`, candidates) | tk-roll | codegen, tiled executor, tk-weld, reports |
+| `kernels[i].tile` | `Tile` over the group's last op | tk-weld | codegen (fused shape) |
+| `kernels[i].estimate`, `ops[i].tile.estimate` | `Estimate` | tk-roll, tk-weld | reports, tk-ram |
+| `kernels[i].launch` | `Launch` | tk-codegen | reports |
+| `codegen` | `CodegenSection` of `KernelRecord`s | tk-codegen | the CUDA runtime, the emulator |
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+from tilekit.errors import IRError
+
+#: Significant digits of every float written to the IR.
+SIG_DIGITS = 4
+#: CUDA's limit on threads per block (every NVIDIA architecture since sm_20).
+MAX_THREADS = 1024
+#: What an estimate may say bounds the time.
+BOUNDS = ("compute", "smem", "dram", "launch")
+
+Axes = Sequence[tuple[str, int]]    # (axis name, extent), in order
+
+
+def round_sig(x: float, digits: int = SIG_DIGITS) -> float:
+    """`x` rounded to `digits` significant digits (0 stays 0)."""
+    x = float(x)
+    if x == 0 or not math.isfinite(x):
+        return 0.0 if x == 0 else x
+    return float(f"{x:.{digits}g}")
+
+
+def count(x: float) -> int | float:
+    """Counts stay exact integers while they are small enough to be stable, else 4 digits."""
+    x = float(x)
+    if x.is_integer() and abs(x) < 2**53:
+        return int(round_sig(x)) if abs(x) >= 1e4 else int(x)
+    return round_sig(x)
+
+
+def _mapping(value: Any, where: str, what: str) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise IRError(f"{what} must be a mapping, got {type(value).__name__}", where)
+    return value
+
+
+def _int(value: Any, where: str, minimum: int = 0) -> int:
+    if type(value) is not int or value < minimum:
+        raise IRError(f"must be an integer >= {minimum}, got {value!r}", where)
+    return value
+
+
+# -- tiles ---------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Tile:
+    """Block and thread sizes per spatial axis and a step per reduction axis, in axis order.
+
+    `source` says who chose it: "roll" (an op's tile), "weld" (a kernel group's tile),
+    "default" (codegen's default schedule)."""
+
+    block: tuple[int, ...]
+    thread: tuple[int, ...]
+    step: tuple[int, ...]
+    source: str = "roll"
+
+    @property
+    def threads(self) -> int:
+        return math.prod(b // t for b, t in zip(self.block, self.thread))
+
+    def grid(self, extents: Sequence[int]) -> tuple[int, ...]:
+        return tuple(-(-n // b) for n, b in zip(extents, self.block))
+
+    def describe(self, spatial: Sequence[str], reduction: Sequence[str]) -> dict[str, Any]:
+        out: dict[str, Any] = {"source": self.source,
+                               "block": dict(zip(spatial, self.block)),
+                               "thread": dict(zip(spatial, self.thread))}
+        if reduction:
+            out["step"] = dict(zip(reduction, self.step))
+        return out
+
+    def sizes(self, spatial: Sequence[str], reduction: Sequence[str]) -> dict[str, Any]:
+        """The `block`/`thread`/`step` mappings of the IR."""
+        return {"block": dict(zip(spatial, self.block)),
+                "thread": dict(zip(spatial, self.thread)),
+                "step": dict(zip(reduction, self.step))}
+
+
+def _axis_sizes(payload: Mapping[str, Any], key: str, axes: Sequence[str], where: str,
+                default: int | None) -> tuple[int, ...]:
+    table = payload.get(key)
+    if table is None:
+        table = {}
+    if not isinstance(table, Mapping):
+        raise IRError(f"'{key}' must be a mapping of axis to size", f"{where}.{key}",
+                      "re-run the stage that wrote it")
+    unknown = sorted(set(table) - set(axes))
+    if unknown:
+        kind = "reduction" if key == "step" else "spatial"
+        raise IRError(f"names axes {unknown} which are not {kind} axes of the op "
+                      f"(have: {', '.join(axes) or 'none'})", f"{where}.{key}",
+                      "re-run the stage that wrote it")
+    out = []
+    for a in axes:
+        value = table.get(a, default)
+        if value is None:
+            raise IRError(f"axis '{a}' has no size", f"{where}.{key}",
+                          "a tile lists every spatial axis in block and every reduction axis "
+                          "in step")
+        if type(value) is not int or value < 1:
+            raise IRError(f"size of axis '{a}' must be a positive integer, got {value!r}",
+                          f"{where}.{key}.{a}")
+        out.append(value)
+    return tuple(out)
+
+
+def read_tile(payload: Any, spatial: Axes, reduction: Axes, where: str,
+              source: str = "roll", rename: Sequence[str] | None = None,
+              require_step: bool = True) -> Tile | None:
+    """The one tile checker: `payload` as a `Tile` of an op with these axes, or None.
+
+    Rules (each broken one is an IRError located at the field to fix): `block` lists every
+    spatial axis and `step` every reduction axis, sizes positive integers; `thread` (default
+    1) divides `block`; `grid`, when given, is `ceil(extent / block)` on every axis (so the
+    blocks compute every output point once), `blocks` and `threads` when given are the
+    products of the grid and of block/thread; a block has at most `MAX_THREADS` threads.
+    Steps larger than their extent are clamped (one step covers the axis).
+
+    `rename` gives the payload's spatial axis names by position (a kernel tile is written
+    over the group's last op, whose axes may be named differently from the stage reading
+    it). Without `require_step`, a missing step means the whole extent.
+    """
+    if payload is None:
+        return None
+    payload = dict(_mapping(payload, where, "a tile"))
+    names = tuple(a for a, _ in spatial)
+    if rename:
+        to_stage = dict(zip(rename, names))
+        for key in ("block", "thread", "grid"):
+            if isinstance(payload.get(key), Mapping):
+                payload[key] = {to_stage.get(k, k): v for k, v in payload[key].items()}
+    block = _axis_sizes(payload, "block", names, where, None)
+    thread = _axis_sizes(payload, "thread", names, where, 1)
+    rnames = tuple(a for a, _ in reduction)
+    step = _axis_sizes(payload, "step", rnames, where,
+                       None if require_step else 1 << 30) if rnames else ()
+    for a, b, t in zip(names, block, thread):
+        if b % t:
+            raise IRError(f"block size {b} of axis '{a}' is not a multiple of its thread "
+                          f"size {t}", f"{where}.thread.{a}", "re-run the stage that wrote it")
+    tile = Tile(block, thread, tuple(min(s, e) for s, (_, e) in zip(step, reduction)), source)
+    _check_grid(payload, tile, spatial, where)
+    if tile.threads > MAX_THREADS:
+        raise IRError(f"the tile needs {tile.threads} threads per block, more than "
+                      f"{MAX_THREADS}", f"{where}.block", "re-run the stage that wrote it")
+    return tile
+
+
+def _check_grid(payload: Mapping[str, Any], tile: Tile, spatial: Axes, where: str) -> None:
+    grid = payload.get("grid")
+    extents = [e for _, e in spatial]
+    want = tile.grid(extents)
+    if grid is not None:
+        grid = _mapping(grid, f"{where}.grid", "'grid'")
+        for (a, extent), b, g in zip(spatial, tile.block, want):
+            if a not in grid:
+                raise IRError(f"axis '{a}' has no grid size", f"{where}.grid",
+                              "re-run the stage that wrote it")
+            if grid[a] != g:
+                raise IRError(f"grid {grid[a]!r} of axis '{a}' does not match "
+                              f"ceil({extent} / block {b}) = {g}", f"{where}.grid.{a}",
+                              "the blocks must compute every output point exactly once; "
+                              "re-run the stage that wrote it")
+    if "blocks" in payload and payload["blocks"] != math.prod(want):
+        raise IRError(f"'blocks' is {payload['blocks']!r}, the grid has {math.prod(want)}",
+                      f"{where}.blocks", "re-run the stage that wrote it")
+    if "threads" in payload and payload["threads"] != tile.threads:
+        raise IRError(f"'threads' is {payload['threads']!r}, block / thread gives "
+                      f"{tile.threads}", f"{where}.threads", "re-run the stage that wrote it")
+
+
+# -- estimates -------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Estimate:
+    """What the cost model says of one kernel (or op, or candidate tile)."""
+
+    time_us: float
+    flops: float
+    dram_bytes: float
+    smem_bytes: float
+    bound: str
+    waves: int
+    wave_efficiency: float
+
+    def record(self) -> dict[str, Any]:
+        """JSON-like, floats to `SIG_DIGITS` significant digits, counts as ints."""
+        return {"time_us": round_sig(self.time_us), "flops": count(self.flops),
+                "dram_bytes": count(self.dram_bytes), "smem_bytes": count(self.smem_bytes),
+                "bound": self.bound, "waves": int(self.waves),
+                "wave_efficiency": round_sig(self.wave_efficiency)}
+
+    # The cost model's historical name for record().
+    as_dict = record
+
+    @staticmethod
+    def read(payload: Any, where: str) -> "Estimate":
+        p = _mapping(payload, where, "an estimate")
+        try:
+            values = {k: float(p[k]) for k in ("time_us", "flops", "dram_bytes")}
+            bound = str(p.get("bound", "compute"))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise IRError(f"an estimate needs numbers time_us, flops, dram_bytes ({exc})",
+                          where, "re-run tk-roll") from None
+        return Estimate(smem_bytes=float(p.get("smem_bytes", 0) or 0), bound=bound,
+                        waves=int(p.get("waves", 1) or 1),
+                        wave_efficiency=float(p.get("wave_efficiency", 1.0) or 1.0), **values)
+
+
+# -- an op's rolled tile ------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Candidate:
+    tile: Tile
+    estimate: Estimate
+
+
+@dataclass(frozen=True)
+class OpTile:
+    """`ops[i].tile` as tk-roll writes it (docs/roll.md): the chosen tile with its launch
+    figures and estimate, and the runners-up."""
+
+    tile: Tile
+    spatial: tuple[str, ...]
+    reduction: tuple[str, ...]
+    grid: tuple[int, ...]
+    smem_bytes: int
+    regs: int
+    estimate: Estimate
+    candidates: tuple[Candidate, ...] = ()
+
+    @property
+    def blocks(self) -> int:
+        return math.prod(self.grid)
+
+    def record(self) -> dict[str, Any]:
+        out = self.tile.sizes(self.spatial, self.reduction)
+        out.update({"grid": dict(zip(self.spatial, self.grid)), "blocks": self.blocks,
+                    "threads": self.tile.threads, "smem_bytes": int(self.smem_bytes),
+                    "regs": int(self.regs), "estimate": self.estimate.record(),
+                    "candidates": [{**c.tile.sizes(self.spatial, self.reduction),
+                                    "estimate": c.estimate.record()}
+                                   for c in self.candidates]})
+        return out
+
+    @staticmethod
+    def read(payload: Any, spatial: Axes, reduction: Axes, where: str) -> "OpTile":
+        p = _mapping(payload, where, "a tile")
+        tile = read_tile(p, spatial, reduction, where)
+        cands = p.get("candidates") or []
+        if not isinstance(cands, list):
+            raise IRError("'candidates' must be a list", f"{where}.candidates")
+        candidates = tuple(
+            Candidate(read_tile(c, spatial, reduction, f"{where}.candidates[{k}]"),
+                      Estimate.read(_mapping(c, f"{where}.candidates[{k}]", "a candidate")
+                                    .get("estimate"), f"{where}.candidates[{k}].estimate"))
+            for k, c in enumerate(cands))
+        return OpTile(tile, tuple(a for a, _ in spatial), tuple(a for a, _ in reduction),
+                      tile.grid([e for _, e in spatial]),
+                      _int(p.get("smem_bytes", 0), f"{where}.smem_bytes"),
+                      _int(p.get("regs", 0), f"{where}.regs"),
+                      Estimate.read(p.get("estimate"), f"{where}.estimate"), candidates)
+
+
+# -- codegen ----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Launch:
+    """`kernels[i].launch`: how a kernel group runs (one kernel, or several when split)."""
+
+    entries: tuple[str, ...]
+    grid: tuple[int, int, int] | None = None
+    block: tuple[int, int, int] | None = None
+    smem_bytes: int | None = None
+    shape: str | None = None
+    split: str | None = None
+
+    def record(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"entries": list(self.entries)}
+        if self.grid is not None:
+            out.update(grid=list(self.grid), block=list(self.block),
+                       smem_bytes=int(self.smem_bytes or 0), shape=self.shape)
+        if self.split:
+            out["split"] = self.split
+        return out
+
+
+@dataclass(frozen=True)
+class KernelRecord:
+    """One entry of `codegen.kernels`: a generated kernel and how to launch it."""
+
+    name: str
+    group: str
+    entry: str
+    ops: tuple[str, ...]
+    shape: str
+    schedule: Mapping[str, Any]
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    smem_bytes: int                 # dynamic shared memory at launch
+    args: tuple[str, ...]           # tensors in parameter order
+    writes: tuple[str, ...]
+    source: str                     # the whole file: preamble, then body
+    uses_half: bool = False         # the preamble defines TK_USE_HALF
+    resources: Mapping[str, int] | None = None   # ptxas, with --compile
+
+    @property
+    def threads(self) -> int:
+        return self.block[0] * self.block[1] * self.block[2]
+
+    def record(self) -> dict[str, Any]:
+        out = {"name": self.name, "group": self.group, "entry": self.entry,
+               "ops": list(self.ops), "shape": self.shape, "schedule": dict(self.schedule),
+               "grid": list(self.grid), "block": list(self.block),
+               "smem_bytes": int(self.smem_bytes), "args": list(self.args),
+               "writes": list(self.writes), "uses_half": bool(self.uses_half),
+               "source": self.source}
+        if self.resources is not None:
+            out["resources"] = dict(self.resources)
+        return out
+
+    @staticmethod
+    def read(payload: Any, where: str) -> "KernelRecord":
+        p = _mapping(payload, where, "a codegen kernel")
+        try:
+            return KernelRecord(
+                name=str(p["name"]), group=str(p.get("group", p["name"])),
+                entry=str(p["entry"]), ops=tuple(p.get("ops", ())), shape=str(p["shape"]),
+                schedule=dict(p.get("schedule") or {}), grid=_dim3(p["grid"]),
+                block=_dim3(p["block"]), smem_bytes=_int(p["smem_bytes"],
+                                                         f"{where}.smem_bytes"),
+                args=tuple(p["args"]), writes=tuple(p.get("writes", ())),
+                source=str(p["source"]), uses_half=bool(p.get("uses_half", False)),
+                resources=dict(p["resources"]) if p.get("resources") else None)
+        except KeyError as exc:
+            raise IRError(f"a codegen kernel needs '{exc.args[0]}'", where,
+                          "re-run tk-codegen") from None
+        except (TypeError, ValueError) as exc:
+            raise IRError(f"malformed codegen kernel ({exc})", where,
+                          "re-run tk-codegen") from None
+
+
+def _dim3(value: Any) -> tuple[int, int, int]:
+    dims = tuple(int(v) for v in value)
+    if len(dims) != 3 or min(dims) < 1:
+        raise ValueError(f"a launch dimension is 3 positive integers, got {list(value)}")
+    return dims  # type: ignore[return-value]
+
+
+@dataclass(frozen=True)
+class CodegenSection:
+    """The module's `codegen` section."""
+
+    arch: str
+    helpers: Mapping[str, str]                # {file, sha256} of runtime.cuh
+    kernels: tuple[KernelRecord, ...]
+    notes: tuple[str, ...] = ()
+    compiled: Mapping[str, str] | None = None  # {arch, nvcc, flags}, with --compile
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def record(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"arch": self.arch, "helpers": dict(self.helpers),
+                               "kernels": [k.record() for k in self.kernels]}
+        if self.notes:
+            out["notes"] = list(self.notes)
+        if self.compiled is not None:
+            out["compiled"] = dict(self.compiled)
+        out.update(self.extra)
+        return out
+
+    @staticmethod
+    def read(payload: Any, where: str = "codegen") -> "CodegenSection":
+        p = _mapping(payload, where, "the codegen section")
+        kernels = p.get("kernels")
+        if not isinstance(kernels, list) or not kernels:
+            raise IRError("the codegen section lists no kernels", f"{where}.kernels",
+                          "re-run tk-codegen")
+        known = {"arch", "helpers", "kernels", "notes", "compiled"}
+        return CodegenSection(
+            arch=str(p.get("arch", "")), helpers=dict(p.get("helpers") or {}),
+            kernels=tuple(KernelRecord.read(k, f"{where}.kernels[{i}]")
+                          for i, k in enumerate(kernels)),
+            notes=tuple(p.get("notes") or ()), compiled=p.get("compiled"),
+            extra={k: v for k, v in p.items() if k not in known})

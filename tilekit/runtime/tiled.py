@@ -1,0 +1,151 @@
+"""Tile-faithful CPU execution (`tk-run --mode tiled`): an op run block by block and reduction
+step by step.
+
+`run_op_tiled` executes an expr op the way its `tile` (docs/roll.md) says a device would: for
+every block of the grid (boundary blocks clipped to the extents), for every reduction step in
+order, `tilekit.expr.evaluate` computes the partial result of that box, and partials are
+combined with the statement's operator (`+=` add, `max=` maximum, ...). Comparing its result
+with the whole-op evaluation checks a schedule (coverage, boundary tiles, halos, step
+boundaries) without a GPU. The tile is read with tilekit's one tile checker
+(`tilekit.ir.payloads.read_tile`), so the blocks and steps it walks compute every output point
+once and combine every reduction point once; an op without a tile runs with the explicit
+default (`tilekit.schedule.defaults.default_tile`).
+
+Speed: blocks are independent, so `max_boxes` lets the executor evaluate several whole,
+adjacent blocks as one box (never splitting a block, and keeping every boundary block on
+its own); reduction steps are always run one by one, in order.
+"""
+
+from __future__ import annotations
+
+import math
+from itertools import product
+from typing import Any, Iterator, Mapping, Sequence
+
+import numpy as np
+
+from tilekit.errors import IRError
+from tilekit.expr import Analysis, evaluate
+from tilekit.expr.ops import REDUCTIONS
+from tilekit.ir.payloads import Tile, read_tile
+from tilekit.schedule.defaults import default_tile
+
+#: Boxes (blocks x steps) one op may evaluate in the runtime's tiled mode before adjacent
+#: whole blocks are merged; keeps `tk-run --mode tiled` on a ResNet-50 in seconds.
+RUNTIME_BOX_BUDGET = 64
+
+Interval = tuple[int, int]
+
+
+# -- coverage ------------------------------------------------------------------------------
+
+def axis_intervals(extent: int, size: int) -> list[Interval]:
+    """The half-open intervals of the tiles along one axis: `[g*size, min((g+1)*size, N))`."""
+    return [(g * size, min((g + 1) * size, extent)) for g in range(-(-extent // size))]
+
+
+def check_tile_cover(analysis: Analysis, tile: Mapping[str, Any], where: str = "tile"
+                     ) -> Tile:
+    """`tile` read against the op (tilekit.ir.payloads.read_tile), or an IRError located at
+    the field to fix."""
+    return read_tile(tile, analysis.spatial, analysis.reduction, where)
+
+
+# -- execution -----------------------------------------------------------------------------
+
+def _merged(intervals: list[Interval], group: int) -> list[Interval]:
+    """Runs of `group` adjacent whole tiles as one interval; a clipped last tile stays alone."""
+    if group <= 1 or len(intervals) <= 1:
+        return intervals
+    full = intervals if intervals[-1][1] - intervals[-1][0] == intervals[0][1] - \
+        intervals[0][0] else intervals[:-1]
+    out = [(full[i][0], full[min(i + group, len(full)) - 1][1])
+           for i in range(0, len(full), group)]
+    return out + intervals[len(full):]
+
+
+def block_boxes(analysis: Analysis, block: Sequence[int], max_boxes: int | None = None
+                ) -> Iterator[dict[str, Interval]]:
+    """The spatial boxes to evaluate, in grid order (row-major over the spatial axes): one per
+    block, or with `max_boxes`, runs of whole adjacent blocks merged until at most that many
+    boxes remain (merging the axis with the most boxes first)."""
+    names = [a for a, _ in analysis.spatial]
+    per_axis = [axis_intervals(e, b) for (_, e), b in zip(analysis.spatial, block)]
+    if max_boxes is not None:
+        groups = [1] * len(names)
+        merged = list(per_axis)
+        open_axes = {i for i, m in enumerate(merged) if len(m) > 1}
+        while open_axes and math.prod(len(m) for m in merged) > max_boxes:
+            a = max(open_axes, key=lambda i: (len(merged[i]), -i))
+            groups[a] *= 2
+            before = len(merged[a])
+            merged[a] = _merged(per_axis[a], groups[a])
+            if len(merged[a]) == before or len(merged[a]) <= 1:
+                open_axes.discard(a)  # nothing (more) to merge on this axis
+        per_axis = merged
+    for combo in product(*per_axis):
+        yield dict(zip(names, combo))
+
+
+def step_boxes(analysis: Analysis, step: Sequence[int]) -> list[dict[str, Interval]]:
+    """The reduction boxes, one per step, in execution order (row-major over the axes)."""
+    names = [a for a, _ in analysis.reduction]
+    per_axis = [axis_intervals(e, s) for (_, e), s in zip(analysis.reduction, step)]
+    return [dict(zip(names, combo)) for combo in product(*per_axis)]
+
+
+def run_op_tiled(analysis: Analysis, env: Mapping[str, np.ndarray], tile: Mapping[str, Any],
+                 pad: str | None = None, out_dtype=None, max_boxes: int | None = None
+                 ) -> np.ndarray:
+    """Evaluate an op block by block over its grid and step by step over its reduction.
+
+    Every block (boundary blocks clipped) gets its partial results for each reduction step in
+    order, combined with the statement's operator from the first partial on. `max_boxes`
+    (None: every block on its own) bounds the number of spatial boxes by merging whole
+    adjacent blocks. Returns the output array, cast to `out_dtype` (default: the analysis's).
+    """
+    checked = check_tile_cover(analysis, tile)
+    shape = tuple(e for _, e in analysis.spatial)
+    dtype = np.dtype(out_dtype or analysis.out_dtype or np.float32)
+    steps = step_boxes(analysis, checked.step)
+    reduction = REDUCTIONS.get(analysis.assign)
+    combine = reduction.combine if reduction else None
+    out = np.empty(shape, dtype=dtype)
+    if 0 in shape:
+        return out
+    budget = None if max_boxes is None else max(1, max_boxes // max(1, len(steps)))
+    for box in block_boxes(analysis, checked.block, budget):
+        where = tuple(slice(lo, hi) for lo, hi in box.values())
+        acc = None
+        for red in steps or [{}]:
+            part = evaluate(analysis, env, pad=pad, box={**box, **red})
+            acc = part if acc is None else combine(acc, part)
+        out[where] = np.reshape(acc, out[where].shape)
+    return out
+
+
+def run_step_tiled(step, env: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+    """The CPU runtime's "tiled" op runner (tilekit.runtime.cpu.register_mode): expr ops run
+    with their `tile` (or `default_tile` when the module was not rolled), opaque ops as in
+    every mode."""
+    from tilekit.runtime.cpu import run_opaque
+
+    if step.op.kind != "expr":
+        return run_opaque(step, env)
+    tile = step.op.tile if step.op.tile else default_tile(step.analysis.spatial,
+                                                          step.analysis.reduction)
+    try:
+        check_tile_cover(step.analysis, tile)
+    except IRError as exc:
+        raise exc.located(f"{step.where}") from None
+    return [run_op_tiled(step.analysis, env, tile, pad=step.op.pad, out_dtype=step.dtypes[0],
+                         max_boxes=RUNTIME_BOX_BUDGET)]
+
+
+def _register() -> None:
+    from tilekit.runtime.cpu import register_mode
+
+    register_mode("tiled", run_step_tiled)
+
+
+_register()
