@@ -12,6 +12,7 @@ import pytest
 from tilekit.codegen import generate
 from tilekit.codegen.nvcc import find_nvcc
 from tilekit.errors import TilekitError
+from tilekit.ir.payloads import CodegenSection
 
 from codegen_support import big_tile_matmul, fixture, random_values
 
@@ -166,7 +167,7 @@ def mixed_inputs():
 def test_unit_source_has_one_preamble_with_half_first():
     from tilekit.runtime import cuda
     module = generate(mixed_module()).module
-    unit = cuda.unit_source(module.codegen["kernels"])
+    unit = cuda.unit_source(CodegenSection.read(module.codegen).kernels)
     assert unit.count('#include "runtime.cuh"') == 1
     assert unit.index("#define TK_USE_HALF 1") < unit.index('#include "runtime.cuh"')
     for entry in ("tk_k_f32", "tk_k_f16", "tk_k_sc"):
@@ -180,7 +181,7 @@ def test_mixed_float32_float16_unit_compiles(tmp_path, monkeypatch):
     from tilekit.runtime import cuda
     monkeypatch.setenv("TILEKIT_CACHE", str(tmp_path))
     module = generate(mixed_module()).module
-    compiled = compile_unit(cuda.unit_source(module.codegen["kernels"]), "sm_80")
+    compiled = compile_unit(cuda.unit_source(CodegenSection.read(module.codegen).kernels), "sm_80")
     assert {"tk_k_f32", "tk_k_f16", "tk_k_sc"} <= set(compiled.resources)
 
 
@@ -205,7 +206,7 @@ def test_nvrtc_when_nvcc_is_newer_than_the_driver(monkeypatch, tmp_path):
     module = generate(mixed_module()).module
     program = cuda.prepare(module)
     assert log[0] == ("module", False, True)                 # NVRTC, not a cubin
-    assert program.raw.code == cuda.unit_source(module.codegen["kernels"])
+    assert program.raw.code == cuda.unit_source(CodegenSection.read(module.codegen).kernels)
     monkeypatch.setattr(nvcc, "nvcc_version", lambda path: "12.4.131")
     assert cuda._usable_nvcc(sys.modules["cupy"]) == "/opt/cuda/bin/nvcc"
 

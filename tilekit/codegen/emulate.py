@@ -28,6 +28,7 @@ import numpy as np
 
 from tilekit.codegen.cexpr import HALF_DTYPES, storage
 from tilekit.codegen.kernel import tvar
+from tilekit.ir.payloads import CodegenSection
 from tilekit.errors import TilekitError, UnsupportedError
 from tilekit.ir.model import Module
 
@@ -42,10 +43,10 @@ def find_cxx() -> str | None:
 def harness_source(module: Module) -> str:
     """A C++ main() that loads tensors from `<dir>/<name>.bin`, launches every kernel in
     order and writes every tensor a kernel wrote back to `<dir>/<name>.out`."""
-    cg = module.codegen
+    kernels = CodegenSection.read(module.codegen).kernels
     tensors: list[str] = []
-    for k in cg["kernels"]:
-        for t in k["args"]:
+    for k in kernels:
+        for t in k.args:
             if t not in tensors:
                 tensors.append(t)
     lines = ["#include <cstdio>", "#include <cstdlib>", "#include <string>", "",
@@ -69,20 +70,18 @@ def harness_source(module: Module) -> str:
         tensor = module.tensors[t]
         nbytes = tensor.size * np.dtype(_np_dtype(tensor.dtype)).itemsize
         lines.append(f"  auto buf_{_c(t)} = load(dir + \"/{t}.bin\", {nbytes});")
-    for k in cg["kernels"]:
+    for index, k in enumerate(kernels):
         ptrs = []
-        for t in k["args"]:
+        for t in k.args:
             ctype = storage(module.tensors[t].dtype).ctype
             ptrs.append(f"reinterpret_cast<{ctype}*>(buf_{_c(t)}.data())")
-        grid = k["grid"][0] * k["grid"][1] * k["grid"][2]
-        block = k["block"][0] * k["block"][1] * k["block"][2]
-        index = len([ln for ln in lines if "tk_emul::launch" in ln])
-        lines.append(f"  if (only < 0 || only == {index}) tk_emul::launch({grid}, {block}, "
-                     f"[&] {{ {k['entry']}({', '.join(ptrs)}); }}, "
+        grid = k.grid[0] * k.grid[1] * k.grid[2]
+        lines.append(f"  if (only < 0 || only == {index}) tk_emul::launch({grid}, {k.threads}, "
+                     f"[&] {{ {k.entry}({', '.join(ptrs)}); }}, "
                      f"only < 0 ? nullptr : ids.data(), (unsigned)ids.size());")
-    written = [t for k in cg["kernels"] for t in k["writes"]]
+    written = [t for k in kernels for t in k.writes]
     for t in dict.fromkeys(written):
-        writers = [i for i, k in enumerate(cg["kernels"]) if t in k["writes"]]
+        writers = [i for i, k in enumerate(kernels) if t in k.writes]
         cond = " || ".join(f"only == {i}" for i in writers)
         lines.append(f"  if (only < 0 || {cond}) "
                      f"if (FILE* f = std::fopen((dir + \"/{t}.out\").c_str(), \"wb\")) {{ "
@@ -100,7 +99,7 @@ def _np_dtype(dtype: str) -> str:
 
 
 def unit_from_ir(module: Module) -> str:
-    return "\n".join(k["source"] for k in module.codegen["kernels"])
+    return "\n".join(k.source for k in CodegenSection.read(module.codegen).kernels)
 
 
 def build(module: Module) -> Path:
@@ -109,14 +108,15 @@ def build(module: Module) -> Path:
 
     if not module.codegen:
         raise TilekitError("the module has no codegen section", "codegen", "run tk-codegen")
-    for t in {t for k in module.codegen["kernels"] for t in k["args"]}:
+    kernels = CodegenSection.read(module.codegen).kernels
+    for t in {t for k in kernels for t in k.args}:
         if module.tensors[t].dtype in HALF_DTYPES:
             raise UnsupportedError(f"'{t}' is {module.tensors[t].dtype}: the CPU emulation "
                                    "has no half types")
     cxx = find_cxx()
     if cxx is None:
         raise UnsupportedError("no C++ compiler (g++ or clang++) for the CPU emulation")
-    dyn = max([k["smem_bytes"] for k in module.codegen["kernels"]] + [16])
+    dyn = max([k.smem_bytes for k in kernels] + [16])
     unit = unit_from_ir(module)
     harness = harness_source(module)
     emul = (HERE / "host_emul.h").read_text()
@@ -153,7 +153,7 @@ def emulate(module: Module, inputs: Mapping[str, np.ndarray],
     exe = build(module)
     values = {**weights, **inputs}
     with tempfile.TemporaryDirectory(prefix="tk-emul-") as tmp:
-        args = {t for k in module.codegen["kernels"] for t in k["args"]}
+        args = {t for k in CodegenSection.read(module.codegen).kernels for t in k.args}
         for t in args:
             tensor = module.tensors[t]
             if t in values:
@@ -183,14 +183,14 @@ def emulate_blocks(module: Module, kernel: int, values: Mapping[str, np.ndarray]
     blocks wrote nothing. For checking large modules kernel by kernel against reference
     intermediates without emulating every block."""
     exe = build(module)
-    record = module.codegen["kernels"][kernel]
-    grid = record["grid"][0] * record["grid"][1] * record["grid"][2]
+    record = CodegenSection.read(module.codegen).kernels[kernel]
+    grid = record.grid[0] * record.grid[1] * record.grid[2]
     if any(not 0 <= b < grid for b in blocks):
         raise ValueError(f"block ids must be in [0, {grid})")
     with tempfile.TemporaryDirectory(prefix="tk-emul-") as tmp:
-        for t in record["args"]:
+        for t in record.args:
             tensor = module.tensors[t]
-            if t in record["writes"]:
+            if t in record.writes:
                 arr = np.full(tensor.shape, np.nan if tensor.dtype.startswith("float") else 0,
                               dtype=_np_dtype(tensor.dtype))
             else:
@@ -202,4 +202,4 @@ def emulate_blocks(module: Module, kernel: int, values: Mapping[str, np.ndarray]
             raise RuntimeError(f"emulation failed (exit {proc.returncode}): {proc.stderr[-2000:]}")
         return {t: np.fromfile(os.path.join(tmp, f"{t}.out"), dtype=_np_dtype(
                     module.tensors[t].dtype)).reshape(module.tensors[t].shape)
-                for t in record["writes"]}
+                for t in record.writes}

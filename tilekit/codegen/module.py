@@ -34,7 +34,7 @@ from tilekit.codegen.kernel import (GeneratedKernel, c_name, contiguous_reductio
 from tilekit.codegen.nvcc import check_arch
 from tilekit.codegen.opaque import opaque_kernel
 from tilekit.codegen.plan import GroupPlan, GroupSplit, OpaquePlan, plan_group, readers
-from tilekit.ir.payloads import Tile, read_tile
+from tilekit.ir.payloads import CodegenSection, Launch, Tile, read_tile
 from tilekit.schedule.defaults import STATIC_SMEM_LIMIT, WARP, lane_count
 from tilekit.codegen.staged import eligible, fit_steps, staged_kernel
 from tilekit.errors import TilekitError
@@ -94,14 +94,10 @@ def generate(module: Module, profile=None, arch: str | None = None) -> CodegenRe
                 except (GroupSplit, FusionError) as inner:  # pragma: no cover - singletons fuse
                     raise TilekitError(str(inner), where) from None
         generated.extend(made)
-        launch: dict[str, Any] = {"entries": [g.entry for g in made]}
-        if len(made) == 1:
-            g = made[0]
-            launch.update(grid=list(g.grid), block=list(g.block), smem_bytes=g.smem_bytes,
-                          shape=g.shape)
-        if split:
-            launch["split"] = split
-        launches[kernel.name] = launch
+        one = made[0] if len(made) == 1 else None
+        launches[kernel.name] = Launch(
+            tuple(g.entry for g in made), one and one.grid, one and one.block,
+            one and one.smem_bytes, one and one.shape, split).record()
     out_kernels = tuple(replace(kn, launch=launches[kn.name]) for kn in kernels)
     if arch is not None:
         the_arch = check_arch(arch)
@@ -109,25 +105,10 @@ def generate(module: Module, profile=None, arch: str | None = None) -> CodegenRe
         the_arch = check_arch(profile.arch, f"hardware profile '{profile.name}': arch")
     else:
         the_arch = DEFAULT_ARCH
-    section = {
-        "arch": the_arch,
-        "helpers": {"file": HELPERS_NAME, "sha256": helpers_sha256()},
-        "kernels": [kernel_record(g) for g in generated],
-    }
-    if notes:
-        section["notes"] = list(notes)
-    result = replace(module, kernels=out_kernels, codegen=section)
+    section = CodegenSection(the_arch, {"file": HELPERS_NAME, "sha256": helpers_sha256()},
+                             tuple(g.record() for g in generated), tuple(notes))
+    result = replace(module, kernels=out_kernels, codegen=section.record())
     return CodegenResult(result, tuple(generated), tuple(notes))
-
-
-def kernel_record(g: GeneratedKernel) -> dict[str, Any]:
-    """One entry of `codegen.kernels` (docs/codegen.md)."""
-    return {
-        "name": g.name, "group": g.group, "entry": g.entry, "ops": list(g.ops),
-        "shape": g.shape, "schedule": dict(g.schedule), "grid": list(g.grid),
-        "block": list(g.block), "smem_bytes": g.smem_bytes, "args": list(g.args),
-        "writes": list(g.writes), "source": g.source,
-    }
 
 
 def _unique_entry(name: str, used: set[str]) -> str:
@@ -261,7 +242,8 @@ def compile_module(result: CodegenResult, arch: str | None = None, profile=None
         "regs_per_block": profile.regs_per_block, "smem_per_block": profile.smem_per_block}
     problems: list[str] = []
     records = []
-    for g, record in zip(result.kernels, module.codegen["kernels"]):
+    section = CodegenSection.read(module.codegen)
+    for g, record in zip(result.kernels, section.kernels):
         res = compiled.resources.get(entry_of[g.entry])
         if res is None:  # pragma: no cover - ptxas reports every entry
             raise TilekitError(f"ptxas reported nothing for {g.entry}", "--compile")
@@ -281,10 +263,10 @@ def compile_module(result: CodegenResult, arch: str | None = None, profile=None
         if res.smem_static + g.smem_bytes > limits["smem_per_block"]:
             problems.append(f"{g.name} uses {res.smem_static + g.smem_bytes} bytes of shared "
                             f"memory, over {limits['smem_per_block']}")
-        records.append({**record, "resources": res.record()})
+        records.append(replace(record, resources=res.record()))
     nvcc = find_nvcc()
-    section = {**module.codegen, "kernels": records,
-               "compiled": {"arch": arch, "nvcc": nvcc_version(nvcc) if nvcc else "unknown",
-                            "flags": "-O3 -std=c++17"}}
-    return CompileReport(replace(module, codegen=section), tuple(problems), compiled.command,
-                         compiled.cached)
+    section = replace(section, kernels=tuple(records),
+                      compiled={"arch": arch, "nvcc": nvcc_version(nvcc) if nvcc else "unknown",
+                                "flags": "-O3 -std=c++17"})
+    return CompileReport(replace(module, codegen=section.record()), tuple(problems),
+                         compiled.command, compiled.cached)

@@ -24,7 +24,6 @@ Without CuPy, or without a visible GPU, every entry point raises `TilekitError` 
 from __future__ import annotations
 
 import hashlib
-import re
 import weakref
 from dataclasses import dataclass, field
 from typing import Any, Mapping
@@ -33,6 +32,7 @@ import numpy as np
 
 from tilekit.errors import TilekitError
 from tilekit.ir.model import Module
+from tilekit.ir.payloads import CodegenSection, KernelRecord
 from tilekit.runtime.bench import Timing
 
 _PROGRAMS: dict[int, "CudaProgram"] = {}
@@ -98,26 +98,26 @@ class CudaProgram:
         if not module.codegen:
             from tilekit.codegen.module import generate
             module = generate(module).module
-        self._check_helpers(module)
-        self._check_shared_memory(module)
+        section = CodegenSection.read(module.codegen)
+        self._check_helpers(section)
+        self._check_shared_memory(section)
         self.outputs = tuple(module.outputs)
         self.arch = device_arch()
-        self.raw = self._load(module)
+        self.raw = self._load(section)
         self.buffers: dict[str, Any] = {}
         self.launches: list[Launch] = []
         written: set[str] = set()
-        for k in module.codegen["kernels"]:
-            for t in k["args"]:
+        for k in section.kernels:
+            for t in k.args:
                 if t not in self.buffers:
                     tensor = module.tensors[t]
                     self.buffers[t] = cupy.empty(tuple(tensor.shape), dtype=_np_dtype(tensor.dtype))
-            fn = self.raw.get_function(k["entry"])
-            if k["smem_bytes"] > 48 * 1024:
+            fn = self.raw.get_function(k.entry)
+            if k.smem_bytes > 48 * 1024:
                 # Dynamic shared memory above 48 KB needs an explicit opt-in per kernel.
-                fn.max_dynamic_shared_size_bytes = int(k["smem_bytes"])
-            self.launches.append(Launch(k["entry"], fn, tuple(k["grid"]), tuple(k["block"]),
-                                        int(k["smem_bytes"]), tuple(k["args"])))
-            written.update(k["writes"])
+                fn.max_dynamic_shared_size_bytes = k.smem_bytes
+            self.launches.append(Launch(k.entry, fn, k.grid, k.block, k.smem_bytes, k.args))
+            written.update(k.writes)
         self.inputs = tuple(module.inputs)
         self.weight_names = tuple(n for n, t in module.tensors.items() if t.role == "weight")
         self.passthrough = tuple(o for o in module.outputs if o not in written)
@@ -130,36 +130,36 @@ class CudaProgram:
         self._uploaded: dict[str, np.ndarray] = {}
 
     @staticmethod
-    def _check_helpers(module: Module) -> None:
+    def _check_helpers(section: CodegenSection) -> None:
         from tilekit.codegen.module import HELPERS
 
-        want = (module.codegen.get("helpers") or {}).get("sha256")
+        want = section.helpers.get("sha256")
         have = hashlib.sha256(HELPERS.read_bytes()).hexdigest()
         if want and want != have:
             raise TilekitError("the kernels were generated against another runtime.cuh "
                                f"(sha256 {want[:12]}..., this tilekit has {have[:12]}...)",
                                "codegen.helpers", "re-run tk-codegen with this tilekit")
 
-    def _check_shared_memory(self, module: Module) -> None:
+    def _check_shared_memory(self, section: CodegenSection) -> None:
         """Each kernel's dynamic shared memory within the device's opt-in maximum per block."""
         limit = _max_shared_memory_per_block(self.cupy)
         if limit is None:
             return
-        for index, k in enumerate(module.codegen["kernels"]):
-            if int(k["smem_bytes"]) > limit:
+        for index, k in enumerate(section.kernels):
+            if k.smem_bytes > limit:
                 raise TilekitError(
-                    f"kernel {k['entry']} needs {k['smem_bytes']} bytes of shared memory per "
+                    f"kernel {k.entry} needs {k.smem_bytes} bytes of shared memory per "
                     f"block; this device allows at most {limit}",
                     f"codegen.kernels[{index}].smem_bytes",
                     "re-run tk-codegen with this device's hardware profile (--hw), or smaller "
                     "tiles")
 
-    def _load(self, module: Module):
+    def _load(self, section: CodegenSection):
         cupy = self.cupy
         from tilekit.codegen.module import HELPERS
         from tilekit.codegen.nvcc import compile_unit
 
-        source = unit_source(module.codegen["kernels"])
+        source = unit_source(section.kernels)
         nvcc = _usable_nvcc(cupy)
         if nvcc is not None:
             compiled = compile_unit(source, self.arch)
@@ -252,29 +252,26 @@ class KernelTiming(Timing):
     per_kernel: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
 
 
-_PREAMBLE_END = '#include "runtime.cuh"\n'
-
-
-def unit_source(kernels: list[Mapping]) -> str:
+def unit_source(kernels: "tuple[KernelRecord, ...]") -> str:
     """The kernels recorded in a `codegen` section as one translation unit, the way
-    `tilekit.codegen.module.unit_source` builds it: one preamble (with `TK_USE_HALF` before
-    runtime.cuh when any kernel needs it), then every kernel's body.
+    `tilekit.codegen.module.unit_source` builds it: one preamble (with `TK_USE_HALF` when any
+    kernel needs it), then every kernel's body.
 
-    Each recorded source is a whole file (its own preamble, then its body); joining them as
-    they are would put a later kernel's `#define TK_USE_HALF` after the header's include
-    guard, where it no longer has any effect.
+    A record's source is its own preamble (a pure function of the record:
+    `tilekit.codegen.kernel.preamble`) followed by its body; a source that does not start with
+    that preamble was not written by this tilekit and is refused.
     """
-    from tilekit.codegen.kernel import preamble
+    from tilekit.codegen.kernel import kernel_preamble, preamble
 
-    bodies, uses_half = [], False
+    bodies = []
     for k in kernels:
-        head, sep, body = k["source"].partition(_PREAMBLE_END)
-        if not sep:
-            raise TilekitError(f"kernel {k.get('entry')} does not include runtime.cuh",
-                               "codegen.kernels", "re-run tk-codegen with this tilekit")
-        uses_half = uses_half or re.search(r"^#define TK_USE_HALF 1$", head, re.M) is not None
-        bodies.append(body[1:] if body.startswith("\n") else body)  # the blank line
-    return preamble(None, uses_half) + "\n".join(bodies)
+        head = kernel_preamble(k.name, k.ops, k.shape, k.uses_half)
+        if not k.source.startswith(head):
+            raise TilekitError(f"the source of kernel {k.entry} does not start with the "
+                               "preamble tk-codegen writes", "codegen.kernels",
+                               "re-run tk-codegen with this tilekit")
+        bodies.append(k.source[len(head):])
+    return preamble(None, any(k.uses_half for k in kernels)) + "\n".join(bodies)
 
 
 def _major(version: str) -> int | None:
