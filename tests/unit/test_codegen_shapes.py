@@ -180,12 +180,13 @@ def test_steps_shrink_to_fit_shared_memory():
     big = replace(module, ops=(op,), tensors={**module.tensors})
     result = generate(big)  # 48 KB limit without a profile: 32*48 + 48*64 floats = 18 KB fits
     assert result.kernels[0].schedule["step"] == {"k": 48}
-    from tilekit.codegen.staged import fit_steps
-    from tilekit.ir.payloads import read_tile
     from tilekit.codegen.plan import plan_group, readers
+    from tilekit.codegen.staged import op_facts
+    from tilekit.ir.payloads import read_tile
+    from tilekit.schedule.shape import fit_steps
     plan = plan_group(big, Kernel("k", ("mm",)), "k", readers(big))
     tile = read_tile(op.tile, plan.stages[0].main.spatial, plan.stages[0].main.reduction, "t")
-    assert fit_steps(plan.stages[0].main, tile, 8 * 1024).step == (12,)
+    assert fit_steps(op_facts(plan.stages[0].main), tile, 8 * 1024).step == (12,)
 
 
 @pytest.mark.parametrize("name", FIXTURES)

@@ -163,7 +163,7 @@ def test_module_contract():
     assert [k.ops for k in out.kernels] == [("fc",), ("relu",)]    # default schedule made
     for op, kernel in zip(out.ops, out.kernels):
         assert set(op.tile) == {"block", "thread", "step", "grid", "blocks", "threads",
-                                "smem_bytes", "regs", "estimate", "candidates"}
+                                "smem_bytes", "regs", "kernel", "estimate", "candidates"}
         assert kernel.estimate == op.tile["estimate"] and kernel.tile is None
     assert out.ops[1].tile["step"] == {} and out.ops[1].tile["smem_bytes"] == 0
     total = module_estimate(out)

@@ -146,6 +146,11 @@ def pad_literal(pad: str | None, dtype: str) -> str:
     return literal(value, kind)
 
 
+def stored_pad(pad: str | None, dtype: str) -> str:
+    """The pad value as an element of `dtype`'s storage type (for staged buffers)."""
+    return store_value(pad_literal(pad, dtype), storage(dtype).kind, dtype)
+
+
 # -- index code --------------------------------------------------------------------------
 
 def linear(terms: Iterable[tuple[int, str]], const: int = 0) -> str:

@@ -35,8 +35,9 @@ from tilekit.codegen.emitter import Emitter
 from tilekit.codegen.plan import GroupPlan, OpPlan, Read, Stage
 from tilekit.ir.payloads import KernelRecord, Tile
 from tilekit.schedule.defaults import DEFAULT_THREADS, default_grid, lane_count
+from tilekit.schedule.shape import walks_contiguously
 from tilekit.expr.analysis import interval
-from tilekit.expr.ast import Access, Axis, Call, children, walk
+from tilekit.expr.ast import Access
 from tilekit.ir.model import Module
 
 INT32_LIMIT = 2 ** 31 - 1
@@ -183,32 +184,9 @@ def stored_value(code: str, kind: str, dtype: str) -> tuple[str, str]:
     return convert(code, kind, st.kind), st.kind
 
 
-def uses_axis_values(p: OpPlan) -> bool:
-    """Does the body use an axis as a value (outside indices)?"""
-    def visit(node) -> bool:
-        if isinstance(node, Axis):
-            return True
-        if isinstance(node, Access):
-            return False
-        return any(visit(c) for c in children(node))
-    return visit(p.body)
-
-
-def has_guarded_reads(p: OpPlan) -> bool:
-    """Does the body hold `select` guards (inlined producers read with padding, masks)?"""
-    return any(isinstance(n, Call) and n.fn == "select" for n in walk(p.body))
-
-
 def contiguous_reduction(p: OpPlan) -> bool:
-    """Does the innermost reduction axis walk the last (contiguous) dimension of some read
-    with unit stride? Then consecutive lanes read consecutive addresses."""
-    if not p.reduction:
-        return False
-    axis = p.reduction[-1][0]
-    for r in p.read_list():
-        if r.maps and r.maps[-1].affine and dict(r.maps[-1].terms) == {axis: 1}:
-            return True
-    return False
+    """Does the innermost reduction axis walk a read's contiguous dimension (lanes)?"""
+    return walks_contiguously(p.reduction, p.read_list())
 
 
 def index_type(module: Module, tensors, loop_end: int = 0) -> str:

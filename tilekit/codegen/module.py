@@ -6,9 +6,10 @@ generates the CUDA C++ and records how to launch it. Shape choice, in order:
 
 1. one opaque op: its registered CUDA implementation (`tilekit.codegen.opaque`);
 2. one stage with a tile (the main op's tile from tk-roll, else the kernel's tile):
-   `staged` when the op reduces with reuse (`tilekit.codegen.staged.eligible`); `default`
-   with a warp per point for a reduction without reuse over a long contiguous axis (the tile
-   is set aside: `schedule.tile_ignored`); else `tiled`;
+   the shape `tilekit.schedule.shape.decide` picks, the decision tk-roll's cost model also
+   reads: `staged` when the op reduces with reuse; `default` with a warp per point for a
+   reduction without reuse over a long contiguous axis (the tile is set aside:
+   `schedule.tile_ignored`); else `tiled`;
 3. one stage without a tile: `default`;
 4. several stages: `fused` (kernel.tile when tk-weld wrote it, else the fused default tile).
 
@@ -29,14 +30,14 @@ from pathlib import Path
 from typing import Any
 
 from tilekit.codegen.fused import FusionError, fused_kernel
-from tilekit.codegen.kernel import (GeneratedKernel, c_name, contiguous_reduction,
-                                    default_kernel, tiled_kernel)
+from tilekit.codegen.kernel import GeneratedKernel, c_name, default_kernel, tiled_kernel
 from tilekit.codegen.nvcc import check_arch
 from tilekit.codegen.opaque import opaque_kernel
 from tilekit.codegen.plan import GroupPlan, GroupSplit, OpaquePlan, plan_group, readers
 from tilekit.ir.payloads import CodegenSection, Launch, Tile, read_tile
-from tilekit.schedule.defaults import STATIC_SMEM_LIMIT, WARP, lane_count
-from tilekit.codegen.staged import eligible, fit_steps, staged_kernel
+from tilekit.schedule.defaults import STATIC_SMEM_LIMIT
+from tilekit.schedule.shape import decide
+from tilekit.codegen.staged import op_facts, staged_kernel
 from tilekit.errors import TilekitError
 from tilekit.ir.model import Kernel, Module, default_kernels
 
@@ -154,35 +155,28 @@ def _kernel_tile(plan: GroupPlan, where: str) -> Tile | None:
 
 def _single_stage(module: Module, plan: GroupPlan, entry: str, limit: int, notes: list[str],
                   where: str) -> GeneratedKernel:
+    """One stage: the kernel shape the shared decision picks (tilekit.schedule.shape), the
+    same decision tk-roll's cost model priced."""
     main = plan.stages[0].main
     # The main op's own tile first: a chain only adds an epilogue, so the tile chosen for the
-    # main op's work is the right one (a group's kernel.tile is its last op's tile).
+    # main op's work is the right one.
     tile = None
     if main.op.tile is not None:
         tile = read_tile(main.op.tile, main.spatial, main.reduction, f"{main.where}.tile",
                          "roll")
     if tile is None:
         tile = _kernel_tile(plan, where)
-    if tile is None:
-        return default_kernel(module, plan, entry)
-    reason = eligible(main, tile)
-    if reason is not None and lane_count(main.reduction, contiguous_reduction(main)) >= WARP:
-        # A reduction without reuse along a long contiguous axis: a tile maps threads to
-        # output points only, so each thread would walk its own row (uncoalesced); a warp
-        # per point reads the row contiguously. The tile is recorded as set aside.
-        g = default_kernel(module, plan, entry)
-        return replace(g, schedule={**g.schedule, "tile_ignored":
-                                    "reduction over a contiguous axis without reuse: lanes"})
-    if reason is None:
-        fitted = fit_steps(main, tile, limit)
-        if fitted is not None:
-            if fitted.step != tile.step:
-                notes.append(f"{where}: reduction step shrunk from {list(tile.step)} to "
-                             f"{list(fitted.step)} to fit {limit} bytes of shared memory")
-            return staged_kernel(module, plan, entry, fitted)
-        notes.append(f"{where}: staged buffers do not fit {limit} bytes even with step 1; "
-                     "using the tiled shape")
-    return tiled_kernel(module, plan, entry, tile)
+    decision = decide(op_facts(main), tile, limit)
+    if decision.note and decision.shape != "default":
+        notes.append(f"{where}: {decision.note}")
+    if decision.shape == "staged":
+        return staged_kernel(module, plan, entry, decision)
+    if decision.shape == "tiled":
+        return tiled_kernel(module, plan, entry, decision.tile)
+    g = default_kernel(module, plan, entry)
+    if decision.note:
+        g = replace(g, schedule={**g.schedule, "tile_ignored": decision.note})
+    return g
 
 
 # -- compiling ---------------------------------------------------------------------------

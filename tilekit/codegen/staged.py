@@ -23,27 +23,24 @@ from __future__ import annotations
 import math
 from contextlib import ExitStack
 from dataclasses import dataclass
+from typing import Mapping
 
 from tilekit.codegen.cexpr import (IDENTITY, KIND_CTYPE, ValueCompiler, combine, linear,
-                                   load_value, pad_literal, storage)
+                                   load_value, storage, stored_pad)
 from tilekit.codegen.emitter import Emitter
 from tilekit.codegen.kernel import (GeneratedKernel, PointEmitter, _ll_if, _tile_text, avar,
                                     block_origins, c_name, decompose, global_resolver,
                                     group_signature, index_type, needs_check, open_kernel,
-                                    has_guarded_reads, register_loops, store_sink, strides,
-                                    thread_coords, tvar, uses_axis_values)
+                                    register_loops, store_sink, strides, thread_coords, tvar)
 from tilekit.codegen.plan import GroupPlan, OpPlan, Read
 from tilekit.ir.payloads import Tile
-from tilekit.schedule.defaults import STATIC_SMEM_LIMIT, shared_bytes
-from tilekit.expr.box import Span, map_box
-
-#: A read is worth staging when each element of its box is used this many times per step.
-MIN_REUSE = 2
-
+from tilekit.schedule.defaults import STATIC_SMEM_LIMIT
+from tilekit.schedule.shape import KernelShape, OpFacts, buffer_bytes, facts_of
 
 @dataclass(frozen=True)
 class Box:
-    """The per-step box of one read, in shared memory."""
+    """One staged read's per-step box (tilekit.schedule.shape.StagedBox) with its buffer
+    and the Read that loads it (its padding)."""
 
     read: Read
     buffer: str
@@ -66,79 +63,16 @@ class Box:
         return coefs, const
 
 
-def tile_lengths(p: OpPlan, tile: Tile) -> dict[str, int]:
-    out = {a: b for (a, _), b in zip(p.spatial, tile.block)}
-    out.update({a: s for (a, _), s in zip(p.reduction, tile.step)})
-    return out
+def op_facts(p: OpPlan) -> OpFacts:
+    """What the shared shape decision needs of a (possibly inlined) op plan."""
+    return facts_of(p.spatial, p.reduction, p.body, p.read_list())
 
 
-def make_box(r: Read, lengths: dict[str, int], buffer: str) -> Box:
-    """The read's box for a tile at the origin (tilekit.expr.box); `adjust` is how far below
-    the map's constant the box starts (negative coefficients reach back)."""
-    spans = map_box(r.maps, {a: Span.of(0, n) for a, n in lengths.items()}, r.shape)
-    return Box(r, buffer, tuple(s.length for s in spans),
-               tuple(m.const - s.lo.const for m, s in zip(r.maps, spans)))
-
-
-def distinct_reads(p: OpPlan) -> list[Read]:
-    """Reads with different (tensor, maps); repeated reads share one buffer."""
-    seen: dict[tuple, Read] = {}
-    for r in p.read_list():
-        key = (r.tensor, tuple(str(m) for m in r.maps))
-        seen.setdefault(key, r)
-    return list(seen.values())
-
-
-def read_key(r: Read) -> tuple:
+def read_key(r) -> tuple:
     return (r.tensor, tuple(str(m) for m in r.maps))
 
 
-def eligible(p: OpPlan, tile: Tile | None) -> str | None:
-    """Why `p` cannot use the staged shape with `tile`, or None when it can."""
-    if tile is None:
-        return "no tile"
-    if not p.reduces:
-        return "not a reduction"
-    reads = p.read_list()
-    if not reads:
-        return "no reads"
-    if not all(r.affine for r in reads):
-        return "a read is not affine"
-    if uses_axis_values(p):
-        return "the body uses an axis value"
-    if has_guarded_reads(p):
-        return "the body has guarded reads (select)"
-    lengths = tile_lengths(p, tile)
-    points = math.prod(tile.block) * math.prod(tile.step)
-    boxes = [make_box(r, lengths, "") for r in distinct_reads(p)]
-    if not any(points >= MIN_REUSE * b.volume for b in boxes):
-        return "no read is reused within a block tile"
-    return None
-
-
-def smem_bytes(p: OpPlan, tile: Tile) -> int:
-    lengths = tile_lengths(p, tile)
-    total = 0
-    for r in distinct_reads(p):
-        kind = storage(r.dtype).kind
-        total += shared_bytes(make_box(r, lengths, "").volume, kind)
-    return total
-
-
-def fit_steps(p: OpPlan, tile: Tile, limit: int) -> Tile | None:
-    """`tile` with reduction steps halved (largest first) until the buffers fit `limit`."""
-    step = list(tile.step)
-    while True:
-        t = Tile(tile.block, tile.thread, tuple(step), tile.source)
-        if smem_bytes(p, t) <= limit:
-            return t
-        k = max(range(len(step)), key=lambda i: step[i]) if step else None
-        if k is None or step[k] == 1:
-            return None
-        step[k] = max(1, step[k] // 2)
-
-
-def vector_width(box: Box, lengths: dict[str, int]) -> int:
+def vector_width(box: Box, lengths: Mapping[str, int]) -> int:
     """4 when the box can be loaded with float4: float32, innermost box extent a multiple of
     4, the box's first column at a multiple of 4 for every block and step position, and the
     tensor's rows a multiple of 4 long (so a 4-wide chunk is wholly in or out of range and
@@ -157,9 +91,11 @@ def vector_width(box: Box, lengths: dict[str, int]) -> int:
     return 4
 
 
-def staged_kernel(module, plan: GroupPlan, entry: str, tile: Tile) -> GeneratedKernel:
+def staged_kernel(module, plan: GroupPlan, entry: str, decision: KernelShape
+                  ) -> GeneratedKernel:
     stage = plan.stages[0]
     p = stage.main
+    tile = decision.tile
     sig = group_signature(module, plan)
     idx_t = index_type(module, sig.args)
     axes = [a for a, _ in p.spatial]
@@ -168,12 +104,17 @@ def staged_kernel(module, plan: GroupPlan, entry: str, tile: Tile) -> GeneratedK
     threads_per_axis = [b // t for b, t in zip(tile.block, tile.thread)]
     threads = tile.threads
     grid = math.prod(tile.grid(tuple(extents)))
-    lengths = tile_lengths(p, tile)
+    lengths = {a: b for (a, _), b in zip(p.spatial, tile.block)}
+    lengths.update({a: s for (a, _), s in zip(p.reduction, tile.step)})
+    first_read = {}
+    for r in p.read_list():
+        first_read.setdefault(read_key(r), r)
     boxes: dict[tuple, Box] = {}
-    for r in distinct_reads(p):
-        boxes[read_key(r)] = make_box(r, lengths, f"s_{c_name(r.tensor)}_{len(boxes)}")
-    total = sum(shared_bytes(b.volume, storage(b.read.dtype).kind)
-                for b in boxes.values())
+    for sb in decision.staged:
+        key = sb.read.key
+        boxes[key] = Box(first_read[key], f"s_{c_name(sb.read.tensor)}_{len(boxes)}",
+                         sb.extents, sb.adjust)
+    total = decision.smem_bytes
     dynamic = total > STATIC_SMEM_LIMIT
     e = Emitter()
     open_kernel(e, entry, sig, threads,
@@ -186,14 +127,16 @@ def staged_kernel(module, plan: GroupPlan, entry: str, tile: Tile) -> GeneratedK
             e.line("TK_DYNAMIC_SMEM(tk_smem);")
         offset = 0
         for b in boxes.values():
-            ctype = KIND_CTYPE[storage(b.read.dtype).kind]
+            # Staged in the tensor's own storage type (half stays 2 bytes), converted to the
+            # compute kind when a thread reads it into its fragment.
+            ctype = storage(b.read.dtype).ctype
             if dynamic:
                 e.line(f"{ctype}* {b.buffer} = reinterpret_cast<{ctype}*>(tk_smem + {offset});"
                        f"  // {b.read.tensor} box {list(b.extents)}")
             else:
                 e.line(f"__shared__ __align__(16) {ctype} {b.buffer}[{b.volume}];"
                        f"  // {b.read.tensor} box {list(b.extents)}")
-            offset += shared_bytes(b.volume, storage(b.read.dtype).kind)
+            offset += buffer_bytes(b.volume, b.read.dtype)
         e.line("const int tid = threadIdx.x;")
         origins = block_origins(e, axes, extents, tile.block, idx_t)
         thread_vars = thread_coords(e, axes, threads_per_axis)
@@ -271,7 +214,7 @@ def _emit_load(e: Emitter, b: Box, base: dict[str, str], ranges, threads: int, i
             los.append(lo)
         need = needs_check(r, ranges)
         st = strides(r.shape)
-        pad = pad_literal(r.pad, r.dtype)
+        pad = stored_pad(r.pad, r.dtype)
         ext = list(b.extents)
         if width == 4:
             ext[-1] //= 4
@@ -294,7 +237,7 @@ def _emit_load(e: Emitter, b: Box, base: dict[str, str], ranges, threads: int, i
                 load = f"({' && '.join(checks)} ? {value} : {fill})" if checks else value
                 e.line(f"*reinterpret_cast<float4*>(&{b.buffer}[4 * i]) = {load};")
             else:
-                value = load_value(f"{tvar(r.tensor)}[{offset}]", r.dtype)
+                value = f"{tvar(r.tensor)}[{offset}]"
                 load = f"({' && '.join(checks)} ? {value} : {pad})" if checks else value
                 e.line(f"{b.buffer}[i] = {load};")
 
@@ -347,7 +290,7 @@ def _emit_compute(e: Emitter, p: OpPlan, tile: Tile, boxes: dict[tuple, Box],
                     else:
                         terms.append((c, avar(a)))
                 e.line(f"{name}[{_slot(axes, tile.thread, dep)}] = "
-                       f"{b.buffer}[{linear(terms, const)}];")
+                       f"{load_value(f'{b.buffer}[{linear(terms, const)}]', b.read.dtype)};")
             fragments[key] = (name, dep)
 
         def read(node) -> str:

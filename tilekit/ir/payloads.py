@@ -250,6 +250,9 @@ class OpTile:
     regs: int
     estimate: Estimate
     candidates: tuple[Candidate, ...] = ()
+    #: The kernel this tile becomes (tilekit.schedule.shape.KernelShape.record()): what the
+    #: cost model priced and what codegen generates.
+    kernel: Mapping[str, Any] | None = None
 
     @property
     def blocks(self) -> int:
@@ -259,7 +262,10 @@ class OpTile:
         out = self.tile.sizes(self.spatial, self.reduction)
         out.update({"grid": dict(zip(self.spatial, self.grid)), "blocks": self.blocks,
                     "threads": self.tile.threads, "smem_bytes": int(self.smem_bytes),
-                    "regs": int(self.regs), "estimate": self.estimate.record(),
+                    "regs": int(self.regs)})
+        if self.kernel is not None:
+            out["kernel"] = dict(self.kernel)
+        out.update({"estimate": self.estimate.record(),
                     "candidates": [{**c.tile.sizes(self.spatial, self.reduction),
                                     "estimate": c.estimate.record()}
                                    for c in self.candidates]})
@@ -281,7 +287,8 @@ class OpTile:
                       tile.grid([e for _, e in spatial]),
                       _int(p.get("smem_bytes", 0), f"{where}.smem_bytes"),
                       _int(p.get("regs", 0), f"{where}.regs"),
-                      Estimate.read(p.get("estimate"), f"{where}.estimate"), candidates)
+                      Estimate.read(p.get("estimate"), f"{where}.estimate"), candidates,
+                      dict(p["kernel"]) if isinstance(p.get("kernel"), Mapping) else None)
 
 
 # -- codegen ----------------------------------------------------------------------------------

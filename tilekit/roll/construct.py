@@ -273,9 +273,10 @@ def _cost(problem: Problem, m: Machine, tiles: list[RTile]) -> TileCosts:
 
 
 def _footprint(problem: Problem, costs: TileCosts) -> np.ndarray:
-    """Bytes a block holds: its staged tile, or (no reduction) its loads and its output."""
+    """Bytes a block holds: its tile's input boxes per step, or (no reduction) its loads
+    and its output."""
     if problem.has_reduction:
-        return costs.smem_tile.astype(np.float64)
+        return costs.box_bytes.astype(np.float64)
     return costs.dram_bytes / np.maximum(costs.blocks, 1)
 
 

@@ -54,6 +54,8 @@ import numpy as np
 from tilekit.hw.profile import Profile
 from tilekit.ir.payloads import BOUNDS, Estimate
 from tilekit.roll.problem import Problem
+from tilekit.schedule.defaults import DEFAULT_THREADS, WARP, default_grid
+from tilekit.schedule.shape import MIN_REUSE, SMEM_ALIGN
 
 #: Registers a thread spends beyond its tile (addresses, loop counters, predicates).
 REG_OVERHEAD = 12
@@ -156,10 +158,13 @@ def registers_per_thread(problem: Problem, thread: np.ndarray) -> np.ndarray:
 class TileCosts:
     """The model's figures for a set of candidates (arrays of one shape).
 
-    `smem_tile` is the shared memory a block stages per step (the tile contract's
-    `smem_bytes`); `smem_bytes` the shared-memory traffic of the whole op; `dram_bytes` its
-    global-memory traffic (loads and stores as issued by the blocks). `valid` is False where a
-    capacity limit is broken; `limit` names the first one broken ("" when valid).
+    `staged` says which candidates the shared shape decision (tilekit.schedule.shape) makes
+    `staged` kernels, `lanes_default` which become default kernels with a warp per point
+    (their tile set aside); `box_bytes` is what a block would stage per step, `smem_tile`
+    what it does (the tile contract's `smem_bytes`: `box_bytes` where staged, else 0);
+    `smem_bytes` the shared-memory traffic of the whole op; `dram_bytes` its global-memory
+    traffic (loads and stores as issued by the blocks). `valid` is False where a capacity
+    limit is broken.
     """
 
     time_s: np.ndarray
@@ -167,6 +172,9 @@ class TileCosts:
     dram_bytes: np.ndarray
     smem_bytes: np.ndarray
     smem_tile: np.ndarray
+    box_bytes: np.ndarray
+    staged: np.ndarray
+    lanes_default: np.ndarray
     regs: np.ndarray
     threads: np.ndarray
     blocks: np.ndarray
@@ -225,17 +233,30 @@ def cost_tiles(problem: Problem, m: Machine, block: np.ndarray, thread: np.ndarr
         problem.flops_per_point
     flops = float(problem.flops_per_point) * problem.output_points * problem.reduction_points
 
-    # Global traffic per block: staged inputs once per step, the rest once, then the store.
-    staged = problem.has_reduction
+    # The shared shape decision (tilekit.schedule.shape), over all candidates: a stageable
+    # reduction is staged where some read's box is reused MIN_REUSE times per step; every
+    # distinct read's box is then staged, in its storage type, each buffer 16-byte aligned.
     tile_sizes = np.vstack([block, step])
+    points = block.prod(axis=0) * step.prod(axis=0)
+    box_bytes = np.zeros(n, dtype=np.int64)
+    reused = np.zeros(n, dtype=bool)
+    for op in problem.operands:
+        volume = op.box_volume(tile_sizes)
+        box_bytes = box_bytes + -(-volume * op.itemsize // SMEM_ALIGN) * SMEM_ALIGN
+        reused = reused | (points >= MIN_REUSE * volume)
+    staged = reused & problem.stageable
+    # (A CUDA code generator's decision: a distributed machine has no lanes to give.)
+    lanes_default = (~staged & problem.has_reduction & (problem.lanes >= WARP)
+                     & (not m.distributed))
+    smem_tile = np.where(staged, box_bytes, 0)
+
+    # Global traffic per block: reduced inputs once per step, the rest once, then the store.
     whole_sizes = np.vstack([block, np.broadcast_to(r_ext, step.shape)])
     loads = np.zeros(n, dtype=np.int64)
-    smem_tile = np.zeros(n, dtype=np.int64)
     for op, reduced in zip(problem.operands, problem.reduced):
-        if staged and reduced:
+        if reduced:
             total, run = op.contiguous_run(tile_sizes)
             loads = loads + nsteps * _rounded_bytes(total, run, op.itemsize, txn)
-            smem_tile = smem_tile + total * op.itemsize
         else:
             total, run = op.contiguous_run(whole_sizes)
             loads = loads + _rounded_bytes(total, run, op.itemsize, txn)
@@ -248,17 +269,14 @@ def cost_tiles(problem: Problem, m: Machine, block: np.ndarray, thread: np.ndarr
     stores = _rounded_bytes(out_total, out_run, problem.out_itemsize, txn)
     dram_bytes = (blocks * (loads + stores)).astype(np.float64)
 
-    # Shared memory: staged bytes written, register-tile operands read per reduction point.
-    if staged:
-        unit = np.vstack([thread, np.ones_like(step)])
-        per_point = np.zeros(n, dtype=np.int64)
-        for op, reduced in zip(problem.operands, problem.reduced):
-            if reduced:
-                per_point = per_point + op.footprint(unit) * op.itemsize
-        smem_traffic = (blocks * threads * red_points * per_point).astype(np.float64) + \
-            (blocks * nsteps * smem_tile).astype(np.float64)
-    else:
-        smem_traffic = np.zeros(n, dtype=np.float64)
+    # Shared memory (staged kernels): staged bytes written, register-tile operands read per
+    # reduction point.
+    unit = np.vstack([thread, np.ones_like(step)])
+    per_point = np.zeros(n, dtype=np.int64)
+    for op in problem.operands:
+        per_point = per_point + op.footprint(unit) * op.itemsize
+    smem_traffic = np.where(staged, (blocks * threads * red_points * per_point).astype(
+        np.float64) + (blocks * nsteps * smem_tile).astype(np.float64), 0.0)
 
     # Resources and occupancy. A block whose threads do not fill whole warps leaves lanes
     # idle: every kind of work (arithmetic, shared and global accesses) is issued per warp,
@@ -305,11 +323,46 @@ def cost_tiles(problem: Problem, m: Machine, block: np.ndarray, thread: np.ndarr
     busy = terms.max(axis=0)
     time_s = busy + m.launch_s
     bound = np.where(m.launch_s > busy, BOUNDS.index("launch"), terms.argmax(axis=0))
-    return TileCosts(time_s=time_s, flops=flops, dram_bytes=dram_bytes,
-                     smem_bytes=smem_traffic, smem_tile=smem_tile, regs=regs, threads=threads,
-                     blocks=blocks, blocks_per_sm=per_sm, waves=waves, wave_eff=eff,
-                     bound=bound, valid=valid, t_compute=t_compute, t_smem=t_smem,
-                     t_global=t_global, t_traffic=t_traffic)
+    costs = TileCosts(time_s=time_s, flops=flops, dram_bytes=dram_bytes,
+                      smem_bytes=smem_traffic, smem_tile=smem_tile, box_bytes=box_bytes,
+                      staged=staged, lanes_default=lanes_default, regs=regs, threads=threads,
+                      blocks=blocks, blocks_per_sm=per_sm, waves=waves, wave_eff=eff,
+                      bound=bound, valid=valid, t_compute=t_compute, t_smem=t_smem,
+                      t_global=t_global, t_traffic=t_traffic)
+    if lanes_default.any():
+        _as_lane_kernels(problem, m, costs, lanes_default)
+    return costs
+
+
+def _as_lane_kernels(problem: Problem, m: Machine, costs: TileCosts, where: np.ndarray
+                     ) -> None:
+    """Candidates that codegen runs as default kernels with a warp per output point (their
+    tile set aside): every output point's row read once and coalesced, `DEFAULT_THREADS`
+    threads per block, a grid-stride loop of `default_grid` blocks, no shared memory."""
+    lanes = min(problem.lanes, WARP)
+    points_per_block = DEFAULT_THREADS // lanes
+    blocks = default_grid(problem.output_points, points_per_block)
+    per_sm = max(1, min(m.hw.max_blocks_per_sm, m.hw.max_threads_per_sm // DEFAULT_THREADS))
+    resident = min(per_sm, -(-blocks // m.hw.sm_count))
+    eff, waves = wave_efficiency(blocks, m.hw.sm_count * resident)
+    moved = float(_unique_bytes(problem))
+    work = float(problem.output_points) * problem.reduction_points * problem.flops_per_point
+    t_compute = work / m.peak / float(eff)
+    t_global = moved / (m.exchange_bw if m.distributed else m.dram_bw)
+    busy = max(t_compute, t_global)
+    costs.time_s[where] = busy + m.launch_s
+    costs.t_compute[where] = t_compute
+    costs.t_smem[where] = 0.0
+    costs.t_global[where] = t_global
+    costs.dram_bytes[where] = moved
+    costs.smem_bytes[where] = 0.0
+    costs.threads[where] = DEFAULT_THREADS
+    costs.blocks[where] = blocks
+    costs.waves[where] = float(waves)
+    costs.wave_eff[where] = float(eff)
+    costs.bound[where] = (BOUNDS.index("launch") if m.launch_s > busy else
+                          BOUNDS.index("compute") if t_compute >= t_global
+                          else BOUNDS.index("dram"))
 
 
 @lru_cache(maxsize=1024)

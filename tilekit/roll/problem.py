@@ -21,12 +21,8 @@ import numpy as np
 
 from tilekit.expr import Analysis, interval
 from tilekit.expr.box import extent
+from tilekit.schedule.shape import ITEMSIZE, analysis_facts
 from tilekit.expr.ast import Node
-
-#: Bytes per element of each IR dtype (tilekit.ir.model.DTYPES).
-ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int64": 8, "int32": 4,
-            "int16": 2, "int8": 1, "uint8": 1, "bool": 1}
-
 
 @dataclass(frozen=True)
 class DimMap:
@@ -92,6 +88,12 @@ class Operand:
             spans[k] = cache[key]
         return spans
 
+    def box_volume(self, sizes: np.ndarray) -> np.ndarray:
+        """Elements of the box a tile of `sizes` (n_axes, n) stages, halo included and not
+        clamped to the tensor (boxes of boundary tiles overhang it and hold padding)."""
+        coefs, _, _ = self._tables
+        return extent(coefs, sizes).prod(axis=0)
+
     def footprint(self, sizes: np.ndarray) -> np.ndarray:
         """Elements of the input box read by tiles of `sizes` (n_axes, n)."""
         return self.spans(sizes).prod(axis=0)
@@ -129,6 +131,10 @@ class Problem:
     dtype: str
     flops_per_point: int
     assign: str
+    #: The shared kernel-shape decision's facts (tilekit.schedule.shape): can some tile
+    #: stage this op's reads, and how many lanes a default kernel gives each output point.
+    stageable: bool = False
+    lanes: int = 1
 
     @property
     def spatial(self) -> tuple[tuple[str, int], ...]:
@@ -203,7 +209,9 @@ def problem_from_analysis(analysis: Analysis, dtypes: Mapping[str, str] | None =
         operand = Operand(slots[info.tensor], tuple(dims), itemsize, names, info.tensor)
         operands.setdefault(operand, None)
     out_dtype = analysis.out_dtype or dtypes.get(analysis.output, "float32")
+    facts = analysis_facts(analysis, dtypes)
     return Problem(axes=names, extents=tuple(e for _, e in analysis.axes),
                    n_spatial=len(analysis.spatial), operands=tuple(operands),
                    out_itemsize=ITEMSIZE.get(out_dtype, 4), dtype=out_dtype,
-                   flops_per_point=analysis.flops_per_point, assign=analysis.assign)
+                   flops_per_point=analysis.flops_per_point, assign=analysis.assign,
+                   stageable=facts.stageable is None, lanes=facts.lanes)

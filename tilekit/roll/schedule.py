@@ -25,6 +25,7 @@ from tilekit.ir.model import OP_KINDS, Kernel, Module, Op, default_kernels
 from tilekit.roll.construct import Candidate, roll_problem
 from tilekit.ir.payloads import Candidate as TileChoice, OpTile, Tile, round_sig
 from tilekit.roll.cost import Estimate, combine_estimates, estimate_bytes
+from tilekit.schedule.shape import OpFacts, analysis_facts, decide
 from tilekit.roll.problem import ITEMSIZE, Problem, problem_from_analysis
 
 STAGE = "roll"
@@ -78,7 +79,8 @@ def roll_module(module: Module, profile, top_k: int = 1, hardware: str | None = 
             problem = problem_from_analysis(analysis, dtypes)
             if problem not in cache:
                 cache[problem] = roll_problem(problem, profile, top_k)
-            result = tile_record(problem, cache[problem])
+            result = tile_record(problem, cache[problem],
+                                 analysis_facts(analysis, dtypes), profile.smem_per_block)
         rolled[op.name] = result
         ops.append(replace(op, tile=result.tile))
     # A module that went through tk-codegen carries launch configurations and a `codegen`
@@ -101,18 +103,22 @@ def dtypes_of(module: Module) -> dict[str, str]:
 
 # -- records ---------------------------------------------------------------------------------
 
-def tile_record(problem: Problem, candidates: list[Candidate]) -> RolledOp:
+def tile_record(problem: Problem, candidates: list[Candidate], facts: OpFacts,
+                smem_limit: int) -> RolledOp:
     """The `tile` record (tilekit.ir.payloads.OpTile) of the best candidate, the others
-    listed under `candidates`."""
+    listed under `candidates`, with the kernel the shared shape decision makes of it (what
+    the cost model priced, and what codegen will generate)."""
     best = candidates[0]
 
     def tile(c: Candidate) -> Tile:
         return Tile(c.tile.block, c.tile.thread, c.tile.step)
 
+    kernel = decide(facts, tile(best), int(smem_limit))
     record = OpTile(tile(best), tuple(a for a, _ in problem.spatial),
                     tuple(a for a, _ in problem.reduction), best.tile.grid(problem),
                     best.smem_bytes, best.regs, best.estimate,
-                    tuple(TileChoice(tile(c), c.estimate) for c in candidates[1:]))
+                    tuple(TileChoice(tile(c), c.estimate) for c in candidates[1:]),
+                    kernel.record())
     return RolledOp(record.record(), best.estimate)
 
 

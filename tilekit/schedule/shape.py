@@ -1,0 +1,273 @@
+"""The one decision of a kernel's shape, read by the cost model and the code generator alike.
+
+Given an op (its axes, its distinct reads, three facts about its body) and a tile, which
+kernel runs it, with which threads and which shared memory:
+
+- `staged`: a reduction whose reads are all affine, whose body uses no axis value and no
+  `select` guard, and where some read's per-step box is used at least `MIN_REUSE` times per
+  element (points of the block tile x step >= MIN_REUSE x box volume). Every distinct read's
+  box (halo included, not clamped: boxes of boundary tiles overhang the tensor and load
+  padding) is staged in shared memory per reduction step, **in the tensor's own storage type**
+  (a float16 box takes 2 bytes an element), each buffer rounded up to 16 bytes.
+- `default` with lanes: a reduction that is not staged and whose innermost reduction axis walks
+  a tensor's contiguous dimension for at least `LANE_MIN_EXTENT` elements (a row sum, a
+  softmax max): a warp per output point reads the row coalesced, and the tile is set aside;
+- `tiled`: any other op with a tile (a block tile per block, a register tile per thread);
+- `default`: an op without a tile.
+
+`decide` is the scalar form (codegen, reports, the agreement test); the cost model evaluates
+the same rules over arrays of candidate tiles (`tilekit.roll.cost`), and the agreement test
+(tests/unit/test_shape_agreement.py) checks both against what codegen generates.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from tilekit.expr.ast import Access, Axis, Call, Node, children, walk
+from tilekit.expr.box import Span, map_box
+from tilekit.ir.payloads import Tile
+from tilekit.schedule.defaults import (DEFAULT_THREADS, LANE_MIN_EXTENT, WARP, default_grid,
+                                       lane_count)
+
+#: A read is worth staging when each element of its box is used this many times per step.
+MIN_REUSE = 2
+#: Bytes of one element of each IR dtype, in memory and in a staged buffer.
+ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int64": 8, "int32": 4,
+            "int16": 2, "int8": 1, "uint8": 1, "bool": 1}
+#: Every shared buffer starts on a 16-byte boundary (vector loads, `cp.async`).
+SMEM_ALIGN = 16
+
+
+def buffer_bytes(count: int, dtype: str) -> int:
+    """Bytes of a shared buffer of `count` elements of `dtype`, rounded up to `SMEM_ALIGN`."""
+    return -(-count * ITEMSIZE[dtype] // SMEM_ALIGN) * SMEM_ALIGN
+
+
+@dataclass(frozen=True)
+class ReadFacts:
+    """One distinct read (tensor and index maps) of an op."""
+
+    tensor: str
+    dtype: str
+    shape: tuple[int, ...]
+    maps: tuple                       # tilekit.expr.IndexMap per dimension
+
+    @property
+    def affine(self) -> bool:
+        return all(m.affine for m in self.maps)
+
+    @property
+    def key(self) -> tuple:
+        return (self.tensor, tuple(str(m) for m in self.maps))
+
+
+@dataclass(frozen=True)
+class OpFacts:
+    """What the shape decision needs to know of an op."""
+
+    spatial: tuple[tuple[str, int], ...]
+    reduction: tuple[tuple[str, int], ...]
+    reads: tuple[ReadFacts, ...]      # distinct, in body order
+    uses_axis_values: bool
+    guarded: bool                     # the body holds select() (masks, inlined padding)
+    contiguous_reduction: bool
+
+    @property
+    def stageable(self) -> str | None:
+        """Why no tile can make this op `staged` (None: some tile can)."""
+        if not self.reduction:
+            return "not a reduction"
+        if not self.reads:
+            return "no reads"
+        if not all(r.affine for r in self.reads):
+            return "a read is not affine"
+        if self.uses_axis_values:
+            return "the body uses an axis value"
+        if self.guarded:
+            return "the body has guarded reads (select)"
+        return None
+
+    @property
+    def lanes(self) -> int:
+        return lane_count(self.reduction, self.contiguous_reduction)
+
+
+def body_uses_axis_values(body: Node) -> bool:
+    """Does the body use an axis as a value (outside indices)?"""
+    def visit(node) -> bool:
+        if isinstance(node, Axis):
+            return True
+        if isinstance(node, Access):
+            return False
+        return any(visit(c) for c in children(node))
+    return visit(body)
+
+
+def body_has_select(body: Node) -> bool:
+    return any(isinstance(n, Call) and n.fn == "select" for n in walk(body))
+
+
+def walks_contiguously(reduction, reads) -> bool:
+    """Does the innermost reduction axis walk the last (contiguous) dimension of some read
+    with unit stride? Then consecutive lanes read consecutive addresses."""
+    if not reduction:
+        return False
+    axis = reduction[-1][0]
+    return any(r.maps and r.maps[-1].affine and dict(r.maps[-1].terms) == {axis: 1}
+               for r in reads)
+
+
+def distinct_reads(reads) -> tuple[ReadFacts, ...]:
+    """Reads with different (tensor, maps), in order; repeated reads share one buffer."""
+    seen: dict[tuple, ReadFacts] = {}
+    for r in reads:
+        facts = ReadFacts(r.tensor, r.dtype, tuple(r.shape), tuple(r.maps))
+        seen.setdefault(facts.key, facts)
+    return tuple(seen.values())
+
+
+def facts_of(spatial, reduction, body: Node, reads) -> OpFacts:
+    """OpFacts of a body and its reads (objects with tensor, dtype, shape, maps)."""
+    reads = list(reads)
+    return OpFacts(tuple(spatial), tuple(reduction), distinct_reads(reads),
+                   body_uses_axis_values(body), body_has_select(body),
+                   walks_contiguously(reduction, reads))
+
+
+def analysis_facts(analysis, dtypes) -> OpFacts:
+    """OpFacts of an analysed statement on its own (what tk-roll sees of an op)."""
+    reads = [ReadFacts(a.tensor, dtypes.get(a.tensor, "float32"), a.shape, a.maps)
+             for a in analysis.accesses]
+    return facts_of(analysis.spatial, analysis.reduction, analysis.stmt.body, reads)
+
+
+# -- boxes ----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class StagedBox:
+    """One read's box per reduction step, staged in shared memory."""
+
+    read: ReadFacts
+    extents: tuple[int, ...]          # per tensor dimension, halo included, not clamped
+    adjust: tuple[int, ...]           # how far below each map's constant the box starts
+
+    @property
+    def volume(self) -> int:
+        return math.prod(self.extents)
+
+    @property
+    def bytes(self) -> int:
+        return buffer_bytes(self.volume, self.read.dtype)
+
+
+def tile_lengths(facts: OpFacts, tile: Tile) -> dict[str, int]:
+    out = {a: b for (a, _), b in zip(facts.spatial, tile.block)}
+    out.update({a: s for (a, _), s in zip(facts.reduction, tile.step)})
+    return out
+
+
+def staged_box(read: ReadFacts, lengths: dict[str, int]) -> StagedBox:
+    """The read's box for a tile at the origin (tilekit.expr.box)."""
+    spans = map_box(read.maps, {a: Span.of(0, n) for a, n in lengths.items()}, read.shape)
+    return StagedBox(read, tuple(s.length for s in spans),
+                     tuple(m.const - s.lo.const for m, s in zip(read.maps, spans)))
+
+
+def staged_boxes(facts: OpFacts, tile: Tile) -> tuple[StagedBox, ...]:
+    lengths = tile_lengths(facts, tile)
+    return tuple(staged_box(r, lengths) for r in facts.reads)
+
+
+def reuse_reason(facts: OpFacts, tile: Tile) -> str | None:
+    """Why `tile` does not make `facts` staged (None: it does)."""
+    why = facts.stageable
+    if why is not None:
+        return why
+    points = math.prod(tile.block) * math.prod(tile.step)
+    if not any(points >= MIN_REUSE * b.volume for b in staged_boxes(facts, tile)):
+        return "no read is reused within a block tile"
+    return None
+
+
+def fit_steps(facts: OpFacts, tile: Tile, limit: int) -> Tile | None:
+    """`tile` with reduction steps halved (largest first) until the staged buffers fit
+    `limit` bytes; None when even steps of 1 do not."""
+    step = list(tile.step)
+    while True:
+        t = Tile(tile.block, tile.thread, tuple(step), tile.source)
+        if sum(b.bytes for b in staged_boxes(facts, t)) <= limit:
+            return t
+        k = max(range(len(step)), key=lambda i: step[i]) if step else None
+        if k is None or step[k] == 1:
+            return None
+        step[k] = max(1, step[k] // 2)
+
+
+# -- the decision ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class KernelShape:
+    """How one op (or one stage of a group) runs."""
+
+    shape: str                        # staged | tiled | default
+    tile: Tile | None                 # as run (staged: steps fitted to shared memory)
+    threads: int
+    lanes: int = 1
+    staged: tuple[StagedBox, ...] = ()
+    note: str = ""                    # why the tile was set aside or changed
+
+    @property
+    def smem_bytes(self) -> int:
+        return sum(b.bytes for b in self.staged)
+
+    def record(self) -> dict:
+        """The `kernel` entry of a rolled tile (what codegen will generate)."""
+        out = {"shape": self.shape, "threads": self.threads, "smem_bytes": self.smem_bytes}
+        if self.lanes > 1:
+            out["lanes"] = self.lanes
+        if self.staged:
+            out["staged"] = [{"tensor": b.read.tensor, "box": list(b.extents)}
+                             for b in self.staged]
+        if self.tile is not None and self.shape == "staged":
+            out["step"] = list(self.tile.step)
+        return out
+
+
+def default_shape(facts: OpFacts) -> KernelShape:
+    lanes = facts.lanes if facts.reduction else 1
+    return KernelShape("default", None, DEFAULT_THREADS, lanes)
+
+
+def decide(facts: OpFacts, tile: Tile | None, smem_limit: int) -> KernelShape:
+    """The kernel shape of an op with `tile` (None: no stage chose one) under a per-block
+    shared-memory limit (see the module docstring for the rules, in order)."""
+    if tile is None:
+        return default_shape(facts)
+    why = reuse_reason(facts, tile)
+    if why is not None and facts.lanes >= WARP:
+        return KernelShape("default", None, DEFAULT_THREADS, facts.lanes,
+                           note="reduction over a contiguous axis without reuse: lanes")
+    if why is None:
+        fitted = fit_steps(facts, tile, smem_limit)
+        if fitted is not None:
+            note = "" if fitted.step == tile.step else (
+                f"reduction step shrunk from {list(tile.step)} to {list(fitted.step)} to fit "
+                f"{smem_limit} bytes of shared memory")
+            return KernelShape("staged", fitted, tile.threads, 1,
+                               staged_boxes(facts, fitted), note)
+        return KernelShape("tiled", tile, tile.threads,
+                           note=f"staged buffers do not fit {smem_limit} bytes even with step "
+                                "1; using the tiled shape")
+    return KernelShape("tiled", tile, tile.threads)
+
+
+def default_blocks(facts: OpFacts, shape: KernelShape) -> int:
+    """Blocks of a default-shape kernel (grid-stride loop)."""
+    points = math.prod(e for _, e in facts.spatial)
+    return default_grid(points, DEFAULT_THREADS // max(shape.lanes, 1))
+
+
+__all__ = ["ITEMSIZE", "KernelShape", "LANE_MIN_EXTENT", "MIN_REUSE", "OpFacts", "ReadFacts",
+           "StagedBox", "analysis_facts", "buffer_bytes", "decide", "facts_of",
+           "fit_steps", "reuse_reason", "staged_boxes"]
