@@ -94,10 +94,12 @@ def test_h100_register_tiles_are_bigger_than_v100s():
     # (66.9 TFLOP/s x 0.81 over 33.5 TB/s x 0.85 = 1.9 FLOP/B, against 15.7 x 0.75 over
     # 15.7 x 0.85 = 0.88 FLOP/B). A matmul thread tile of a x b does 2ab FLOP per (a+b)*4 B
     # read from shared memory, so H100 needs 8x8 (2.0 FLOP/B) where 4x4 (1.0) is enough on
-    # V100. The blocks follow: H100 64x128 with 128 threads, V100 64x64 with 256.
+    # V100. The blocks follow: H100 64x128 with 128 threads, V100 32x64 with 128 (staged
+    # kernels take ~60 registers whatever their tile, which lowers the occupancy the model
+    # sees).
     h100, v100 = tile_of("h100", "gemm_1024"), tile_of("v100", "gemm_1024")
     assert h100["thread"] == {"i": 8, "j": 8} and v100["thread"] == {"i": 4, "j": 4}
-    assert h100["block"] == {"i": 64, "j": 128} and v100["block"] == {"i": 64, "j": 64}
+    assert h100["block"] == {"i": 64, "j": 128} and v100["block"] == {"i": 32, "j": 64}
     assert h100["regs"] > v100["regs"]
 
 

@@ -190,7 +190,8 @@ def register_trajectory(problem: Problem, m: Machine, bsizes) -> list[tuple[int,
         unit = np.vstack([sizes, np.ones((nr, len(cands)), dtype=np.int64)])
         per_point = sum(op.footprint(unit) * op.itemsize for op in reduced)
         outputs = sizes.prod(axis=0)
-        regs = registers_per_thread(problem, sizes)
+        regs = registers_per_thread(problem, sizes, problem.stageable,
+                                    ptxas=not m.distributed)
         return per_point / outputs, regs, outputs, per_point
 
     (q,), (regs,), (outs,), (bytes_,) = measure([thread])

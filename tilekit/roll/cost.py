@@ -64,6 +64,15 @@ REG_OVERHEAD = 12
 SATURATING_WARPS = 4
 #: Registers are allocated per warp in units of this many per thread (NVIDIA: 8).
 REG_GRANULE = 8
+#: Registers ptxas gives a staged kernel beyond its accumulators: the box loaders' 64-bit
+#: addresses, block-origin decoding, loop counters and fragments loaded ahead of use. Fitted
+#: with ptxas 13.0 for sm_90 on the 119-op suite (`STAGED_BASE + 1.5 x accumulators`, ptxas
+#: within 0.6x-1.6x of it); tests/unit/test_shape_agreement.py prints the spread.
+STAGED_BASE = 60
+#: A tiled kernel's reduction loop of at least `LONG_LOOP` points is unrolled by ptxas with
+#: its loads issued ahead of use: about this many registers more (88-93 against 16-24).
+LOOP_PREFETCH = 64
+LONG_LOOP = 64
 
 
 @dataclass(frozen=True, eq=False)
@@ -140,10 +149,13 @@ def _rounded_bytes(total: np.ndarray, run: np.ndarray, itemsize: int, txn: int) 
     return runs * (-(-(run * itemsize) // txn) * txn)
 
 
-def registers_per_thread(problem: Problem, thread: np.ndarray) -> np.ndarray:
+def registers_per_thread(problem: Problem, thread: np.ndarray,
+                         staged: np.ndarray | bool = False, ptxas: bool = False) -> np.ndarray:
     """32-bit registers a thread needs for thread tiles `thread` (n_spatial, n): its
-    accumulators, one reduction point's operands from each input, and `REG_OVERHEAD`;
-    rounded up to the allocation granule."""
+    accumulators, one reduction point's operands from each input, and `REG_OVERHEAD`; with
+    `ptxas` (kernels tk-codegen generates for an NVIDIA GPU), at least what ptxas gives the
+    kernel shape (`STAGED_BASE` for staged kernels, `LOOP_PREFETCH` more for a tiled kernel's
+    long reduction loop); rounded up to the allocation granule."""
     n = thread.shape[1]
     sizes = np.vstack([thread, np.ones((len(problem.axes) - problem.n_spatial, n),
                                        dtype=np.int64)])
@@ -151,6 +163,11 @@ def registers_per_thread(problem: Problem, thread: np.ndarray) -> np.ndarray:
     for op in problem.operands:
         regs = regs + -(-(op.footprint(sizes) * op.itemsize) // 4)
     regs = regs + REG_OVERHEAD
+    if ptxas:
+        acc = thread.prod(axis=0)
+        regs = np.where(staged, np.maximum(regs, STAGED_BASE + (3 * acc) // 2), regs)
+        if problem.reduction_points >= LONG_LOOP:
+            regs = np.where(staged, regs, regs + LOOP_PREFETCH)
     return -(-regs // REG_GRANULE) * REG_GRANULE
 
 
@@ -281,7 +298,7 @@ def cost_tiles(problem: Problem, m: Machine, block: np.ndarray, thread: np.ndarr
     # Resources and occupancy. A block whose threads do not fill whole warps leaves lanes
     # idle: every kind of work (arithmetic, shared and global accesses) is issued per warp,
     # so each time is divided by the fraction of lanes used.
-    regs = registers_per_thread(problem, thread)
+    regs = registers_per_thread(problem, thread, staged, ptxas=not m.distributed)
     warps = -(-threads // m.hw.warp_size)
     lanes = threads / (warps * m.hw.warp_size)
     reg_alloc = regs * warps * m.hw.warp_size
