@@ -1,12 +1,17 @@
-"""tk-hw probe without a GPU: measurements -> profile.
+"""tk-hw probe without a GPU: measurements -> profile, and the kernels' compilation.
 
-The measurements are written by hand with H100-like numbers.
+The measuring itself needs a GPU (tests/gpu/test_probe.py). Here the measurements are written
+by hand with H100-like numbers, and the CUDA sources are compiled (and their PTX read) to prove
+that every benchmark's loop survives the compiler.
 """
 
 from __future__ import annotations
 
 import copy
+import os
 import re
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -14,7 +19,7 @@ from click.testing import CliRunner
 
 from tilekit.cli.tk_hw import main
 from tilekit.errors import ProfileError
-from tilekit.hw import ENV_VAR, load_profile
+from tilekit.hw import ENV_VAR, load_profile, probe
 from tilekit.hw.edit import ProfileText, number_text
 from tilekit.hw.probe_profile import (ATTRIBUTE_FIGURES, default_base, measurement_rows,
                                       probed_profile)
@@ -260,3 +265,71 @@ def test_profile_text_edits():
     doc.set("z.y", "6")
     doc.delete("list")
     assert doc.text() == "a: 10  # one\nb:\n  c: {value: 20}\n  d: 3\n  e: 5\n\nz:\n  y: 6\n"
+
+
+# -- the kernels ------------------------------------------------------------------------------
+
+ENTRIES = re.compile(r'extern "C" __global__ void\s+(?:__launch_bounds__\(\w+\)\s+)?(\w+)\(')
+needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
+
+
+def kernel_entries() -> set[str]:
+    return set(ENTRIES.findall(probe.KERNELS.read_text()))
+
+
+def test_every_kernel_the_probe_launches_is_in_the_source():
+    source = Path(probe.__file__).read_text()
+    launched = set(re.findall(r'"(tk_probe_[a-z0-9_]+)"', source))
+    launched |= {f"tk_probe_mma_{dtype}" for dtype in probe.MMA_OPERANDS}
+    assert len(launched) == 8 and launched == kernel_entries()
+
+
+@pytest.fixture
+def compile_cache(monkeypatch, tmp_path_factory):
+    if "TILEKIT_CACHE" not in os.environ:
+        monkeypatch.setenv("TILEKIT_CACHE",
+                           str(tmp_path_factory.getbasetemp().parent / "tk-cache"))
+
+
+@needs_nvcc
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_kernels_compile(arch, compile_cache):
+    from tilekit.codegen.nvcc import compile_unit
+
+    compiled = compile_unit(probe.KERNELS.read_text(), arch)
+    assert set(compiled.resources) == kernel_entries()
+    for entry, res in compiled.resources.items():
+        assert res.spills == 0 and res.stack == 0, entry
+    # Eight accumulators of four registers each are live in every mma loop.
+    assert compiled.resources["tk_probe_mma_fp16"].registers >= 32
+
+
+#: entry -> (PTX instruction, how many the kernel must hold at least: one loop trip's worth).
+LOOP_BODIES = {
+    "tk_probe_fma": ("fma.rn.f32", probe.kernel_constant("TK_PROBE_FMA_CHAINS")
+                     * probe.kernel_constant("TK_PROBE_FMA_UNROLL")),
+    "tk_probe_smem_read": ("ld.shared.v4.f32", probe.kernel_constant("TK_PROBE_SMEM_LOADS")),
+    "tk_probe_mma_fp16": ("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32",
+                          probe.kernel_constant("TK_PROBE_MMA_CHAINS")),
+    "tk_probe_mma_bf16": ("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32",
+                          probe.kernel_constant("TK_PROBE_MMA_CHAINS")),
+    "tk_probe_mma_tf32": ("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32",
+                          probe.kernel_constant("TK_PROBE_MMA_CHAINS")),
+    "tk_probe_l2_read": ("ld.global.cg.v4.f32", 4),
+    "tk_probe_dram_read": ("ld.global.nc.v4.f32", 4),
+}
+
+
+@needs_nvcc
+def test_the_loops_survive_the_compiler(tmp_path):
+    """Dead-code elimination would leave a fast, empty kernel and a wrong figure: the PTX must
+    hold every loop's work, and the guarded store that keeps it live."""
+    ptx = tmp_path / "probe.ptx"
+    subprocess.run(["nvcc", "-ptx", "-O3", "-std=c++17", "-arch=sm_80", "-o", str(ptx),
+                    str(probe.KERNELS)], check=True, capture_output=True, text=True)
+    text = ptx.read_text()
+    bodies = dict(re.findall(r"\.entry (\w+)\((.*?)\n}\n", text, re.S))
+    assert set(bodies) == kernel_entries()
+    for entry, (instruction, count) in LOOP_BODIES.items():
+        assert bodies[entry].count(instruction + " ") >= count, entry
+        assert "st.global.f32" in bodies[entry], entry
