@@ -1,4 +1,5 @@
-"""tk-hw probe without a GPU: measurements -> profile, and the kernels' compilation.
+"""tk-hw probe without a GPU: measurements -> profile, the kernels' compilation, the CLI's
+refusal where CuPy or a GPU is missing.
 
 The measuring itself needs a GPU (tests/gpu/test_probe.py). Here the measurements are written
 by hand with H100-like numbers, and the CUDA sources are compiled (and their PTX read) to prove
@@ -12,6 +13,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -333,3 +335,43 @@ def test_the_loops_survive_the_compiler(tmp_path):
     for entry, (instruction, count) in LOOP_BODIES.items():
         assert bodies[entry].count(instruction + " ") >= count, entry
         assert "st.global.f32" in bodies[entry], entry
+
+
+# -- the command without a GPU ------------------------------------------------------------------
+
+FAKE_CUPY = {
+    "missing": "raise ImportError('no CuPy in this test')\n",
+    "no device": "class cuda:\n    class runtime:\n"
+                 "        @staticmethod\n        def getDeviceCount():\n            return 0\n",
+}
+
+
+@pytest.mark.parametrize("case, message", [
+    ("missing", "probe: CuPy is not importable (ImportError: no CuPy in this test); "),
+    ("no device", "probe: no CUDA device is visible; "),
+])
+def test_without_cupy_or_gpu_one_line_and_exit_2(tmp_path, case, message):
+    (tmp_path / "cupy").mkdir()
+    (tmp_path / "cupy" / "__init__.py").write_text(FAKE_CUPY[case])
+    env = dict(os.environ, PYTHONPATH=str(tmp_path))
+    out = tmp_path / "probed.yaml"
+    proc = subprocess.run([sys.executable, str(REPO / "bin" / "tk-hw"), "probe", "-o", str(out)],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stdout == "" and not out.exists()
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert lines[0].startswith("tk-hw: error: " + message), lines[0]
+    assert "run it on a machine with an NVIDIA GPU" in lines[0]
+
+
+@pytest.mark.parametrize("base, message", [
+    ("no-such-profile", "no-such-profile: unknown hardware profile"),
+    ("ipu", "hwprofiles/ipu.yaml: 'ipu' is a graphcore distributed profile; tk-hw probe "
+            "measures NVIDIA GPUs"),
+])
+def test_a_bad_base_fails_before_looking_for_a_gpu(base, message, monkeypatch):
+    monkeypatch.chdir(REPO)
+    got = CliRunner().invoke(main, ["probe", "--base", base])
+    assert got.exit_code == 2
+    assert got.stderr.startswith("tk-hw: error: " + message), got.stderr
