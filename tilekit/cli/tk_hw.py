@@ -1,26 +1,30 @@
-"""tk-hw: list, show and validate hardware profiles (hwprofiles/*.yaml; docs/hwprofiles.md).
+"""tk-hw: list, show, validate and probe hardware profiles (hwprofiles/*.yaml; docs/hwprofiles.md).
 
     tk-hw list                      one line per known profile
     tk-hw show h100                 every figure with its unit and source
     tk-hw validate FILE...          "ok: FILE" per good file; one located error per bad one, exit 2
+    tk-hw probe -o mine.yaml        measure the GPU in hand and write its profile
 
-Only parsing and printing live here; loading and checking are `tilekit.hw`.
+Only parsing and printing live here; loading and checking are `tilekit.hw`, measuring
+`tilekit.hw.probe`, and turning measurements into a profile `tilekit.hw.probe_profile`.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import click
 
 from tilekit import __version__
-from tilekit.cli.common import (TkGroup, print_error, stdout_is_terminal, tk_command,
-                                version_text)
+from tilekit.cli.common import (TkGroup, output_option, print_error, stderr_is_terminal,
+                                stdout_is_terminal, tk_command, version_text, warn,
+                                write_output)
 from tilekit.errors import EXIT_BAD_INPUT, ProfileError
 from tilekit.hw import list_profiles, load_profile
 from tilekit.hw.describe import SUMMARY_COLUMNS, figure_rows, identity_rows, summary_row
-from tilekit.hw.registry import read_profile_text
+from tilekit.hw.registry import display_path, is_path, read_profile_text, resolve
 
 TOOL = "tk-hw"
 
@@ -30,9 +34,11 @@ def _stdout_is_terminal() -> bool:
     return stdout_is_terminal()
 
 
-def _print_table(columns: tuple[str, ...], rows: list[tuple[str, ...]], title: str = "") -> None:
-    """A rich table on a terminal; aligned plain text (stable for pipes and goldens) otherwise."""
-    if _stdout_is_terminal():
+def _print_table(columns: tuple[str, ...], rows: list[tuple[str, ...]], title: str = "",
+                 err: bool = False) -> None:
+    """A rich table on a terminal; aligned plain text (stable for pipes and goldens) otherwise.
+    On stderr with `err`."""
+    if stderr_is_terminal() if err else _stdout_is_terminal():
         from rich.console import Console
         from rich.table import Table
         from rich.text import Text
@@ -41,14 +47,14 @@ def _print_table(columns: tuple[str, ...], rows: list[tuple[str, ...]], title: s
         for row in rows:
             # Text, not str: rich would read `memory[shared]` as markup and drop it.
             table.add_row(*(Text(cell) for cell in row))
-        Console().print(table)
+        Console(stderr=err).print(table)
         return
     if title:
-        click.echo(title)
+        click.echo(title, err=err)
     widths = [max(len(r[i]) for r in [columns, *rows]) for i in range(len(columns) - 1)]
     for row in [columns, *rows]:
         cells = [cell.ljust(w) for cell, w in zip(row, widths)] + [row[-1]]
-        click.echo("  ".join(cells).rstrip())
+        click.echo("  ".join(cells).rstrip(), err=err)
 
 
 @click.group(name=TOOL, cls=TkGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -56,7 +62,7 @@ def _print_table(columns: tuple[str, ...], rows: list[tuple[str, ...]], title: s
 @click.version_option(message=version_text(TOOL), version=__version__)
 @click.pass_context
 def main(ctx: click.Context, debug: bool) -> None:
-    """List, show and validate hardware profiles (hwprofiles/*.yaml).
+    """List, show, validate and probe hardware profiles (hwprofiles/*.yaml).
 
     A profile is named by its file stem, its name or an alias (searched in
     $TILEKIT_HWPROFILES, then the shipped hwprofiles/), or given as a path.
@@ -120,9 +126,73 @@ def validate_command(files: tuple[str, ...], quiet: bool, debug: bool) -> int:
     return status
 
 
+def _profile_path(profile: str) -> Path:
+    """The file a --base NAME|PATH stands for, validated and fit for a probe."""
+    from tilekit.hw.probe_profile import check_base
+
+    check_base(load_profile(profile))
+    return Path(profile) if is_path(profile) else resolve(profile)
+
+
+def _measure(device, quick: bool, quiet: bool) -> dict:
+    """`probe.measure`, with a spinner naming the benchmark on a terminal."""
+    from tilekit.hw import probe
+
+    if quiet or not stderr_is_terminal():
+        return probe.measure(device, quick=quick)
+    from rich.console import Console
+
+    title = f"probing {device.describe()}"
+    with Console(stderr=True).status(title) as status:
+        return probe.measure(device, quick=quick,
+                             progress=lambda label: status.update(f"{title}: {label}"))
+
+
+@tk_command(TOOL)
+@output_option
+@click.option("--base", metavar="NAME|PATH", default=None,
+              help="Profile to start from (default: the shipped profile of the device's arch, "
+                   "else h100).")
+@click.option("--quick", is_flag=True,
+              help="Fewer and shorter repetitions: about 4x faster, a little noisier.")
+def probe_command(output: str, base: str | None, quick: bool, quiet: bool, debug: bool) -> int:
+    """Measure the GPU in hand and write its hardware profile (YAML).
+
+    Micro-benchmarks (DRAM, L2, shared memory, FP32 FMA, tensor cores, kernel launch) and
+    device attributes replace the base profile's figures; the sources of the new figures say
+    'measured: tk-hw probe ...' or 'derived: ...'. A table of the measurements goes to
+    stderr. Needs CuPy and an NVIDIA GPU (docs/hwprofiles.md, "Probing a device").
+    """
+    from tilekit.hw import probe
+    from tilekit.hw.probe_profile import (check_base, default_base, measurement_rows,
+                                          probed_profile)
+
+    # A bad --base fails before the measuring, and before looking for a GPU.
+    base_path = _profile_path(base) if base else None
+    device = probe.open_device()
+    base_path = base_path or default_base(device.arch)
+    base_profile = check_base(load_profile(base_path))
+    base_text = base_path.read_text(encoding="utf-8")
+    if base_profile.compute_capability != device.compute_capability:
+        warn(TOOL, f"the base profile {base_profile.name} is for {base_profile.arch}, the device "
+                   f"is {device.arch}: figures the probe does not measure (peaks per dtype, "
+                   "mma shapes, registers per thread) still describe the base; check them")
+    measurements = _measure(device, quick, quiet)
+    text = probed_profile(measurements, base_text, display_path(base_path))
+    write_output(output, text, input_path=str(base_path))
+    for note in measurements["notes"]:
+        warn(TOOL, note)
+    if not quiet:
+        _print_table(("MEASURED", "VALUE", "HOW"), measurement_rows(measurements),
+                     title=f"{device.describe()}, {measurements['date']}, "
+                           f"base {base_profile.name}", err=True)
+    return 0
+
+
 main.add_command(list_command, name="list")
 main.add_command(show_command, name="show")
 main.add_command(validate_command, name="validate")
+main.add_command(probe_command, name="probe")
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -44,6 +44,12 @@ NVIDIA_MAX_REGS_PER_THREAD = 255
 _FRACTIONS = ("dram", "compute", "smem", "compute_tensor")
 
 
+def compute_capability(arch: str) -> tuple[int, int] | None:
+    """(9, 0) for sm_90 and sm_90a; None for an arch that is not an NVIDIA `sm_XY`."""
+    m = re.fullmatch(r"sm_(\d+)(\d)a?", arch)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
 @dataclass(frozen=True)
 class MmaShape:
     """One matrix-multiply instruction shape: D[m, n] += A[m, k] * B[k, n] per warp (group).
@@ -221,8 +227,7 @@ class Profile:
     @property
     def compute_capability(self) -> tuple[int, int] | None:
         """(9, 0) for sm_90; None for an arch that is not an NVIDIA `sm_XY`."""
-        m = re.fullmatch(r"sm_(\d+)(\d)a?", self.arch)
-        return (int(m.group(1)), int(m.group(2))) if m else None
+        return compute_capability(self.arch)
 
     @property
     def memory_levels(self) -> tuple[MemoryLevel, ...]:
