@@ -1,50 +1,70 @@
-"""GPU benchmark: tilekit's generated kernels against PyTorch (cuBLAS / cuDNN) in the same run.
+"""GPU benchmark: tilekit's generated kernels against PyTorch in the same run.
 
     make bench                      # or: pytest tests/bench -o addopts="" -s
 
-Cases (each built as tile IR, rolled for the device's profile, generated, compiled, checked
-against PyTorch's result, then timed with CUDA events, median of RUNS after WARMUP):
+Op cases (each built as tile IR, rolled for the device's profile, generated, compiled, checked
+against PyTorch's result, then timed with CUDA events, median of RUNS after WARMUP), against
+cuBLAS / cuDNN through PyTorch:
 
 - matmul: 4096^3, 1024^3, skinny (16 x 4096 x 4096, 4096 x 16 x 4096), a K-heavy 256 x 256 x 16384;
 - ResNet-50 convolution layers at batch 1 (conv1 7x7/2, the 3x3 of each stage, two 1x1);
-- softmax and layer normalisation rows (fused groups of primitive ops);
-- models from onnx's light test data (tk-import | tk-roll | codegen), against PyTorch through
-  onnx2torch when it is installed (otherwise the row has no baseline).
+- softmax and layer normalisation rows (fused groups of primitive ops).
+
+Model rows (`TILEKIT_BENCH_MODELS`, `name` or `name@batch`, comma-separated; `all` adds the
+other bundled models at batch 1): ResNet-50 from onnx's light test data with seeded random
+weights, a BERT-base encoder layer, a MobileNetV2 block and an LSTM from tests/models, each at
+batch 1 and 64, and SqueezeNet at batch 1. tilekit runs `tk-import | tk-roll | codegen`;
+PyTorch runs the same ONNX graph through tests/bench/torch_onnx.py, eager (`torch_ms`) and
+under torch.compile in its default mode (`torch_compile_ms`, timed after the compile, whose
+seconds are `compile_s`). A row also holds tilekit's relative L2 error against eager
+(`check`: pass at 1e-3) and, instead of aborting the bench, any stage's error
+(`tilekit_error`, `eager_error`, `compile_error`); the test fails at the end, after writing
+everything, on a tilekit or eager error or a failed check (not on a torch.compile error).
+
+All CPU work (every model's import, roll and codegen, every nvcc compile) runs first, in
+parallel, and nothing runs beside the timings. No torch.compile starts once
+`TILEKIT_BENCH_BUDGET_S` (180) seconds have passed since the bench began: the compiles are most
+of the time, and the cap keeps the whole bench to about four minutes on an H100.
 
 Reported per case: tilekit and PyTorch medians, their ratio (tilekit / PyTorch: below 1 is
-faster), achieved GFLOP/s and fraction of the profile's fp32 SIMT peak, achieved DRAM bandwidth
-(compulsory bytes: inputs read once, outputs written once) and fraction of the profile's DRAM
-bandwidth. TF32 is disabled in PyTorch so that both sides compute in fp32 on CUDA cores.
-Results go to tests/bench/results/<device>.json with the command and the date.
+faster; `ratio_compile` against torch.compile), achieved GFLOP/s and fraction of the profile's
+fp32 SIMT peak, achieved DRAM bandwidth (compulsory bytes: inputs and weights read once,
+outputs written once) and fraction of the profile's DRAM bandwidth. TF32 is disabled in PyTorch
+so that both sides compute in fp32 on CUDA cores. Results go to
+tests/bench/results/<device>.json with the command and the date, rewritten after every row.
 
-Skipped without CuPy, PyTorch with CUDA, or a GPU. `test_cases_build` runs everywhere: it
-builds and compiles every case (no GPU), so the benchmark cannot rot unnoticed.
+Skipped without CuPy, PyTorch with CUDA, or a GPU; PyTorch is imported only there, so this file
+is collected without it. `test_cases_build` and `test_batch64_models_import` run everywhere:
+they build every op case (and compile it, where nvcc is) and the batch-64 models (no GPU), so
+the benchmark cannot rot unnoticed.
 """
 
 from __future__ import annotations
 
 import datetime
 import json
-import math
 import os
 import re
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
+import onnx
 import pytest
 
 from tilekit.codegen import generate
 from tilekit.ir.model import Kernel, Module, Op, Tensor
 
 ROOT = Path(__file__).resolve().parents[2]
+# tests/models (the model builders) and this folder (torch_onnx, imported where torch is used).
+sys.path[:0] = [str(ROOT / "tests"), str(Path(__file__).resolve().parent)]
 RESULTS = Path(__file__).resolve().parent / "results"
 RUNS = int(os.environ.get("TILEKIT_BENCH_RUNS", "50"))
 WARMUP = 5
-MODELS = [m for m in os.environ.get("TILEKIT_BENCH_MODELS", "resnet50,squeezenet").split(",") if m]
 
 
 @dataclass(frozen=True)
@@ -151,6 +171,146 @@ def profile_for(arch: str | None):
     return load_profile("h100")
 
 
+# -- whole models --------------------------------------------------------------------------
+
+LIGHT = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
+LIGHT_MODELS = ["resnet50", "inception_v1", "inception_v2", "densenet121", "shufflenet",
+                "squeezenet", "vgg19", "bvlc_alexnet", "zfnet512"]
+#: The built models at the benchmark's sizes (the builders' defaults are test-sized): a BERT-base
+#: encoder layer over 128 tokens, a MobileNetV2 block at 56x56, one LSTM layer of 256 over 64
+#: steps. The CPU bench (test_cpu_bench.py) uses the same BERT and MobileNet sizes.
+BUILT_SIZES = {"bert_encoder_layer": {"seq": 128, "hidden": 768, "heads": 12, "ffn": 3072},
+               "mobilenet_block": {"channels": 32, "expand": 6, "size": 56, "classes": 1000},
+               "lstm_model": {"seq": 64, "inputs": 256, "hidden": 256}}
+#: Where the batch is, for the models that are not batch-first ([seq, batch, features]).
+BATCH_AXIS = {"lstm_model": 1}
+#: Rows in this order: a torch.compile that would start after the time budget is skipped, so
+#: the cheap compiles come last.
+DEFAULT_MODELS = ("resnet50,resnet50@64,bert_encoder_layer,bert_encoder_layer@64,"
+                  "mobilenet_block,mobilenet_block@64,lstm_model,lstm_model@64,squeezenet")
+MODELS = os.environ.get("TILEKIT_BENCH_MODELS", DEFAULT_MODELS)
+#: Seconds from the start of the bench after which no torch.compile starts (its row records
+#: why); the compiles are most of a model row's time.
+BUDGET_S = float(os.environ.get("TILEKIT_BENCH_BUDGET_S", "180"))
+#: tilekit against PyTorch eager on a whole model, relative L2 over each output.
+MODEL_TOLERANCE = 1e-3
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    batch: int = 1
+
+    @property
+    def label(self) -> str:
+        return self.name if self.batch == 1 else f"{self.name}@{self.batch}"
+
+    def onnx_model(self) -> onnx.ModelProto:
+        """The bundled model with seeded random weights, or the built one at bench size."""
+        from models import onnx_models
+        from models.onnx_check import with_random_weights
+        if self.name in LIGHT_MODELS:
+            model = with_random_weights(LIGHT / f"light_{self.name}.onnx", seed=0)
+            return model if self.batch == 1 else onnx_models.with_batch(model, self.batch)
+        return getattr(onnx_models, self.name)(batch=self.batch, **BUILT_SIZES[self.name])
+
+
+def model_specs(text: str) -> list[ModelSpec]:
+    """`resnet50,resnet50@64,...` (name or name@batch); `all` is the default list plus the
+    other bundled models at batch 1."""
+    words = [w for w in text.split(",") if w]
+    if "all" in words:
+        extra = [m for m in LIGHT_MODELS if m not in DEFAULT_MODELS.split(",")]
+        words = [w for w in words if w != "all"] + DEFAULT_MODELS.split(",") + extra
+    specs = []
+    for word in dict.fromkeys(words):
+        name, _, batch = word.partition("@")
+        if name not in LIGHT_MODELS and name not in BUILT_SIZES:
+            raise ValueError(f"TILEKIT_BENCH_MODELS: unknown model {name!r}; known: "
+                             f"{', '.join(LIGHT_MODELS + list(BUILT_SIZES))}, or 'all'")
+        specs.append(ModelSpec(name, int(batch or 1)))
+    return specs
+
+
+@dataclass
+class ModelBuild:
+    """A model made ready for the bench: the ONNX graph and its inputs (by ONNX name) for
+    PyTorch; tilekit's import, and that rolled and generated for the device, with weights."""
+
+    spec: ModelSpec
+    model: onnx.ModelProto | None
+    feeds: dict[str, np.ndarray]
+    imported: Module | None = None
+    generated: Module | None = None
+    weights: dict | None = None
+    error: str | None = None
+
+    def tilekit_inputs(self) -> dict[str, np.ndarray]:
+        renamed = (self.imported.source or {}).get("inputs") or {}
+        return {ir: self.feeds[renamed.get(ir, ir)] for ir in self.imported.inputs}
+
+
+def _error(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"[:800]
+
+
+def build_model(spec: ModelSpec, profile, folder: Path, arch: str | None) -> ModelBuild:
+    """CPU work only: the ONNX model, `tk-import`, tk-roll for `profile` and codegen, and with
+    `arch` the nvcc compile that the CUDA runtime then finds in its cache. A failure is recorded
+    in `error`; when only tilekit's part failed, the PyTorch side can still run."""
+    from models.onnx_check import random_inputs
+    from tilekit.ir.codec import read_module
+    from tilekit.runtime.io import load_weights
+    try:
+        model = spec.onnx_model()
+    except Exception as exc:  # noqa: BLE001 - recorded in the row
+        return ModelBuild(spec, None, {}, error=_error(exc))
+    build = ModelBuild(spec, model, random_inputs(model, seed=0))
+    onnx_path, ir_path = folder / f"{spec.name}_b{spec.batch}.onnx", \
+        folder / f"{spec.name}_b{spec.batch}.yaml"
+    try:
+        onnx.save(model, str(onnx_path))
+        proc = subprocess.run([sys.executable, str(ROOT / "bin" / "tk-import"), str(onnx_path),
+                               "-o", str(ir_path)], capture_output=True, text=True)
+        if proc.returncode:
+            raise RuntimeError(f"tk-import exited {proc.returncode}: {proc.stderr[-600:]}")
+        build.imported = read_module(str(ir_path))
+        build.weights = load_weights(build.imported, folder)
+        build.generated = generate(rolled(build.imported, profile), profile).module
+        if arch is not None:
+            from tilekit.codegen.nvcc import compile_unit, find_nvcc
+            from tilekit.runtime.cuda import unit_source
+            if find_nvcc():
+                compile_unit(unit_source(build.generated.codegen["kernels"]), arch)
+    except Exception as exc:  # noqa: BLE001 - recorded in the row
+        build.error = _error(exc)
+    return build
+
+
+def _compile_case(case: Case, profile, arch: str) -> None:
+    """An op case's kernels compiled into nvcc's cache (a failure shows when the case runs)."""
+    from tilekit.codegen.nvcc import compile_unit, find_nvcc
+    from tilekit.runtime.cuda import unit_source
+    try:
+        if find_nvcc():
+            generated = generate(rolled(case.module, profile), profile).module
+            compile_unit(unit_source(generated.codegen["kernels"]), arch)
+    except Exception:  # noqa: BLE001 - _run_case compiles again and reports it
+        pass
+
+
+def _prebuild(cases: list[Case], specs: list[ModelSpec], profile, arch: str,
+              folder: Path) -> list[ModelBuild]:
+    """All CPU work at once, before anything is timed (tk-import and nvcc are subprocesses,
+    so the threads overlap): the op cases' kernels compiled, every model built."""
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(max_workers=min(16, os.cpu_count() or 2)) as pool:
+        models = [pool.submit(build_model, spec, profile, folder, arch) for spec in specs]
+        for case in cases:
+            pool.submit(_compile_case, case, profile, arch)
+        return [m.result() for m in models]
+
+
 # -- no GPU needed -------------------------------------------------------------------------
 
 def test_cases_build(tmp_path, monkeypatch):
@@ -168,6 +328,31 @@ def test_cases_build(tmp_path, monkeypatch):
             assert not report.problems, (case.name, report.problems)
 
 
+@pytest.mark.parametrize("name", ["resnet50", "bert_encoder_layer", "mobilenet_block",
+                                  "lstm_model"])
+def test_batch64_models_import(name, tmp_path):
+    """The bench's batch-64 models go through tk-import with batch 64 in the IR, and roll and
+    generate for the H100 (everything but nvcc and the GPU)."""
+    build = build_model(ModelSpec(name, 64), profile_for("sm_90"), tmp_path, arch=None)
+    assert build.error is None, build.error
+    module, axis = build.imported, BATCH_AXIS.get(name, 0)
+    assert [module.tensors[n].shape[axis] for n in module.inputs] == [64]
+    assert all(module.tensors[n].shape[axis] == 64 for n in module.outputs)
+    assert build.generated.codegen["kernels"]
+    assert build.tilekit_inputs()[module.inputs[0]].shape == module.tensors[module.inputs[0]].shape
+
+
+def test_model_specs():
+    assert model_specs("resnet50,lstm_model@64") == [ModelSpec("resnet50"),
+                                                     ModelSpec("lstm_model", 64)]
+    everything = model_specs("all")
+    assert {s.name for s in everything if s.batch == 1} == set(LIGHT_MODELS) | set(BUILT_SIZES)
+    assert {s.name for s in everything if s.batch == 64} == {
+        "resnet50", "bert_encoder_layer", "mobilenet_block", "lstm_model"}
+    with pytest.raises(ValueError, match="unknown model 'resnet5'.*known: resnet50"):
+        model_specs("resnet5")
+
+
 # -- on the GPU ----------------------------------------------------------------------------
 
 def _gpu_or_skip():
@@ -181,13 +366,13 @@ def _gpu_or_skip():
     return cupy, torch
 
 
-def _torch_time(torch, fn, args) -> tuple[float, object]:
+def _torch_time(torch, fn, args, runs: int = RUNS) -> tuple[float, object]:
     out = fn(args)
     for _ in range(WARMUP):
         fn(args)
     torch.cuda.synchronize()
     times = []
-    for _ in range(RUNS):
+    for _ in range(runs):
         start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         fn(args)
@@ -227,71 +412,163 @@ def _run_case(case: Case, module: Module, cupy, torch, profile) -> dict:
     return _row(case, timing.median, torch_s, profile, err)
 
 
-def _model_rows(cupy, torch, profile, tmp: Path) -> list[dict]:
-    import onnx
-    from tilekit.ir.codec import read_module
+def _rel_l2(got: np.ndarray, want: np.ndarray) -> float:
+    want = want.astype(np.float64)
+    return float(np.linalg.norm(got.astype(np.float64) - want) / max(np.linalg.norm(want), 1e-30))
+
+
+def _model_row(build: ModelBuild, torch, profile, deadline: float) -> dict:
+    """tilekit, PyTorch eager and torch.compile on one model; each stage's failure is recorded
+    in the row (`tilekit_error`, `eager_error`, `compile_error`) and the next stage runs."""
+    import torch_onnx
     from tilekit.runtime import cuda
-    from tilekit.runtime.io import load_weights
-    rows = []
-    light = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
-    for name in MODELS:
-        path = light / f"light_{name}.onnx"
-        if not path.exists():
-            continue
-        ir = tmp / f"{name}.yaml"
-        subprocess.run([sys.executable, str(ROOT / "bin" / "tk-import"), str(path), "-o", str(ir)],
-                       check=True)
-        module = read_module(str(ir))
-        weights = load_weights(module, tmp)
-        rng = np.random.default_rng(0)
-        inputs = {n: rng.standard_normal(module.tensors[n].shape).astype(np.float32)
-                  for n in module.inputs}
-        result = generate(rolled(module, profile), profile)
-        timing = cuda.time_kernels(result.module, inputs, weights, RUNS, WARMUP)
-        nbytes = sum(module.tensors[n].size * 4 for n in module.inputs + module.outputs) + \
-            sum(w.nbytes for w in weights.values())
-        case = Case(f"model_{name}", "model", module, 0.0, float(nbytes), None)
-        torch_s = None
+    spec = build.spec
+    runs = RUNS if spec.batch == 1 else max(10, RUNS // 5)
+    row: dict = {"case": f"model_{spec.label}", "kind": "model", "model": spec.name,
+                 "batch": spec.batch, "runs": runs}
+    got = None
+    if build.error:
+        row["tilekit_error"] = build.error
+    else:
         try:
-            import onnx2torch
-            net = onnx2torch.convert(str(path)).cuda().eval()
-            args = [torch.from_numpy(inputs[n]).cuda() for n in module.inputs]
-            with torch.no_grad():
-                torch_s, _ = _torch_time(torch, lambda a: net(*a), args)
-        except ImportError:
-            pass
-        row = _row(case, timing.median, torch_s, profile, None)
-        row["kernels"] = len(result.module.codegen["kernels"])
-        rows.append(row)
-    return rows
+            module, inputs = build.generated, build.tilekit_inputs()
+            timing = cuda.time_kernels(module, inputs, build.weights, runs, WARMUP)
+            outputs = cuda.run_module(module, inputs, build.weights)
+            got = [outputs[n] for n in module.outputs]
+            nbytes = sum(module.tensors[n].size * 4 for n in module.inputs + module.outputs) + \
+                sum(w.nbytes for w in build.weights.values())
+            row.update(tilekit_ms=timing.median * 1e3, kernels=len(module.codegen["kernels"]),
+                       dram_gbps=nbytes / timing.median * 1e-9,
+                       dram_fraction=nbytes / timing.median / profile.dram_bandwidth)
+        except Exception as exc:  # noqa: BLE001
+            row["tilekit_error"] = _error(exc)
+    net = want = None
+    try:
+        if build.model is None:
+            raise RuntimeError("no ONNX model (see tilekit_error)")
+        net = torch_onnx.TorchModel(build.model, "cuda")
+        args = [torch.from_numpy(build.feeds[n]).cuda() for n in net.input_names]
+        with torch.no_grad():
+            eager_s, want = _torch_time(torch, lambda a: net(*a), args, runs)
+        want = [w.float().cpu().numpy() for w in want]
+        row["torch_ms"] = eager_s * 1e3
+    except Exception as exc:  # noqa: BLE001
+        row["eager_error"] = _error(exc)
+    if got is not None and want is not None:
+        shapes = [(g.shape, w.shape) for g, w in zip(got, want) if g.shape != w.shape]
+        if shapes or len(got) != len(want):
+            row["check"] = f"FAIL: outputs {[g.shape for g in got]} against eager's " \
+                f"{[w.shape for w in want]}"
+        else:
+            row["rel_l2_vs_eager"] = max(_rel_l2(g, w) for g, w in zip(got, want))
+            row["check"] = "pass" if row["rel_l2_vs_eager"] <= MODEL_TOLERANCE else "FAIL"
+    if net is not None and want is not None:
+        if time.monotonic() > deadline:
+            row["compile_error"] = f"skipped: the time budget ({BUDGET_S:.0f} s) is spent"
+        else:
+            try:
+                # One compiled graph per row, static shapes: the forward code is shared by
+                # every TorchModel, so without a reset the rows would count as recompiles.
+                torch._dynamo.reset()
+                compiled = torch.compile(net, dynamic=False)
+                start = time.monotonic()
+                with torch.no_grad():
+                    compiled(*args)
+                    torch.cuda.synchronize()
+                    row["compile_s"] = time.monotonic() - start
+                    compiled_s, out = _torch_time(torch, lambda a: compiled(*a), args, runs)
+                row["torch_compile_ms"] = compiled_s * 1e3
+                row["compile_rel_l2_vs_eager"] = max(
+                    _rel_l2(o.float().cpu().numpy(), w) for o, w in zip(out, want))
+            except Exception as exc:  # noqa: BLE001
+                row["compile_error"] = _error(exc)
+    tk = row.get("tilekit_ms")
+    row["ratio"] = tk / row["torch_ms"] if tk and row.get("torch_ms") else None
+    row["ratio_compile"] = tk / row["torch_compile_ms"] if tk and row.get("torch_compile_ms") \
+        else None
+    return {k: (float(f"{v:.6g}") if isinstance(v, float) else v) for k, v in row.items()}
+
+
+def _write_report(report: dict) -> Path:
+    """Written after every row, so that a bench stopped by a time limit leaves what it has."""
+    RESULTS.mkdir(exist_ok=True)
+    slug = re.sub(r"[^A-Za-z0-9]+", "_", report["device"].split(" (")[0]).strip("_").lower()
+    path = RESULTS / f"{slug}.json"
+    path.write_text(json.dumps(report, indent=1) + "\n")
+    return path
+
+
+def _ms(value) -> str:
+    return "    -    " if value is None else f"{value:9.3f}"
+
+
+def _print_row(r: dict) -> None:
+    """One line per row as it is measured (the bench is watched live with -s), problems under it."""
+    ratios = "  ".join(f"{r[k]:6.2f}x" if r.get(k) else "    -  "
+                       for k in ("ratio", "ratio_compile"))
+    dram = f"{r['dram_fraction'] * 100:5.1f}% DRAM" if r.get("dram_fraction") else ""
+    flops = f"{r['peak_fraction'] * 100:5.1f}% fp32 peak" if r.get("peak_fraction") else ""
+    print(f"  {r['case']:<30}  tilekit {_ms(r.get('tilekit_ms'))}  eager "
+          f"{_ms(r.get('torch_ms'))}  compile {_ms(r.get('torch_compile_ms'))}  {ratios}  "
+          f"{dram}  {flops}".rstrip(), flush=True)
+    problems = [f"{k}: {r[k]}" for k in ("error", "tilekit_error", "eager_error",
+                                         "compile_error") if r.get(k)]
+    if str(r.get("check", "")).startswith("FAIL"):
+        problems.append(f"check {r['check']} (rel L2 {r.get('rel_l2_vs_eager')} against eager)")
+    for problem in problems:
+        print(f"  {'':<30}  {problem[:300]}", flush=True)
 
 
 def test_gpu_bench(tmp_path):
     cupy, torch = _gpu_or_skip()
     from tilekit.runtime import cuda
+    started = time.monotonic()
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
+    torch.set_float32_matmul_precision("highest")
     arch = cuda.device_arch()
     profile = profile_for(arch)
-    rows = [_run_case(case, case.module, cupy, torch, profile) for case in op_cases()]
-    rows += _model_rows(cupy, torch, profile, tmp_path)
-    device = cuda.device_description()
+    cases = op_cases()
+    builds = _prebuild(cases, model_specs(MODELS), profile, arch, tmp_path)
     report = {
         "command": "pytest tests/bench/test_gpu_bench.py -o addopts='' -s",
         "date": datetime.date.today().isoformat(),
-        "device": device, "profile": profile.name, "runs": RUNS, "warmup": WARMUP,
-        "torch": torch.__version__, "tf32": False,
-        "timing": "CUDA events around all kernels of a case, median; PyTorch the same",
-        "rows": rows,
+        "device": cuda.device_description(), "profile": profile.name, "runs": RUNS,
+        "warmup": WARMUP, "torch": torch.__version__, "tf32": False,
+        "timing": "CUDA events around all kernels of a case (tilekit) or around one call "
+                  "(PyTorch eager, torch.compile after its compile), median; model rows at "
+                  "batch > 1 take max(10, runs / 5) runs",
+        "models": "PyTorch through tests/bench/torch_onnx.py (the ONNX graph node by node); "
+                  "torch_ms is eager, torch_compile_ms torch.compile (default mode)",
+        "rows": [],
     }
-    RESULTS.mkdir(exist_ok=True)
-    slug = re.sub(r"[^A-Za-z0-9]+", "_", device.split(" (")[0]).strip("_").lower()
-    (RESULTS / f"{slug}.json").write_text(json.dumps(report, indent=1) + "\n")
-    width = max(len(r["case"]) for r in rows)
-    print(f"\n{device}: tilekit vs PyTorch (median of {RUNS}; ratio < 1 is faster)")
-    for r in rows:
-        ratio = f"{r['ratio']:.2f}x" if r["ratio"] else "  -  "
-        flops = f"{r['peak_fraction'] * 100:5.1f}% fp32 peak" if r["peak_fraction"] else ""
-        print(f"  {r['case']:<{width}}  {r['tilekit_ms']:9.3f} ms  torch "
-              f"{(r['torch_ms'] or math.nan):9.3f} ms  {ratio:>7}  "
-              f"{r['dram_fraction'] * 100:5.1f}% DRAM  {flops}")
+    rows = report["rows"]
+    print(f"\n{report['device']}: tilekit vs PyTorch eager and torch.compile (medians, ms; "
+          "ratio = tilekit / PyTorch, < 1 is faster)")
+    for case in cases:
+        try:
+            rows.append(_run_case(case, case.module, cupy, torch, profile))
+        except Exception as exc:  # noqa: BLE001 - AssertionError included: the rows go on
+            rows.append({"case": case.name, "kind": case.kind, "error": _error(exc)})
+        _print_row(rows[-1])
+    _write_report(report)
+    while builds:
+        build = builds.pop(0)
+        try:
+            rows.append(_model_row(build, torch, profile, started + BUDGET_S))
+        except Exception as exc:  # noqa: BLE001 - each stage is guarded; this is the rest
+            rows.append({"case": f"model_{build.spec.label}", "kind": "model",
+                         "error": _error(exc)})
+        del build
+        _print_row(rows[-1])
+        _write_report(report)
+        # Each row's device memory back before the next (ResNet-50 at batch 64 holds GBs).
+        torch._dynamo.reset()
+        torch.cuda.empty_cache()
+        cupy.get_default_memory_pool().free_all_blocks()
+    report["seconds"] = round(time.monotonic() - started, 1)
+    _write_report(report)
+    print(f"  ({report['seconds']} s)")
+    broken = [r["case"] for r in rows if r.get("error") or r.get("tilekit_error")
+              or r.get("eager_error") or str(r.get("check", "")).startswith("FAIL")]
+    assert not broken, f"rows with an error or a failed check (see above): {broken}"

@@ -8,10 +8,13 @@
   BatchNormalization, Clip as ReLU6, residual Add, GlobalAveragePool, Flatten, Gemm;
 - `mlp_mixer_block`: token mixing through Transpose, channel mixing, LayerNormalization;
 - `lstm_model`: the ONNX LSTM op with biases and initial states.
+
+`with_batch(model, n)` rebuilds a batch-1 model (the bundled light_* ones) at batch `n`.
 """
 
 from __future__ import annotations
 
+import copy
 import math
 
 import numpy as np
@@ -149,7 +152,7 @@ def gpt_block(batch: int = 1, seq: int = 8, hidden: int = 16, heads: int = 2,
 
 
 def mobilenet_block(channels: int = 8, expand: int = 4, size: int = 12, classes: int = 10,
-                    seed: int = 2) -> onnx.ModelProto:
+                    seed: int = 2, batch: int = 1) -> onnx.ModelProto:
     g = _Graph("mobilenet_block", seed)
     wide = channels * expand
 
@@ -180,8 +183,8 @@ def mobilenet_block(channels: int = 8, expand: int = 4, size: int = 12, classes:
     logits = g.op("Gemm", [pooled, g.weight("classifier.weight", [classes, channels], 0.3),
                            g.weight("classifier.bias", [classes], 0.1)], transB=1,
                   name="logits")
-    return g.model([helper.make_tensor_value_info(x, FLOAT, [1, channels, size, size])],
-                   [helper.make_tensor_value_info(logits, FLOAT, [1, classes])])
+    return g.model([helper.make_tensor_value_info(x, FLOAT, [batch, channels, size, size])],
+                   [helper.make_tensor_value_info(logits, FLOAT, [batch, classes])])
 
 
 def mlp_mixer_block(batch: int = 2, tokens: int = 8, channels: int = 12,
@@ -224,3 +227,46 @@ def lstm_model(seq: int = 5, batch: int = 2, inputs: int = 4, hidden: int = 6,
 ALL = {"bert_encoder_layer": bert_encoder_layer, "gpt_block": gpt_block,
        "mobilenet_block": mobilenet_block, "mlp_mixer_block": mlp_mixer_block,
        "lstm_model": lstm_model}
+
+
+def with_batch(model: onnx.ModelProto, batch: int) -> onnx.ModelProto:
+    """A copy of the batch-1 `model` at batch `batch`: the first dimension of its graph inputs
+    (those without an initializer) and outputs, and the leading 1 of every constant Reshape
+    target applied to a tensor computed from the inputs (the bundled models flatten with
+    targets such as [1, 2048]; ShuffleNet's channel shuffle reshapes to [1, 4, 28, 56, 56]).
+    Reshapes of weights keep their targets. Intermediate shapes (value_info) are dropped."""
+    model = copy.deepcopy(model)
+    g = model.graph
+    inits = {t.name: t for t in g.initializer}
+    live = {vi.name for vi in g.input if vi.name not in inits}
+    for node in g.node:
+        if any(name in live for name in node.input):
+            live.update(node.output)
+    for node in g.node:
+        if node.op_type != "Reshape" or node.input[0] not in live:
+            continue
+        if node.input[1] not in inits:
+            raise ValueError(f"Reshape {node.name or node.output[0]}: the target shape is not "
+                             "a constant, so its batch dimension cannot be rewritten")
+        target = numpy_helper.to_array(inits[node.input[1]])
+        if target[0] in (0, -1):
+            continue
+        if target[0] != 1:
+            raise ValueError(f"Reshape {node.name or node.output[0]}: target {target.tolist()} "
+                             "does not start with the batch-1 dimension")
+        name = f"{node.input[1]}_batch{batch}"
+        if name not in inits:
+            inits[name] = numpy_helper.from_array(
+                np.concatenate([[batch], target[1:]]).astype(target.dtype), name)
+            g.initializer.append(inits[name])
+            if model.ir_version < 4:  # IR version 3 declares every initializer as an input
+                g.input.append(helper.make_tensor_value_info(
+                    name, helper.np_dtype_to_tensor_dtype(target.dtype), [target.size]))
+        node.input[1] = name
+    for vi in list(g.input) + list(g.output):
+        dims = vi.type.tensor_type.shape.dim
+        if vi.name not in inits and dims:
+            dims[0].dim_value = batch
+    del g.value_info[:]
+    onnx.checker.check_model(model)
+    return model
