@@ -22,6 +22,8 @@ Steps, in order (`--steps` picks some):
                 default schedules (no roll), then `tk-run --device cuda --check --bench`
     sanitizer   compute-sanitizer memcheck and racecheck on three models' kernels
     bench       tests/bench/test_gpu_bench.py (tilekit against cuBLAS/cuDNN/PyTorch, ratios)
+    fidelity    tests/bench/test_gpu_fidelity.py (tk-roll's top-10 tiles of 30 suite ops timed:
+                how well the cost model ranks them; docs/roll.md, "Fidelity")
 
 Each step has a time limit; a failing step is recorded and the next one runs.
 """
@@ -44,7 +46,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 BIN = ROOT / "bin"
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
-STEPS = ("env", "pytest", "models", "sanitizer", "bench")
+STEPS = ("env", "pytest", "models", "sanitizer", "bench", "fidelity")
 REAL_MODELS = ["resnet50", "inception_v1", "inception_v2", "densenet121", "shufflenet",
                "squeezenet", "vgg19", "bvlc_alexnet", "zfnet512"]
 BUILT_MODELS = ["bert_encoder_layer", "gpt_block", "mobilenet_block", "mlp_mixer_block",
@@ -212,16 +214,41 @@ def step_sanitizer(run: Runner, args) -> None:
                        errors=errors[-1:] or hazards[-1:] or ["?"])
 
 
-def step_bench(run: Runner, args) -> None:
+def _run_bench(run: Runner, step: str, command: str, limit: float,
+               pattern: str) -> tuple[dict, list[Path]]:
+    """Run a benchmark command; copy the result files (tests/bench/results/`pattern`) that it
+    wrote into the output folder."""
     results = ROOT / "tests" / "bench" / "results"
-    before = {p: p.stat().st_mtime_ns for p in results.glob("*.json")}
-    r = run.sh("bench", f"TILEKIT_BENCH_RUNS={args.runs} python3 -m pytest "
-               "tests/bench/test_gpu_bench.py -o addopts='' -q -s -p no:cacheprovider "
-               "--tb=short", args.limit_bench)
-    written = [p for p in results.glob("*.json") if before.get(p) != p.stat().st_mtime_ns]
+    before = {p: p.stat().st_mtime_ns for p in results.glob(pattern)}
+    r = run.sh(step, command, limit)
+    written = [p for p in results.glob(pattern) if before.get(p) != p.stat().st_mtime_ns]
     for path in written:
         shutil.copy(path, run.out / path.name)
+    return r, written
+
+
+def step_bench(run: Runner, args) -> None:
+    r, written = _run_bench(run, "bench", f"TILEKIT_BENCH_RUNS={args.runs} python3 -m pytest "
+                            "tests/bench/test_gpu_bench.py -o addopts='' -q -s "
+                            "-p no:cacheprovider --tb=short", args.limit_bench, "*.json")
     run.record("bench", rc=r["rc"], seconds=r["seconds"], written=[p.name for p in written])
+
+
+def step_fidelity(run: Runner, args) -> None:
+    r, written = _run_bench(run, "fidelity", f"TILEKIT_FIDELITY_RUNS={args.runs} python3 -m "
+                            "pytest tests/bench/test_gpu_fidelity.py::test_gpu_fidelity "
+                            "-o addopts='' -q -s -rs -p no:cacheprovider --tb=short",
+                            args.limit_fidelity, "fidelity-*.json")
+    figures: dict = {}
+    for path in written:
+        summary = json.loads(path.read_text()).get("summary", {})
+        figures = {k: summary.get(k) for k in (
+            "ops_ranked", "geomean_top1_over_best", "top1_within_10pct", "median_spearman",
+            "geomean_estimated_over_measured", "candidates_failed")}
+    outcome = [ln for ln in r["output"].splitlines()
+               if re.search(r"\d+ (passed|failed|skipped)", ln)]
+    run.record("fidelity", rc=r["rc"], seconds=r["seconds"], summary=(outcome or ["?"])[-1],
+               written=[p.name for p in written], **figures)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -238,6 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--limit-pytest", type=float, default=300)
     parser.add_argument("--limit-bench", type=float, default=300)
     parser.add_argument("--limit-sanitizer", type=float, default=300)
+    parser.add_argument("--limit-fidelity", type=float, default=300)
     args = parser.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
