@@ -4,7 +4,7 @@
 
 A deterministic sample of the 119-op suite (every 4th op of specs/workloads.yaml, 30 ops) is
 rolled for the device's profile with `--top-k 10`; every candidate becomes its own kernel
-(tilekit.roll.fidelity), all of them compiled by nvcc in one translation unit (split over
+(tilekit.runtime.fidelity), all of them compiled by nvcc in one translation unit (split over
 `TILEKIT_FIDELITY_JOBS` units compiled in parallel, default up to 4), checked once against the
 CPU reference executor and timed with CUDA events (median of RUNS launches after WARMUP, L2
 flushed before each). Per op: the pick's time over the best measured, the pick's rank,
@@ -30,7 +30,7 @@ import pytest
 
 from test_gpu_bench import profile_for  # the profile matching the device's arch
 from tilekit.hw import load_profile
-from tilekit.roll import fidelity
+from tilekit.runtime import fidelity
 
 RESULTS = Path(__file__).resolve().parent / "results"
 RUNS = int(os.environ.get("TILEKIT_FIDELITY_RUNS", "20"))

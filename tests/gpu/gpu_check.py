@@ -15,6 +15,8 @@ folder, which stays small enough to copy back from a lent machine.
 Steps, in order (`--steps` picks some):
 
     env         the device, driver, toolkit and library versions
+    probe       tk-hw probe: the device measured (bandwidths, FLOP rates, launch overhead)
+                and written as a profile (<hw>-probed.yaml), then tk-hw validate
     pytest      pytest tests/gpu (every codegen fixture on the device against the CPU executor,
                 compute-sanitizer on the fixtures)
     models      every model (the 9 real architectures with seeded random weights, the 5 built
@@ -46,7 +48,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 BIN = ROOT / "bin"
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
-STEPS = ("env", "pytest", "models", "sanitizer", "bench", "fidelity")
+STEPS = ("env", "probe", "pytest", "models", "sanitizer", "bench", "fidelity")
 REAL_MODELS = ["resnet50", "inception_v1", "inception_v2", "densenet121", "shufflenet",
                "squeezenet", "vgg19", "bvlc_alexnet", "zfnet512"]
 BUILT_MODELS = ["bert_encoder_layer", "gpt_block", "mobilenet_block", "mlp_mixer_block",
@@ -110,6 +112,15 @@ def step_env(run: Runner, args) -> None:
     }
     found = {k: run.sh("env", c, 120)["output"].strip() for k, c in checks.items()}
     run.record("env", **found)
+
+
+def step_probe(run: Runner, args) -> None:
+    """`tk-hw probe`: the device's measured figures written as a profile, then validated."""
+    out = run.out / f"{args.hw}-probed.yaml"
+    r = run.sh("probe", f"tk-hw probe --base {args.hw} -o {out} && tk-hw validate {out}",
+               args.limit_probe)
+    table = [ln for ln in r["output"].splitlines() if ln.strip()][:40]
+    run.record("probe", rc=r["rc"], seconds=r["seconds"], table=table)
 
 
 def step_pytest(run: Runner, args) -> None:
@@ -265,6 +276,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--limit-pytest", type=float, default=300)
     parser.add_argument("--limit-bench", type=float, default=300)
     parser.add_argument("--limit-sanitizer", type=float, default=300)
+    parser.add_argument("--limit-probe", type=float, default=180)
     parser.add_argument("--limit-fidelity", type=float, default=300)
     args = parser.parse_args(argv)
     out = Path(args.out)

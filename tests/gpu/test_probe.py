@@ -24,7 +24,7 @@ pytestmark = pytest.mark.gpu
 
 @pytest.fixture(scope="module")
 def measured():
-    from tilekit.hw import probe
+    from tilekit.runtime import probe
 
     device = probe.open_device()
     began = time.monotonic()

@@ -187,7 +187,7 @@ def test_mixed_float32_float16_unit_compiles(tmp_path, monkeypatch):
 
 def test_rank0_input_is_uploaded_with_its_shape(runtime, monkeypatch):
     cuda, log = runtime
-    monkeypatch.setattr(cuda, "_usable_nvcc", lambda cupy: None)  # NVRTC: no compile here
+    monkeypatch.setattr(cuda, "usable_nvcc", lambda cupy: None)  # NVRTC: no compile here
     module = generate(mixed_module()).module
     cuda.run_module(module, mixed_inputs(), {})
     program = cuda.prepare(module)
@@ -208,7 +208,7 @@ def test_nvrtc_when_nvcc_is_newer_than_the_driver(monkeypatch, tmp_path):
     assert log[0] == ("module", False, True)                 # NVRTC, not a cubin
     assert program.raw.code == cuda.unit_source(CodegenSection.read(module.codegen).kernels)
     monkeypatch.setattr(nvcc, "nvcc_version", lambda path: "12.4.131")
-    assert cuda._usable_nvcc(sys.modules["cupy"]) == "/opt/cuda/bin/nvcc"
+    assert cuda.usable_nvcc(sys.modules["cupy"]) == "/opt/cuda/bin/nvcc"
 
 
 def test_shared_memory_over_the_device_limit_is_refused(monkeypatch, tmp_path):
@@ -244,7 +244,7 @@ def test_weights_reuploaded_for_a_new_array_and_held_while_compared(runtime, mon
     import gc
     import weakref
     cuda, _ = runtime
-    monkeypatch.setattr(cuda, "_usable_nvcc", lambda cupy: None)
+    monkeypatch.setattr(cuda, "usable_nvcc", lambda cupy: None)
     module = generate(fixture("gather")).module
     inputs, weights = random_values(module)
     cuda.run_module(module, inputs, weights)

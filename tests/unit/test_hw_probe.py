@@ -21,7 +21,8 @@ from click.testing import CliRunner
 
 from tilekit.cli.tk_hw import main
 from tilekit.errors import ProfileError
-from tilekit.hw import ENV_VAR, load_profile, probe
+from tilekit.hw import ENV_VAR, load_profile
+from tilekit.runtime import probe
 from tilekit.hw.edit import ProfileText, number_text
 from tilekit.hw.probe_profile import (ATTRIBUTE_FIGURES, default_base, measurement_rows,
                                       probed_profile)

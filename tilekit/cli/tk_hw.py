@@ -6,7 +6,7 @@
     tk-hw probe -o mine.yaml        measure the GPU in hand and write its profile
 
 Only parsing and printing live here; loading and checking are `tilekit.hw`, measuring
-`tilekit.hw.probe`, and turning measurements into a profile `tilekit.hw.probe_profile`.
+`tilekit.runtime.probe`, and turning measurements into a profile `tilekit.hw.probe_profile`.
 """
 
 from __future__ import annotations
@@ -136,7 +136,7 @@ def _profile_path(profile: str) -> Path:
 
 def _measure(device, quick: bool, quiet: bool) -> dict:
     """`probe.measure`, with a spinner naming the benchmark on a terminal."""
-    from tilekit.hw import probe
+    from tilekit.runtime import probe
 
     if quiet or not stderr_is_terminal():
         return probe.measure(device, quick=quick)
@@ -163,7 +163,7 @@ def probe_command(output: str, base: str | None, quick: bool, quiet: bool, debug
     'measured: tk-hw probe ...' or 'derived: ...'. A table of the measurements goes to
     stderr. Needs CuPy and an NVIDIA GPU (docs/hwprofiles.md, "Probing a device").
     """
-    from tilekit.hw import probe
+    from tilekit.runtime import probe
     from tilekit.hw.probe_profile import (check_base, default_base, measurement_rows,
                                           probed_profile)
 

@@ -205,7 +205,7 @@ class CompileReport:
 _COMMENT = re.compile(r"//[^\n]*")
 
 
-def _canonical_body(kernel: GeneratedKernel) -> str:
+def canonical_body(kernel: GeneratedKernel) -> str:
     """The kernel's text with comments dropped and its entry and tensor names replaced by
     placeholders: equal for kernels that compile to the same code. Identifiers derived from a
     tensor name (`t_x`, `s_x_0`) are renamed with it, consistently, so equal texts are the same
@@ -228,9 +228,9 @@ def compile_module(result: CodegenResult, arch: str | None = None, profile=None
     # once: the unit holds one representative of each, and the others share its resources.
     representative: dict[str, GeneratedKernel] = {}
     for g in result.kernels:
-        representative.setdefault(_canonical_body(g), g)
+        representative.setdefault(canonical_body(g), g)
     compiled = compile_unit(unit_source(list(representative.values())), arch)
-    entry_of = {g.entry: representative[_canonical_body(g)].entry for g in result.kernels}
+    entry_of = {g.entry: representative[canonical_body(g)].entry for g in result.kernels}
     limits = GENERIC_LIMITS if profile is None else {
         "max_regs_per_thread": profile.max_regs_per_thread,
         "regs_per_block": profile.regs_per_block, "smem_per_block": profile.smem_per_block}

@@ -7,9 +7,9 @@
 Modules: `profile` (the frozen `Profile` record and its consistency rules), `schema` (the file
 format: fields, units, sources, located errors), `registry` (names, folders, loading),
 `units` (unit spellings and printing), `describe` (rows for people), `edit` (changing a
-profile's text in place); `tk-hw probe`'s `probe` (micro-benchmarks through CuPy, kernels in
-probe_kernels.cu) and `probe_profile` (measurements -> profile, pure). The format is
-documented in docs/hwprofiles.md.
+profile's text in place), `probe_profile` (`tk-hw probe`'s measurements -> a profile, pure;
+the measuring needs a device and lives in `tilekit.runtime.probe`). The format is documented
+in docs/hwprofiles.md.
 """
 
 from tilekit.hw.profile import (DTYPES, FEATURES, KINDS, Achievable, Features, MemoryLevel,

@@ -2,7 +2,7 @@
 
     text = probed_profile(measurements, base_text, "hwprofiles/h100.yaml")
 
-`measurements` is what `tilekit.hw.probe.measure` returns (plain data, base units):
+`measurements` is what `tilekit.runtime.probe.measure` returns (plain data, base units):
 
     {"device": "NVIDIA H100 80GB HBM3", "arch": "sm_90", "date": "2025-06-01",
      "attributes": {"MultiProcessorCount": 132, "ClockRate": 1980000, ...},  # cudaDevAttr*

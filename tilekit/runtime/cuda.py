@@ -38,7 +38,7 @@ from tilekit.runtime.bench import Timing
 _PROGRAMS: dict[int, "CudaProgram"] = {}
 
 
-def _cupy():
+def require_cupy():
     """CuPy and a visible device, or a TilekitError that says which is missing."""
     try:
         import cupy
@@ -60,14 +60,14 @@ def _cupy():
 
 
 def device_arch() -> str:
-    cupy = _cupy()
+    cupy = require_cupy()
     cc = cupy.cuda.Device().compute_capability  # "90"
     return f"sm_{cc}"
 
 
 def device_description() -> str:
     """`NVIDIA H100 80GB HBM3 (sm_90, 132 SMs, CUDA runtime 12040, driver 12040)`."""
-    cupy = _cupy()
+    cupy = require_cupy()
     dev = cupy.cuda.Device()
     props = cupy.cuda.runtime.getDeviceProperties(dev.id)
     name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
@@ -93,7 +93,7 @@ class CudaProgram:
         from tilekit.runtime.cpu import check_runnable
 
         check_runnable(module, "the CUDA runtime")
-        cupy = _cupy()
+        cupy = require_cupy()
         self.cupy = cupy
         if not module.codegen:
             from tilekit.codegen.module import generate
@@ -160,7 +160,7 @@ class CudaProgram:
         from tilekit.codegen.nvcc import compile_unit
 
         source = unit_source(section.kernels)
-        nvcc = _usable_nvcc(cupy)
+        nvcc = usable_nvcc(cupy)
         if nvcc is not None:
             compiled = compile_unit(source, self.arch)
             return cupy.RawModule(path=str(compiled.cubin))
@@ -279,7 +279,7 @@ def _major(version: str) -> int | None:
     return int(head) if head.isdigit() else None
 
 
-def _usable_nvcc(cupy) -> str | None:
+def usable_nvcc(cupy) -> str | None:
     """nvcc when it is on PATH and no newer than the driver (a cubin from a newer toolkit
     does not load); None means NVRTC, which CuPy matches to its own CUDA runtime."""
     from tilekit.codegen.nvcc import find_nvcc, nvcc_version

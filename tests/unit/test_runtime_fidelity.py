@@ -1,5 +1,5 @@
 """The fidelity harness without a GPU: statistics on known inputs, candidate records, builds,
-the compile fallback, and the whole measurement with an injected timer (tilekit.roll.fidelity).
+the compile fallback, and the whole measurement with an injected timer (tilekit.runtime.fidelity).
 """
 
 from __future__ import annotations
@@ -18,10 +18,12 @@ from tilekit.codegen.nvcc import CompileError, CompileResult, Resources
 from tilekit.errors import IRError, TilekitError
 from tilekit.hw import load_profile
 from tilekit.ir.model import Kernel, Module, Op, Tensor
-from tilekit.roll import fidelity as F
+from tilekit.runtime import fidelity as F
 from tilekit.roll.construct import roll_problem
 from tilekit.roll.problem import problem_from_analysis
-from tilekit.roll.schedule import analyze_op, dtypes_of, roll_module, tile_record
+from tilekit.ir.graph import op_analysis
+from tilekit.roll.schedule import dtypes_of, roll_module, tile_record
+from tilekit.schedule.shape import analysis_facts
 
 
 @pytest.fixture(scope="module")
@@ -105,8 +107,11 @@ def test_candidate_tiles_are_what_tk_roll_would_write(h100):
         rolled = roll_module(w.module(), h100, 10)
         op = rolled.ops[0]
         tiles = F.candidate_tiles(rolled, op, h100, "ops[0]")
-        problem = problem_from_analysis(analyze_op(rolled, op, "ops[0]"), dtypes_of(rolled))
-        want = [tile_record(problem, [c]).tile for c in roll_problem(problem, h100, 10)]
+        analysis = op_analysis(rolled, 0)
+        problem = problem_from_analysis(analysis, dtypes_of(rolled))
+        facts = analysis_facts(analysis, dtypes_of(rolled))
+        want = [tile_record(problem, [c], facts, h100.smem_per_block).tile
+                for c in roll_problem(problem, h100, 10)]
         assert tiles == want, w.name
         assert tiles[0] == {**op.tile, "candidates": []}
 

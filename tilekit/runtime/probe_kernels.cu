@@ -1,4 +1,4 @@
-// Micro-benchmarks of `tk-hw probe` (tilekit/hw/probe.py launches them; docs/hwprofiles.md,
+// Micro-benchmarks of `tk-hw probe` (tilekit/runtime/probe.py launches them; docs/hwprofiles.md,
 // "Probing a device", says what each one measures).
 //
 // Every kernel is sized by its arguments and launched as one full wave (SMs x resident blocks),

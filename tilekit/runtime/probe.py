@@ -126,10 +126,10 @@ class Device:
 def open_device() -> Device:
     """The current CUDA device through CuPy; a TilekitError (exit 2) when CuPy or a GPU is
     missing."""
-    from tilekit.runtime.cuda import _cupy, device_arch
+    from tilekit.runtime.cuda import require_cupy, device_arch
 
     try:
-        cupy = _cupy()
+        cupy = require_cupy()
     except TilekitError as exc:
         raise TilekitError(exc.what, "probe",
                            "tk-hw probe measures the GPU it runs on: run it on a machine with "
@@ -152,10 +152,10 @@ def _load_kernels(cupy, arch: str):
     when nvcc is usable with this driver, else by NVRTC; the choice tilekit.runtime.cuda makes
     for generated kernels."""
     from tilekit.codegen.nvcc import compile_unit
-    from tilekit.runtime.cuda import _usable_nvcc
+    from tilekit.runtime.cuda import usable_nvcc
 
     source = KERNELS.read_text(encoding="utf-8")
-    if _usable_nvcc(cupy) is not None:
+    if usable_nvcc(cupy) is not None:
         return cupy.RawModule(path=str(compile_unit(source, arch).cubin))
     return cupy.RawModule(code=source, backend="nvrtc", options=("-std=c++17",))
 

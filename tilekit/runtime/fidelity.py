@@ -22,7 +22,7 @@ module measures how well our ranking holds there (docs/roll.md, "Fidelity"):
 
 This module sits above codegen and the runtime; the roll pass never imports it.
 STATUS: `CudaTimer` was written without a GPU; the rest is tested on the CPU
-(tests/unit/test_roll_fidelity.py) and the kernels compile in tests/bench/test_gpu_fidelity.py.
+(tests/unit/test_runtime_fidelity.py) and the kernels compile in tests/bench/test_gpu_fidelity.py.
 """
 
 from __future__ import annotations
@@ -38,14 +38,16 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from tilekit.codegen.kernel import GeneratedKernel
-from tilekit.codegen.module import _canonical_body, generate, unit_source
+from tilekit.codegen.module import canonical_body, generate, unit_source
 from tilekit.errors import IRError, TilekitError
 from tilekit.ir.model import Kernel, Module, Op, default_kernels
 from tilekit.roll.construct import Candidate
 from tilekit.roll.cost import cost_tiles, machine
 from tilekit.roll.problem import problem_from_analysis
 from tilekit.roll.rtile import RTile
-from tilekit.roll.schedule import analyze_op, dtypes_of, op_tensors, roll_module, tile_record
+from tilekit.ir.graph import graph, op_analysis, op_tensors
+from tilekit.roll.schedule import dtypes_of, roll_module, tile_record
+from tilekit.schedule.shape import analysis_facts
 from tilekit.roll.workloads import Workload, load_workloads
 
 #: The sample of the workload suite the benchmark measures: every SAMPLE_EVERY-th op.
@@ -86,7 +88,7 @@ class OpBuild:
 
 def op_module(module: Module, op: Op) -> Module:
     """`op` alone: the tensors it reads are inputs, the ones it writes outputs."""
-    reads, writes = op_tensors(module, op)
+    reads, writes = op_tensors(op)
     names = list(dict.fromkeys(reads + writes))
     tensors = {n: replace(module.tensors[n], role="output" if n in writes else "input")
                for n in names}
@@ -104,7 +106,9 @@ def candidate_tiles(module: Module, op: Op, profile, where: str) -> list[dict[st
     if op.kind != "expr" or not isinstance(tile, Mapping) or "block" not in tile:
         raise IRError("the op has no tile from tk-roll", f"{where}.tile",
                       "run tk-roll --top-k 10 on this IR first")
-    problem = problem_from_analysis(analyze_op(module, op, where), dtypes_of(module))
+    analysis = op_analysis(module, graph(module).index(op.name), f"{where}.expr")
+    problem = problem_from_analysis(analysis, dtypes_of(module))
+    facts = analysis_facts(analysis, dtypes_of(module))
     entries = [tile, *(tile.get("candidates") or ())]
     spatial = [a for a, _ in problem.spatial]
     reduction = [a for a, _ in problem.reduction]
@@ -126,7 +130,7 @@ def candidate_tiles(module: Module, op: Op, profile, where: str) -> list[dict[st
                       tuple(int(s) for s in step[:, k]))
         cand = Candidate(rtile, costs.estimate(k), int(costs.smem_tile[k]), int(costs.regs[k]),
                          int(costs.threads[k]), int(costs.blocks[k]))
-        record = tile_record(problem, [cand]).tile
+        record = tile_record(problem, [cand], facts, profile.smem_per_block).tile
         out.append({**record, "estimate": dict(entry.get("estimate") or record["estimate"])})
     return out
 
@@ -152,7 +156,7 @@ def build_op(module: Module, op_name: str, profile) -> OpBuild:
             built.append(Built(i, tile, error=f"codegen: {type(exc).__name__}: {exc}"))
             continue
         kernel = result.kernels[0]
-        same = first_of.setdefault(_canonical_body(kernel), i)
+        same = first_of.setdefault(canonical_body(kernel), i)
         built.append(Built(i, tile, kernel, tuple(result.notes),
                            same_as=None if same == i else same))
     return OpBuild(op.name, replace(alone, ops=(replace(op, tile=tiles[0]),)), tuple(built))
@@ -305,7 +309,7 @@ class CudaTimer:
         l2 = int(attrs.get("L2CacheSize") or 0)
         self.flush = cupy.empty(max(2 * l2, 1 << 20), dtype=cupy.uint8) if flush_l2 else None
         # A cubin from a toolkit newer than the driver does not load: NVRTC then.
-        self.nvrtc = cuda._usable_nvcc(cupy) is None
+        self.nvrtc = cuda.usable_nvcc(cupy) is None
         self._loaded: dict[Path, Any] = {}
 
     def _function(self, entry: str):
