@@ -58,6 +58,7 @@ import pytest
 
 from tilekit.codegen import generate
 from tilekit.ir.model import Kernel, Module, Op, Tensor
+from tilekit.ir.payloads import CodegenSection
 
 ROOT = Path(__file__).resolve().parents[2]
 # tests/models (the model builders) and this folder (torch_onnx, imported where torch is used).
@@ -281,7 +282,7 @@ def build_model(spec: ModelSpec, profile, folder: Path, arch: str | None) -> Mod
             from tilekit.codegen.nvcc import compile_unit, find_nvcc
             from tilekit.runtime.cuda import unit_source
             if find_nvcc():
-                compile_unit(unit_source(build.generated.codegen["kernels"]), arch)
+                compile_unit(unit_source(CodegenSection.read(build.generated.codegen).kernels), arch)
     except Exception as exc:  # noqa: BLE001 - recorded in the row
         build.error = _error(exc)
     return build
@@ -294,7 +295,7 @@ def _compile_case(case: Case, profile, arch: str) -> None:
     try:
         if find_nvcc():
             generated = generate(rolled(case.module, profile), profile).module
-            compile_unit(unit_source(generated.codegen["kernels"]), arch)
+            compile_unit(unit_source(CodegenSection.read(generated.codegen).kernels), arch)
     except Exception:  # noqa: BLE001 - _run_case compiles again and reports it
         pass
 
