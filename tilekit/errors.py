@@ -2,7 +2,8 @@
 
 `TilekitError` is bad input (exit 2): a message that says *where* (file, IR path such as
 `ops[12].expr`, or flag), *what* rule was broken and, when we know it, a *hint* to fix it.
-Anything else escaping a command is an internal error (exit 1).
+Anything else escaping a command is an internal error (exit 1); `InternalError` is one that
+knows what reproduces it (the nvcc command that rejects generated code).
 """
 
 from __future__ import annotations
@@ -32,6 +33,22 @@ class TilekitError(Exception):
         if self.hint:
             text += f"; {self.hint}"
         return " ".join(text.split("\n"))
+
+    def __str__(self) -> str:
+        return self.message()
+
+
+class InternalError(Exception):
+    """A fault of tilekit itself that is not the input's (generated code that nvcc rejects):
+    exit 1, with what it was doing and how to reproduce it."""
+
+    def __init__(self, what: str, where: str | None = None, hint: str | None = None):
+        super().__init__(what)
+        self.what = what
+        self.where = where
+        self.hint = hint
+
+    message = TilekitError.message
 
     def __str__(self) -> str:
         return self.message()

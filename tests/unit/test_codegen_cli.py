@@ -135,3 +135,35 @@ def test_a_bad_arch_is_refused_without_compile(arch):
     assert proc.returncode == 2
     assert proc.stdout == b""
     assert f"'{arch}' is not an NVIDIA arch" in proc.stderr.decode()
+
+
+def fake_nvcc(tmp_path: Path, stderr: str) -> Path:
+    """An nvcc that reports version 13.0 and rejects every compile with `stderr`."""
+    script = tmp_path / "nvcc"
+    script.write_text("#!/bin/sh\n"
+                      'case "$1" in --version) echo "Cuda compilation tools, release 13.0, '
+                      'V13.0.88"; exit 0;; esac\n'
+                      f"echo '{stderr}' >&2\nexit 1\n")
+    script.chmod(0o755)
+    return script
+
+
+def test_generated_code_that_nvcc_rejects_is_an_internal_error(tmp_path):
+    """A code generator fault is tilekit's (exit 1), named with the command reproducing it;
+    not a bad-input exit 2."""
+    nvcc = fake_nvcc(tmp_path, "unit.cu(12): error: identifier \"tk_oops\" is undefined")
+    proc = tk_codegen(DATA / "softmax.yaml", "--compile",
+                      env={"TILEKIT_NVCC": str(nvcc), "TILEKIT_CACHE": str(tmp_path / "c")})
+    err = proc.stderr.decode()
+    assert proc.returncode == 1, err
+    assert "internal error" in err and "tk_oops" in err and "reproduce with: cd " in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_an_arch_nvcc_does_not_know_is_bad_input(tmp_path):
+    nvcc = fake_nvcc(tmp_path, "nvcc fatal   : Unsupported gpu architecture 'compute_20'")
+    proc = tk_codegen(DATA / "softmax.yaml", "--compile", "--arch", "sm_20",
+                      env={"TILEKIT_NVCC": str(nvcc), "TILEKIT_CACHE": str(tmp_path / "c")})
+    err = proc.stderr.decode()
+    assert proc.returncode == 2, err
+    assert "does not support sm_20" in err and "--arch" in err

@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 
 from tilekit.codegen import generate
-from tilekit.codegen.module import helpers_sha256
+from tilekit.codegen.helpers import helpers_sha256
 from tilekit.errors import TilekitError, UnsupportedError
 from tilekit.ir.codec import dumps, loads
 from tilekit.ir.model import Kernel, Module, Op, Tensor
@@ -24,8 +24,10 @@ def test_staged_contraction_has_shared_tiles_and_a_step_loop():
     (k,) = kernels_of("matmul_bias_relu")
     assert k.shape == "staged" and k.ops == ("mm", "bias_relu")
     filecheck(k.source,
-              r"CHECK: __shared__ __align__\(16\) float s_x_0\[256\];",   # x box [32, 8]
-              r"CHECK: __shared__ __align__\(16\) float s_w_1\[256\];",   # w box [8, 32]
+              # the body's buffers, carved from its shared-memory base (x box [32, 8] and
+              # w box [8, 32]: 1 KB each), then the kernel entry that runs the body
+              r"CHECK: float\* s_x_0 = reinterpret_cast<float\*>\(tk_smem \+ 0\);",
+              r"CHECK: float\* s_w_1 = reinterpret_cast<float\*>\(tk_smem \+ 1024\);",
               r"CHECK: for \(int q_k = 0; q_k < 37; q_k \+= 8\)",
               r"CHECK: __syncthreads\(\);",
               r"CHECK: s_x_0\[i\] = ",
@@ -38,6 +40,10 @@ def test_staged_contraction_has_shared_tiles_and_a_step_loop():
               r"CHECK: tk_max\(\(v_t_0 \+ t_b\[a_j\]\), 0.0f\)",
               r"CHECK: t_y\[70 \* a_i \+ a_j\] = ",
               r"CHECK-NOT: t_t\[",            # the matmul result never reaches memory
+              r'CHECK: extern "C" __global__ void __launch_bounds__\(128, 1\)',
+              r"CHECK: __shared__ __align__\(16\) unsigned char tk_smem\[2048\];",
+              r"CHECK: tk_k0_body\(t_x, t_w, t_b, t_y, \(int\)blockIdx.x, \(int\)gridDim.x, "
+              r"tk_smem\);",
               r"CHECK-NOT: float4")           # rows of 37 floats are not 16-byte aligned
     assert k.args == ("x", "w", "b", "y") and k.writes == ("y",)
 
@@ -72,13 +78,13 @@ def test_fused_softmax_keeps_intermediates_on_chip():
     assert k.schedule["inlined"] == ["exp"] and k.schedule["shared"] == ["m", "s"]
     assert k.args == ("x", "y") and k.writes == ("y",)
     filecheck(k.source,
-              r"CHECK: __shared__ float s_m\[",
-              r"CHECK: __shared__ float s_s\[",
+              r"CHECK: float\* s_m = reinterpret_cast<float\*>\(tk_smem \+ 0\);",
+              r"CHECK: float\* s_s = reinterpret_cast<float\*>\(tk_smem \+ 16\);",
+              r"CHECK: float\* red0 = reinterpret_cast<float\*>\(tk_smem \+ 32\);",
               # 2 rows per block, 256 threads: 64 lanes per row, so two warps per row
               # combine through shared memory
               r"CHECK: // stage 0: max; region \[2\], 64 lanes per point",
               r"CHECK: tk_warp_max<32>",
-              r"CHECK: __shared__ float red0\[8\];",
               r"CHECK: acc0 = tk_max\(acc0, red0\[tid / 32 \+ w\]\);",
               r"CHECK: s_m\[pt\] = ",
               r"CHECK: __syncthreads\(\);",
@@ -99,7 +105,8 @@ def test_fused_convolutions_compute_the_halo():
     # channels; the region origin moves with the tile and the borders read zero padding.
     assert k.schedule["regions"] == {"conv1": [4, 6, 6], "conv2": [4, 4, 4]}
     filecheck(k.source,
-              r"CHECK: __shared__ float s_r\[144\];",
+              r"CHECK: float\* s_r = reinterpret_cast<float\*>\(tk_smem \+ 0\);  // r region "
+              r"\[4, 6, 6\]",
               r"CHECK: const int r0_1 = o1 - 1;",
               r"CHECK: s_r\[pt\] = ",
               r"CHECK: __syncthreads\(\);",
@@ -229,7 +236,9 @@ def test_fused_blocks_are_whole_warps_and_lane_groups_divide_them(j):
 
 def test_fused_cross_warp_partials_count_as_shared_memory():
     (k,) = kernels_of("softmax")
-    assert "red0[8]" in k.source  # 256 threads: 8 warps, two stages fold across warps
+    # 256 threads: 8 warps, two stages fold across warps, each through 8 slots
+    assert [(b.name, b.count) for b in k.spec.buffers if b.name.startswith("red")] == [
+        ("red0", 8), ("red1", 8)]
     buffers = 2 * 16               # s_m[2] and s_s[2], each rounded up to 16 bytes
     partials = 2 * 8 * 8           # per stage, a slot per warp at 8 bytes
     assert k.smem_planned == buffers + partials

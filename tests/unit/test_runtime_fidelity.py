@@ -216,7 +216,7 @@ def test_compile_falls_back_to_smaller_units(sample, monkeypatch, tmp_path):
 def test_compile_without_nvcc(sample, monkeypatch):
     import tilekit.codegen.nvcc as nvcc
     monkeypatch.setattr(nvcc, "find_nvcc", lambda: None)
-    with pytest.raises(CompileError, match="nvcc was not found"):
+    with pytest.raises(TilekitError, match="nvcc was not found"):
         F.compile_candidates(sample[:1], "sm_90")
 
 

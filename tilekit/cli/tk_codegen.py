@@ -41,7 +41,7 @@ TOOL = "tk-codegen"
                    "error, not a warning.")
 def main(input, output, fmt, hw, arch, emit_dir, compile_, strict, quiet, debug):
     """Generate CUDA kernels for the tile IR module IR (a file, or '-'/nothing for stdin)."""
-    from tilekit.codegen.module import compile_module, generate
+    from tilekit.codegen.module import run_codegen
     from tilekit.codegen.nvcc import check_arch
     from tilekit.ir.codec import read_module, write_module
 
@@ -61,25 +61,18 @@ def main(input, output, fmt, hw, arch, emit_dir, compile_, strict, quiet, debug)
     elif module.hardware:
         from tilekit.hw import load_recorded_profile
         profile = load_recorded_profile(module.hardware, input if input != "-" else None)
-    result = generate(module, profile, arch)
+    result = run_codegen(module, profile, arch, compile=compile_)
     if not quiet:
         for note in result.notes:
             warn(TOOL, note)
+    if result.problems:
+        if strict:
+            raise TilekitError(f"{len(result.problems)} kernel problem(s): "
+                               + "; ".join(result.problems), "--strict",
+                               "re-run tk-roll with a smaller tile, or drop --strict")
+        for problem in result.problems:
+            warn(TOOL, problem)
     out = result.module
-    if compile_:
-        report = compile_module(result, arch, profile)
-        if report.problems:
-            if strict:
-                raise TilekitError(f"{len(report.problems)} kernel problem(s): "
-                                   + "; ".join(report.problems), "--strict",
-                                   "re-run tk-roll with a smaller tile, or drop --strict")
-            for problem in report.problems:
-                warn(TOOL, problem)
-        out = report.module
-    options = {"arch": out.codegen["arch"], "compile": bool(compile_)}
-    if profile is not None:
-        options["hw"] = profile.name
-    out = out.with_stage("codegen", **options)
     # The IR first: when it cannot be written (the input's own path, a missing folder),
     # no kernel sources are left behind either.
     write_module(out, output, fmt, input_path=input)
@@ -91,7 +84,7 @@ def main(input, output, fmt, hw, arch, emit_dir, compile_, strict, quiet, debug)
 def write_sources(kernels, folder: Path) -> None:
     """Each kernel's source as <entry>.cu, plus runtime.cuh, written atomically."""
     from tilekit.cli.common import write_output
-    from tilekit.codegen.module import HELPERS_NAME, helpers_text
+    from tilekit.codegen.helpers import HELPERS_NAME, helpers_text
 
     if folder.exists() and not folder.is_dir():
         raise TilekitError("exists and is not a folder", f"--emit-dir {folder}",

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping
 
 from tilekit.errors import UnsupportedError
-from tilekit.expr.analysis import interval
+from tilekit.expr.intervals import affine_form, interval
 from tilekit.expr.ast import (BINARY_FUNCS, CAST_FUNCS, COMPARISONS, LOGICAL, Access, Axis,
                               Binary, Call, Node, Num, Unary, format_node)
 from tilekit.expr.ops import FUNCTIONS, PAD_VALUES, REDUCTIONS
@@ -182,9 +182,7 @@ def index_code(node: Node, axis_code: Mapping[str, str], ranges: Ranges | None =
     With `ranges`, a `//` or `%` whose left side is provably non-negative uses C's `/` and
     `%` directly; otherwise the floor-semantics helpers of runtime.cuh.
     """
-    from tilekit.expr.analysis import _affine  # the affine normal form of an index
-
-    aff = _affine(node)
+    aff = affine_form(node)
     if aff is not None:
         coefs, const = aff
         return linear(((c, axis_code[a]) for a, c in sorted(coefs.items())), const)

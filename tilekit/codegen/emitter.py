@@ -61,6 +61,12 @@ class Emitter:
         finally:
             self._depth -= 1
 
+    def sibling(self) -> "Emitter":
+        """A new buffer sharing this one's namespace of temporaries (a kernel's sections)."""
+        e = Emitter()
+        e._counters = self._counters
+        return e
+
     def tmp(self, prefix: str) -> str:
         """A fresh name `prefix<n>`, unique in this emitter."""
         n = self._counters.get(prefix, 0)

@@ -25,16 +25,17 @@ from dataclasses import dataclass
 
 from tilekit.codegen.cexpr import (IDENTITY, KIND_CTYPE, WARP_REDUCE, combine, index_code,
                                    linear, pad_literal, storage)
+from tilekit.codegen.builder import BLOCK, KernelBuilder
 from tilekit.codegen.emitter import Emitter
 from tilekit.codegen.kernel import (GeneratedKernel, PointEmitter, avar, c_name,
-                                    contiguous_reduction, decompose, full_ranges, global_read,
-                                    global_store, group_signature, index_type, needs_check,
-                                    open_kernel, strides)
+                                    contiguous_reduction, decompose, finish, full_ranges,
+                                    global_read, global_store, group_signature, index_type,
+                                    needs_check, new_kernel, strides)
 from tilekit.codegen.plan import GroupPlan, OpPlan, Read
-from tilekit.ir.payloads import Tile
-from tilekit.schedule.defaults import (DEFAULT_THREADS, STATIC_SMEM_LIMIT, WARP, lane_count,
-                                       shared_bytes)
 from tilekit.expr.box import Span, clamp, map_box, tile_spans, union
+from tilekit.ir.payloads import Tile
+from tilekit.schedule.defaults import (DEFAULT_THREADS, KIND_BYTES, WARP, lane_count,
+                                       shared_bytes)
 
 
 class FusionError(Exception):
@@ -168,89 +169,83 @@ def fused_kernel(module, plan: GroupPlan, entry: str, tile: Tile | None, limit: 
     sig = group_signature(module, plan)
     idx_t = index_type(module, sig.args)
     grid = math.prod(-(-n // b) for n, b in zip(extents, block)) if extents else 1
-    # Static shared memory (the buffers when static, and the scratch) must fit 48 KB.
-    dynamic = smem > STATIC_SMEM_LIMIT
     stage_of = {t: k for k, s in enumerate(plan.stages) for t in s.outputs}
-    e = Emitter()
     axes = [a for a, _ in last.spatial]
-    open_kernel(e, entry, sig, threads,
-                [f"fused: {len(plan.stages)} stages over a block tile "
-                 + " x ".join(f"{a}:{b}" for a, b in zip(axes, block)) + f" (from {source})",
-                 f"shared memory: {smem} bytes for "
-                 f"{', '.join(sorted(plan.shared)) or 'nothing'}"
-                 + (f" and {scratch} of cross-warp partials" if scratch else "")])
-    with e.block():
-        if dynamic:
-            e.line("TK_DYNAMIC_SMEM(tk_smem);")
-        offset = 0
-        buffers: dict[str, str] = {}
-        for t in sorted(plan.shared):
-            k = stage_of[t]
-            ctype = KIND_CTYPE[storage(module.tensors[t].dtype).kind]
-            size = math.prod(x.length for x in regions.spans[k])
-            name = f"s_{c_name(t)}"
-            buffers[t] = name
-            lens = [x.length for x in regions.spans[k]]
-            if dynamic:
-                e.line(f"{ctype}* {name} = reinterpret_cast<{ctype}*>(tk_smem + {offset});"
-                       f"  // {t} region {lens}")
-            else:
-                e.line(f"__shared__ {ctype} {name}[{size}];  // {t} region {lens}")
-            offset += shared_bytes(size, storage(module.tensors[t].dtype).kind)
-        e.line("const int tid = threadIdx.x;")
-        origins = [e.tmp("o") for _ in axes]
-        grid_dims = [-(-n // b) for n, b in zip(extents, block)]
-        tiles = [e.tmp("b") for _ in axes]
-        decompose(e, f"({idx_t})blockIdx.x", grid_dims, tiles, idx_t)
-        for o, t, b in zip(origins, tiles, block):
-            e.line(f"const {idx_t} {o} = {t} * {b};")
-        # Region origins, and each shared buffer's base offset in element units.
-        region_lo: list[list[str]] = []
-        for k, s in enumerate(plan.stages):
-            names = []
-            for q, span in enumerate(regions.spans[k]):
-                name = f"r{k}_{q}"
-                e.line(f"const {idx_t} {name} = {linear(((c, origins[q]) for q, c in span.lo.coefs), span.lo.const)};")
-                names.append(name)
-            region_lo.append(names)
-        bases: dict[str, str] = {}
-        for t in sorted(plan.shared):
-            k = stage_of[t]
-            lens = [x.length for x in regions.spans[k]]
-            name = f"sb_{c_name(t)}"
-            e.line(f"const {idx_t} {name} = {linear(zip(strides(tuple(lens)), region_lo[k]))};")
-            bases[t] = name
+    kb = new_kernel(entry, sig, threads,
+                    [f"fused: {len(plan.stages)} stages over a block tile "
+                     + " x ".join(f"{a}:{b}" for a, b in zip(axes, block)) + f" (from {source})",
+                     f"shared memory: {smem} bytes for "
+                     f"{', '.join(sorted(plan.shared)) or 'nothing'}"
+                     + (f" and {scratch} of cross-warp partials" if scratch else "")])
+    e = kb.body
+    buffers: dict[str, str] = {}
+    for t in sorted(plan.shared):
+        k = stage_of[t]
+        kind = storage(module.tensors[t].dtype).kind
+        lens = [x.length for x in regions.spans[k]]
+        buffers[t] = kb.shared(f"s_{c_name(t)}", KIND_CTYPE[kind], math.prod(lens),
+                               KIND_BYTES[kind], f"{t} region {lens}")
+    e.line("const int tid = threadIdx.x;")
+    region_lo, bases = _declare_regions(e, plan, regions, extents, idx_t, stage_of)
 
-        def resolve(p: OpPlan, node, axis_code) -> str:
-            r = p.read(node)
-            ranges = full_ranges(p)
-            if r.tensor not in buffers:
-                return global_read(r, axis_code, ranges)
-            k = stage_of[r.tensor]
-            lens = tuple(x.length for x in regions.spans[k])
-            codes = [index_code(m.node, axis_code, ranges) for m in r.maps]
-            offset = linear(zip(strides(lens), [f"({c})" if " " in c else c for c in codes]))
-            value = f"{buffers[r.tensor]}[{offset} - {bases[r.tensor]}]"
-            checks = [f"tk_in({c}, {d})" for c, d, n in
-                      zip(codes, r.shape, needs_check(r, ranges)) if n]
-            if not checks:
-                return value
-            return f"({' && '.join(checks)} ? {value} : {pad_literal(r.pad, r.dtype)})"
+    def resolve(p: OpPlan, node, axis_code) -> str:
+        r = p.read(node)
+        ranges = full_ranges(p)
+        if r.tensor not in buffers:
+            return global_read(r, axis_code, ranges)
+        k = stage_of[r.tensor]
+        lens = tuple(x.length for x in regions.spans[k])
+        codes = [index_code(m.node, axis_code, ranges) for m in r.maps]
+        offset = linear(zip(strides(lens), [f"({c})" if " " in c else c for c in codes]))
+        value = f"{buffers[r.tensor]}[{offset} - {bases[r.tensor]}]"
+        checks = [f"tk_in({c}, {d})" for c, d, n in
+                  zip(codes, r.shape, needs_check(r, ranges)) if n]
+        if not checks:
+            return value
+        return f"({' && '.join(checks)} ? {value} : {pad_literal(r.pad, r.dtype)})"
 
-        for k, s in enumerate(plan.stages):
-            _emit_stage(e, module, plan, k, s, regions.spans[k], region_lo[k], threads,
-                        lanes[k], idx_t, resolve, buffers, is_last=k == len(plan.stages) - 1)
+    for k, s in enumerate(plan.stages):
+        _emit_stage(kb, e, module, plan, k, s, regions.spans[k], region_lo[k], threads,
+                    lanes[k], idx_t, resolve, buffers, is_last=k == len(plan.stages) - 1)
     sched = {"source": source, "block": dict(zip(axes, block)), "threads": threads,
              "lanes": {s.main.op.name: n for s, n in zip(plan.stages, lanes)},
              "regions": {s.main.op.name: [x.length for x in regions.spans[k]]
                          for k, s in enumerate(plan.stages)},
              "shared": sorted(plan.shared)}
-    return GeneratedKernel(
-        name=plan.name, group=plan.kernel.name, entry=entry,
-        ops=tuple(plan.kernel.ops), shape="fused", schedule=sched,
-        grid=(grid, 1, 1), block=(threads, 1, 1), smem_bytes=regions.smem if dynamic else 0,
-        smem_planned=smem, args=sig.args, writes=tuple(sig.writes), body=e.text(),
-        uses_half=sig.uses_half())
+    kernel = finish(kb, plan, "fused", sched, grid, sig)
+    assert kernel.smem_planned == smem, "the builder and the region plan disagree"
+    return kernel
+
+
+def _declare_regions(e: Emitter, plan: GroupPlan, regions: Regions, extents: list[int],
+                     idx_t: str, stage_of: dict[str, int]
+                     ) -> tuple[list[list[str]], dict[str, str]]:
+    """Declare the block's tile origin, each stage's region origin (linear in it) and each
+    shared buffer's base offset in element units; returns (region origins, buffer bases)."""
+    block = regions.block
+    origins = [e.tmp("o") for _ in extents]
+    tiles = [e.tmp("b") for _ in extents]
+    decompose(e, f"({idx_t}){BLOCK}", [-(-n // b) for n, b in zip(extents, block)], tiles,
+              idx_t)
+    for o, t, b in zip(origins, tiles, block):
+        e.line(f"const {idx_t} {o} = {t} * {b};")
+    region_lo: list[list[str]] = []
+    for k in range(len(plan.stages)):
+        names = []
+        for q, span in enumerate(regions.spans[k]):
+            name = f"r{k}_{q}"
+            start = linear(((c, origins[p]) for p, c in span.lo.coefs), span.lo.const)
+            e.line(f"const {idx_t} {name} = {start};")
+            names.append(name)
+        region_lo.append(names)
+    bases: dict[str, str] = {}
+    for t in sorted(plan.shared):
+        k = stage_of[t]
+        lens = [x.length for x in regions.spans[k]]
+        name = f"sb_{c_name(t)}"
+        e.line(f"const {idx_t} {name} = {linear(zip(strides(tuple(lens)), region_lo[k]))};")
+        bases[t] = name
+    return region_lo, bases
 
 
 def stage_lanes(p: OpPlan, volume: int, threads: int) -> int:
@@ -276,12 +271,14 @@ def cross_warp_bytes(threads: int) -> int:
     return shared_bytes(threads // WARP, "d")
 
 
-def _cross_warp(e: Emitter, assign: str, acc: str, kind: str, lanes: int, threads: int) -> None:
+def _cross_warp(kb: KernelBuilder, e: Emitter, assign: str, acc: str, kind: str, lanes: int,
+                threads: int) -> None:
     """Combine the warps of each lane group through shared memory: warp leaders write their
     partial result, the group's first lane folds them. Two barriers, block-uniform."""
     warps = lanes // WARP
-    red = e.tmp("red")
-    e.line(f"__shared__ {KIND_CTYPE[kind]} {red}[{threads // WARP}];")
+    # Counted at 8 bytes a slot (cross_warp_bytes) whatever the kind: one bound for all.
+    red = kb.shared(e.tmp("red"), KIND_CTYPE[kind], threads // WARP, KIND_BYTES["d"],
+                    "cross-warp partials")
     e.line(f"if (tid % {WARP} == 0) {red}[tid / {WARP}] = {acc};")
     e.line("__syncthreads();")
     with e.block("if (lane == 0)"):
@@ -290,7 +287,7 @@ def _cross_warp(e: Emitter, assign: str, acc: str, kind: str, lanes: int, thread
     e.line("__syncthreads();  // the partials are read before the next pass rewrites them")
 
 
-def _emit_stage(e: Emitter, module, plan: GroupPlan, k: int, s, spans, lo_vars: list[str],
+def _emit_stage(kb: KernelBuilder, e: Emitter, module, plan: GroupPlan, k: int, s, spans, lo_vars: list[str],
                 threads: int, lanes: int, idx_t: str, resolve, buffers: dict[str, str],
                 is_last: bool) -> None:
     p = s.main
@@ -334,7 +331,7 @@ def _emit_stage(e: Emitter, module, plan: GroupPlan, k: int, s, spans, lo_vars: 
                 if lanes > 1:
                     e.line(f"{acc} = {WARP_REDUCE[p.assign]}<{min(lanes, WARP)}>({acc});")
                 if lanes > WARP:
-                    _cross_warp(e, p.assign, acc, kind, lanes, threads)
+                    _cross_warp(kb, e, p.assign, acc, kind, lanes, threads)
                 with e.block("if (ok && lane == 0)" if lanes > 1 else "if (ok)"):
                     pe.epilogue(pe.main_value(p, (acc, kind)), sink)
             else:

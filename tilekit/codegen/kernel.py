@@ -31,12 +31,13 @@ from tilekit import __version__
 from tilekit.codegen.cexpr import (HALF_DTYPES, IDENTITY, KIND_CTYPE, WARP_REDUCE, ValueCompiler,
                                    accumulator_kind, combine, convert, index_code, linear,
                                    load_value, pad_literal, storage, store_value)
+from tilekit.codegen.builder import BLOCK, NBLOCKS, KernelBuilder, KernelSpec
 from tilekit.codegen.emitter import Emitter
 from tilekit.codegen.plan import GroupPlan, OpPlan, Read, Stage
 from tilekit.ir.payloads import KernelRecord, Tile
 from tilekit.schedule.defaults import DEFAULT_THREADS, default_grid, lane_count
 from tilekit.schedule.shape import walks_contiguously
-from tilekit.expr.analysis import interval
+from tilekit.expr.intervals import interval
 from tilekit.expr.ast import Access
 from tilekit.ir.model import Module
 
@@ -62,6 +63,7 @@ class GeneratedKernel:
     body: str                     # the function text (after the preamble)
     uses_half: bool = False
     notes: tuple[str, ...] = ()
+    spec: KernelSpec | None = None  # the structured form (tilekit.codegen.builder)
 
     @property
     def source(self) -> str:
@@ -254,19 +256,29 @@ def group_signature(module: Module, plan: GroupPlan, shared: frozenset[str] = fr
     return sig
 
 
-def open_kernel(e: Emitter, entry: str, sig: Signature, threads: int, comment: list[str],
-                register_tile: bool = False) -> None:
-    """The kernel's head. Kernels with a register tile (tiled, staged) say
-    `__launch_bounds__(threads, 1)`: launchable with `threads` threads and no occupancy target
-    of ptxas' own, since the tile chose the registers (with `(threads)` alone ptxas 13 capped
-    registers below need and spilled on rolled convolutions). The others keep ptxas' default
-    heuristic, which keeps simple loops at few registers and high occupancy (with `(threads,
-    1)` it unrolled them to 140+ registers). See docs/codegen.md."""
-    for line in comment:
-        e.comment(line)
-    bounds = f"{threads}, 1" if register_tile else f"{threads}"
-    e.line(f'extern "C" __global__ void __launch_bounds__({bounds})')
-    e.line(f"{entry}({sig.params()})")
+def new_kernel(entry: str, sig: Signature, threads: int, comment: list[str],
+               register_tile: bool = False) -> KernelBuilder:
+    """A kernel builder for the group's signature. Kernels with a register tile (tiled,
+    staged) get `__launch_bounds__(threads, 1)`: launchable with `threads` threads and no
+    occupancy target of ptxas' own, since the tile chose the registers (with `(threads)`
+    alone ptxas 13 capped registers below need and spilled on rolled convolutions). The
+    others keep ptxas' default heuristic, which keeps simple loops at few registers and high
+    occupancy (with `(threads, 1)` it unrolled them to 140+ registers). See docs/codegen.md."""
+    return KernelBuilder(entry, sig.params(), ", ".join(tvar(t) for t in sig.args), threads,
+                         register_tile, list(comment))
+
+
+def finish(kb: KernelBuilder, plan, shape: str, schedule: Mapping, grid: int,
+           sig: Signature, ops: tuple[str, ...] | None = None) -> GeneratedKernel:
+    """The generated kernel of a builder: its spec printed, its launch recorded."""
+    spec = kb.build()
+    return GeneratedKernel(
+        name=plan.name, group=plan.kernel.name, entry=kb.entry,
+        ops=ops if ops is not None else tuple(plan.kernel.ops), shape=shape,
+        schedule=schedule, grid=(grid, 1, 1), block=(kb.threads, 1, 1),
+        smem_bytes=spec.smem_bytes if spec.dynamic else 0, smem_planned=spec.smem_bytes,
+        args=sig.args, writes=tuple(sig.writes), body=spec.source(),
+        uses_half=sig.uses_half(), spec=spec)
 
 
 # -- per-point evaluation of one stage ---------------------------------------------------
@@ -415,49 +427,43 @@ def default_kernel(module: Module, plan: GroupPlan, entry: str) -> GeneratedKern
     per_block = threads // lanes
     grid = default_grid(points, per_block)
     idx_t = index_type(module, sig.args, grid_stride_end(points, grid, threads))
-    e = Emitter()
     sched = {"source": "default", "threads": threads, "lanes": lanes,
              "points_per_block": per_block}
-    open_kernel(e, entry, sig, threads,
-                [f"default schedule: {threads} threads, {lanes} lane(s) per output point, "
-                 "grid-stride loop"])
+    kb = new_kernel(entry, sig, threads,
+                    [f"default schedule: {threads} threads, {lanes} lane(s) per output point, "
+                     "grid-stride loop"])
+    e = kb.body
     axes = [a for a, _ in main.spatial]
     vars_ = [avar(a) for a in axes]
     extents = [n for _, n in main.spatial]
-    with e.block():
-        pe = PointEmitter(module, e, stage, vars_, global_resolver)
-        sink = store_sink(module, e, plan.stored, vars_)
-        if lanes == 1:
-            head = (f"for ({idx_t} p = ({idx_t})blockIdx.x * {threads} + threadIdx.x; "
-                    f"p < {points}; p += ({idx_t})gridDim.x * {threads})")
-            with e.block(head):
-                decompose(e, "p", extents, vars_, idx_t)
-                acc = None
-                if main.reduces:
-                    acc = _reduce_at_point(pe, main, 1)
-                pe.epilogue(pe.main_value(main, acc) if acc else None, sink)
-        else:
-            e.line(f"const int lane = threadIdx.x % {lanes};")
-            head = (f"for ({idx_t} base = ({idx_t})blockIdx.x * {per_block}; base < {points}; "
-                    f"base += ({idx_t})gridDim.x * {per_block})")
-            with e.block(head):
-                e.line(f"const {idx_t} p = base + threadIdx.x / {lanes};")
-                e.line(f"const bool active = p < {points};")
-                decompose(e, "(active ? p : 0)", extents, vars_, idx_t)
-                kind = pe.acc_kind(main)
-                acc = e.tmp("acc")
-                e.line(f"{KIND_CTYPE[kind]} {acc} = {IDENTITY[main.assign][kind]};")
-                with e.block("if (active)"):
-                    pe.emit_reduction_loops(main, acc, kind, lanes)
-                e.line(f"{acc} = {WARP_REDUCE[main.assign]}<{lanes}>({acc});")
-                with e.block("if (active && lane == 0)"):
-                    pe.epilogue(pe.main_value(main, (acc, kind)), sink)
-    return GeneratedKernel(
-        name=plan.name, group=plan.kernel.name, entry=entry,
-        ops=tuple(plan.kernel.ops),
-        shape="default", schedule=sched, grid=(grid, 1, 1), block=(threads, 1, 1),
-        smem_bytes=0, smem_planned=0, args=sig.args, writes=tuple(sig.writes), body=e.text(),
-        uses_half=sig.uses_half())
+    pe = PointEmitter(module, e, stage, vars_, global_resolver)
+    sink = store_sink(module, e, plan.stored, vars_)
+    if lanes == 1:
+        head = (f"for ({idx_t} p = ({idx_t}){BLOCK} * {threads} + threadIdx.x; "
+                f"p < {points}; p += ({idx_t}){NBLOCKS} * {threads})")
+        with e.block(head):
+            decompose(e, "p", extents, vars_, idx_t)
+            acc = None
+            if main.reduces:
+                acc = _reduce_at_point(pe, main, 1)
+            pe.epilogue(pe.main_value(main, acc) if acc else None, sink)
+    else:
+        e.line(f"const int lane = threadIdx.x % {lanes};")
+        head = (f"for ({idx_t} base = ({idx_t}){BLOCK} * {per_block}; base < {points}; "
+                f"base += ({idx_t}){NBLOCKS} * {per_block})")
+        with e.block(head):
+            e.line(f"const {idx_t} p = base + threadIdx.x / {lanes};")
+            e.line(f"const bool active = p < {points};")
+            decompose(e, "(active ? p : 0)", extents, vars_, idx_t)
+            kind = pe.acc_kind(main)
+            acc = e.tmp("acc")
+            e.line(f"{KIND_CTYPE[kind]} {acc} = {IDENTITY[main.assign][kind]};")
+            with e.block("if (active)"):
+                pe.emit_reduction_loops(main, acc, kind, lanes)
+            e.line(f"{acc} = {WARP_REDUCE[main.assign]}<{lanes}>({acc});")
+            with e.block("if (active && lane == 0)"):
+                pe.epilogue(pe.main_value(main, (acc, kind)), sink)
+    return finish(kb, plan, "default", sched, grid, sig)
 
 
 def _reduce_at_point(pe: PointEmitter, p: OpPlan, lanes: int) -> tuple[str, str]:
@@ -472,13 +478,14 @@ def _reduce_at_point(pe: PointEmitter, p: OpPlan, lanes: int) -> tuple[str, str]
 
 def block_origins(e: Emitter, axes: list[str], extents: list[int], block: tuple[int, ...],
                   idx_t: str) -> list[str]:
-    """Declare `o_<axis>` (this block's tile origin) from blockIdx.x, innermost axis fastest."""
+    """Declare `o_<axis>` (this block's tile origin) from the block index, innermost axis
+    fastest."""
     grid = [-(-n // b) for n, b in zip(extents, block)]
     names = [f"o_{c_name(a)}" for a in axes]
     if not axes:
         return names
     tiles = [e.tmp("b") for _ in axes]
-    decompose(e, f"({idx_t})blockIdx.x", grid, tiles, idx_t)
+    decompose(e, f"({idx_t}){BLOCK}", grid, tiles, idx_t)
     for name, t, b in zip(names, tiles, block):
         e.line(f"const {idx_t} {name} = {t} * {b};" if b != 1 else f"const {idx_t} {name} = {t};")
     return names
@@ -502,60 +509,55 @@ def tiled_kernel(module: Module, plan: GroupPlan, entry: str, tile: Tile) -> Gen
     threads_per_axis = [b // t for b, t in zip(tile.block, tile.thread)]
     threads = tile.threads
     grid = math.prod(tile.grid(tuple(extents)))
-    e = Emitter()
-    open_kernel(e, entry, sig, threads, [f"tiled: {_tile_text(tile, main)}"],
-                register_tile=True)
+    kb = new_kernel(entry, sig, threads, [f"tiled: {_tile_text(tile, main)}"],
+                    register_tile=True)
+    e = kb.body
     vars_ = [avar(a) for a in axes]
-    with e.block():
-        origins = block_origins(e, axes, extents, tile.block, idx_t)
-        thread_vars = thread_coords(e, axes, threads_per_axis)
-        pe = PointEmitter(module, e, stage, vars_, global_resolver)
-        npoints = math.prod(tile.thread)
-        kind = pe.acc_kind(main) if main.reduces else None
-        bounds = _bounds_check(vars_, extents, tile.block)
+    origins = block_origins(e, axes, extents, tile.block, idx_t)
+    thread_vars = thread_coords(e, axes, threads_per_axis)
+    pe = PointEmitter(module, e, stage, vars_, global_resolver)
+    npoints = math.prod(tile.thread)
+    kind = pe.acc_kind(main) if main.reduces else None
+    bounds = _bounds_check(vars_, extents, tile.block)
 
-        def point_loops(body: Callable[[str], None]) -> None:
-            with register_loops(e, axes, tile.thread):
-                for v, o, w, a, t, across in zip(vars_, origins, thread_vars, axes,
-                                                      tile.thread, threads_per_axis):
-                    j = f" + j_{c_name(a)} * {across}" if t > 1 else ""
-                    e.line(f"const {idx_t} {v} = {o} + {w}{j};")
-                slot = linear(((math.prod(tile.thread[k + 1:]), f"j_{c_name(a)}")
-                               for k, (a, t) in enumerate(zip(axes, tile.thread)) if t > 1))
-                with e.blocks([f"if ({bounds})"] if bounds else []):
-                    body(slot)
+    def point_loops(body: Callable[[str], None]) -> None:
+        with register_loops(e, axes, tile.thread):
+            for v, o, w, a, t, across in zip(vars_, origins, thread_vars, axes,
+                                                  tile.thread, threads_per_axis):
+                j = f" + j_{c_name(a)} * {across}" if t > 1 else ""
+                e.line(f"const {idx_t} {v} = {o} + {w}{j};")
+            slot = linear(((math.prod(tile.thread[k + 1:]), f"j_{c_name(a)}")
+                           for k, (a, t) in enumerate(zip(axes, tile.thread)) if t > 1))
+            with e.blocks([f"if ({bounds})"] if bounds else []):
+                body(slot)
 
-        if main.reduces:
-            acc = "acc"
-            e.line(f"{KIND_CTYPE[kind]} {acc}[{npoints}];")
-            e.line("#pragma unroll")
-            e.line(f"for (int k = 0; k < {npoints}; ++k) {acc}[k] = {IDENTITY[main.assign][kind]};")
-            # Reduction loops outside the register tile: each loaded reduction slice is
-            # used by every point of the thread's tile while it is in registers or L1.
-            def fold(slot: str) -> None:
-                comp = pe.compiler(main, pe.axis_code(main))
-                e.line(combine(main.assign, f"{acc}[{slot}]",
-                               _ll_if(comp.emit(main.body, kind), kind)))
-            with e.blocks(f"for (int {avar(a)} = 0; {avar(a)} < {n}; ++{avar(a)})"
-                          for a, n in main.reduction):
-                point_loops(fold)
+    if main.reduces:
+        acc = "acc"
+        e.line(f"{KIND_CTYPE[kind]} {acc}[{npoints}];")
+        e.line("#pragma unroll")
+        e.line(f"for (int k = 0; k < {npoints}; ++k) {acc}[k] = {IDENTITY[main.assign][kind]};")
+        # Reduction loops outside the register tile: each loaded reduction slice is
+        # used by every point of the thread's tile while it is in registers or L1.
+        def fold(slot: str) -> None:
+            comp = pe.compiler(main, pe.axis_code(main))
+            e.line(combine(main.assign, f"{acc}[{slot}]",
+                           _ll_if(comp.emit(main.body, kind), kind)))
+        with e.blocks(f"for (int {avar(a)} = 0; {avar(a)} < {n}; ++{avar(a)})"
+                      for a, n in main.reduction):
+            point_loops(fold)
 
-            def finish(slot: str) -> None:
-                pe.registers.clear()
-                pe.epilogue(pe.main_value(main, (f"{acc}[{slot}]", kind)),
-                            store_sink(module, e, plan.stored, vars_))
-            point_loops(finish)
-        else:
-            def compute(slot: str) -> None:
-                pe.registers.clear()
-                pe.epilogue(None, store_sink(module, e, plan.stored, vars_))
-            point_loops(compute)
-    return GeneratedKernel(
-        name=plan.name, group=plan.kernel.name, entry=entry,
-        ops=tuple(plan.kernel.ops), shape="tiled",
-        schedule=tile.describe(tuple(axes), tuple(a for a, _ in main.reduction)),
-        grid=(grid, 1, 1), block=(threads, 1, 1), smem_bytes=0, smem_planned=0,
-        args=sig.args, writes=tuple(sig.writes), body=e.text(), uses_half=sig.uses_half())
+        def store(slot: str) -> None:
+            pe.registers.clear()
+            pe.epilogue(pe.main_value(main, (f"{acc}[{slot}]", kind)),
+                        store_sink(module, e, plan.stored, vars_))
+        point_loops(store)
+    else:
+        def compute(slot: str) -> None:
+            pe.registers.clear()
+            pe.epilogue(None, store_sink(module, e, plan.stored, vars_))
+        point_loops(compute)
+    return finish(kb, plan, "tiled",
+                  tile.describe(tuple(axes), tuple(a for a, _ in main.reduction)), grid, sig)
 
 
 @contextmanager

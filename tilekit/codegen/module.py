@@ -23,13 +23,12 @@ the IR, the profile and runtime.cuh, so the output is deterministic.
 
 from __future__ import annotations
 
-import hashlib
 import re
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
 from tilekit.codegen.fused import FusionError, fused_kernel
+from tilekit.codegen.helpers import HELPERS_NAME, helpers_sha256
 from tilekit.codegen.kernel import GeneratedKernel, c_name, default_kernel, tiled_kernel
 from tilekit.codegen.nvcc import check_arch
 from tilekit.codegen.opaque import opaque_kernel
@@ -40,19 +39,11 @@ from tilekit.schedule.shape import decide
 from tilekit.codegen.staged import op_facts, staged_kernel
 from tilekit.errors import TilekitError
 from tilekit.ir.model import Kernel, Module, default_kernels
+from tilekit.ir.stages import run_stage
 
-HELPERS = Path(__file__).resolve().parent / "runtime.cuh"
-HELPERS_NAME = "runtime.cuh"
 #: Arch recorded when neither --arch nor a hardware profile names one.
 DEFAULT_ARCH = "sm_90"
 
-
-def helpers_text() -> str:
-    return HELPERS.read_text(encoding="utf-8")
-
-
-def helpers_sha256() -> str:
-    return hashlib.sha256(HELPERS.read_bytes()).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -100,16 +91,56 @@ def generate(module: Module, profile=None, arch: str | None = None) -> CodegenRe
             tuple(g.entry for g in made), one and one.grid, one and one.block,
             one and one.smem_bytes, one and one.shape, split).record()
     out_kernels = tuple(replace(kn, launch=launches[kn.name]) for kn in kernels)
-    if arch is not None:
-        the_arch = check_arch(arch)
-    elif profile is not None:
-        the_arch = check_arch(profile.arch, f"hardware profile '{profile.name}': arch")
-    else:
-        the_arch = DEFAULT_ARCH
+    the_arch = target_arch(arch, profile)
     section = CodegenSection(the_arch, {"file": HELPERS_NAME, "sha256": helpers_sha256()},
                              tuple(g.record() for g in generated), tuple(notes))
     result = replace(module, kernels=out_kernels, codegen=section.record())
     return CodegenResult(result, tuple(generated), tuple(notes))
+
+
+def target_arch(arch: str | None, profile=None) -> str:
+    """The arch generated for: `arch` when given, else the profile's, else `DEFAULT_ARCH`."""
+    if arch is not None:
+        return check_arch(arch)
+    if profile is not None:
+        return check_arch(profile.arch, f"hardware profile '{profile.name}': arch")
+    return DEFAULT_ARCH
+
+
+@dataclass(frozen=True)
+class CodegenRun:
+    """The codegen stage's outcome: the module (its `codegen` section, kernel launches and
+    the stage recorded), the generated kernels, notes, and with `compile` the kernels over a
+    limit or spilling."""
+
+    module: Module
+    kernels: tuple[GeneratedKernel, ...]
+    notes: tuple[str, ...]
+    problems: tuple[str, ...] = ()
+
+
+def run_codegen(module: Module, profile=None, arch: str | None = None,
+                compile: bool = False) -> CodegenRun:
+    """The codegen stage: `generate`, with `compile` also `compile_module`, recorded through
+    `tilekit.ir.stages.run_stage` (options: arch, compile, hw)."""
+    the_arch = target_arch(arch, profile)
+    done: dict[str, Any] = {}
+
+    def work(m: Module) -> Module:
+        result = generate(m, profile, the_arch)
+        done["result"] = result
+        if not compile:
+            return result.module
+        report = compile_module(result, the_arch, profile)
+        done["problems"] = report.problems
+        return report.module
+
+    options: dict[str, Any] = {"arch": the_arch, "compile": bool(compile)}
+    if profile is not None:
+        options["hw"] = profile.name
+    out = run_stage(module, "codegen", work, options)
+    result = done["result"]
+    return CodegenRun(out, result.kernels, result.notes, tuple(done.get("problems", ())))
 
 
 def _unique_entry(name: str, used: set[str]) -> str:

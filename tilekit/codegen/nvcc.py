@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Mapping
 
-from tilekit.errors import TilekitError
+from tilekit.errors import InternalError, TilekitError
 
 #: Flags of every compile; part of the cache key.
 NVCC_FLAGS = ("-cubin", "-O3", "-std=c++17", "-Xptxas", "-v")
@@ -34,8 +34,10 @@ ENV_CACHE = "TILEKIT_CACHE"
 ENV_NVCC = "TILEKIT_NVCC"
 
 
-class CompileError(TilekitError):
-    """nvcc rejected generated code (a codegen bug, or an arch nvcc does not support)."""
+class CompileError(InternalError):
+    """nvcc rejected generated code: a code generator bug (exit 1), reported with the command
+    that reproduces it. An arch nvcc does not support and a missing nvcc are the user's
+    (TilekitError, exit 2)."""
 
 
 @dataclass(frozen=True)
@@ -91,7 +93,7 @@ def nvcc_version(nvcc: str) -> str:
     try:
         out = subprocess.run([nvcc, "--version"], capture_output=True, text=True, timeout=60)
     except OSError as exc:
-        raise CompileError(f"cannot run {nvcc}: {exc}", "--compile",
+        raise TilekitError(f"cannot run {nvcc}: {exc}", "--compile",
                            "install the CUDA toolkit or set TILEKIT_NVCC") from None
     m = re.search(r"V(\d+\.\d+\.\d+)", out.stdout) or re.search(r"release (\d+\.\d+)", out.stdout)
     return m.group(1) if m else "unknown"
@@ -145,11 +147,11 @@ def _key(source: str, helpers: str, arch: str, nvcc: str, extra: tuple[str, ...]
 def compile_unit(source: str, arch: str, *, helpers_dir: Path | None = None,
                  extra_flags: tuple[str, ...] = (), use_cache: bool = True) -> CompileResult:
     """Compile `source` (which includes "runtime.cuh") for `arch` and parse ptxas' report."""
-    from tilekit.codegen.module import HELPERS
+    from tilekit.codegen.helpers import HELPERS
 
     nvcc = find_nvcc()
     if nvcc is None:
-        raise CompileError("nvcc was not found on PATH", "--compile",
+        raise TilekitError("nvcc was not found on PATH", "--compile",
                            "install the CUDA toolkit, set TILEKIT_NVCC, or drop --compile")
     check_arch(arch)
     helpers_path = (helpers_dir or HELPERS.parent) / "runtime.cuh"
@@ -179,6 +181,10 @@ def compile_unit(source: str, arch: str, *, helpers_dir: Path | None = None,
         os.replace(work, failed)
         command = f"cd {shlex.quote(str(failed))} && {shlex.join([Path(nvcc).name] + argv[1:])}"
         errors = [ln for ln in log.splitlines() if "error" in ln.lower()][:5]
+        if re.search(r"unsupported gpu architecture|not defined for option 'gpu-architecture'",
+                     log, re.I):
+            raise TilekitError(f"nvcc {nvcc_version(nvcc)} does not support {arch}", "--arch",
+                               "choose an arch this CUDA toolkit knows (nvcc --list-gpu-arch)")
         raise CompileError(f"nvcc failed for {arch} (exit {proc.returncode}): "
                            + " | ".join(errors or log.strip().splitlines()[-3:]),
                            "--compile", f"reproduce with: {command}")

@@ -16,14 +16,15 @@ from __future__ import annotations
 import math
 from typing import Callable, Mapping
 
+from tilekit.codegen.builder import BLOCK, NBLOCKS, KernelBuilder
 from tilekit.codegen.cexpr import load_value, storage
 from tilekit.codegen.emitter import Emitter
-from tilekit.codegen.kernel import (GeneratedKernel, Signature, grid_stride_end, index_type,
-                                    open_kernel, strides, tvar)
+from tilekit.codegen.kernel import (GeneratedKernel, Signature, finish, grid_stride_end,
+                                    index_type, new_kernel, strides, tvar)
 from tilekit.codegen.plan import OpaquePlan
-from tilekit.schedule.defaults import DEFAULT_THREADS, default_grid
 from tilekit.errors import TilekitError, UnsupportedError
 from tilekit.ir.model import Module
+from tilekit.schedule.defaults import DEFAULT_THREADS, default_grid
 
 Rule = Callable[[Module, OpaquePlan, str], GeneratedKernel]
 
@@ -35,8 +36,8 @@ def _spec(plan: OpaquePlan) -> tuple[list[str], list[str], Mapping]:
 
 
 def _grid_stride(e: Emitter, idx_t: str, total: int) -> str:
-    return (f"for ({idx_t} p = ({idx_t})blockIdx.x * {DEFAULT_THREADS} + threadIdx.x; "
-            f"p < {total}; p += ({idx_t})gridDim.x * {DEFAULT_THREADS})")
+    return (f"for ({idx_t} p = ({idx_t}){BLOCK} * {DEFAULT_THREADS} + threadIdx.x; "
+            f"p < {total}; p += ({idx_t}){NBLOCKS} * {DEFAULT_THREADS})")
 
 
 def _index_type(module: Module, sig: Signature, total: int) -> str:
@@ -44,16 +45,12 @@ def _index_type(module: Module, sig: Signature, total: int) -> str:
     return index_type(module, sig.args, grid_stride_end(total, grid, DEFAULT_THREADS))
 
 
-def _kernel(module: Module, plan: OpaquePlan, entry: str, sig: Signature, e: Emitter,
-            total: int, what: str) -> GeneratedKernel:
-    return GeneratedKernel(
-        name=plan.name, group=plan.kernel.name, entry=entry, ops=(plan.op.name,),
-        shape=f"opaque:{what}",
-        schedule={"source": "default", "threads": DEFAULT_THREADS, "lanes": 1,
-                  "points_per_block": DEFAULT_THREADS},
-        grid=(default_grid(total, DEFAULT_THREADS), 1, 1), block=(DEFAULT_THREADS, 1, 1),
-        smem_bytes=0, smem_planned=0, args=sig.args, writes=tuple(sig.writes), body=e.text(),
-        uses_half=sig.uses_half())
+def _kernel(plan: OpaquePlan, kb: KernelBuilder, sig: Signature, total: int,
+            what: str) -> GeneratedKernel:
+    return finish(kb, plan, f"opaque:{what}",
+                  {"source": "default", "threads": DEFAULT_THREADS, "lanes": 1,
+                   "points_per_block": DEFAULT_THREADS},
+                  default_grid(total, DEFAULT_THREADS), sig, ops=(plan.op.name,))
 
 
 def gather(module: Module, plan: OpaquePlan, entry: str) -> GeneratedKernel:
@@ -67,22 +64,21 @@ def gather(module: Module, plan: OpaquePlan, entry: str) -> GeneratedKernel:
     total = module.tensors[out].size
     sig = _signature(module, [data, ind], [out])
     idx_t = _index_type(module, sig, total)
-    e = Emitter()
-    open_kernel(e, entry, sig, DEFAULT_THREADS,
-                [f"opaque Gather (axis {axis}): {out} = take({data}, {ind})"])
-    with e.block():
-        with e.block(_grid_stride(e, idx_t, total)):
-            e.line(f"const {idx_t} i = p % {inner};")
-            e.line(f"const {idx_t} q = (p / {inner}) % {count};")
-            e.line(f"const {idx_t} o = p / ({inner} * ({idx_t}){count});")
-            e.line(f"long long k = {load_value(f'{tvar(ind)}[q]', module.tensors[ind].dtype)};")
-            e.line(f"if (k < 0) k += {dim};")
-            dtype = module.tensors[data].dtype
-            zero = "0" if storage(dtype).kind != "b" else "false"
-            e.line(f"{tvar(out)}[p] = tk_in(k, {dim}LL) ? "
-                   f"{tvar(data)}[(o * {dim} + ({idx_t})k) * {inner} + i] : "
-                   f"({storage(dtype).ctype}){zero};")
-    return _kernel(module, plan, entry, sig, e, total, "Gather")
+    kb = new_kernel(entry, sig, DEFAULT_THREADS,
+                    [f"opaque Gather (axis {axis}): {out} = take({data}, {ind})"])
+    e = kb.body
+    with e.block(_grid_stride(e, idx_t, total)):
+        e.line(f"const {idx_t} i = p % {inner};")
+        e.line(f"const {idx_t} q = (p / {inner}) % {count};")
+        e.line(f"const {idx_t} o = p / ({inner} * ({idx_t}){count});")
+        e.line(f"long long k = {load_value(f'{tvar(ind)}[q]', module.tensors[ind].dtype)};")
+        e.line(f"if (k < 0) k += {dim};")
+        dtype = module.tensors[data].dtype
+        zero = "0" if storage(dtype).kind != "b" else "false"
+        e.line(f"{tvar(out)}[p] = tk_in(k, {dim}LL) ? "
+               f"{tvar(data)}[(o * {dim} + ({idx_t})k) * {inner} + i] : "
+               f"({storage(dtype).ctype}){zero};")
+    return _kernel(plan, kb, sig, total, "Gather")
 
 
 def gather_elements(module: Module, plan: OpaquePlan, entry: str) -> GeneratedKernel:
@@ -94,27 +90,27 @@ def gather_elements(module: Module, plan: OpaquePlan, entry: str) -> GeneratedKe
     total = module.tensors[out].size
     sig = _signature(module, [data, ind], [out])
     idx_t = _index_type(module, sig, total)
-    e = Emitter()
-    open_kernel(e, entry, sig, DEFAULT_THREADS,
-                [f"opaque GatherElements (axis {axis}): {out} = take_along_axis({data}, {ind})"])
+    kb = new_kernel(entry, sig, DEFAULT_THREADS,
+                    [f"opaque GatherElements (axis {axis}): {out} = take_along_axis({data}, "
+                     f"{ind})"])
+    e = kb.body
     dstr = strides(dshape)
-    with e.block():
-        with e.block(_grid_stride(e, idx_t, total)):
-            e.line(f"{idx_t} rem = p;")
-            e.line(f"{idx_t} off = 0;")
-            e.line(f"long long k = {load_value(f'{tvar(ind)}[p]', module.tensors[ind].dtype)};")
-            e.line(f"if (k < 0) k += {dshape[axis]};")
-            e.line(f"bool ok = tk_in(k, {dshape[axis]}LL);")
-            for d in range(len(ishape) - 1, -1, -1):
-                e.line(f"{{ const {idx_t} c = rem % {ishape[d]}; rem /= {ishape[d]};")
-                coord = f"({idx_t})k" if d == axis else "c"
-                if d != axis:
-                    e.line(f"  ok = ok && c < {dshape[d]};")
-                e.line(f"  off += {coord} * {dstr[d]}; }}")
-            dtype = module.tensors[data].dtype
-            zero = "0" if storage(dtype).kind != "b" else "false"
-            e.line(f"{tvar(out)}[p] = ok ? {tvar(data)}[off] : ({storage(dtype).ctype}){zero};")
-    return _kernel(module, plan, entry, sig, e, total, "GatherElements")
+    with e.block(_grid_stride(e, idx_t, total)):
+        e.line(f"{idx_t} rem = p;")
+        e.line(f"{idx_t} off = 0;")
+        e.line(f"long long k = {load_value(f'{tvar(ind)}[p]', module.tensors[ind].dtype)};")
+        e.line(f"if (k < 0) k += {dshape[axis]};")
+        e.line(f"bool ok = tk_in(k, {dshape[axis]}LL);")
+        for d in range(len(ishape) - 1, -1, -1):
+            e.line(f"{{ const {idx_t} c = rem % {ishape[d]}; rem /= {ishape[d]};")
+            coord = f"({idx_t})k" if d == axis else "c"
+            if d != axis:
+                e.line(f"  ok = ok && c < {dshape[d]};")
+            e.line(f"  off += {coord} * {dstr[d]}; }}")
+        dtype = module.tensors[data].dtype
+        zero = "0" if storage(dtype).kind != "b" else "false"
+        e.line(f"{tvar(out)}[p] = ok ? {tvar(data)}[off] : ({storage(dtype).ctype}){zero};")
+    return _kernel(plan, kb, sig, total, "GatherElements")
 
 
 def _io(plan: OpaquePlan, n_in: int, n_out: int):

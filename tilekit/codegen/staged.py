@@ -30,12 +30,12 @@ from tilekit.codegen.cexpr import (IDENTITY, KIND_CTYPE, ValueCompiler, combine,
 from tilekit.codegen.emitter import Emitter
 from tilekit.codegen.kernel import (GeneratedKernel, PointEmitter, _ll_if, _tile_text, avar,
                                     block_origins, c_name, decompose, global_resolver,
-                                    group_signature, index_type, needs_check, open_kernel,
+                                    finish, group_signature, index_type, needs_check, new_kernel,
                                     register_loops, store_sink, strides, thread_coords, tvar)
 from tilekit.codegen.plan import GroupPlan, OpPlan, Read
 from tilekit.ir.payloads import Tile
 from tilekit.schedule.defaults import STATIC_SMEM_LIMIT
-from tilekit.schedule.shape import KernelShape, OpFacts, buffer_bytes, facts_of
+from tilekit.schedule.shape import ITEMSIZE, KernelShape, OpFacts, facts_of
 
 @dataclass(frozen=True)
 class Box:
@@ -115,76 +115,73 @@ def staged_kernel(module, plan: GroupPlan, entry: str, decision: KernelShape
         boxes[key] = Box(first_read[key], f"s_{c_name(sb.read.tensor)}_{len(boxes)}",
                          sb.extents, sb.adjust)
     total = decision.smem_bytes
-    dynamic = total > STATIC_SMEM_LIMIT
-    e = Emitter()
-    open_kernel(e, entry, sig, threads,
-                [f"staged: {_tile_text(tile, p)}",
-                 f"shared memory: {total} bytes ({'dynamic' if dynamic else 'static'})"],
-                register_tile=True)
+    kb = new_kernel(entry, sig, threads,
+                    [f"staged: {_tile_text(tile, p)}",
+                     f"shared memory: {total} bytes "
+                     f"({'dynamic' if total > STATIC_SMEM_LIMIT else 'static'})"],
+                    register_tile=True)
+    e = kb.body
     vars_ = [avar(a) for a in axes]
-    with e.block():
-        if dynamic:
-            e.line("TK_DYNAMIC_SMEM(tk_smem);")
-        offset = 0
+    for b in boxes.values():
+        # Staged in the tensor's own storage type (half stays 2 bytes), converted to the
+        # compute kind when a thread reads it into its fragment.
+        kb.shared(b.buffer, storage(b.read.dtype).ctype, b.volume, ITEMSIZE[b.read.dtype],
+                  f"{b.read.tensor} box {list(b.extents)}")
+    e.line("const int tid = threadIdx.x;")
+    origins = block_origins(e, axes, extents, tile.block, idx_t)
+    thread_vars = thread_coords(e, axes, threads_per_axis)
+    pe = PointEmitter(module, e, stage, vars_, global_resolver)
+    kind = pe.acc_kind(p)
+    npoints = math.prod(tile.thread)
+    e.line(f"{KIND_CTYPE[kind]} acc[{npoints}];")
+    e.line("#pragma unroll")
+    e.line(f"for (int k = 0; k < {npoints}; ++k) acc[k] = {IDENTITY[p.assign][kind]};")
+    # Step loops over the reduction axes (chunk origins q_<axis>).
+    with ExitStack() as steps:
+        for (a, n), s in zip(p.reduction, tile.step):
+            q = f"q_{c_name(a)}"
+            if s >= n:  # one step covers the axis
+                e.line(f"const int {q} = 0;")
+                continue
+            steps.enter_context(e.block(f"for (int {q} = 0; {q} < {n}; {q} += {s})"))
+        e.line("__syncthreads();  // the previous step's buffers are no longer read")
+        base = {a: o for a, o in zip(axes, origins)}
+        base.update({a: f"q_{c_name(a)}" for a in raxes})
+        ranges = _padded_ranges(p, tile)
         for b in boxes.values():
-            # Staged in the tensor's own storage type (half stays 2 bytes), converted to the
-            # compute kind when a thread reads it into its fragment.
-            ctype = storage(b.read.dtype).ctype
-            if dynamic:
-                e.line(f"{ctype}* {b.buffer} = reinterpret_cast<{ctype}*>(tk_smem + {offset});"
-                       f"  // {b.read.tensor} box {list(b.extents)}")
-            else:
-                e.line(f"__shared__ __align__(16) {ctype} {b.buffer}[{b.volume}];"
-                       f"  // {b.read.tensor} box {list(b.extents)}")
-            offset += buffer_bytes(b.volume, b.read.dtype)
-        e.line("const int tid = threadIdx.x;")
-        origins = block_origins(e, axes, extents, tile.block, idx_t)
-        thread_vars = thread_coords(e, axes, threads_per_axis)
-        pe = PointEmitter(module, e, stage, vars_, global_resolver)
-        kind = pe.acc_kind(p)
-        npoints = math.prod(tile.thread)
-        e.line(f"{KIND_CTYPE[kind]} acc[{npoints}];")
-        e.line("#pragma unroll")
-        e.line(f"for (int k = 0; k < {npoints}; ++k) acc[k] = {IDENTITY[p.assign][kind]};")
-        # Step loops over the reduction axes (chunk origins q_<axis>).
-        with ExitStack() as steps:
-            for (a, n), s in zip(p.reduction, tile.step):
-                q = f"q_{c_name(a)}"
-                if s >= n:  # one step covers the axis
-                    e.line(f"const int {q} = 0;")
-                    continue
-                steps.enter_context(e.block(f"for (int {q} = 0; {q} < {n}; {q} += {s})"))
-            e.line("__syncthreads();  // the previous step's buffers are no longer read")
-            base = {a: o for a, o in zip(axes, origins)}
-            base.update({a: f"q_{c_name(a)}" for a in raxes})
-            ranges = _padded_ranges(p, tile)
-            for b in boxes.values():
-                _emit_load(e, b, base, ranges, threads, idx_t, lengths)
-            e.line("__syncthreads();")
-            _emit_compute(e, p, tile, boxes, thread_vars, threads_per_axis, kind, module)
-        # Epilogue: every point of the register tile, in range, through the chain to memory.
-        bounds = " && ".join(f"{v} < {n}" for v, n, bl in zip(vars_, extents, tile.block)
-                             if n % bl)
-        with register_loops(e, axes, tile.thread):
-            for v, o, w, a, t, across in zip(vars_, origins, thread_vars, axes, tile.thread,
-                                                  threads_per_axis):
-                j = f" + j_{c_name(a)} * {across}" if t > 1 else ""
-                e.line(f"const {idx_t} {v} = {o} + {w}{j};")
-            slot = _slot(axes, tile.thread, axes)
-            with e.blocks([f"if ({bounds})"] if bounds else []):
-                pe.epilogue(pe.main_value(p, (f"acc[{slot}]", kind)),
-                            store_sink(module, e, plan.stored, vars_))
+            _emit_load(e, b, base, ranges, threads, idx_t, lengths)
+        e.line("__syncthreads();")
+        _emit_compute(e, p, tile, boxes, thread_vars, threads_per_axis, kind, module)
+    _emit_epilogue(e, module, plan, pe, tile, origins, thread_vars, idx_t, kind)
     sched = tile.describe(tuple(axes), tuple(raxes))
     sched["smem_buffers"] = [{"tensor": b.read.tensor, "box": list(b.extents)}
                              for b in boxes.values()]
     sched["vectorized"] = sorted(b.read.tensor for b in boxes.values()
                                  if vector_width(b, lengths) == 4)
-    return GeneratedKernel(
-        name=plan.name, group=plan.kernel.name, entry=entry,
-        ops=tuple(plan.kernel.ops), shape="staged", schedule=sched,
-        grid=(grid, 1, 1), block=(threads, 1, 1), smem_bytes=total if dynamic else 0,
-        smem_planned=total, args=sig.args, writes=tuple(sig.writes), body=e.text(),
-        uses_half=sig.uses_half())
+    kernel = finish(kb, plan, "staged", sched, grid, sig)
+    assert kernel.smem_planned == total, "the builder and the shape decision disagree"
+    return kernel
+
+
+def _emit_epilogue(e: Emitter, module, plan: GroupPlan, pe: PointEmitter, tile: Tile,
+                   origins: list[str], thread_vars: list[str], idx_t: str, kind: str) -> None:
+    """Every point of the register tile, in range, through the chain to memory."""
+    p = plan.stages[0].main
+    axes = [a for a, _ in p.spatial]
+    extents = [n for _, n in p.spatial]
+    vars_ = [avar(a) for a in axes]
+    threads_per_axis = [b // t for b, t in zip(tile.block, tile.thread)]
+    bounds = " && ".join(f"{v} < {n}" for v, n, bl in zip(vars_, extents, tile.block)
+                         if n % bl)
+    with register_loops(e, axes, tile.thread):
+        for v, o, w, a, t, across in zip(vars_, origins, thread_vars, axes, tile.thread,
+                                         threads_per_axis):
+            j = f" + j_{c_name(a)} * {across}" if t > 1 else ""
+            e.line(f"const {idx_t} {v} = {o} + {w}{j};")
+        slot = _slot(axes, tile.thread, axes)
+        with e.blocks([f"if ({bounds})"] if bounds else []):
+            pe.epilogue(pe.main_value(p, (f"acc[{slot}]", kind)),
+                        store_sink(module, e, plan.stored, vars_))
 
 
 def _padded_ranges(p: OpPlan, tile: Tile) -> dict[str, tuple[int, int]]:

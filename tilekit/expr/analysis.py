@@ -13,6 +13,8 @@ from typing import Mapping
 from tilekit.errors import ExprError
 from tilekit.expr.ast import (COMPARISONS, LOGICAL, REDUCE_OPS, Access, Axis, Binary, Call,
                               Node, Num, Statement, Unary, body_accesses, format_node, walk)
+from tilekit.expr.box import Span, map_box
+from tilekit.expr.intervals import affine_form, interval
 
 Box = Mapping[str, tuple[int, int]]  # axis -> half-open [start, stop)
 
@@ -108,42 +110,13 @@ def _inside_index(node: Node, stmt: Statement) -> bool:
 
 # -- index maps --------------------------------------------------------------------------
 
-def _affine(node: Node) -> tuple[dict[str, int], int] | None:
-    """`node` as (coefficients, constant) if it is affine in the axes, else None."""
-    if isinstance(node, Num):
-        return ({}, int(node.value)) if isinstance(node.value, int) else None
-    if isinstance(node, Axis):
-        return ({node.name: 1}, 0)
-    if isinstance(node, Unary) and node.op == "-":
-        inner = _affine(node.arg)
-        return None if inner is None else ({a: -c for a, c in inner[0].items()}, -inner[1])
-    if isinstance(node, Binary) and node.op in ("+", "-"):
-        lhs, rhs = _affine(node.lhs), _affine(node.rhs)
-        if lhs is None or rhs is None:
-            return None
-        sign = 1 if node.op == "+" else -1
-        terms = dict(lhs[0])
-        for a, c in rhs[0].items():
-            terms[a] = terms.get(a, 0) + sign * c
-        return ({a: c for a, c in terms.items() if c != 0}, lhs[1] + sign * rhs[1])
-    if isinstance(node, Binary) and node.op == "*":
-        lhs, rhs = _affine(node.lhs), _affine(node.rhs)
-        if lhs is None or rhs is None:
-            return None
-        if lhs[0] and rhs[0]:
-            return None  # product of two axes: not affine
-        (terms, k), scale = (lhs, rhs[1]) if not rhs[0] else (rhs, lhs[1])
-        return ({a: c * scale for a, c in terms.items() if c * scale != 0}, k * scale)
-    return None
-
-
 def _check_index_node(node: Node, where: str) -> None:
     for n in walk(node):
         if isinstance(n, Num) and not isinstance(n.value, int):
             raise ExprError(f"index {format_node(node)!r} uses a non-integer constant", where)
         if isinstance(n, Binary):
-            if n.op == "*" and _affine(n.lhs) is not None and _affine(n.rhs) is not None:
-                if _affine(n.lhs)[0] and _affine(n.rhs)[0]:
+            if n.op == "*" and affine_form(n.lhs) is not None and affine_form(n.rhs) is not None:
+                if affine_form(n.lhs)[0] and affine_form(n.rhs)[0]:
                     raise ExprError(f"index {format_node(node)!r} multiplies two axes", where,
                                     "indices must be affine: axis * constant")
             if n.op in ("//", "%"):
@@ -155,50 +128,10 @@ def _check_index_node(node: Node, where: str) -> None:
 
 def index_map(node: Node, where: str = "") -> IndexMap:
     _check_index_node(node, where)
-    aff = _affine(node)
+    aff = affine_form(node)
     if aff is None:
         return IndexMap(node, (), 0, False)
     return IndexMap(node, tuple(sorted(aff[0].items())), aff[1], True)
-
-
-# -- interval arithmetic (ranges and boxes) ----------------------------------------------
-
-def interval(node: Node, ranges: Mapping[str, tuple[int, int]]) -> tuple[int, int]:
-    """Inclusive [lo, hi] of an index expression when each axis ranges over `ranges`
-    (inclusive bounds). Exact for affine indices where each axis appears once."""
-    if isinstance(node, Num):
-        v = int(node.value)
-        return v, v
-    if isinstance(node, Axis):
-        return ranges[node.name]
-    if isinstance(node, Unary):
-        lo, hi = interval(node.arg, ranges)
-        return -hi, -lo
-    if isinstance(node, Binary):
-        aff = _affine(node)
-        if aff is not None:  # exact even when an axis appears in several terms
-            lo = hi = aff[1]
-            for a, c in aff[0].items():
-                alo, ahi = ranges[a]
-                lo += min(c * alo, c * ahi)
-                hi += max(c * alo, c * ahi)
-            return lo, hi
-        llo, lhi = interval(node.lhs, ranges)
-        rlo, rhi = interval(node.rhs, ranges)
-        if node.op == "+":
-            return llo + rlo, lhi + rhi
-        if node.op == "-":
-            return llo - rhi, lhi - rlo
-        if node.op == "*":
-            prods = (llo * rlo, llo * rhi, lhi * rlo, lhi * rhi)
-            return min(prods), max(prods)
-        if node.op == "//":
-            return llo // rlo, lhi // rlo
-        if node.op == "%":
-            if llo // rlo == lhi // rlo:
-                return llo % rlo, lhi % rlo
-            return 0, rlo - 1
-    raise ExprError(f"not an index expression: {format_node(node)}")
 
 
 def input_box(analysis: Analysis, access: int | AccessInfo, box: Box | None = None,
@@ -209,8 +142,6 @@ def input_box(analysis: Analysis, access: int | AccessInfo, box: Box | None = No
     `box` range over their full extent. With `clamp`, the box is cut to the tensor's bounds
     (what is actually loaded when out-of-range reads are padding).
     """
-    from tilekit.expr.box import Span, map_box
-
     info = analysis.accesses[access] if isinstance(access, int) else access
     spans = {a: Span.of(0, e) for a, e in analysis.axes}
     if box:
@@ -222,16 +153,9 @@ def input_box(analysis: Analysis, access: int | AccessInfo, box: Box | None = No
 
 # -- analysis ----------------------------------------------------------------------------
 
-def analyze(stmt: Statement, shapes: Mapping[str, tuple[int, ...]],
-            axes: Mapping[str, int] | None = None, pad: str | None = None,
-            dtypes: Mapping[str, str] | None = None) -> Analysis:
-    """Derive axes, extents and index maps of `stmt` over tensors of the given shapes.
-
-    Raises ExprError for unknown tensors, rank mismatches, unknown or conflicting axis
-    extents, out-of-range reads without `pad`, and `=` statements with reduction axes.
-    """
-    explicit = dict(axes or {})
-    out = stmt.output
+def _spatial_axes(out: Access, shapes: Mapping[str, tuple[int, ...]]
+                  ) -> tuple[tuple[int, ...], list[tuple[str, int]]]:
+    """The output's shape and its axes with their extents (plain, distinct axis names)."""
     if out.tensor not in shapes:
         raise ExprError(f"output tensor {out.tensor!r} is not declared", "output",
                         "declare it under tensors:")
@@ -248,6 +172,20 @@ def analyze(stmt: Statement, shapes: Mapping[str, tuple[int, ...]],
             raise ExprError(f"axis {idx.name!r} appears twice in the output", "output",
                             "use one axis per output dimension (diagonals are not expressible)")
         spatial.append((idx.name, out_shape[pos]))
+    return out_shape, spatial
+
+
+def analyze(stmt: Statement, shapes: Mapping[str, tuple[int, ...]],
+            axes: Mapping[str, int] | None = None, pad: str | None = None,
+            dtypes: Mapping[str, str] | None = None) -> Analysis:
+    """Derive axes, extents and index maps of `stmt` over tensors of the given shapes.
+
+    Raises ExprError for unknown tensors, rank mismatches, unknown or conflicting axis
+    extents, out-of-range reads without `pad`, and `=` statements with reduction axes.
+    """
+    explicit = dict(axes or {})
+    out = stmt.output
+    out_shape, spatial = _spatial_axes(out, shapes)
     spatial_names = dict(spatial)
 
     reads = body_accesses(stmt.body)
@@ -308,28 +246,29 @@ def analyze(stmt: Statement, shapes: Mapping[str, tuple[int, ...]],
                         "use += (sum), max=, min= or *=, or index the output with them")
 
     all_extents = dict(spatial) | dict(reduction_axes)
-    # Spatial axes with a plain use in an input must not disagree with smaller inputs.
-    infos: list[AccessInfo] = []
-    ranges = {a: (0, e - 1) for a, e in all_extents.items()}
-    empty = any(e == 0 for e in all_extents.values())
-    for acc in reads:
-        shape = tuple(shapes[acc.tensor])
-        maps = tuple(index_map(idx, acc.tensor) for idx in acc.indices)
-        info = AccessInfo(acc.tensor, shape, maps, acc)
-        if not empty:
-            for pos, (m, dim) in enumerate(zip(maps, shape)):
-                lo, hi = interval(m.node, ranges)
-                if (lo < 0 or hi >= dim) and pad is None:
-                    raise ExprError(
-                        f"{format_node(acc)} reads index {lo}..{hi} of dimension {pos}, "
-                        f"which has size {dim}", acc.tensor,
-                        "fix the index map or extents, or declare the op's pad value "
-                        "(pad: '0') if out-of-range reads are padding")
-        infos.append(info)
+    infos = [_access_info(acc, shapes, all_extents, pad) for acc in reads]
     _check_body(stmt.body, set(all_extents))
     out_dtype = dtypes.get(out.tensor) if dtypes else None
     return Analysis(stmt, out.tensor, out_shape, tuple(spatial), reduction_axes, tuple(infos),
                     pad, out_dtype)
+
+
+def _access_info(acc: Access, shapes: Mapping[str, tuple[int, ...]],
+                 extents: Mapping[str, int], pad: str | None) -> AccessInfo:
+    """One read's index maps; without `pad`, a proof that no index leaves its dimension."""
+    shape = tuple(shapes[acc.tensor])
+    maps = tuple(index_map(idx, acc.tensor) for idx in acc.indices)
+    if pad is None and not any(e == 0 for e in extents.values()):
+        ranges = {a: (0, e - 1) for a, e in extents.items()}
+        for pos, (m, dim) in enumerate(zip(maps, shape)):
+            lo, hi = interval(m.node, ranges)
+            if lo < 0 or hi >= dim:
+                raise ExprError(
+                    f"{format_node(acc)} reads index {lo}..{hi} of dimension {pos}, "
+                    f"which has size {dim}", acc.tensor,
+                    "fix the index map or extents, or declare the op's pad value "
+                    "(pad: '0') if out-of-range reads are padding")
+    return AccessInfo(acc.tensor, shape, maps, acc)
 
 
 def _check_body(node: Node, axes: set[str]) -> None:

@@ -28,6 +28,8 @@ from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
+from tilekit.expr.intervals import interval
+
 
 @dataclass(frozen=True)
 class Lin:
@@ -111,8 +113,6 @@ def map_box(maps, spans: Mapping[str, Span], dims: Sequence[int],
     """The box of a tensor read through index `maps` (tilekit.expr.IndexMap, one per
     dimension) while the axes range over `spans`. A quasi-affine map is bounded by intervals
     when its axes' spans are concrete, else it takes the whole dimension."""
-    from tilekit.expr.analysis import interval
-
     out = []
     for m, dim in zip(maps, dims):
         if m.affine:

@@ -22,6 +22,7 @@ import yaml
 from tilekit.errors import ProfileError
 from tilekit.hw.profile import Profile
 from tilekit.hw.schema import parse_yaml, read_profile
+from tilekit.resources import shipped
 
 ENV_VAR = "TILEKIT_HWPROFILES"
 #: libyaml's parser when PyYAML was built with it: ten times faster than the pure-Python one.
@@ -30,8 +31,8 @@ SUFFIXES = (".yaml", ".yml")
 
 
 def builtin_dir() -> Path:
-    """The `hwprofiles/` folder that ships with tilekit (repository root, beside the package)."""
-    return Path(__file__).resolve().parents[2] / "hwprofiles"
+    """The `hwprofiles/` folder that ships with tilekit (tilekit.resources)."""
+    return shipped("hwprofiles")
 
 
 def profile_dirs() -> list[Path]:

@@ -18,8 +18,8 @@ import re
 from typing import Any, Mapping
 
 from tilekit.errors import ExprError, IRError, TilekitError
-from tilekit.ir.codec import (OPAQUE_KEYS, STAGE_KEYS, WEIGHTS_KEYS, key_path, key_problem,
-                              type_name, where)
+from tilekit.ir.keys import (OPAQUE_KEYS, STAGE_KEYS, WEIGHTS_KEYS, key_path, key_problem,
+                             type_name, where)
 from tilekit.ir.graph import op_analysis
 from tilekit.ir.model import DTYPES, OP_KINDS, PAD_VALUES, ROLES, Kernel, Module, Op, Tensor
 

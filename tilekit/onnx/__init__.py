@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 import zipfile
 from dataclasses import replace
@@ -88,18 +89,29 @@ def write_weights(path: str, weights: Mapping[str, np.ndarray]) -> str:
     weights always give the same bytes. Arrays are streamed, never copied whole.
     """
     with atomic_write(path, f"--weights {path}") as fh:
-        with zipfile.ZipFile(fh, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
-            for name in sorted(weights):
-                info = zipfile.ZipInfo(f"{name}.npy", date_time=(1980, 1, 1, 0, 0, 0))
-                info.external_attr = 0o644 << 16
-                with zf.open(info, "w", force_zip64=True) as member:
-                    np.lib.format.write_array(member, np.asanyarray(weights[name]),
-                                              allow_pickle=False)
+        _write_npz(fh, weights)
     digest = hashlib.sha256()
     with open(path, "rb") as fh:
         for block in iter(lambda: fh.read(1 << 22), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+def weights_sha256(weights: Mapping[str, np.ndarray]) -> str:
+    """The sha256 `write_weights` would record, computed in memory (nothing written)."""
+    buffer = io.BytesIO()
+    _write_npz(buffer, weights)
+    return hashlib.sha256(buffer.getvalue()).hexdigest()
+
+
+def _write_npz(fh, weights: Mapping[str, np.ndarray]) -> None:
+    with zipfile.ZipFile(fh, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
+        for name in sorted(weights):
+            info = zipfile.ZipInfo(f"{name}.npy", date_time=(1980, 1, 1, 0, 0, 0))
+            info.external_attr = 0o644 << 16
+            with zf.open(info, "w", force_zip64=True) as member:
+                np.lib.format.write_array(member, np.asanyarray(weights[name]),
+                                          allow_pickle=False)
 
 
 def _relative(path: str, folder: str) -> str:
@@ -108,16 +120,18 @@ def _relative(path: str, folder: str) -> str:
 
 def attach_files(imported: Imported, *, ir_folder: str, weights_path: str,
                  onnx_path: str | None, onnx_sha256: str,
-                 options: Mapping[str, Any]) -> Imported:
-    """Write the weights sidecar (when there are weights) and record in the module `source`
-    and `weights` (paths relative to `ir_folder`, checksums) and the `import` stage."""
+                 options: Mapping[str, Any], write: bool = True) -> Imported:
+    """Write the weights sidecar (when there are weights; with `write=False` only its
+    checksum is computed) and record in the module `source` and `weights` (paths relative to
+    `ir_folder`, checksums) and the `import` stage."""
     module = imported.module
     source = {"onnx": _relative(onnx_path, ir_folder)} if onnx_path else {}
     source["sha256"] = onnx_sha256
     source.update(module.source or {})
     weights_ref = None
     if imported.weights:
-        digest = write_weights(weights_path, imported.weights)
+        digest = (write_weights(weights_path, imported.weights) if write
+                  else weights_sha256(imported.weights))
         weights_ref = {"file": _relative(weights_path, ir_folder), "sha256": digest}
     module = replace(module, source=source, weights=weights_ref)
     module = module.with_stage("import", **dict(options))

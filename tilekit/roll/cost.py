@@ -227,106 +227,42 @@ def as_columns(rows, n: int) -> np.ndarray:
 def cost_tiles(problem: Problem, m: Machine, block: np.ndarray, thread: np.ndarray,
                step: np.ndarray) -> TileCosts:
     """Cost candidates given as columns: `block` and `thread` are (n_spatial, n) int arrays,
-    `step` is (n_reduction, n)."""
+    `step` is (n_reduction, n). The phases, in order: the shared shape decision, the global
+    traffic, the shared-memory traffic, occupancy, then the times."""
     ns = problem.n_spatial
     n = max(np.shape(block)[1] if ns else 1, np.shape(step)[1] if len(step) else 1)
     if not (np.shape(block) == np.shape(thread) == (ns, n) and np.shape(step)[0] == len(
             problem.axes) - ns and (not len(step) or np.shape(step)[1] == n)):
         block, thread, step = (as_columns(block, n), as_columns(thread, n),
                                as_columns(step, n))
-    ext = np.array(problem.extents, dtype=np.int64).reshape(-1, 1)
-    s_ext, r_ext = ext[:ns], ext[ns:]
-    txn = m.transaction_bytes
-
-    grid = -(-s_ext // block)
-    blocks = grid.prod(axis=0)
-    threads = (block // thread).prod(axis=0)
-    nsteps_axes = -(-r_ext // step)
-    nsteps = nsteps_axes.prod(axis=0)
-    red_points = (nsteps_axes * step).prod(axis=0)
-
-    # Compute: the padded iteration space is what the blocks execute.
-    work = (grid * block).prod(axis=0).astype(np.float64) * red_points * \
-        problem.flops_per_point
-    flops = float(problem.flops_per_point) * problem.output_points * problem.reduction_points
-
-    # The shared shape decision (tilekit.schedule.shape), over all candidates: a stageable
-    # reduction is staged where some read's box is reused MIN_REUSE times per step; every
-    # distinct read's box is then staged, in its storage type, each buffer 16-byte aligned.
-    tile_sizes = np.vstack([block, step])
-    points = block.prod(axis=0) * step.prod(axis=0)
-    box_bytes = np.zeros(n, dtype=np.int64)
-    reused = np.zeros(n, dtype=bool)
-    for op in problem.operands:
-        volume = op.box_volume(tile_sizes)
-        box_bytes = box_bytes + -(-volume * op.itemsize // SMEM_ALIGN) * SMEM_ALIGN
-        reused = reused | (points >= MIN_REUSE * volume)
-    staged = reused & problem.stageable
+    g = _Grid(problem, block, thread, step)
+    staged, box_bytes = _decide_staging(problem, g)
     # (A CUDA code generator's decision: a distributed machine has no lanes to give.)
     lanes_default = (~staged & problem.has_reduction & (problem.lanes >= WARP)
                      & (not m.distributed))
     smem_tile = np.where(staged, box_bytes, 0)
-
-    # Global traffic per block: reduced inputs once per step, the rest once, then the store.
-    whole_sizes = np.vstack([block, np.broadcast_to(r_ext, step.shape)])
-    loads = np.zeros(n, dtype=np.int64)
-    for op, reduced in zip(problem.operands, problem.reduced):
-        if reduced:
-            total, run = op.contiguous_run(tile_sizes)
-            loads = loads + nsteps * _rounded_bytes(total, run, op.itemsize, txn)
-        else:
-            total, run = op.contiguous_run(whole_sizes)
-            loads = loads + _rounded_bytes(total, run, op.itemsize, txn)
-    out_total = block.prod(axis=0)
-    out_run = np.ones(n, dtype=np.int64)
-    whole = np.ones(n, dtype=bool)
-    for a in reversed(range(ns)):  # the output's run continues while inner axes are whole
-        out_run = np.where(whole, out_run * block[a], out_run)
-        whole = whole & (block[a] >= problem.extents[a])
-    stores = _rounded_bytes(out_total, out_run, problem.out_itemsize, txn)
-    dram_bytes = (blocks * (loads + stores)).astype(np.float64)
+    loads, stores = _global_traffic(problem, g, m.transaction_bytes)
+    dram_bytes = (g.blocks * (loads + stores)).astype(np.float64)
 
     # Shared memory (staged kernels): staged bytes written, register-tile operands read per
     # reduction point.
     unit = np.vstack([thread, np.ones_like(step)])
-    per_point = np.zeros(n, dtype=np.int64)
+    per_point = np.zeros(g.n, dtype=np.int64)
     for op in problem.operands:
         per_point = per_point + op.footprint(unit) * op.itemsize
-    smem_traffic = np.where(staged, (blocks * threads * red_points * per_point).astype(
-        np.float64) + (blocks * nsteps * smem_tile).astype(np.float64), 0.0)
+    smem_traffic = np.where(staged, (g.blocks * g.threads * g.red_points * per_point).astype(
+        np.float64) + (g.blocks * g.nsteps * smem_tile).astype(np.float64), 0.0)
 
-    # Resources and occupancy. A block whose threads do not fill whole warps leaves lanes
-    # idle: every kind of work (arithmetic, shared and global accesses) is issued per warp,
-    # so each time is divided by the fraction of lanes used.
     regs = registers_per_thread(problem, thread, staged, ptxas=not m.distributed)
-    warps = -(-threads // m.hw.warp_size)
-    lanes = threads / (warps * m.hw.warp_size)
-    reg_alloc = regs * warps * m.hw.warp_size
-    by_threads = m.hw.max_threads_per_sm // (warps * m.hw.warp_size)
-    by_regs = m.hw.regs_per_sm // reg_alloc
-    by_smem = np.where(smem_tile > 0, m.hw.smem_per_sm // np.maximum(smem_tile, 1),
-                       m.hw.max_blocks_per_sm)
-    per_sm = np.minimum(np.minimum(by_threads, by_regs),
-                        np.minimum(by_smem, m.hw.max_blocks_per_sm))
-    valid = ((threads <= m.hw.max_threads_per_block) & (regs <= m.hw.max_regs_per_thread)
-             & (regs * threads <= m.hw.regs_per_block) & (smem_tile <= m.hw.smem_per_block)
-             & (per_sm >= 1))
-    # A grid smaller than one full wave spreads over the SMs first, so only
-    # `resident` blocks share an SM; the SM is saturated once it holds `SATURATING_WARPS`.
-    resident = np.minimum(np.maximum(per_sm, 1), -(-blocks // m.hw.sm_count))
-    slots = m.hw.sm_count * resident
-    eff, waves = wave_efficiency(blocks, slots)
-    saturation = np.minimum(1.0, warps * resident / min(SATURATING_WARPS, m.hw.max_warps_per_sm))
-
+    occ = _occupancy(m, g, regs, smem_tile)
     # Times. Compute and shared memory are per-SM resources: a partial wave or an SM short of
     # warps leaves them idle. The global level is device-wide, so it is not quantised by
     # waves: its traffic (L2 or exchange to the SMs) is bounded by what the busiest SM can
     # pull through its port (its share of that bandwidth), and the compulsory bytes by DRAM.
-    sm_busy = eff * saturation
-    t_compute = work / m.peak / lanes / sm_busy
-    t_smem = smem_traffic / m.smem_bw / lanes / sm_busy
-    per_block = loads + stores
-    busiest = -(-blocks // m.hw.sm_count) * per_block / (lanes * saturation)
+    sm_busy = occ.eff * occ.saturation
+    t_compute = g.work / m.peak / occ.lanes / sm_busy
+    t_smem = smem_traffic / m.smem_bw / occ.lanes / sm_busy
+    busiest = -(-g.blocks // m.hw.sm_count) * (loads + stores) / (occ.lanes * occ.saturation)
     if m.distributed:
         t_traffic = dram_bytes / m.exchange_bw
         t_global = np.maximum(t_traffic, busiest / (m.exchange_bw / m.hw.sm_count))
@@ -338,17 +274,110 @@ def cost_tiles(problem: Problem, m: Machine, block: np.ndarray, thread: np.ndarr
                               busiest / (m.l2_bw / m.hw.sm_count))
     terms = np.stack([t_compute, t_smem, t_global])
     busy = terms.max(axis=0)
-    time_s = busy + m.launch_s
     bound = np.where(m.launch_s > busy, BOUNDS.index("launch"), terms.argmax(axis=0))
-    costs = TileCosts(time_s=time_s, flops=flops, dram_bytes=dram_bytes,
+    costs = TileCosts(time_s=busy + m.launch_s, flops=g.flops, dram_bytes=dram_bytes,
                       smem_bytes=smem_traffic, smem_tile=smem_tile, box_bytes=box_bytes,
-                      staged=staged, lanes_default=lanes_default, regs=regs, threads=threads,
-                      blocks=blocks, blocks_per_sm=per_sm, waves=waves, wave_eff=eff,
-                      bound=bound, valid=valid, t_compute=t_compute, t_smem=t_smem,
-                      t_global=t_global, t_traffic=t_traffic)
+                      staged=staged, lanes_default=lanes_default, regs=regs,
+                      threads=g.threads, blocks=g.blocks, blocks_per_sm=occ.per_sm,
+                      waves=occ.waves, wave_eff=occ.eff, bound=bound, valid=occ.valid,
+                      t_compute=t_compute, t_smem=t_smem, t_global=t_global,
+                      t_traffic=t_traffic)
     if lanes_default.any():
         _as_lane_kernels(problem, m, costs, lanes_default)
     return costs
+
+
+class _Grid:
+    """The geometry of candidate tiles: grid, threads, reduction steps, padded work."""
+
+    def __init__(self, problem: Problem, block, thread, step):
+        ns = problem.n_spatial
+        ext = np.array(problem.extents, dtype=np.int64).reshape(-1, 1)
+        self.block, self.step = block, step
+        self.s_ext, self.r_ext = ext[:ns], ext[ns:]
+        self.n = block.shape[1] if ns else step.shape[1] if len(step) else 1
+        grid = -(-self.s_ext // block)
+        self.blocks = grid.prod(axis=0)
+        self.threads = (block // thread).prod(axis=0)
+        nsteps_axes = -(-self.r_ext // step)
+        self.nsteps = nsteps_axes.prod(axis=0)
+        self.red_points = (nsteps_axes * step).prod(axis=0)
+        # Compute: the padded iteration space is what the blocks execute.
+        self.work = (grid * block).prod(axis=0).astype(np.float64) * self.red_points * \
+            problem.flops_per_point
+        self.flops = float(problem.flops_per_point) * problem.output_points * \
+            problem.reduction_points
+        self.tile_sizes = np.vstack([block, step])
+
+
+def _decide_staging(problem: Problem, g: _Grid) -> tuple[np.ndarray, np.ndarray]:
+    """The shared shape decision (tilekit.schedule.shape) over all candidates: a stageable
+    reduction is staged where some read's box is reused MIN_REUSE times per step; every
+    distinct read's box is then staged, in its storage type, each buffer 16-byte aligned.
+    Returns (staged mask, bytes a block would stage per step)."""
+    points = g.block.prod(axis=0) * g.step.prod(axis=0)
+    box_bytes = np.zeros(g.n, dtype=np.int64)
+    reused = np.zeros(g.n, dtype=bool)
+    for op in problem.operands:
+        volume = op.box_volume(g.tile_sizes)
+        box_bytes = box_bytes + -(-volume * op.itemsize // SMEM_ALIGN) * SMEM_ALIGN
+        reused = reused | (points >= MIN_REUSE * volume)
+    return reused & problem.stageable, box_bytes
+
+
+def _global_traffic(problem: Problem, g: _Grid, txn: int) -> tuple[np.ndarray, np.ndarray]:
+    """Bytes one block loads (reduced inputs once per step, the rest once) and stores, every
+    contiguous run rounded up to whole transactions."""
+    whole_sizes = np.vstack([g.block, np.broadcast_to(g.r_ext, g.step.shape)])
+    loads = np.zeros(g.n, dtype=np.int64)
+    for op, reduced in zip(problem.operands, problem.reduced):
+        if reduced:
+            total, run = op.contiguous_run(g.tile_sizes)
+            loads = loads + g.nsteps * _rounded_bytes(total, run, op.itemsize, txn)
+        else:
+            total, run = op.contiguous_run(whole_sizes)
+            loads = loads + _rounded_bytes(total, run, op.itemsize, txn)
+    out_run = np.ones(g.n, dtype=np.int64)
+    whole = np.ones(g.n, dtype=bool)
+    for a in reversed(range(problem.n_spatial)):  # the run continues while inner axes are whole
+        out_run = np.where(whole, out_run * g.block[a], out_run)
+        whole = whole & (g.block[a] >= problem.extents[a])
+    stores = _rounded_bytes(g.block.prod(axis=0), out_run, problem.out_itemsize, txn)
+    return loads, stores
+
+
+@dataclass
+class _Occupancy:
+    per_sm: np.ndarray
+    valid: np.ndarray
+    eff: np.ndarray
+    waves: np.ndarray
+    saturation: np.ndarray
+    lanes: np.ndarray
+
+
+def _occupancy(m: Machine, g: _Grid, regs: np.ndarray, smem_tile: np.ndarray) -> _Occupancy:
+    """Blocks per SM (threads, registers, shared memory, the per-SM limit), validity, waves,
+    saturation. A block whose threads do not fill whole warps leaves lanes idle: every kind of
+    work is issued per warp, so each time is divided by the fraction of lanes used."""
+    warps = -(-g.threads // m.hw.warp_size)
+    lanes = g.threads / (warps * m.hw.warp_size)
+    by_threads = m.hw.max_threads_per_sm // (warps * m.hw.warp_size)
+    by_regs = m.hw.regs_per_sm // (regs * warps * m.hw.warp_size)
+    by_smem = np.where(smem_tile > 0, m.hw.smem_per_sm // np.maximum(smem_tile, 1),
+                       m.hw.max_blocks_per_sm)
+    per_sm = np.minimum(np.minimum(by_threads, by_regs),
+                        np.minimum(by_smem, m.hw.max_blocks_per_sm))
+    valid = ((g.threads <= m.hw.max_threads_per_block) & (regs <= m.hw.max_regs_per_thread)
+             & (regs * g.threads <= m.hw.regs_per_block) & (smem_tile <= m.hw.smem_per_block)
+             & (per_sm >= 1))
+    # A grid smaller than one full wave spreads over the SMs first, so only `resident`
+    # blocks share an SM; the SM is saturated once it holds `SATURATING_WARPS`.
+    resident = np.minimum(np.maximum(per_sm, 1), -(-g.blocks // m.hw.sm_count))
+    eff, waves = wave_efficiency(g.blocks, m.hw.sm_count * resident)
+    saturation = np.minimum(1.0, warps * resident / min(SATURATING_WARPS,
+                                                          m.hw.max_warps_per_sm))
+    return _Occupancy(per_sm, valid, eff, waves, saturation, lanes)
 
 
 def _as_lane_kernels(problem: Problem, m: Machine, costs: TileCosts, where: np.ndarray

@@ -5,9 +5,9 @@ threads, smem_bytes, regs, estimate, candidates); each `opaque` op a fixed sched
 per output element, blocks of `OPAQUE_THREADS`) with an estimate from the bytes it moves; each
 kernel an `estimate` (for a group of several ops, the group's: intermediates it keeps on chip
 cost no DRAM traffic); a group's own tile (`kernels[].tile`) is tk-weld's to choose. The module
-records `hardware: <profile name or path>` and the stage `roll` with its options; re-rolling a
-module that went through tk-codegen drops its stale `codegen` section and kernel `launch`es
-(recorded as the stage option `dropped`).
+records `hardware: <profile name or path>` and the stage `roll` with its options; re-rolling
+drops what the old tiles decided (`tilekit.ir.stages.INVALIDATES`: group tiles, the rTask
+program, kernel launches, generated code), recorded as the stage option `dropped`.
 
 Rolling is a pure function of the op's `Problem` (tilekit.roll.problem) and the profile, so
 within one call ops with the same problem share one construction (an imported ResNet-50 has
@@ -21,6 +21,7 @@ from typing import Any, Mapping
 
 from tilekit.errors import IRError, TilekitError, UnsupportedError
 from tilekit.ir.graph import graph, op_analysis
+from tilekit.ir.stages import run_stage
 from tilekit.ir.model import OP_KINDS, Kernel, Module, Op, default_kernels
 from tilekit.roll.construct import Candidate, roll_problem
 from tilekit.ir.payloads import Candidate as TileChoice, OpTile, Tile, round_sig
@@ -63,6 +64,11 @@ def roll_module(module: Module, profile, top_k: int = 1, hardware: str | None = 
         raise IRError("the input has no 'import' stage", "stages",
                       "produce it with tk-import, or add '{name: import}' to a hand-written "
                       "document")
+    return run_stage(module, STAGE, lambda m: _roll(m, profile, top_k, hardware),
+                     {"top_k": top_k})
+
+
+def _roll(module: Module, profile, top_k: int, hardware: str | None) -> Module:
     cache: dict[Problem, list[Candidate]] = {}
     rolled: dict[str, RolledOp] = {}
     dtypes = dtypes_of(module)
@@ -83,18 +89,10 @@ def roll_module(module: Module, profile, top_k: int = 1, hardware: str | None = 
                                  analysis_facts(analysis, dtypes), profile.smem_per_block)
         rolled[op.name] = result
         ops.append(replace(op, tile=result.tile))
-    # A module that went through tk-codegen carries launch configurations and a `codegen`
-    # section computed from the old tiles: they would contradict the new ones, so they go,
-    # and the stage says so (run tk-codegen again).
-    stale = module.codegen is not None or any(k.launch for k in module.kernels)
-    kernels = tuple(roll_kernel(module, replace(k, launch=None), rolled, profile)
+    # What the old tiles decided (launch figures, generated code) was dropped by run_stage.
+    kernels = tuple(roll_kernel(module, k, rolled, profile)
                     for k in (module.kernels or default_kernels(module.ops)))
-    out = replace(module, ops=tuple(ops), kernels=kernels, codegen=None,
-                  hardware=hardware or profile.name)
-    options: dict[str, Any] = {"top_k": top_k}
-    if stale:
-        options["dropped"] = ["codegen", "kernels[*].launch"]
-    return out.with_stage(STAGE, **options)
+    return replace(module, ops=tuple(ops), kernels=kernels, hardware=hardware or profile.name)
 
 
 def dtypes_of(module: Module) -> dict[str, str]:

@@ -20,8 +20,9 @@ import yaml
 from tilekit.errors import TilekitError
 from tilekit.expr import parse
 from tilekit.ir.model import Module, Op, Tensor, default_kernels
+from tilekit.resources import shipped
 
-SUITE = Path(__file__).resolve().parents[2] / "specs" / "workloads.yaml"
+SUITE = shipped("specs") / "workloads.yaml"
 KEYS = ("name", "source", "expr", "tensors", "pad", "axes", "dtype")
 
 

@@ -131,7 +131,7 @@ class CudaProgram:
 
     @staticmethod
     def _check_helpers(section: CodegenSection) -> None:
-        from tilekit.codegen.module import HELPERS
+        from tilekit.codegen.helpers import HELPERS
 
         want = section.helpers.get("sha256")
         have = hashlib.sha256(HELPERS.read_bytes()).hexdigest()
@@ -156,7 +156,7 @@ class CudaProgram:
 
     def _load(self, section: CodegenSection):
         cupy = self.cupy
-        from tilekit.codegen.module import HELPERS
+        from tilekit.codegen.helpers import HELPERS
         from tilekit.codegen.nvcc import compile_unit
 
         source = unit_source(section.kernels)

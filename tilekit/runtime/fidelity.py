@@ -206,11 +206,11 @@ def compile_candidates(ops: Sequence[OpBuild], arch: str, jobs: int = 1) -> Comp
     """Compile every distinct kernel of `ops` for `arch` with nvcc: all of them as one unit
     (`jobs` > 1: that many units, compiled in parallel); a unit that fails is split into one
     unit per op, then one per kernel, and the kernels that still fail keep nvcc's message.
-    Raises CompileError only when nvcc is missing."""
+    Raises TilekitError only when nvcc is missing."""
     from tilekit.codegen.nvcc import CompileError, compile_unit, find_nvcc
 
     if find_nvcc() is None:
-        raise CompileError("nvcc was not found on PATH", "fidelity",
+        raise TilekitError("nvcc was not found on PATH", "fidelity",
                            "install the CUDA toolkit or set TILEKIT_NVCC")
     groups = [op.kernels() for op in ops if op.kernels()]
     entries = [k.entry for g in groups for k in g]
@@ -313,7 +313,7 @@ class CudaTimer:
         self._loaded: dict[Path, Any] = {}
 
     def _function(self, entry: str):
-        from tilekit.codegen.module import HELPERS
+        from tilekit.codegen.helpers import HELPERS
 
         unit = self.compiled.unit_of(entry)
         if unit.cubin not in self._loaded:

@@ -9,37 +9,9 @@ an `UnsupportedError` that lists the known ones.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable
+from tilekit.onnx.converters.registry import CONVERTERS, Converter, converter
 
-from tilekit.onnx.context import NodeContext
-
-Convert = Callable[[NodeContext], None]
-
-
-@dataclass(frozen=True)
-class Converter:
-    op_type: str
-    convert: Convert
-    ignore: tuple[str, ...] = ()
-    #: What it becomes, for docs and `--list-ops` (one short phrase).
-    summary: str = ""
-
-
-CONVERTERS: dict[str, Converter] = {}
-
-
-def converter(*op_types: str, ignore: tuple[str, ...] = (), summary: str = "") -> Callable:
-    """Register `fn` as the converter of each of `op_types`."""
-
-    def register(fn: Convert) -> Convert:
-        for op_type in op_types:
-            if op_type in CONVERTERS:
-                raise ValueError(f"converter for {op_type} registered twice")
-            CONVERTERS[op_type] = Converter(op_type, fn, tuple(ignore), summary)
-        return fn
-
-    return register
+__all__ = ["CONVERTERS", "Converter", "converter", "lookup", "supported_op_types"]
 
 
 def supported_op_types() -> list[str]:

@@ -14,7 +14,7 @@ import numpy as np
 
 from tilekit.onnx import text
 from tilekit.onnx.context import NodeContext, Value
-from tilekit.onnx.converters import converter
+from tilekit.onnx.converters.registry import converter
 
 
 def _emit(ctx: NodeContext, make: Callable[..., str], inputs: list[Value] | None = None,

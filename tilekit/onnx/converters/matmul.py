@@ -10,7 +10,7 @@ import re
 
 from tilekit.onnx import text
 from tilekit.onnx.context import NodeContext
-from tilekit.onnx.converters import converter
+from tilekit.onnx.converters.registry import converter
 
 
 @converter("MatMul", summary="y[b.., i, j] += a[b.., i, k] * b[b.., k, j]")

@@ -21,7 +21,7 @@ import numpy as np
 
 from tilekit.onnx import text
 from tilekit.onnx.context import NodeContext, Value
-from tilekit.onnx.converters import converter
+from tilekit.onnx.converters.registry import converter
 from tilekit.onnx.converters.reduce import reduce_to, reduced_shape
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from tilekit.onnx import text
 from tilekit.onnx.context import NodeContext
-from tilekit.onnx.converters import converter
+from tilekit.onnx.converters.registry import converter
 
 
 @converter("GatherElements", summary="opaque GatherElements")

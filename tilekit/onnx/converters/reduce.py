@@ -13,7 +13,7 @@ import numpy as np
 
 from tilekit.onnx import text
 from tilekit.onnx.context import NodeContext, Value
-from tilekit.onnx.converters import converter
+from tilekit.onnx.converters.registry import converter
 
 
 def reduction_names(reduced: Sequence[int]) -> dict[int, str]:

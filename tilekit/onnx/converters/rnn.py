@@ -23,7 +23,7 @@ import numpy as np
 
 from tilekit.onnx import text
 from tilekit.onnx.context import NodeContext, Value
-from tilekit.onnx.converters import converter
+from tilekit.onnx.converters.registry import converter
 
 #: Activation templates over `{x}` (`{a}`, `{b}`: activation_alpha/beta values).
 _ACTIVATIONS = {

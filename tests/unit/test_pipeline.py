@@ -1,0 +1,91 @@
+"""The pass pipeline: one signature, one place for stages, and the same bytes as the pipes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import onnx
+import pytest
+
+import tilekit
+from tilekit import pipeline
+from tilekit.errors import IRError, TilekitError
+from tilekit.ir import dumps
+from tilekit.ir.stages import INVALIDATES, drop
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests"))
+from models import onnx_models  # noqa: E402
+
+
+def run_pipe(pipe: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PATH=f"{ROOT / 'bin'}{os.pathsep}{os.environ['PATH']}",
+               NO_COLOR="1")
+    return subprocess.run(["bash", "-o", "pipefail", "-c", pipe], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize("model", ["mobilenet_block", "bert_encoder_layer"])
+def test_compile_in_one_process_equals_the_piped_commands(model, tmp_path, monkeypatch):
+    onnx.save(getattr(onnx_models, model)(), str(tmp_path / "m.onnx"))
+    proc = run_pipe("tk-import m.onnx -o m.tk.yaml && tk-roll --hw h100 m.tk.yaml --top-k 2 "
+                    "| tk-codegen -o m.cuda.yaml", tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    monkeypatch.chdir(tmp_path)
+    compiled = tilekit.compile("m.onnx", ["roll", "codegen"], hw="h100", top_k=2,
+                               ir_path="m.tk.yaml")
+    assert dumps(compiled.module) == (tmp_path / "m.cuda.yaml").read_text()
+    assert not (tmp_path / "model.tk.weights.npz").exists()    # nothing written
+    assert set(compiled.weights) == {n for n, t in compiled.module.tensors.items()
+                                     if t.role == "weight"}
+
+
+def test_every_pass_says_what_it_requires_produces_and_invalidates():
+    for name, p in pipeline.PASSES.items():
+        assert p.name == name and p.summary and p.produces
+        assert "import" in p.requires
+        assert p.invalidates == INVALIDATES[name]
+
+
+def test_unknown_pass_lists_the_known_ones():
+    with pytest.raises(TilekitError, match="known passes: roll, codegen"):
+        pipeline.get("fuse")
+
+
+def test_a_pass_refuses_a_module_without_the_stages_it_requires(tmp_path):
+    from tilekit.ir import Module, Op, Tensor
+    m = Module(model="m", tensors={"x": Tensor((4,), "float32", "input"),
+                                   "y": Tensor((4,), "float32", "output")},
+               ops=(Op("id", "y[i] = x[i]"),), inputs=("x",), outputs=("y",))
+    with pytest.raises(IRError, match="no 'import' stage"):
+        pipeline.run(m, ["codegen"])
+    with pytest.raises(TilekitError, match="needs a hardware profile"):
+        pipeline.run(m.with_stage("import"), ["roll"])
+
+
+def test_rerolling_drops_what_the_old_tiles_decided(tmp_path):
+    path = tmp_path / "mobilenet.onnx"
+    onnx.save(onnx_models.mobilenet_block(), str(path))
+    compiled = tilekit.compile(path, ["roll", "codegen"], hw="h100")
+    again = pipeline.run(compiled.module, ["roll"], pipeline.Context.for_hw("a100"))
+    assert again.codegen is None and all(k.launch is None for k in again.kernels)
+    assert again.stages[-1] == {"name": "roll", "options": {
+        "dropped": ["codegen", "kernels[*].launch"], "top_k": 1}}
+    assert again.hardware == "a100"
+
+
+def test_drop_names_only_what_was_there():
+    compiled_like = replace(onnx_models_module(), codegen=None)
+    out, dropped = drop(compiled_like, INVALIDATES["roll"])
+    assert dropped == [] and out is compiled_like
+
+
+def onnx_models_module():
+    from tilekit.ir import Module, Op, Tensor
+    return Module(model="m", tensors={"x": Tensor((4,), "float32", "input"),
+                                      "y": Tensor((4,), "float32", "output")},
+                  ops=(Op("id", "y[i] = x[i]"),), inputs=("x",), outputs=("y",))

@@ -1,0 +1,69 @@
+"""Stage records: the one place that records a stage in the IR and drops what it invalidates.
+
+Every stage that changes a module runs through `run_stage(module, name, work, options)`:
+
+1. the sections that depend on what the stage is about to change are dropped (a re-rolled
+   module loses its kernels' launch figures and its generated code, which were computed from
+   the old tiles), and their names are recorded as the stage option `dropped`;
+2. `work(module)` does the stage's work (a pure function);
+3. `{name, options}` is appended to `stages`.
+
+`INVALIDATES` is the table of what each stage's output makes stale. Sections that define what
+a module computes (tensors, ops, `control`) are never dropped; only derived schedules and code.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any, Callable, Mapping
+
+from tilekit.ir.model import Module
+
+#: Derived sections, by the name recorded in `dropped`.
+SECTIONS: dict[str, Callable[[Module], bool]] = {
+    "kernels[*].tile": lambda m: any(k.tile for k in m.kernels),
+    "kernels[*].launch": lambda m: any(k.launch for k in m.kernels),
+    "program": lambda m: m.program is not None,
+    "codegen": lambda m: m.codegen is not None,
+}
+
+#: stage -> the derived sections its output makes stale.
+INVALIDATES: dict[str, tuple[str, ...]] = {
+    "import": (),
+    # New tiles: a group's tile (tk-weld's, chosen from the old ones), the launch figures,
+    # the rTask program and the generated code are all computed from them.
+    "roll": ("kernels[*].tile", "program", "codegen", "kernels[*].launch"),
+    # New kernel groups: the program packs kernels, the code implements them.
+    "weld": ("program", "codegen", "kernels[*].launch"),
+    # Loops on the device change what the program and the code run.
+    "grind": ("program", "codegen", "kernels[*].launch"),
+    "ram": ("codegen", "kernels[*].launch"),
+    "codegen": (),
+}
+
+
+def drop(module: Module, sections) -> tuple[Module, list[str]]:
+    """`module` without the derived `sections` that it has; the names of those dropped."""
+    dropped = [s for s in sections if SECTIONS[s](module)]
+    if not dropped:
+        return module, []
+    kernels = module.kernels
+    if "kernels[*].tile" in dropped or "kernels[*].launch" in dropped:
+        kernels = tuple(replace(k, tile=None if "kernels[*].tile" in dropped else k.tile,
+                                launch=None if "kernels[*].launch" in dropped else k.launch)
+                        for k in kernels)
+    return replace(module, kernels=kernels,
+                   program=None if "program" in dropped else module.program,
+                   codegen=None if "codegen" in dropped else module.codegen), dropped
+
+
+def run_stage(module: Module, name: str, work: Callable[[Module], Module],
+              options: Mapping[str, Any] | None = None) -> Module:
+    """Drop what stage `name` invalidates, run `work`, record the stage (see the module
+    docstring). `options` are JSON-like values; `dropped` is added when something went."""
+    clean, dropped = drop(module, INVALIDATES.get(name, ()))
+    out = work(clean)
+    recorded = dict(options or {})
+    if dropped:
+        recorded["dropped"] = dropped
+    return out.with_stage(name, **recorded)

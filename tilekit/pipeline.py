@@ -1,0 +1,167 @@
+"""The pass pipeline: every stage after import is a registered `Pass` with one signature.
+
+    from tilekit import pipeline
+    ctx = pipeline.Context.for_hw("h100", top_k=1)
+    module = pipeline.run(module, ["roll", "codegen"], ctx)
+
+    compiled = tilekit.compile("model.onnx", passes=["roll", "codegen"], hw="h100")
+    compiled.module, compiled.weights            # the IR and its weights, no files between
+
+A `Pass` is `run(module, ctx) -> module` plus what it needs and does: the stages that must
+have run before it (`requires`), the sections it writes (`produces`) and the derived sections
+its output makes stale (`invalidates`, from `tilekit.ir.stages.INVALIDATES`, which is where
+the dropping and the stage record happen: one place). Each `tk-*` command is a thin call of
+its pass; `compile` runs the same passes in one process and gives the same bytes as the
+commands piped together (tests/unit/test_pipeline.py).
+
+Import is the pipeline's source, not a pass: it turns an ONNX file into a module and its
+weights (`tilekit.onnx`), so it has a different signature by nature.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from tilekit.errors import IRError, TilekitError
+from tilekit.ir.model import Module
+from tilekit.ir.stages import INVALIDATES
+
+
+@dataclass(frozen=True)
+class Context:
+    """What passes share: the hardware profile (and the name or path the IR records for it),
+    the target arch, and per-pass options (`top_k` for roll, `compile` for codegen, ...)."""
+
+    profile: Any = None
+    hardware: str | None = None
+    arch: str | None = None
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+    @staticmethod
+    def for_hw(hw: str | None, **options: Any) -> "Context":
+        """A context for profile `hw` (a name or a path), or none."""
+        if hw is None:
+            return Context(options=dict(options))
+        from tilekit.hw import load_profile, recorded_profile
+        profile = load_profile(hw)
+        return Context(profile, recorded_profile(hw, profile, "-"), options.pop("arch", None),
+                       dict(options))
+
+    def option(self, key: str, default: Any = None) -> Any:
+        return self.options.get(key, default)
+
+
+@dataclass(frozen=True)
+class Pass:
+    """One stage of the pipeline (see the module docstring)."""
+
+    name: str
+    run: Callable[[Module, Context], Module]
+    summary: str
+    requires: tuple[str, ...] = ("import",)
+    produces: tuple[str, ...] = ()
+    needs_profile: bool = False
+
+    @property
+    def invalidates(self) -> tuple[str, ...]:
+        return INVALIDATES.get(self.name, ())
+
+
+def _roll(module: Module, ctx: Context) -> Module:
+    from tilekit.roll.schedule import roll_module
+    return roll_module(module, ctx.profile, int(ctx.option("top_k", 1)),
+                       hardware=ctx.hardware)
+
+
+def _codegen(module: Module, ctx: Context) -> Module:
+    from tilekit.codegen.module import run_codegen
+    return run_codegen(module, ctx.profile, ctx.arch,
+                       compile=bool(ctx.option("compile", False))).module
+
+
+#: The registered passes, in pipeline order (DESIGN.md: roll | weld | grind | ram | codegen).
+PASSES: dict[str, Pass] = {p.name: p for p in (
+    Pass("roll", _roll, "Roller's tiles per op and the micro performance model's estimates",
+         produces=("ops[*].tile", "kernels[*].estimate", "hardware"), needs_profile=True),
+    Pass("codegen", _codegen, "CUDA C++ per kernel group and its launch",
+         produces=("codegen", "kernels[*].launch")),
+)}
+
+
+def register(p: Pass) -> None:
+    """Add a pass (a stage defined elsewhere registers itself on import); names are unique."""
+    if p.name in PASSES and PASSES[p.name] is not p:
+        raise ValueError(f"pass {p.name!r} is already registered")
+    PASSES[p.name] = p
+
+
+def get(name: str) -> Pass:
+    try:
+        return PASSES[name]
+    except KeyError:
+        raise TilekitError(f"unknown pass '{name}'", "passes",
+                           f"known passes: {', '.join(PASSES)}") from None
+
+
+def run_pass(module: Module, p: Pass, ctx: Context) -> Module:
+    """Check what `p` requires, then run it (it records its stage through
+    `tilekit.ir.stages.run_stage`, dropping what it invalidates)."""
+    have = module.stage_names()
+    for stage in p.requires:
+        if stage not in have:
+            raise IRError(f"the input has no '{stage}' stage", "stages",
+                          f"run the {stage} stage first (the {p.name} pass requires it)")
+    if p.needs_profile and ctx.profile is None:
+        raise TilekitError(f"the {p.name} pass needs a hardware profile", "--hw",
+                           "pass --hw NAME|PATH (e.g. --hw h100); 'tk-hw list' shows the names")
+    return p.run(module, ctx)
+
+
+def run(module: Module, passes: Sequence[str | Pass], ctx: Context | None = None) -> Module:
+    """Run `passes` (names or Pass objects) in order on `module`."""
+    ctx = ctx or Context()
+    for p in passes:
+        module = run_pass(module, get(p) if isinstance(p, str) else p, ctx)
+    return module
+
+
+@dataclass(frozen=True)
+class Compiled:
+    """A model through the pipeline in one process: the module and its weights."""
+
+    module: Module
+    weights: Mapping[str, np.ndarray]
+
+
+def compile(model: str | os.PathLike, passes: Sequence[str | Pass] = ("roll", "codegen"),
+            hw: str | None = None, *, ir_path: str | os.PathLike = "model.tk.yaml",
+            weights_path: str | os.PathLike | None = None, **options: Any) -> Compiled:
+    """Import the ONNX file `model` and run `passes` on it, with no files in between.
+
+    `ir_path` and `weights_path` are where the IR and its weights sidecar would be written
+    (the IR records paths relative to its own folder; nothing is written here): with the same
+    paths, `tilekit.ir.dumps(compiled.module)` equals the bytes of
+    `tk-import MODEL -o WEIGHTS_STEM.yaml && tk-roll --hw HW ... | tk-codegen ...`.
+    `options` are the passes' options (`top_k=10`, `compile=True`, `arch="sm_80"`).
+    """
+    from tilekit.onnx import attach_files, import_model, load_model
+
+    path = Path(model)
+    proto = load_model(str(path))
+    imported = import_model(proto, name=path.stem)
+    ir_path = Path(ir_path)
+    weights = Path(weights_path) if weights_path else ir_path.with_name(
+        f"{ir_path.stem}.weights.npz")
+    opset = next((int(e.version) for e in proto.opset_import if e.domain in ("", "ai.onnx")), 0)
+    imported = attach_files(imported, ir_folder=str(ir_path.parent.resolve()),
+                            weights_path=str(weights), onnx_path=str(path),
+                            onnx_sha256=hashlib.sha256(path.read_bytes()).hexdigest(),
+                            options={"opset": opset}, write=False)
+    module = run(imported.module, passes, Context.for_hw(hw, **options))
+    return Compiled(module, dict(imported.weights))
