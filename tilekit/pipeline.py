@@ -76,7 +76,7 @@ class Pass:
 def _roll(module: Module, ctx: Context) -> Module:
     from tilekit.roll.schedule import roll_module
     return roll_module(module, ctx.profile, int(ctx.option("top_k", 1)),
-                       hardware=ctx.hardware)
+                       hardware=ctx.hardware, precision=str(ctx.option("precision", "fp32")))
 
 
 def _codegen(module: Module, ctx: Context) -> Module:

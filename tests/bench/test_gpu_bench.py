@@ -76,6 +76,7 @@ class Case:
     flops: float
     bytes: float
     torch_fn: Callable | None        # (torch tensors by input name) -> output tensor
+    precision: str = "fp32"          # tk-roll --precision (tf32: both sides on TF32)
 
 
 def _module(name: str, tensors: dict, ops: list[Op], kernels=()) -> Module:
@@ -85,13 +86,16 @@ def _module(name: str, tensors: dict, ops: list[Op], kernels=()) -> Module:
                   kernels=tuple(kernels)).with_stage("import")
 
 
-def matmul(m: int, n: int, k: int) -> Case:
-    mod = _module(f"matmul_{m}x{n}x{k}",
-                  {"a": Tensor((m, k), "float32", "input"), "b": Tensor((k, n), "float32", "input"),
-                   "c": Tensor((m, n), "float32", "output")},
+def matmul(m: int, n: int, k: int, dtype: str = "float32", precision: str = "fp32") -> Case:
+    label = {"float32": "", "float16": "_fp16", "bfloat16": "_bf16"}[dtype] + (
+        "_tf32" if precision == "tf32" else "")
+    mod = _module(f"matmul_{m}x{n}x{k}{label}",
+                  {"a": Tensor((m, k), dtype, "input"), "b": Tensor((k, n), dtype, "input"),
+                   "c": Tensor((m, n), dtype, "output")},
                   [Op("mm", "c[i,j] += a[i,k] * b[k,j]")])
-    return Case(mod.model, "matmul", mod, 2.0 * m * n * k, 4.0 * (m * k + k * n + m * n),
-                lambda t: t["a"] @ t["b"])
+    item = 2 if dtype != "float32" else 4
+    return Case(mod.model, "matmul", mod, 2.0 * m * n * k, item * (m * k + k * n + m * n),
+                lambda t: t["a"] @ t["b"], precision)
 
 
 def conv(name: str, c: int, hw: int, f: int, ksize: int, stride: int, pad: int) -> Case:
@@ -143,7 +147,10 @@ def layernorm(rows: int, cols: int) -> Case:
 
 def op_cases() -> list[Case]:
     return [
-        matmul(4096, 4096, 4096), matmul(1024, 1024, 1024), matmul(16, 4096, 4096),
+        matmul(4096, 4096, 4096), matmul(4096, 4096, 4096, "float16"),
+        matmul(4096, 4096, 4096, precision="tf32"), matmul(512, 4096, 1024, "float16"),
+        matmul(1024, 1024, 1024, "float16"),
+        matmul(1024, 1024, 1024), matmul(16, 4096, 4096),
         matmul(4096, 16, 4096), matmul(256, 256, 16384),
         conv("conv1", 3, 224, 64, 7, 2, 3), conv("res2_3x3", 64, 56, 64, 3, 1, 1),
         conv("res3_3x3", 128, 28, 128, 3, 1, 1), conv("res4_3x3", 256, 14, 256, 3, 1, 1),
@@ -153,13 +160,10 @@ def op_cases() -> list[Case]:
     ]
 
 
-def rolled(module: Module, profile) -> Module:
-    """tk-roll's tiles when the roll pass is available (else the default schedules)."""
-    try:
-        from tilekit.roll.schedule import roll_module
-    except ImportError:  # pragma: no cover - the roll issue not landed
-        return module
-    return roll_module(module, profile)
+def rolled(module: Module, profile, precision: str = "fp32") -> Module:
+    """tk-roll's tiles for `profile` at `precision`."""
+    from tilekit.roll.schedule import roll_module
+    return roll_module(module, profile, precision=precision)
 
 
 def profile_for(arch: str | None):
@@ -294,7 +298,7 @@ def _compile_case(case: Case, profile, arch: str) -> None:
     from tilekit.runtime.cuda import unit_source
     try:
         if find_nvcc():
-            generated = generate(rolled(case.module, profile), profile).module
+            generated = generate(rolled(case.module, profile, case.precision), profile).module
             compile_unit(unit_source(CodegenSection.read(generated.codegen).kernels), arch)
     except Exception:  # noqa: BLE001 - _run_case compiles again and reports it
         pass
@@ -322,7 +326,7 @@ def test_cases_build(tmp_path, monkeypatch):
         monkeypatch.setenv("TILEKIT_CACHE", str(tmp_path))
     profile = profile_for("sm_90")
     for case in op_cases():
-        result = generate(rolled(case.module, profile), profile)
+        result = generate(rolled(case.module, profile, case.precision), profile)
         assert result.kernels, case.name
         if find_nvcc():
             report = compile_module(result, "sm_90", profile)
@@ -398,19 +402,32 @@ def _row(case: Case, tk_s: float, torch_s: float | None, profile, max_err: float
 def _run_case(case: Case, module: Module, cupy, torch, profile) -> dict:
     from tilekit.runtime import cuda
     rng = np.random.default_rng(0)
-    inputs = {n: rng.standard_normal(module.tensors[n].shape).astype(np.float32)
+    inputs = {n: rng.standard_normal(module.tensors[n].shape).astype(module.tensors[n].dtype)
               for n in module.inputs}
-    result = generate(rolled(module, profile), profile)
+    result = generate(rolled(module, profile, case.precision), profile)
     timing = cuda.time_kernels(result.module, inputs, {}, RUNS, WARMUP)
-    got = cuda.run_module(result.module, inputs, {})[module.outputs[0]]
+    got = cuda.run_module(result.module, inputs, {})[module.outputs[0]].astype(np.float32)
     torch_s, err = None, None
     if case.torch_fn is not None:
         args = {n: torch.from_numpy(v).cuda() for n, v in inputs.items()}
-        torch_s, want = _torch_time(torch, case.torch_fn, args)
+        tf32 = case.precision == "tf32"
+        torch.backends.cuda.matmul.allow_tf32 = tf32       # both sides on TF32, or neither
+        try:
+            torch_s, want = _torch_time(torch, case.torch_fn, args)
+        finally:
+            torch.backends.cuda.matmul.allow_tf32 = False
         want = want.float().cpu().numpy()
         err = float(np.abs(got - want).max() / (np.abs(want).max() + 1e-30))
-        assert err < 1e-3, f"{case.name}: tilekit differs from PyTorch by {err:.2e}"
-    return _row(case, timing.median, torch_s, profile, err)
+        half = module.tensors[module.outputs[0]].dtype != "float32" or tf32
+        assert err < (5e-3 if half else 1e-3), \
+            f"{case.name}: tilekit differs from PyTorch by {err:.2e}"
+    row = _row(case, timing.median, torch_s, profile, err)
+    row["shape"] = result.kernels[0].shape
+    if result.kernels[0].shape == "mma":
+        key = {"float16": "fp16", "bfloat16": "bf16"}.get(module.tensors["a"].dtype, "tf32")
+        row["peak_fraction"] = round(case.flops / timing.median /
+                                     profile.peak_flops(key, tensor_core=True), 6)
+    return row
 
 
 def _rel_l2(got: np.ndarray, want: np.ndarray) -> float:
@@ -508,7 +525,8 @@ def _print_row(r: dict) -> None:
     ratios = "  ".join(f"{r[k]:6.2f}x" if r.get(k) else "    -  "
                        for k in ("ratio", "ratio_compile"))
     dram = f"{r['dram_fraction'] * 100:5.1f}% DRAM" if r.get("dram_fraction") else ""
-    flops = f"{r['peak_fraction'] * 100:5.1f}% fp32 peak" if r.get("peak_fraction") else ""
+    which = "tensor-core" if r.get("shape") == "mma" else "fp32"
+    flops = f"{r['peak_fraction'] * 100:5.1f}% {which} peak" if r.get("peak_fraction") else ""
     print(f"  {r['case']:<30}  tilekit {_ms(r.get('tilekit_ms'))}  eager "
           f"{_ms(r.get('torch_ms'))}  compile {_ms(r.get('torch_compile_ms'))}  {ratios}  "
           f"{dram}  {flops}".rstrip(), flush=True)

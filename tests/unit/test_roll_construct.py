@@ -74,7 +74,7 @@ def test_candidates_fit_as_well(hw):
     p = load_profile(hw)
     for w, m in rolled_suite(hw):
         an = analysis_of(m)
-        problem = problem_from_analysis(an)
+        problem = problem_from_analysis(an, {n: t.dtype for n, t in m.tensors.items()})
         tiles = [RTile(tuple(t["block"].values()), tuple(t["thread"].values()),
                        tuple(t["step"].values()))
                  for t in [m.ops[0].tile, *m.ops[0].tile["candidates"]]]

@@ -23,7 +23,7 @@ from tilekit.roll.construct import roll_problem
 from tilekit.roll.problem import problem_from_analysis
 from tilekit.ir.graph import op_analysis
 from tilekit.roll.schedule import dtypes_of, roll_module, tile_record
-from tilekit.schedule.shape import analysis_facts
+from tilekit.schedule.shape import Target, analysis_facts
 
 
 @pytest.fixture(scope="module")
@@ -110,7 +110,7 @@ def test_candidate_tiles_are_what_tk_roll_would_write(h100):
         analysis = op_analysis(rolled, 0)
         problem = problem_from_analysis(analysis, dtypes_of(rolled))
         facts = analysis_facts(analysis, dtypes_of(rolled))
-        want = [tile_record(problem, [c], facts, h100.smem_per_block).tile
+        want = [tile_record(problem, [c], facts, Target.of(h100)).tile
                 for c in roll_problem(problem, h100, 10)]
         assert tiles == want, w.name
         assert tiles[0] == {**op.tile, "candidates": []}

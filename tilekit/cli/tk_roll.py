@@ -30,9 +30,14 @@ TOOL = "tk-roll"
               show_default=True, metavar="K",
               help="Keep the K best tiles per op (the best is used; the next K-1 are listed "
                    "under tile.candidates).")
+@click.option("--precision", type=click.Choice(["fp32", "tf32"]), default="fp32",
+              show_default=True,
+              help="fp32 contractions on CUDA cores (fp32), or on TF32 tensor cores (tf32: "
+                   "10 mantissa bits per operand, fp32 accumulation). fp16/bf16 contractions "
+                   "use tensor cores whenever the profile has them.")
 @click.option("--report", is_flag=True,
               help="Print a table of ops, tiles, grids and estimates on stderr.")
-def main(input, output, fmt, hw, top_k, report, quiet, debug):
+def main(input, output, fmt, hw, top_k, precision, report, quiet, debug):
     """Tile every op of the tile IR module IR (a file, or '-'/nothing for stdin)."""
     from tilekit.hw import load_profile, load_recorded_profile, recorded_profile
     from tilekit.ir import read_module, write_module
@@ -49,7 +54,7 @@ def main(input, output, fmt, hw, top_k, report, quiet, debug):
     else:
         raise TilekitError("no hardware profile", "--hw",
                            "pass --hw NAME|PATH (e.g. --hw h100); 'tk-hw list' shows the names")
-    rolled = roll_module(module, profile, top_k, hardware=hardware)
+    rolled = roll_module(module, profile, top_k, hardware=hardware, precision=precision)
     write_module(rolled, output, fmt, input_path=[input, weights_file(module, input)])
     if report and not quiet:
         print_report(rolled)

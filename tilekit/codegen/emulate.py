@@ -26,7 +26,7 @@ from typing import Mapping
 
 import numpy as np
 
-from tilekit.codegen.cexpr import HALF_DTYPES, storage
+from tilekit.codegen.cexpr import storage
 from tilekit.codegen.kernel import tvar
 from tilekit.ir.payloads import CodegenSection
 from tilekit.errors import TilekitError, UnsupportedError
@@ -95,7 +95,23 @@ def _c(name: str) -> str:
 
 
 def _np_dtype(dtype: str) -> str:
-    return "bool" if dtype == "bool" else dtype
+    """The NumPy type of a tensor's bytes (bfloat16 travels as its 16-bit pattern)."""
+    return {"bool": "bool", "bfloat16": "uint16"}.get(dtype, dtype)
+
+
+def _to_bytes(array, dtype: str) -> np.ndarray:
+    """A tensor's values as the bytes a kernel reads (bfloat16: rounded to nearest even)."""
+    if dtype != "bfloat16":
+        return np.ascontiguousarray(np.asarray(array, dtype=_np_dtype(dtype)))
+    bits = np.ascontiguousarray(np.asarray(array, dtype=np.float32)).view(np.uint32)
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+    return rounded.astype(np.uint16)
+
+
+def _from_bytes(raw: np.ndarray, dtype: str) -> np.ndarray:
+    if dtype != "bfloat16":
+        return raw
+    return (raw.astype(np.uint32) << 16).view(np.float32)
 
 
 def unit_from_ir(module: Module) -> str:
@@ -109,10 +125,6 @@ def build(module: Module) -> Path:
     if not module.codegen:
         raise TilekitError("the module has no codegen section", "codegen", "run tk-codegen")
     kernels = CodegenSection.read(module.codegen).kernels
-    for t in {t for k in kernels for t in k.args}:
-        if module.tensors[t].dtype in HALF_DTYPES:
-            raise UnsupportedError(f"'{t}' is {module.tensors[t].dtype}: the CPU emulation "
-                                   "has no half types")
     cxx = find_cxx()
     if cxx is None:
         raise UnsupportedError("no C++ compiler (g++ or clang++) for the CPU emulation")
@@ -157,10 +169,10 @@ def emulate(module: Module, inputs: Mapping[str, np.ndarray],
         for t in args:
             tensor = module.tensors[t]
             if t in values:
-                arr = np.ascontiguousarray(np.asarray(values[t], dtype=_np_dtype(tensor.dtype)))
+                arr = _to_bytes(values[t], tensor.dtype)
             else:  # written by a kernel: garbage-fill so that unwritten elements show up
-                arr = np.full(tensor.shape, np.nan if tensor.dtype.startswith("float") else 0,
-                              dtype=_np_dtype(tensor.dtype))
+                arr = _to_bytes(np.full(tensor.shape, np.nan if tensor.dtype.startswith(
+                    ("float", "bfloat")) else 0), tensor.dtype)
             arr.tofile(os.path.join(tmp, f"{t}.bin"))
         proc = subprocess.run([str(exe), tmp], capture_output=True, text=True, timeout=timeout)
         if proc.returncode != 0:
@@ -170,7 +182,8 @@ def emulate(module: Module, inputs: Mapping[str, np.ndarray],
             tensor = module.tensors[name]
             path = os.path.join(tmp, f"{name}.out")
             if os.path.exists(path):
-                out[name] = np.fromfile(path, dtype=_np_dtype(tensor.dtype)).reshape(tensor.shape)
+                out[name] = _from_bytes(np.fromfile(path, dtype=_np_dtype(tensor.dtype)),
+                                        tensor.dtype).reshape(tensor.shape)
             else:
                 out[name] = np.asarray(values[name])
         return out
@@ -191,15 +204,18 @@ def emulate_blocks(module: Module, kernel: int, values: Mapping[str, np.ndarray]
         for t in record.args:
             tensor = module.tensors[t]
             if t in record.writes:
-                arr = np.full(tensor.shape, np.nan if tensor.dtype.startswith("float") else 0,
-                              dtype=_np_dtype(tensor.dtype))
+                arr = _to_bytes(np.full(tensor.shape, np.nan if tensor.dtype.startswith(
+                    ("float", "bfloat")) else 0), tensor.dtype)
             else:
-                arr = np.ascontiguousarray(np.asarray(values[t], dtype=_np_dtype(tensor.dtype)))
+                arr = _to_bytes(values[t], tensor.dtype)
             arr.tofile(os.path.join(tmp, f"{t}.bin"))
         proc = subprocess.run([str(exe), tmp, str(kernel), *map(str, blocks)],
                               capture_output=True, text=True, timeout=timeout)
         if proc.returncode != 0:
             raise RuntimeError(f"emulation failed (exit {proc.returncode}): {proc.stderr[-2000:]}")
-        return {t: np.fromfile(os.path.join(tmp, f"{t}.out"), dtype=_np_dtype(
-                    module.tensors[t].dtype)).reshape(module.tensors[t].shape)
-                for t in record.writes}
+        out = {}
+        for t in record.writes:
+            tensor = module.tensors[t]
+            raw = np.fromfile(os.path.join(tmp, f"{t}.out"), dtype=_np_dtype(tensor.dtype))
+            out[t] = _from_bytes(raw, tensor.dtype).reshape(tensor.shape)
+        return out

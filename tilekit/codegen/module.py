@@ -35,7 +35,9 @@ from tilekit.codegen.opaque import opaque_kernel
 from tilekit.codegen.plan import GroupPlan, GroupSplit, OpaquePlan, plan_group, readers
 from tilekit.ir.payloads import CodegenSection, Launch, Tile, read_tile
 from tilekit.schedule.defaults import STATIC_SMEM_LIMIT
-from tilekit.schedule.shape import decide
+from tilekit.schedule.mma import recorded_precision
+from tilekit.schedule.shape import Target, decide
+from tilekit.codegen.mma import mma_kernel
 from tilekit.codegen.staged import op_facts, staged_kernel
 from tilekit.errors import TilekitError
 from tilekit.ir.model import Kernel, Module, default_kernels
@@ -61,7 +63,7 @@ def smem_limit(profile) -> int:
 
 def generate(module: Module, profile=None, arch: str | None = None) -> CodegenResult:
     """Generate every kernel of `module`; see the module docstring."""
-    limit = smem_limit(profile)
+    target = Target.of(profile, recorded_precision(module))
     kernels = module.kernels or default_kernels(module.ops)
     tensor_readers = readers(module)
     generated: list[GeneratedKernel] = []
@@ -71,7 +73,7 @@ def generate(module: Module, profile=None, arch: str | None = None) -> CodegenRe
     for k, kernel in enumerate(kernels):
         where = f"kernels[{k}] ({kernel.name})"
         try:
-            made = [_one_group(module, kernel, kernel.name, tensor_readers, limit, notes,
+            made = [_one_group(module, kernel, kernel.name, tensor_readers, target, notes,
                                used, where)]
             split = None
         except (GroupSplit, FusionError) as exc:
@@ -81,7 +83,7 @@ def generate(module: Module, profile=None, arch: str | None = None) -> CodegenRe
             for op in kernel.ops:
                 sub = Kernel(name=f"{kernel.name}__{op}", ops=(op,))
                 try:
-                    made.append(_one_group(module, sub, sub.name, tensor_readers, limit,
+                    made.append(_one_group(module, sub, sub.name, tensor_readers, target,
                                            notes, used, where, group=kernel.name))
                 except (GroupSplit, FusionError) as inner:  # pragma: no cover - singletons fuse
                     raise TilekitError(str(inner), where) from None
@@ -153,7 +155,7 @@ def _unique_entry(name: str, used: set[str]) -> str:
     return entry
 
 
-def _one_group(module: Module, kernel: Kernel, name: str, tensor_readers, limit: int,
+def _one_group(module: Module, kernel: Kernel, name: str, tensor_readers, target: Target,
                notes: list[str], used: set[str], where: str,
                group: str | None = None) -> GeneratedKernel:
     plan = plan_group(module, kernel, name, tensor_readers)
@@ -161,12 +163,12 @@ def _one_group(module: Module, kernel: Kernel, name: str, tensor_readers, limit:
     if isinstance(plan, OpaquePlan):
         g = opaque_kernel(module, plan, entry)
     elif len(plan.stages) == 1:
-        g = _single_stage(module, plan, entry, limit, notes, where)
+        g = _single_stage(module, plan, entry, target, notes, where)
     else:
         # A group's own tile (kernels[].tile) is tk-weld's fusion decision; without one the
         # fused shape picks its default tile.
         tile = _kernel_tile(plan, where)
-        g = fused_kernel(module, plan, entry, tile, limit)
+        g = fused_kernel(module, plan, entry, tile, target.smem_limit)
     if isinstance(plan, GroupPlan) and plan.inlined:
         g = replace(g, schedule={**g.schedule, "inlined": list(plan.inlined)})
     if group is not None:
@@ -184,7 +186,7 @@ def _kernel_tile(plan: GroupPlan, where: str) -> Tile | None:
                      rename=tuple(a for a, _ in last.spatial), require_step=False)
 
 
-def _single_stage(module: Module, plan: GroupPlan, entry: str, limit: int, notes: list[str],
+def _single_stage(module: Module, plan: GroupPlan, entry: str, target: Target, notes: list[str],
                   where: str) -> GeneratedKernel:
     """One stage: the kernel shape the shared decision picks (tilekit.schedule.shape), the
     same decision tk-roll's cost model priced."""
@@ -197,9 +199,11 @@ def _single_stage(module: Module, plan: GroupPlan, entry: str, limit: int, notes
                          "roll")
     if tile is None:
         tile = _kernel_tile(plan, where)
-    decision = decide(op_facts(main), tile, limit)
+    decision = decide(op_facts(main), tile, target)
     if decision.note and decision.shape != "default":
         notes.append(f"{where}: {decision.note}")
+    if decision.shape == "mma":
+        return mma_kernel(module, plan, entry, decision)
     if decision.shape == "staged":
         return staged_kernel(module, plan, entry, decision)
     if decision.shape == "tiled":

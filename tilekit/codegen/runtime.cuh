@@ -5,7 +5,9 @@
 // emulation of a launch. Its SHA-256 is recorded in the IR (codegen.helpers.sha256).
 #pragma once
 
-#if defined(TK_USE_HALF)
+// The CPU emulation (host_emul.h, TK_HOST_EMUL) brings its own half types and tensor-core
+// helpers; on the device they come from CUDA's headers and inline PTX below.
+#if defined(TK_USE_HALF) && !defined(TK_HOST_EMUL)
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 #endif
@@ -123,3 +125,66 @@ template <int L, typename T> TK_DEVICE T tk_warp_min(T v) {
 // Shuffles move 32/64-bit words: a bool travels as an int.
 template <int L> TK_DEVICE bool tk_warp_max(bool v) { return tk_warp_max<L, int>((int)v) != 0; }
 template <int L> TK_DEVICE bool tk_warp_min(bool v) { return tk_warp_min<L, int>((int)v) != 0; }
+
+// -- tensor cores (sm_80+): ldmatrix, mma.sync, cp.async -------------------------------------
+// Fragment layouts are the PTX ISA's ("Matrix Fragments for mma.m16n8k16" / "m16n8k8"), with
+// g = lane / 4 and t = lane % 4:
+//   m16n8k16 (f16, bf16), A 16x16 row: a[0] = A[g][2t..2t+1], a[1] = A[g+8][2t..],
+//       a[2] = A[g][2t+8..], a[3] = A[g+8][2t+8..]; B 16x8 col: b[0] = B[2t..2t+1][g],
+//       b[1] = B[2t+8..2t+9][g] (two 16-bit values a register, the lower index low);
+//   m16n8k8 (tf32), A 16x8: a[0] = A[g][t], a[1] = A[g+8][t], a[2] = A[g][t+4],
+//       a[3] = A[g+8][t+4]; B 8x8: b[0] = B[t][g], b[1] = B[t+4][g];
+//   C/D 16x8 (f32): d[0] = D[g][2t], d[1] = D[g][2t+1], d[2] = D[g+8][2t], d[3] = D[g+8][2t+1].
+// ldmatrix .x4 loads four 8x8 b16 matrices; lane L gives the address of row L % 8 of matrix
+// L / 8 and receives row g, columns 2t..2t+1 of each (with .trans: rows 2t..2t+1, column g).
+// Every lane of the warp must call these (the generated loops are block-uniform).
+#if !defined(TK_HOST_EMUL)
+TK_DEVICE unsigned tk_smem_addr(const void* p) {
+  return (unsigned)__cvta_generic_to_shared(p);
+}
+TK_DEVICE void tk_ldmatrix_x4(unsigned (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(tk_smem_addr(p)));
+}
+TK_DEVICE void tk_ldmatrix_x4_trans(unsigned (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(tk_smem_addr(p)));
+}
+TK_DEVICE void tk_mma_16816_f16(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+               "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+TK_DEVICE void tk_mma_16816_bf16(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+               "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+TK_DEVICE void tk_mma_1688_tf32(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
+  asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
+               "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+// An fp32 value rounded to tf32 (round to nearest, ties away), as mma's tf32 operand.
+TK_DEVICE unsigned tk_to_tf32(float x) {
+  unsigned r;
+  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
+  return r;
+}
+// 16 bytes global -> shared, asynchronously; `valid` false writes zeros (src-size 0).
+TK_DEVICE void tk_cp_async16(void* smem, const void* gmem, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
+               :: "r"(tk_smem_addr(smem)), "l"(gmem), "r"(valid ? 16 : 0));
+}
+TK_DEVICE void tk_cp_async_commit() { asm volatile("cp.async.commit_group;\n"); }
+template <int N> TK_DEVICE void tk_cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" :: "n"(N));
+}
+#endif
+// Two 16-bit values as one 32-bit fragment register, the first in the low half.
+TK_DEVICE unsigned tk_pack16(unsigned short lo, unsigned short hi) {
+  return (unsigned)lo | ((unsigned)hi << 16);
+}

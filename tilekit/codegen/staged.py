@@ -65,7 +65,7 @@ class Box:
 
 def op_facts(p: OpPlan) -> OpFacts:
     """What the shared shape decision needs of a (possibly inlined) op plan."""
-    return facts_of(p.spatial, p.reduction, p.body, p.read_list())
+    return facts_of(p.spatial, p.reduction, p.body, p.read_list(), p.assign)
 
 
 def read_key(r) -> tuple:

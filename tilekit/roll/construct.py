@@ -32,7 +32,7 @@ import numpy as np
 from tilekit.errors import TilekitError
 from tilekit.ir.payloads import round_sig
 from tilekit.roll.cost import (Estimate, Machine, TileCosts, cost_tiles, machine,
-                               registers_per_thread)
+                               registers_per_thread, tensor_compute)
 from tilekit.roll.problem import Problem
 from tilekit.roll.rtile import RTile, block_sizes, thread_sizes
 
@@ -58,10 +58,15 @@ class Candidate:
     blocks: int
 
 
-def roll_problem(problem: Problem, profile, top_k: int = 1) -> list[Candidate]:
-    """The `top_k` best valid tiles for `problem` on `profile`, best first (at least one)."""
-    m = machine(profile, problem.dtype)
+def roll_problem(problem: Problem, profile, top_k: int = 1, precision: str = "fp32"
+                 ) -> list[Candidate]:
+    """The `top_k` best valid tiles for `problem` on `profile`, best first (at least one).
+    A contraction with a tensor-core instruction on the profile (fp32 only at precision
+    "tf32") also gets the block GEMM tiles of `tensor_core_tiles`."""
+    m = machine(profile, problem.dtype, precision)
     tiles = construct_tiles(problem, profile, m)
+    if tensor_compute(problem, m) is not None:
+        tiles += [t for t in tensor_core_tiles(problem, m) if t not in set(tiles)]
     ranked = rank(problem, m, tiles, max(top_k, THREAD_CHOICES))
     # The front runners get the coalescing step growth too (some come from mid-trajectory).
     bsizes = [block_sizes(problem, m.transaction_bytes, a) for a in range(len(problem.axes))]
@@ -373,3 +378,92 @@ def scale_out(problem: Problem, m: Machine, bsizes, tile: RTile) -> list[RTile]:
         tile, blocks = moves[best], int(costs.blocks[best])
         path.append(tile)
     return path
+
+
+# -- tensor cores -----------------------------------------------------------------------------
+
+#: Block GEMMs offered to a contraction on tensor cores: (BM, BN, warps) and reduction steps
+#: (multiples of the instruction's k). Roller's scale-up/scale-out constructs CUDA-core tiles
+#: from the register tile outwards; a tensor-core tile is instead a whole number of warp tiles
+#: of whole instructions, so these are enumerated (a few dozen) and costed with the rest.
+TENSOR_BLOCKS = ((64, 64, 4), (64, 128, 4), (128, 64, 4), (128, 128, 4), (128, 128, 8),
+                 (128, 256, 8), (256, 128, 8), (32, 64, 2), (64, 32, 2))
+TENSOR_STEPS = (1, 2, 4)          # x 2 instruction k: 32, 64, 128 for fp16
+
+
+def tensor_core_tiles(problem: Problem, m: Machine) -> list[RTile]:
+    """Block GEMM tiles of a contraction: BM over its M axes and BN over its N axes (innermost
+    axis first, powers of two, at most twice an axis' extent), batch axes 1, the reduction's
+    innermost axes whole when short (a convolution window) and its first axis stepped so that
+    the step is a multiple of the instruction's k; threads `32 x warps` laid over the axes."""
+    from tilekit.schedule.mma import MMA
+    c = problem.contraction
+    ik = MMA[tensor_compute(problem, m)][3]
+    ext = dict(zip(problem.axes, problem.extents))
+    names = problem.axes[:problem.n_spatial]
+    out = []
+    for bm, bn, warps in TENSOR_BLOCKS:
+        sizes = {a: 1 for a in c.batch_axes}
+        if not (_spread(c.m_axes, bm, ext, sizes) and _spread(c.n_axes, bn, ext, sizes)):
+            continue
+        block = tuple(sizes[a] for a in names)
+        thread = _threads_over(block, 32 * warps)
+        if thread is None:
+            continue
+        for step in _tensor_steps(c.k_axes, ext, ik):
+            out.append(RTile(block, thread, tuple(min(step[a], ext[a]) for a in problem.axes[
+                problem.n_spatial:])))
+    return list(dict.fromkeys(out))
+
+
+def _spread(axes, total: int, ext, sizes: dict) -> bool:
+    """Share `total` (a power of two) among `axes`, innermost first, each at most the next
+    power of two of its extent; the outermost takes what is left (at most twice its
+    extent). False when that would waste more than half the block."""
+    left = total
+    for a in reversed(axes[1:]):
+        s = min(left, _pow2_at_least(ext[a]))
+        sizes[a] = s
+        left //= s
+    if not axes:
+        return total == 1
+    sizes[axes[0]] = left
+    return left <= 2 * ext[axes[0]] or left == 1
+
+
+def _threads_over(block, threads: int) -> tuple[int, ...] | None:
+    """A register tile per axis with `prod(block / thread) == threads` (innermost axes take
+    threads first), or None."""
+    left = threads
+    per_axis = [1] * len(block)
+    for i in reversed(range(len(block))):
+        t = math.gcd(block[i], left)
+        per_axis[i] = t
+        left //= t
+    if left != 1:
+        return None
+    return tuple(b // t for b, t in zip(block, per_axis))
+
+
+def _tensor_steps(k_axes, ext, ik: int) -> list[dict]:
+    """Reduction steps: the axes after the first whole when each is at most 7 (a window),
+    else stepped like the first; the first (outermost) a power of two making the step a
+    multiple of `ik`, at 1, 2 and 4 times the smallest such."""
+    inner = {a: ext[a] for a in k_axes[1:] if ext[a] <= 7}
+    rest = [a for a in k_axes[1:] if a not in inner]
+    out = []
+    for scale in TENSOR_STEPS:
+        step = dict(inner)
+        for a in rest:
+            step[a] = min(_pow2_at_least(ext[a]), 2 * ik)
+        fixed = math.prod(step.values()) if step else 1
+        first = 1
+        while (first * fixed) % ik:
+            first *= 2
+            if first > 4096:
+                break
+        first *= scale
+        step[k_axes[0]] = first
+        if (first * fixed) % ik == 0:
+            out.append(step)
+    return out

@@ -55,6 +55,7 @@ from tilekit.hw.profile import Profile
 from tilekit.ir.payloads import BOUNDS, Estimate
 from tilekit.roll.problem import Problem
 from tilekit.schedule.defaults import DEFAULT_THREADS, WARP, default_grid
+from tilekit.schedule.mma import MMA, compute_type, mma_plan, offered
 from tilekit.schedule.shape import MIN_REUSE, SMEM_ALIGN
 
 #: Registers a thread spends beyond its tile (addresses, loop counters, predicates).
@@ -93,6 +94,10 @@ class Machine:
     transaction_bytes: int
     peak: float
     launch_s: float
+    #: The tensor-core compute types the profile offers (tilekit.schedule.mma.offered) and
+    #: the fp32 precision setting ("tf32" lets fp32 contractions use them).
+    mma_offered: frozenset = frozenset()
+    precision: str = "fp32"
 
     @property
     def distributed(self) -> bool:
@@ -104,20 +109,21 @@ class Machine:
 _MACHINES: dict[tuple[int, str], tuple[object, Machine]] = {}
 
 
-def machine(profile, dtype: str = "float32") -> Machine:
+def machine(profile, dtype: str = "float32", precision: str = "fp32") -> Machine:
     """The model's view of `profile` for ops computing in `dtype` (SIMT peak; fp32 when the
-    profile has no peak for `dtype`, e.g. integer or bool outputs)."""
-    hit = _MACHINES.get((id(profile), dtype))
+    profile has no peak for `dtype`, e.g. integer or bool outputs); `precision` says whether
+    fp32 contractions may use TF32 tensor cores."""
+    hit = _MACHINES.get((id(profile), dtype, precision))
     if hit is not None and hit[0] is profile:
         return hit[1]
     if len(_MACHINES) > 256:
         _MACHINES.clear()
-    m = _make_machine(profile, dtype)
-    _MACHINES[(id(profile), dtype)] = (profile, m)
+    m = _make_machine(profile, dtype, precision)
+    _MACHINES[(id(profile), dtype, precision)] = (profile, m)
     return m
 
 
-def _make_machine(profile, dtype: str) -> Machine:
+def _make_machine(profile, dtype: str, precision: str = "fp32") -> Machine:
     a = profile.achievable
     key = dtype if profile.has_peak(dtype) else "float32"
     l2_bw = (profile.l2_bandwidth or profile.dram_bandwidth) * a.dram
@@ -131,7 +137,8 @@ def _make_machine(profile, dtype: str) -> Machine:
         transaction_bytes=(profile.smem_transaction_bytes if profile.kind == "distributed"
                            else profile.transaction_bytes),
         peak=profile.peak_flops(key) * a.compute,
-        launch_s=float(profile.launch_overhead or 0.0))
+        launch_s=float(profile.launch_overhead or 0.0),
+        mma_offered=offered(profile), precision=precision)
 
 
 def wave_efficiency(blocks, slots):
@@ -237,10 +244,12 @@ def cost_tiles(problem: Problem, m: Machine, block: np.ndarray, thread: np.ndarr
                                as_columns(step, n))
     g = _Grid(problem, block, thread, step)
     staged, box_bytes = _decide_staging(problem, g)
+    tc = _tensor_core_plans(problem, m, g)
+    staged = staged & ~tc.on
     # (A CUDA code generator's decision: a distributed machine has no lanes to give.)
-    lanes_default = (~staged & problem.has_reduction & (problem.lanes >= WARP)
+    lanes_default = (~staged & ~tc.on & problem.has_reduction & (problem.lanes >= WARP)
                      & (not m.distributed))
-    smem_tile = np.where(staged, box_bytes, 0)
+    smem_tile = np.where(tc.on, tc.smem, np.where(staged, box_bytes, 0))
     loads, stores = _global_traffic(problem, g, m.transaction_bytes)
     dram_bytes = (g.blocks * (loads + stores)).astype(np.float64)
 
@@ -252,15 +261,18 @@ def cost_tiles(problem: Problem, m: Machine, block: np.ndarray, thread: np.ndarr
         per_point = per_point + op.footprint(unit) * op.itemsize
     smem_traffic = np.where(staged, (g.blocks * g.threads * g.red_points * per_point).astype(
         np.float64) + (g.blocks * g.nsteps * smem_tile).astype(np.float64), 0.0)
+    smem_traffic = np.where(tc.on, g.blocks * g.nsteps * tc.step_traffic, smem_traffic)
 
     regs = registers_per_thread(problem, thread, staged, ptxas=not m.distributed)
+    regs = np.where(tc.on, tc.regs, regs)
     occ = _occupancy(m, g, regs, smem_tile)
     # Times. Compute and shared memory are per-SM resources: a partial wave or an SM short of
     # warps leaves them idle. The global level is device-wide, so it is not quantised by
     # waves: its traffic (L2 or exchange to the SMs) is bounded by what the busiest SM can
     # pull through its port (its share of that bandwidth), and the compulsory bytes by DRAM.
     sm_busy = occ.eff * occ.saturation
-    t_compute = g.work / m.peak / occ.lanes / sm_busy
+    peak = np.where(tc.on, tc.peak, m.peak)
+    t_compute = g.work / peak / occ.lanes / sm_busy
     t_smem = smem_traffic / m.smem_bw / occ.lanes / sm_busy
     busiest = -(-g.blocks // m.hw.sm_count) * (loads + stores) / (occ.lanes * occ.saturation)
     if m.distributed:
@@ -308,6 +320,56 @@ class _Grid:
         self.flops = float(problem.flops_per_point) * problem.output_points * \
             problem.reduction_points
         self.tile_sizes = np.vstack([block, step])
+
+
+@dataclass
+class _TensorCores:
+    """Per candidate: runs on tensor cores (tilekit.schedule.mma), its shared memory, the
+    shared-memory bytes a block moves per step (tiles written once, each warp reading its A
+    rows and B columns), and its registers (accumulators, fragments, `STAGED_BASE`)."""
+
+    on: np.ndarray
+    smem: np.ndarray
+    step_traffic: np.ndarray
+    regs: np.ndarray
+    peak: float = 0.0
+
+
+def tensor_compute(problem: Problem, m: Machine) -> str | None:
+    """The tensor-core compute type of a contraction on this machine, or None."""
+    c = problem.contraction
+    if c is None:
+        return None
+    compute = compute_type(c.dtype, m.precision)
+    return compute if compute in m.mma_offered else None
+
+
+def _tensor_core_plans(problem: Problem, m: Machine, g: _Grid) -> _TensorCores:
+    n = g.n
+    out = _TensorCores(np.zeros(n, dtype=bool), np.zeros(n, dtype=np.int64),
+                       np.zeros(n, dtype=np.float64), np.zeros(n, dtype=np.int64))
+    compute = tensor_compute(problem, m)
+    if compute is None:
+        return out
+    c = problem.contraction
+    out.peak = m.hw.achievable_flops(MMA[compute][4], tensor_core=True)
+    shapes = [tuple(d.size for d in op.dims) for op in problem.operands]
+    item = MMA[compute][5]
+    for k in range(n):
+        plan = mma_plan(c, problem.spatial, problem.reduction, tuple(g.block[:, k]),
+                        tuple(g.step[:, k]), int(g.threads[k]), compute,
+                        m.hw.smem_per_block, lambda i: shapes[i])
+        if isinstance(plan, str):
+            continue
+        out.on[k] = True
+        out.smem[k] = plan.smem_bytes
+        written = (plan.bm + plan.bn) * plan.bk
+        read = plan.warps * (plan.warp_m + plan.warp_n) * plan.bk
+        out.step_traffic[k] = float((written + read) * item)
+        acc = plan.mt * plan.nt * 4
+        frags = 4 * plan.mt + 2 * plan.nt
+        out.regs[k] = -(-(STAGED_BASE + acc + frags) // REG_GRANULE) * REG_GRANULE
+    return out
 
 
 def _decide_staging(problem: Problem, g: _Grid) -> tuple[np.ndarray, np.ndarray]:

@@ -21,6 +21,7 @@ import numpy as np
 
 from tilekit.expr import Analysis, interval
 from tilekit.expr.box import extent
+from tilekit.schedule.mma import Contraction
 from tilekit.schedule.shape import ITEMSIZE, analysis_facts
 from tilekit.expr.ast import Node
 
@@ -135,6 +136,8 @@ class Problem:
     #: stage this op's reads, and how many lanes a default kernel gives each output point.
     stageable: bool = False
     lanes: int = 1
+    #: The op as a GEMM (tilekit.schedule.mma.Contraction: axes roles and operands), or None.
+    contraction: Contraction | None = None
 
     @property
     def spatial(self) -> tuple[tuple[str, int], ...]:
@@ -214,4 +217,6 @@ def problem_from_analysis(analysis: Analysis, dtypes: Mapping[str, str] | None =
                    n_spatial=len(analysis.spatial), operands=tuple(operands),
                    out_itemsize=ITEMSIZE.get(out_dtype, 4), dtype=out_dtype,
                    flops_per_point=analysis.flops_per_point, assign=analysis.assign,
-                   stageable=facts.stageable is None, lanes=facts.lanes)
+                   stageable=facts.stageable is None, lanes=facts.lanes,
+                   contraction=facts.contraction if isinstance(facts.contraction, Contraction)
+                   else None)

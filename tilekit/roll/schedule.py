@@ -26,7 +26,8 @@ from tilekit.ir.model import OP_KINDS, Kernel, Module, Op, default_kernels
 from tilekit.roll.construct import Candidate, roll_problem
 from tilekit.ir.payloads import Candidate as TileChoice, OpTile, Tile, round_sig
 from tilekit.roll.cost import Estimate, combine_estimates, estimate_bytes
-from tilekit.schedule.shape import OpFacts, analysis_facts, decide
+from tilekit.schedule.mma import PRECISIONS
+from tilekit.schedule.shape import OpFacts, Target, analysis_facts, decide
 from tilekit.roll.problem import ITEMSIZE, Problem, problem_from_analysis
 
 STAGE = "roll"
@@ -46,9 +47,13 @@ class RolledOp:
     estimate: Estimate
 
 
-def roll_module(module: Module, profile, top_k: int = 1, hardware: str | None = None
-                ) -> Module:
+def roll_module(module: Module, profile, top_k: int = 1, hardware: str | None = None,
+                precision: str = "fp32") -> Module:
     """Tile every op of `module` for `profile`; keep the `top_k - 1` runners-up per op.
+
+    `precision` "tf32" lets fp32 contractions run on TF32 tensor cores (recorded as the stage
+    option `precision`; the default "fp32" keeps them on CUDA cores and is not recorded).
+    fp16 and bf16 contractions use tensor cores whenever the profile has them.
 
     `hardware` is what the module records as its profile (default: `profile.name`); tk-roll
     passes a path there for a profile that is not found by name
@@ -64,11 +69,18 @@ def roll_module(module: Module, profile, top_k: int = 1, hardware: str | None = 
         raise IRError("the input has no 'import' stage", "stages",
                       "produce it with tk-import, or add '{name: import}' to a hand-written "
                       "document")
-    return run_stage(module, STAGE, lambda m: _roll(m, profile, top_k, hardware),
-                     {"top_k": top_k})
+    if precision not in PRECISIONS:
+        raise TilekitError(f"unknown precision '{precision}'", "--precision",
+                           f"known: {', '.join(PRECISIONS)}")
+    options: dict[str, Any] = {"top_k": top_k}
+    if precision != "fp32":
+        options["precision"] = precision
+    return run_stage(module, STAGE, lambda m: _roll(m, profile, top_k, hardware, precision),
+                     options)
 
 
-def _roll(module: Module, profile, top_k: int, hardware: str | None) -> Module:
+def _roll(module: Module, profile, top_k: int, hardware: str | None,
+          precision: str = "fp32") -> Module:
     cache: dict[Problem, list[Candidate]] = {}
     rolled: dict[str, RolledOp] = {}
     dtypes = dtypes_of(module)
@@ -84,9 +96,9 @@ def _roll(module: Module, profile, top_k: int, hardware: str | None) -> Module:
             analysis = op_analysis(module, index)
             problem = problem_from_analysis(analysis, dtypes)
             if problem not in cache:
-                cache[problem] = roll_problem(problem, profile, top_k)
-            result = tile_record(problem, cache[problem],
-                                 analysis_facts(analysis, dtypes), profile.smem_per_block)
+                cache[problem] = roll_problem(problem, profile, top_k, precision)
+            result = tile_record(problem, cache[problem], analysis_facts(analysis, dtypes),
+                                 Target.of(profile, precision))
         rolled[op.name] = result
         ops.append(replace(op, tile=result.tile))
     # What the old tiles decided (launch figures, generated code) was dropped by run_stage.
@@ -102,7 +114,7 @@ def dtypes_of(module: Module) -> dict[str, str]:
 # -- records ---------------------------------------------------------------------------------
 
 def tile_record(problem: Problem, candidates: list[Candidate], facts: OpFacts,
-                smem_limit: int) -> RolledOp:
+                target: Target | int) -> RolledOp:
     """The `tile` record (tilekit.ir.payloads.OpTile) of the best candidate, the others
     listed under `candidates`, with the kernel the shared shape decision makes of it (what
     the cost model priced, and what codegen will generate)."""
@@ -111,7 +123,7 @@ def tile_record(problem: Problem, candidates: list[Candidate], facts: OpFacts,
     def tile(c: Candidate) -> Tile:
         return Tile(c.tile.block, c.tile.thread, c.tile.step)
 
-    kernel = decide(facts, tile(best), int(smem_limit))
+    kernel = decide(facts, tile(best), target)
     record = OpTile(tile(best), tuple(a for a, _ in problem.spatial),
                     tuple(a for a, _ in problem.reduction), best.tile.grid(problem),
                     best.smem_bytes, best.regs, best.estimate,

@@ -47,7 +47,7 @@ from tilekit.roll.problem import problem_from_analysis
 from tilekit.roll.rtile import RTile
 from tilekit.ir.graph import graph, op_analysis, op_tensors
 from tilekit.roll.schedule import dtypes_of, roll_module, tile_record
-from tilekit.schedule.shape import analysis_facts
+from tilekit.schedule.shape import Target, analysis_facts
 from tilekit.roll.workloads import Workload, load_workloads
 
 #: The sample of the workload suite the benchmark measures: every SAMPLE_EVERY-th op.
@@ -130,7 +130,7 @@ def candidate_tiles(module: Module, op: Op, profile, where: str) -> list[dict[st
                       tuple(int(s) for s in step[:, k]))
         cand = Candidate(rtile, costs.estimate(k), int(costs.smem_tile[k]), int(costs.regs[k]),
                          int(costs.threads[k]), int(costs.blocks[k]))
-        record = tile_record(problem, [cand], facts, profile.smem_per_block).tile
+        record = tile_record(problem, [cand], facts, Target.of(profile)).tile
         out.append({**record, "estimate": dict(entry.get("estimate") or record["estimate"])})
     return out
 

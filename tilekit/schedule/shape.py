@@ -3,6 +3,10 @@
 Given an op (its axes, its distinct reads, three facts about its body) and a tile, which
 kernel runs it, with which threads and which shared memory:
 
+- `mma`: a contraction (a sum of products of two reads: matmul, batched matmul, convolution
+  as implicit GEMM) whose compute type has an `mma.sync` instruction on the profile (fp16,
+  bf16; fp32 only with the explicit precision `tf32`) and whose tile maps onto whole warps of
+  instruction tiles (`tilekit.schedule.mma.mma_plan`);
 - `staged`: a reduction whose reads are all affine, whose body uses no axis value and no
   `select` guard, and where some read's per-step box is used at least `MIN_REUSE` times per
   element (points of the block tile x step >= MIN_REUSE x box volume). Every distinct read's
@@ -27,8 +31,9 @@ from dataclasses import dataclass
 from tilekit.expr.ast import Access, Axis, Call, Node, children, walk
 from tilekit.expr.box import Span, map_box
 from tilekit.ir.payloads import Tile
-from tilekit.schedule.defaults import (DEFAULT_THREADS, LANE_MIN_EXTENT, WARP, default_grid,
-                                       lane_count)
+from tilekit.schedule.defaults import (DEFAULT_THREADS, LANE_MIN_EXTENT, STATIC_SMEM_LIMIT,
+                                       WARP, default_grid, lane_count)
+from tilekit.schedule.mma import Contraction, MmaPlan, compute_type, contraction, mma_plan, offered
 
 #: A read is worth staging when each element of its box is used this many times per step.
 MIN_REUSE = 2
@@ -72,6 +77,7 @@ class OpFacts:
     uses_axis_values: bool
     guarded: bool                     # the body holds select() (masks, inlined padding)
     contiguous_reduction: bool
+    contraction: Contraction | str = "not analysed"   # the GEMM view, or why there is none
 
     @property
     def stageable(self) -> str | None:
@@ -127,19 +133,24 @@ def distinct_reads(reads) -> tuple[ReadFacts, ...]:
     return tuple(seen.values())
 
 
-def facts_of(spatial, reduction, body: Node, reads) -> OpFacts:
+def facts_of(spatial, reduction, body: Node, reads, assign: str) -> OpFacts:
     """OpFacts of a body and its reads (objects with tensor, dtype, shape, maps)."""
     reads = list(reads)
-    return OpFacts(tuple(spatial), tuple(reduction), distinct_reads(reads),
-                   body_uses_axis_values(body), body_has_select(body),
-                   walks_contiguously(reduction, reads))
+    distinct = distinct_reads(reads)
+    guarded = body_has_select(body)
+    uses_axes = body_uses_axis_values(body)
+    gemm = contraction(spatial, reduction, assign, body, distinct) \
+        if not (guarded or uses_axes) else "the body has guards or axis values"
+    return OpFacts(tuple(spatial), tuple(reduction), distinct, uses_axes, guarded,
+                   walks_contiguously(reduction, reads), gemm)
 
 
 def analysis_facts(analysis, dtypes) -> OpFacts:
     """OpFacts of an analysed statement on its own (what tk-roll sees of an op)."""
     reads = [ReadFacts(a.tensor, dtypes.get(a.tensor, "float32"), a.shape, a.maps)
              for a in analysis.accesses]
-    return facts_of(analysis.spatial, analysis.reduction, analysis.stmt.body, reads)
+    return facts_of(analysis.spatial, analysis.reduction, analysis.stmt.body, reads,
+                    analysis.assign)
 
 
 # -- boxes ----------------------------------------------------------------------------------
@@ -210,20 +221,25 @@ def fit_steps(facts: OpFacts, tile: Tile, limit: int) -> Tile | None:
 class KernelShape:
     """How one op (or one stage of a group) runs."""
 
-    shape: str                        # staged | tiled | default
+    shape: str                        # mma | staged | tiled | default
     tile: Tile | None                 # as run (staged: steps fitted to shared memory)
     threads: int
     lanes: int = 1
     staged: tuple[StagedBox, ...] = ()
     note: str = ""                    # why the tile was set aside or changed
+    mma: MmaPlan | None = None
 
     @property
     def smem_bytes(self) -> int:
+        if self.mma is not None:
+            return self.mma.smem_bytes
         return sum(b.bytes for b in self.staged)
 
     def record(self) -> dict:
         """The `kernel` entry of a rolled tile (what codegen will generate)."""
         out = {"shape": self.shape, "threads": self.threads, "smem_bytes": self.smem_bytes}
+        if self.mma is not None:
+            out["mma"] = self.mma.record()
         if self.lanes > 1:
             out["lanes"] = self.lanes
         if self.staged:
@@ -239,11 +255,48 @@ def default_shape(facts: OpFacts) -> KernelShape:
     return KernelShape("default", None, DEFAULT_THREADS, lanes)
 
 
-def decide(facts: OpFacts, tile: Tile | None, smem_limit: int) -> KernelShape:
-    """The kernel shape of an op with `tile` (None: no stage chose one) under a per-block
-    shared-memory limit (see the module docstring for the rules, in order)."""
+@dataclass(frozen=True)
+class Target:
+    """What the decision may use: the per-block shared memory, the tensor-core compute types
+    the profile offers (tilekit.schedule.mma.offered) and the fp32 precision setting."""
+
+    smem_limit: int
+    mma: frozenset[str] = frozenset()
+    precision: str = "fp32"
+
+    @staticmethod
+    def of(profile, precision: str = "fp32") -> "Target":
+        return Target(int(profile.smem_per_block) if profile is not None else STATIC_SMEM_LIMIT,
+                      offered(profile), precision)
+
+
+def mma_shape(facts: OpFacts, tile: Tile, target: Target) -> KernelShape | str:
+    """The `mma` shape of this tile, or why not."""
+    c = facts.contraction
+    if isinstance(c, str):
+        return c
+    compute = compute_type(c.dtype, target.precision)
+    if compute is None or compute not in target.mma:
+        return f"no tensor-core instruction for {c.dtype} at precision {target.precision}"
+    plan = mma_plan(c, facts.spatial, facts.reduction, tile.block, tile.step, tile.threads,
+                    compute, target.smem_limit, lambda i: facts.reads[i].shape)
+    if isinstance(plan, str):
+        return plan
+    return KernelShape("mma", tile, tile.threads, mma=plan)
+
+
+def decide(facts: OpFacts, tile: Tile | None, target: Target | int) -> KernelShape:
+    """The kernel shape of an op with `tile` (None: no stage chose one) for `target` (a
+    `Target`, or just a shared-memory limit: no tensor cores); the rules in order are the
+    module docstring's."""
+    if not isinstance(target, Target):
+        target = Target(int(target))
+    smem_limit = target.smem_limit
     if tile is None:
         return default_shape(facts)
+    tensor = mma_shape(facts, tile, target)
+    if not isinstance(tensor, str):
+        return tensor
     why = reuse_reason(facts, tile)
     if why is not None and facts.lanes >= WARP:
         return KernelShape("default", None, DEFAULT_THREADS, facts.lanes,

@@ -1,0 +1,274 @@
+"""Tensor cores as data: which contractions run on `mma.sync`, and how a tile maps onto warps.
+
+A **contraction** is a sum over reduction axes of a product of two reads (times constants):
+`c[i,j] += a[i,k] * b[k,j]`, a batched matmul, a convolution (`x[n,c,h*s+kh-p,...] *
+w[f,c,kh,kw]` is an implicit GEMM). Its spatial axes that only the first read uses are **M**,
+those only the second uses are **N**, those both use are **batch**; its reduction axes are
+**K** and both reads must use each of them. A tile (block sizes per spatial axis, steps per
+reduction axis) then gives a block GEMM of `BM = prod(block[M]) x BN = prod(block[N])` over
+`BK = prod(step[K])` per step, with every batch axis' block 1.
+
+`MMA` is the table of instructions the code generator emits (PTX ISA shapes): fp16 and bf16
+inputs with fp32 accumulation on m16n8k16, fp32 inputs as TF32 on m16n8k8, the latter only
+when the user asked for it (`tk-roll --precision tf32`: TF32 keeps 10 of fp32's 23 mantissa
+bits, so it is never chosen silently). A profile offers an instruction when its
+`compute.mma` lists `mma.sync` for that dtype (hw profiles).
+
+`mma_plan(...)` is the one decision of how a tile runs on tensor cores: the warps' arrangement
+(`wm x wn` warps, each a `WM x WN` warp tile of `MT x NT` instructions), each operand's layout
+in shared memory (`[mn][k]` or `[k][mn]`, rows padded by 16 bytes so that `ldmatrix` rows
+fall in distinct banks) and whether it is copied with `cp.async` (its rows are contiguous
+16-byte chunks of the tensor), the pipeline depth and the shared memory. The cost model prices
+it and codegen (tilekit.codegen.mma) emits it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+from tilekit.expr.analysis import index_map
+from tilekit.expr.ast import Access, Binary, Call, Node, Num
+
+#: Instruction per compute type: (name, m, n, k, profile dtype key, element bytes in smem).
+MMA = {
+    "float16": ("m16n8k16.f16", 16, 8, 16, "fp16", 2),
+    "bfloat16": ("m16n8k16.bf16", 16, 8, 16, "bf16", 2),
+    "tf32": ("m16n8k8.tf32", 16, 8, 8, "tf32", 4),
+}
+#: Precision settings of fp32 contractions: "fp32" (CUDA cores) or "tf32" (tensor cores).
+PRECISIONS = ("fp32", "tf32")
+#: Row padding of every shared tile (bytes): consecutive rows start 4 banks apart.
+ROW_PAD_BYTES = 16
+WARP = 32
+
+
+@dataclass(frozen=True)
+class Operand:
+    """One read of a contraction, as a block GEMM operand."""
+
+    index: int                      # position in OpFacts.reads
+    mn_axes: tuple[str, ...]        # M axes (A) or N axes (B), output order
+    k_inner: bool                   # stored [mn][k] (k contiguous), else [k][mn]
+    async_axis: str | None          # cp.async along this axis (the global rows' axis), or None
+
+
+@dataclass(frozen=True)
+class Contraction:
+    """The GEMM view of an op (see the module docstring)."""
+
+    a: Operand
+    b: Operand
+    m_axes: tuple[str, ...]
+    n_axes: tuple[str, ...]
+    batch_axes: tuple[str, ...]
+    k_axes: tuple[str, ...]
+    scale: float
+    dtype: str                      # of both reads: float16, bfloat16, float32
+
+
+def product_factors(body: Node) -> tuple[list[Access], float] | None:
+    """A body that is a product of reads and numbers: (the reads, the numbers' product)."""
+    if isinstance(body, Access):
+        return [body], 1.0
+    if isinstance(body, Num):
+        return [], float(body.value)
+    if isinstance(body, Binary) and body.op == "*":
+        lhs, rhs = product_factors(body.lhs), product_factors(body.rhs)
+        if lhs is None or rhs is None:
+            return None
+        return lhs[0] + rhs[0], lhs[1] * rhs[1]
+    if isinstance(body, Binary) and body.op == "/" and isinstance(body.rhs, Num) \
+            and float(body.rhs.value) != 0.0:
+        lhs = product_factors(body.lhs)
+        return None if lhs is None else (lhs[0], lhs[1] / float(body.rhs.value))
+    if isinstance(body, Call) and body.fn == "float32" and len(body.args) == 1:
+        return product_factors(body.args[0])  # a widening cast of an fp16 product
+    return None
+
+
+def contraction(spatial, reduction, assign: str, body: Node, reads) -> Contraction | str:
+    """The op as a contraction, or why it is not one. `reads` are the op's distinct reads
+    (tilekit.schedule.shape.ReadFacts) in body order."""
+    if assign != "+=" or not reduction:
+        return "not a sum over reduction axes"
+    factors = product_factors(body)
+    if factors is None or len(factors[0]) != 2:
+        return "the body is not a product of two reads"
+    (x, y), scale = factors
+    by_key = {(r.tensor, tuple(str(m) for m in r.maps)): i for i, r in enumerate(reads)}
+
+    def key(node: Access):
+        return (node.tensor, tuple(str(index_map(i)) for i in node.indices))
+
+    if key(x) not in by_key or key(y) not in by_key or key(x) == key(y):
+        return "the two factors are not two distinct reads"
+    ia, ib = by_key[key(x)], by_key[key(y)]
+    ra, rb = reads[ia], reads[ib]
+    if not (ra.affine and rb.affine):
+        return "a read is not affine"
+    if ra.dtype != rb.dtype:
+        return "the two reads have different dtypes"
+    used_a = {a for m in ra.maps for a in m.axes}
+    used_b = {a for m in rb.maps for a in m.axes}
+    names = [a for a, _ in spatial]
+    k_axes = tuple(a for a, _ in reduction)
+    if any(a not in used_a or a not in used_b for a in k_axes):
+        return "a reduction axis is not read by both factors"
+    m_axes = tuple(a for a in names if a in used_a and a not in used_b)
+    n_axes = tuple(a for a in names if a in used_b and a not in used_a)
+    batch = tuple(a for a in names if a in used_a and a in used_b)
+    if len(m_axes) + len(n_axes) + len(batch) != len(names):
+        return "an output axis is read by neither factor"
+    if not m_axes or not n_axes:
+        return "no M or no N axis (a matrix-vector product)"
+    return Contraction(_operand(ia, ra, m_axes, k_axes), _operand(ib, rb, n_axes, k_axes),
+                       m_axes, n_axes, batch, k_axes, scale, ra.dtype)
+
+
+def _operand(index: int, read, mn_axes, k_axes) -> Operand:
+    last = read.maps[-1]
+    inner = {a for a, _ in last.terms}
+    k_inner = bool(inner & set(k_axes)) and not (inner & set(mn_axes))
+    group = k_axes if k_inner else mn_axes
+    # cp.async copies whole rows of the shared tile: the tensor's last dimension must be
+    # exactly the group's innermost axis (coefficient 1) and no other dimension may use it.
+    axis = group[-1]
+    plain = dict(last.terms) == {axis: 1} and last.const == 0
+    alone = all(axis not in m.axes for m in read.maps[:-1])
+    return Operand(index, tuple(mn_axes), k_inner, axis if plain and alone else None)
+
+
+# -- the plan of a tile ---------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class MmaPlan:
+    """How a tile of a contraction runs on tensor cores (see the module docstring)."""
+
+    contraction: Contraction
+    compute: str                    # float16 | bfloat16 | tf32 (a key of MMA)
+    bm: int
+    bn: int
+    bk: int
+    wm: int                         # warps along M
+    wn: int                         # warps along N
+    stages: int
+    a_async: bool
+    b_async: bool
+    smem_bytes: int
+
+    @property
+    def instruction(self) -> tuple:
+        return MMA[self.compute]
+
+    @property
+    def warps(self) -> int:
+        return self.wm * self.wn
+
+    @property
+    def warp_m(self) -> int:
+        return self.bm // self.wm
+
+    @property
+    def warp_n(self) -> int:
+        return self.bn // self.wn
+
+    @property
+    def mt(self) -> int:
+        return self.warp_m // 16
+
+    @property
+    def nt(self) -> int:
+        return self.warp_n // 8
+
+    def tile_shape(self, operand: Operand) -> tuple[int, int]:
+        """(rows, row length before padding) of an operand's shared tile."""
+        mn = self.bm if operand is self.contraction.a else self.bn
+        return (mn, self.bk) if operand.k_inner else (self.bk, mn)
+
+    def row_pad(self) -> int:
+        return ROW_PAD_BYTES // self.instruction[5]
+
+    def record(self) -> dict:
+        c = self.contraction
+        return {"instruction": f"mma.sync.{self.instruction[0]}", "warps": [self.wm, self.wn],
+                "block_gemm": [self.bm, self.bn, self.bk], "stages": self.stages,
+                "layout": {"a": "mk" if c.a.k_inner else "km",
+                           "b": "nk" if c.b.k_inner else "kn"},
+                "cp_async": [n for n, on in (("a", self.a_async), ("b", self.b_async)) if on]}
+
+
+def compute_type(dtype: str, precision: str) -> str | None:
+    if dtype in ("float16", "bfloat16"):
+        return dtype
+    if dtype == "float32" and precision == "tf32":
+        return "tf32"
+    return None
+
+
+def offered(profile) -> frozenset[str]:
+    """The compute types whose mma.sync instruction the profile lists (none without one)."""
+    if profile is None or profile.kind != "simt":
+        return frozenset()
+    keys = {s.dtype for s in profile.mma_shapes if s.instruction == "mma.sync"}
+    return frozenset(c for c, entry in MMA.items() if entry[4] in keys)
+
+
+def mma_plan(c: Contraction, spatial, reduction, block: Sequence[int], step: Sequence[int],
+             threads: int, compute: str, smem_limit: int, extents_of) -> MmaPlan | str:
+    """The plan of this tile, or why the tile cannot run on tensor cores. `extents_of(read
+    index)` gives a read's tensor shape (for the cp.async alignment rules)."""
+    extent = dict(spatial) | dict(reduction)
+    name, im, inn, ik, _, item = MMA[compute]
+    size = {a: b for (a, _), b in zip(spatial, block)}
+    size.update({a: s for (a, _), s in zip(reduction, step)})
+    if any(size[a] != 1 for a in c.batch_axes):
+        return "a batch axis has a block of more than 1"
+    bm = math.prod(size[a] for a in c.m_axes)
+    bn = math.prod(size[a] for a in c.n_axes)
+    bk = math.prod(size[a] for a in c.k_axes)
+    if bk % ik:
+        return f"the reduction step ({bk}) is not a multiple of {ik}"
+    if threads % WARP:
+        return "the block is not whole warps"
+    warps = threads // WARP
+    shapes = [(wm, warps // wm) for wm in range(1, warps + 1) if warps % wm == 0]
+    fits = [(wm, wn) for wm, wn in shapes if bm % (im * wm) == 0 and bn % (2 * inn * wn) == 0]
+    if not fits:
+        return (f"{warps} warps cannot split a {bm}x{bn} block into warp tiles of whole "
+                f"{im}x{2 * inn} instruction pairs")
+    wm, wn = min(fits, key=lambda s: (abs(math.log2((bm / s[0]) / (bn / s[1]))), s))
+    a_async = _async_ok(c.a, c, size, extent, extents_of(c.a.index), item)
+    b_async = _async_ok(c.b, c, size, extent, extents_of(c.b.index), item)
+    pad = ROW_PAD_BYTES // item
+    per_stage = sum(rows * (length + pad) * item for rows, length in (
+        (bm, bk) if c.a.k_inner else (bk, bm), (bn, bk) if c.b.k_inner else (bk, bn)))
+    stages = 3 if (a_async or b_async) and 3 * per_stage <= smem_limit else 2
+    if stages * per_stage > smem_limit:
+        return f"{stages} stages of {per_stage} bytes do not fit {smem_limit} bytes"
+    return MmaPlan(c, compute, bm, bn, bk, wm, wn, stages, a_async, b_async,
+                   stages * per_stage)
+
+
+def _async_ok(op: Operand, c: Contraction, size, extent, shape, item: int) -> bool:
+    """cp.async of whole 16-byte chunks: the row axis is the only one of its group with a
+    block larger than 1, and the tile's rows, the tensor's rows and the axis' extent are whole
+    chunks (a chunk is then wholly inside or wholly outside the tensor, and aligned)."""
+    if op.async_axis is None:
+        return False
+    group = c.k_axes if op.k_inner else op.mn_axes
+    if any(size[a] != 1 for a in group if a != op.async_axis):
+        return False
+    chunk = 16 // item
+    return (size[op.async_axis] % chunk == 0 and shape[-1] % chunk == 0
+            and extent[op.async_axis] % chunk == 0)
+
+
+def recorded_precision(module) -> str:
+    """The fp32 precision the module was rolled with (`tk-roll --precision`; "fp32" unless
+    the roll stage records another)."""
+    for stage in reversed(module.stages):
+        if stage.get("name") == "roll":
+            return str((stage.get("options") or {}).get("precision", "fp32"))
+    return "fp32"
