@@ -31,9 +31,9 @@ from contextlib import ExitStack
 from tilekit.codegen.cexpr import linear, literal, storage
 from tilekit.codegen.emitter import Emitter
 from tilekit.codegen.kernel import (GeneratedKernel, PointEmitter, avar, block_origins, c_name,
-                                    decompose, finish, global_resolver, group_signature,
-                                    index_type, needs_check, new_kernel, store_sink, strides,
-                                    tvar)
+                                    decompose, finish, flat_offset, global_resolver,
+                                    group_signature, index_type, needs_check, new_kernel,
+                                    store_sink, tvar)
 from tilekit.codegen.plan import GroupPlan, OpPlan, Read
 from tilekit.codegen.staged import read_key
 from tilekit.schedule.mma import MmaPlan, Operand
@@ -184,7 +184,7 @@ def _emit_stage_load(e: Emitter, ctx: _Context, which: str) -> None:
                       if ctx.extent[a] % ctx.size.get(a, 1)]
             checks += _map_checks(read, code, ctx)
             ok = " && ".join(checks) or "true"
-            offset = _offset(read, code)
+            offset = flat_offset(read, code, {})
             dst = f"{buffer}[buf * {rows * row_len} + r * {row_len} + c]"
             if use_async:
                 e.line(f"const bool ok = {ok};")
@@ -206,17 +206,6 @@ def _map_checks(read: Read, code: dict[str, str], ctx: _Context) -> list[str]:
         if need:
             out.append(f"tk_in({linear(((cf, code[a]) for a, cf in m.terms), m.const)}, {dim})")
     return out
-
-
-def _offset(read: Read, code: dict[str, str]) -> str:
-    st = strides(read.shape)
-    coefs: dict[str, int] = {}
-    const = 0
-    for m, s in zip(read.maps, st):
-        const += m.const * s
-        for a, cf in m.terms:
-            coefs[a] = coefs.get(a, 0) + cf * s
-    return linear(((cf, code[a]) for a, cf in sorted(coefs.items())), const)
 
 
 def _emit_fragments_and_mma(e: Emitter, ctx: _Context) -> None:
