@@ -3,26 +3,37 @@
 A command file only parses flags, calls one library function and maps errors to exit codes;
 everything common lives here:
 
-- input positional or `-`/stdin; `-o FILE` written atomically, never over the input;
+- input positional or `-`/stdin; `-o FILE` written atomically, never over an input
+  (`tilekit.outputs`); the files a command reads are recorded while it runs
+  (`tilekit.fileio.command_inputs`);
 - `--format yaml|json`, `--version`, `--quiet`, `--debug`;
 - errors as one line on stderr: `tk-roll: error: <where>: <what>; <hint>`, exit 2 for bad input
   (`TilekitError` and click usage errors), exit 1 for an internal error; a traceback only with
-  `--debug`.
+  `--debug`;
+- SIGINT and SIGTERM: temporary files removed, one line `tool: error: interrupted`
+  (`terminated`), exit 130 (143), no traceback.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import math
 import os
+import signal
 import sys
+import threading
 import traceback
-from typing import Callable
+from typing import Callable, Iterator
 
 import click
 
 from tilekit import IR_VERSION, __version__
-from tilekit.errors import EXIT_BAD_INPUT, EXIT_INTERNAL, TilekitError
-from tilekit.fileio import read_input_text, same_file, write_output  # noqa: F401 (re-exported)
+from tilekit.errors import (EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_SIGINT, EXIT_SIGTERM,
+                            TilekitError, safe_line)
+from tilekit.fileio import (command_inputs, read_input_text, same_file,  # noqa: F401
+                            write_output)
+from tilekit.outputs import remove_temporaries
 
 
 def version_text(tool: str) -> str:
@@ -30,13 +41,13 @@ def version_text(tool: str) -> str:
 
 
 def print_error(tool: str, message: str) -> None:
-    """The house error line: `tool: error: message` on stderr."""
-    click.echo(f"{tool}: error: {message}", err=True)
+    """The house error line: `tool: error: message` on stderr (one safe line)."""
+    click.echo(f"{tool}: error: {safe_line(message)}", err=True)
 
 
 def warn(tool: str, message: str) -> None:
-    """A warning: stderr only, never stdout."""
-    click.echo(f"{tool}: warning: {message}", err=True)
+    """A warning: stderr only, never stdout (one safe line)."""
+    click.echo(f"{tool}: warning: {safe_line(message)}", err=True)
 
 
 class TkCommand(click.Command):
@@ -55,8 +66,8 @@ class TkCommand(click.Command):
             print_error(tool, f"{exc.format_message().rstrip('.')}; {hint}")
             sys.exit(EXIT_BAD_INPUT)
         except click.exceptions.Abort:
-            print_error(tool, "aborted")
-            sys.exit(EXIT_INTERNAL)
+            print_error(tool, "interrupted")
+            sys.exit(EXIT_SIGINT)
         except click.exceptions.Exit as exc:
             sys.exit(exc.exit_code)
         if isinstance(rv, int):
@@ -82,7 +93,8 @@ def tk_command(tool: str, **settings) -> Callable:
         def body(*args, **kwargs):
             debug = kwargs.get("debug", False)
             try:
-                return fn(*args, **kwargs)
+                with command_inputs(), _signal_handlers():
+                    return fn(*args, **kwargs)
             except TilekitError as exc:
                 if debug:
                     traceback.print_exc()
@@ -96,8 +108,13 @@ def tk_command(tool: str, **settings) -> Callable:
                     pass
                 return 0
             except KeyboardInterrupt:
+                remove_temporaries()
                 print_error(tool, "interrupted")
-                return EXIT_INTERNAL
+                return EXIT_SIGINT
+            except Terminated:
+                remove_temporaries()
+                print_error(tool, "terminated")
+                return EXIT_SIGTERM
             except Exception as exc:  # noqa: BLE001 - the one place internal errors are mapped
                 if debug:
                     traceback.print_exc()
@@ -114,6 +131,36 @@ def tk_command(tool: str, **settings) -> Callable:
         return cmd
 
     return decorate
+
+
+class Terminated(BaseException):
+    """SIGTERM, raised where the command is (like KeyboardInterrupt for SIGINT) so that
+    every `finally` and `except BaseException` on the way out removes its temporaries."""
+
+
+def _raise_terminated(signum, frame) -> None:
+    raise Terminated()
+
+
+@contextlib.contextmanager
+def _signal_handlers() -> Iterator[None]:
+    """SIGINT raises KeyboardInterrupt and SIGTERM raises `Terminated` while a command runs
+    (a signal the parent process ignores stays ignored); the previous handlers come back."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    wanted = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: _raise_terminated}
+    saved = {}
+    for signum, handler in wanted.items():
+        current = signal.getsignal(signum)
+        if current is not signal.SIG_IGN:
+            saved[signum] = current
+            signal.signal(signum, handler)
+    try:
+        yield
+    finally:
+        for signum, handler in saved.items():
+            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
 
 
 # -- shared options ----------------------------------------------------------------------
@@ -137,6 +184,27 @@ def hw_option(required: bool = True) -> Callable:
         return click.option("--hw", "hw", required=required, metavar="NAME|PATH",
                             help="Hardware profile: a name from hwprofiles/ or a YAML path.")(fn)
     return add
+
+
+class FiniteFloat(click.ParamType):
+    """A finite number >= 0 (a tolerance): `nan`, `inf` and negatives are usage errors."""
+
+    name = "number"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, float):
+            number = value
+        else:
+            try:
+                number = float(str(value).strip())
+            except ValueError:
+                self.fail(f"{str(value)[:40]!r} is not a number", param, ctx)
+        if not math.isfinite(number) or number < 0:
+            self.fail(f"{str(value)[:40]!r} is not a finite number >= 0", param, ctx)
+        return number
+
+
+FINITE = FiniteFloat()
 
 
 def stderr_is_terminal() -> bool:

@@ -10,14 +10,15 @@ Only parsing and printing live here; loading and checking are `tilekit.hw`.
 from __future__ import annotations
 
 import json
-import sys
 
 import click
 
 from tilekit import __version__
 from tilekit.cli.common import (TkGroup, print_error, stdout_is_terminal, tk_command,
                                 version_text)
-from tilekit.errors import EXIT_BAD_INPUT, ProfileError
+from tilekit import limits
+from tilekit.errors import EXIT_BAD_INPUT, ProfileError, TilekitError
+from tilekit.fileio import read_bytes
 from tilekit.hw import list_profiles, load_profile
 from tilekit.hw.describe import SUMMARY_COLUMNS, figure_rows, identity_rows, summary_row
 from tilekit.hw.registry import read_profile_text
@@ -107,10 +108,15 @@ def validate_command(files: tuple[str, ...], quiet: bool, debug: bool) -> int:
     for name in files:
         try:
             if name == "-":
-                read_profile_text(sys.stdin.read(), "<stdin>")
+                data, origin = read_bytes("-", limits.PROFILE_BYTES, "profile")
+                try:
+                    text = data.decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    raise ProfileError(f"not UTF-8 text (byte {exc.start})", origin) from None
+                read_profile_text(text, origin)
             else:
                 load_profile(name)
-        except ProfileError as exc:
+        except TilekitError as exc:
             # Every bad file gets its line, so one run reports them all.
             print_error(TOOL, exc.message())
             status = EXIT_BAD_INPUT

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from tilekit.codegen.cexpr import (IDENTITY, KIND_CTYPE, WARP_REDUCE, combine, index_code,
                                    linear, pad_literal, storage)
-from tilekit.codegen.emitter import Emitter
+from tilekit.codegen.emitter import Emitter, comment_text
 from tilekit.codegen.kernel import (GeneratedKernel, PointEmitter, avar, c_name,
                                     contiguous_reduction, decompose, full_ranges, global_read,
                                     global_store, group_signature, index_type, needs_check,
@@ -242,9 +242,9 @@ def fused_kernel(module, plan: GroupPlan, entry: str, tile: Tile | None, limit: 
             lens = [x.length for x in regions.spans[k]]
             if dynamic:
                 e.line(f"{ctype}* {name} = reinterpret_cast<{ctype}*>(tk_smem + {offset});"
-                       f"  // {t} region {lens}")
+                       f"  // {comment_text(t)} region {lens}")
             else:
-                e.line(f"__shared__ {ctype} {name}[{size}];  // {t} region {lens}")
+                e.line(f"__shared__ {ctype} {name}[{size}];  // {comment_text(t)} region {lens}")
             offset += shared_bytes(size, storage(module.tensors[t].dtype).kind)
         e.line("const int tid = threadIdx.x;")
         origins = [e.tmp("o") for _ in axes]

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from tilekit.codegen.cexpr import (IDENTITY, KIND_CTYPE, ValueCompiler, combine, linear,
                                    load_value, pad_literal, storage)
-from tilekit.codegen.emitter import Emitter
+from tilekit.codegen.emitter import Emitter, comment_text
 from tilekit.codegen.kernel import (GeneratedKernel, PointEmitter, _ll_if, _tile_text, avar,
                                     block_origins, c_name, decompose, global_resolver,
                                     group_signature, index_type, needs_check, open_kernel,
@@ -187,10 +187,10 @@ def staged_kernel(module, plan: GroupPlan, entry: str, tile: Tile) -> GeneratedK
             ctype = KIND_CTYPE[storage(b.read.dtype).kind]
             if dynamic:
                 e.line(f"{ctype}* {b.buffer} = reinterpret_cast<{ctype}*>(tk_smem + {offset});"
-                       f"  // {b.read.tensor} box {list(b.extents)}")
+                       f"  // {comment_text(b.read.tensor)} box {list(b.extents)}")
             else:
                 e.line(f"__shared__ __align__(16) {ctype} {b.buffer}[{b.volume}];"
-                       f"  // {b.read.tensor} box {list(b.extents)}")
+                       f"  // {comment_text(b.read.tensor)} box {list(b.extents)}")
             offset += shared_bytes(b.volume, storage(b.read.dtype).kind)
         e.line("const int tid = threadIdx.x;")
         origins = block_origins(e, axes, extents, tile.block, idx_t)

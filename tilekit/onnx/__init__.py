@@ -18,23 +18,21 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from tilekit import limits
 from tilekit.errors import TilekitError
-from tilekit.fileio import atomic_write
+from tilekit.fileio import read_bytes
 from tilekit.onnx.importer import Imported, import_model
+from tilekit.outputs import OutputSet
 
 __all__ = ["Imported", "import_model", "load_model", "load_model_bytes", "write_weights",
-           "attach_files"]
+           "stage_weights", "attach_files"]
 
 
 def load_model(path: str):
-    """Read an ONNX model from `path` (a TilekitError naming the file if it cannot be)."""
-    p = Path(path)
-    if not p.exists():
-        raise TilekitError("no such file", path, "check the path")
-    if p.is_dir():
-        raise TilekitError("is a directory, expected an .onnx file", path)
-    data = p.read_bytes()
-    return load_model_bytes(data, path, folder=str(p.parent))
+    """Read an ONNX model from `path` (a TilekitError naming the file if it cannot be), at most
+    `limits.MODEL_BYTES` bytes."""
+    data, name = read_bytes(path, limits.MODEL_BYTES, "ONNX model")
+    return load_model_bytes(data, name, folder=str(Path(path).parent) if path != "-" else None)
 
 
 def load_model_bytes(data: bytes, name: str, folder: str | None = None):
@@ -81,13 +79,26 @@ def _first_line(exc: BaseException) -> str:
 
 
 def write_weights(path: str, weights: Mapping[str, np.ndarray]) -> str:
-    """Write the weights sidecar atomically and return its sha256.
+    """Write the weights sidecar atomically and return its sha256 (see `stage_weights`)."""
+    with OutputSet() as out:
+        digest = stage_weights(out, path, weights)
+        out.commit()
+    return digest
+
+
+def stage_weights(out: OutputSet, path: str, weights: Mapping[str, np.ndarray]) -> str:
+    """Stage the weights sidecar in `out` and return its sha256.
 
     An `.npz` readable by `numpy.load`: members `<name>.npy` in sorted name order, stored
     uncompressed with a fixed timestamp (numpy.savez stamps the current time), so the same
-    weights always give the same bytes. Arrays are streamed, never copied whole.
+    weights always give the same bytes. Arrays are streamed, never copied whole; their total
+    size is checked against `limits.TOTAL_BYTES` first.
     """
-    with atomic_write(path, f"--weights {path}") as fh:
+    where = f"--weights {path}"
+    limits.TOTAL_BYTES.check(sum(int(np.asarray(w).nbytes) for w in weights.values()), where,
+                             "the weights")
+    digest = hashlib.sha256()
+    with out.open(path, where) as fh:
         with zipfile.ZipFile(fh, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
             for name in sorted(weights):
                 info = zipfile.ZipInfo(f"{name}.npy", date_time=(1980, 1, 1, 0, 0, 0))
@@ -95,8 +106,8 @@ def write_weights(path: str, weights: Mapping[str, np.ndarray]) -> str:
                 with zf.open(info, "w", force_zip64=True) as member:
                     np.lib.format.write_array(member, np.asanyarray(weights[name]),
                                               allow_pickle=False)
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
+        fh.flush()
+        fh.seek(0)
         for block in iter(lambda: fh.read(1 << 22), b""):
             digest.update(block)
     return digest.hexdigest()
@@ -108,16 +119,18 @@ def _relative(path: str, folder: str) -> str:
 
 def attach_files(imported: Imported, *, ir_folder: str, weights_path: str,
                  onnx_path: str | None, onnx_sha256: str,
-                 options: Mapping[str, Any]) -> Imported:
-    """Write the weights sidecar (when there are weights) and record in the module `source`
-    and `weights` (paths relative to `ir_folder`, checksums) and the `import` stage."""
+                 options: Mapping[str, Any], outputs: OutputSet | None = None) -> Imported:
+    """Write the weights sidecar (when there are weights; staged in `outputs` when given, for
+    the caller to commit with the IR) and record in the module `source` and `weights` (paths
+    relative to `ir_folder`, checksums) and the `import` stage."""
     module = imported.module
     source = {"onnx": _relative(onnx_path, ir_folder)} if onnx_path else {}
     source["sha256"] = onnx_sha256
     source.update(module.source or {})
     weights_ref = None
     if imported.weights:
-        digest = write_weights(weights_path, imported.weights)
+        digest = (write_weights(weights_path, imported.weights) if outputs is None
+                  else stage_weights(outputs, weights_path, imported.weights))
         weights_ref = {"file": _relative(weights_path, ir_folder), "sha256": digest}
     module = replace(module, source=source, weights=weights_ref)
     module = module.with_stage("import", **dict(options))

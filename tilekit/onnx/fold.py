@@ -20,7 +20,8 @@ import numpy as np
 import onnx
 from onnx import NodeProto, TensorProto, helper, numpy_helper
 
-from tilekit.errors import TilekitError, UnsupportedError
+from tilekit import limits
+from tilekit.errors import TilekitError, UnsupportedError, excerpt
 from tilekit.onnx.names import sanitize
 
 #: Ops that must never be folded: their value is not a function of their inputs.
@@ -65,6 +66,7 @@ def _constant_of_shape(node, ins, attrs, opset):
     value = attrs.get("value")
     fill = np.asarray(value).reshape(-1) if value is not None else np.zeros(1, np.float32)
     shape = tuple(int(d) for d in np.asarray(ins[0]).reshape(-1))
+    limits.elements(shape, None, "a ConstantOfShape fill")
     # A read-only broadcast view: a 100 MB fill costs no memory until it is written out.
     return [np.broadcast_to(fill[:1].reshape(()), shape)]
 
@@ -145,6 +147,49 @@ FAST: dict[str, Callable] = {
     "Mul": _binary(np.multiply), "Div": _div, "Identity": _identity, "Dropout": _identity,
     "Transpose": _transpose,
 }
+
+
+def elem_type_name(elem: int) -> str:
+    """An ONNX element type's name for messages, also for numbers ONNX does not define."""
+    try:
+        return helper.tensor_dtype_to_string(elem) if elem else "undefined"
+    except (KeyError, ValueError):
+        return f"undefined ({excerpt(elem)})"
+
+
+def predicted_elements(node: NodeProto, inputs: Arrays) -> int | None:
+    """The element count of the largest output of a node that can make more data than it
+    reads (a fill, a broadcast, a repetition, a range), from its constant inputs, or None.
+    Folding checks it against `limits.TENSOR_ELEMENTS` before allocating anything."""
+    try:
+        if node.op_type in ("ConstantOfShape", "Expand", "Tile") and len(inputs) >= 1:
+            if node.op_type == "ConstantOfShape":
+                return _product(np.asarray(inputs[0]).reshape(-1))
+            given = np.asarray(inputs[1]).reshape(-1) if len(inputs) > 1 else None
+            shape = list(np.shape(inputs[0]))
+            if given is None:
+                return None
+            if node.op_type == "Tile":
+                return _product([d * r for d, r in zip(shape, given)])
+            rank = max(len(shape), len(given))
+            shape = [1] * (rank - len(shape)) + shape
+            wide = [1] * (rank - len(given)) + [int(g) for g in given]
+            return _product([max(a, b) for a, b in zip(shape, wide)])
+        if node.op_type == "Range" and len(inputs) == 3:
+            start, stop, step = (float(np.asarray(v).reshape(-1)[0]) for v in inputs)
+            if step == 0 or not all(map(np.isfinite, (start, stop, step))):
+                return None
+            return max(0, int(np.ceil((stop - start) / step)))
+    except (TypeError, ValueError, OverflowError, IndexError):
+        return None
+    return None
+
+
+def _product(dims) -> int:
+    n = 1
+    for d in dims:
+        n *= max(int(d), 0)
+    return n
 
 
 def evaluate(node: NodeProto, inputs: Arrays, opset: int) -> list[np.ndarray]:
@@ -250,7 +295,7 @@ class ShapeFolding:
             if elem not in ONNX_DTYPES:
                 raise UnsupportedError(
                     f"graph input '{vi.name}' has element type "
-                    f"{helper.tensor_dtype_to_string(elem)}", "graph.input",
+                    f"{elem_type_name(elem)}", "graph.input",
                     f"supported element types: {', '.join(sorted(set(ONNX_DTYPES.values())))}")
             if shape is None or any(d is None or d <= 0 for d in shape):
                 dims = vi.type.tensor_type.shape.dim if shape is not None else []
@@ -282,6 +327,8 @@ class ShapeFolding:
             typ = type_of(vi)
             if typ is None:
                 continue
+            if typ[0] is not None and None not in typ[0]:
+                limits.elements(typ[0], f"tensor '{excerpt(vi.name, quote=False)}'")
             old = self.types.get(vi.name)
             if old is None or old[0] is None or (typ[0] is not None and None not in typ[0]):
                 self.types[vi.name] = typ
@@ -348,10 +395,35 @@ class ShapeFolding:
         if any(n not in self.consts for n in ins):
             return None
         inputs = [self.consts[n] if n else None for n in node.input]
+        self._check_fold_budget(node, inputs)
         try:
-            return evaluate(node, inputs, self.opset)
+            results = evaluate(node, inputs, self.opset)
+        except limits.LimitError as exc:
+            raise limits.LimitError(exc.what, self._node_where(node), exc.hint) from None
         except Exception:  # noqa: BLE001 - an op the evaluators cannot fold is converted
             return None
+        for array in results:
+            self._folded_bytes += array.nbytes
+            limits.TOTAL_BYTES.check(self._folded_bytes, self._node_where(node),
+                                     "the constants folded so far")
+        return results
+
+    def _node_where(self, node: onnx.NodeProto) -> str:
+        index = self.nodes.index(node)
+        return f"node {index} '{excerpt(node.name or f'{node.op_type}_{index}', quote=False)}'"
+
+    def _check_fold_budget(self, node: onnx.NodeProto, inputs: Arrays) -> None:
+        """Refuse, before evaluating it, a fold whose result would be over the tensor size
+        budget: from inferred output shapes, else from the op's own arithmetic."""
+        sizes = [predicted_elements(node, inputs) or 0]
+        for name in node.output:
+            typ = self.types.get(name)
+            if typ is not None and typ[0] is not None and None not in typ[0]:
+                sizes.append(_product(typ[0]))
+        if max(sizes) > limits.TENSOR_ELEMENTS.value:
+            raise limits.TENSOR_ELEMENTS.error(f"the folded value of {node.op_type} "
+                                               f"({max(sizes):,} elements)",
+                                               self._node_where(node))
 
     def _static_shape(self, name: str) -> tuple[int, ...] | None:
         if name in self.consts:

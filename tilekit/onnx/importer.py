@@ -31,10 +31,11 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from tilekit.errors import TilekitError, UnsupportedError
+from tilekit import limits
+from tilekit.errors import TilekitError, UnsupportedError, excerpt
 from tilekit.ir.model import Module, Op, Tensor, default_kernels
 from tilekit.onnx import fold, text
-from tilekit.onnx.fold import ONNX_DTYPES, ShapeFolding
+from tilekit.onnx.fold import ONNX_DTYPES, ShapeFolding, elem_type_name
 from tilekit.onnx.context import NodeContext, Value
 from tilekit.onnx.names import NameTable, sanitize
 
@@ -96,6 +97,7 @@ class Importer(ShapeFolding):
         self.weights: dict[str, np.ndarray] = {}
         self.ops: list[Op] = []
         self.folded: set[int] = set()
+        self._folded_bytes = 0
         self.absorbed: set[int] = set()
         self.warnings: list[str] = []
         self.graph_outputs = [o.name for o in self.graph.output]
@@ -109,6 +111,7 @@ class Importer(ShapeFolding):
 
     # -- the steps -----------------------------------------------------------------------
     def run(self) -> Imported:
+        self._check_names()
         self._check_nodes()
         if self.opset > TESTED_OPSETS[1]:
             self.warnings.append(f"the model uses opset {self.opset}; the converters are "
@@ -122,6 +125,33 @@ class Importer(ShapeFolding):
         self._convert()
         self._finish_outputs()
         return self._build()
+
+    def _check_names(self) -> None:
+        """Every ONNX tensor name is defined once: graph inputs, initializers (which may
+        give a graph input its default) and node outputs. A duplicate makes the graph
+        ambiguous, whichever definition a converter would pick."""
+        defined: dict[str, str] = {}
+
+        def define(name: str, what: str) -> None:
+            if name in defined:
+                raise UnsupportedError(f"tensor name '{excerpt(name, quote=False)}' is "
+                                       f"defined twice ({defined[name]}, {what})", "graph",
+                                       "each tensor of an ONNX graph has one producer; "
+                                       "check the model with onnx.checker")
+            defined[name] = what
+
+        for i, vi in enumerate(self.graph.input):
+            define(vi.name, f"graph input {i}")
+        inputs = set(defined)
+        for i, init in enumerate(self.graph.initializer):
+            if init.name in inputs:  # the default value of that graph input
+                inputs.discard(init.name)
+                continue
+            define(init.name, f"initializer {i}")
+        for index, node in enumerate(self.nodes):
+            for name in node.output:
+                if name:
+                    define(name, f"output of node {index} ({excerpt(node.op_type, quote=False)})")
 
     def _check_nodes(self) -> None:
         """Refuse early what no amount of folding can make convertible: foreign domains and
@@ -149,8 +179,8 @@ class Importer(ShapeFolding):
     def _initializer(self, init: onnx.TensorProto) -> np.ndarray:
         if init.data_type not in ONNX_DTYPES:
             raise UnsupportedError(
-                f"initializer '{init.name}' has element type "
-                f"{helper.tensor_dtype_to_string(init.data_type)}", "graph.initializer",
+                f"initializer '{excerpt(init.name, quote=False)}' has element type "
+                f"{elem_type_name(init.data_type)}", "graph.initializer",
                 f"supported element types: {', '.join(sorted(set(ONNX_DTYPES.values())))}")
         try:
             return numpy_helper.to_array(init)
@@ -233,8 +263,8 @@ class Importer(ShapeFolding):
         typ = self.types.get(onnx_name)
         elem = typ[1] if typ else 0
         if elem not in ONNX_DTYPES:
-            what = (f"tensor '{onnx_name}' has element type "
-                    f"{helper.tensor_dtype_to_string(elem) if elem else 'unknown'}")
+            what = (f"tensor '{excerpt(onnx_name, quote=False)}' has element type "
+                    f"{elem_type_name(elem) if elem else 'unknown'}")
             hint = f"supported element types: {', '.join(sorted(set(ONNX_DTYPES.values())))}"
             if ctx is not None:
                 raise ctx.unsupported(what, hint)
@@ -270,6 +300,7 @@ class Importer(ShapeFolding):
 
     def materialize(self, value: Value) -> None:
         if value.name not in self.weights:
+            _check_shape(value)
             self.weights[value.name] = value.const
             self.tensors.setdefault(value.name, Tensor(value.shape, value.dtype, "weight"))
 
@@ -283,6 +314,7 @@ class Importer(ShapeFolding):
 
     def _declare(self, value: Value) -> None:
         if value.name not in self.tensors:
+            _check_shape(value)
             self.tensors[value.name] = Tensor(tuple(value.shape), value.dtype)
 
     def _op_name(self, ctx: NodeContext, step: str | None) -> str:
@@ -373,6 +405,15 @@ class Importer(ShapeFolding):
                         outputs=tuple(self.output_names), kernels=default_kernels(ops),
                         source=source or None)
         return Imported(module, weights, tuple(self.warnings))
+
+
+def _check_shape(value: Value) -> None:
+    """A tensor of the module: static, non-empty and within `limits.TENSOR_ELEMENTS`."""
+    if any(int(d) < 1 for d in value.shape):
+        raise UnsupportedError(f"tensor '{value.name}' has shape {list(value.shape)}, with a "
+                               "zero or negative dimension", "graph",
+                               "tilekit needs non-empty static shapes")
+    limits.elements(value.shape, f"tensor '{value.name}'")
 
 
 def _op_tensors(op: Op) -> tuple[set[str], set[str]]:

@@ -25,6 +25,7 @@ from typing import Mapping
 
 import numpy as np
 
+from tilekit import limits
 from tilekit.errors import TilekitError
 from tilekit.ir.model import Module
 from tilekit.runtime.io import resolve_sidecar
@@ -178,7 +179,7 @@ def onnx_names(module: Module) -> tuple[dict[str, str], dict[str, str]]:
 def onnxruntime_reference(module: Module, inputs: Mapping[str, np.ndarray],
                           folder: Path) -> Reference:
     """Run the module's source ONNX model with onnxruntime (CPU) on the same inputs."""
-    path = resolve_sidecar(module.source or {}, "onnx", folder, "source")
+    path = resolve_sidecar(module.source or {}, "onnx", folder, "source", limits.MODEL_BYTES)
     try:
         import onnxruntime as ort
     except ImportError:

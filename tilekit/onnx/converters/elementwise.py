@@ -269,7 +269,7 @@ def _variadic(kind: str) -> Callable[[NodeContext], None]:
         def make(*reads: str) -> str:
             if kind in ("max", "min"):
                 return text.nest(kind, list(reads))
-            total = " + ".join(reads)
+            total = text.balanced_sum(list(reads))
             return total if kind == "sum" else f"({total}) / {len(reads)}"
         _emit(ctx, make, inputs)
     return convert
