@@ -38,7 +38,9 @@ _BLOCK = 1 << 20
 def check_path(path: str | Path, where: str | None = None) -> str:
     """`path` as a string if a system call can take it, else a `TilekitError` at `where`."""
     text = os.fspath(path)
-    where = where or excerpt(text, quote=False)
+    where = where or text
+    if len(where) > 300:  # the location names the path: keep the message short
+        where = where[:200] + "..."
     if not isinstance(text, str) or not text:
         raise TilekitError("empty path", where, "give a file name")
     if "\x00" in text:

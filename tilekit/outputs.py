@@ -24,6 +24,7 @@ a new one is removed. Temporary files are removed on every failure; `remove_temp
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import shutil
 import signal
@@ -40,6 +41,24 @@ from tilekit.fileio import check_not_input, check_path, describe_os_error, note_
 _TEMPS: set[str] = set()
 #: Folders whose files are streamed in place even when regular (`/dev/stdout` -> a file).
 _STREAM_FOLDERS = ("/dev/", "/proc/")
+
+
+class ClosedStdout(io.TextIOBase):
+    """What `sys.stdout` is while a command runs without one (started with descriptor 1
+    closed): writing to it is bad input (exit 2), not an internal error or a silent loss."""
+
+    def write(self, text: str) -> int:
+        raise TilekitError("stdout is closed", "stdout", "redirect it, or pass -o FILE")
+
+    def isatty(self) -> bool:
+        return False
+
+    def writable(self) -> bool:
+        return True
+
+
+def stdout_closed() -> bool:
+    return sys.stdout is None or isinstance(sys.stdout, ClosedStdout)
 
 
 def remove_temporaries() -> None:
@@ -92,7 +111,7 @@ class OutputSet:
 
     def _classify(self, path: str, where: str) -> _Staged:
         if path == "-":
-            if sys.stdout is None:
+            if stdout_closed():
                 raise TilekitError("stdout is closed", where, "redirect it, or pass -o FILE")
             return _Staged(path, where, "stdout", "-", identity="-")
         check_path(path, where)
@@ -263,7 +282,11 @@ def _undo(done: list[tuple[_Staged, str | None]]) -> None:
     for staged, backup in reversed(done):
         with contextlib.suppress(OSError):
             if backup:
+                # When the rename never happened, backup and target are one file and rename()
+                # does nothing: the link is then removed below.
                 os.replace(backup, staged.real)
+                if os.path.lexists(backup):
+                    os.unlink(backup)
             elif staged.temp not in _TEMPS:  # renamed: a new file, remove it
                 os.unlink(staged.real)
 
@@ -272,7 +295,7 @@ def _write_stream(staged: _Staged) -> None:
     where = staged.where
     if staged.kind == "stdout":
         out = sys.stdout
-        if out is None:
+        if stdout_closed():
             raise TilekitError("stdout is closed", where, "redirect it, or pass -o FILE")
         try:
             for piece in staged.data:

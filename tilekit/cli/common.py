@@ -33,7 +33,7 @@ from tilekit.errors import (EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_SIGINT, EXIT_SIG
                             TilekitError, safe_line)
 from tilekit.fileio import (command_inputs, read_input_text, same_file,  # noqa: F401
                             write_output)
-from tilekit.outputs import remove_temporaries
+from tilekit.outputs import ClosedStdout, remove_temporaries
 
 
 def version_text(tool: str) -> str:
@@ -93,7 +93,7 @@ def tk_command(tool: str, **settings) -> Callable:
         def body(*args, **kwargs):
             debug = kwargs.get("debug", False)
             try:
-                with command_inputs(), _signal_handlers():
+                with command_inputs(), _signal_handlers(), _stdout_guard():
                     return fn(*args, **kwargs)
             except TilekitError as exc:
                 if debug:
@@ -131,6 +131,20 @@ def tk_command(tool: str, **settings) -> Callable:
         return cmd
 
     return decorate
+
+
+@contextlib.contextmanager
+def _stdout_guard() -> Iterator[None]:
+    """A process started with stdout closed has `sys.stdout` None: while the command runs it
+    is a `ClosedStdout`, so printing to it is one located error (exit 2)."""
+    if sys.stdout is not None:
+        yield
+        return
+    sys.stdout = ClosedStdout()
+    try:
+        yield
+    finally:
+        sys.stdout = None
 
 
 class Terminated(BaseException):

@@ -53,6 +53,8 @@ def main(input, output, fmt, hw, arch, emit_dir, compile_, strict, quiet, debug)
                            "add --compile, or drop --strict")
     if arch is not None:
         check_arch(arch)
+    if emit_dir:
+        check_path(emit_dir, f"--emit-dir {emit_dir}")
     if emit_dir and Path(emit_dir).exists() and not Path(emit_dir).is_dir():
         raise TilekitError("exists and is not a folder", f"--emit-dir {emit_dir}",
                            "give a folder name")
