@@ -382,3 +382,60 @@ def test_encodings_and_control_bytes(tmp_path, text):
     path = tmp_path / "m.yaml"
     path.write_bytes(text)
     assert_refused(run("tk-codegen", path), "tk-codegen")
+
+
+# -- malformed nodes that ONNX's own checks may miss ---------------------------------------
+
+def _node_model(tmp_path, node, in_shape, out_shape, inits=()):
+    return _save(tmp_path, [node], [_vi("x", 1, in_shape)], [_vi("y", 1, out_shape)], inits)
+
+
+@pytest.mark.parametrize("make, in_shape, out_shape", [
+    (lambda h: h.make_node("ReduceMean", ["x"], ["y"], axes=[2], keepdims=2**40),
+     [1, 2, 3, 4], [1, 2, 4]),
+    (lambda h: h.make_node("Transpose", ["x"], ["y"], perm=[0, 5]), [2, 3], [3, 2]),
+    (lambda h: h.make_node("Transpose", ["x"], ["y"], perm=[0, 0]), [2, 3], [3, 2]),
+    (lambda h: h.make_node("AveragePool", ["x"], ["y"], kernel_shape=[2, 2], strides=[-1, 2]),
+     [1, 1, 4, 4], [1, 1, 2, 2]),
+    (lambda h: h.make_node("MaxPool", ["x"], ["y"], kernel_shape=[0, 2]), [1, 1, 4, 4],
+     [1, 1, 4, 3]),
+    (lambda h: h.make_node("MaxPool", ["x"], ["y"], kernel_shape=[2, 2], pads=[2**40] * 4),
+     [1, 1, 4, 4], [1, 1, 4, 4]),
+    (lambda h: h.make_node("Softmax", ["x"], ["y"], axis=1), [2, 20], [2, 1]),
+    (lambda h: h.make_node("Flatten", ["x"], ["y"], axis=9), [2, 3], [6]),
+])
+def test_malformed_nodes_are_bad_input(tmp_path, make, in_shape, out_shape):
+    from onnx import helper
+    path = _node_model(tmp_path, make(helper), in_shape, out_shape)
+    result = run("tk-import", path, "-o", tmp_path / "m.yaml")
+    assert result.exit_code == 2, result.stderr
+    lines = [ln for ln in result.stderr.splitlines() if ": warning: " not in ln]
+    assert len(lines) == 1 and lines[0].startswith("tk-import: error: "), result.stderr
+    assert "Traceback" not in result.stderr and not (tmp_path / "m.yaml").exists()
+
+
+def test_lenient_shapes_is_an_explicit_choice(tmp_path):
+    """A declared output shape that contradicts the op: refused as malformed; with
+    --lenient-shapes the declared shapes are trusted, and the node that cannot produce them
+    is the one located error."""
+    from onnx import helper
+    path = _node_model(tmp_path, helper.make_node("Relu", ["x"], ["y"]), [2, 3], [2, 5])
+    assert_refused(run("tk-import", path), "tk-import", "a declared shape contradicts",
+                   "--lenient-shapes")
+    assert_refused(run("tk-import", path, "--lenient-shapes", "-o", tmp_path / "m.yaml"),
+                   "tk-import", "node 0 'Relu_0'", "cannot broadcast")
+
+
+def test_source_model_that_onnxruntime_cannot_run(tmp_path):
+    """The IR is valid, its source model is not runnable: --check reports it, exit 2."""
+    from onnx import helper
+    from hostile_support import sha256
+    bad = _save(tmp_path, [helper.make_node("Relu", ["x"], ["y"])], [_vi("x", 1, [2, 4])],
+                [_vi("y", 7, [2, 4])])  # declares an int64 output for a float Relu
+    doc = mlp_doc()
+    doc["source"] = {"onnx": bad.name, "sha256": sha256(bad),
+                     "inputs": {}, "outputs": {}}
+    ir = write_mlp(tmp_path, doc)
+    result = run("tk-run", ir, "--seed", "0", "--check")
+    assert result.exit_code == 2 and "Traceback" not in result.stderr
+    assert result.stderr.startswith("tk-run: error: source.onnx: onnxruntime cannot")

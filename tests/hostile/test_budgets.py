@@ -550,3 +550,19 @@ def test_fifo_input_file_does_not_block(tmp_path):
     result = run("tk-run", ir, "--input", f"x=@{tmp_path / 'x.npy'}")
     done.set()
     assert_refused(result, "tk-run", "not a regular file")
+
+
+@pytest.mark.parametrize("expr, axes", [
+    ("y[i] += x[i + k - 1000000000000]", {"k": 3}),
+    ("y[i] max= x[i * 1000000000 + k]", {"k": 2}),
+    ("y[i] += x[i + k * 1000000000]", {"k": 4}),
+])
+def test_huge_padding_is_refused_before_an_executor_pads(tmp_path, expr, axes):
+    """Reads far outside a small tensor (declared pad) would make the executor pad it to
+    the whole range read: the region read, padding included, is within the tensor budget."""
+    doc = _shape_doc([8])
+    doc["ops"][0] = {"name": "a", "expr": expr, "pad": "0" if "+=" in expr else "-inf",
+                     "axes": axes}
+    for tool, extra in IR_TOOLS:
+        assert_refused(run(tool, write_doc(tmp_path / "s.json", doc), *extra), tool,
+                       "tensor size limit")

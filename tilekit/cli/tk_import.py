@@ -73,8 +73,12 @@ def check_output_paths(out, output: str, weights_path: str) -> None:
 @click.option("--shape", "shape_flags", multiple=True, metavar="NAME=D0,D1,...",
               help="Static shape for a graph input (repeatable); needed when the model has "
                    "symbolic dimensions such as a batch size.")
+@click.option("--lenient-shapes", "lenient", is_flag=True,
+              help="Import a model that ONNX's strict shape inference refuses, with lenient "
+                   "inference (trusting its declared shapes); without it such a model is "
+                   "refused as malformed.")
 @click.option("--list-ops", is_flag=True, help="Print the supported ONNX op types and exit.")
-def main(model, output, fmt, weights_path, shape_flags, list_ops, quiet, debug):
+def main(model, output, fmt, weights_path, shape_flags, lenient, list_ops, quiet, debug):
     """Import the ONNX model MODEL.onnx (a file, or '-'/nothing for stdin) as tile IR."""
     from tilekit.ir.codec import write_module
     from tilekit.onnx import attach_files, import_model, load_model_bytes
@@ -97,7 +101,7 @@ def main(model, output, fmt, weights_path, shape_flags, list_ops, quiet, debug):
     with OutputSet() as out:
         check_output_paths(out, output, weights_path)
         try:
-            imported = import_model(proto, name=name, shapes=shapes)
+            imported = import_model(proto, name=name, shapes=shapes, lenient=lenient)
         except TilekitError as exc:
             where = f"{shown}: {exc.where}" if exc.where else shown
             raise type(exc)(exc.what, where, exc.hint) from None
@@ -108,6 +112,8 @@ def main(model, output, fmt, weights_path, shape_flags, list_ops, quiet, debug):
         options = {"opset": _opset(proto)}
         if shapes:
             options["shapes"] = {k: v for k, v in sorted(shapes.items())}
+        if lenient:
+            options["lenient_shapes"] = True
         imported = attach_files(imported, ir_folder=ir_folder, weights_path=weights_path,
                                 onnx_path=model_path,
                                 onnx_sha256=hashlib.sha256(data).hexdigest(),

@@ -108,19 +108,37 @@ def literal_problem(stmt: Statement, dtypes: Mapping[str, str]) -> str | None:
 
 def check_expr_limits(stmt: Statement, analysis, dtypes: Mapping[str, str]) -> None:
     """What the verifier checks of an analysed statement beyond the analysis itself:
-    integer literals against their operands, and the reduction domain (the product of the
-    reduction extents, the work per output point) within `limits.TENSOR_ELEMENTS`."""
+    integer literals against their operands, and within `limits.TENSOR_ELEMENTS` the
+    reduction domain (the product of the reduction extents, the work per output point) and
+    the region each read covers, padding included (what an executor pads a tensor to: a
+    window reaching 10^12 elements past a 4-element tensor is refused here, not allocated)."""
     from tilekit import limits
     from tilekit.errors import ExprError
+    from tilekit.expr.analysis import interval
 
     problem = literal_problem(stmt, dtypes)
     if problem is not None:
         raise ExprError(problem, None, "write a literal the type can hold, or cast the "
                         "operand first, e.g. int32(x[i]) + 300")
-    domain = 1
-    for _, extent in analysis.reduction:
-        domain *= extent
     try:
+        domain = 1
+        for _, extent in analysis.reduction:
+            domain *= extent
         limits.TENSOR_ELEMENTS.check(domain, None, "the reduction domain")
+        ranges = {a: (0, e - 1) for a, e in (*analysis.spatial, *analysis.reduction)}
+        for info in analysis.accesses:
+            for m in info.maps:  # an index's coefficients too: they become byte strides
+                for value in (m.const, *(c for _, c in m.terms)):
+                    limits.TENSOR_ELEMENTS.check(abs(value), None, f"a coefficient of a "
+                                                 f"{info.tensor} index")
+            region = 1
+            for m, dim in zip(info.maps, info.shape):
+                try:
+                    lo, hi = interval(m.node, ranges)
+                except KeyError:
+                    continue
+                region *= max(hi, dim - 1) - min(lo, 0) + 1
+            limits.TENSOR_ELEMENTS.check(region, None, f"the region of {info.tensor} read "
+                                         "(padding included)")
     except limits.LimitError as exc:
         raise ExprError(exc.what, None, exc.hint) from None

@@ -251,7 +251,8 @@ class ShapeFolding:
     tensor has a static shape.
 
     A base of `Importer`, whose state it reads and fills: `model`, `graph`, `nodes`,
-    `input_names`, `graph_outputs`, `shape_overrides`, `opset` (read); `types`, `consts`,
+    `input_names`, `graph_outputs`, `shape_overrides`, `opset`, `lenient` (read); `types`,
+    `consts`, `strict_failure`,
     `folded`, `warnings` (filled); `_unsupported_op(index, node)` makes the error for a node
     without a converter.
     """
@@ -314,8 +315,15 @@ class ShapeFolding:
         try:
             inferred = onnx.shape_inference.infer_shapes(model, check_type=True,
                                                          strict_mode=True, data_prop=True)
-        except Exception as exc:  # noqa: BLE001 - fall back to lenient inference below
-            self.warnings.append(f"strict shape inference failed ({_first_line(exc)}); "
+        except Exception as exc:  # noqa: BLE001 - refused, or lenient inference below
+            self.strict_failure = _first_line(exc)[:300]
+            if not self.lenient and _declared_shapes_contradict(model):
+                raise UnsupportedError("a declared shape contradicts the model's ops (ONNX's "
+                                       f"strict shape inference: {self.strict_failure})",
+                                       "model", "fix the model's declared output and "
+                                       "value_info shapes, or pass --lenient-shapes to trust "
+                                       "them") from None
+            self.warnings.append(f"strict shape inference failed ({self.strict_failure}); "
                                  "using lenient inference")
             try:
                 inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
@@ -466,6 +474,25 @@ class ShapeFolding:
         out = helper.make_model(graph, opset_imports=list(model.opset_import))
         out.ir_version = max(model.ir_version, 4)
         return out
+
+
+def _declared_shapes_contradict(model: onnx.ModelProto) -> bool:
+    """Whether strict inference, which failed on `model`, succeeds once the declared shapes
+    of graph outputs and `value_info` are dropped: then those declarations contradict the
+    ops (a Softmax over [2, 20] declared [2, 1]), rather than ONNX failing on something else
+    (some function ops fail strict inference in any model)."""
+    bare = onnx.ModelProto()
+    bare.CopyFrom(model)
+    del bare.graph.value_info[:]
+    for out in bare.graph.output:
+        if out.type.HasField("tensor_type"):
+            out.type.tensor_type.ClearField("shape")
+    try:
+        onnx.shape_inference.infer_shapes(bare, check_type=True, strict_mode=True,
+                                          data_prop=True)
+    except Exception:  # noqa: BLE001 - it fails for another reason too
+        return False
+    return True
 
 
 def _first_line(exc: BaseException) -> str:

@@ -24,7 +24,7 @@ the files in the module. Steps 1-3 live in `tilekit.onnx.fold` (`ShapeFolding`).
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -62,10 +62,12 @@ class Imported:
 
 
 def import_model(model: onnx.ModelProto, *, name: str = "model",
-                 shapes: Mapping[str, Sequence[int]] | None = None) -> Imported:
+                 shapes: Mapping[str, Sequence[int]] | None = None,
+                 lenient: bool = False) -> Imported:
     """Convert an ONNX model to a tile-IR module. `shapes` overrides graph-input shapes
-    (keyed by ONNX name or by its sanitised form)."""
-    return Importer(model, name, shapes or {}).run()
+    (keyed by ONNX name or by its sanitised form). A model that ONNX's strict shape
+    inference refuses is bad input, unless `lenient` (then lenient inference, a warning)."""
+    return Importer(model, name, shapes or {}, lenient).run()
 
 
 def _opset_of(model: onnx.ModelProto) -> int:
@@ -81,8 +83,10 @@ def _opset_of(model: onnx.ModelProto) -> int:
 class Importer(ShapeFolding):
     """One import: mutable while it runs, producing an immutable `Imported`."""
 
-    def __init__(self, model: onnx.ModelProto, name: str, shapes: Mapping[str, Sequence[int]]):
+    def __init__(self, model: onnx.ModelProto, name: str, shapes: Mapping[str, Sequence[int]],
+                 lenient: bool = False):
         self.model = model
+        self.lenient = lenient
         self.graph = model.graph
         self.model_name = name
         self.opset = _opset_of(model)
@@ -98,6 +102,9 @@ class Importer(ShapeFolding):
         self.ops: list[Op] = []
         self.folded: set[int] = set()
         self._folded_bytes = 0
+        #: Why ONNX's strict shape inference refused the model (None: it did not), for the
+        #: message when a node cannot be converted.
+        self.strict_failure: str | None = None
         self.absorbed: set[int] = set()
         self.warnings: list[str] = []
         self.graph_outputs = [o.name for o in self.graph.output]
@@ -224,8 +231,44 @@ class Importer(ShapeFolding):
             if entry is None:
                 raise self._unsupported_op(index, node)
             ctx = NodeContext(self, node, index, fold.attributes(node))
-            entry.convert(ctx)
+            try:
+                entry.convert(ctx)
+            except TilekitError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - a malformed node (or a converter bug)
+                raise self._malformed(f"node {index} '{excerpt(ctx.origin, 60, quote=False)}'",
+                                      f"cannot convert the node ({type(exc).__name__}: "
+                                      f"{excerpt(str(exc), 80, quote=False)})") from None
             ctx.check_attrs(entry.ignore)
+
+    def _malformed(self, where: str, what: str) -> UnsupportedError:
+        """A node that converts to nothing valid: its attributes or types contradict each
+        other (ONNX's own checks miss some, e.g. `keepdims: 2**40` with a declared shape)."""
+        if self.strict_failure is not None:
+            hint = (f"the model fails ONNX's strict shape inference ({self.strict_failure}); "
+                    "check it with onnx.checker")
+        else:
+            hint = ("check the node's attributes and shapes; if the model is valid, this is a "
+                    "tilekit bug: please report it (--debug shows the traceback)")
+        return UnsupportedError(what, where, hint)
+
+    def _verify_built(self, module: Module) -> None:
+        """Check the module before it leaves the importer; what fails is reported as bad
+        input at the node the op came from (see `_malformed`)."""
+        from tilekit.ir.verify import verify
+
+        placeholder = {"file": "weights.npz", "sha256": "0" * 64}  # attach_files sets it
+        try:
+            verify(replace(module, weights=placeholder) if self.weights else module)
+        except TilekitError as exc:
+            where = exc.where or ""
+            found = re.match(r"ops\[(\d+)\]", where)
+            if found and int(found.group(1)) < len(module.ops):
+                origin = module.ops[int(found.group(1))].origin or "?"
+                where = f"node '{excerpt(origin, 60, quote=False)}' ({where})"
+            if isinstance(exc, limits.LimitError):
+                raise limits.LimitError(exc.what, where, exc.hint) from None
+            raise self._malformed(where, f"converts to an invalid op: {exc.what}") from None
 
     def value(self, onnx_name: str) -> Value:
         """The Value an ONNX tensor name stands for (a constant, an alias or a tensor)."""
@@ -404,6 +447,7 @@ class Importer(ShapeFolding):
         module = Module(model=self.model_name, tensors=tensors, ops=ops, inputs=tuple(inputs),
                         outputs=tuple(self.output_names), kernels=default_kernels(ops),
                         source=source or None)
+        self._verify_built(module)
         return Imported(module, weights, tuple(self.warnings))
 
 
