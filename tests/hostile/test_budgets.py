@@ -566,3 +566,27 @@ def test_huge_padding_is_refused_before_an_executor_pads(tmp_path, expr, axes):
     for tool, extra in IR_TOOLS:
         assert_refused(run(tool, write_doc(tmp_path / "s.json", doc), *extra), tool,
                        "tensor size limit")
+
+
+@pytest.mark.parametrize("location, size, words", [
+    ("big.bin", 10 * 2**30, "external data"),
+    ("/dev/zero", None, "absolute path"),
+    ("../../../../../../dev/zero", None, "outside"),
+    ("zero.bin", None, "symbolic link"),
+])
+def test_external_data_is_bounded_and_contained(tmp_path, location, size, words):
+    """External tensor data: onnx refuses absolute paths, escapes and links; tilekit bounds
+    what the rest would read before onnx reads it."""
+    from onnx import TensorProto, helper, numpy_helper
+    if size:
+        with open(tmp_path / location, "wb") as fh:
+            fh.truncate(size)
+    os.symlink("/dev/zero", tmp_path / "zero.bin")
+    w = numpy_helper.from_array(np.zeros(4, np.float32), "w")
+    w.ClearField("raw_data")
+    w.data_location = TensorProto.EXTERNAL
+    entry = w.external_data.add()
+    entry.key, entry.value = "location", location
+    model = _onnx(tmp_path, [helper.make_node("Add", ["x", "w"], ["y"])], [w], [4],
+                  [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])])
+    assert_refused(run("tk-import", model), "tk-import", words)

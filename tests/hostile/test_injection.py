@@ -216,3 +216,56 @@ def test_hostile_names_in_a_codegen_section_are_not_trusted(tmp_path):
                         ("tk-roll", ["--hw", "h100"])):
         assert_refused(run(tool, write_mlp(tmp_path, copy.deepcopy(doc)), *extra), tool,
                        "bad op name")
+
+
+# -- kernel sources recorded in an IR ------------------------------------------------------
+
+@pytest.fixture
+def generated(tmp_path):
+    ir = write_mlp(tmp_path)
+    out = tmp_path / "c.yaml"
+    assert run("tk-codegen", ir, "--hw", "a100", "-o", out).exit_code == 0
+    from tilekit.ir import read_module
+    return read_module(str(out))
+
+
+def test_recorded_kernels_that_tk_codegen_wrote_pass(generated):
+    from tilekit.codegen.recorded import check_recorded_kernels
+    check_recorded_kernels(generated)
+
+
+@pytest.mark.parametrize("key, value", [
+    ("source", 'extern "C" __global__ void tk_k_fc1() { asm("trap;"); }\n'),
+    ("grid", [1 << 30, 1, 1]),
+    ("block", [1024, 1, 1]),
+    ("smem_bytes", 1 << 20),
+    ("args", ["w1", "x", "t1"]),
+    ("entry", "tk_other"),
+])
+def test_tampered_recorded_kernels_are_refused(generated, key, value):
+    """What the CUDA runtime would compile and launch must be what tk-codegen writes for
+    the IR: a hand-edited source or launch geometry is refused before anything runs."""
+    from tilekit.codegen.recorded import check_recorded_kernels
+    from tilekit.errors import TilekitError
+    kernels = [dict(k) for k in generated.codegen["kernels"]]
+    kernels[0][key] = value
+    tampered = replace(generated, codegen={**generated.codegen, "kernels": kernels})
+    with pytest.raises(TilekitError, match=f"codegen.kernels.0.?.{key}|records"):
+        check_recorded_kernels(tampered)
+
+
+def test_recorded_kernels_with_another_arch_or_count(generated):
+    from tilekit.codegen.recorded import check_recorded_kernels
+    from tilekit.errors import TilekitError
+    with pytest.raises(TilekitError, match="records 2 kernels"):
+        check_recorded_kernels(replace(generated, codegen={
+            **generated.codegen, "kernels": generated.codegen["kernels"][:2]}))
+
+
+def test_kernels_generated_by_a_library_call_for_a_profile_pass(tmp_path):
+    """`generate(module, profile)` records no codegen stage: the check finds the profile."""
+    from tilekit.codegen.recorded import check_recorded_kernels
+    from tilekit.hw import load_profile
+    from tilekit.ir import read_module
+    module = read_module(str(write_mlp(tmp_path)))
+    check_recorded_kernels(generate(module, load_profile("v100")).module)

@@ -60,12 +60,35 @@ def load_model_bytes(data: bytes, name: str, folder: str | None = None):
                            "a model must declare its outputs")
     if folder is not None and _has_external_data(model):
         from onnx.external_data_helper import load_external_data_for_model
+        _check_external_sizes(model, folder, name)
         try:
             load_external_data_for_model(model, folder)
         except Exception as exc:  # noqa: BLE001 - missing or unreadable external file
             raise TilekitError(f"cannot load external data: {_first_line(exc)}", name,
                                "keep the external data files next to the model") from None
     return model
+
+
+def _check_external_sizes(model, folder: str, name: str) -> None:
+    """External tensor data is read whole: what it would read (each tensor's `length`, else
+    the rest of its file) must be within `limits.TOTAL_BYTES` before anything is loaded.
+    (onnx itself refuses absolute paths, paths leaving the folder, links and non-files.)"""
+    from onnx import TensorProto
+
+    total = 0
+    for t in model.graph.initializer:
+        if t.data_location != TensorProto.EXTERNAL:
+            continue
+        info = {e.key: e.value for e in t.external_data}
+        path = os.path.join(folder, info.get("location", ""))
+        try:
+            size = os.stat(path).st_size if os.path.isfile(path) else 0
+            offset = int(info.get("offset", 0) or 0)
+            length = int(info["length"]) if info.get("length") else size - offset
+        except (OSError, ValueError):
+            continue  # onnx reports the file or the field
+        total += max(0, min(length, size - offset))
+        limits.TOTAL_BYTES.check(total, name, "the model's external data")
 
 
 def _has_external_data(model) -> bool:
