@@ -236,3 +236,17 @@ def test_signal_during_a_run_leaves_no_temporary(tmp_path, signum, code):
     _, err = proc.communicate(timeout=120)
     assert proc.returncode in (code, 0, -signum), err
     assert b"Traceback" not in err and temporaries(tmp_path) == []
+
+
+def test_sighup_is_handled_like_sigterm(tmp_path, old_pair):
+    model = _big_model(tmp_path / "big.onnx")
+    proc = subprocess.Popen([sys.executable, str(BIN / "tk-import"), str(model), "-o",
+                             str(old_pair[0])], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            cwd=tmp_path)
+    proc.folder = tmp_path
+    _started(proc, ".m.weights.npz.")
+    proc.send_signal(signal.SIGHUP)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode in (129, 0, -signal.SIGHUP), err
+    assert b"Traceback" not in err and temporaries(tmp_path) == []
+    assert _pair_consistent(*old_pair)

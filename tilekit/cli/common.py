@@ -10,8 +10,8 @@ everything common lives here:
 - errors as one line on stderr: `tk-roll: error: <where>: <what>; <hint>`, exit 2 for bad input
   (`TilekitError` and click usage errors), exit 1 for an internal error; a traceback only with
   `--debug`;
-- SIGINT and SIGTERM: temporary files removed, one line `tool: error: interrupted`
-  (`terminated`), exit 130 (143), no traceback.
+- SIGINT, SIGTERM and SIGHUP: temporary files removed, one line `tool: error: interrupted`
+  (`terminated`), exit 130 (143, 129), no traceback.
 """
 
 from __future__ import annotations
@@ -111,10 +111,11 @@ def tk_command(tool: str, **settings) -> Callable:
                 remove_temporaries()
                 print_error(tool, "interrupted")
                 return EXIT_SIGINT
-            except Terminated:
+            except Terminated as exc:
                 remove_temporaries()
-                print_error(tool, "terminated")
-                return EXIT_SIGTERM
+                print_error(tool, "terminated" if exc.signum == signal.SIGTERM else
+                            f"terminated ({signal.Signals(exc.signum).name})")
+                return EXIT_SIGTERM if exc.signum == signal.SIGTERM else 128 + exc.signum
             except Exception as exc:  # noqa: BLE001 - the one place internal errors are mapped
                 if debug:
                     traceback.print_exc()
@@ -148,12 +149,16 @@ def _stdout_guard() -> Iterator[None]:
 
 
 class Terminated(BaseException):
-    """SIGTERM, raised where the command is (like KeyboardInterrupt for SIGINT) so that
-    every `finally` and `except BaseException` on the way out removes its temporaries."""
+    """SIGTERM or SIGHUP, raised where the command is (like KeyboardInterrupt for SIGINT) so
+    that every `finally` and `except BaseException` on the way out removes its temporaries."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
 
 
 def _raise_terminated(signum, frame) -> None:
-    raise Terminated()
+    raise Terminated(signum)
 
 
 @contextlib.contextmanager
@@ -164,6 +169,8 @@ def _signal_handlers() -> Iterator[None]:
         yield
         return
     wanted = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: _raise_terminated}
+    if hasattr(signal, "SIGHUP"):
+        wanted[signal.SIGHUP] = _raise_terminated
     saved = {}
     for signum, handler in wanted.items():
         current = signal.getsignal(signum)

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from tilekit import limits
 from tilekit.errors import ProfileError, TilekitError, excerpt
-from tilekit.fileio import read_stream, regular_file
+from tilekit.fileio import check_path, read_stream, regular_file
 from tilekit.hw.profile import Profile
 from tilekit.hw.schema import parse_yaml, read_profile
 from tilekit.ir.names import PROFILE_SUFFIXES, is_profile_path
@@ -47,7 +47,12 @@ def profile_dirs() -> list[Path]:
         if not entry:
             continue
         folder = Path(entry)
-        if not folder.is_dir():
+        try:
+            check_path(entry, ENV_VAR)
+            is_dir = folder.is_dir()
+        except (TilekitError, OSError):
+            is_dir = False
+        if not is_dir:
             raise ProfileError(f"folder '{entry}' does not exist", ENV_VAR,
                                "fix or unset the variable")
         dirs.append(folder)
