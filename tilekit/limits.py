@@ -95,9 +95,24 @@ ALL = (INPUT_BYTES, MODEL_BYTES, PROFILE_BYTES, NESTING, EXPR_CHARS, EXPR_DEPTH,
        TENSOR_ELEMENTS, TOTAL_BYTES)
 
 
+#: The most dimensions a tensor may have (fixed: every kernel and executor loops over ranks).
+MAX_RANK = 64
+
+
+def rank(shape, where: str | None, what: str = "the tensor") -> int:
+    """len(shape), refused past `MAX_RANK` (LimitError)."""
+    n = len(shape)
+    if n > MAX_RANK:
+        raise LimitError(f"{what} has {n:,} dimensions, more than {MAX_RANK}", where,
+                         "tilekit handles tensors of rank 64 or less")
+    return n
+
+
 def elements(shape, where: str | None, what: str = "the tensor") -> int:
     """The element count of `shape`, checked against `TENSOR_ELEMENTS` dimension by
-    dimension, so that a product never grows past the budget (nor past int64) on the way."""
+    dimension, so that a product never grows past the budget (nor past int64) on the way;
+    the rank is checked against `MAX_RANK` first."""
+    rank(shape, where, what)
     n = 1
     for d in shape:
         n *= int(d)

@@ -590,3 +590,25 @@ def test_external_data_is_bounded_and_contained(tmp_path, location, size, words)
     model = _onnx(tmp_path, [helper.make_node("Add", ["x", "w"], ["y"])], [w], [4],
                   [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])])
     assert_refused(run("tk-import", model), "tk-import", words)
+
+
+@pytest.mark.parametrize("op, length", [("Expand", 2**40), ("Expand", 2**20), ("Reshape", 1000),
+                                        ("ConstantOfShape", 2**16)])
+def test_declared_shape_inputs_are_bounded_before_onnx_inference(tmp_path, op, length):
+    """A 200-byte model whose shape input is declared huge made ONNX's shape inference
+    allocate tens of gigabytes (a shape of that rank): refused before inference."""
+    from onnx import TensorProto, helper
+    shape = helper.make_tensor_value_info("s", TensorProto.INT64, [length])
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 1])
+    inputs = ["s"] if op == "ConstantOfShape" else ["x", "s"]
+    model = _onnx(tmp_path, [helper.make_node(op, inputs, ["y"])], [], [3, 3, 3],
+                  [shape] if op == "ConstantOfShape" else [x, shape])
+    start = time.monotonic()
+    assert_refused(run("tk-import", model), "tk-import", "limit" if length > 2**31 else
+                   "more than 64")
+    assert time.monotonic() - start < 10
+
+
+def test_rank_over_64_is_refused(tmp_path):
+    path = write_doc(tmp_path / "s.json", _shape_doc([1] * 65))
+    assert_refused(run("tk-run", path, "--seed", "0"), "tk-run", "65 dimensions")

@@ -159,6 +159,33 @@ class Importer(ShapeFolding):
             for name in node.output:
                 if name:
                     define(name, f"output of node {index} ({excerpt(node.op_type, quote=False)})")
+        self._check_declared_sizes()
+
+    def _check_declared_sizes(self) -> None:
+        """Before ONNX's shape inference sees the model (it allocates from declared shapes:
+        an Expand whose shape input is declared with 2^40 elements makes it build a shape of
+        rank 2^40): every declared shape and initializer within the tensor budget and rank,
+        and every input that gives an output's rank (a shape input) at most `MAX_RANK` long."""
+        declared: dict[str, tuple[int, ...]] = {}
+        for vi in list(self.graph.input) + list(self.graph.output) + list(self.graph.value_info):
+            typ = fold.type_of(vi)
+            if typ is not None and typ[0] is not None:
+                dims = tuple(d for d in typ[0] if d is not None)
+                limits.elements(dims, f"tensor '{excerpt(vi.name, quote=False)}'")
+                declared[vi.name] = typ[0]
+        for init in self.graph.initializer:
+            limits.elements(tuple(init.dims), f"initializer '{excerpt(init.name, quote=False)}'")
+            declared[init.name] = tuple(init.dims)
+        for index, node in enumerate(self.nodes):
+            for position in _SHAPE_INPUTS.get(node.op_type, ()):
+                name = node.input[position] if position < len(node.input) else ""
+                dims = declared.get(name)
+                if dims and dims[0] is not None and dims[0] > limits.MAX_RANK:
+                    raise limits.LimitError(
+                        f"input {position} of {node.op_type} gives a rank of {dims[0]:,}, more "
+                        f"than {limits.MAX_RANK}", f"node {index} "
+                        f"'{excerpt(node.name or node.op_type, 60, quote=False)}'",
+                        "tilekit handles tensors of rank 64 or less")
 
     def _check_nodes(self) -> None:
         """Refuse early what no amount of folding can make convertible: foreign domains and
@@ -449,6 +476,11 @@ class Importer(ShapeFolding):
                         source=source or None)
         self._verify_built(module)
         return Imported(module, weights, tuple(self.warnings))
+
+
+#: Inputs whose length is the rank of an output (ONNX shape inference builds that shape).
+_SHAPE_INPUTS = {"Expand": (1,), "Reshape": (1,), "ConstantOfShape": (0,), "Tile": (1,),
+                 "Unsqueeze": (1,), "Resize": (3,)}
 
 
 def _check_shape(value: Value) -> None:
