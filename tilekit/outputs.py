@@ -10,6 +10,9 @@ not staged twice), so a bad `-o` fails before anything is written. By kind of ta
   replaced; the data is kept (in memory or an anonymous temporary file) and streamed to it at
   commit, after every file;
 - a **symlink** is followed: what it points to is replaced or streamed to, the link stays;
+  except for files whose names the command chose itself (the sources of `--emit-dir`, the
+  default weights sidecar), where a link is refused: a link planted in a shared folder must
+  not redirect a write;
 - a directory, a block device or a socket is refused.
 
 Commit renames the files in the order they were staged (a command stages the data a
@@ -105,16 +108,19 @@ class OutputSet:
         self.abort()
 
     # -- staging -------------------------------------------------------------------------
-    def check(self, path: str, where: str) -> None:
+    def check(self, path: str, where: str, follow_links: bool = True) -> None:
         """Raise now if `path` cannot be an output (for commands that check before working)."""
-        self._classify(path, where)
+        self._classify(path, where, follow_links)
 
-    def _classify(self, path: str, where: str) -> _Staged:
+    def _classify(self, path: str, where: str, follow_links: bool = True) -> _Staged:
         if path == "-":
             if stdout_closed():
                 raise TilekitError("stdout is closed", where, "redirect it, or pass -o FILE")
             return _Staged(path, where, "stdout", "-", identity="-")
         check_path(path, where)
+        if not follow_links and os.path.islink(path):
+            raise TilekitError("is a symbolic link, and this command named the file itself",
+                               where, "remove the link, or choose another folder")
         try:
             st = os.stat(path)  # follows symlinks
         except FileNotFoundError:
@@ -160,9 +166,9 @@ class OutputSet:
         return os.fdopen(fd, "w+b")  # readable too: a writer may hash what it wrote
 
     @contextlib.contextmanager
-    def open(self, path: str, where: str) -> Iterator[BinaryIO]:
+    def open(self, path: str, where: str, follow_links: bool = True) -> Iterator[BinaryIO]:
         """A binary handle whose data becomes `path` at commit (binary: never a terminal)."""
-        staged = self._classify(path, where)
+        staged = self._classify(path, where, follow_links)
         if staged.kind == "stdout":
             self._refuse_terminal(where)
         handle = self._stage_file(staged) if staged.kind == "file" else tempfile.TemporaryFile()
@@ -180,9 +186,10 @@ class OutputSet:
             staged.spool = handle
         self._staged.append(staged)
 
-    def put(self, path: str, data: str | bytes, where: str) -> None:
-        """Stage `data` (text is written as UTF-8) to become `path` at commit."""
-        staged = self._classify(path, where)
+    def put(self, path: str, data: str | bytes, where: str, follow_links: bool = True) -> None:
+        """Stage `data` (text is written as UTF-8) to become `path` at commit
+        (`follow_links=False`: refuse a symlink, for files the command named itself)."""
+        staged = self._classify(path, where, follow_links)
         if staged.kind == "stdout" and isinstance(data, bytes):
             self._refuse_terminal(where)
         if staged.kind == "file":

@@ -173,3 +173,32 @@ def test_emit_dir_entries_are_special_files(tmp_path):
     reader.join(20)
     assert result.exit_code == 0, result.stderr
     assert stat.S_ISFIFO(os.lstat(fifo).st_mode) and b"__global__" in got[0]
+
+
+@pytest.mark.parametrize("planted", ["tk_k_fc1.cu", "runtime.cuh"])
+def test_links_planted_where_codegen_names_files_are_refused(tmp_path, planted):
+    """Files tk-codegen names itself are never written through a symlink: a link planted in
+    a shared folder cannot redirect the write (here, onto a victim file)."""
+    ir = write_mlp(tmp_path)
+    folder = tmp_path / "cu"
+    folder.mkdir()
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    os.symlink(victim, folder / planted)
+    assert_refused(run("tk-codegen", ir, "--emit-dir", folder, "-o", tmp_path / "c.yaml"),
+                   "tk-codegen", "symbolic link")
+    assert victim.read_text() == "precious" and not (tmp_path / "c.yaml").exists()
+
+
+def test_link_planted_at_the_default_weights_name_is_refused(tmp_path):
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    os.symlink(victim, tmp_path / "m.weights.npz")
+    model = tiny_onnx(tmp_path / "model.onnx")
+    assert_refused(run("tk-import", model, "-o", tmp_path / "m.yaml"), "tk-import",
+                   "symbolic link")
+    assert victim.read_text() == "precious"
+    # named explicitly, the link is the user's choice and is followed
+    assert run("tk-import", model, "-o", tmp_path / "m.yaml", "--weights",
+               tmp_path / "m.weights.npz").exit_code == 0
+    assert os.path.islink(tmp_path / "m.weights.npz") and victim.read_bytes()[:2] == b"PK"

@@ -117,11 +117,13 @@ def stage_sources(files, kernels, folder: Path) -> None:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise TilekitError(f"cannot create the folder: {exc.strerror}", where) from None
-    files.put(str(folder / HELPERS_NAME), helpers_text(), f"{where}: {HELPERS_NAME}")
+    files.put(str(folder / HELPERS_NAME), helpers_text(), f"{where}: {HELPERS_NAME}",
+              follow_links=False)
     for k in kernels:
         if not IDENTIFIER.match(k.entry) or len(k.entry) > 250:  # a bug if ever true
             raise RuntimeError(f"kernel entry {k.entry[:60]!r}... is not a file name")
-        files.put(str(folder / f"{k.entry}.cu"), k.source, f"{where}: {k.entry}.cu")
+        files.put(str(folder / f"{k.entry}.cu"), k.source, f"{where}: {k.entry}.cu",
+                  follow_links=False)
 
 
 if __name__ == "__main__":  # pragma: no cover

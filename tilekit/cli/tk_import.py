@@ -53,14 +53,15 @@ def default_weights_path(output: str, model_path: str | None) -> str:
     return f"{stem}.weights.npz"
 
 
-def check_output_paths(out, output: str, weights_path: str) -> None:
+def check_output_paths(out, output: str, weights_path: str, follow_links: bool = True) -> None:
     """Refuse, before anything is written, an IR output or weights path that cannot work
-    (a missing folder, a directory, an input of the command, both on one file)."""
+    (a missing folder, a directory, an input of the command, both on one file; a symlink
+    where tk-import chose the weights file's name itself)."""
     out.check(output, f"-o {output}" if output != "-" else "-o")
     if output != "-" and same_file(output, weights_path):
         raise TilekitError("the weights file would overwrite the IR output",
                            f"--weights {weights_path}", "choose another file name")
-    out.check(weights_path, f"--weights {weights_path}")
+    out.check(weights_path, f"--weights {weights_path}", follow_links)
 
 
 @tk_command(TOOL)
@@ -96,10 +97,11 @@ def main(model, output, fmt, weights_path, shape_flags, lenient, list_ops, quiet
     proto = load_model_bytes(data, shown,
                              folder=None if model_path is None else str(Path(model).parent))
     name = sanitize(Path(model).stem if model_path else (proto.graph.name or "model"), "model")
+    named_weights = weights_path is not None  # a default name is never followed as a link
     weights_path = weights_path or default_weights_path(output, model_path)
     # The weights and the IR become visible together or not at all (tilekit.outputs).
     with OutputSet() as out:
-        check_output_paths(out, output, weights_path)
+        check_output_paths(out, output, weights_path, named_weights)
         try:
             imported = import_model(proto, name=name, shapes=shapes, lenient=lenient)
         except TilekitError as exc:
@@ -117,7 +119,7 @@ def main(model, output, fmt, weights_path, shape_flags, lenient, list_ops, quiet
         imported = attach_files(imported, ir_folder=ir_folder, weights_path=weights_path,
                                 onnx_path=model_path,
                                 onnx_sha256=hashlib.sha256(data).hexdigest(),
-                                options=options, outputs=out)
+                                options=options, outputs=out, follow_links=named_weights)
         write_module(imported.module, output, fmt or "yaml", outputs=out)
         out.commit()
     return 0

@@ -109,7 +109,8 @@ def write_weights(path: str, weights: Mapping[str, np.ndarray]) -> str:
     return digest
 
 
-def stage_weights(out: OutputSet, path: str, weights: Mapping[str, np.ndarray]) -> str:
+def stage_weights(out: OutputSet, path: str, weights: Mapping[str, np.ndarray],
+                  follow_links: bool = True) -> str:
     """Stage the weights sidecar in `out` and return its sha256.
 
     An `.npz` readable by `numpy.load`: members `<name>.npy` in sorted name order, stored
@@ -121,7 +122,7 @@ def stage_weights(out: OutputSet, path: str, weights: Mapping[str, np.ndarray]) 
     limits.TOTAL_BYTES.check(sum(int(np.asarray(w).nbytes) for w in weights.values()), where,
                              "the weights")
     digest = hashlib.sha256()
-    with out.open(path, where) as fh:
+    with out.open(path, where, follow_links) as fh:
         with zipfile.ZipFile(fh, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
             for name in sorted(weights):
                 info = zipfile.ZipInfo(f"{name}.npy", date_time=(1980, 1, 1, 0, 0, 0))
@@ -142,7 +143,8 @@ def _relative(path: str, folder: str) -> str:
 
 def attach_files(imported: Imported, *, ir_folder: str, weights_path: str,
                  onnx_path: str | None, onnx_sha256: str,
-                 options: Mapping[str, Any], outputs: OutputSet | None = None) -> Imported:
+                 options: Mapping[str, Any], outputs: OutputSet | None = None,
+                 follow_links: bool = True) -> Imported:
     """Write the weights sidecar (when there are weights; staged in `outputs` when given, for
     the caller to commit with the IR) and record in the module `source` and `weights` (paths
     relative to `ir_folder`, checksums) and the `import` stage."""
@@ -153,7 +155,7 @@ def attach_files(imported: Imported, *, ir_folder: str, weights_path: str,
     weights_ref = None
     if imported.weights:
         digest = (write_weights(weights_path, imported.weights) if outputs is None
-                  else stage_weights(outputs, weights_path, imported.weights))
+                  else stage_weights(outputs, weights_path, imported.weights, follow_links))
         weights_ref = {"file": _relative(weights_path, ir_folder), "sha256": digest}
     module = replace(module, source=source, weights=weights_ref)
     module = module.with_stage("import", **dict(options))
