@@ -238,3 +238,29 @@ def test_signal_during_a_run_leaves_no_temporary(tmp_path, signum, code):
     assert proc.returncode in (code, 0, -signum), err
     assert b"Traceback" not in err and temporaries(tmp_path) == []
 
+
+
+@pytest.mark.parametrize("error", [OSError(28, "No space left on device"),
+                                   PermissionError(13, "Permission denied"),
+                                   OSError(18, "Invalid cross-device link"),
+                                   OSError(30, "Read-only file system")],
+                         ids=["ENOSPC", "EACCES", "EXDEV", "EROFS"])
+@pytest.mark.parametrize("tool, args, target", [
+    ("tk-roll", ["{ir}", "--hw", "h100", "-o", "{out}"], "out.yaml"),
+    ("tk-codegen", ["{ir}", "-o", "{out}"], "out.yaml"),
+    ("tk-run", ["{ir}", "--seed", "0", "-o", "{out}"], "out.yaml"),
+    ("tk-import", ["{model}", "-o", "{out}"], "out.yaml"),
+    ("tk-import", ["{model}", "-o", "{out}"], "out.weights.npz"),
+])
+def test_every_writer_survives_a_failed_rename(tmp_path, monkeypatch, error, tool, args,
+                                               target):
+    names = {"ir": write_mlp(tmp_path), "model": tiny_onnx(tmp_path / "m.onnx"),
+             "out": tmp_path / "out.yaml"}
+    for name in ("out.yaml", "out.weights.npz"):
+        (tmp_path / name).write_bytes(b"old " + name.encode())
+    _failing_replace(monkeypatch, target, error)
+    result = run(tool, *[a.format(**names) for a in args])
+    assert_refused(result, tool, error.strerror)
+    for name in ("out.yaml", "out.weights.npz"):
+        assert (tmp_path / name).read_bytes() == b"old " + name.encode()
+    assert temporaries(tmp_path) == []
