@@ -21,7 +21,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from tilekit.errors import UnsupportedError
+from tilekit.errors import TilekitError, UnsupportedError
 
 Arrays = Sequence["np.ndarray | None"]
 Specs = Sequence["tuple[tuple[int, ...], str] | None"]
@@ -62,6 +62,8 @@ def known() -> list[str]:
 
 
 def run(name: str, inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
+    """Run opaque type `name` (index inputs are range-checked first: `check_indices`)."""
+    check_indices(name, inputs, attrs)
     return list(get(name).run(inputs, dict(attrs)))
 
 
@@ -261,3 +263,144 @@ def _conv_transpose(ins: Arrays, attrs: Attrs) -> list:
     if b is not None:
         y += np.asarray(b, dtype=np.float64).reshape((1, -1) + (1,) * (len(out_shape) - 2))
     return [y.astype(x.dtype)]
+
+
+# -- attribute rules and index ranges ----------------------------------------------------
+# What the verifier checks of an opaque op's attributes before any shape rule or
+# implementation sees them (a stride of 0, an axis past the rank, a k larger than the axis
+# would otherwise surface as a ZeroDivisionError or a silently wrapped axis), and which
+# inputs hold indices into which extent (for range checks at run time and for `--seed`).
+
+Rule = Callable[[Any, Specs], "str | None"]
+
+
+def _rank(specs: Specs, i: int = 0) -> int:
+    return len(specs[i][0]) if i < len(specs) and specs[i] is not None else 0
+
+
+def _int(value: Any) -> bool:
+    return type(value) is int
+
+
+def _axis(i: int = 0) -> Rule:
+    def rule(value: Any, specs: Specs) -> str | None:
+        r = _rank(specs, i)
+        if not _int(value) or not -r <= value < r:
+            return f"must be an axis of input {i} (rank {r}): an integer in [{-r}, {r})"
+        return None
+    return rule
+
+
+def _choice(*options: Any) -> Rule:
+    def rule(value: Any, specs: Specs) -> str | None:
+        if value not in options or type(value) not in {type(o) for o in options}:
+            return f"must be one of {', '.join(repr(o) for o in options)}"
+        return None
+    return rule
+
+
+def _ints(low: int, count: Callable[[Specs], int] | None = None) -> Rule:
+    def rule(value: Any, specs: Specs) -> str | None:
+        want = count(specs) if count else None
+        if not isinstance(value, list) or not all(_int(v) and v >= low for v in value) or (
+                want is not None and len(value) != want):
+            size = f"{want} " if want is not None else ""
+            return f"must be a list of {size}integers >= {low}"
+        return None
+    return rule
+
+
+def _int_range(low: int, high: Callable[[Specs], int]) -> Rule:
+    def rule(value: Any, specs: Specs) -> str | None:
+        top = high(specs)
+        if not _int(value) or not low <= value <= top:
+            return f"must be an integer in [{low}, {top}]"
+        return None
+    return rule
+
+
+def _topk_extent(specs: Specs, attrs: Attrs) -> int:
+    axis = attrs.get("axis", 0)
+    return specs[0][0][axis] if _int(axis) and -_rank(specs) <= axis < _rank(specs) else 0
+
+
+_FLAG = _choice(0, 1, True, False)
+_REDUCTION = _choice(*_REDUCE)
+_SPATIAL = (lambda specs: max(_rank(specs) - 2, 0))
+
+#: type -> {attribute: rule}; `REQUIRED` lists the attributes a type cannot do without.
+ATTR_RULES: dict[str, dict[str, Rule]] = {
+    "Gather": {"axis": _axis(0)},
+    "GatherElements": {"axis": _axis(0)},
+    "GatherND": {"batch_dims": _int_range(0, lambda s: max(min(_rank(s, 0), _rank(s, 1)) - 1,
+                                                            0))},
+    "ScatterND": {"reduction": _REDUCTION},
+    "ScatterElements": {"axis": _axis(0), "reduction": _REDUCTION},
+    "TopK": {"axis": _axis(0), "k": _int_range(1, lambda s: max(s[0][0]) if s[0][0] else 1),
+             "largest": _FLAG, "sorted": _FLAG},
+    "ArgMax": {"axis": _axis(0), "keepdims": _FLAG, "select_last_index": _FLAG},
+    "ArgMin": {"axis": _axis(0), "keepdims": _FLAG, "select_last_index": _FLAG},
+    "Resize": {"sizes": _ints(1, lambda s: _rank(s))},
+    "ConvTranspose": {"strides": _ints(1, _SPATIAL), "dilations": _ints(1, _SPATIAL),
+                      "group": _int_range(1, lambda s: max(s[0][0][1], 1)
+                                          if _rank(s) > 1 else 1),
+                      "pads_begin": _ints(0, _SPATIAL), "output_shape": _ints(1, _rank)},
+}
+REQUIRED: dict[str, tuple[str, ...]] = {
+    "TopK": ("axis", "k"), "Resize": ("sizes",),
+    "ConvTranspose": ("strides", "dilations", "group", "pads_begin", "output_shape"),
+}
+
+
+def attrs_problem(name: str, specs: Specs, attrs: Attrs) -> tuple[str, str] | None:
+    """(attribute, what is wrong) for the first attribute of an opaque op of type `name`
+    that breaks its rule, else None. `specs` are the inputs' (shape, dtype)."""
+    for key in REQUIRED.get(name, ()):
+        if key not in attrs:
+            return key, "is required"
+    for key, rule in ATTR_RULES.get(name, {}).items():
+        if key in attrs:
+            problem = rule(attrs[key], specs)
+            if problem is None and name == "TopK" and key == "k":
+                extent = _topk_extent(specs, attrs)
+                if extent and attrs[key] > extent:
+                    problem = f"must be at most the extent of axis {attrs.get('axis')} ({extent})"
+            if problem is not None:
+                return key, problem
+    if name == "ConvTranspose" and _rank(specs) > 1 and _int(attrs.get("group")) and \
+            specs[0][0][1] % attrs["group"]:
+        return "group", f"must divide the {specs[0][0][1]} input channels"
+    return None
+
+
+def index_bounds(name: str, specs: Specs, attrs: Attrs) -> dict[int, int]:
+    """{input position: n} for the inputs of an opaque op that hold indices, each valid in
+    [-n, n) (for GatherND/ScatterND, the smallest extent any index position addresses)."""
+    if name in ("Gather", "GatherElements", "ScatterElements"):
+        axis = attrs.get("axis", 0)
+        return {1: specs[0][0][axis]} if _int(axis) and -_rank(specs) <= axis < _rank(specs) \
+            else {}
+    if name in ("GatherND", "ScatterND") and _rank(specs, 1) >= 1:
+        b = attrs.get("batch_dims", 0) if name == "GatherND" else 0
+        depth = specs[1][0][-1]
+        dims = specs[0][0][b:b + depth]
+        return {1: min(dims)} if dims else {}
+    return {}
+
+
+def check_indices(name: str, ins: Arrays, attrs: Attrs) -> None:
+    """Refuse index inputs out of their range (as NumPy would, but as bad input, exit 2)."""
+    specs = [(tuple(np.shape(a)), "") if a is not None else None for a in ins]
+    for position, n in index_bounds(name, specs, attrs).items():
+        ind = np.asarray(ins[position])
+        if name in ("GatherND", "ScatterND") and ind.size:
+            b = attrs.get("batch_dims", 0) if name == "GatherND" else 0
+            limits_ = np.asarray(specs[0][0][b:b + ind.shape[-1]], dtype=np.int64)
+            bad = (ind < -limits_) | (ind >= limits_)
+        else:
+            bad = (ind < -n) | (ind >= n)
+        if ind.size and bad.any():
+            value = int(ind[bad].reshape(-1)[0])
+            raise TilekitError(f"{name} index {value} is out of range (input {position} "
+                               f"indexes an extent of {n})", None,
+                               "indices must lie in [-n, n) of the axis they index")

@@ -223,7 +223,7 @@ def test_graph_output_that_is_an_input_or_constant_gets_a_copy():
     (["--weights", "w1.npz", "-o", "missing/x.yaml"], "folder 'missing' does not exist"),
     (["-o", "./mixer.onnx"], "refusing to overwrite the input file"),
     (["-o", "sub"], "is a directory"),
-    (["--weights", "mixer.onnx", "-o", "m.yaml"], "would overwrite the model"),
+    (["--weights", "mixer.onnx", "-o", "m.yaml"], "refusing to overwrite the input file"),
     (["--weights", "m.yaml", "-o", "m.yaml"], "would overwrite the IR output"),
 ])
 def test_bad_output_paths_are_refused_before_anything_is_written(tmp_path, mlp_file, args,

@@ -83,7 +83,7 @@ def modules(draw: st.DrawFn) -> Module:
                        max_size=3)))
     has_weights = any(t.role == "weight" for t in tensors.values())
     return Module(
-        model=draw(st.text(min_size=1, max_size=12)),
+        model=draw(st.sampled_from(["m", "_", "Net"])) + draw(name_tails),
         tensors=tensors, ops=tuple(ops), inputs=(x,), outputs=(current,), kernels=kernels,
         source=draw(st.none() | st.just({"onnx": "m.onnx", "sha256": "0" * 64})),
         weights={"file": "m.weights.npz", "sha256": "f" * 64} if has_weights else None,

@@ -327,8 +327,12 @@ def test_a_wrong_result_is_not_ranked(sample):
 
 
 def test_cuda_timer_needs_a_gpu(monkeypatch):
-    from conftest import gpu_missing_reason
-    if gpu_missing_reason() is None:
+    from tilekit.runtime.cuda import require_cupy
+    try:
+        require_cupy()
+    except TilekitError:
+        pass
+    else:
         pytest.skip("a GPU is visible")
     compiled = F.CompiledSet("sm_90", (), {}, {}, 0.0)
     with pytest.raises(TilekitError, match="CuPy|CUDA device"):

@@ -3,26 +3,36 @@
 A command file only parses flags, calls one library function and maps errors to exit codes;
 everything common lives here:
 
-- input positional or `-`/stdin; `-o FILE` written atomically, never over the input;
+- input positional or `-`/stdin; `-o FILE` written atomically, never over an input
+  (`tilekit.outputs`); the files a command reads are recorded while it runs
+  (`tilekit.fileio.command_inputs`);
 - `--format yaml|json`, `--version`, `--quiet`, `--debug`;
 - errors as one line on stderr: `tk-roll: error: <where>: <what>; <hint>`, exit 2 for bad input
   (`TilekitError` and click usage errors), exit 1 for an internal error; a traceback only with
-  `--debug`.
+  `--debug`;
+- SIGINT, SIGTERM and SIGHUP: temporary files removed, one line `tool: error: interrupted`
+  (`terminated`), exit 130 (143, 129), no traceback.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import math
 import os
+import signal
 import sys
+import threading
 import traceback
-from typing import Callable
+from typing import Callable, Iterator
 
 import click
 
 from tilekit import IR_VERSION, __version__
-from tilekit.errors import EXIT_BAD_INPUT, EXIT_INTERNAL, TilekitError
-from tilekit.fileio import read_input_text, same_file, write_output  # noqa: F401 (re-exported)
+from tilekit.errors import (EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_SIGINT, EXIT_SIGTERM,
+                            TilekitError, safe_line)
+from tilekit.fileio import command_inputs, read_input_text, same_file  # noqa: F401
+from tilekit.outputs import ClosedStdout, remove_temporaries, write_output  # noqa: F401
 
 
 def version_text(tool: str) -> str:
@@ -30,13 +40,13 @@ def version_text(tool: str) -> str:
 
 
 def print_error(tool: str, message: str) -> None:
-    """The house error line: `tool: error: message` on stderr."""
-    click.echo(f"{tool}: error: {message}", err=True)
+    """The house error line: `tool: error: message` on stderr (one safe line)."""
+    click.echo(f"{tool}: error: {safe_line(message)}", err=True)
 
 
 def warn(tool: str, message: str) -> None:
-    """A warning: stderr only, never stdout."""
-    click.echo(f"{tool}: warning: {message}", err=True)
+    """A warning: stderr only, never stdout (one safe line)."""
+    click.echo(f"{tool}: warning: {safe_line(message)}", err=True)
 
 
 class TkCommand(click.Command):
@@ -55,8 +65,8 @@ class TkCommand(click.Command):
             print_error(tool, f"{exc.format_message().rstrip('.')}; {hint}")
             sys.exit(EXIT_BAD_INPUT)
         except click.exceptions.Abort:
-            print_error(tool, "aborted")
-            sys.exit(EXIT_INTERNAL)
+            print_error(tool, "interrupted")
+            sys.exit(EXIT_SIGINT)
         except click.exceptions.Exit as exc:
             sys.exit(exc.exit_code)
         if isinstance(rv, int):
@@ -82,7 +92,8 @@ def tk_command(tool: str, **settings) -> Callable:
         def body(*args, **kwargs):
             debug = kwargs.get("debug", False)
             try:
-                return fn(*args, **kwargs)
+                with command_inputs(), _signal_handlers(), _stdout_guard():
+                    return fn(*args, **kwargs)
             except TilekitError as exc:
                 if debug:
                     traceback.print_exc()
@@ -96,8 +107,14 @@ def tk_command(tool: str, **settings) -> Callable:
                     pass
                 return 0
             except KeyboardInterrupt:
+                remove_temporaries()
                 print_error(tool, "interrupted")
-                return EXIT_INTERNAL
+                return EXIT_SIGINT
+            except Terminated as exc:
+                remove_temporaries()
+                print_error(tool, "terminated" if exc.signum == signal.SIGTERM else
+                            f"terminated ({signal.Signals(exc.signum).name})")
+                return EXIT_SIGTERM if exc.signum == signal.SIGTERM else 128 + exc.signum
             except Exception as exc:  # noqa: BLE001 - the one place internal errors are mapped
                 if debug:
                     traceback.print_exc()
@@ -114,6 +131,56 @@ def tk_command(tool: str, **settings) -> Callable:
         return cmd
 
     return decorate
+
+
+@contextlib.contextmanager
+def _stdout_guard() -> Iterator[None]:
+    """A process started with stdout closed has `sys.stdout` None: while the command runs it
+    is a `ClosedStdout`, so printing to it is one located error (exit 2)."""
+    if sys.stdout is not None:
+        yield
+        return
+    sys.stdout = ClosedStdout()
+    try:
+        yield
+    finally:
+        sys.stdout = None
+
+
+class Terminated(BaseException):
+    """SIGTERM or SIGHUP, raised where the command is (like KeyboardInterrupt for SIGINT) so
+    that every `finally` and `except BaseException` on the way out removes its temporaries."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _raise_terminated(signum, frame) -> None:
+    raise Terminated(signum)
+
+
+@contextlib.contextmanager
+def _signal_handlers() -> Iterator[None]:
+    """SIGINT raises KeyboardInterrupt and SIGTERM raises `Terminated` while a command runs
+    (a signal the parent process ignores stays ignored); the previous handlers come back."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    wanted = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: _raise_terminated}
+    if hasattr(signal, "SIGHUP"):
+        wanted[signal.SIGHUP] = _raise_terminated
+    saved = {}
+    for signum, handler in wanted.items():
+        current = signal.getsignal(signum)
+        if current is not signal.SIG_IGN:
+            saved[signum] = current
+            signal.signal(signum, handler)
+    try:
+        yield
+    finally:
+        for signum, handler in saved.items():
+            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
 
 
 # -- shared options ----------------------------------------------------------------------
@@ -137,6 +204,27 @@ def hw_option(required: bool = True) -> Callable:
         return click.option("--hw", "hw", required=required, metavar="NAME|PATH",
                             help="Hardware profile: a name from hwprofiles/ or a YAML path.")(fn)
     return add
+
+
+class FiniteFloat(click.ParamType):
+    """A finite number >= 0 (a tolerance): `nan`, `inf` and negatives are usage errors."""
+
+    name = "number"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, float):
+            number = value
+        else:
+            try:
+                number = float(str(value).strip())
+            except ValueError:
+                self.fail(f"{str(value)[:40]!r} is not a number", param, ctx)
+        if not math.isfinite(number) or number < 0:
+            self.fail(f"{str(value)[:40]!r} is not a finite number >= 0", param, ctx)
+        return number
+
+
+FINITE = FiniteFloat()
 
 
 def stderr_is_terminal() -> bool:

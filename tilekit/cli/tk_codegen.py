@@ -11,12 +11,15 @@ Notes (a group split into several kernels, a shrunk reduction step) and `--compi
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import click
 
 from tilekit.cli.common import (format_option, input_argument, output_option, tk_command, warn)
 from tilekit.errors import TilekitError
+from tilekit.fileio import check_path
+from tilekit.outputs import OutputSet
 
 TOOL = "tk-codegen"
 
@@ -50,6 +53,8 @@ def main(input, output, fmt, hw, arch, emit_dir, compile_, strict, quiet, debug)
                            "add --compile, or drop --strict")
     if arch is not None:
         check_arch(arch)
+    if emit_dir:
+        check_path(emit_dir, f"--emit-dir {emit_dir}")
     if emit_dir and Path(emit_dir).exists() and not Path(emit_dir).is_dir():
         raise TilekitError("exists and is not a folder", f"--emit-dir {emit_dir}",
                            "give a folder name")
@@ -73,26 +78,45 @@ def main(input, output, fmt, hw, arch, emit_dir, compile_, strict, quiet, debug)
         for problem in result.problems:
             warn(TOOL, problem)
     out = result.module
-    # The IR first: when it cannot be written (the input's own path, a missing folder),
-    # no kernel sources are left behind either.
-    write_module(out, output, fmt, input_path=input)
-    if emit_dir:
-        write_sources(result.kernels, Path(emit_dir))
+    # The IR and every source become visible together, or none of them (tilekit.outputs);
+    # no output may be a file this command read (the input IR, its sidecars, the profile).
+    created = emit_dir is not None and not Path(emit_dir).exists()
+    try:
+        with OutputSet() as files:
+            files.check(output, f"-o {output}" if output != "-" else "-o")
+            if emit_dir:
+                stage_sources(files, result.kernels, Path(emit_dir))
+            write_module(out, output, fmt, outputs=files)
+            files.commit()
+    except BaseException:
+        if created:  # a folder made for this run goes too, when nothing was written into it
+            with contextlib.suppress(OSError):
+                Path(emit_dir).rmdir()
+        raise
     return 0
 
 
-def write_sources(kernels, folder: Path) -> None:
-    """Each kernel's source as <entry>.cu, plus runtime.cuh, written atomically."""
-    from tilekit.cli.common import write_output
+def stage_sources(files, kernels, folder: Path) -> None:
+    """Stage each kernel's source as <entry>.cu, plus runtime.cuh, in `files`. An entry is an
+    identifier (`tilekit.ir.names`), so each file lands in `folder` and nowhere else."""
     from tilekit.codegen.helpers import HELPERS_NAME, helpers_text
+    from tilekit.ir.names import IDENTIFIER
 
+    where = f"--emit-dir {folder}"
+    check_path(str(folder), where)
     if folder.exists() and not folder.is_dir():
-        raise TilekitError("exists and is not a folder", f"--emit-dir {folder}",
-                           "give a folder name")
-    folder.mkdir(parents=True, exist_ok=True)
-    write_output(str(folder / HELPERS_NAME), helpers_text())
+        raise TilekitError("exists and is not a folder", where, "give a folder name")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise TilekitError(f"cannot create the folder: {exc.strerror}", where) from None
+    files.put(str(folder / HELPERS_NAME), helpers_text(), f"{where}: {HELPERS_NAME}",
+              follow_links=False)
     for k in kernels:
-        write_output(str(folder / f"{k.entry}.cu"), k.source)
+        if not IDENTIFIER.match(k.entry) or len(k.entry) > 250:  # a bug if ever true
+            raise RuntimeError(f"kernel entry {k.entry[:60]!r}... is not a file name")
+        files.put(str(folder / f"{k.entry}.cu"), k.source, f"{where}: {k.entry}.cu",
+                  follow_links=False)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -12,16 +12,17 @@ Only parsing and printing live here; loading and checking are `tilekit.hw`, meas
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import click
 
 from tilekit import __version__
+from tilekit import limits
 from tilekit.cli.common import (TkGroup, output_option, print_error, stderr_is_terminal,
                                 stdout_is_terminal, tk_command, version_text, warn,
                                 write_output)
-from tilekit.errors import EXIT_BAD_INPUT, ProfileError
+from tilekit.errors import EXIT_BAD_INPUT, ProfileError, TilekitError
+from tilekit.fileio import read_bytes
 from tilekit.hw import list_profiles, load_profile
 from tilekit.hw.describe import SUMMARY_COLUMNS, figure_rows, identity_rows, summary_row
 from tilekit.hw.registry import display_path, is_path, read_profile_text, resolve
@@ -113,10 +114,15 @@ def validate_command(files: tuple[str, ...], quiet: bool, debug: bool) -> int:
     for name in files:
         try:
             if name == "-":
-                read_profile_text(sys.stdin.read(), "<stdin>")
+                data, origin = read_bytes("-", limits.PROFILE_BYTES, "profile")
+                try:
+                    text = data.decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    raise ProfileError(f"not UTF-8 text (byte {exc.start})", origin) from None
+                read_profile_text(text, origin)
             else:
                 load_profile(name)
-        except ProfileError as exc:
+        except TilekitError as exc:
             # Every bad file gets its line, so one run reports them all.
             print_error(TOOL, exc.message())
             status = EXIT_BAD_INPUT

@@ -10,7 +10,6 @@ prints one row per op (tiles per level, grid, estimate, bound) on stderr only.
 from __future__ import annotations
 
 import os
-from typing import Mapping
 
 import click
 
@@ -55,24 +54,11 @@ def main(input, output, fmt, hw, top_k, precision, report, quiet, debug):
         raise TilekitError("no hardware profile", "--hw",
                            "pass --hw NAME|PATH (e.g. --hw h100); 'tk-hw list' shows the names")
     rolled = roll_module(module, profile, top_k, hardware=hardware, precision=precision)
-    write_module(rolled, output, fmt, input_path=[input, weights_file(module, input)])
+    # read_module noted the IR and the files it names: -o never overwrites any of them
+    write_module(rolled, output, fmt)
     if report and not quiet:
         print_report(rolled)
     return 0
-
-
-def weights_file(module, ir_path: str) -> str | None:
-    """The weights sidecar the IR names, resolved as tk-run does (relative to the IR file's
-    folder, or the working directory for stdin), so that `-o` never overwrites it."""
-    ref = module.weights
-    rel = ref.get("file") if isinstance(ref, Mapping) else None
-    if not isinstance(rel, str) or not rel:
-        return None
-    if os.path.isabs(rel):
-        return rel
-    folder = os.getcwd() if ir_path in ("-", "<stdin>") else \
-        os.path.dirname(os.path.abspath(ir_path))
-    return os.path.join(folder, rel)
 
 
 def _sizes(sizes: dict) -> str:

@@ -11,9 +11,10 @@ from __future__ import annotations
 import click
 import numpy as np
 
-from tilekit.cli.common import (input_argument, same_file, stderr_is_terminal,
-                                stdout_is_terminal, tk_command, warn, write_output)
-from tilekit.errors import EXIT_OK, TilekitError
+from tilekit.cli.common import (FINITE, input_argument, stderr_is_terminal, stdout_is_terminal,
+                                tk_command, warn)
+from tilekit import limits
+from tilekit.errors import EXIT_OK
 
 TOOL = "tk-run"
 #: `--check` found a mismatch (bad input is 2, as for every tool).
@@ -40,9 +41,9 @@ EXIT_CHECK_FAILED = 1
 @click.option("--check", is_flag=True,
               help="Compare with onnxruntime on the source model, or with the CPU reference "
                    "executor when the IR has none; exit 1 on mismatch.")
-@click.option("--rtol", type=click.FloatRange(min=0), default=None, metavar="R",
+@click.option("--rtol", type=FINITE, default=None, metavar="R",
               help="Pass when the relative L2 error <= R (default by dtype: 1e-5 for float32).")
-@click.option("--atol", type=click.FloatRange(min=0), default=None, metavar="A",
+@click.option("--atol", type=FINITE, default=None, metavar="A",
               help="... or when the worst absolute error <= A (default 1e-6 for float32).")
 @click.option("--check-tensors", "check_tensors", is_flag=True,
               help="Also compare every tensor the run computed (intermediates included) with "
@@ -60,23 +61,28 @@ def main(input, device, mode, input_flags, inputs_npz, seed, allow_nan, output, 
     from tilekit.runtime import backend
     from tilekit.runtime.bench import peak_rss_bytes, time_runs
     from tilekit.runtime.check import compare_outputs, reference_outputs
-    from tilekit.runtime.io import (base_dir, check_inputs, describe, gather_inputs,
-                                    input_files, load_weights, npz_bytes, weights_file)
+    from tilekit.fileio import note_input
+    from tilekit.outputs import OutputSet
+    from tilekit.runtime.io import (base_dir, check_inputs, check_run_budget, describe,
+                                    gather_inputs, input_files, load_weights, npz_bytes,
+                                    resolve_sidecar)
 
     if (rtol is not None or atol is not None) and not (check or check_tensors):
         warn(TOOL, "--rtol/--atol have no effect without --check or --check-tensors")
     if report and device != "cpu":
         warn(TOOL, "--report profiles the CPU executor only; ignored with --device cuda")
-    module = read_module(input)
+    module = read_module(input)  # notes the IR and the files it names as inputs
+    check_run_budget(module, input)
     folder = base_dir(input)
-    # -o never overwrites what this run reads: checked now, before any work is done.
-    read_paths = [input, weights_file(module, folder), *input_files(input_flags, inputs_npz)]
-    for path in read_paths if output not in (None, "-") else ():
-        if path is not None and same_file(str(path), output):
-            raise TilekitError(f"refusing to overwrite the input file {path}", f"-o {output}",
-                               "write to a different file")
+    for path in input_files(input_flags, inputs_npz):
+        note_input(path)
+    out = OutputSet()
+    if output is not None:  # -o never overwrites what this run reads: checked before work
+        out.check(output, f"-o {output}" if output != "-" else "-o")
     runner = backend(module, device, mode)  # refuses what the device cannot run, early
     weights = load_weights(module, folder)
+    if check and (module.source or {}).get("onnx"):  # a bad reference model fails before the run
+        resolve_sidecar(module.source, "onnx", folder, "source", limits.MODEL_BYTES)
     inputs = gather_inputs(module, input_flags, inputs_npz, seed)
     check_inputs(module, inputs, allow_nan=allow_nan, seed_given=seed is not None)
 
@@ -91,7 +97,9 @@ def main(input, device, mode, input_flags, inputs_npz, seed, allow_nan, output, 
     peak = peak_rss_bytes()  # before --check loads a reference runtime into this process
 
     if output is not None:
-        write_output(output, npz_bytes(outputs), input_path=read_paths)
+        with out:
+            out.put(output, npz_bytes(outputs), f"-o {output}" if output != "-" else "-o")
+            out.commit()
     if not quiet:
         for name, array in outputs.items():
             echo(f"{name}: {describe(array)}{_stats(array)}")

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tilekit.codegen.emitter import INDENT, Emitter
+from tilekit.codegen.emitter import INDENT, Emitter, check_line, comment_text
 from tilekit.schedule.defaults import STATIC_SMEM_LIMIT
 from tilekit.schedule.shape import SMEM_ALIGN
 
@@ -84,7 +84,8 @@ class KernelSpec:
     def body_text(self) -> str:
         """The statements of the body: buffers carved from the base, then every section."""
         lines = [f"{b.ctype}* {b.name} = reinterpret_cast<{b.ctype}*>({SMEM} + {b.offset});"
-                 + (f"  // {b.comment}" if b.comment else "") for b in self.buffers]
+                 + (f"  // {comment_text(b.comment)}" if b.comment else "")
+                 for b in self.buffers]
         for _, text in self.sections:
             lines.extend(text.rstrip("\n").split("\n") if text.strip() else [])
         return "\n".join(f"{INDENT}{ln}" if ln else "" for ln in lines) + "\n"
@@ -115,9 +116,14 @@ class KernelSpec:
         return "\n".join(lines) + "\n"
 
     def source(self) -> str:
-        """The kernel's text after the preamble: comments, the body, the entry."""
-        head = "".join(f"// {c}\n" for c in self.comments)
-        return head + self.device_function() + "\n" + self.global_function()
+        """The kernel's text after the preamble: comments, the body, the entry. Every line
+        passes the emitter's check (printable ASCII, comments escaped: no name or expression
+        can end a comment or add a line)."""
+        head = "".join(f"// {comment_text(c)}\n" for c in self.comments)
+        text = head + self.device_function() + "\n" + self.global_function()
+        for line in text.splitlines():
+            check_line(line)
+        return text
 
 
 @dataclass

@@ -4,14 +4,45 @@ Kernel generators write lines through an `Emitter` instead of concatenating stri
 emitter owns indentation (`with e.block("for (...)"):` opens and closes a brace) and hands out
 temporary names that never collide within one kernel (`e.tmp("acc")` -> `acc0`, `acc1`, ...).
 Output is a pure function of the calls made, so the same IR gives the same bytes.
+
+Names and comments: generated code prints names only as identifiers (`tilekit.ir.names`;
+the kernel shapes build theirs with `c_name`), and any text derived from names or
+expressions that goes into a comment passes through `comment_text`. Every line the emitter
+takes is checked (`check_line`): printable ASCII, no trailing backslash, and a comment part
+that `comment_text` leaves unchanged, so no input can end a comment early or add a line.
 """
 
 from __future__ import annotations
 
+import re
 from contextlib import ExitStack, contextmanager
 from typing import Iterable, Iterator
 
 INDENT = "  "
+#: Characters a comment may hold: printable ASCII without `\` (a line splice at the end of a
+#: line), `?` (trigraphs: `??/` is a backslash) and the backquote.
+_NOT_COMMENT = re.compile(r"[^A-Za-z0-9 _.,:;=+\-*/%<>!&|^~#@$'\"()\[\]{}]")
+_CODE_LINE = re.compile(r"[\x20-\x7e]*\Z")
+
+
+class UnsafeText(ValueError):
+    """Text that would change the meaning of the generated code: a bug in a code generator
+    (the verifier refuses every input that could lead here)."""
+
+
+def comment_text(text: str) -> str:
+    """`text` as one line of comment: every character outside a small printable ASCII set
+    (line breaks, backslashes, `?`, non-ASCII) becomes `_`."""
+    return _NOT_COMMENT.sub("_", str(text))
+
+
+def check_line(text: str) -> str:
+    """`text` if it can be one line of generated C, else `UnsafeText`."""
+    code, sep, comment = text.partition("//")
+    if not _CODE_LINE.match(code) or code.endswith("\\") or (sep and comment_text(comment)
+                                                                != comment):
+        raise UnsafeText(f"unsafe generated line {text[:80]!r}")
+    return text
 
 
 class Emitter:
@@ -24,15 +55,16 @@ class Emitter:
 
     def line(self, text: str = "") -> None:
         """One line at the current depth (an empty string gives a blank line)."""
-        self._lines.append(f"{INDENT * self._depth}{text}" if text else "")
+        self._lines.append(f"{INDENT * self._depth}{check_line(text)}" if text else "")
 
     def lines(self, texts) -> None:
         for text in texts:
             self.line(text)
 
     def comment(self, text: str) -> None:
+        """`// text`, one comment line per line of `text`, each through `comment_text`."""
         for part in text.splitlines() or [""]:
-            self.line(f"// {part}".rstrip())
+            self.line(f"// {comment_text(part)}".rstrip())
 
     @contextmanager
     def block(self, head: str = "", tail: str = "") -> Iterator[None]:

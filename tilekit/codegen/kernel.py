@@ -32,7 +32,7 @@ from tilekit.codegen.cexpr import (HALF_DTYPES, IDENTITY, KIND_CTYPE, WARP_REDUC
                                    accumulator_kind, combine, convert, index_code, linear,
                                    load_value, pad_literal, storage, store_value)
 from tilekit.codegen.builder import BLOCK, NBLOCKS, KernelBuilder, KernelSpec
-from tilekit.codegen.emitter import Emitter
+from tilekit.codegen.emitter import Emitter, comment_text
 from tilekit.codegen.plan import GroupPlan, OpPlan, Read, Stage
 from tilekit.ir.payloads import KernelRecord, Tile
 from tilekit.schedule.defaults import DEFAULT_THREADS, default_grid, lane_count
@@ -84,7 +84,8 @@ def preamble(kernel: GeneratedKernel | None, uses_half: bool) -> str:
 
 def kernel_preamble(name: str, ops, shape: str, uses_half: bool) -> str:
     """The head of one kernel's source file: a function of its record alone."""
-    return _preamble([f"// kernel {name}: ops {', '.join(ops)}; shape {shape}"], uses_half)
+    return _preamble(["// " + comment_text(f"kernel {name}: ops {', '.join(ops)}; "
+                                           f"shape {shape}")], uses_half)
 
 
 def _preamble(extra: list[str], uses_half: bool) -> str:
@@ -96,7 +97,8 @@ def _preamble(extra: list[str], uses_half: bool) -> str:
 
 
 def c_name(name: str) -> str:
-    return "".join(ch if ch.isalnum() or ch == "_" else "_" for ch in name)
+    """`name` as (part of) a C identifier: ASCII letters, digits and `_` only."""
+    return "".join(ch if ch.isascii() and (ch.isalnum() or ch == "_") else "_" for ch in name)
 
 
 def tvar(tensor: str) -> str:

@@ -132,6 +132,8 @@ def _window_dims(analysis: Analysis, image: AccessInfo, filt: AccessInfo):
     other = [a for m in image.maps[:ndim - k] for a, _ in m.terms]
     if window_axes & set(other) or len(set(other)) != len(other):
         return None
+    if any(len(m.terms) != 1 for m in image.maps[:ndim - k]):
+        return None  # a constant index (x[n, 0, ..]): one leading dim without an axis
     for m in filt.maps:
         if not (isinstance(m.node, Num) or (len(m.terms) == 1 and m.terms[0][1] == 1
                                             and m.const == 0)):

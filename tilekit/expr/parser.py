@@ -1,6 +1,11 @@
 """Tokenizer and precedence-climbing parser for tensor-expression statements.
 
 Errors are `ExprError` located by column (`col 12`), with the offending token quoted.
+
+A statement is at most `limits.EXPR_CHARS` characters and its syntax tree at most
+`limits.EXPR_DEPTH` levels deep (parentheses, calls, unary operators and chains of binary
+operators all count), checked while parsing: every walker of the tree recurses, so a deep
+tree would exhaust Python's stack anywhere downstream.
 """
 
 from __future__ import annotations
@@ -9,6 +14,7 @@ import re
 from dataclasses import dataclass
 from functools import lru_cache
 
+from tilekit import limits
 from tilekit.errors import ExprError
 from tilekit.expr.ast import (ASSIGN_OPS, BINARY_LEVELS, FUNC_ARITY, Access, Axis, Binary, Call,
                               Node, Num, Statement, Unary)
@@ -55,6 +61,15 @@ class _Parser:
         self.text = text
         self.tokens = tokenize(text)
         self.pos = 0
+        self.depth = 0
+        self.max_depth = limits.EXPR_DEPTH.value
+
+    def nest(self, tok: Token) -> None:
+        """Enter one level of the tree (a parenthesis, call, index or operator)."""
+        self.depth += 1
+        if self.depth > self.max_depth:
+            raise _as_expr_error(limits.EXPR_DEPTH.error("the expression's nesting",
+                                                         f"col {tok.col}"))
 
     # -- helpers -------------------------------------------------------------------------
     @property
@@ -96,6 +111,7 @@ class _Parser:
         if in_index:
             raise self.error("tensor access inside an index (indices must be affine in axes)",
                              name_tok)
+        self.nest(self.tok)
         self.expect("[")
         indices: list[Node] = []
         if not (self.tok.kind == "op" and self.tok.text == "]"):
@@ -106,19 +122,23 @@ class _Parser:
                     continue
                 break
         self.expect("]")
+        self.depth -= 1
         return Access(name_tok.text, tuple(indices))
 
     def expr(self, level: int, in_index: bool) -> Node:
         if level == len(BINARY_LEVELS):
             return self.unary(in_index)
+        start = self.depth
         node = self.expr(level + 1, in_index)
         while self.tok.kind == "op" and self.tok.text in BINARY_LEVELS[level]:
             op_tok = self.advance()
             if in_index and op_tok.text not in ("+", "-", "*", "//", "%"):
                 raise self.error("operator not allowed in an index", op_tok,
                                  "indices use + - * // % on axes and integers")
+            self.nest(op_tok)  # a chain `a + b + c` nests to the left, one level per operator
             rhs = self.expr(level + 1, in_index)
             node = Binary(op_tok.text, node, rhs)
+        self.depth = start
         return node
 
     def unary(self, in_index: bool) -> Node:
@@ -126,7 +146,9 @@ class _Parser:
             op_tok = self.advance()
             if in_index and op_tok.text == "!":
                 raise self.error("operator not allowed in an index", op_tok)
+            self.nest(op_tok)
             arg = self.unary(in_index)
+            self.depth -= 1
             if op_tok.text == "-" and isinstance(arg, Num):
                 return Num(-arg.value)
             return Unary(op_tok.text, arg)
@@ -137,11 +159,16 @@ class _Parser:
         if tok.kind == "num":
             self.advance()
             is_int = re.fullmatch(r"\d+", tok.text) is not None
+            if is_int and (len(tok.text.lstrip("0")) > 19 or int(tok.text) >= 2**63):
+                raise self.error("integer literal out of the 64-bit range", tok,
+                                 "integers in expressions are 64-bit")
             return Num(int(tok.text) if is_int else float(tok.text))
         if tok.kind == "op" and tok.text == "(":
             self.advance()
+            self.nest(tok)
             node = self.expr(0, in_index)
             self.expect(")")
+            self.depth -= 1
             return node
         if tok.kind == "name":
             self.advance()
@@ -167,6 +194,7 @@ class _Parser:
                             f"known functions: {known}")
         if in_index:
             raise self.error("function call inside an index", name_tok)
+        self.nest(self.tok)
         self.expect("(")
         args: list[Node] = []
         if not (self.tok.kind == "op" and self.tok.text == ")"):
@@ -177,6 +205,7 @@ class _Parser:
                     continue
                 break
         self.expect(")")
+        self.depth -= 1
         if len(args) != FUNC_ARITY[fn]:
             raise ExprError(f"{fn}() takes {FUNC_ARITY[fn]} argument(s), got {len(args)}",
                             f"col {name_tok.col}")
@@ -191,6 +220,7 @@ def parse(text: str) -> Statement:
     if not isinstance(text, str) or not text.strip():
         raise ExprError("empty expression", None, "an expr op needs a statement like "
                         "'y[i] = x[i] + 1'")
+    _check_length(text)
     return _parse(text)
 
 
@@ -201,8 +231,21 @@ def _parse(text: str) -> Statement:
 
 def parse_index(text: str) -> Node:
     """Parse a lone index expression (for tests and tools)."""
+    _check_length(text)
     p = _Parser(text)
     node = p.expr(0, in_index=True)
     if p.tok.kind != "end":
         raise p.error("unexpected text after the index")
     return node
+
+
+def _check_length(text: str) -> None:
+    try:
+        limits.EXPR_CHARS.check(len(text), None, "the expression")
+    except limits.LimitError as exc:
+        raise _as_expr_error(exc) from None
+
+
+def _as_expr_error(exc: limits.LimitError) -> ExprError:
+    """A limit broken inside an expression, as an ExprError (located by the caller)."""
+    return ExprError(exc.what, exc.where, exc.hint)

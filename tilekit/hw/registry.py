@@ -6,6 +6,13 @@ matches a file's stem, its `name:` or one of its `aliases:`, ignoring case; a st
 wins over an alias in the same folder. An argument that
 contains a path separator or ends in `.yaml`/`.yml` is a path, never a name.
 
+A profile file is read only when it is a regular file of at most `limits.PROFILE_BYTES`
+(checked before reading; `/dev/zero`, a FIFO or a huge file is refused), whether it was
+named on the command line, found in a folder or recorded in an IR document's `hardware`.
+An IR may record a path (tk-roll does, for a profile given by a path that no name finds):
+relative to the IR's folder and ending in `.yaml`/`.yml` (`tilekit.ir.names`), it resolves
+under the same rules. Errors quote a file's content only as a short escaped excerpt.
+
 Loaded profiles are cached by (path, modification time, size): `Profile` is immutable, so
 tools and tests that ask for "h100" a thousand times parse the file once.
 """
@@ -17,17 +24,16 @@ import functools
 import os
 from pathlib import Path
 
-import yaml
-
-from tilekit.errors import ProfileError
+from tilekit import limits
+from tilekit.errors import ProfileError, TilekitError, excerpt
+from tilekit.fileio import check_path, read_stream, regular_file
 from tilekit.hw.profile import Profile
 from tilekit.hw.schema import parse_yaml, read_profile
+from tilekit.ir.names import PROFILE_SUFFIXES, is_profile_path
 from tilekit.resources import shipped
 
 ENV_VAR = "TILEKIT_HWPROFILES"
-#: libyaml's parser when PyYAML was built with it: ten times faster than the pure-Python one.
-_FastLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-SUFFIXES = (".yaml", ".yml")
+SUFFIXES = PROFILE_SUFFIXES
 
 
 def builtin_dir() -> Path:
@@ -42,7 +48,12 @@ def profile_dirs() -> list[Path]:
         if not entry:
             continue
         folder = Path(entry)
-        if not folder.is_dir():
+        try:
+            check_path(entry, ENV_VAR)
+            is_dir = folder.is_dir()
+        except (TilekitError, OSError):
+            is_dir = False
+        if not is_dir:
             raise ProfileError(f"folder '{entry}' does not exist", ENV_VAR,
                                "fix or unset the variable")
         dirs.append(folder)
@@ -52,8 +63,7 @@ def profile_dirs() -> list[Path]:
 
 
 def is_path(name_or_path: str) -> bool:
-    return (os.sep in name_or_path or "/" in name_or_path
-            or name_or_path.endswith(SUFFIXES))
+    return is_profile_path(name_or_path) or os.sep in name_or_path
 
 
 def display_path(path: Path) -> str:
@@ -73,8 +83,8 @@ def _files(folder: Path) -> list[Path]:
 def _names_cached(path: str, mtime_ns: int, size: int) -> frozenset[str]:
     names = {Path(path).stem.lower()}
     try:
-        data = yaml.load(Path(path).read_text(encoding="utf-8"), Loader=_FastLoader)
-    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        data = parse_yaml(_read_text(path, path), path)
+    except (TilekitError, OSError):
         return frozenset(names)  # a broken file still answers to its stem; loading reports it
     if isinstance(data, dict):
         if isinstance(data.get("name"), str):
@@ -87,6 +97,8 @@ def _names_cached(path: str, mtime_ns: int, size: int) -> frozenset[str]:
 
 def _names(path: Path) -> frozenset[str]:
     st = path.stat()
+    if st.st_size > limits.PROFILE_BYTES.value:
+        return frozenset({path.stem.lower()})  # loading it reports the size
     return _names_cached(str(path), st.st_mtime_ns, st.st_size)
 
 
@@ -103,26 +115,32 @@ def resolve(name: str) -> Path:
             return matches[0]
         if len(matches) > 1:
             listed = ", ".join(display_path(p) for p in matches)
-            raise ProfileError("ambiguous hardware profile name", name,
+            raise ProfileError("ambiguous hardware profile name", excerpt(name, quote=False),
                                f"it names {listed}; pass a path instead")
     known = profile_names()
     close = difflib.get_close_matches(wanted, [n.lower() for n in known], n=1)
     hint = f"did you mean '{close[0]}'? " if close else ""
     hint += f"known: {', '.join(known) or 'none'}; or pass a path to a YAML file"
-    raise ProfileError("unknown hardware profile", name, hint)
+    raise ProfileError("unknown hardware profile", excerpt(name, quote=False), hint)
+
+
+def _read_text(path: str, origin: str) -> str:
+    """A profile file's text, at most `limits.PROFILE_BYTES` (the file may grow after its
+    size was checked)."""
+    try:
+        with open(path, "rb") as fh:
+            raw = read_stream(fh, limits.PROFILE_BYTES, origin)
+    except OSError as exc:
+        raise ProfileError(f"cannot read: {exc.strerror}", origin) from None
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ProfileError(f"not UTF-8 text (byte {exc.start})", origin) from None
 
 
 @functools.lru_cache(maxsize=64)
 def _load_cached(path: str, origin: str, mtime_ns: int, size: int) -> Profile:
-    try:
-        raw = Path(path).read_bytes()
-    except OSError as exc:
-        raise ProfileError(f"cannot read: {exc.strerror}", origin) from None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ProfileError(f"not UTF-8 text (byte {exc.start})", origin) from None
-    return read_profile_text(text, origin)
+    return read_profile_text(_read_text(path, origin), origin)
 
 
 def read_profile_text(text: str, origin: str) -> Profile:
@@ -133,16 +151,19 @@ def read_profile_text(text: str, origin: str) -> Profile:
     return read_profile(parse_yaml(text, origin), origin)
 
 
-def read_profile_file(path: str | Path) -> Profile:
-    """Load and validate the profile at `path`. Errors are located as `path:line: field`."""
-    p = Path(path)
+def read_profile_file(path: str | Path, where: str | None = None) -> Profile:
+    """Load and validate the profile at `path`, a regular file of at most
+    `limits.PROFILE_BYTES`. Errors are located as `path:line: field` (`where` names the
+    flag or field that gave the path, for errors about the file itself)."""
     origin = str(path)
-    if not p.exists():
-        raise ProfileError("no such file", origin, "check the path")
-    if p.is_dir():
-        raise ProfileError("is a directory, expected a profile YAML file", origin)
-    st = p.stat()
-    return _load_cached(str(p.resolve()), origin, st.st_mtime_ns, st.st_size)
+    try:
+        st = regular_file(path, where,
+                          limits.PROFILE_BYTES)
+    except limits.LimitError:
+        raise
+    except TilekitError as exc:
+        raise ProfileError(exc.what, exc.where, exc.hint) from None
+    return _load_cached(os.path.realpath(origin), origin, st.st_mtime_ns, st.st_size)
 
 
 def load_profile(name_or_path: str | Path) -> Profile:
@@ -188,19 +209,25 @@ def recorded_profile(given: str, profile: Profile, ir_output: str | None) -> str
 
 
 def load_recorded_profile(hardware: str, ir_path: str | None) -> Profile:
-    """The profile an IR document's `hardware` names: a name, or a path relative to the IR
-    file's folder (the working directory when the IR came through stdin); see
-    `recorded_profile`."""
-    if is_path(hardware) and not os.path.isabs(hardware):
-        path = _ir_folder(ir_path) / hardware
-        if not path.exists():
-            raise ProfileError(f"hardware profile file '{hardware}' not found (looked in "
-                               f"{display_path(path.parent)})", "hardware",
-                               "paths in the IR are relative to the IR file's folder, or to "
-                               "the current directory when the IR comes through stdin; or "
-                               "pass --hw")
-        return read_profile_file(display_path(path))
-    return load_profile(hardware)
+    """The profile an IR document's `hardware` names: a name, or a relative path to a
+    `.yaml`/`.yml` file from the IR file's folder (the working directory when the IR came
+    through stdin); see `recorded_profile` and the module docstring."""
+    from tilekit.ir.names import hardware_problem
+
+    problem = hardware_problem(hardware)
+    if problem is not None:
+        raise ProfileError(problem, "hardware", "a profile name (tk-hw list), or a relative "
+                           "path to a profile's .yaml file; or pass --hw")
+    if not is_path(hardware):
+        return load_profile(hardware)
+    path = _ir_folder(ir_path) / hardware
+    if not path.exists():
+        raise ProfileError(f"hardware profile file '{hardware}' not found (looked in "
+                           f"{display_path(path.parent)})", "hardware",
+                           "paths in the IR are relative to the IR file's folder, or to "
+                           "the current directory when the IR comes through stdin; or "
+                           "pass --hw")
+    return read_profile_file(display_path(path), "hardware")
 
 
 def profile_names() -> list[str]:

@@ -14,13 +14,13 @@ The format is described field by field in docs/hwprofiles.md.
 from __future__ import annotations
 
 import difflib
+import math
 import re
 from dataclasses import dataclass
 from typing import Any
 
-import yaml
-
-from tilekit.errors import ProfileError
+from tilekit import textdoc
+from tilekit.errors import ProfileError, excerpt
 from tilekit.hw.profile import (DTYPES, FEATURES, KINDS, REGISTER_BYTES, Achievable, Features,
                                 MmaShape, Profile)
 from tilekit.hw.units import BASE_UNIT, UNITS, format_quantity, to_base, unit_list
@@ -133,46 +133,22 @@ class _Map(dict):
     key_lines: dict = {}
 
 
-class _Loader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
-    """PyYAML's safe loader (libyaml's parser when available) building `_Map`s."""
-
-
-def _construct_mapping(loader: _Loader, node: yaml.MappingNode) -> _Map:
-    loader.flatten_mapping(node)
-    result = _Map()
-    result.line = node.start_mark.line + 1
-    result.key_lines = {}
-    for key_node, value_node in node.value:
-        key = loader.construct_object(key_node, deep=True)
-        line = key_node.start_mark.line + 1
-        if key in result:
-            # PyYAML keeps the last duplicate silently; an author almost never means that.
-            raise ProfileError(f"duplicate key '{key}'", f"{loader.origin}:{line}",
-                               f"it is first set on line {result.key_lines[key]}")
-        result[key] = loader.construct_object(value_node, deep=True)
-        result.key_lines[key] = line
+def _make_map(entries: list[tuple[Any, Any, int]], line: int) -> _Map:
+    result = _Map((key, value) for key, value, _ in entries)
+    result.line = line
+    result.key_lines = {key: key_line for key, _, key_line in entries}
     return result
 
 
-_Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
-
-
 def parse_yaml(text: str, origin: str) -> Any:
-    """YAML text -> data whose mappings know their lines; a syntax error names line and column."""
-    loader = _Loader(text)
-    loader.origin = origin
-    try:
-        return loader.get_single_data()
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        where = f"{origin}:{mark.line + 1}:{mark.column + 1}" if mark else origin
-        problem = exc.problem or exc.context or "malformed YAML"
-        raise ProfileError(f"YAML syntax error: {problem}", where,
-                           "check indentation, colons and brackets") from None
-    except yaml.YAMLError as exc:
-        raise ProfileError(f"YAML error: {exc}", origin) from None
-    finally:
-        loader.dispose()
+    """YAML text -> data whose mappings know their lines; a syntax error names line and column.
+
+    Read by `tilekit.textdoc` (no aliases or tags, bounded nesting, YAML 1.2 core scalars)."""
+    docs = textdoc.load_yaml(text, origin, ProfileError, mapping=_make_map)
+    if len(docs) > 1:
+        raise ProfileError(f"{len(docs)} YAML documents in one profile, expected one", origin,
+                           "remove the '---' separators")
+    return docs[0] if docs else None
 
 
 # -- the reader ----------------------------------------------------------------------------------
@@ -184,7 +160,7 @@ def _describe(value: Any) -> str:
         return "a list"
     if value is None:
         return "nothing"
-    return f"{type(value).__name__} {value!r}"
+    return f"{type(value).__name__} {excerpt(value)}"
 
 
 def _is_number(value: Any) -> bool:
@@ -225,7 +201,9 @@ class _Reader:
                 close = difflib.get_close_matches(str(key), [str(a) for a in allowed], n=1)
                 hint = (f"did you mean '{close[0]}'?" if close
                         else f"known fields: {', '.join(map(str, allowed))}")
-                self.fail(f"unknown field '{key}'", node, key, f"{path}.{key}".lstrip("."), hint)
+                shown = excerpt(key, quote=False)
+                self.fail(f"unknown field '{shown}'", node, key, f"{path}.{shown}".lstrip("."),
+                          hint)
 
     def string(self, parent: _Map, key: str, path: str, required: bool = True,
                choices: tuple[str, ...] | None = None) -> str | None:
@@ -237,7 +215,8 @@ class _Reader:
         if not isinstance(value, str) or not value.strip():
             self.fail(f"expected a non-empty string, got {_describe(value)}", parent, key, path)
         if choices and value not in choices:
-            self.fail(f"'{value}' is not one of: {', '.join(choices)}", parent, key, path)
+            self.fail(f"'{excerpt(value, quote=False)}' is not one of: {', '.join(choices)}",
+                      parent, key, path)
         self.lines[path] = parent.key_lines[key]
         return value
 
@@ -254,7 +233,7 @@ class _Reader:
         if ref in self.references or (sep and kind.strip() in SOURCE_KINDS and rest.strip()):
             return ref
         known = ", ".join(self.references) or "none defined"
-        self.fail(f"unknown source '{ref}'", node, "source", path,
+        self.fail(f"unknown source '{excerpt(ref, quote=False)}'", node, "source", path,
                   f"use a key of 'sources:' ({known}) or write 'measured: <command>', "
                   "'derived: <how>' or 'assumed: <why>'")
 
@@ -283,6 +262,9 @@ class _Reader:
         if not _is_number(value):
             self.fail(f"wrong type: expected a number, got {_describe(value)}",
                       node, "value", path)
+        if not math.isfinite(value):
+            self.fail(f"must be a finite number, got {value}", node, "value", path,
+                      "write the figure itself (YAML's .inf and .nan are not figures)")
         scale = self.unit_scale(node, path, spec)
         ref = self.source(node, path)
         written = f"{value} {node.get('unit', '')}".strip()
@@ -310,14 +292,14 @@ class _Reader:
         units = UNITS[spec.dim]
         if not units:
             if "unit" in node:
-                self.fail(f"wrong unit '{node['unit']}': a {spec.dim} takes no unit",
+                self.fail(f"wrong unit {excerpt(node['unit'])}: a {spec.dim} takes no unit",
                           node, "unit", path, "drop 'unit:'")
             return 1
         if "unit" not in node:
             self.fail("missing unit", node, "value", path, f"one of: {unit_list(spec.dim)}")
         unit = node["unit"]
         if unit not in units:
-            self.fail(f"wrong unit '{unit}': expected {spec.dim}", node, "unit", path,
+            self.fail(f"wrong unit {excerpt(unit)}: expected {spec.dim}", node, "unit", path,
                       f"one of: {unit_list(spec.dim)}")
         return units[unit]
 
@@ -345,7 +327,7 @@ def _read_sources(r: _Reader, doc: _Map) -> None:
     node = r.mapping(doc, "sources", "sources", required=False)
     for key, text in (node or {}).items():
         if not isinstance(key, str) or not _NAME.fullmatch(key):
-            r.fail(f"bad source key {key!r}", node, key, f"sources.{key}",
+            r.fail(f"bad source key {excerpt(key)}", node, key, f"sources.{excerpt(key)}",
                    "use letters, digits, '-', '_' and '.'")
         if key in SOURCE_KINDS:
             r.fail(f"'{key}' is reserved for in-place sources", node, key, f"sources.{key}")
@@ -444,11 +426,12 @@ def read_profile(data: Any, origin: str) -> Profile:
     if "schema" not in doc:
         r.fail("missing", doc, "schema", "schema", f"add 'schema: {SCHEMA_VERSION}' at the top")
     if type(doc["schema"]) is not int or doc["schema"] != SCHEMA_VERSION:
-        r.fail(f"unsupported schema version {doc['schema']!r}", doc, "schema", "schema",
+        r.fail(f"unsupported schema version {excerpt(doc['schema'])}", doc, "schema", "schema",
                f"this tilekit reads schema {SCHEMA_VERSION}")
     name = r.string(doc, "name", "name")
     if not _NAME.fullmatch(name):
-        r.fail(f"bad name '{name}'", doc, "name", "name", "use letters, digits, '-', '_', '.'")
+        r.fail(f"bad name {excerpt(name)}", doc, "name", "name",
+               "use letters, digits, '-', '_', '.'")
     vendor = r.string(doc, "vendor", "vendor")
     arch = r.string(doc, "arch", "arch")
     kind = r.string(doc, "kind", "kind", choices=KINDS)

@@ -15,90 +15,31 @@ bytes.
 from __future__ import annotations
 
 import json
-import re
+import os
 from typing import Any, Iterable, Mapping
 
 import yaml
 
-from tilekit import IR_VERSION
-from tilekit.fileio import read_input_text, write_output
+from tilekit import IR_VERSION, textdoc
+from tilekit.fileio import read_input_text
+from tilekit.outputs import write_output
 from tilekit.errors import IRError
 from tilekit.ir.keys import (KERNEL_KEYS, MODULE_KEYS, MODULE_REQUIRED, OP_KEYS, OPAQUE_KEYS,
                              STAGE_KEYS, TENSOR_KEYS, TENSOR_REQUIRED, WEIGHTS_KEYS, key_path,
                              key_problem, type_name, where)
+from tilekit.limits import LimitError
 from tilekit.ir.model import Kernel, Module, Op, Tensor
 
 FORMATS = ("yaml", "json")
 
 
 # -- YAML dialect ------------------------------------------------------------------------
-# We read YAML 1.2 core scalars (no `yes`/`no` booleans, no timestamps, no octal `010`,
-# `1e-5` is a float) and write strings quoted wherever a YAML 1.1 *or* 1.2 reader could take
-# them for something else, so what we write reads the same in any YAML library.
+# We read YAML 1.2 core scalars through `tilekit.textdoc` (no `yes`/`no` booleans, no
+# timestamps, no octal `010`, `1e-5` is a float; no aliases, no tags, bounded nesting) and
+# write strings quoted wherever a YAML 1.1 *or* 1.2 reader could take them for something
+# else, so what we write reads the same in any YAML library.
 
-_FLOAT_12 = re.compile(r"""^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?
-                           |[-+]?\.(?:inf|Inf|INF)
-                           |\.(?:nan|NaN|NAN))$""", re.X)
-_INT_12 = re.compile(r"^[-+]?[0-9]+$")
-_BOOL_12 = re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$")
-_NULL_12 = re.compile(r"^(?:~|null|Null|NULL|)$")
-
-
-class _Dialect:
-    """YAML 1.2-core scalars and no duplicate keys, mixed into a PyYAML loader."""
-
-    def construct_mapping(self, node, deep=False):
-        if isinstance(node, yaml.MappingNode):
-            seen: set[Any] = set()
-            for key_node, _ in node.value:
-                key = self.construct_object(key_node, deep=True)
-                try:
-                    if key in seen:
-                        raise yaml.constructor.ConstructorError(
-                            None, None, f"duplicate key '{key}'", key_node.start_mark)
-                    seen.add(key)
-                except TypeError:
-                    pass  # unhashable key: construct_mapping reports it
-        return super().construct_mapping(node, deep=deep)
-
-    def construct_yaml_int(self, node):
-        return int(self.construct_scalar(node))
-
-    def construct_yaml_float(self, node):
-        text = self.construct_scalar(node).lower()
-        if text.endswith(".inf"):
-            return float(text.replace(".inf", "inf"))
-        if text == ".nan":
-            return float("nan")
-        return float(text)
-
-    def construct_yaml_bool(self, node):
-        return self.construct_scalar(node).lower() == "true"
-
-    @classmethod
-    def install(cls) -> None:
-        cls.yaml_implicit_resolvers = {}
-        cls.add_implicit_resolver("tag:yaml.org,2002:bool", _BOOL_12, list("tTfF"))
-        cls.add_implicit_resolver("tag:yaml.org,2002:int", _INT_12, list("-+0123456789"))
-        cls.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT_12, list("-+0123456789."))
-        cls.add_implicit_resolver("tag:yaml.org,2002:null", _NULL_12, ["~", "n", "N", ""])
-        cls.add_constructor("tag:yaml.org,2002:int", cls.construct_yaml_int)
-        cls.add_constructor("tag:yaml.org,2002:float", cls.construct_yaml_float)
-        cls.add_constructor("tag:yaml.org,2002:bool", cls.construct_yaml_bool)
-
-
-class _Loader(_Dialect, yaml.SafeLoader):
-    """Pure-Python reader: the reference, and the source of every syntax-error message (so
-    messages are the same whether or not libyaml is installed)."""
-
-
-_Loader.install()
-_FastLoader: type | None = None
-if getattr(yaml, "CSafeLoader", None) is not None:
-    class _FastLoader(_Dialect, yaml.CSafeLoader):  # type: ignore[no-redef]
-        """libyaml reader for the common case of a valid document (several times faster)."""
-
-    _FastLoader.install()
+_FLOAT_12 = textdoc.FLOAT_12
 
 
 class _FlowList(list):
@@ -157,72 +98,13 @@ def detect_format(text: str) -> str:
     return "json" if text.lstrip().startswith("{") else "yaml"
 
 
-def _reject_json_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not valid JSON")
-
-
-def _json_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise _DuplicateKey(key)
-        out[key] = value
-    return out
-
-
-class _DuplicateKey(Exception):
-    pass
-
-
-def _line_col(text: str, index: int) -> tuple[int, int]:
-    line = text.count("\n", 0, index) + 1
-    col = index - (text.rfind("\n", 0, index) + 1) + 1
-    return line, col
-
-
 def _parse_json(text: str, origin: str) -> Any:
-    try:
-        return json.loads(text, object_pairs_hook=_json_pairs,
-                          parse_constant=_reject_json_constant)
-    except json.JSONDecodeError as exc:
-        raise IRError(f"JSON syntax error: {exc.msg}", f"{origin}:{exc.lineno}:{exc.colno}",
-                      "the document starts with '{' so it is read as JSON") from None
-    except _DuplicateKey as exc:
-        raise IRError(f"duplicate key '{exc.args[0]}'", origin,
-                      "each key may appear once in a mapping") from None
-    except ValueError as exc:  # NaN / Infinity
-        raise IRError(str(exc), origin, "JSON numbers must be finite") from None
+    return textdoc.load_json(text, origin, IRError,
+                             "the document starts with '{' so it is read as JSON")
 
 
 def _parse_yaml(text: str, origin: str) -> Any:
-    if _FastLoader is not None:
-        try:
-            docs = list(yaml.load_all(text, Loader=_FastLoader))
-        except yaml.YAMLError:
-            pass  # read again below, for the reference message
-        else:
-            if len(docs) <= 1:
-                return docs[0] if docs else None
-    try:
-        docs = list(yaml.load_all(text, Loader=_Loader))
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        loc = f"{origin}:{mark.line + 1}:{mark.column + 1}" if mark else origin
-        what = exc.problem or "invalid YAML"
-        if what.startswith("duplicate key"):
-            raise IRError(what, loc, "each key may appear once in a mapping") from None
-        if exc.context:
-            what = f"{what} ({exc.context})"
-        raise IRError(f"YAML syntax error: {what}", loc,
-                      "check indentation, quoting and brackets near this position") from None
-    except yaml.reader.ReaderError as exc:
-        line, col = _line_col(text, exc.position)
-        char = exc.character if isinstance(exc.character, int) else ord(exc.character)
-        raise IRError(f"YAML syntax error: unacceptable character U+{char:04X} "
-                      f"({exc.reason})", f"{origin}:{line}:{col}",
-                      "a tile IR document is plain text") from None
-    except yaml.YAMLError as exc:  # pragma: no cover - other libyaml failures
-        raise IRError(f"YAML error: {' '.join(str(exc).split())}", origin) from None
+    docs = textdoc.load_yaml(text, origin, IRError)
     if len(docs) > 1:
         raise IRError(f"{len(docs)} YAML documents in one input, expected one", origin,
                       "a pipe carries one tile IR document; remove the '---' separators")
@@ -488,13 +370,40 @@ def dumps(module: Module, fmt: str = "yaml") -> str:
 # -- files -------------------------------------------------------------------------------
 
 def read_module(path: str = "-") -> Module:
-    """Read, parse and verify a tile IR document from a file or `-` (stdin)."""
+    """Read, parse and verify a tile IR document from a file or `-` (stdin).
+
+    The document and the files it names (`referenced_files`) are noted as inputs of the
+    running command, which never writes over them."""
+    from tilekit.fileio import note_input
     from tilekit.ir.verify import verify
 
     text, name = read_input_text(path, "IR")
     module = loads(text, origin=name)
     verify(module, origin=name)
+    for ref in referenced_files(module, path):
+        note_input(ref)
     return module
+
+
+def document_folder(ir_path: str | None) -> str:
+    """The folder relative paths in an IR document are relative to: the document's own, or
+    the working directory when it came through stdin (or goes to stdout)."""
+    if not ir_path or ir_path in ("-", "<stdin>", "<output>"):
+        return os.getcwd()
+    return os.path.dirname(os.path.abspath(ir_path))
+
+
+def referenced_files(module: Module, ir_path: str | None) -> list[str]:
+    """The files `module` names (weights sidecar, source model, a profile given by path),
+    resolved as the tools resolve them (see `document_folder`)."""
+    from tilekit.ir.names import is_profile_path
+
+    folder = document_folder(ir_path)
+    refs = [(module.weights or {}).get("file"), (module.source or {}).get("onnx")]
+    if isinstance(module.hardware, str) and is_profile_path(module.hardware):
+        refs.append(module.hardware)
+    return [os.path.join(folder, r) for r in refs if isinstance(r, str) and r
+            and "\x00" not in r]
 
 
 class InvalidOutputError(RuntimeError):
@@ -502,8 +411,10 @@ class InvalidOutputError(RuntimeError):
 
 
 def write_module(module: Module, output: str = "-", fmt: str | None = None,
-                 input_path: str | Iterable[str | None] | None = None) -> None:
-    """Verify `module`, then write it to `output` (`-` is stdout; files atomically).
+                 input_path: str | Iterable[str | None] | None = None,
+                 outputs: Any = None) -> None:
+    """Verify `module`, then write it to `output` (`-` is stdout; files atomically), or stage
+    it in `outputs` (a `tilekit.outputs.OutputSet` the caller commits with its other files).
 
     `fmt` is `yaml` (the default) or `json`. An invalid module is never written: that raises
     `InvalidOutputError`, which commands report as an internal error (exit 1).
@@ -512,7 +423,13 @@ def write_module(module: Module, output: str = "-", fmt: str | None = None,
 
     try:
         verify(module, origin="<output>")
+    except LimitError:
+        raise  # the input asked for more than a budget allows: bad input, not a bug
     except IRError as exc:
         raise InvalidOutputError(
             f"refusing to write an invalid tile IR document: {exc.message()}") from exc
-    write_output(output, dumps(module, fmt or "yaml"), input_path=input_path)
+    text = dumps(module, fmt or "yaml")
+    if outputs is not None:
+        outputs.put(output, text, f"-o {output}" if output != "-" else "-o")
+    else:
+        write_output(output, text, input_path=input_path)

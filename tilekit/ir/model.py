@@ -115,5 +115,15 @@ class Module:
 
 
 def default_kernels(ops: tuple[Op, ...]) -> tuple[Kernel, ...]:
-    """The explicit default schedule: one kernel per op, named after it."""
-    return tuple(Kernel(name=f"k_{op.name}", ops=(op.name,)) for op in ops)
+    """The explicit default schedule: one kernel per op, named after it (`k_<op>`; an op name
+    too long for the prefix is cut and numbered, so kernel names stay identifiers)."""
+    from tilekit.ir.names import MAX_NAME_LENGTH
+
+    kernels, used = [], set()
+    for index, op in enumerate(ops):
+        name = f"k_{op.name}"
+        if len(name) > MAX_NAME_LENGTH or name in used:
+            name = f"k_{op.name[:MAX_NAME_LENGTH - 12]}_{index}"
+        used.add(name)
+        kernels.append(Kernel(name=name, ops=(op.name,)))
+    return tuple(kernels)

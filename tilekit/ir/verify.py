@@ -17,22 +17,19 @@ import math
 import re
 from typing import Any, Mapping
 
+from tilekit import limits
 from tilekit.errors import ExprError, IRError, TilekitError
+from tilekit.ir.graph import op_analysis
 from tilekit.ir.keys import (OPAQUE_KEYS, STAGE_KEYS, WEIGHTS_KEYS, key_path, key_problem,
                              type_name, where)
-from tilekit.ir.graph import op_analysis
 from tilekit.ir.model import DTYPES, OP_KINDS, PAD_VALUES, ROLES, Kernel, Module, Op, Tensor
+from tilekit.ir.names import (check_name, hardware_problem, is_absolute_path,  # noqa: F401
+                              path_problem)
+from tilekit.expr.literals import check_expr_limits
 
-#: Tensor names: what an expression can name (specs/expressions.md, NAME).
-TENSOR_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_./:]*\Z")
 SHA256 = re.compile(r"[0-9a-f]{64}\Z")
 #: Roles whose tensors are given to the module rather than computed by an op.
 GIVEN_ROLES = ("input", "weight")
-
-
-def is_absolute_path(path: str) -> bool:
-    """POSIX or Windows absolute (`/x`, `C:\\x`, `\\\\server\\x`): not allowed in the IR."""
-    return path.startswith(("/", "\\")) or re.match(r"[A-Za-z]:[\\/]", path) is not None
 
 
 class _Verifier:
@@ -52,10 +49,15 @@ class _Verifier:
 
     def relative_path(self, value: Any, path: str, what: str) -> None:
         self.string(value, path, what)
-        if is_absolute_path(value):
-            raise self.fail(path, f"{what} '{value}' is an absolute path",
+        problem = path_problem(value, what)
+        if problem is not None:
+            raise self.fail(path, problem,
                             "the IR records paths relative to the document so that it "
                             "does not depend on the machine; write a relative path")
+
+    def name(self, value: Any, path: str, what: str) -> str:
+        """An identifier (tilekit.ir.names): every name that can reach generated code."""
+        return check_name(value, where(self.origin, path), what)
 
     def payload(self, value: Any, path: str) -> None:
         """JSON data: what YAML and JSON both write and read back unchanged."""
@@ -95,6 +97,7 @@ class _Verifier:
         """`section[index].name` is a string not used by an earlier entry; records it."""
         path = f"{section}[{index}].name"
         self.string(name, path, f"a{'n' if what[0] in 'aeio' else ''} {what} name")
+        self.name(name, path, f"{what} name")
         if name in seen:
             raise self.fail(path, f"duplicate {what} name '{name}' (also "
                             f"{section}[{seen[name]}])", f"{what} names must be unique")
@@ -121,12 +124,17 @@ class _Verifier:
     def run(self) -> None:
         m = self.m
         self.string(m.model, "model", "'model'")
+        self.name(m.model, "model", "model name")
         self.payload_mapping(m.source, "source", "'source'")
         if m.source and "onnx" in m.source:
             self.relative_path(m.source["onnx"], "source.onnx", "the source model")
         self.weights()
         if m.hardware is not None:
             self.string(m.hardware, "hardware", "'hardware'")
+            problem = hardware_problem(m.hardware)
+            if problem is not None:
+                raise self.fail("hardware", problem, "a profile name (tk-hw list), or a "
+                                "relative path to a profile's .yaml file")
         self.stages()
         self.tensors()
         self.interface()
@@ -175,10 +183,7 @@ class _Verifier:
             raise self.fail("tensors", f"'tensors' must be a mapping, got {type_name(tensors)}")
         for name, t in tensors.items():
             path = key_path("tensors", str(name))
-            if not isinstance(name, str) or not TENSOR_NAME.match(name):
-                raise self.fail(path, f"bad tensor name {name!r}",
-                                "names start with a letter or '_' and use letters, digits, "
-                                "'_', '.', '/', ':'")
+            self.name(name, path, "tensor name")
             if not isinstance(t, Tensor):
                 raise self.fail(path, f"expected a Tensor, got {type(t).__name__}")
             if not isinstance(t.shape, tuple):
@@ -190,6 +195,7 @@ class _Verifier:
                                     f"integer, got {type_name(d)} {d!r}",
                                     "shapes are static and non-empty: dynamic sizes and "
                                     "zero-size tensors are not supported")
+            limits.elements(t.shape, where(self.origin, f"{path}.shape"))
             if t.dtype not in DTYPES:
                 raise self.fail(f"{path}.dtype", f"unknown dtype {t.dtype!r}",
                                 _choices(t.dtype, DTYPES))
@@ -264,6 +270,10 @@ class _Verifier:
             raise self.fail(f"{path}.axes", f"'axes' must be a mapping, got "
                             f"{type_name(op.axes)}")
         for axis, extent in op.axes.items():
+            self.name(axis, key_path(f"{path}.axes", str(axis)), "axis name")
+            if type(extent) is int:
+                limits.TENSOR_ELEMENTS.check(extent, where(self.origin, key_path(
+                    f"{path}.axes", axis)), "the extent")
             if type(extent) is not int or extent < 1:
                 raise self.fail(key_path(f"{path}.axes", str(axis)), f"axis extent must be a "
                                 f"positive integer, got {type_name(extent)} {extent!r}")
@@ -282,6 +292,13 @@ class _Verifier:
             analysis = op_analysis(self.m, index, f"{path}.expr")
         except ExprError as exc:
             raise ExprError(exc.what, where(self.origin, exc.where), exc.hint) from None
+        try:
+            check_expr_limits(analysis.stmt, analysis,
+                              {n: t.dtype for n, t in self.m.tensors.items()})
+        except ExprError as exc:
+            col = f" {exc.where}" if exc.where and exc.where.startswith("col ") else ""
+            raise ExprError(exc.what, where(self.origin, f"{path}.expr{col}"),
+                            exc.hint) from None
         return analysis.inputs, (analysis.output,)
 
     def opaque_op(self, op: Op, path: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -330,6 +347,12 @@ class _Verifier:
     def opaque_shapes(self, entry: Any, ins: Any, outs: tuple[str, ...],
                       attrs: Mapping[str, Any], opath: str) -> None:
         specs = [(self.m.tensors[n].shape, self.m.tensors[n].dtype) if n else None for n in ins]
+        from tilekit.opaque import attrs_problem
+
+        problem = attrs_problem(entry.name, specs, attrs)
+        if problem is not None:
+            raise self.fail(key_path(f"{opath}.attrs", problem[0]),
+                            f"{entry.name} attribute '{problem[0]}' {problem[1]}")
         try:
             derived = entry.shapes(specs, attrs)
         except TilekitError as exc:

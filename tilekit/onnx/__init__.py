@@ -19,23 +19,21 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from tilekit import limits
 from tilekit.errors import TilekitError
-from tilekit.fileio import atomic_write
+from tilekit.fileio import read_bytes
 from tilekit.onnx.importer import Imported, import_model
+from tilekit.outputs import OutputSet
 
 __all__ = ["Imported", "import_model", "load_model", "load_model_bytes", "write_weights",
-           "attach_files"]
+           "stage_weights", "attach_files"]
 
 
 def load_model(path: str):
-    """Read an ONNX model from `path` (a TilekitError naming the file if it cannot be)."""
-    p = Path(path)
-    if not p.exists():
-        raise TilekitError("no such file", path, "check the path")
-    if p.is_dir():
-        raise TilekitError("is a directory, expected an .onnx file", path)
-    data = p.read_bytes()
-    return load_model_bytes(data, path, folder=str(p.parent))
+    """Read an ONNX model from `path` (a TilekitError naming the file if it cannot be), at most
+    `limits.MODEL_BYTES` bytes."""
+    data, name = read_bytes(path, limits.MODEL_BYTES, "ONNX model")
+    return load_model_bytes(data, name, folder=str(Path(path).parent) if path != "-" else None)
 
 
 def load_model_bytes(data: bytes, name: str, folder: str | None = None):
@@ -63,12 +61,35 @@ def load_model_bytes(data: bytes, name: str, folder: str | None = None):
                            "a model must declare its outputs")
     if folder is not None and _has_external_data(model):
         from onnx.external_data_helper import load_external_data_for_model
+        _check_external_sizes(model, folder, name)
         try:
             load_external_data_for_model(model, folder)
         except Exception as exc:  # noqa: BLE001 - missing or unreadable external file
             raise TilekitError(f"cannot load external data: {_first_line(exc)}", name,
                                "keep the external data files next to the model") from None
     return model
+
+
+def _check_external_sizes(model, folder: str, name: str) -> None:
+    """External tensor data is read whole: what it would read (each tensor's `length`, else
+    the rest of its file) must be within `limits.TOTAL_BYTES` before anything is loaded.
+    (onnx itself refuses absolute paths, paths leaving the folder, links and non-files.)"""
+    from onnx import TensorProto
+
+    total = 0
+    for t in model.graph.initializer:
+        if t.data_location != TensorProto.EXTERNAL:
+            continue
+        info = {e.key: e.value for e in t.external_data}
+        path = os.path.join(folder, info.get("location", ""))
+        try:
+            size = os.stat(path).st_size if os.path.isfile(path) else 0
+            offset = int(info.get("offset", 0) or 0)
+            length = int(info["length"]) if info.get("length") else size - offset
+        except (OSError, ValueError):
+            continue  # onnx reports the file or the field
+        total += max(0, min(length, size - offset))
+        limits.TOTAL_BYTES.check(total, name, "the model's external data")
 
 
 def _has_external_data(model) -> bool:
@@ -82,16 +103,30 @@ def _first_line(exc: BaseException) -> str:
 
 
 def write_weights(path: str, weights: Mapping[str, np.ndarray]) -> str:
-    """Write the weights sidecar atomically and return its sha256.
+    """Write the weights sidecar atomically and return its sha256 (see `stage_weights`)."""
+    with OutputSet() as out:
+        digest = stage_weights(out, path, weights)
+        out.commit()
+    return digest
+
+
+def stage_weights(out: OutputSet, path: str, weights: Mapping[str, np.ndarray],
+                  follow_links: bool = True) -> str:
+    """Stage the weights sidecar in `out` and return its sha256.
 
     An `.npz` readable by `numpy.load`: members `<name>.npy` in sorted name order, stored
     uncompressed with a fixed timestamp (numpy.savez stamps the current time), so the same
-    weights always give the same bytes. Arrays are streamed, never copied whole.
+    weights always give the same bytes. Arrays are streamed, never copied whole; their total
+    size is checked against `limits.TOTAL_BYTES` first.
     """
-    with atomic_write(path, f"--weights {path}") as fh:
-        _write_npz(fh, weights)
+    where = f"--weights {path}"
+    limits.TOTAL_BYTES.check(sum(int(np.asarray(w).nbytes) for w in weights.values()), where,
+                             "the weights")
     digest = hashlib.sha256()
-    with open(path, "rb") as fh:
+    with out.open(path, where, follow_links) as fh:
+        _write_npz(fh, weights)
+        fh.flush()
+        fh.seek(0)
         for block in iter(lambda: fh.read(1 << 22), b""):
             digest.update(block)
     return digest.hexdigest()
@@ -120,18 +155,24 @@ def _relative(path: str, folder: str) -> str:
 
 def attach_files(imported: Imported, *, ir_folder: str, weights_path: str,
                  onnx_path: str | None, onnx_sha256: str,
-                 options: Mapping[str, Any], write: bool = True) -> Imported:
-    """Write the weights sidecar (when there are weights; with `write=False` only its
-    checksum is computed) and record in the module `source` and `weights` (paths relative to
-    `ir_folder`, checksums) and the `import` stage."""
+                 options: Mapping[str, Any], outputs: OutputSet | None = None,
+                 follow_links: bool = True, write: bool = True) -> Imported:
+    """Write the weights sidecar (when there are weights; staged in `outputs` when given, for
+    the caller to commit with the IR; with `write=False` only its checksum is computed) and
+    record in the module `source` and `weights` (paths relative to `ir_folder`, checksums) and
+    the `import` stage."""
     module = imported.module
     source = {"onnx": _relative(onnx_path, ir_folder)} if onnx_path else {}
     source["sha256"] = onnx_sha256
     source.update(module.source or {})
     weights_ref = None
     if imported.weights:
-        digest = (write_weights(weights_path, imported.weights) if write
-                  else weights_sha256(imported.weights))
+        if not write:
+            digest = weights_sha256(imported.weights)
+        elif outputs is None:
+            digest = write_weights(weights_path, imported.weights)
+        else:
+            digest = stage_weights(outputs, weights_path, imported.weights, follow_links)
         weights_ref = {"file": _relative(weights_path, ir_folder), "sha256": digest}
     module = replace(module, source=source, weights=weights_ref)
     module = module.with_stage("import", **dict(options))

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
 
-from tilekit.errors import UnsupportedError
+from tilekit.errors import UnsupportedError, excerpt
 from tilekit.onnx import text
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -64,6 +64,39 @@ class NodeContext:
     def attr(self, name: str, default: Any = None) -> Any:
         self._used_attrs.add(name)
         return self.attrs.get(name, default)
+
+    def axis(self, name: str, default: int, rank: int, inclusive: bool = False) -> int:
+        """Attribute `name`, an axis of a rank-`rank` tensor (`inclusive`: a position in
+        [0, rank], as Flatten's), normalised to be non-negative. An axis out of range is
+        bad input, never wrapped around."""
+        value = self.attr(name, default)
+        top = rank + 1 if inclusive else rank
+        if type(value) is not int or not -top <= value < top or (inclusive and value == -top):
+            raise self.unsupported(f"attribute '{name}' is {excerpt(value)}, not an axis of a "
+                                   f"rank-{rank} tensor", f"use an integer in [{-rank}, "
+                                   f"{rank if inclusive else rank - 1}]")
+        return value % top if value < 0 else value
+
+    def flag(self, name: str, default: int) -> int:
+        """A 0/1 attribute (`keepdims`, `transA`, ...); any other value is bad input."""
+        value = self.attr(name, default)
+        if value not in (0, 1) or type(value) not in (int, bool):
+            raise self.unsupported(f"attribute '{name}' is {excerpt(value)}, not 0 or 1")
+        return int(value)
+
+    def axes_in(self, values: Any, rank: int, what: str = "axes") -> list[int]:
+        """A list of axes of a rank-`rank` tensor, each checked and normalised (in order,
+        duplicates refused)."""
+        out: list[int] = []
+        for value in list(values):
+            value = int(value) if isinstance(value, (int, np.integer)) else value
+            if type(value) is not int or not -rank <= value < rank:
+                raise self.unsupported(f"{what} holds {excerpt(value)}, not an axis of a "
+                                       f"rank-{rank} tensor")
+            if value % rank in out:
+                raise self.unsupported(f"{what} names axis {value % rank} twice")
+            out.append(value % rank)
+        return out
 
     @property
     def n_inputs(self) -> int:
@@ -203,7 +236,8 @@ class NodeContext:
     # -- errors --------------------------------------------------------------------------
     def unsupported(self, what: str, hint: str | None = None) -> UnsupportedError:
         return UnsupportedError(f"{self.op_type} (opset {self.opset}): {what}",
-                                f"node {self.index} '{self.origin}'", hint)
+                                f"node {self.index} '{excerpt(self.origin, 60, quote=False)}'",
+                                hint)
 
     def check_attrs(self, allowed: Sequence[str] = ()) -> None:
         """Refuse attributes this converter does not implement (never silently ignore one)."""

@@ -18,9 +18,11 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 import onnx
-from onnx import NodeProto, TensorProto, helper, numpy_helper
+from onnx import NodeProto, helper, numpy_helper
 
-from tilekit.errors import TilekitError, UnsupportedError
+from tilekit import limits
+from tilekit.errors import TilekitError, UnsupportedError, excerpt
+from tilekit.onnx.dtypes import ONNX_DTYPES, elem_type_name
 from tilekit.onnx.names import sanitize
 
 #: Ops that must never be folded: their value is not a function of their inputs.
@@ -65,6 +67,7 @@ def _constant_of_shape(node, ins, attrs, opset):
     value = attrs.get("value")
     fill = np.asarray(value).reshape(-1) if value is not None else np.zeros(1, np.float32)
     shape = tuple(int(d) for d in np.asarray(ins[0]).reshape(-1))
+    limits.elements(shape, None, "a ConstantOfShape fill")
     # A read-only broadcast view: a 100 MB fill costs no memory until it is written out.
     return [np.broadcast_to(fill[:1].reshape(()), shape)]
 
@@ -147,6 +150,41 @@ FAST: dict[str, Callable] = {
 }
 
 
+def predicted_elements(node: NodeProto, inputs: Arrays) -> int | None:
+    """The element count of the largest output of a node that can make more data than it
+    reads (a fill, a broadcast, a repetition, a range), from its constant inputs, or None.
+    Folding checks it against `limits.TENSOR_ELEMENTS` before allocating anything."""
+    try:
+        if node.op_type in ("ConstantOfShape", "Expand", "Tile") and len(inputs) >= 1:
+            if node.op_type == "ConstantOfShape":
+                return _product(np.asarray(inputs[0]).reshape(-1))
+            given = np.asarray(inputs[1]).reshape(-1) if len(inputs) > 1 else None
+            shape = list(np.shape(inputs[0]))
+            if given is None:
+                return None
+            if node.op_type == "Tile":
+                return _product([d * r for d, r in zip(shape, given)])
+            rank = max(len(shape), len(given))
+            shape = [1] * (rank - len(shape)) + shape
+            wide = [1] * (rank - len(given)) + [int(g) for g in given]
+            return _product([max(a, b) for a, b in zip(shape, wide)])
+        if node.op_type == "Range" and len(inputs) == 3:
+            start, stop, step = (float(np.asarray(v).reshape(-1)[0]) for v in inputs)
+            if step == 0 or not all(map(np.isfinite, (start, stop, step))):
+                return None
+            return max(0, int(np.ceil((stop - start) / step)))
+    except (TypeError, ValueError, OverflowError, IndexError):
+        return None
+    return None
+
+
+def _product(dims) -> int:
+    n = 1
+    for d in dims:
+        n *= max(int(d), 0)
+    return n
+
+
 def evaluate(node: NodeProto, inputs: Arrays, opset: int) -> list[np.ndarray]:
     """The outputs of `node` on constant `inputs` (None for an absent optional input)."""
     attrs = attributes(node)
@@ -174,13 +212,6 @@ def _reference(node: NodeProto, inputs: Arrays, opset: int) -> list[np.ndarray]:
 # -- whole-graph shapes ------------------------------------------------------------------
 
 #: ONNX element types the tile IR can hold.
-ONNX_DTYPES = {
-    TensorProto.FLOAT: "float32", TensorProto.FLOAT16: "float16",
-    TensorProto.BFLOAT16: "bfloat16", TensorProto.DOUBLE: "float64",
-    TensorProto.INT64: "int64", TensorProto.INT32: "int32", TensorProto.INT16: "int16",
-    TensorProto.INT8: "int8", TensorProto.UINT8: "uint8", TensorProto.BOOL: "bool",
-}
-
 #: Ops whose output shape depends on input values: importable only when folded.
 _DATA_DEPENDENT_SHAPES = frozenset({"NonZero", "Unique", "NonMaxSuppression", "Compress",
                                     "StringSplit", "RandomNormalLike"})
@@ -206,7 +237,8 @@ class ShapeFolding:
     tensor has a static shape.
 
     A base of `Importer`, whose state it reads and fills: `model`, `graph`, `nodes`,
-    `input_names`, `graph_outputs`, `shape_overrides`, `opset` (read); `types`, `consts`,
+    `input_names`, `graph_outputs`, `shape_overrides`, `opset`, `lenient` (read); `types`,
+    `consts`, `strict_failure`,
     `folded`, `warnings` (filled); `_unsupported_op(index, node)` makes the error for a node
     without a converter.
     """
@@ -250,7 +282,7 @@ class ShapeFolding:
             if elem not in ONNX_DTYPES:
                 raise UnsupportedError(
                     f"graph input '{vi.name}' has element type "
-                    f"{helper.tensor_dtype_to_string(elem)}", "graph.input",
+                    f"{elem_type_name(elem)}", "graph.input",
                     f"supported element types: {', '.join(sorted(set(ONNX_DTYPES.values())))}")
             if shape is None or any(d is None or d <= 0 for d in shape):
                 dims = vi.type.tensor_type.shape.dim if shape is not None else []
@@ -269,8 +301,15 @@ class ShapeFolding:
         try:
             inferred = onnx.shape_inference.infer_shapes(model, check_type=True,
                                                          strict_mode=True, data_prop=True)
-        except Exception as exc:  # noqa: BLE001 - fall back to lenient inference below
-            self.warnings.append(f"strict shape inference failed ({_first_line(exc)}); "
+        except Exception as exc:  # noqa: BLE001 - refused, or lenient inference below
+            self.strict_failure = _first_line(exc)[:300]
+            if not self.lenient and _declared_shapes_contradict(model):
+                raise UnsupportedError("a declared shape contradicts the model's ops (ONNX's "
+                                       f"strict shape inference: {self.strict_failure})",
+                                       "model", "fix the model's declared output and "
+                                       "value_info shapes, or pass --lenient-shapes to trust "
+                                       "them") from None
+            self.warnings.append(f"strict shape inference failed ({self.strict_failure}); "
                                  "using lenient inference")
             try:
                 inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
@@ -282,6 +321,8 @@ class ShapeFolding:
             typ = type_of(vi)
             if typ is None:
                 continue
+            if typ[0] is not None and None not in typ[0]:
+                limits.elements(typ[0], f"tensor '{excerpt(vi.name, quote=False)}'")
             old = self.types.get(vi.name)
             if old is None or old[0] is None or (typ[0] is not None and None not in typ[0]):
                 self.types[vi.name] = typ
@@ -348,10 +389,35 @@ class ShapeFolding:
         if any(n not in self.consts for n in ins):
             return None
         inputs = [self.consts[n] if n else None for n in node.input]
+        self._check_fold_budget(node, inputs)
         try:
-            return evaluate(node, inputs, self.opset)
+            results = evaluate(node, inputs, self.opset)
+        except limits.LimitError as exc:
+            raise limits.LimitError(exc.what, self._node_where(node), exc.hint) from None
         except Exception:  # noqa: BLE001 - an op the evaluators cannot fold is converted
             return None
+        for array in results:
+            self._folded_bytes += array.nbytes
+            limits.TOTAL_BYTES.check(self._folded_bytes, self._node_where(node),
+                                     "the constants folded so far")
+        return results
+
+    def _node_where(self, node: onnx.NodeProto) -> str:
+        index = self.nodes.index(node)
+        return f"node {index} '{excerpt(node.name or f'{node.op_type}_{index}', quote=False)}'"
+
+    def _check_fold_budget(self, node: onnx.NodeProto, inputs: Arrays) -> None:
+        """Refuse, before evaluating it, a fold whose result would be over the tensor size
+        budget: from inferred output shapes, else from the op's own arithmetic."""
+        sizes = [predicted_elements(node, inputs) or 0]
+        for name in node.output:
+            typ = self.types.get(name)
+            if typ is not None and typ[0] is not None and None not in typ[0]:
+                sizes.append(_product(typ[0]))
+        if max(sizes) > limits.TENSOR_ELEMENTS.value:
+            raise limits.TENSOR_ELEMENTS.error(f"the folded value of {node.op_type} "
+                                               f"({max(sizes):,} elements)",
+                                               self._node_where(node))
 
     def _static_shape(self, name: str) -> tuple[int, ...] | None:
         if name in self.consts:
@@ -394,6 +460,25 @@ class ShapeFolding:
         out = helper.make_model(graph, opset_imports=list(model.opset_import))
         out.ir_version = max(model.ir_version, 4)
         return out
+
+
+def _declared_shapes_contradict(model: onnx.ModelProto) -> bool:
+    """Whether strict inference, which failed on `model`, succeeds once the declared shapes
+    of graph outputs and `value_info` are dropped: then those declarations contradict the
+    ops (a Softmax over [2, 20] declared [2, 1]), rather than ONNX failing on something else
+    (some function ops fail strict inference in any model)."""
+    bare = onnx.ModelProto()
+    bare.CopyFrom(model)
+    del bare.graph.value_info[:]
+    for out in bare.graph.output:
+        if out.type.HasField("tensor_type"):
+            out.type.tensor_type.ClearField("shape")
+    try:
+        onnx.shape_inference.infer_shapes(bare, check_type=True, strict_mode=True,
+                                          data_prop=True)
+    except Exception:  # noqa: BLE001 - it fails for another reason too
+        return False
+    return True
 
 
 def _first_line(exc: BaseException) -> str:

@@ -23,18 +23,21 @@ the files in the module. Steps 1-3 live in `tilekit.onnx.fold` (`ShapeFolding`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, replace
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from tilekit.errors import TilekitError, UnsupportedError
+from tilekit import limits
+from tilekit.errors import TilekitError, UnsupportedError, excerpt
 from tilekit.ir.graph import op_tensors
 from tilekit.ir.model import Module, Op, Tensor, default_kernels
 from tilekit.onnx import fold, text
-from tilekit.onnx.fold import ONNX_DTYPES, ShapeFolding
+from tilekit.onnx.dtypes import ONNX_DTYPES, elem_type_name
+from tilekit.onnx.fold import ShapeFolding
 from tilekit.onnx.context import NodeContext, Value
 from tilekit.onnx.names import NameTable, sanitize
 
@@ -61,10 +64,12 @@ class Imported:
 
 
 def import_model(model: onnx.ModelProto, *, name: str = "model",
-                 shapes: Mapping[str, Sequence[int]] | None = None) -> Imported:
+                 shapes: Mapping[str, Sequence[int]] | None = None,
+                 lenient: bool = False) -> Imported:
     """Convert an ONNX model to a tile-IR module. `shapes` overrides graph-input shapes
-    (keyed by ONNX name or by its sanitised form)."""
-    return Importer(model, name, shapes or {}).run()
+    (keyed by ONNX name or by its sanitised form). A model that ONNX's strict shape
+    inference refuses is bad input, unless `lenient` (then lenient inference, a warning)."""
+    return Importer(model, name, shapes or {}, lenient).run()
 
 
 def _opset_of(model: onnx.ModelProto) -> int:
@@ -80,8 +85,10 @@ def _opset_of(model: onnx.ModelProto) -> int:
 class Importer(ShapeFolding):
     """One import: mutable while it runs, producing an immutable `Imported`."""
 
-    def __init__(self, model: onnx.ModelProto, name: str, shapes: Mapping[str, Sequence[int]]):
+    def __init__(self, model: onnx.ModelProto, name: str, shapes: Mapping[str, Sequence[int]],
+                 lenient: bool = False):
         self.model = model
+        self.lenient = lenient
         self.graph = model.graph
         self.model_name = name
         self.opset = _opset_of(model)
@@ -96,6 +103,10 @@ class Importer(ShapeFolding):
         self.weights: dict[str, np.ndarray] = {}
         self.ops: list[Op] = []
         self.folded: set[int] = set()
+        self._folded_bytes = 0
+        #: Why ONNX's strict shape inference refused the model (None: it did not), for the
+        #: message when a node cannot be converted.
+        self.strict_failure: str | None = None
         self.absorbed: set[int] = set()
         self.warnings: list[str] = []
         self.graph_outputs = [o.name for o in self.graph.output]
@@ -109,6 +120,7 @@ class Importer(ShapeFolding):
 
     # -- the steps -----------------------------------------------------------------------
     def run(self) -> Imported:
+        self._check_names()
         self._check_nodes()
         if self.opset > TESTED_OPSETS[1]:
             self.warnings.append(f"the model uses opset {self.opset}; the converters are "
@@ -122,6 +134,60 @@ class Importer(ShapeFolding):
         self._convert()
         self._finish_outputs()
         return self._build()
+
+    def _check_names(self) -> None:
+        """Every ONNX tensor name is defined once: graph inputs, initializers (which may
+        give a graph input its default) and node outputs. A duplicate makes the graph
+        ambiguous, whichever definition a converter would pick."""
+        defined: dict[str, str] = {}
+
+        def define(name: str, what: str) -> None:
+            if name in defined:
+                raise UnsupportedError(f"tensor name '{excerpt(name, quote=False)}' is "
+                                       f"defined twice ({defined[name]}, {what})", "graph",
+                                       "each tensor of an ONNX graph has one producer; "
+                                       "check the model with onnx.checker")
+            defined[name] = what
+
+        for i, vi in enumerate(self.graph.input):
+            define(vi.name, f"graph input {i}")
+        inputs = set(defined)
+        for i, init in enumerate(self.graph.initializer):
+            if init.name in inputs:  # the default value of that graph input
+                inputs.discard(init.name)
+                continue
+            define(init.name, f"initializer {i}")
+        for index, node in enumerate(self.nodes):
+            for name in node.output:
+                if name:
+                    define(name, f"output of node {index} ({excerpt(node.op_type, quote=False)})")
+        self._check_declared_sizes()
+
+    def _check_declared_sizes(self) -> None:
+        """Before ONNX's shape inference sees the model (it allocates from declared shapes:
+        an Expand whose shape input is declared with 2^40 elements makes it build a shape of
+        rank 2^40): every declared shape and initializer within the tensor budget and rank,
+        and every input that gives an output's rank (a shape input) at most `MAX_RANK` long."""
+        declared: dict[str, tuple[int, ...]] = {}
+        for vi in list(self.graph.input) + list(self.graph.output) + list(self.graph.value_info):
+            typ = fold.type_of(vi)
+            if typ is not None and typ[0] is not None:
+                dims = tuple(d for d in typ[0] if d is not None)
+                limits.elements(dims, f"tensor '{excerpt(vi.name, quote=False)}'")
+                declared[vi.name] = typ[0]
+        for init in self.graph.initializer:
+            limits.elements(tuple(init.dims), f"initializer '{excerpt(init.name, quote=False)}'")
+            declared[init.name] = tuple(init.dims)
+        for index, node in enumerate(self.nodes):
+            for position in _SHAPE_INPUTS.get(node.op_type, ()):
+                name = node.input[position] if position < len(node.input) else ""
+                dims = declared.get(name)
+                if dims and dims[0] is not None and dims[0] > limits.MAX_RANK:
+                    raise limits.LimitError(
+                        f"input {position} of {node.op_type} gives a rank of {dims[0]:,}, more "
+                        f"than {limits.MAX_RANK}", f"node {index} "
+                        f"'{excerpt(node.name or node.op_type, 60, quote=False)}'",
+                        "tilekit handles tensors of rank 64 or less")
 
     def _check_nodes(self) -> None:
         """Refuse early what no amount of folding can make convertible: foreign domains and
@@ -149,8 +215,8 @@ class Importer(ShapeFolding):
     def _initializer(self, init: onnx.TensorProto) -> np.ndarray:
         if init.data_type not in ONNX_DTYPES:
             raise UnsupportedError(
-                f"initializer '{init.name}' has element type "
-                f"{helper.tensor_dtype_to_string(init.data_type)}", "graph.initializer",
+                f"initializer '{excerpt(init.name, quote=False)}' has element type "
+                f"{elem_type_name(init.data_type)}", "graph.initializer",
                 f"supported element types: {', '.join(sorted(set(ONNX_DTYPES.values())))}")
         try:
             return numpy_helper.to_array(init)
@@ -194,8 +260,44 @@ class Importer(ShapeFolding):
             if entry is None:
                 raise self._unsupported_op(index, node)
             ctx = NodeContext(self, node, index, fold.attributes(node))
-            entry.convert(ctx)
+            try:
+                entry.convert(ctx)
+            except TilekitError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - a malformed node (or a converter bug)
+                raise self._malformed(f"node {index} '{excerpt(ctx.origin, 60, quote=False)}'",
+                                      f"cannot convert the node ({type(exc).__name__}: "
+                                      f"{excerpt(str(exc), 80, quote=False)})") from None
             ctx.check_attrs(entry.ignore)
+
+    def _malformed(self, where: str, what: str) -> UnsupportedError:
+        """A node that converts to nothing valid: its attributes or types contradict each
+        other (ONNX's own checks miss some, e.g. `keepdims: 2**40` with a declared shape)."""
+        if self.strict_failure is not None:
+            hint = (f"the model fails ONNX's strict shape inference ({self.strict_failure}); "
+                    "check it with onnx.checker")
+        else:
+            hint = ("check the node's attributes and shapes; if the model is valid, this is a "
+                    "tilekit bug: please report it (--debug shows the traceback)")
+        return UnsupportedError(what, where, hint)
+
+    def _verify_built(self, module: Module) -> None:
+        """Check the module before it leaves the importer; what fails is reported as bad
+        input at the node the op came from (see `_malformed`)."""
+        from tilekit.ir.verify import verify
+
+        placeholder = {"file": "weights.npz", "sha256": "0" * 64}  # attach_files sets it
+        try:
+            verify(replace(module, weights=placeholder) if self.weights else module)
+        except TilekitError as exc:
+            where = exc.where or ""
+            found = re.match(r"ops\[(\d+)\]", where)
+            if found and int(found.group(1)) < len(module.ops):
+                origin = module.ops[int(found.group(1))].origin or "?"
+                where = f"node '{excerpt(origin, 60, quote=False)}' ({where})"
+            if isinstance(exc, limits.LimitError):
+                raise limits.LimitError(exc.what, where, exc.hint) from None
+            raise self._malformed(where, f"converts to an invalid op: {exc.what}") from None
 
     def value(self, onnx_name: str) -> Value:
         """The Value an ONNX tensor name stands for (a constant, an alias or a tensor)."""
@@ -233,8 +335,8 @@ class Importer(ShapeFolding):
         typ = self.types.get(onnx_name)
         elem = typ[1] if typ else 0
         if elem not in ONNX_DTYPES:
-            what = (f"tensor '{onnx_name}' has element type "
-                    f"{helper.tensor_dtype_to_string(elem) if elem else 'unknown'}")
+            what = (f"tensor '{excerpt(onnx_name, quote=False)}' has element type "
+                    f"{elem_type_name(elem) if elem else 'unknown'}")
             hint = f"supported element types: {', '.join(sorted(set(ONNX_DTYPES.values())))}"
             if ctx is not None:
                 raise ctx.unsupported(what, hint)
@@ -270,6 +372,7 @@ class Importer(ShapeFolding):
 
     def materialize(self, value: Value) -> None:
         if value.name not in self.weights:
+            _check_shape(value)
             self.weights[value.name] = value.const
             self.tensors.setdefault(value.name, Tensor(value.shape, value.dtype, "weight"))
 
@@ -283,6 +386,7 @@ class Importer(ShapeFolding):
 
     def _declare(self, value: Value) -> None:
         if value.name not in self.tensors:
+            _check_shape(value)
             self.tensors[value.name] = Tensor(tuple(value.shape), value.dtype)
 
     def _op_name(self, ctx: NodeContext, step: str | None) -> str:
@@ -372,7 +476,23 @@ class Importer(ShapeFolding):
         module = Module(model=self.model_name, tensors=tensors, ops=ops, inputs=tuple(inputs),
                         outputs=tuple(self.output_names), kernels=default_kernels(ops),
                         source=source or None)
+        self._verify_built(module)
         return Imported(module, weights, tuple(self.warnings))
+
+
+#: Inputs whose length is the rank of an output (ONNX shape inference builds that shape).
+_SHAPE_INPUTS = {"Expand": (1,), "Reshape": (1,), "ConstantOfShape": (0,), "Tile": (1,),
+                 "Unsqueeze": (1,), "Resize": (3,)}
+
+
+def _check_shape(value: Value) -> None:
+    """A tensor of the module: static, non-empty and within `limits.TENSOR_ELEMENTS`."""
+    if any(int(d) < 1 for d in value.shape):
+        raise UnsupportedError(f"tensor '{value.name}' has shape {list(value.shape)}, with a "
+                               "zero or negative dimension", "graph",
+                               "tilekit needs non-empty static shapes")
+    limits.elements(value.shape, f"tensor '{value.name}'")
+
 
 
 def _live_ops(ops: list[Op], outputs: set[str]) -> list[Op]:

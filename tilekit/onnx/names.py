@@ -6,7 +6,9 @@ outside that set becomes `_`, runs of `_` collapse, and a leading digit gets a `
 (`gpu_0/data_0` -> `gpu_0_data_0`, `1234` -> `t1234`). When two ONNX names sanitise to the same
 text, the later one (in graph order: inputs, initializers, node outputs) gets `_1`, `_2`, ...
 Derived names (`<name>_max`, `<name>_conv`) go through the same table, so they never collide
-with a sanitised ONNX name either.
+with a sanitised ONNX name either. Names are cut to `MAX_BASE` characters before the suffix
+that makes them unique, so every name stays within the IR's identifier grammar
+(`tilekit.ir.names`, at most 120 characters) even with the `k_` of a kernel name.
 """
 
 from __future__ import annotations
@@ -14,11 +16,13 @@ from __future__ import annotations
 import re
 
 _BAD = re.compile(r"[^A-Za-z0-9_]+")
+#: The longest sanitised name before a uniqueness suffix (`_12`) and a `k_` prefix.
+MAX_BASE = 100
 
 
 def sanitize(text: str, fallback: str = "t") -> str:
     """`text` as a readable identifier (not yet unique)."""
-    name = _BAD.sub("_", text)
+    name = _BAD.sub("_", text[:4 * MAX_BASE])
     name = re.sub(r"_+", "_", name)
     if len(name) > 1:
         name = name.strip("_") or name
@@ -26,7 +30,7 @@ def sanitize(text: str, fallback: str = "t") -> str:
         return fallback
     if name[0].isdigit():
         name = f"{fallback}{name}"
-    return name
+    return name[:MAX_BASE]
 
 
 class NameTable:

@@ -130,6 +130,15 @@ def nest(op: str, items: Sequence[str]) -> str:
     return f"{op}({nest(op, items[:mid])}, {nest(op, items[mid:])})"
 
 
+def balanced_sum(items: Sequence[str]) -> str:
+    """`(a + b) + (c + d)`: a sum of several operands as a balanced tree, so that its
+    nesting depth (bounded by `limits.EXPR_DEPTH`) grows with log(n), not n."""
+    if len(items) <= 2:
+        return " + ".join(items)
+    mid = (len(items) + 1) // 2
+    return f"({balanced_sum(items[:mid])}) + ({balanced_sum(items[mid:])})"
+
+
 def select_by_range(axis: str, starts: Sequence[int], items: Sequence[str]) -> str:
     """The item whose range holds `axis`: item k covers `starts[k] <= axis < starts[k+1]`.
 

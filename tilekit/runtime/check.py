@@ -25,7 +25,8 @@ from typing import Mapping
 
 import numpy as np
 
-from tilekit.errors import TilekitError
+from tilekit import limits
+from tilekit.errors import TilekitError, excerpt
 from tilekit.ir.graph import graph
 from tilekit.ir.model import Module
 from tilekit.runtime.io import resolve_sidecar
@@ -172,7 +173,7 @@ def onnx_names(module: Module) -> tuple[dict[str, str], dict[str, str]]:
 def onnxruntime_reference(module: Module, inputs: Mapping[str, np.ndarray],
                           folder: Path) -> Reference:
     """Run the module's source ONNX model with onnxruntime (CPU) on the same inputs."""
-    path = resolve_sidecar(module.source or {}, "onnx", folder, "source")
+    path = resolve_sidecar(module.source or {}, "onnx", folder, "source", limits.MODEL_BYTES)
     try:
         import onnxruntime as ort
     except ImportError:
@@ -180,11 +181,12 @@ def onnxruntime_reference(module: Module, inputs: Mapping[str, np.ndarray],
                            "installed", "--check",
                            "pip install onnxruntime (or pip install -e '.[test]')") from None
     options = ort.SessionOptions()
-    options.log_severity_level = 3
+    options.log_severity_level = 4  # fatal only: a failure is reported as one line below
     try:
         session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own exception types
-        raise TilekitError(f"onnxruntime cannot load '{path.name}': {exc}", "source.onnx",
+        raise TilekitError(f"onnxruntime cannot load '{path.name}': "
+                           f"{excerpt(str(exc), 200, quote=False)}", "source.onnx",
                            "check the model with onnx.checker") from None
     in_names, out_names = onnx_names(module)
     model_inputs = {i.name for i in session.get_inputs()}
@@ -201,7 +203,12 @@ def onnxruntime_reference(module: Module, inputs: Mapping[str, np.ndarray],
         raise TilekitError(f"outputs {missing} are not outputs of '{path.name}'", "source",
                            "the IR does not match its source model: re-run tk-import")
     wanted = list(out_names.values())
-    results = session.run(wanted, feed)
+    try:
+        results = session.run(wanted, feed)
+    except Exception as exc:  # noqa: BLE001 - the source model is not runnable as given
+        raise TilekitError(f"onnxruntime cannot run '{path.name}': "
+                           f"{excerpt(str(exc), 200, quote=False)}", "source.onnx",
+                           "check the model with onnx.checker, or drop --check") from None
     return Reference(f"onnxruntime {ort.__version__} on {path.name}",
                      {ir: np.asarray(r) for ir, r in zip(out_names, results)})
 

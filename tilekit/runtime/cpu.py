@@ -70,9 +70,16 @@ def run_op_whole(step: Step, env: Mapping[str, np.ndarray]) -> list[np.ndarray]:
 
 def run_opaque(step: Step, env: Mapping[str, np.ndarray]) -> list[np.ndarray]:
     """Run an opaque op through its registry implementation (the same in every mode)."""
+    from tilekit.opaque import check_indices
+
     spec = step.op.opaque
     args = [env[name] if name else None for name in spec.get("inputs", ())]
-    results = step.impl.run(args, dict(spec.get("attrs") or {}))
+    attrs = dict(spec.get("attrs") or {})
+    try:
+        check_indices(step.impl.name, args, attrs)
+    except TilekitError as exc:
+        raise exc.located(step.where) from None
+    results = step.impl.run(args, attrs)
     return list(results)
 
 

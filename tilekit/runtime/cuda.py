@@ -98,6 +98,9 @@ class CudaProgram:
         if not module.codegen:
             from tilekit.codegen.module import generate
             module = generate(module).module
+        else:  # recorded sources are input: compiled only if tk-codegen would write them
+            from tilekit.codegen.recorded import check_recorded_kernels
+            check_recorded_kernels(module)
         section = CodegenSection.read(module.codegen)
         self._check_helpers(section)
         self._check_shared_memory(section)

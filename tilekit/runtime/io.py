@@ -3,10 +3,14 @@
 Everything here raises `TilekitError` (exit 2) with the flag or file at fault and a hint:
 a run never starts on data that does not match the module.
 
+- budget: every tensor of a run together within `limits.TOTAL_BYTES`, checked before
+  anything is allocated (`check_run_budget`);
 - weights: the sidecar `.npz` named by `module.weights`, checksum verified before it is read,
-  every weight tensor present with its declared shape and dtype;
+  every weight tensor present with its declared shape and dtype, checked from each member's
+  header before its data is read (`tilekit.runtime.arrays`);
 - inputs: `--input NAME=@file.npy`, `--input NAME=1,2,3`, `--inputs file.npz`, or random with
-  `--seed`; names, shapes, dtypes and finiteness checked against the module;
+  `--seed`; names, shapes, dtypes, integer ranges and finiteness checked against the module;
+  random index inputs stay within the extent they index;
 - outputs: a deterministic `.npz` (fixed member order and timestamps) written atomically.
 """
 
@@ -16,14 +20,16 @@ import hashlib
 import io
 import os
 import zipfile
-import zlib
 from pathlib import Path
-from typing import Iterable, Mapping
+from typing import Callable, Iterable, Mapping
 
 import numpy as np
 
-from tilekit.errors import TilekitError, UnsupportedError
+from tilekit import limits
+from tilekit.errors import TilekitError, UnsupportedError, excerpt
+from tilekit.fileio import regular_file
 from tilekit.ir.model import Module, Tensor
+from tilekit.runtime.arrays import npz_members, read_npy, read_npz
 
 # -- dtypes ------------------------------------------------------------------------------
 
@@ -72,8 +78,10 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-def resolve_sidecar(ref: Mapping, key: str, folder: Path, where: str) -> Path:
-    """The path of a file referenced as `{key: relative path, sha256: hex}`, checksum verified.
+def resolve_sidecar(ref: Mapping, key: str, folder: Path, where: str,
+                    limit: limits.Limit = limits.TOTAL_BYTES) -> Path:
+    """The path of a file referenced as `{key: relative path, sha256: hex}`, checksum verified:
+    a regular file within `limit` bytes (never a FIFO or a device).
 
     `where` names the IR field (`weights`, `source`) in messages.
     """
@@ -82,10 +90,11 @@ def resolve_sidecar(ref: Mapping, key: str, folder: Path, where: str) -> Path:
         raise TilekitError(f"has no '{key}' path", where,
                            f"expected {{{key}: relative/path, sha256: hex}}")
     path = (folder / rel) if not os.path.isabs(rel) else Path(rel)
-    if not path.is_file():
+    if not path.exists():
         raise TilekitError(f"file '{rel}' not found (looked in {folder})", f"{where}.{key}",
                            "paths in the IR are relative to the IR file's folder, or to the "
                            "current directory when the IR comes through stdin")
+    regular_file(path, f"{where}.{key}", limit)
     expected = ref.get("sha256")
     if not isinstance(expected, str) or not expected:
         raise TilekitError("has no sha256 checksum", where,
@@ -98,47 +107,39 @@ def resolve_sidecar(ref: Mapping, key: str, folder: Path, where: str) -> Path:
     return path
 
 
-_NPY_MAGIC = b"\x93NUMPY"
+def _expect(module: Module, where: str, hint: str) -> Callable:
+    """The header check of `tilekit.runtime.arrays` for arrays of `module`'s tensors."""
+    def expect(name: str, shape: tuple[int, ...], dtype: np.dtype, _: str) -> None:
+        tensor = module.tensors[name]
+        check_header(shape, dtype, tensor, where.format(name=name), hint)
+    return expect
 
 
-def _load_npz(path: Path, where: str) -> dict[str, np.ndarray]:
-    # Look at the file before np.load does: it returns an ndarray for an .npy file and reads
-    # anything else as a pickle, whose refusal ("contains pickled data") would mislead.
-    try:
-        with open(path, "rb") as fh:
-            magic = fh.read(len(_NPY_MAGIC))
-    except OSError as exc:
-        raise TilekitError(f"cannot read '{path}': {exc.strerror}", where) from None
-    if magic.startswith(_NPY_MAGIC):
-        raise TilekitError(f"'{path}' is an .npy file (one array), not an .npz archive", where,
-                           "pass it as --input NAME=@FILE.npy, or bundle arrays with "
-                           "numpy.savez")
-    if not zipfile.is_zipfile(path):
-        raise TilekitError(f"'{path}' is not an .npz archive", where,
-                           "expected an archive written by numpy.savez")
-    try:
-        with np.load(path, allow_pickle=False) as data:
-            return {name: data[name] for name in data.files}
-    except (OSError, ValueError, zipfile.BadZipFile, EOFError, zlib.error) as exc:
-        raise TilekitError(f"cannot read '{path}' as .npz: {exc}", where,
-                           "expected an archive written by numpy.savez") from None
+def check_header(shape: tuple[int, ...], dtype: np.dtype, tensor: Tensor, where: str,
+                 hint: str) -> None:
+    """An array's shape and dtype (from its file header) must be the tensor's declaration."""
+    got = f"{dtype}[{','.join(str(d) for d in shape[:8])}{',...' if len(shape) > 8 else ''}]"
+    if tuple(shape) != tuple(tensor.shape):
+        raise TilekitError(f"shape mismatch: expected {describe_tensor(tensor)}, got {got}",
+                           where, hint)
+    if dtype != numpy_dtype(tensor.dtype):
+        raise TilekitError(f"dtype mismatch: expected {describe_tensor(tensor)}, got {got}",
+                           where, hint)
 
 
-def _load_npy(path: Path, where: str) -> np.ndarray:
-    if path.is_dir():
-        raise TilekitError(f"'{path}' is a directory, not an .npy file", where,
-                           "expected NAME=@FILE.npy")
-    if not path.is_file():
-        raise TilekitError(f"file '{path}' not found", where, "check the path")
-    try:
-        array = np.load(path, allow_pickle=False)
-    except (OSError, ValueError, EOFError) as exc:
-        raise TilekitError(f"cannot read '{path}' as .npy: {exc}", where,
-                           "expected one array written by numpy.save") from None
-    if not isinstance(array, np.ndarray):
-        raise TilekitError(f"'{path}' holds several arrays, not one", where,
-                           "use --inputs FILE.npz for an archive")
-    return array
+# -- the run's budget -----------------------------------------------------------------
+
+def run_bytes(module: Module) -> int:
+    """The bytes of every tensor of `module` together: what a run holds at most."""
+    return sum(t.size * numpy_dtype(t.dtype).itemsize for t in module.tensors.values())
+
+
+def check_run_budget(module: Module, origin: str | None = None) -> None:
+    """Refuse, before anything is allocated, a module whose tensors together are over
+    `limits.TOTAL_BYTES`."""
+    shown = "<stdin>" if origin in (None, "-") else origin
+    limits.TOTAL_BYTES.check(run_bytes(module), f"{shown}: tensors",
+                             "the module's tensors together")
 
 
 # -- weights -----------------------------------------------------------------------------
@@ -161,18 +162,13 @@ def load_weights(module: Module, folder: Path) -> dict[str, np.ndarray]:
                                "the IR must name its weights sidecar: re-run tk-import")
         return {}
     path = resolve_sidecar(module.weights, "file", folder, "weights")
-    arrays = _load_npz(path, f"weights.file ({path.name})")
-    weights: dict[str, np.ndarray] = {}
+    hint = "the sidecar does not match the IR: re-run tk-import"
+    arrays = read_npz(path, f"weights.file ({path.name})", names,
+                      _expect(module, "weights: tensor '{name}'", hint))
     for name in names:
-        where = f"weights: tensor '{name}'"
         if name not in arrays:
-            raise TilekitError(f"missing from '{path.name}'", where,
-                               "the sidecar does not match the IR: re-run tk-import")
-        array = arrays.pop(name)
-        check_array(array, module.tensors[name], where, "the sidecar does not match the IR: "
-                    "re-run tk-import")
-        weights[name] = array
-    return weights
+            raise TilekitError(f"missing from '{path.name}'", f"weights: tensor '{name}'", hint)
+    return {name: arrays[name] for name in names}
 
 
 def check_array(array: np.ndarray, tensor: Tensor, where: str, hint: str) -> None:
@@ -211,24 +207,28 @@ def _parse_literal(value: str, tensor: Tensor, where: str) -> np.ndarray:
             words = {"true": True, "false": False, "1": True, "0": False}
             values = [words[v.lower()] for v in items]
         elif dtype.kind in "iu":
-            values = [int(v) for v in items]
+            values = [int(v) if len(v) <= 40 else int("x") for v in items]
         else:
             values = [float(v) for v in items]
     except (KeyError, ValueError):
         kind = "bool" if dtype == np.bool_ else ("integer" if dtype.kind in "iu" else "number")
-        raise TilekitError(f"cannot read '{value}' as {kind}s for {describe_tensor(tensor)}",
-                           where, "expected comma-separated values, or NAME=@file.npy") from None
+        raise TilekitError(f"cannot read {excerpt(value)} as {kind}s for "
+                           f"{describe_tensor(tensor)}", where,
+                           "expected comma-separated values, or NAME=@file.npy") from None
+    if dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        for v in values:
+            if not info.min <= v <= info.max:
+                raise TilekitError(f"value {excerpt(v)} is out of range for {tensor.dtype} "
+                                   f"[{info.min}, {info.max}]", where,
+                                   "give values the input's dtype can hold")
     if len(values) == 1:
         return np.full(tensor.shape, values[0], dtype=dtype)
     if len(values) != tensor.size:
         raise TilekitError(f"{len(values)} values given, {describe_tensor(tensor)} needs "
                            f"{tensor.size} (or one value to fill it)", where,
                            "use NAME=@file.npy for larger inputs")
-    try:
-        array = np.array(values).astype(dtype)
-    except OverflowError:
-        raise TilekitError(f"a value does not fit {tensor.dtype}", where) from None
-    return array.reshape(tensor.shape)
+    return np.array(values, dtype=dtype).reshape(tensor.shape)
 
 
 def gather_inputs(module: Module, flags: Iterable[str] = (), npz: str | None = None,
@@ -240,15 +240,17 @@ def gather_inputs(module: Module, flags: Iterable[str] = (), npz: str | None = N
     that are still missing get random values (`random_input`).
     """
     inputs: dict[str, np.ndarray] = {}
+    hint = "convert it first, e.g. numpy.asarray(x, dtype='{dtype}').reshape({shape})"
     if npz is not None:
-        path = Path(npz)
-        if path.is_dir():
+        where = f"--inputs {npz}"
+        if os.path.isdir(npz):
             raise TilekitError(f"'{npz}' is a directory, not an .npz archive", "--inputs",
                                "expected --inputs FILE.npz")
-        if not path.is_file():
-            raise TilekitError(f"file '{npz}' not found", "--inputs", "check the path")
-        for name, array in _load_npz(path, f"--inputs {npz}").items():
-            inputs[input_name(module, name, f"--inputs {npz}")] = array
+        members = npz_members(npz, where)
+        names = {member: input_name(module, member, where) for member in members}
+        arrays = read_npz(npz, where, list(members), _input_expect(module, names, hint))
+        for member, array in arrays.items():
+            inputs[names[member]] = array
     given_by_flag: set[str] = set()
     for text in flags:
         name, value = parse_input_flag(text)
@@ -258,14 +260,52 @@ def gather_inputs(module: Module, flags: Iterable[str] = (), npz: str | None = N
             raise TilekitError("given twice", where, "pass each input once")
         given_by_flag.add(name)
         if value.startswith("@"):
-            inputs[name] = _load_npy(Path(value[1:]), where)
+            path = value[1:]
+            if os.path.isdir(path):
+                raise TilekitError(f"'{path}' is a directory, not an .npy file", where,
+                                   "expected NAME=@FILE.npy")
+            inputs[name] = read_npy(path, where, name,
+                                    _input_expect(module, {name: name}, hint, where))
         else:
             inputs[name] = _parse_literal(value, module.tensors[name], where)
     if seed is not None:
+        bounds = index_input_bounds(module)
         for index, name in enumerate(module.inputs):
             if name not in inputs:
-                inputs[name] = random_input(module.tensors[name], seed, index)
+                inputs[name] = random_input(module.tensors[name], seed, index,
+                                            bounds.get(name, RANDOM_INT_HIGH))
     return inputs
+
+
+def _input_expect(module: Module, names: Mapping[str, str], hint: str,
+                  where: str | None = None) -> Callable:
+    """A header check for input arrays: `names` maps an archive member (or flag name) to
+    the module input it gives."""
+    def expect(member: str, shape: tuple[int, ...], dtype: np.dtype, at: str) -> None:
+        name = names[member]
+        tensor = module.tensors[name]
+        check_header(shape, dtype, tensor, where or at,
+                     hint.format(dtype=tensor.dtype, shape=list(tensor.shape)))
+    return expect
+
+
+def index_input_bounds(module: Module) -> dict[str, int]:
+    """{input: n} for integer inputs that opaque ops read as indices: random values for them
+    stay in [0, n), the smallest extent they index."""
+    from tilekit import opaque
+
+    bounds: dict[str, int] = {}
+    for op in module.ops:
+        if op.kind != "opaque" or not op.opaque:
+            continue
+        ins = list(op.opaque.get("inputs") or ())
+        specs = [(module.tensors[n].shape, module.tensors[n].dtype) if n else None for n in ins]
+        for position, n in opaque.index_bounds(op.opaque["type"], specs,
+                                               op.opaque.get("attrs") or {}).items():
+            name = ins[position]
+            if name in module.inputs:
+                bounds[name] = min(bounds.get(name, n), n)
+    return bounds
 
 
 def input_files(flags: Iterable[str] = (), npz: str | None = None) -> list[str]:
@@ -279,14 +319,6 @@ def input_files(flags: Iterable[str] = (), npz: str | None = None) -> list[str]:
     return paths
 
 
-def weights_file(module: Module, folder: Path) -> Path | None:
-    """The path of the module's weights sidecar (unchecked), if it names one."""
-    rel = module.weights.get("file") if isinstance(module.weights, Mapping) else None
-    if not isinstance(rel, str) or not rel:
-        return None
-    return Path(rel) if os.path.isabs(rel) else folder / rel
-
-
 def input_name(module: Module, name: str, where: str) -> str:
     """The IR name of an input given by its IR name or by its source-model (ONNX) name."""
     if name in module.inputs:
@@ -298,12 +330,18 @@ def input_name(module: Module, name: str, where: str) -> str:
                        f"the module's inputs are: {_first(module.inputs, 20)}")
 
 
-def random_input(tensor: Tensor, seed: int, index: int) -> np.ndarray:
+#: Random integers are drawn from [0, RANDOM_INT_HIGH) unless the input indexes a smaller
+#: extent (`index_input_bounds`).
+RANDOM_INT_HIGH = 8
+
+
+def random_input(tensor: Tensor, seed: int, index: int, high: int = RANDOM_INT_HIGH
+                 ) -> np.ndarray:
     """Deterministic random values for input number `index`.
 
     Each input draws from its own stream (`seed`, `index`), so giving one input explicitly
     does not change the values of the others. Floats: standard normal; integers: uniform in
-    [0, 8) (small and non-negative, safe as indices into any axis of size 8 or more);
+    [0, min(high, 8)) (small and non-negative; `high` is the extent an index input indexes);
     bools: fair coin.
     """
     rng = np.random.default_rng([seed, index])
@@ -311,7 +349,8 @@ def random_input(tensor: Tensor, seed: int, index: int) -> np.ndarray:
     if dtype == np.bool_:
         return rng.integers(0, 2, size=tensor.shape).astype(np.bool_)
     if dtype.kind in "iu":
-        return rng.integers(0, 8, size=tensor.shape).astype(dtype)
+        return rng.integers(0, max(1, min(high, RANDOM_INT_HIGH)),
+                            size=tensor.shape).astype(dtype)
     return rng.standard_normal(size=tensor.shape, dtype=np.float32).astype(dtype, copy=False)
 
 

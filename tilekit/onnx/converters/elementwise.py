@@ -13,6 +13,7 @@ from typing import Callable
 import numpy as np
 
 from tilekit.onnx import text
+from tilekit.onnx.dtypes import ONNX_DTYPES, elem_type_name
 from tilekit.onnx.context import NodeContext, Value
 from tilekit.onnx.converters.registry import converter
 
@@ -169,7 +170,10 @@ def clip(ctx: NodeContext) -> None:
 @converter("Cast", summary="dtype(x)")
 def cast(ctx: NodeContext) -> None:
     out = ctx.output(0)
-    ctx.attr("to")
+    to = ctx.attr("to")
+    if to not in ONNX_DTYPES:
+        raise ctx.unsupported(f"cast to element type {elem_type_name(to)}",
+                              f"supported: {', '.join(sorted(set(ONNX_DTYPES.values())))}")
     ctx.attr("saturate")
     ctx.attr("round_mode")
     x = ctx.input(0)
@@ -269,7 +273,7 @@ def _variadic(kind: str) -> Callable[[NodeContext], None]:
         def make(*reads: str) -> str:
             if kind in ("max", "min"):
                 return text.nest(kind, list(reads))
-            total = " + ".join(reads)
+            total = text.balanced_sum(list(reads))
             return total if kind == "sum" else f"({total}) / {len(reads)}"
         _emit(ctx, make, inputs)
     return convert

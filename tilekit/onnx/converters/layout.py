@@ -90,7 +90,7 @@ def reshape(ctx: NodeContext) -> None:
 
 @converter("Flatten", summary="index map like Reshape")
 def flatten(ctx: NodeContext) -> None:
-    ctx.attr("axis")
+    ctx.axis("axis", 1, ctx.input(0).rank, inclusive=True)
     _reshape_like(ctx)
 
 
@@ -141,7 +141,7 @@ def tile(ctx: NodeContext) -> None:
 @converter("Concat", summary="select on the axis ranges (pad '0')")
 def concat(ctx: NodeContext) -> None:
     out = ctx.output(0)
-    axis = ctx.attr("axis", 1) % out.rank
+    axis = ctx.axis("axis", 1, out.rank)
     inputs = [v for v in ctx.inputs() if v.shape[axis] > 0]
     if len(inputs) == 1:
         ctx.copy(0, inputs[0])
@@ -178,7 +178,7 @@ def _split_sizes(ctx: NodeContext, total: int, parts: int) -> list[int]:
 @converter("Split", summary="one statement per output: y_k[..] = x[.., a + offset_k, ..]")
 def split(ctx: NodeContext) -> None:
     x = ctx.input(0)
-    axis = ctx.attr("axis", 0) % x.rank
+    axis = ctx.axis("axis", 0, x.rank)
     sizes = _split_sizes(ctx, x.shape[axis], ctx.n_outputs)
     offset = 0
     for k, size in enumerate(sizes):
@@ -202,7 +202,7 @@ def slice_(ctx: NodeContext) -> None:
     else:
         starts, ends = ctx.attr("starts"), ctx.attr("ends")
         axes, steps = ctx.attr("axes"), None
-    axes = list(range(len(starts))) if axes is None else [a % x.rank for a in axes]
+    axes = list(range(len(starts))) if axes is None else ctx.axes_in(axes, x.rank)
     steps = steps or [1] * len(starts)
     ax = text.axes(out.rank)
     idx = list(ax)
@@ -216,7 +216,7 @@ def slice_(ctx: NodeContext) -> None:
                              "progression; otherwise opaque Gather")
 def gather(ctx: NodeContext) -> None:
     x, ind, out = ctx.input(0), ctx.input(1), ctx.output(0)
-    axis = ctx.attr("axis", 0) % x.rank
+    axis = ctx.axis("axis", 0, x.rank)
     if ind.const is None:
         ctx.opaque("Gather", [x, ind], [out], {"axis": axis})
         return
@@ -251,7 +251,7 @@ def pad(ctx: NodeContext) -> None:
         if ctx.has_input(2) and value is None:
             raise ctx.unsupported("a computed constant_value")
         value = 0.0 if value is None or value.size == 0 else value.reshape(-1)[0].item()
-        axes = ([int(a) % x.rank for a in ctx.require_const(3, "axes").reshape(-1)]
+        axes = (ctx.axes_in(ctx.require_const(3, "axes").reshape(-1), x.rank)
                 if ctx.has_input(3) else list(range(x.rank)))
     else:
         pads = list(ctx.attr("pads") or ctx.attr("paddings"))
@@ -376,7 +376,7 @@ def one_hot(ctx: NodeContext) -> None:
     ind, out = ctx.input(0), ctx.output(0)
     depth = int(ctx.require_const(1, "depth").reshape(-1)[0])
     values = ctx.input(2)
-    axis = ctx.attr("axis", -1) % out.rank
+    axis = ctx.axis("axis", -1, out.rank)
     ax = text.axes(out.rank)
     a = ax[axis]
     idx = ctx.access(ind, [x for d, x in enumerate(ax) if d != axis])

@@ -36,8 +36,8 @@ def matmul(ctx: NodeContext) -> None:
 def gemm(ctx: NodeContext) -> None:
     a, b, c, out = ctx.input(0), ctx.input(1), ctx.input(2), ctx.output(0)
     alpha, beta = float(ctx.attr("alpha", 1.0)), float(ctx.attr("beta", 1.0))
-    ai = ["k", "i"] if ctx.attr("transA", 0) else ["i", "k"]
-    bi = ["j", "k"] if ctx.attr("transB", 0) else ["k", "j"]
+    ai = ["k", "i"] if ctx.flag("transA", 0) else ["i", "k"]
+    bi = ["j", "k"] if ctx.flag("transB", 0) else ["k", "j"]
     if a.rank != 2 or b.rank != 2:
         raise ctx.unsupported(f"operands of rank {a.rank} and {b.rank} (Gemm needs 2-D)")
     product = f"{ctx.access(a, ai)} * {ctx.access(b, bi)}"

@@ -368,7 +368,7 @@ def instance_normalization(ctx: NodeContext) -> None:
 def layer_normalization(ctx: NodeContext) -> None:
     x, scale, bias = ctx.input(0), ctx.input(1), ctx.input(2)
     out = ctx.output(0)
-    axis = ctx.attr("axis", -1) % x.rank
+    axis = ctx.axis("axis", -1, x.rank)
     eps = text.literal(ctx.attr("epsilon", 1e-5), x.dtype)
     reduced = list(range(axis, x.rank))
     mean, var = _moments(ctx, x, reduced)

@@ -15,7 +15,7 @@ from tilekit.onnx.converters.registry import converter
 @converter("GatherElements", summary="opaque GatherElements")
 def gather_elements(ctx: NodeContext) -> None:
     x, ind, out = ctx.input(0), ctx.input(1), ctx.output(0)
-    ctx.opaque("GatherElements", [x, ind], [out], {"axis": ctx.attr("axis", 0) % x.rank})
+    ctx.opaque("GatherElements", [x, ind], [out], {"axis": ctx.axis("axis", 0, x.rank)})
 
 
 @converter("GatherND", summary="opaque GatherND")
@@ -34,7 +34,7 @@ def scatter_nd(ctx: NodeContext) -> None:
 def scatter_elements(ctx: NodeContext) -> None:
     x = ctx.input(0)
     ctx.opaque("ScatterElements", ctx.inputs(), [ctx.output(0)],
-               {"axis": ctx.attr("axis", 0) % x.rank,
+               {"axis": ctx.axis("axis", 0, x.rank),
                 "reduction": ctx.attr("reduction", "none")})
 
 
@@ -43,17 +43,17 @@ def topk(ctx: NodeContext) -> None:
     x = ctx.input(0)
     k = int(ctx.attr("k")) if ctx.opset < 10 else int(ctx.require_const(1, "k").reshape(-1)[0])
     outs = [ctx.output(0), ctx.output(1)]
-    ctx.opaque("TopK", [x], outs, {"axis": ctx.attr("axis", -1) % x.rank, "k": k,
-                                   "largest": ctx.attr("largest", 1),
-                                   "sorted": ctx.attr("sorted", 1)})
+    ctx.opaque("TopK", [x], outs, {"axis": ctx.axis("axis", -1, x.rank), "k": k,
+                                   "largest": ctx.flag("largest", 1),
+                                   "sorted": ctx.flag("sorted", 1)})
 
 
 def _arg(kind: str):
     def convert(ctx: NodeContext) -> None:
         x = ctx.input(0)
         ctx.opaque(kind, [x], [ctx.output(0)],
-                   {"axis": ctx.attr("axis", 0) % x.rank, "keepdims": ctx.attr("keepdims", 1),
-                    "select_last_index": ctx.attr("select_last_index", 0)})
+                   {"axis": ctx.axis("axis", 0, x.rank), "keepdims": ctx.flag("keepdims", 1),
+                    "select_last_index": ctx.flag("select_last_index", 0)})
     return convert
 
 

@@ -75,7 +75,7 @@ def _axes_arg(ctx: NodeContext, rank: int, input_since: int) -> list[int] | None
         axes = None
     if axes is None:
         return None
-    return sorted({a % rank for a in axes}) if rank else []
+    return sorted(ctx.axes_in(axes, rank)) if rank else []
 
 
 _REDUCE = {
@@ -98,7 +98,7 @@ def _reduce(op_type: str):
 
     def convert(ctx: NodeContext) -> None:
         x, out = ctx.input(0), ctx.output(0)
-        keepdims = bool(ctx.attr("keepdims", 1))
+        keepdims = bool(ctx.flag("keepdims", 1))
         axes = _axes_arg(ctx, x.rank, since)
         if axes is None:
             if ctx.attr("noop_with_empty_axes", 0):
@@ -131,7 +131,7 @@ for _op in _REDUCE:
 @converter("ReduceLogSumExp", summary="m max= x; s += exp(x - m); y = log(s) + m")
 def reduce_log_sum_exp(ctx: NodeContext) -> None:
     x, out = ctx.input(0), ctx.output(0)
-    keepdims = bool(ctx.attr("keepdims", 1))
+    keepdims = bool(ctx.flag("keepdims", 1))
     axes = _axes_arg(ctx, x.rank, 18)
     if axes is None:
         if ctx.attr("noop_with_empty_axes", 0):
@@ -151,8 +151,8 @@ def _softmax_axes(ctx: NodeContext, rank: int) -> list[int]:
     """Opset >= 13: one axis (default -1). Before: the input is flattened to 2-D at `axis`
     (default 1) and normalised over the whole second part."""
     if ctx.opset >= 13:
-        return [ctx.attr("axis", -1) % rank]
-    axis = ctx.attr("axis", 1) % rank if rank else 0
+        return [ctx.axis("axis", -1, rank)]
+    axis = ctx.axis("axis", 1, rank) if rank else 0
     return list(range(axis, rank))
 
 
@@ -185,7 +185,7 @@ converter("LogSoftmax", summary="m max= x; s += exp(x - m); y = x - m - log(s)")
 @converter("LpNormalization", summary="n += |x|^p; y = x / n^(1/p)")
 def lp_normalization(ctx: NodeContext) -> None:
     x, out = ctx.input(0), ctx.output(0)
-    axis = ctx.attr("axis", -1) % x.rank
+    axis = ctx.axis("axis", -1, x.rank)
     p = ctx.attr("p", 2)
     if p not in (1, 2):
         raise ctx.unsupported(f"p={p}", "p must be 1 or 2")
@@ -201,7 +201,7 @@ def lp_normalization(ctx: NodeContext) -> None:
 @converter("MeanVarianceNormalization", summary="mean, variance, (x - mean) / sqrt(var + 1e-9)")
 def mean_variance_normalization(ctx: NodeContext) -> None:
     x, out = ctx.input(0), ctx.output(0)
-    axes = sorted(a % x.rank for a in ctx.attr("axes", [0, 2, 3]))
+    axes = sorted(ctx.axes_in(ctx.attr("axes", [0, 2, 3]), x.rank))
     n = int(np.prod([x.shape[d] for d in axes], dtype=np.int64))
     small = reduced_shape(x.shape, axes, False)
     ax = text.axes(x.rank)
@@ -218,8 +218,8 @@ def mean_variance_normalization(ctx: NodeContext) -> None:
 @converter("CumSum", summary="y[.., j, ..] += select(r <= j, x[.., r, ..], 0)")
 def cumsum(ctx: NodeContext) -> None:
     x, out = ctx.input(0), ctx.output(0)
-    axis = int(ctx.require_const(1, "axis").reshape(-1)[0]) % x.rank
-    exclusive, reverse = ctx.attr("exclusive", 0), ctx.attr("reverse", 0)
+    axis = ctx.axes_in(ctx.require_const(1, "axis").reshape(-1)[:1], x.rank, "axis")[0]
+    exclusive, reverse = ctx.flag("exclusive", 0), ctx.flag("reverse", 0)
     ax = text.axes(x.rank)
     j = ax[axis]
     cmp = {(0, 0): "r <= {j}", (1, 0): "r < {j}", (0, 1): "r >= {j}", (1, 1): "r > {j}"}

@@ -1,0 +1,92 @@
+"""Kernel sources recorded in an IR are run only if this tilekit would have written them.
+
+A `codegen` section carries CUDA sources and launch geometry that the CUDA runtime compiles
+and launches. A document is input, and input may be hostile: before anything is compiled,
+`check_recorded_kernels` generates the module's kernels again (for the arch recorded, and the
+profile the `codegen` stage or `hardware` names, else for no profile or any known one) and
+requires every recorded kernel to match one of those, field by field (name, entry,
+arguments, grid, block, shared memory, source). ptxas resources added by `--compile`
+are not compared. Any difference is bad input: re-run tk-codegen.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any, Iterator, Mapping
+
+from tilekit.errors import TilekitError, excerpt
+from tilekit.ir.model import Module
+
+#: Fields of a `codegen.kernels` entry that the runtime uses and that must match.
+COMPARED = ("name", "group", "entry", "ops", "shape", "grid", "block", "smem_bytes", "args",
+            "writes", "source")
+_HINT = "the IR's kernels are not what tk-codegen generates for it: re-run tk-codegen"
+
+
+def _stage_options(module: Module) -> Mapping[str, Any]:
+    for stage in reversed(module.stages):
+        if stage.get("name") == "codegen":
+            return stage.get("options") or {}
+    return {}
+
+
+def _candidate_profiles(module: Module, ir_path: str | None) -> Iterator[Any]:
+    """The profiles the kernels may have been generated for: the one the `codegen` stage or
+    the IR's `hardware` names, no profile, then every known profile (a library caller of
+    `generate` records none). Kernels depend on the profile only through its limits, so
+    matching under any of them means the sources are tilekit's own."""
+    from tilekit.hw import list_profiles, load_profile, load_recorded_profile
+
+    name = _stage_options(module).get("hw")
+    for load in (lambda: load_profile(name) if name else None,
+                 lambda: load_recorded_profile(module.hardware, ir_path)
+                 if module.hardware else None):
+        try:
+            profile = load()
+        except TilekitError:
+            continue
+        if profile is not None:
+            yield profile
+    yield None
+    try:
+        yield from list_profiles()
+    except TilekitError:
+        return
+
+
+def check_recorded_kernels(module: Module, ir_path: str | None = None) -> None:
+    """Raise `TilekitError` unless `module.codegen` holds exactly the kernels that
+    `tilekit.codegen.generate` makes for the module (see the module docstring)."""
+    from tilekit.codegen.module import generate
+
+    codegen = module.codegen or {}
+    recorded = codegen.get("kernels")
+    if not isinstance(recorded, list) or not all(isinstance(k, Mapping) for k in recorded):
+        raise TilekitError("has no list of kernel records", "codegen.kernels", _HINT)
+    arch = codegen.get("arch")
+    if not isinstance(arch, str):
+        raise TilekitError("has no arch", "codegen.arch", _HINT)
+    bare = replace(module, codegen=None,
+                   kernels=tuple(replace(k, launch=None) for k in module.kernels))
+    have = [{key: k.get(key) for key in COMPARED} for k in recorded]
+    first_difference = None
+    for profile in _candidate_profiles(module, ir_path):
+        expected = generate(bare, profile, arch).module.codegen["kernels"]
+        want = [{key: k.get(key) for key in COMPARED} for k in expected]
+        if have == want:
+            return
+        first_difference = first_difference or _difference(have, want)
+    raise TilekitError(*first_difference, _HINT)
+
+
+def _difference(have: list[dict], want: list[dict]) -> tuple[str, str]:
+    """(what, where) of the first difference between recorded and generated kernels."""
+    if len(have) != len(want):
+        return f"records {len(have)} kernels, tk-codegen makes {len(want)}", "codegen.kernels"
+    for index, (h, w) in enumerate(zip(have, want)):
+        for key in COMPARED:
+            if h[key] != w[key]:
+                return (f"'{key}' differs from what tk-codegen generates (kernel "
+                        f"{excerpt(w.get('entry'), 60, quote=False)})",
+                        f"codegen.kernels[{index}].{key}")
+    return "differs from what tk-codegen generates", "codegen.kernels"  # pragma: no cover
