@@ -141,3 +141,49 @@ def test_compute_sanitizer(tool, tmp_path):
                            sys.executable, str(script)], capture_output=True, text=True,
                           timeout=600, env={**os.environ})
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+
+
+@pytest.mark.parametrize("m, n, k, dtype, b_kn", [
+    (100, 72, 200, "float16", True), (100, 72, 200, "float16", False),
+    (70, 90, 37, "float16", True), (100, 72, 200, "bfloat16", True),
+    (100, 72, 200, "float32", True), (1024, 1024, 1024, "float16", True)])
+def test_tensor_core_gemm_on_the_gpu(m, n, k, dtype, b_kn):
+    """mma.sync, ldmatrix and cp.async on the device give what the CPU emulation gives."""
+    from test_codegen_mma import H100, TOLERANCE, gemm, rel_err, values
+
+    from tilekit.runtime import cuda
+    result = generate(gemm(m, n, k, dtype, b_kn), H100)
+    assert result.kernels[0].shape == "mma"
+    inputs = values(result.module)
+    if dtype == "bfloat16":
+        pytest.skip("bfloat16 tensors have no NumPy dtype for upload (tk-run refuses them)")
+    got = cuda.run_module(result.module, inputs, {})["c"]
+    a, b = inputs["a"].astype(np.float64), inputs["b"].astype(np.float64)
+    assert rel_err(got, a @ (b if b_kn else b.T)) < TOLERANCE[dtype]
+
+
+def test_tensor_core_convolution_on_the_gpu():
+    from test_codegen_mma import H100
+    from tilekit.ir import Module, Op, Tensor
+    from tilekit.roll.schedule import roll_module
+
+    from tilekit.runtime import cuda
+    module = Module(model="conv", tensors={
+        "x": Tensor((2, 64, 28, 28), "float16", "input"),
+        "w": Tensor((128, 64, 3, 3), "float16", "input"),
+        "y": Tensor((2, 128, 28, 28), "float32", "output")},
+        ops=(Op("conv", "y[n,f,h,w] += x[n,c,h+kh-1,w+kw-1] * w[f,c,kh,kw]", pad="0"),),
+        inputs=("x", "w"), outputs=("y",), stages=({"name": "import"},))
+    result = generate(roll_module(module, H100), H100)
+    assert result.kernels[0].shape == "mma"
+    rng = np.random.default_rng(3)
+    inputs = {"x": rng.standard_normal((2, 64, 28, 28)).astype(np.float16),
+              "w": rng.standard_normal((128, 64, 3, 3)).astype(np.float16)}
+    got = cuda.run_module(result.module, inputs, {})["y"]
+    xp = np.pad(inputs["x"].astype(np.float64), ((0, 0), (0, 0), (1, 1), (1, 1)))
+    want = np.zeros((2, 128, 28, 28))
+    for kh in range(3):
+        for kw in range(3):
+            want += np.einsum("nchw,fc->nfhw", xp[:, :, kh:kh + 28, kw:kw + 28],
+                              inputs["w"][:, :, kh, kw].astype(np.float64))
+    assert np.linalg.norm(got - want) / np.linalg.norm(want) < 1e-5
