@@ -41,7 +41,7 @@ def test_staged_contraction_has_shared_tiles_and_a_step_loop():
               r"CHECK: t_y\[70 \* a_i \+ a_j\] = ",
               r"CHECK-NOT: t_t\[",            # the matmul result never reaches memory
               r'CHECK: extern "C" __global__ void __launch_bounds__\(128, 1\)',
-              r"CHECK: __shared__ __align__\(16\) unsigned char tk_smem\[2048\];",
+              r"CHECK: TK_STATIC_SMEM\(tk_smem, 2048\);",
               r"CHECK: tk_k0_body\(t_x, t_w, t_b, t_y, \(int\)blockIdx.x, \(int\)gridDim.x, "
               r"tk_smem\);",
               r"CHECK-NOT: float4")           # rows of 37 floats are not 16-byte aligned

@@ -104,8 +104,7 @@ class KernelSpec:
             lines.append(f"{INDENT}TK_DYNAMIC_SMEM({SMEM});")
             base = SMEM
         elif self.smem_bytes:
-            lines.append(f"{INDENT}__shared__ __align__(16) unsigned char "
-                         f"{SMEM}[{self.smem_bytes}];")
+            lines.append(f"{INDENT}TK_STATIC_SMEM({SMEM}, {self.smem_bytes});")
             base = SMEM
         else:
             base = "nullptr"

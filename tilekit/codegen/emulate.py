@@ -4,7 +4,9 @@ on a machine without a GPU.
 `emulate(module, inputs, weights)` takes the kernel sources recorded in the IR's `codegen`
 section, compiles them as host C++ with `host_emul.h` (g++, C++17), launches every kernel with
 its recorded grid and block (blocks one after another, the threads of a block as fibers with
-real barriers that also catch divergent ones) and returns the module's outputs. Index maps, padding, boundary tiles,
+real barriers that also catch divergent ones; a `coresident` kernel with all its blocks at
+once, so progress counters and grid barriers run as written, and deadlocks and a missing
+fence before a counter signal abort) and returns the module's outputs. Index maps, padding, boundary tiles,
 shared-memory staging, barriers between stages and lane-group reductions all run as written;
 what it cannot show is timing, coalescing, bank conflicts, or races that only the hardware's
 scheduling exposes. float16/bfloat16 kernels are not emulated (their CUDA types are device
@@ -76,9 +78,14 @@ def harness_source(module: Module) -> str:
             ctype = storage(module.tensors[t].dtype).ctype
             ptrs.append(f"reinterpret_cast<{ctype}*>(buf_{_c(t)}.data())")
         grid = k.grid[0] * k.grid[1] * k.grid[2]
-        lines.append(f"  if (only < 0 || only == {index}) tk_emul::launch({grid}, {k.threads}, "
-                     f"[&] {{ {k.entry}({', '.join(ptrs)}); }}, "
-                     f"only < 0 ? nullptr : ids.data(), (unsigned)ids.size());")
+        call = f"[&] {{ {k.entry}({', '.join(ptrs)}); }}"
+        if k.coresident:  # its blocks wait on each other: all resident, never sampled
+            lines.append(f"  if (only < 0) tk_emul::launch_concurrent({grid}, {k.threads}, "
+                         f"{call});")
+        else:
+            lines.append(f"  if (only < 0 || only == {index}) tk_emul::launch({grid}, "
+                         f"{k.threads}, {call}, only < 0 ? nullptr : ids.data(), "
+                         f"(unsigned)ids.size());")
     written = [t for k in kernels for t in k.writes]
     for t in dict.fromkeys(written):
         writers = [i for i, k in enumerate(kernels) if t in k.writes]
@@ -159,14 +166,22 @@ def build(module: Module) -> Path:
     return exe
 
 
+#: Schedules (TK_EMUL_SEED) a module with co-resident kernels runs under: blocks that wait on
+#: each other may race, and a race shows as results that differ between schedules.
+CONCURRENT_SEEDS = (1, 2, 3)
+
+
 def emulate(module: Module, inputs: Mapping[str, np.ndarray],
             weights: Mapping[str, np.ndarray], timeout: float = 600) -> dict[str, np.ndarray]:
-    """Outputs of `module` computed by its generated kernels run on the CPU."""
+    """Outputs of `module` computed by its generated kernels run on the CPU. A module with a
+    co-resident kernel runs under each of `CONCURRENT_SEEDS`; results that differ between
+    them are a race between blocks and raise."""
     exe = build(module)
     values = {**weights, **inputs}
+    kernels = CodegenSection.read(module.codegen).kernels
+    seeds = CONCURRENT_SEEDS if any(k.coresident for k in kernels) else (None,)
     with tempfile.TemporaryDirectory(prefix="tk-emul-") as tmp:
-        args = {t for k in CodegenSection.read(module.codegen).kernels for t in k.args}
-        for t in args:
+        for t in {t for k in kernels for t in k.args}:
             tensor = module.tensors[t]
             if t in values:
                 arr = _to_bytes(values[t], tensor.dtype)
@@ -174,19 +189,38 @@ def emulate(module: Module, inputs: Mapping[str, np.ndarray],
                 arr = _to_bytes(np.full(tensor.shape, np.nan if tensor.dtype.startswith(
                     ("float", "bfloat")) else 0), tensor.dtype)
             arr.tofile(os.path.join(tmp, f"{t}.bin"))
-        proc = subprocess.run([str(exe), tmp], capture_output=True, text=True, timeout=timeout)
-        if proc.returncode != 0:
-            raise RuntimeError(f"emulation failed (exit {proc.returncode}): {proc.stderr[-2000:]}")
-        out = {}
-        for name in module.outputs:
-            tensor = module.tensors[name]
-            path = os.path.join(tmp, f"{name}.out")
-            if os.path.exists(path):
-                out[name] = _from_bytes(np.fromfile(path, dtype=_np_dtype(tensor.dtype)),
-                                        tensor.dtype).reshape(tensor.shape)
-            else:
-                out[name] = np.asarray(values[name])
-        return out
+        first: dict[str, np.ndarray] | None = None
+        for seed in seeds:
+            out = _run_once(module, exe, tmp, values, seed, timeout)
+            if first is None:
+                first = out
+                continue
+            for name, value in out.items():
+                if not np.array_equal(value, first[name], equal_nan=value.dtype.kind == "f"):
+                    raise RuntimeError(f"emulation: output '{name}' differs between schedules "
+                                       f"(TK_EMUL_SEED {seeds[0]} and {seed}): blocks race")
+        return first
+
+
+def _run_once(module: Module, exe: Path, tmp: str, values: Mapping[str, np.ndarray],
+              seed: int | None, timeout: float) -> dict[str, np.ndarray]:
+    env = dict(os.environ)
+    if seed is not None:
+        env["TK_EMUL_SEED"] = str(seed)
+    proc = subprocess.run([str(exe), tmp], capture_output=True, text=True, timeout=timeout,
+                          env=env)
+    if proc.returncode != 0:
+        raise RuntimeError(f"emulation failed (exit {proc.returncode}): {proc.stderr[-2000:]}")
+    out = {}
+    for name in module.outputs:
+        tensor = module.tensors[name]
+        path = os.path.join(tmp, f"{name}.out")
+        if os.path.exists(path):
+            out[name] = _from_bytes(np.fromfile(path, dtype=_np_dtype(tensor.dtype)),
+                                    tensor.dtype).reshape(tensor.shape)
+        else:
+            out[name] = np.asarray(values[name])
+    return out
 
 
 def emulate_blocks(module: Module, kernel: int, values: Mapping[str, np.ndarray],
@@ -197,6 +231,9 @@ def emulate_blocks(module: Module, kernel: int, values: Mapping[str, np.ndarray]
     intermediates without emulating every block."""
     exe = build(module)
     record = CodegenSection.read(module.codegen).kernels[kernel]
+    if record.coresident:
+        raise ValueError(f"kernel {record.entry} needs all its blocks resident at once; "
+                         "emulate the whole module instead of sampled blocks")
     grid = record.grid[0] * record.grid[1] * record.grid[2]
     if any(not 0 <= b < grid for b in blocks):
         raise ValueError(f"block ids must be in [0, {grid})")

@@ -1,18 +1,40 @@
 // CPU emulation of a CUDA launch, for testing generated kernels without a GPU.
 //
 // Force-included (g++ -include host_emul.h) before a translation unit of generated kernels:
-// CUDA qualifiers become plain C++, `__shared__` variables become function statics (one block
-// runs at a time, so a static is exactly that block's shared memory), and every thread of a
-// block is a fiber (ucontext) on one OS thread. `__syncthreads()` is a real barrier: the
-// scheduler runs every fiber of the block up to its next barrier before any fiber passes it,
-// and it aborts when some threads reach a barrier that others never reach (divergent
-// barriers, undefined behaviour on the GPU that the hardware does not report).
+// CUDA qualifiers become plain C++ and every thread is a fiber (ucontext) on one OS thread.
+// Shared memory is per block: `TK_STATIC_SMEM` and `TK_DYNAMIC_SMEM` (the only ways generated
+// code gets shared memory) give each resident block its own buffer, as do the warp-collective
+// exchanges below.
+//
+// Two launches:
+// - `launch`: the blocks one after another, the threads of a block interleaved (an ordinary
+//   kernel: blocks are independent, so running them in turn is faithful).
+// - `launch_concurrent`: every block of the grid resident at once and every thread of every
+//   block interleaved (a persistent program whose blocks wait on each other's progress
+//   counters, or a cooperative kernel with grid barriers). A thread gives way at
+//   `__syncthreads()`, at `tk_grid_sync()` and at a spin point (`tk_spin()`, `__nanosleep`).
+//
+// The scheduler runs the live threads in a fresh pseudo-random order each round (fixed seed,
+// or TK_EMUL_SEED: runs are reproducible), and resident blocks at changing speeds, so a
+// missing barrier or counter wait is likely to let a reader run before its writer. `__syncthreads()` is a real barrier: a block passes it only when all of
+// its live threads wait there; some threads waiting where others have finished (a divergent
+// barrier, undefined on the GPU) aborts (exit 4). `tk_grid_sync()` releases only when every
+// live thread of the grid waits there (exit 4 otherwise). A grid in which no thread can make
+// progress (every live thread spins or waits on a barrier that cannot release) aborts as a
+// deadlock (exit 5).
+//
+// Memory is sequentially consistent here, so a missing `__threadfence()` cannot show up as a
+// stale value. The emulator checks the release protocol instead: an integer atomic (a counter
+// signal) must follow a `__threadfence()` by the same thread since its block's last barrier,
+// or the run aborts (exit 6). Float atomics (data reductions) are not audited.
+//
 // `__shfl_xor_sync` exchanges through a per-block array between two barriers (valid because
 // generated code calls shuffles from block-uniform loops). Threads do not run in lock-step
 // warps here, which is stricter than the hardware: code that relied on implicit warp
 // synchrony would fail.
 #pragma once
 
+#include <sys/mman.h>
 #include <ucontext.h>
 
 #include <climits>
@@ -20,6 +42,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <utility>
 #include <vector>
 
@@ -44,7 +67,6 @@ inline dim3 threadIdx, blockIdx, blockDim, gridDim;
 #ifndef TK_EMUL_DYNAMIC_SMEM
 #define TK_EMUL_DYNAMIC_SMEM 16
 #endif
-#define TK_DYNAMIC_SMEM(name) alignas(16) static unsigned char name[TK_EMUL_DYNAMIC_SMEM]
 
 inline float __int_as_float(int i) {
   float f;
@@ -61,89 +83,321 @@ inline float4 make_float4(float a, float b, float c, float d) { return float4{a,
 
 namespace tk_emul {
 constexpr size_t kStack = 256 * 1024;
+constexpr unsigned kMaxThreads = 1024;
+// Rounds in which no thread reaches a barrier or finishes before a grid counts as deadlocked.
+constexpr unsigned kStuckRounds = 64;
+
+enum class Wait { kRun, kBlockBarrier, kGridBarrier, kSpin, kDone };
+
+// Stop the run with `code`; no destructors (the caller may be on a fiber's stack).
+[[noreturn]] inline void die(int code) {
+  std::fflush(stdout);
+  std::fflush(stderr);
+  std::_Exit(code);
+}
+
+// What one resident block owns: its shared memory and the scratch of its warp collectives.
+struct Block {
+  std::vector<float4> smem;  // float4: 16-byte aligned, like the device's buffers
+  alignas(8) unsigned char exchange[kMaxThreads][8];
+  alignas(16) unsigned frag[kMaxThreads][8];
+  const void* rows[kMaxThreads];
+};
+
+struct Stack {  // reserved, not touched: a page is committed only when a fiber uses it
+  void* base = nullptr;
+  Stack() {
+    base = mmap(nullptr, kStack, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS |
+                MAP_NORESERVE, -1, 0);
+    if (base == MAP_FAILED) {
+      std::fprintf(stderr, "tk_emul: cannot reserve a fiber stack\n");
+      die(3);
+    }
+  }
+  ~Stack() { munmap(base, kStack); }
+  Stack(const Stack&) = delete;
+  Stack& operator=(const Stack&) = delete;
+};
+
 struct Fiber {
   ucontext_t ctx;
-  std::vector<char> stack;
-  bool done = false;
+  std::unique_ptr<Stack> stack;
+  unsigned block = 0, thread = 0, slot = 0;
+  Wait wait = Wait::kRun;
+  bool fenced = false;
 };
+
 inline ucontext_t scheduler;
 inline std::vector<Fiber> fibers;
+inline std::vector<std::unique_ptr<Block>> slots;
 inline unsigned current = 0;
 inline void (*entry)(void*) = nullptr;
 inline void* entry_arg = nullptr;
-alignas(8) inline unsigned char exchange[1024][8];
+inline unsigned long long seed = 0x9e3779b97f4a7c15ULL;
 
-inline void barrier() { swapcontext(&fibers[current].ctx, &scheduler); }
+inline Block& block() { return *slots[fibers[current].slot]; }
+
+inline void give_way(Wait why) {
+  fibers[current].wait = why;
+  swapcontext(&fibers[current].ctx, &scheduler);
+}
+inline void barrier() { give_way(Wait::kBlockBarrier); }
 
 inline void trampoline() {
   entry(entry_arg);
-  fibers[current].done = true;  // returning resumes the scheduler (uc_link)
+  fibers[current].wait = Wait::kDone;  // returning resumes the scheduler (uc_link)
 }
 
-// Run the blocks `ids[0..count)` of a grid of `grid` blocks of `block` threads, one block
-// after another (`ids == nullptr`: every block).
-template <typename F>
-void launch(unsigned grid, unsigned block, F body, const unsigned* ids = nullptr,
-            unsigned count = 0) {
-  gridDim = dim3{grid, 1, 1};
-  blockDim = dim3{block, 1, 1};
-  fibers.resize(block);
-  for (auto& f : fibers) f.stack.resize(kStack);
-  entry = [](void* arg) { (*static_cast<F*>(arg))(); };
-  entry_arg = &body;
-  std::vector<unsigned> order(block);
-  for (unsigned t = 0; t < block; ++t) order[t] = t;
-  unsigned long long seed = 0x9e3779b97f4a7c15ULL;
-  const unsigned nblocks = ids ? count : grid;
-  for (unsigned n = 0; n < nblocks; ++n) {
-    const unsigned b = ids ? ids[n] : n;
-    blockIdx = dim3{b, 1, 1};
-    for (unsigned t = 0; t < block; ++t) {
-      Fiber& f = fibers[t];
-      f.done = false;
-      getcontext(&f.ctx);
-      f.ctx.uc_stack.ss_sp = f.stack.data();
-      f.ctx.uc_stack.ss_size = f.stack.size();
-      f.ctx.uc_link = &scheduler;
-      makecontext(&f.ctx, trampoline, 0);
+inline void reset(Fiber& f) {
+  if (!f.stack) f.stack = std::make_unique<Stack>();
+  f.wait = Wait::kRun;
+  f.fenced = false;
+  getcontext(&f.ctx);
+  f.ctx.uc_stack.ss_sp = f.stack->base;
+  f.ctx.uc_stack.ss_size = kStack;
+  f.ctx.uc_link = &scheduler;
+  makecontext(&f.ctx, trampoline, 0);
+}
+
+inline void resume(unsigned k) {
+  current = k;
+  threadIdx = dim3{fibers[k].thread, 1, 1};
+  blockIdx = dim3{fibers[k].block, 1, 1};
+  fibers[k].wait = Wait::kRun;
+  swapcontext(&scheduler, &fibers[k].ctx);
+}
+
+// Release the barriers whose waiters are complete; exit on a barrier that can never release.
+// Returns whether any barrier released.
+inline bool release(unsigned nblocks, unsigned threads) {
+  bool released = false;
+  unsigned grid_waiting = 0, grid_done = 0;
+  for (unsigned s = 0; s < nblocks; ++s) {
+    unsigned at_block = 0, at_grid = 0, done = 0;
+    for (unsigned t = 0; t < threads; ++t) {
+      const Wait w = fibers[s * threads + t].wait;
+      at_block += w == Wait::kBlockBarrier;
+      at_grid += w == Wait::kGridBarrier;
+      done += w == Wait::kDone;
     }
-    // One round runs every live thread to its next barrier (or to its end), in a fresh
-    // pseudo-random order each round (fixed seed: runs are reproducible), so that a missing
-    // barrier is likely to let some thread read shared memory before its writer has run.
-    for (;;) {
-      unsigned finished = 0, waiting = 0;
-      for (unsigned k = block; k > 1; --k) {
-        seed = seed * 6364136223846793005ULL + 1442695040888963407ULL;
-        std::swap(order[k - 1], order[(seed >> 33) % k]);
+    grid_waiting += at_grid;
+    grid_done += done;
+    if (at_block == 0) continue;
+    if (at_block + done == threads && done != 0) {
+      std::fprintf(stderr, "tk_emul: block %u: %u threads wait at a barrier that %u threads "
+                   "never reach\n", fibers[s * threads].block, at_block, done);
+      die(4);
+    }
+    if (at_block + at_grid == threads && at_grid != 0) {
+      std::fprintf(stderr, "tk_emul: block %u: %u threads wait at __syncthreads() while %u "
+                   "wait at the grid barrier\n", fibers[s * threads].block, at_block, at_grid);
+      die(4);
+    }
+    if (at_block == threads) {
+      for (unsigned t = 0; t < threads; ++t) {
+        Fiber& f = fibers[s * threads + t];
+        f.wait = Wait::kRun;
+        f.fenced = false;  // a fence must follow the barrier it publishes
       }
-      for (unsigned k = 0; k < block; ++k) {
-        const unsigned t = order[k];
-        if (fibers[t].done) continue;
-        current = t;
-        threadIdx = dim3{t, 1, 1};
-        swapcontext(&scheduler, &fibers[t].ctx);
-        if (fibers[t].done) ++finished; else ++waiting;
+      released = true;
+    }
+  }
+  const unsigned total = nblocks * threads;
+  if (grid_waiting != 0 && grid_waiting + grid_done == total) {
+    if (grid_done != 0) {
+      std::fprintf(stderr, "tk_emul: %u threads wait at the grid barrier that %u threads "
+                   "never reach\n", grid_waiting, grid_done);
+      die(4);
+    }
+    for (auto& f : fibers) f.wait = Wait::kRun, f.fenced = false;
+    released = true;
+  }
+  return released;
+}
+
+inline unsigned long long next_random() {
+  seed = seed * 6364136223846793005ULL + 1442695040888963407ULL;
+  return seed >> 33;
+}
+
+// Resident blocks do not run at one speed: every `kSpeedRounds` rounds each block draws a
+// period (1, 4 or 16 rounds, half of them fast) and a phase, and runs only in its rounds, so a
+// reader that does not wait for its writer is likely to overtake it.
+constexpr unsigned kSpeedRounds = 16;
+
+// Run `nblocks` resident blocks (fibers [s * threads, (s + 1) * threads) for slot s) until all
+// are done.
+inline void run(unsigned nblocks, unsigned threads) {
+  const unsigned total = nblocks * threads;
+  std::vector<unsigned> order(total), period(nblocks, 1), phase(nblocks, 0);
+  for (unsigned k = 0; k < total; ++k) order[k] = k;
+  unsigned stuck = 0;
+  for (unsigned round = 0;; ++round) {
+    if (nblocks > 1 && round % kSpeedRounds == 0) {
+      for (unsigned b = 0; b < nblocks; ++b) {
+        const unsigned draw = next_random() % 4;
+        period[b] = draw < 2 ? 1 : draw == 2 ? 4 : 16;
+        phase[b] = next_random() % period[b];
       }
-      if (waiting == 0) break;
-      if (finished != 0) {
-        std::fprintf(stderr, "tk_emul: block %u: %u threads wait at a barrier that %u threads "
-                     "never reach\n", b, waiting, finished);
-        std::exit(4);
+    }
+    for (unsigned k = total; k > 1; --k) std::swap(order[k - 1], order[next_random() % k]);
+    bool progress = false, skipped = false, live = false;
+    unsigned resumed = 0;
+    for (unsigned k = 0; k < total; ++k) {
+      const unsigned f = order[k], b = f / threads;
+      const Wait before = fibers[f].wait;
+      if (before != Wait::kRun && before != Wait::kSpin) continue;
+      if ((round + phase[b]) % period[b] != 0) {
+        skipped = true;
+        continue;
       }
+      resume(f);
+      ++resumed;
+      progress |= fibers[f].wait != Wait::kSpin;
+    }
+    progress |= release(nblocks, threads);
+    for (unsigned k = 0; k < total; ++k) live |= fibers[k].wait != Wait::kDone;
+    if (!live) return;
+    if (progress) {
+      stuck = 0;
+    } else if (resumed > 0 || !skipped) {
+      ++stuck;
+    }
+    if (stuck == kStuckRounds || (!progress && resumed == 0 && !skipped)) {
+      unsigned spinning = 0, waiting = 0;
+      for (auto& f : fibers) {
+        spinning += f.wait == Wait::kSpin;
+        waiting += f.wait == Wait::kBlockBarrier || f.wait == Wait::kGridBarrier;
+      }
+      std::fprintf(stderr, "tk_emul: deadlock: %u threads spin and %u wait at barriers, and "
+                   "none can progress\n", spinning, waiting);
+      die(5);
     }
   }
 }
+
+template <typename F>
+void prepare(unsigned grid, unsigned block_threads, unsigned nslots, F& body) {
+  if (block_threads > kMaxThreads) {
+    std::fprintf(stderr, "tk_emul: %u threads per block (at most %u)\n", block_threads,
+                 kMaxThreads);
+    die(3);
+  }
+  gridDim = dim3{grid, 1, 1};
+  blockDim = dim3{block_threads, 1, 1};
+  if (const char* text = std::getenv("TK_EMUL_SEED")) seed = std::strtoull(text, nullptr, 0);
+  fibers.resize((size_t)nslots * block_threads);
+  while (slots.size() < nslots) slots.push_back(std::make_unique<Block>());
+  entry = [](void* arg) { (*static_cast<F*>(arg))(); };
+  entry_arg = &body;
+}
+
+// Run the blocks `ids[0..count)` of a grid of `grid` blocks of `block` threads, one block
+// after another (`ids == nullptr`: every block). One shared-memory slot serves them all, as a
+// static would: what a block leaves there is what the next one finds.
+template <typename F>
+void launch(unsigned grid, unsigned block, F body, const unsigned* ids = nullptr,
+            unsigned count = 0) {
+  prepare(grid, block, 1, body);
+  const unsigned nblocks = ids ? count : grid;
+  for (unsigned n = 0; n < nblocks; ++n) {
+    const unsigned b = ids ? ids[n] : n;
+    for (unsigned t = 0; t < block; ++t) {
+      Fiber& f = fibers[t];
+      f.block = b, f.thread = t, f.slot = 0;
+      reset(f);
+    }
+    run(1, block);
+  }
+}
+
+// Every block of the grid resident at once, each with its own shared memory.
+template <typename F>
+void launch_concurrent(unsigned grid, unsigned block, F body) {
+  prepare(grid, block, grid, body);
+  for (unsigned b = 0; b < grid; ++b) {
+    for (unsigned t = 0; t < block; ++t) {
+      Fiber& f = fibers[(size_t)b * block + t];
+      f.block = b, f.thread = t, f.slot = b;
+      reset(f);
+    }
+  }
+  run(grid, block);
+}
+
+// This block's shared memory, at least `bytes` long. Every thread of a block asks for the
+// same size at the kernel's entry, so only the block's first request can grow it.
+inline unsigned char* block_smem(size_t bytes) {
+  std::vector<float4>& smem = block().smem;
+  const size_t count = (bytes + sizeof(float4) - 1) / sizeof(float4);
+  if (smem.size() < count) smem.resize(count, float4{0, 0, 0, 0});
+  return reinterpret_cast<unsigned char*>(smem.data());
+}
+
+// An integer atomic is a signal to another block: audit the release protocol.
+inline void audit_release(const char* what) {
+  if (!fibers[current].fenced) {
+    std::fprintf(stderr, "tk_emul: block %u thread %u: %s without a __threadfence() since the "
+                 "block's last barrier (its writes may not be visible to the block it "
+                 "signals)\n", fibers[current].block, fibers[current].thread, what);
+    die(6);
+  }
+}
 }  // namespace tk_emul
+
+#define TK_DYNAMIC_SMEM(name) unsigned char* name = tk_emul::block_smem(TK_EMUL_DYNAMIC_SMEM)
+#define TK_STATIC_SMEM(name, bytes) unsigned char* name = tk_emul::block_smem(bytes)
+
+inline void __threadfence() { tk_emul::fibers[tk_emul::current].fenced = true; }
+inline void __nanosleep(unsigned) { tk_emul::give_way(tk_emul::Wait::kSpin); }
+inline void tk_spin() { tk_emul::give_way(tk_emul::Wait::kSpin); }
+inline void tk_grid_sync() { tk_emul::give_way(tk_emul::Wait::kGridBarrier); }
+inline unsigned tk_ld_acquire(const unsigned* p) { return *(const volatile unsigned*)p; }
+inline unsigned atomicAdd(unsigned* p, unsigned v) {
+  tk_emul::audit_release("atomicAdd");
+  const unsigned old = *p;
+  *p = old + v;
+  return old;
+}
+inline int atomicAdd(int* p, int v) {
+  tk_emul::audit_release("atomicAdd");
+  const int old = *p;
+  *p = old + v;
+  return old;
+}
+inline unsigned atomicMax(unsigned* p, unsigned v) {
+  tk_emul::audit_release("atomicMax");
+  const unsigned old = *p;
+  if (v > old) *p = v;
+  return old;
+}
+inline unsigned atomicExch(unsigned* p, unsigned v) {
+  tk_emul::audit_release("atomicExch");
+  const unsigned old = *p;
+  *p = v;
+  return old;
+}
+inline unsigned atomicCAS(unsigned* p, unsigned expected, unsigned v) {
+  tk_emul::audit_release("atomicCAS");
+  const unsigned old = *p;
+  if (old == expected) *p = v;
+  return old;
+}
+inline float atomicAdd(float* p, float v) {
+  const float old = *p;
+  *p = old + v;
+  return old;
+}
 
 inline void __syncthreads() { tk_emul::barrier(); }
 
 template <typename T>
 T __shfl_xor_sync(unsigned, T v, int lane_mask) {
   const unsigned t = threadIdx.x;
-  std::memcpy(tk_emul::exchange[t], &v, sizeof(T));
+  std::memcpy(tk_emul::block().exchange[t], &v, sizeof(T));
   __syncthreads();
   T out;
-  std::memcpy(&out, tk_emul::exchange[t ^ (unsigned)lane_mask], sizeof(T));
+  std::memcpy(&out, tk_emul::block().exchange[t ^ (unsigned)lane_mask], sizeof(T));
   __syncthreads();
   return out;
 }
@@ -239,8 +493,6 @@ inline __nv_bfloat16 __float2bfloat16_rn(float f) {
 // block-uniform, as for the shuffles above), each lane computes its own result from its warp's
 // deposits, and a second barrier lets the deposits be reused.
 namespace tk_emul {
-alignas(16) inline unsigned frag[1024][8];
-inline const void* rows[1024];
 inline float lo16(unsigned r, bool bf) {
   __half h;
   h.x = (unsigned short)(r & 0xffffu);
@@ -260,13 +512,13 @@ inline unsigned short at16(const void* row, unsigned col) {
 template <int N, bool TRANS>
 inline void ldmatrix(unsigned* r, const void* p) {
   const unsigned t = threadIdx.x, warp = t & ~31u, lane = t & 31u, g = lane / 4, q = lane % 4;
-  rows[t] = p;
+  block().rows[t] = p;
   __syncthreads();
   for (int i = 0; i < N; ++i) {
     if (TRANS) {
-      r[i] = pack16(at16(rows[warp + 8 * i + 2 * q], g), at16(rows[warp + 8 * i + 2 * q + 1], g));
+      r[i] = pack16(at16(block().rows[warp + 8 * i + 2 * q], g), at16(block().rows[warp + 8 * i + 2 * q + 1], g));
     } else {
-      const void* row = rows[warp + 8 * i + g];
+      const void* row = block().rows[warp + 8 * i + g];
       r[i] = pack16(at16(row, 2 * q), at16(row, 2 * q + 1));
     }
   }
@@ -277,15 +529,15 @@ inline void ldmatrix(unsigned* r, const void* p) {
 inline void mma(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2], int kind) {
   // kind 0: f16 m16n8k16, 1: bf16 m16n8k16, 2: tf32 m16n8k8
   const unsigned t = threadIdx.x, warp = t & ~31u, lane = t & 31u;
-  for (int i = 0; i < 4; ++i) frag[t][i] = a[i];
-  frag[t][4] = b[0];
-  frag[t][5] = b[1];
+  for (int i = 0; i < 4; ++i) block().frag[t][i] = a[i];
+  block().frag[t][4] = b[0];
+  block().frag[t][5] = b[1];
   __syncthreads();
   float A[16][16] = {}, B[16][8] = {};
   const int K = kind == 2 ? 8 : 16;
   const bool bf = kind == 1;
   for (unsigned L = 0; L < 32; ++L) {
-    const unsigned* f = frag[warp + L];
+    const unsigned* f = block().frag[warp + L];
     const unsigned g = L / 4, q = L % 4;
     if (kind == 2) {
       float v[6];

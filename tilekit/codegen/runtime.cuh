@@ -27,6 +27,30 @@
 #ifndef TK_DYNAMIC_SMEM
 #define TK_DYNAMIC_SMEM(name) extern __shared__ __align__(16) unsigned char name[]
 #endif
+// Static shared memory (up to 48 KB), a macro for the same reason: the emulation gives each
+// resident block its own.
+#ifndef TK_STATIC_SMEM
+#define TK_STATIC_SMEM(name, bytes) __shared__ __align__(16) unsigned char name[bytes]
+#endif
+
+// -- blocks that wait on each other (tk-ram's progress counters, tk-grind's grid barriers) ---
+// Correct only when every block of the grid is resident at once: the launcher checks that
+// (tilekit/runtime/occupancy.py). The emulation (host_emul.h) defines its own versions.
+#if !defined(TK_HOST_EMUL)
+// A spin point: back off briefly so that a waiting block leaves issue slots to the others.
+TK_DEVICE void tk_spin() { __nanosleep(32); }
+// A load that later reads of this thread cannot move before (acquire, device scope).
+TK_DEVICE unsigned tk_ld_acquire(const unsigned* p) {
+  unsigned v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+#if defined(TK_USE_GRID_SYNC)
+#include <cooperative_groups.h>
+// A barrier of the whole grid; the kernel must be launched cooperatively.
+TK_DEVICE void tk_grid_sync() { cooperative_groups::this_grid().sync(); }
+#endif
+#endif
 
 // -- bounds ---------------------------------------------------------------------------------
 // 0 <= i < n in one unsigned compare (n > 0 always: tensors have no empty dimension here).

@@ -332,6 +332,10 @@ class KernelRecord:
     source: str                     # the whole file: preamble, then body
     uses_half: bool = False         # the preamble defines TK_USE_HALF
     resources: Mapping[str, int] | None = None   # ptxas, with --compile
+    # Every block of the grid must be resident at once (its blocks wait on each other: a
+    # persistent program, a device loop): the launcher checks the driver's occupancy first
+    # and launches cooperatively; the emulation runs the blocks concurrently.
+    coresident: bool = False
 
     @property
     def threads(self) -> int:
@@ -346,6 +350,8 @@ class KernelRecord:
                "source": self.source}
         if self.resources is not None:
             out["resources"] = dict(self.resources)
+        if self.coresident:
+            out["coresident"] = True
         return out
 
     @staticmethod
@@ -360,7 +366,8 @@ class KernelRecord:
                                                          f"{where}.smem_bytes"),
                 args=tuple(p["args"]), writes=tuple(p.get("writes", ())),
                 source=str(p["source"]), uses_half=bool(p.get("uses_half", False)),
-                resources=dict(p["resources"]) if p.get("resources") else None)
+                resources=dict(p["resources"]) if p.get("resources") else None,
+                coresident=bool(p.get("coresident", False)))
         except KeyError as exc:
             raise IRError(f"a codegen kernel needs '{exc.args[0]}'", where,
                           "re-run tk-codegen") from None
