@@ -141,20 +141,23 @@ class Compiled:
 
 def compile(model: str | os.PathLike, passes: Sequence[str | Pass] = ("roll", "codegen"),
             hw: str | None = None, *, ir_path: str | os.PathLike = "model.tk.yaml",
-            weights_path: str | os.PathLike | None = None, **options: Any) -> Compiled:
+            weights_path: str | os.PathLike | None = None, dtype: str = "float32",
+            **options: Any) -> Compiled:
     """Import the ONNX file `model` and run `passes` on it, with no files in between.
 
     `ir_path` and `weights_path` are where the IR and its weights sidecar would be written
     (the IR records paths relative to its own folder; nothing is written here): with the same
     paths, `tilekit.ir.dumps(compiled.module)` equals the bytes of
     `tk-import MODEL -o WEIGHTS_STEM.yaml && tk-roll --hw HW ... | tk-codegen ...`.
-    `options` are the passes' options (`top_k=10`, `compile=True`, `arch="sm_80"`).
+    `dtype` is tk-import's `--dtype`. `options` are the passes' options (`top_k=10`,
+    `compile=True`, `arch="sm_80"`).
     """
     from tilekit.onnx import attach_files, import_model, load_model
+    from tilekit.onnx.precision import import_options, to_precision
 
     path = Path(model)
     proto = load_model(str(path))
-    imported = import_model(proto, name=path.stem)
+    imported = to_precision(import_model(proto, name=path.stem), dtype)
     ir_path = Path(ir_path)
     weights = Path(weights_path) if weights_path else ir_path.with_name(
         f"{ir_path.stem}.weights.npz")
@@ -162,6 +165,6 @@ def compile(model: str | os.PathLike, passes: Sequence[str | Pass] = ("roll", "c
     imported = attach_files(imported, ir_folder=str(ir_path.parent.resolve()),
                             weights_path=str(weights), onnx_path=str(path),
                             onnx_sha256=hashlib.sha256(path.read_bytes()).hexdigest(),
-                            options={"opset": opset}, write=False)
+                            options={"opset": opset, **import_options(dtype)}, write=False)
     module = run(imported.module, passes, Context.for_hw(hw, **options))
     return Compiled(module, dict(imported.weights))

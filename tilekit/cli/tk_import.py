@@ -78,8 +78,11 @@ def check_output_paths(out, output: str, weights_path: str, follow_links: bool =
               help="Import a model that ONNX's strict shape inference refuses, with lenient "
                    "inference (trusting its declared shapes); without it such a model is "
                    "refused as malformed.")
+@click.option("--dtype", default="float32", show_default=True, metavar="DTYPE",
+              help="Store the model's float32 tensors and weights as float16 or bfloat16 "
+                   "(arithmetic stays float32, rounded once on store; docs/import.md).")
 @click.option("--list-ops", is_flag=True, help="Print the supported ONNX op types and exit.")
-def main(model, output, fmt, weights_path, shape_flags, lenient, list_ops, quiet, debug):
+def main(model, output, fmt, weights_path, shape_flags, lenient, dtype, list_ops, quiet, debug):
     """Import the ONNX model MODEL.onnx (a file, or '-'/nothing for stdin) as tile IR."""
     from tilekit.ir.codec import write_module
     from tilekit.onnx import attach_files, import_model, load_model_bytes
@@ -91,6 +94,11 @@ def main(model, output, fmt, weights_path, shape_flags, lenient, list_ops, quiet
         for op_type in supported_op_types():
             click.echo(f"{op_type:<28} {CONVERTERS[op_type].summary}")
         return 0
+    from tilekit.onnx.precision import IMPORT_DTYPES, import_options, to_precision
+
+    if dtype not in IMPORT_DTYPES:
+        raise TilekitError(f"unknown dtype {excerpt(dtype)}", "--dtype",
+                           f"choose one of {', '.join(IMPORT_DTYPES)}")
     shapes = parse_shapes(shape_flags)
     data, shown = read_bytes(model, limits.MODEL_BYTES, "ONNX model")
     model_path = None if model == "-" else model
@@ -103,7 +111,8 @@ def main(model, output, fmt, weights_path, shape_flags, lenient, list_ops, quiet
     with OutputSet() as out:
         check_output_paths(out, output, weights_path, named_weights)
         try:
-            imported = import_model(proto, name=name, shapes=shapes, lenient=lenient)
+            imported = to_precision(import_model(proto, name=name, shapes=shapes,
+                                                 lenient=lenient), dtype)
         except TilekitError as exc:
             where = f"{shown}: {exc.where}" if exc.where else shown
             raise type(exc)(exc.what, where, exc.hint) from None
@@ -116,6 +125,7 @@ def main(model, output, fmt, weights_path, shape_flags, lenient, list_ops, quiet
             options["shapes"] = {k: v for k, v in sorted(shapes.items())}
         if lenient:
             options["lenient_shapes"] = True
+        options.update(import_options(dtype))
         imported = attach_files(imported, ir_folder=ir_folder, weights_path=weights_path,
                                 onnx_path=model_path,
                                 onnx_sha256=hashlib.sha256(data).hexdigest(),

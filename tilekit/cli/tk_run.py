@@ -110,7 +110,8 @@ def main(input, device, mode, input_flags, inputs_npz, seed, allow_nan, output, 
         label = device if device != "cpu" or mode == "whole" else f"cpu ({mode} mode)"
         echo(f"check: {label} against {reference.description}: pass when rel_l2 <= rtol "
              "or max_abs <= atol")
-        results = compare_outputs(module, outputs, reference.outputs, rtol, atol)
+        results = compare_outputs(module, outputs, reference.outputs, rtol, atol,
+                                  reference.tolerances)
         for result in results:
             echo(f"  {result.line()}")
         failed = [r.name for r in results if not r.passed]

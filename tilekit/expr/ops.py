@@ -23,6 +23,8 @@ from typing import Callable
 
 import numpy as np
 
+from tilekit.errors import UnsupportedError
+
 #: The IR's element types (`tilekit.ir.model.DTYPES`); each is also a cast function.
 DTYPES = ("float32", "float16", "bfloat16", "float64", "int64", "int32", "int16", "int8",
           "uint8", "bool")
@@ -77,9 +79,54 @@ def _sigmoid(x):
                                                                      else np.float64)
 
 
+#: Storage-only float types: their values compute as float32 (specs/expressions.md,
+#: "Precision"): read as float32, every operation and accumulation in float32, rounded to the
+#: storage type once, on store or at an explicit cast.
+HALF_DTYPES = ("float16", "bfloat16")
+
+
+def round_to(x, dtype: str) -> np.ndarray:
+    """`x` rounded to half type `dtype` (to nearest, ties to even), as float32 values."""
+    x = np.asarray(x, dtype=np.float32)
+    if dtype == "float16":
+        return x.astype(np.float16).astype(np.float32)
+    bits = np.ascontiguousarray(x).view(np.uint32)
+    nan = (bits & 0x7F800000) == 0x7F800000
+    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000).astype(np.uint32)
+    return np.where(nan & ((bits & 0x7FFFFF) != 0), x, rounded.view(np.float32))
+
+
+def is_half(dtype) -> bool:
+    """A NumPy dtype (or IR name) of a storage-only float type (ml_dtypes' bfloat16 too)."""
+    if isinstance(dtype, str):
+        return dtype in HALF_DTYPES
+    dtype = np.dtype(dtype)
+    return dtype == np.float16 or dtype.name == "bfloat16"
+
+
+_SIMPLE_DTYPES = ("float32", "float16", "float64", "int64", "int32", "int16", "int8", "uint8",
+                  "bool")
+
+
+def numpy_dtype(name: str) -> np.dtype:
+    """The NumPy dtype of an IR dtype name (bfloat16 through ml_dtypes, which onnx installs)."""
+    if name in _SIMPLE_DTYPES:
+        return np.dtype(name)
+    if name == "bfloat16":
+        try:
+            import ml_dtypes
+        except ImportError:  # pragma: no cover - ml_dtypes comes with onnx
+            raise UnsupportedError("dtype bfloat16 needs the ml_dtypes package", None,
+                                   "pip install ml_dtypes") from None
+        return np.dtype(ml_dtypes.bfloat16)
+    raise UnsupportedError(f"dtype '{name}' has no NumPy equivalent", None,
+                           f"known dtypes: {', '.join(_SIMPLE_DTYPES + ('bfloat16',))}")
+
+
 def _cast(dtype: str) -> Callable:
-    # NumPy has no bfloat16: the reference computes bfloat16 in float32.
-    target = np.dtype(np.float32) if dtype == "bfloat16" else np.dtype(dtype)
+    if dtype in HALF_DTYPES:  # rounds, and keeps computing in float32
+        return lambda x: round_to(x, dtype)
+    target = np.dtype(dtype)
     return lambda x: np.asarray(x).astype(target)
 
 

@@ -20,7 +20,8 @@ from tilekit.errors import ExprError
 from tilekit.expr.analysis import AccessInfo, Analysis, interval
 from tilekit.expr.contract import contract_pair, shifted_window_sum
 from tilekit.expr.ast import Access, Axis, Binary, Call, Node, Num, Unary, format_node
-from tilekit.expr.ops import BINARY_OPERATORS, FUNCTIONS, PAD_VALUES, REDUCTIONS
+from tilekit.expr.ops import (BINARY_OPERATORS, FUNCTIONS, PAD_VALUES, REDUCTIONS,
+                              is_half)
 
 #: Largest iteration box evaluated in one piece (elements of the broadcast body).
 CHUNK_ELEMENTS = 1 << 23
@@ -47,13 +48,24 @@ def evaluate(analysis: Analysis, env: Mapping[str, np.ndarray], pad: str | None 
     for t in analysis.inputs:
         if t not in env:
             raise ExprError(f"no value for input tensor {t!r}", analysis.output)
+    env = as_compute(env, analysis.inputs)
     dtype = np.dtype(out_dtype or analysis.out_dtype) if (out_dtype or analysis.out_dtype) \
         else None
     with np.errstate(all="ignore"):
         result = _eval_chunked(analysis, env, pad, full)
     if dtype is not None and result.dtype != dtype:
-        result = result.astype(dtype)
+        with np.errstate(all="ignore"):  # float32 beyond float16's range rounds to inf
+            result = result.astype(dtype)
     return result
+
+
+def as_compute(env: Mapping[str, np.ndarray], names) -> Mapping[str, np.ndarray]:
+    """`env` with the half-typed arrays among `names` as float32 (their compute type), so
+    that the body computes and reduces in float32; the others as they are."""
+    half = [n for n in names if is_half(np.asarray(env[n]).dtype)]
+    if not half:
+        return env
+    return {**env, **{n: np.asarray(env[n]).astype(np.float32) for n in half}}
 
 
 def _box_shape(analysis: Analysis, box, axes) -> tuple[int, ...]:

@@ -114,7 +114,8 @@ def stage_weights(out: OutputSet, path: str, weights: Mapping[str, np.ndarray],
                   follow_links: bool = True) -> str:
     """Stage the weights sidecar in `out` and return its sha256.
 
-    An `.npz` readable by `numpy.load`: members `<name>.npy` in sorted name order, stored
+    An `.npz` readable by `numpy.load`: members `<name>.npy` in sorted name order (bfloat16
+    arrays as their bit patterns in uint16: the format has no bfloat16), stored
     uncompressed with a fixed timestamp (numpy.savez stamps the current time), so the same
     weights always give the same bytes. Arrays are streamed, never copied whole; their total
     size is checked against `limits.TOTAL_BYTES` first.
@@ -145,8 +146,10 @@ def _write_npz(fh, weights: Mapping[str, np.ndarray]) -> None:
             info = zipfile.ZipInfo(f"{name}.npy", date_time=(1980, 1, 1, 0, 0, 0))
             info.external_attr = 0o644 << 16
             with zf.open(info, "w", force_zip64=True) as member:
-                np.lib.format.write_array(member, np.asanyarray(weights[name]),
-                                          allow_pickle=False)
+                array = np.asanyarray(weights[name])
+                if array.dtype.name == "bfloat16":  # .npy has no bfloat16: its 16-bit patterns
+                    array = array.view(np.uint16)
+                np.lib.format.write_array(member, array, allow_pickle=False)
 
 
 def _relative(path: str, folder: str) -> str:

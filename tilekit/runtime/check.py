@@ -19,7 +19,7 @@ when there is one, otherwise the CPU reference executor in "whole" mode.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
@@ -42,10 +42,24 @@ DEFAULT_TOLERANCES: dict[str, tuple[float, float]] = {
 }
 
 
-def tolerances(dtype: str, rtol: float | None = None,
-               atol: float | None = None) -> tuple[float, float]:
-    """The (rtol, atol) that apply to an output of `dtype`; explicit values win."""
-    default_rtol, default_atol = DEFAULT_TOLERANCES.get(dtype, (0.0, 0.0))
+#: (rtol, atol) for a half-precision module (`tk-import --dtype`) against onnxruntime running
+#: its float32 source: every stored intermediate is rounded to half, so the error is that of
+#: the whole model in half precision, not of one rounding. Set from the 14 bundled models
+#: (docs/run.md, "Half precision"): worst rel_l2 1.35e-2 in float16 and 1.27e-2 in bfloat16,
+#: both where a softmax reads logits near 60 stored in half (an absolute error of about
+#: 60 x 2^-11 in a logit is that relative error in its probability).
+SOURCE_TOLERANCES: dict[str, tuple[float, float]] = {
+    "float16": (3e-2, 1e-3),
+    "bfloat16": (6e-2, 1e-2),
+}
+
+
+def tolerances(dtype: str, rtol: float | None = None, atol: float | None = None,
+               table: Mapping[str, tuple[float, float]] | None = None) -> tuple[float, float]:
+    """The (rtol, atol) that apply to an output of `dtype` (from `table`, by default
+    `DEFAULT_TOLERANCES`); explicit values win."""
+    default_rtol, default_atol = (table or DEFAULT_TOLERANCES).get(
+        dtype, DEFAULT_TOLERANCES.get(dtype, (0.0, 0.0)))
     return (default_rtol if rtol is None else rtol, default_atol if atol is None else atol)
 
 
@@ -69,9 +83,10 @@ class Comparison:
 
 
 def compare(name: str, actual: np.ndarray, expected: np.ndarray, dtype: str,
-            rtol: float | None = None, atol: float | None = None) -> Comparison:
+            rtol: float | None = None, atol: float | None = None,
+            table: Mapping[str, tuple[float, float]] | None = None) -> Comparison:
     """Compare one output with its reference (see the module docstring for the rule)."""
-    rtol, atol = tolerances(dtype, rtol, atol)
+    rtol, atol = tolerances(dtype, rtol, atol, table)
     if actual.shape != expected.shape:
         return Comparison(name, math.inf, math.inf, rtol, atol, False,
                           f"shape {list(actual.shape)} != reference {list(expected.shape)}")
@@ -104,10 +119,12 @@ def compare(name: str, actual: np.ndarray, expected: np.ndarray, dtype: str,
 
 def compare_outputs(module: Module, actual: Mapping[str, np.ndarray],
                     expected: Mapping[str, np.ndarray], rtol: float | None = None,
-                    atol: float | None = None) -> list[Comparison]:
+                    atol: float | None = None,
+                    table: Mapping[str, tuple[float, float]] | None = None
+                    ) -> list[Comparison]:
     """One `Comparison` per module output, in `module.outputs` order."""
-    return [compare(name, actual[name], expected[name], module.tensors[name].dtype, rtol, atol)
-            for name in module.outputs]
+    return [compare(name, actual[name], expected[name], module.tensors[name].dtype, rtol, atol,
+                    table) for name in module.outputs]
 
 
 @dataclass(frozen=True)
@@ -155,6 +172,10 @@ class Reference:
 
     description: str
     outputs: dict[str, np.ndarray]
+    #: The default tolerances that fit this reference (`SOURCE_TOLERANCES` when a half
+    #: module is compared with its float32 source).
+    tolerances: Mapping[str, tuple[float, float]] = field(
+        default_factory=lambda: DEFAULT_TOLERANCES)
 
 
 def onnx_names(module: Module) -> tuple[dict[str, str], dict[str, str]]:
@@ -190,6 +211,7 @@ def onnxruntime_reference(module: Module, inputs: Mapping[str, np.ndarray],
                            "check the model with onnx.checker") from None
     in_names, out_names = onnx_names(module)
     model_inputs = {i.name for i in session.get_inputs()}
+    types = {i.name: i.type for i in session.get_inputs()}
     model_outputs = {o.name for o in session.get_outputs()}
     feed = {}
     for ir_name, onnx_name in in_names.items():
@@ -197,7 +219,7 @@ def onnxruntime_reference(module: Module, inputs: Mapping[str, np.ndarray],
             raise TilekitError(f"IR input '{ir_name}' maps to '{onnx_name}', which is not an "
                                f"input of '{path.name}'", "source",
                                "the IR does not match its source model: re-run tk-import")
-        feed[onnx_name] = inputs[ir_name]
+        feed[onnx_name] = _as_source_type(inputs[ir_name], types.get(onnx_name))
     missing = sorted(set(out_names.values()) - model_outputs)
     if missing:
         raise TilekitError(f"outputs {missing} are not outputs of '{path.name}'", "source",
@@ -209,8 +231,32 @@ def onnxruntime_reference(module: Module, inputs: Mapping[str, np.ndarray],
         raise TilekitError(f"onnxruntime cannot run '{path.name}': "
                            f"{excerpt(str(exc), 200, quote=False)}", "source.onnx",
                            "check the model with onnx.checker, or drop --check") from None
-    return Reference(f"onnxruntime {ort.__version__} on {path.name}",
-                     {ir: np.asarray(r) for ir, r in zip(out_names, results)})
+    half = import_dtype(module)
+    return Reference(f"onnxruntime {ort.__version__} on {path.name}" + (
+        f" (float32; the IR is in {half})" if half else ""),
+        {ir: np.asarray(r) for ir, r in zip(out_names, results)},
+        SOURCE_TOLERANCES if half else DEFAULT_TOLERANCES)
+
+
+#: onnxruntime's input type names for the float types a half module's inputs may stand for.
+_ORT_FLOATS = {"tensor(float)": np.float32, "tensor(double)": np.float64,
+               "tensor(float16)": np.float16}
+
+
+def _as_source_type(array: np.ndarray, ort_type: str | None) -> np.ndarray:
+    """An input of a half module as its float32 source model takes it (the same values)."""
+    target = _ORT_FLOATS.get(ort_type or "")
+    if target is None or array.dtype == target or array.dtype.kind not in "fV":
+        return array
+    return np.asarray(array, dtype=np.float32).astype(target)
+
+
+def import_dtype(module: Module) -> str | None:
+    """The half type the module was imported in (`tk-import --dtype`), or None."""
+    for stage in module.stages:
+        if stage.get("name") == "import":
+            return (stage.get("options") or {}).get("dtype")
+    return None
 
 
 def cpu_reference(module: Module, inputs: Mapping[str, np.ndarray],

@@ -31,6 +31,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from tilekit.errors import TilekitError
+from tilekit.expr.ops import numpy_dtype
 from tilekit.ir.model import Module
 from tilekit.ir.payloads import CodegenSection, KernelRecord
 from tilekit.runtime.bench import Timing
@@ -108,6 +109,7 @@ class CudaProgram:
         self.arch = device_arch()
         self.raw = self._load(section)
         self.buffers: dict[str, Any] = {}
+        self.bfloat16 = frozenset(n for n, t in module.tensors.items() if t.dtype == "bfloat16")
         self.launches: list[Launch] = []
         written: set[str] = set()
         for k in section.kernels:
@@ -184,7 +186,14 @@ class CudaProgram:
     def _set(self, name: str, array: np.ndarray) -> None:
         # ascontiguousarray makes a 0-d array 1-d; the buffer has the tensor's own shape.
         buffer = self.buffers[name]
-        buffer.set(np.ascontiguousarray(array).reshape(buffer.shape))
+        array = np.ascontiguousarray(array)
+        if name in self.bfloat16:
+            array = array.astype(numpy_dtype("bfloat16"), copy=False).view(np.uint16)
+        buffer.set(array.reshape(buffer.shape))
+
+    def _get(self, name: str) -> np.ndarray:
+        array = self.buffers[name].get()
+        return array.view(numpy_dtype("bfloat16")) if name in self.bfloat16 else array
 
     def launch_all(self) -> None:
         for launch in self.launches:
@@ -198,12 +207,12 @@ class CudaProgram:
             if name in self.passthrough:
                 out[name] = np.asarray(inputs[name] if name in inputs else weights[name])
             else:
-                out[name] = self.buffers[name].get()
+                out[name] = self._get(name)
         return out
 
     def tensors(self) -> dict[str, np.ndarray]:
         """Every tensor a kernel reads or writes, as the last run left it on the device."""
-        return {name: buffer.get() for name, buffer in self.buffers.items()}
+        return {name: self._get(name) for name in self.buffers}
 
     def run(self, inputs: Mapping[str, np.ndarray], weights: Mapping[str, np.ndarray]
             ) -> dict[str, np.ndarray]:
@@ -303,10 +312,9 @@ def _max_shared_memory_per_block(cupy) -> int | None:
 
 
 def _np_dtype(dtype: str):
-    if dtype == "bfloat16":
-        raise TilekitError("bfloat16 tensors have no NumPy dtype for upload", "tensors",
-                           "use float16 or float32")
-    return np.dtype(dtype)
+    """The CuPy buffer type of a tensor: CuPy has no bfloat16, so a bfloat16 tensor lives in a
+    uint16 buffer of its bit patterns (the kernels read them as __nv_bfloat16)."""
+    return np.dtype(np.uint16) if dtype == "bfloat16" else np.dtype(dtype)
 
 
 def prepare(module: Module) -> CudaProgram:

@@ -29,28 +29,10 @@ from tilekit import limits
 from tilekit.errors import TilekitError, UnsupportedError, excerpt
 from tilekit.fileio import regular_file
 from tilekit.ir.model import Module, Tensor
+from tilekit.expr.ops import numpy_dtype  # noqa: F401 - re-exported
 from tilekit.runtime.arrays import npz_members, read_npy, read_npz
 
 # -- dtypes ------------------------------------------------------------------------------
-
-_SIMPLE_DTYPES = ("float32", "float16", "float64", "int64", "int32", "int16", "int8", "uint8",
-                  "bool")
-
-
-def numpy_dtype(name: str) -> np.dtype:
-    """The NumPy dtype of an IR dtype name (bfloat16 through ml_dtypes, which onnx installs)."""
-    if name in _SIMPLE_DTYPES:
-        return np.dtype(name)
-    if name == "bfloat16":
-        try:
-            import ml_dtypes
-        except ImportError:  # pragma: no cover - ml_dtypes comes with onnx
-            raise UnsupportedError("dtype bfloat16 needs the ml_dtypes package", None,
-                                   "pip install ml_dtypes") from None
-        return np.dtype(ml_dtypes.bfloat16)
-    raise UnsupportedError(f"dtype '{name}' has no NumPy equivalent", None,
-                           f"known dtypes: {', '.join(_SIMPLE_DTYPES + ('bfloat16',))}")
-
 
 def describe(array: np.ndarray) -> str:
     """`float32[1,3,224,224]`: how messages name an array's type."""
@@ -122,9 +104,22 @@ def check_header(shape: tuple[int, ...], dtype: np.dtype, tensor: Tensor, where:
     if tuple(shape) != tuple(tensor.shape):
         raise TilekitError(f"shape mismatch: expected {describe_tensor(tensor)}, got {got}",
                            where, hint)
-    if dtype != numpy_dtype(tensor.dtype):
+    if dtype != numpy_dtype(tensor.dtype) and not (
+            tensor.dtype == "bfloat16" and dtype in BFLOAT16_CARRIERS):
         raise TilekitError(f"dtype mismatch: expected {describe_tensor(tensor)}, got {got}",
                            where, hint)
+
+
+#: How a bfloat16 array travels in .npy/.npz files, which have no bfloat16: its 16-bit
+#: patterns as uint16 (what tilekit writes), or the raw 2-byte type ml_dtypes' arrays save as.
+BFLOAT16_CARRIERS = (np.dtype(np.uint16), np.dtype("V2"))
+
+
+def as_declared(array: np.ndarray, tensor: Tensor) -> np.ndarray:
+    """An array read from a file, as its tensor's type (bfloat16 from its carrier)."""
+    if tensor.dtype == "bfloat16" and array.dtype != numpy_dtype("bfloat16"):
+        return array.view(numpy_dtype("bfloat16"))
+    return array
 
 
 # -- the run's budget -----------------------------------------------------------------
@@ -168,7 +163,7 @@ def load_weights(module: Module, folder: Path) -> dict[str, np.ndarray]:
     for name in names:
         if name not in arrays:
             raise TilekitError(f"missing from '{path.name}'", f"weights: tensor '{name}'", hint)
-    return {name: arrays[name] for name in names}
+    return {name: as_declared(arrays[name], module.tensors[name]) for name in names}
 
 
 def check_array(array: np.ndarray, tensor: Tensor, where: str, hint: str) -> None:
@@ -250,7 +245,7 @@ def gather_inputs(module: Module, flags: Iterable[str] = (), npz: str | None = N
         names = {member: input_name(module, member, where) for member in members}
         arrays = read_npz(npz, where, list(members), _input_expect(module, names, hint))
         for member, array in arrays.items():
-            inputs[names[member]] = array
+            inputs[names[member]] = as_declared(array, module.tensors[names[member]])
     given_by_flag: set[str] = set()
     for text in flags:
         name, value = parse_input_flag(text)
@@ -264,8 +259,8 @@ def gather_inputs(module: Module, flags: Iterable[str] = (), npz: str | None = N
             if os.path.isdir(path):
                 raise TilekitError(f"'{path}' is a directory, not an .npy file", where,
                                    "expected NAME=@FILE.npy")
-            inputs[name] = read_npy(path, where, name,
-                                    _input_expect(module, {name: name}, hint, where))
+            inputs[name] = as_declared(read_npy(path, where, name, _input_expect(
+                module, {name: name}, hint, where)), module.tensors[name])
         else:
             inputs[name] = _parse_literal(value, module.tensors[name], where)
     if seed is not None:

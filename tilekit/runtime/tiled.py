@@ -26,7 +26,8 @@ import numpy as np
 
 from tilekit.errors import IRError
 from tilekit.expr import Analysis, evaluate
-from tilekit.expr.ops import REDUCTIONS
+from tilekit.expr.ops import REDUCTIONS, is_half
+from tilekit.expr.reference import as_compute
 from tilekit.ir.payloads import Tile, read_tile
 from tilekit.schedule.defaults import default_tile
 
@@ -114,11 +115,15 @@ def run_op_tiled(analysis: Analysis, env: Mapping[str, np.ndarray], tile: Mappin
     if 0 in shape:
         return out
     budget = None if max_boxes is None else max(1, max_boxes // max(1, len(steps)))
+    # Half types compute and accumulate in float32 and round once, on store (the precision
+    # rule of specs/expressions.md): partial results stay float32 across steps.
+    env = as_compute(env, analysis.inputs)
+    partial = np.float32 if is_half(dtype) else None
     for box in block_boxes(analysis, checked.block, budget):
         where = tuple(slice(lo, hi) for lo, hi in box.values())
         acc = None
         for red in steps or [{}]:
-            part = evaluate(analysis, env, pad=pad, box={**box, **red})
+            part = evaluate(analysis, env, pad=pad, box={**box, **red}, out_dtype=partial)
             acc = part if acc is None else combine(acc, part)
         out[where] = np.reshape(acc, out[where].shape)
     return out
