@@ -135,6 +135,7 @@ FIELD_PATHS = {
     "dram_bytes": "memory[dram].capacity",
     "dram_bandwidth": "memory[dram].bandwidth",
     "transaction_bytes": "memory[dram].transaction",
+    "dram_latency": "memory[dram].latency",
     "exchange_bandwidth": "exchange.bandwidth",
     "clock_hz": "compute.clock",
     "launch_overhead": "launch.overhead",
@@ -191,6 +192,8 @@ class Profile:
     exchange_bandwidth: float | None = None
     # seconds from one kernel's launch to the next one starting (None: not modelled)
     launch_overhead: float | None = None
+    # seconds of a global load's round trip under load (None: not modelled)
+    dram_latency: float | None = None
     aliases: tuple[str, ...] = ()
     description: str = ""
     #: memory level name -> what the vendor calls it ("HBM3", "In-Processor-Memory")

@@ -89,6 +89,8 @@ LEVEL_FIELDS: dict[str, dict[str, Spec]] = {
         "capacity": Spec("bytes", 16 * MiB, 16 * TiB),
         "bandwidth": Spec("bandwidth", 1e9, 1e14),
         "transaction": _TRANSACTION,
+        # a global load's round trip under load (optional: without it, not modelled)
+        "latency": Spec("time", 1e-8, 1e-4, required=False),
     },
 }
 CLOCK = Spec("frequency", 1e8, 1e10)
@@ -485,7 +487,7 @@ def read_profile(data: Any, origin: str) -> Profile:
             l2_bytes=l2.get("capacity") or 0, l2_bandwidth=l2.get("bandwidth"),
             l2_transaction_bytes=l2.get("transaction"),
             dram_bytes=dram["capacity"], dram_bandwidth=dram["bandwidth"],
-            transaction_bytes=dram["transaction"],
+            transaction_bytes=dram["transaction"], dram_latency=dram.get("latency"),
             exchange_bandwidth=exch.get("bandwidth"),
             launch_overhead=launch_figs.get("overhead"),
             clock_hz=clock, peaks=peaks, tensor_peaks=tensor_peaks, mma_shapes=mma,

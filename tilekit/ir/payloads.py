@@ -29,7 +29,7 @@ SIG_DIGITS = 4
 #: CUDA's limit on threads per block (every NVIDIA architecture since sm_20).
 MAX_THREADS = 1024
 #: What an estimate may say bounds the time.
-BOUNDS = ("compute", "smem", "dram", "launch")
+BOUNDS = ("compute", "smem", "dram", "launch", "latency")
 
 Axes = Sequence[tuple[str, int]]    # (axis name, extent), in order
 

@@ -7,7 +7,8 @@ arguments are NumPy arrays so that a whole set of candidates is costed in one ca
 
 The model (docs/roll.md has the derivation and the distributed-machine mapping):
 
-    time = max(compute / sm_busy, shared-memory traffic / sm_busy, global traffic) + launch
+    time = max(compute / sm_busy, shared-memory traffic / sm_busy, global traffic)
+           + staging latency + launch
     sm_busy = wave_efficiency x saturation x lanes
 
 - compute: padded iteration points x flops per point, over the SIMT peak of the output dtype
@@ -30,6 +31,12 @@ The model (docs/roll.md has the derivation and the distributed-machine mapping):
   it is not divided by the wave efficiency; instead the busiest SM's bytes (`ceil(r/SMs)`
   blocks, over its lanes and saturation) must pass its port, its share of the L2 (exchange)
   bandwidth;
+- staging latency (staged kernels only): every reduction step a block loads its boxes and
+  waits at a barrier before computing, so the loads' round trip (`memory[dram].latency`) is
+  paid once per step, hidden only by the other blocks resident on the SM:
+  `ceil(blocks / (SMs x resident)) x steps x latency`. Fitted on the H100 fidelity run
+  (docs/roll.md, "Fidelity"): without it the model ranked the top-10 candidates with a median
+  Spearman of 0.10, with it 0.71;
 - launch: the profile's `launch.overhead` (seconds, `Profile.launch_overhead`) when it states
   one, else 0. Every kernel pays it; it is why fusing kernels pays off for small ops (Rammer).
 
@@ -53,10 +60,10 @@ import numpy as np
 
 from tilekit.hw.profile import Profile
 from tilekit.ir.payloads import BOUNDS, Estimate
-from tilekit.roll.problem import Problem
+from tilekit.roll.problem import Problem, walks_reduction
 from tilekit.schedule.defaults import DEFAULT_THREADS, WARP, default_grid
 from tilekit.schedule.mma import MMA, compute_type, mma_plan, offered
-from tilekit.schedule.shape import MIN_REUSE, SMEM_ALIGN
+from tilekit.schedule.shape import MIN_REUSE, SMEM_ALIGN, STREAM_RATIO
 
 #: Registers a thread spends beyond its tile (addresses, loop counters, predicates).
 REG_OVERHEAD = 12
@@ -94,6 +101,8 @@ class Machine:
     transaction_bytes: int
     peak: float
     launch_s: float
+    #: A synchronous staging step's latency (the profile's `memory[dram].latency`; 0: none).
+    step_latency: float = 0.0
     #: The tensor-core compute types the profile offers (tilekit.schedule.mma.offered) and
     #: the fp32 precision setting ("tf32" lets fp32 contractions use them).
     mma_offered: frozenset = frozenset()
@@ -138,6 +147,7 @@ def _make_machine(profile, dtype: str, precision: str = "fp32") -> Machine:
                            else profile.transaction_bytes),
         peak=profile.peak_flops(key) * a.compute,
         launch_s=float(profile.launch_overhead or 0.0),
+        step_latency=float(profile.dram_latency or 0.0),
         mma_offered=offered(profile), precision=precision)
 
 
@@ -284,9 +294,18 @@ def cost_tiles(problem: Problem, m: Machine, block: np.ndarray, thread: np.ndarr
         t_traffic = dram_bytes / reload_bw
         t_global = np.maximum(np.maximum(unique / m.dram_bw, t_traffic),
                               busiest / (m.l2_bw / m.hw.sm_count))
+    # A staged kernel loads a step's boxes, waits at a barrier, computes, waits again: within
+    # a block the loads' round trip is not overlapped, only by the other blocks resident on
+    # its SM. Each SM runs ceil(blocks / (SMs x resident)) rounds of nsteps such waits.
+    # (tensor-core kernels pipeline their steps with cp.async: no such term.)
+    resident = np.maximum(1, np.minimum(occ.per_sm, -(-g.blocks // m.hw.sm_count)))
+    t_latency = np.where(staged, -(-g.blocks // (m.hw.sm_count * resident)) * g.nsteps
+                         * m.step_latency, 0.0)
     terms = np.stack([t_compute, t_smem, t_global])
-    busy = terms.max(axis=0)
-    bound = np.where(m.launch_s > busy, BOUNDS.index("launch"), terms.argmax(axis=0))
+    busy = terms.max(axis=0) + t_latency
+    bound = np.where(m.launch_s > busy, BOUNDS.index("launch"),
+                     np.where(t_latency > terms.max(axis=0), BOUNDS.index("latency"),
+                              terms.argmax(axis=0)))
     costs = TileCosts(time_s=busy + m.launch_s, flops=g.flops, dram_bytes=dram_bytes,
                       smem_bytes=smem_traffic, smem_tile=smem_tile, box_bytes=box_bytes,
                       staged=staged, lanes_default=lanes_default, regs=regs,
@@ -380,11 +399,22 @@ def _decide_staging(problem: Problem, g: _Grid) -> tuple[np.ndarray, np.ndarray]
     points = g.block.prod(axis=0) * g.step.prod(axis=0)
     box_bytes = np.zeros(g.n, dtype=np.int64)
     reused = np.zeros(g.n, dtype=bool)
+    reused_bytes = np.zeros(g.n, dtype=np.int64)
+    once_bytes = np.zeros(g.n, dtype=np.int64)
+    once_walk = np.ones(g.n, dtype=bool)
     for op in problem.operands:
         volume = op.box_volume(g.tile_sizes)
-        box_bytes = box_bytes + -(-volume * op.itemsize // SMEM_ALIGN) * SMEM_ALIGN
-        reused = reused | (points >= MIN_REUSE * volume)
-    return reused & problem.stageable, box_bytes
+        nbytes = -(-volume * op.itemsize // SMEM_ALIGN) * SMEM_ALIGN
+        box_bytes = box_bytes + nbytes
+        used = points >= MIN_REUSE * volume
+        reused = reused | used
+        reused_bytes = reused_bytes + np.where(used, nbytes, 0)
+        once_bytes = once_bytes + np.where(used, 0, nbytes)
+        once_walk = once_walk & (used | walks_reduction(problem, op))
+    # The reads used once dominate and stream coalesced: lanes, not staging (STREAM_RATIO).
+    streamed = ((once_bytes > 0) & once_walk & (problem.lanes >= WARP)
+                & (STREAM_RATIO * reused_bytes <= once_bytes))
+    return reused & ~streamed & problem.stageable, box_bytes
 
 
 def _global_traffic(problem: Problem, g: _Grid, txn: int) -> tuple[np.ndarray, np.ndarray]:

@@ -187,6 +187,15 @@ class Problem:
         return frozenset(inner)
 
 
+def walks_reduction(problem: "Problem", op: Operand) -> bool:
+    """Does `op`'s last (contiguous) dimension walk the innermost reduction axis with unit
+    stride and nothing else (tilekit.schedule.shape.walks_contiguously, per operand)?"""
+    if not problem.has_reduction or not op.dims or not op.dims[-1].affine:
+        return False
+    last = len(problem.axes) - 1
+    return all(c == (1 if a == last else 0) for a, c in enumerate(op.dims[-1].coefs))
+
+
 def problem_from_analysis(analysis: Analysis, dtypes: Mapping[str, str] | None = None
                           ) -> Problem:
     """The `Problem` of an analysed statement; `dtypes` maps tensor names to IR dtypes

@@ -9,7 +9,9 @@ kernel runs it, with which threads and which shared memory:
   instruction tiles (`tilekit.schedule.mma.mma_plan`);
 - `staged`: a reduction whose reads are all affine, whose body uses no axis value and no
   `select` guard, and where some read's per-step box is used at least `MIN_REUSE` times per
-  element (points of the block tile x step >= MIN_REUSE x box volume). Every distinct read's
+  element (points of the block tile x step >= MIN_REUSE x box volume), unless the reads used
+  once are `STREAM_RATIO` times the reused ones' bytes and walk the reduction contiguously
+  (then `default` with lanes streams them). Every distinct read's
   box (halo included, not clamped: boxes of boundary tiles overhang the tensor and load
   padding) is staged in shared memory per reduction step, **in the tensor's own storage type**
   (a float16 box takes 2 bytes an element), each buffer rounded up to 16 bytes.
@@ -37,6 +39,12 @@ from tilekit.schedule.mma import Contraction, MmaPlan, compute_type, contraction
 
 #: A read is worth staging when each element of its box is used this many times per step.
 MIN_REUSE = 2
+#: ... unless the reads that staging reuses are this many times smaller (bytes per step)
+#: than the reads used once, and those walk the innermost reduction axis contiguously: then
+#: a warp per output point streams them coalesced, with every SM busy, where a staged kernel
+#: would have a block per output tile (a GEMV, a batch-1 fully connected layer: few blocks,
+#: each pulling a weight strip through one SM; measured 3x slower on AlexNet, H100).
+STREAM_RATIO = 8
 #: Bytes of one element of each IR dtype, in memory and in a staged buffer.
 ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int64": 8, "int32": 4,
             "int16": 2, "int8": 1, "uint8": 1, "bool": 1}
@@ -196,8 +204,17 @@ def reuse_reason(facts: OpFacts, tile: Tile) -> str | None:
     if why is not None:
         return why
     points = math.prod(tile.block) * math.prod(tile.step)
-    if not any(points >= MIN_REUSE * b.volume for b in staged_boxes(facts, tile)):
+    boxes = staged_boxes(facts, tile)
+    reused = [points >= MIN_REUSE * b.volume for b in boxes]
+    if not any(reused):
         return "no read is reused within a block tile"
+    once = [b for b, r in zip(boxes, reused) if not r]
+    reused_bytes = sum(b.bytes for b, r in zip(boxes, reused) if r)
+    if (once and facts.lanes >= WARP
+            and all(walks_contiguously(facts.reduction, [b.read]) for b in once)
+            and STREAM_RATIO * reused_bytes <= sum(b.bytes for b in once)):
+        return ("the reads used once dominate every step and walk the reduction "
+                "contiguously: streamed by lanes")
     return None
 
 
@@ -322,5 +339,6 @@ def default_blocks(facts: OpFacts, shape: KernelShape) -> int:
 
 
 __all__ = ["ITEMSIZE", "KernelShape", "LANE_MIN_EXTENT", "MIN_REUSE", "OpFacts", "ReadFacts",
+           "STREAM_RATIO",
            "StagedBox", "analysis_facts", "buffer_bytes", "decide", "facts_of",
            "fit_steps", "reuse_reason", "staged_boxes"]
