@@ -17,8 +17,8 @@ array object is passed), launches every kernel in order on the current stream, s
 and downloads the outputs.
 
 Without CuPy, or without a visible GPU, every entry point raises `TilekitError` saying so
-(tk-run exits 2). STATUS: written without access to a GPU; exercised only by tests/gpu/
-(skipped here). See docs/codegen.md, "What is untested".
+(tk-run exits 2). Exercised by tests/gpu/ and `make gpu-check` where a GPU is present (run
+on an H100: README, "On a GPU"); skipped elsewhere.
 """
 
 from __future__ import annotations

@@ -14,8 +14,9 @@ untimed, then take the median of `Plan.reps` CUDA-event timings. The throughput 
 one full wave (SMs x the blocks the occupancy calculator lets reside on one), so every SM has
 the same work.
 
-STATUS: written without access to a GPU; the kernels compile with nvcc for sm_80 and sm_90 in
-the unit tests, and tests/gpu/test_probe.py runs the whole probe where a GPU is present.
+Run on an H100 (2026-11-22: tests/bench/results/h100-probed.yaml); the kernels compile with
+nvcc for sm_80 and sm_90 in the unit tests, and tests/gpu/test_probe.py runs the whole probe
+where a GPU is present.
 """
 
 from __future__ import annotations
