@@ -92,6 +92,7 @@ def mma_kernel(module, plan: GroupPlan, entry: str, decision: KernelShape) -> Ge
                f"{mp.stages}, s + {mp.stages - 1});")
         e.line("tk_cp_async_commit();")
         e.line(f"const int buf = s % {mp.stages};")
+        e.line("#pragma unroll")
         with e.block(f"for (int kk = 0; kk < {mp.bk}; kk += {ik})"):
             _emit_fragments_and_mma(e, ctx)
     _emit_epilogue(e, ctx, plan, module)
@@ -173,7 +174,15 @@ def _emit_stage_load(e: Emitter, ctx: _Context, which: str) -> None:
         step_origin = dict(zip(k_axes, [qs[[a for a, _, _ in ctx.steps].index(a)]
                                         for a in k_axes]))
         count = rows * length // chunk
-        with e.block(f"for (int i = tid; i < {count}; i += {ctx.threads})"):
+        # A whole number of chunks per thread: a constant trip count, unrolled, so that the
+        # copies issue back to back and their index math is hoisted out of the k loop.
+        loop = (f"for (int i = tid; i < {count}; i += {ctx.threads})" if count % ctx.threads
+                else f"for (int it = 0; it < {count // ctx.threads}; ++it)")
+        if not count % ctx.threads:
+            e.line("#pragma unroll")
+        with e.block(loop):
+            if not count % ctx.threads:
+                e.line(f"const int i = tid + it * {ctx.threads};")
             e.line(f"const int r = i / {length // chunk}, c = (i % {length // chunk}) * "
                    f"{chunk};")
             mn_local, k_local = ("r", "c") if op.k_inner else ("c", "r")
