@@ -62,13 +62,27 @@ def _slug(device: str) -> str:
 
 @pytest.mark.gpu
 def test_gpu_fidelity():
+    _measure_sample(lambda profile: fidelity.build_suite_sample(profile, TOP_K), "",
+                    f"every {fidelity.SAMPLE_EVERY}th workload of specs/workloads.yaml")
+
+
+@pytest.mark.gpu
+def test_gpu_fidelity_tensor_cores():
+    """The same on the tensor-core shapes (the half-precision workloads and the 4096^3 fp16
+    GEMM): which block GEMM, warp layout and pipeline depth the device prefers."""
+    _measure_sample(lambda profile: fidelity.build_sample(
+        profile, fidelity.tensor_core_sample(), TOP_K), "tc-",
+        "the half-precision workloads of specs/workloads.yaml and a 4096^3 fp16 GEMM")
+
+
+def _measure_sample(build, prefix: str, sample: str) -> None:
     from tilekit.codegen.nvcc import find_nvcc
     from tilekit.runtime import cuda
     if find_nvcc() is None:
         pytest.skip("needs nvcc (the candidates compile as one unit)")
     arch = cuda.device_arch()
     profile = profile_for(arch)
-    ops = fidelity.build_suite_sample(profile, TOP_K)
+    ops = build(profile)
     compiled = fidelity.compile_candidates(ops, arch, jobs=JOBS)
     timer = fidelity.CudaTimer(compiled, runs=RUNS, warmup=WARMUP)
     rows = fidelity.measure(ops, timer)
@@ -78,8 +92,7 @@ def test_gpu_fidelity():
         "command": COMMAND,
         "date": datetime.date.today().isoformat(),
         "device": device, "profile": profile.name, "arch": arch, "top_k": TOP_K,
-        "sample": f"every {fidelity.SAMPLE_EVERY}th workload of specs/workloads.yaml "
-                  f"({len(ops)} ops)",
+        "sample": f"{sample} ({len(ops)} ops)",
         "runs": RUNS, "warmup": WARMUP, "l2_flushed": timer.flush is not None,
         "loader": "nvrtc" if timer.nvrtc else "nvcc cubin",
         "timing": "CUDA events around one launch, L2 flushed before each; median of runs",
@@ -91,7 +104,7 @@ def test_gpu_fidelity():
         "ops": rows,
     }
     RESULTS.mkdir(exist_ok=True)
-    path = RESULTS / f"fidelity-{_slug(device)}.json"
+    path = RESULTS / f"fidelity-{prefix}{_slug(device)}.json"
     path.write_text(json.dumps(report, indent=1) + "\n")
     print(f"\n{device}: tk-roll top-{TOP_K} candidates measured (median of {RUNS}; us)")
     print(fidelity.format_table(rows, summary))

@@ -24,8 +24,9 @@ Steps, in order (`--steps` picks some):
                 default schedules (no roll), then `tk-run --device cuda --check --bench`
     sanitizer   compute-sanitizer memcheck and racecheck on three models' kernels
     bench       tests/bench/test_gpu_bench.py (tilekit against cuBLAS/cuDNN/PyTorch, ratios)
-    fidelity    tests/bench/test_gpu_fidelity.py (tk-roll's top-10 tiles of 30 suite ops timed:
-                how well the cost model ranks them; docs/roll.md, "Fidelity")
+    fidelity    tests/bench/test_gpu_fidelity.py (tk-roll's top-10 tiles of 30 suite ops, and of
+                the tensor-core shapes, timed: how well the cost model ranks them; docs/roll.md,
+                "Fidelity")
 
 Each step has a time limit; a failing step is recorded and the next one runs.
 """
@@ -247,19 +248,19 @@ def step_bench(run: Runner, args) -> None:
 
 def step_fidelity(run: Runner, args) -> None:
     r, written = _run_bench(run, "fidelity", f"TILEKIT_FIDELITY_RUNS={args.runs} python3 -m "
-                            "pytest tests/bench/test_gpu_fidelity.py::test_gpu_fidelity "
+                            "pytest tests/bench/test_gpu_fidelity.py -k gpu_fidelity "
                             "-o addopts='' -q -s -rs -p no:cacheprovider --tb=short",
                             args.limit_fidelity, "fidelity-*.json")
     figures: dict = {}
-    for path in written:
+    for path in written:  # the suite sample, and the tensor-core sample (fidelity-tc-*)
         summary = json.loads(path.read_text()).get("summary", {})
-        figures = {k: summary.get(k) for k in (
+        figures[path.stem] = {k: summary.get(k) for k in (
             "ops_ranked", "geomean_top1_over_best", "top1_within_10pct", "median_spearman",
             "geomean_estimated_over_measured", "candidates_failed")}
     outcome = [ln for ln in r["output"].splitlines()
                if re.search(r"\d+ (passed|failed|skipped)", ln)]
     run.record("fidelity", rc=r["rc"], seconds=r["seconds"], summary=(outcome or ["?"])[-1],
-               written=[p.name for p in written], **figures)
+               written=[p.name for p in written], figures=figures)
 
 
 def main(argv: list[str] | None = None) -> int:

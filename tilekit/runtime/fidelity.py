@@ -168,13 +168,28 @@ def suite_sample(every: int = SAMPLE_EVERY) -> list[Workload]:
     return load_workloads()[::every]
 
 
-def build_suite_sample(profile, top_k: int = 10, every: int = SAMPLE_EVERY) -> list[OpBuild]:
-    """The sample's workloads rolled for `profile` with `top_k`, each op's candidates built."""
+def tensor_core_sample() -> list[Workload]:
+    """The shapes the tensor-core (`mma`) kernels are for: the suite's half-precision
+    workloads and the square fp16 GEMM of the cuBLAS comparison (tests/bench/test_gpu_bench.py)."""
+    half = [w for w in load_workloads() if w.dtype in ("float16", "bfloat16")]
+    square = Workload("matmul_4096_fp16", "y[i,j] += a[i,k] * b[k,j]",
+                      {"a": (4096, 4096), "b": (4096, 4096), "y": (4096, 4096)},
+                      "the 4096^3 GEMM of the cuBLAS comparison", dtype="float16")
+    return half + [square]
+
+
+def build_sample(profile, workloads: Sequence[Workload], top_k: int = 10) -> list[OpBuild]:
+    """`workloads` rolled for `profile` with `top_k`, each op's candidates built."""
     built = []
-    for w in suite_sample(every):
+    for w in workloads:
         rolled = roll_module(w.module(), profile, top_k)
         built.append(build_op(rolled, rolled.ops[0].name, profile))
     return built
+
+
+def build_suite_sample(profile, top_k: int = 10, every: int = SAMPLE_EVERY) -> list[OpBuild]:
+    """The sample's workloads rolled for `profile` with `top_k`, each op's candidates built."""
+    return build_sample(profile, suite_sample(every), top_k)
 
 
 # -- compiling ---------------------------------------------------------------------------
