@@ -24,7 +24,6 @@ on an H100: README, "On a GPU"); skipped elsewhere.
 from __future__ import annotations
 
 import hashlib
-import weakref
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -32,6 +31,7 @@ import numpy as np
 
 from tilekit.errors import TilekitError
 from tilekit.expr.ops import numpy_dtype
+from tilekit.ir.graph import per_module
 from tilekit.ir.model import Module
 from tilekit.ir.payloads import CodegenSection, KernelRecord
 from tilekit.runtime.bench import Timing
@@ -319,12 +319,7 @@ def _np_dtype(dtype: str):
 
 def prepare(module: Module) -> CudaProgram:
     """Load `module` on the current device (cached per module object)."""
-    program = _PROGRAMS.get(id(module))
-    if program is None:
-        program = CudaProgram(module)
-        _PROGRAMS[id(module)] = program
-        weakref.finalize(module, _PROGRAMS.pop, id(module), None)
-    return program
+    return per_module(_PROGRAMS, module, CudaProgram)
 
 
 def run_module(module: Module, inputs: Mapping[str, np.ndarray],
