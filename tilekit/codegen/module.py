@@ -42,6 +42,7 @@ from tilekit.codegen.staged import op_facts, staged_kernel
 from tilekit.errors import TilekitError
 from tilekit.ir.model import Kernel, Module, default_kernels
 from tilekit.ir.stages import run_stage
+from tilekit.weld.verify import check_groups
 
 #: Arch recorded when neither --arch nor a hardware profile names one.
 DEFAULT_ARCH = "sm_90"
@@ -64,6 +65,8 @@ def smem_limit(profile) -> int:
 def generate(module: Module, profile=None, arch: str | None = None) -> CodegenResult:
     """Generate every kernel of `module`; see the module docstring."""
     target = Target.of(profile, recorded_precision(module))
+    if "weld" in module.stage_names():
+        check_groups(module, profile)       # tk-weld's groups are one kernel as recorded
     kernels = module.kernels or default_kernels(module.ops)
     tensor_readers = readers(module)
     generated: list[GeneratedKernel] = []

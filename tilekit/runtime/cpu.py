@@ -256,10 +256,12 @@ def _groups(module: Module) -> dict[int, tuple[str, int, Any]]:
     """The welded groups of several consecutive ops, by first op index."""
     if "weld" not in module.stage_names():
         return {}
+    from tilekit.weld.verify import check_groups
+    check_groups(module)
     index = module.op_index()
     out = {}
     for k in module.kernels:
-        if len(k.ops) < 2 or not k.tile:
+        if len(k.ops) < 2 or not isinstance(k.tile, Mapping) or k.tile.get("source") != "weld":
             continue
         first = index[k.ops[0]]
         if [index[o] for o in k.ops] != list(range(first, first + len(k.ops))):

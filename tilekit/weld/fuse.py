@@ -129,8 +129,11 @@ def weld_module(module: Module, profile, top_k: int = 1, max_group: int = DEFAUL
     options: dict[str, Any] = {"top_k": top_k, "max_group": max_group}
     if no_fuse:
         options["no_fuse"] = sorted(set(no_fuse))
-    return run_stage(module, STAGE,
-                     lambda m: _weld(m, profile, top_k, max_group, no_fuse), options)
+    out = run_stage(module, STAGE,
+                    lambda m: _weld(m, profile, top_k, max_group, no_fuse), options)
+    from tilekit.weld.verify import check_groups
+    check_groups(out, profile)      # a stage checks what it writes
+    return out
 
 
 def _weld(module: Module, profile, top_k: int, max_group: int, no_fuse) -> Module:
