@@ -44,6 +44,18 @@ def test_compile_in_one_process_equals_the_piped_commands(model, tmp_path, monke
                                      if t.role == "weight"}
 
 
+@pytest.mark.parametrize("model", ["mobilenet_block", "bert_encoder_layer"])
+def test_compile_with_weld_equals_the_piped_commands(model, tmp_path, monkeypatch):
+    onnx.save(getattr(onnx_models, model)(), str(tmp_path / "m.onnx"))
+    proc = run_pipe("tk-import m.onnx -o m.tk.yaml && tk-roll --hw h100 m.tk.yaml --top-k 2 "
+                    "| tk-weld --top-k 2 | tk-codegen -o m.cuda.yaml", tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    monkeypatch.chdir(tmp_path)
+    compiled = tilekit.compile("m.onnx", ["roll", "weld", "codegen"], hw="h100", top_k=2,
+                               ir_path="m.tk.yaml")
+    assert dumps(compiled.module) == (tmp_path / "m.cuda.yaml").read_text()
+
+
 def test_every_pass_says_what_it_requires_produces_and_invalidates():
     for name, p in pipeline.PASSES.items():
         assert p.name == name and p.summary and p.produces
@@ -52,7 +64,7 @@ def test_every_pass_says_what_it_requires_produces_and_invalidates():
 
 
 def test_unknown_pass_lists_the_known_ones():
-    with pytest.raises(TilekitError, match="known passes: roll, codegen"):
+    with pytest.raises(TilekitError, match="known passes: roll, weld, codegen"):
         pipeline.get("fuse")
 
 
