@@ -105,7 +105,7 @@ def test_no_fuse_and_max_group(h100):
     assert connect_then_fuse(rolled, h100, no_fuse=("bias",)) == [[0], [1], [2]]
     assert connect_then_fuse(rolled, h100, max_group=2) == [[0, 1], [2]]
     assert connect_then_fuse(rolled, h100) == [[0, 1, 2]]
-    with pytest.raises(TilekitError, match="--no-fuse names ops"):
+    with pytest.raises(TilekitError, match="names ops the module does not have"):
         weld_module(m, h100, no_fuse=("nope",))
 
 

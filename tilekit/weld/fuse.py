@@ -117,7 +117,7 @@ def weld_module(module: Module, profile, top_k: int = 1, max_group: int = DEFAUL
         raise TilekitError(f"max_group must be at least 1, got {max_group}", "--max-group")
     unknown = sorted(set(no_fuse) - {op.name for op in module.ops})
     if unknown:
-        raise TilekitError(f"--no-fuse names ops the module does not have: "
+        raise TilekitError(f"names ops the module does not have: "
                            f"{', '.join(unknown)}", "--no-fuse",
                            "give op names from the IR's ops[].name, separated by commas")
     smem_limit(profile)
