@@ -11,17 +11,19 @@ the kernel the group becomes.
   flops times its recompute over the SIMT peak and the wave efficiency; a stage that reduces
   reads its non-shared operands from the memory system at every reduction point (the fused
   shape does not stage them), served by L2; shared buffers are written once and read per
-  point; DRAM moves each external tensor once (times the reader's recompute, halos) and each
-  stored result once. Time is the largest of those over its bandwidth, plus one launch.
+  point; DRAM moves the box of each external tensor the members read (the bounding box over
+  its readers, once, times the worst reader's recompute: halos) and each stored result once. Time is the largest of those over its bandwidth, plus one launch.
 
 Both are estimates, never measurements; docs/weld.md lists what the model cannot see.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Sequence
 
+from tilekit.expr.analysis import input_box
 from tilekit.ir.graph import graph
 from tilekit.ir.model import Module
 from tilekit.ir.payloads import Estimate
@@ -90,18 +92,28 @@ def _fused(module, s: Structure, prop: Propagation, profile, parts, threads, sme
     written = {g.nodes[i].writes[0]: k for k, i in enumerate(s.members)}
     shared = {e.tensor for e in s.shared}
     flops = dram = l2 = smem_traffic = 0.0
+    boxes: dict[str, list[tuple[int, int]]] = {}     # external tensor -> bounding box read
+    rereads: dict[str, float] = {}                   # ... and its readers' worst recompute
     for k, i in enumerate(s.members):
         a = g.nodes[i].analysis
         factor = prop.work[k] / max(1.0, prop.own[k])
         flops += parts[k].flops * factor
-        for t in a.inputs:
+        for acc in a.accesses:
+            t = acc.tensor
             if t in written:
                 if t in shared:
                     smem_traffic += prop.work[k] * tensor_bytes(module, t) / module.tensors[t].size
                 continue
-            dram += tensor_bytes(module, t) * min(factor, prop.blocks)
+            box = input_box(a, acc, clamp=True)
+            old = boxes.get(t)
+            boxes[t] = box if old is None else [(min(x[0], y[0]), max(x[1], y[1]))
+                                                for x, y in zip(old, box)]
+            rereads[t] = max(rereads.get(t, 1.0), min(factor, prop.blocks))
             if a.reduction and s.roles[k] == "stage":
                 l2 += prop.work[k] * ITEMSIZE.get(module.tensors[t].dtype, 4)
+    for t, box in boxes.items():
+        volume = math.prod(max(0, hi - lo) for lo, hi in box)
+        dram += volume * ITEMSIZE.get(module.tensors[t].dtype, 4) * rereads[t]
     for e in s.shared:
         smem_traffic += tensor_bytes(module, e.tensor)
     for t in s.stored:
