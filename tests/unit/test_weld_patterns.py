@@ -101,3 +101,46 @@ def test_pattern_runs_tile_by_tile(name, h100):
     want = run_module(module, inputs, {})
     for out in module.outputs:
         np.testing.assert_allclose(got[out], want[out], rtol=1e-5, atol=1e-5, err_msg=out)
+
+
+@pytest.mark.skipif(find_cxx() is None, reason="no C++ compiler for the emulation")
+def test_epilogue_fuses_onto_tensor_core_kernels(h100):
+    """matmul + bias + GELU on fp16 operands: the group is the tensor-core (mma) kernel with
+    the bias and GELU applied to the accumulators in registers before the store."""
+    from tilekit.ir import Module, Op, Tensor
+    from tilekit.roll.schedule import roll_module
+
+    m, k, n = 128, 256, 96
+    module = Module(
+        model="mm_gelu", inputs=("x", "w", "b"), outputs=("g",), stages=({"name": "import"},),
+        tensors={"x": Tensor((m, k), "float16", "input"), "w": Tensor((k, n), "float16", "input"),
+                 "b": Tensor((n,), "float32", "input"), "mm": Tensor((m, n), "float32"),
+                 "a": Tensor((m, n), "float32"), "g": Tensor((m, n), "float32", "output")},
+        ops=(Op("mm", "mm[i,j] += x[i,k] * w[k,j]"), Op("bias", "a[i,j] = mm[i,j] + b[j]"),
+             Op("gelu", "g[i,j] = a[i,j] * 0.5 * (erf(a[i,j] / 1.4142135) + 1.0)")))
+    welded = weld_module(roll_module(module, h100), h100)
+    assert [k.ops for k in welded.kernels] == [("mm", "bias", "gelu")]
+    result = generate(welded, h100)
+    (kernel,) = result.kernels
+    assert kernel.shape == "mma" and "erff" in kernel.body
+    rng = np.random.default_rng(0)
+    inputs = {t: rng.standard_normal(welded.tensors[t].shape).astype(welded.tensors[t].dtype)
+              for t in welded.inputs}
+    got = emulate(result.module, inputs, {})["g"]
+    want = run_module(welded, inputs, {})["g"]
+    assert np.linalg.norm(got - want) / np.linalg.norm(want) < 1e-3
+
+
+def test_pattern_kernels_compile_without_spills(h100, monkeypatch, tmp_path_factory):
+    """Every pattern's welded kernel compiles for sm_90 within the H100's limits."""
+    import os
+    import shutil
+    from tilekit.codegen.module import compile_module
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc is not installed")
+    if "TILEKIT_CACHE" not in os.environ:
+        monkeypatch.setenv("TILEKIT_CACHE",
+                           str(tmp_path_factory.getbasetemp().parent / "tk-cache"))
+    for name in PATTERNS:
+        report = compile_module(generate(welded(name, h100), h100), "sm_90", h100)
+        assert not report.problems, (name, report.problems)

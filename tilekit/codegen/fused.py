@@ -35,7 +35,7 @@ from tilekit.codegen.kernel import (GeneratedKernel, PointEmitter, avar, c_name,
 from tilekit.codegen.plan import GroupPlan, OpPlan, Read
 from tilekit.expr.box import Span, clamp, map_box, tile_spans, union
 from tilekit.ir.payloads import Tile
-from tilekit.weld.structure import Buffer, allocate
+from tilekit.weld.structure import Buffer, allocate, covers
 from tilekit.schedule.defaults import (DEFAULT_THREADS, KIND_BYTES, WARP, lane_count,
                                        shared_bytes)
 
@@ -105,28 +105,11 @@ def plan_regions(module, plan: GroupPlan, block: tuple[int, ...]) -> Regions:
     extents = [n for _, n in last.main.spatial]
     for k, s in enumerate(stages[:-1]):
         for t in s.outputs:
-            if t in plan.stored and not _covers(spans[k], s.main.out_shape, block, extents):
+            if t in plan.stored and not covers(spans[k], s.main.out_shape, block, extents):
                 raise FusionError(f"'{t}' leaves the group but the blocks' regions do not "
                                   "cover it")
     return Regions(tuple(block), tuple(tuple(x) for x in spans), smem,
                    {b.tensor: b.offset for b in placed})
-
-
-def _covers(region: list[Span], shape, block, extents) -> bool:
-    for s, dim in zip(region, shape):
-        if not s.lo.coefs:
-            if s.lo.const > 0 or s.lo.const + s.length < dim:
-                return False
-            continue
-        if len(s.lo.coefs) != 1 or s.lo.coefs[0][1] != 1:
-            return False
-        q = s.lo.coefs[0][0]
-        tiles = -(-extents[q] // block[q])
-        if s.lo.const > 0 or s.length < block[q]:
-            return False
-        if (tiles - 1) * block[q] + s.lo.const + s.length < dim:
-            return False
-    return True
 
 
 def default_block(module, plan: GroupPlan, limit: int) -> Regions:
