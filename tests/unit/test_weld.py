@@ -147,6 +147,23 @@ def test_verifier_errors_are_located(h100, mutate, where, what):
     assert where in str(info.value) and what in str(info.value)
 
 
+def test_verifier_checks_the_flash_form(h100):
+    m = weld_module(fixture("attention_long"), h100)
+    assert m.kernels[0].tile["flash"] == {"key": "j", "step": 64}
+    for mutate, what in [
+            (lambda d: d["kernels"][0]["tile"]["flash"].update(step=32), "steps of 64"),
+            (lambda d: d["kernels"][0]["tile"]["flash"].update(key="e"), "key axis 'j'")]:
+        with pytest.raises(IRError, match=what):
+            check_groups(_mutated(m, mutate), h100)
+    short = _mutated(weld_module(fixture("attention"), h100),
+                     lambda d: d["kernels"][0]["tile"].update(flash={"key": "j", "step": 64}))
+    check_groups(short, h100)      # 16 keys: attention, so a flash form is allowed
+    softmax = _mutated(weld_module(fixture("softmax"), h100),
+                       lambda d: d["kernels"][0]["tile"].update(flash={"key": "j", "step": 64}))
+    with pytest.raises(IRError, match="is not attention"):
+        check_groups(softmax, h100)
+
+
 def test_verifier_knows_the_shared_memory_limit(h100):
     m = weld_module(fixture("attention"), h100)
     smem = m.kernels[0].tile["smem_bytes"]

@@ -35,6 +35,9 @@ EXPECTED = {
     "attention": (("qk", "scale_mask", "rmax", "rsum", "prob", "pv"), 5,
                   {"s": "register", "sm": "shared", "mx": "shared", "den": "shared",
                    "p": "shared"}),
+    "attention_long": (("qk", "scale_mask", "rmax", "rsum", "prob", "pv", "scale_out"), 5,
+                       {"s": "register", "sm": "shared", "mx": "shared", "den": "shared",
+                        "p": "shared", "o": "register"}),
     "mixer_tokens": (("transpose", "fc1", "relu", "fc2", "back"), 4,
                      {"xt": "shared", "h": "register", "g": "shared", "z": "shared"}),
 }
@@ -85,7 +88,12 @@ def test_pattern_kernel_emulates(name, h100, monkeypatch, tmp_path_factory):
     result = generate(module, h100)
     assert not result.notes, result.notes
     assert len(result.kernels) == len(module.kernels)
+    flash = [k for k in module.kernels if k.tile and k.tile.get("flash")]
+    assert [k.shape for k in result.kernels if k.shape == "flash"] == ["flash"] * len(flash)
+    assert bool(flash) == (name == "attention_long")   # the key axis split past 64 keys
     inputs = values(module)
+    if "mask" in inputs:
+        inputs["mask"][::7] = -1e9                       # masked keys
     got = emulate(result.module, inputs, {})
     want = run_module(module, inputs, {})
     for out in module.outputs:

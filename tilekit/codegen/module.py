@@ -27,6 +27,7 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any
 
+from tilekit.codegen.flash import FlashError, flash_kernel
 from tilekit.codegen.fused import FusionError, fused_kernel
 from tilekit.codegen.helpers import HELPERS_NAME, helpers_sha256
 from tilekit.codegen.kernel import GeneratedKernel, c_name, default_kernel, tiled_kernel
@@ -79,7 +80,7 @@ def generate(module: Module, profile=None, arch: str | None = None) -> CodegenRe
             made = [_one_group(module, kernel, kernel.name, tensor_readers, target, notes,
                                used, where)]
             split = None
-        except (GroupSplit, FusionError) as exc:
+        except (GroupSplit, FusionError, FlashError) as exc:
             split = str(exc)
             notes.append(f"{where}: split into one kernel per op: {split}")
             made = []
@@ -167,6 +168,14 @@ def _one_group(module: Module, kernel: Kernel, name: str, tensor_readers, target
         g = opaque_kernel(module, plan, entry)
     elif len(plan.stages) == 1:
         g = _single_stage(module, plan, entry, target, notes, where)
+    elif isinstance(plan.kernel.tile, dict) and plan.kernel.tile.get("flash"):
+        # tk-weld's flash form of an attention group (checked by tilekit.weld.verify).
+        from tilekit.weld.attention import match
+        from tilekit.weld.structure import structure
+        index = module.op_index()
+        att = match(module, structure(module, [index[o] for o in plan.kernel.ops]))
+        g = flash_kernel(module, plan, entry, _kernel_tile(plan, where),
+                         int(plan.kernel.tile["flash"]["step"]), att)
     else:
         # A group's own tile (kernels[].tile) is tk-weld's fusion decision; without one the
         # fused shape picks its default tile.

@@ -355,6 +355,8 @@ class GroupTile:
     gain_us: float
     unwelded: Mapping[str, Any]
     candidates: tuple[Candidate, ...] = ()
+    #: The flash form of an attention group: {"key": axis, "step": keys per step}.
+    flash: Mapping[str, Any] | None = None
 
     @property
     def levels(self) -> dict[str, str]:
@@ -379,6 +381,8 @@ class GroupTile:
         for c in out["candidates"]:
             if not self.reduction:
                 c.pop("step")
+        if self.flash is not None:
+            out["flash"] = dict(self.flash)
         return out
 
     @staticmethod
@@ -414,7 +418,15 @@ class GroupTile:
                          _float(p.get("recompute", 1.0), f"{where}.recompute"),
                          _float(p.get("gain_us", 0.0), f"{where}.gain_us"),
                          dict(_mapping(p.get("unwelded", {}), f"{where}.unwelded",
-                                       "'unwelded'")), cands)
+                                       "'unwelded'")), cands, _flash(p.get("flash"), where))
+
+
+def _flash(value: Any, where: str) -> Mapping[str, Any] | None:
+    if value is None:
+        return None
+    f = _mapping(value, f"{where}.flash", "'flash'")
+    return {"key": _str(f.get("key"), f"{where}.flash.key"),
+            "step": _int(f.get("step"), f"{where}.flash.step", 1)}
 
 
 def _list(p: Mapping[str, Any], key: str, where: str, required: bool = True) -> list:

@@ -27,6 +27,7 @@ from tilekit.ir.model import Kernel, Module
 from tilekit.ir.payloads import (Candidate, Estimate, GroupEdge, GroupMember, GroupTile, count,
                                  round_sig)
 from tilekit.ir.stages import run_stage
+from tilekit.weld.attention import FLASH_STEP
 from tilekit.weld.model import op_estimate, tensor_bytes, unwelded
 from tilekit.weld.search import TileChoice, choose
 from tilekit.weld.structure import NotFusible, Structure, shared_buffers, structure
@@ -181,7 +182,8 @@ def group_tile(module: Module, group: Group) -> GroupTile:
         saved = full * len(e.consumers) + (0 if e.stored else full)
         edges.append(GroupEdge(e.tensor, e.producer, e.consumers, e.level, nbytes, saved,
                                e.stored))
-    buffers = best.buffers or (shared_buffers(module, s, prop) if prop is not None else ())
+    buffers = best.buffers or (shared_buffers(module, s, prop)
+                               if prop is not None and best.flash is None else ())
     before = unwelded(module, s.members)
     step = best.tile.step if s.stages == 1 else ()
     reduction = main.reduction if s.stages == 1 else ()
@@ -195,7 +197,8 @@ def group_tile(module: Module, group: Group) -> GroupTile:
         {"kernels": before.kernels, "time_us": round_sig(before.time_us),
          "dram_bytes": count(before.dram_bytes)},
         tuple(Candidate(replace(c.tile, step=c.tile.step if s.stages == 1 else ()),
-                        c.estimate) for c in group.choices[1:]))
+                        c.estimate) for c in group.choices[1:]),
+        {"key": best.flash.key, "step": FLASH_STEP} if best.flash is not None else None)
 
 
 __all__ = ["DEFAULT_MAX_GROUP", "Group", "STAGE", "connect_then_fuse", "group_tile", "price",

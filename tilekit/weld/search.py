@@ -3,6 +3,8 @@
 - **One stage**: the kernel is the main op's rolled kernel with an epilogue, so its tile is
   the main op's rolled tile (Roller already searched it); the main op's runners-up are the
   group's, each priced as a group.
+- **Attention** with a key axis longer than `FLASH_STEP` (tilekit.weld.attention): the flash
+  form, block tiles of rows (the innermost row axis 1, 2, 4, ...) times every column.
 - **Several stages** (the fused shape): best-first search over block tiles of the last op,
   starting from the smallest tile (1 on every axis) and growing one axis at a time (doubling,
   or straight to the whole extent), by priority DRAM traffic x waves (ties: estimated time).
@@ -27,6 +29,8 @@ from tilekit.weld.model import group_estimate, op_estimate, threads_for
 from tilekit.weld.structure import (Buffer, NotFusible, Propagation, Structure, covers,
                                     footprint, propagate, shared_buffers)
 from tilekit.ir.graph import graph
+from tilekit.weld.attention import (FLASH_POINTS_PER_THREAD, FLASH_STEP, FLASH_THREADS,
+                                    Attention, match)
 
 #: Work the blocks of a group may do over the work of its ops (halo recompute), at most.
 MAX_RECOMPUTE = 1.25
@@ -44,6 +48,7 @@ class TileChoice:
     buffers: tuple[Buffer, ...]
     smem: int
     estimate: Estimate
+    flash: Attention | None = None   # the flash form of an attention group (key axis split)
 
 
 def _rolled(module: Module, i: int) -> OpTile:
@@ -163,7 +168,60 @@ def choose(module: Module, s: Structure, profile, top_k: int, limit: int) -> lis
     """The group's tile first, then its runners-up (at most `top_k` in all)."""
     if s.stages == 1:
         return one_stage(module, s, profile, top_k)
+    att = match(module, s)
+    if att is not None and att.key_extent > FLASH_STEP and _all_float32(module, s):
+        return flash_tiles(module, s, att, profile, top_k, limit)
     return several_stages(module, s, profile, top_k, limit)
+
+
+def _all_float32(module: Module, s: Structure) -> bool:
+    g = graph(module)
+    return all(module.tensors[t].dtype == "float32"
+               for i in s.members for t in (*g.nodes[i].reads, *g.nodes[i].writes))
+
+
+def flash_footprint(rows: int) -> int:
+    """Shared bytes of the flash form: a step of scores and three floats per row."""
+    return _aligned16(rows * FLASH_STEP * 4) + 3 * _aligned16(rows * 4)
+
+
+def _aligned16(n: int) -> int:
+    return -(-n // 16) * 16
+
+
+def flash_tiles(module: Module, s: Structure, att: Attention, profile, top_k: int,
+                limit: int) -> list[TileChoice]:
+    """Tiles of the flash form: every row axis 1 but the innermost, which takes 1, 2, 4, ...
+    rows while a thread keeps at most `FLASH_POINTS_PER_THREAD` accumulators and the
+    footprint fits; every column whole. Ranked by estimated time (the work is the whole-row
+    group's: the same scores, computed once per row)."""
+    last = graph(module).nodes[s.members[-1]].analysis
+    axes = [a for a, _ in last.spatial]
+    o = graph(module).nodes[s.members[att.stages[4]]].analysis
+    o_axes = [a for a, _ in o.spatial]
+    extents = [e for _, e in last.spatial]
+    rows = [o_axes.index(a) for a in att.rows]
+    cols = [q for q in range(len(axes)) if q not in rows]
+    n_cols = math.prod(extents[q] for q in cols)
+    inner = rows[-1]
+    out = []
+    size = 1
+    while size <= extents[inner]:
+        block = tuple(extents[q] if q in cols else (size if q == inner else 1)
+                      for q in range(len(axes)))
+        smem = flash_footprint(size)
+        if size * n_cols > FLASH_POINTS_PER_THREAD * FLASH_THREADS or smem > limit:
+            break
+        prop = propagate(module, s.members, block)
+        est = group_estimate(module, s, prop, profile, FLASH_THREADS, smem)
+        out.append(TileChoice(Tile(block, tuple(1 for _ in block), (), "weld"), prop, (),
+                              smem, est, att))
+        size *= 2
+    if not out:
+        raise NotFusible(f"one row of {n_cols} output columns needs more than "
+                         f"{FLASH_POINTS_PER_THREAD} accumulators per thread")
+    out.sort(key=lambda c: (c.estimate.time_us, -math.prod(c.tile.block)))
+    return out[:top_k]
 
 
 __all__ = ["MAX_RECOMPUTE", "MAX_VISITS", "TileChoice", "Candidate", "choose", "thread_tile"]

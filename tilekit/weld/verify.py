@@ -17,6 +17,8 @@ Rules (each broken one is an IRError located at the field to fix, exit 2):
 
 from __future__ import annotations
 
+import math
+
 from tilekit.errors import IRError
 from tilekit.ir.graph import graph
 from tilekit.ir.model import Module
@@ -71,7 +73,9 @@ def check_group(module: Module, n: int, index, limit: int | None) -> GroupTile:
         prop = propagate(module, members, group.tile.block)
     except NotFusible as exc:
         raise IRError(str(exc), f"{where}.block", "re-run tk-weld") from None
-    if s.stages > 1:
+    if group.flash is not None:
+        _check_flash(module, group, s, limit, where)
+    elif s.stages > 1:
         _check_regions(module, group, prop, where)
         extents = [e for _, e in last.spatial]
         for k, i in enumerate(members[:-1]):
@@ -87,6 +91,33 @@ def check_group(module: Module, n: int, index, limit: int | None) -> GroupTile:
                           f"profile's {limit}", f"{where}.edges",
                           "re-run tk-weld for this profile (a smaller tile)")
     return group
+
+
+def _check_flash(module: Module, group: GroupTile, s, limit: int | None, where: str) -> None:
+    """The flash form: an attention group, split on its key axis, every column whole."""
+    from tilekit.weld.attention import FLASH_STEP, match
+    from tilekit.weld.search import flash_footprint
+
+    att = match(module, s)
+    if att is None:
+        raise IRError("the group is not attention (scores, row max, exp-sum, probabilities, "
+                      "probabilities x values), so it has no flash form", f"{where}.flash",
+                      "re-run tk-weld")
+    if group.flash["key"] != att.key or group.flash["step"] != FLASH_STEP:
+        raise IRError(f"the flash form splits key axis '{att.key}' in steps of {FLASH_STEP}, "
+                      f"got {dict(group.flash)}", f"{where}.flash", "re-run tk-weld")
+    last = graph(module).nodes[module.op_index()[group.members[-1].op]].analysis
+    o_axes = [a for a, _ in graph(module).nodes[s.members[att.stages[4]]].analysis.spatial]
+    for (a, extent), b, oa in zip(last.spatial, group.tile.block, o_axes):
+        if oa not in att.rows and b != extent:
+            raise IRError(f"the flash form needs every output column in the block: axis "
+                          f"'{a}' has block {b} of {extent}", f"{where}.block.{a}",
+                          "re-run tk-weld")
+    rows = math.prod(b for b, oa in zip(group.tile.block, o_axes) if oa in att.rows)
+    if limit is not None and flash_footprint(rows) > limit:
+        raise IRError(f"the flash form needs {flash_footprint(rows)} bytes of shared memory "
+                      f"per block, more than the profile's {limit}", f"{where}.block",
+                      "re-run tk-weld for this profile")
 
 
 def _check_levels(group: GroupTile, s, where: str) -> None:
