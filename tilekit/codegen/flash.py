@@ -90,6 +90,15 @@ def flash_kernel(module, plan: GroupPlan, entry: str, tile: Tile, step: int, att
                 checks.append(f"{v} < {extents[q]}")
         return values, " && ".join(checks) or "true"
 
+    def each_point(body) -> None:
+        """`body(O's axis values, range check)` for each of this thread's output points
+        (`pt = tid + k * threads`, the same points at every step: their accumulators)."""
+        with e.block(f"for (int k = 0; k < {per_thread}; ++k)"):
+            e.line(f"const int pt = tid + k * {threads};")
+            with e.block(f"if (pt < {n_rows * n_cols})"):
+                body(*_output_point(e, o_axes, rows, cols, extents, origin, row_coords,
+                                    n_cols, idx_t))
+
     e.line(f"float acc[{per_thread}];")
     with e.block(f"for (int k = 0; k < {per_thread}; ++k)"):
         e.line("acc[k] = 0.0f;")
@@ -103,27 +112,25 @@ def flash_kernel(module, plan: GroupPlan, entry: str, tile: Tile, step: int, att
         e.line("__syncthreads();")
         _emit_statistics(e, sc, s_m, s_l, s_a, n_rows, step, threads, neg_inf)
         e.line("__syncthreads();")
-        with e.block(f"for (int k = 0; k < {per_thread}; ++k)"):
-            e.line(f"const int pt = tid + k * {threads};")
-            with e.block(f"if (pt < {n_rows * n_cols})"):
-                o_vars, ok = _output_point(e, o_axes, rows, cols, extents, origin, row_coords,
-                                           n_cols, idx_t)
-                e.line(f"float sum = 0.0f;")
-                with e.block(f"if ({ok})"):
-                    _emit_step_sum(e, module, o_stage, att, o_vars, sc, s_m, step)
-                e.line(f"acc[k] = acc[k] * {s_a}[pt / {n_cols}] + sum;")
+
+        def accumulate(o_vars: list[str], ok: str) -> None:
+            e.line("float sum = 0.0f;")
+            with e.block(f"if ({ok})"):
+                _emit_step_sum(e, module, o_stage, att, o_vars, sc, s_m, step)
+            e.line(f"acc[k] = acc[k] * {s_a}[pt / {n_cols}] + sum;")
+
+        each_point(accumulate)
         e.line("__syncthreads();  // the scores buffer is rewritten by the next step")
     e.comment("every output point: acc / l through O's chain to memory")
-    with e.block(f"for (int k = 0; k < {per_thread}; ++k)"):
-        e.line(f"const int pt = tid + k * {threads};")
-        with e.block(f"if (pt < {n_rows * n_cols})"):
-            o_vars, ok = _output_point(e, o_axes, rows, cols, extents, origin, row_coords,
-                                       n_cols, idx_t)
-            with e.block(f"if ({ok})"):
-                pe = PointEmitter(module, e, o_stage, o_vars, global_resolver)
-                value = e.let("float", "v_out_", f"acc[k] / {s_l}[pt / {n_cols}]")
-                pe.epilogue(pe.main_value(o_main, (value, "f")),
-                            store_sink(module, e, plan.stored, o_vars))
+
+    def store(o_vars: list[str], ok: str) -> None:
+        with e.block(f"if ({ok})"):
+            pe = PointEmitter(module, e, o_stage, o_vars, global_resolver)
+            value = e.let("float", "v_out_", f"acc[k] / {s_l}[pt / {n_cols}]")
+            pe.epilogue(pe.main_value(o_main, (value, "f")),
+                        store_sink(module, e, plan.stored, o_vars))
+
+    each_point(store)
     sched = {"source": tile.source, "block": dict(zip(o_axes, block)), "threads": threads,
              "flash": {"key": att.key, "step": step, "rows": n_rows, "columns": n_cols,
                        "per_thread": per_thread}}
