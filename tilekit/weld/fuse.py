@@ -27,12 +27,15 @@ from tilekit.ir.model import Kernel, Module
 from tilekit.ir.payloads import (Candidate, Estimate, GroupEdge, GroupMember, GroupTile, count,
                                  round_sig)
 from tilekit.ir.stages import run_stage
-from tilekit.weld.attention import FLASH_STEP
+from tilekit.weld.attention import FLASH_STEP, match
 from tilekit.weld.model import op_estimate, tensor_bytes, unwelded
 from tilekit.weld.search import TileChoice, choose
-from tilekit.weld.structure import NotFusible, Structure, shared_buffers, structure
+from tilekit.weld.structure import (NotFusible, Structure, shared_buffers, smem_limit,
+                                    structure)
 
 STAGE = "weld"
+#: Ops a look-ahead for the attention pattern may take beyond the open group.
+LOOKAHEAD = 5
 #: Ops per group, at most, unless --max-group says otherwise.
 DEFAULT_MAX_GROUP = 16
 
@@ -51,15 +54,6 @@ class Group:
     @property
     def estimate(self) -> Estimate:
         return self.choices[0].estimate
-
-
-def smem_limit(profile) -> int:
-    limit = int(getattr(profile, "smem_per_block", 0) or 0)
-    if limit <= 0:
-        raise TilekitError(f"hardware profile '{profile.name}' has no shared memory per "
-                           "block", "--hw", "tk-weld keeps intermediates in shared memory: "
-                           "use a profile with memory[shared].per_block_optin")
-    return limit
 
 
 def price(module: Module, members: Sequence[int], profile, top_k: int, limit: int
@@ -82,8 +76,11 @@ def connect_then_fuse(module: Module, profile, top_k: int = 1,
     groups: list[list[int]] = []
     open_: list[int] = []
     open_group: Group | None = None
+    skip_until = -1       # ops already taken by a look-ahead
     for i, node in enumerate(g.nodes):
         joins = False
+        if i <= skip_until:
+            continue
         if open_ and node.analysis is not None and len(open_) < max_group \
                 and node.name not in blocked \
                 and not any(module.ops[k].name in blocked for k in open_) \
@@ -96,6 +93,15 @@ def connect_then_fuse(module: Module, profile, top_k: int = 1,
                     open_.append(i)
                     open_group = grown
                     joins = True
+        if not joins and open_:
+            before = (open_group.estimate.time_us if open_group is not None
+                      else op_estimate(module, open_[0]).time_us)
+            ahead = _attention_ahead(module, open_, i, before, profile, limit, max_group,
+                                     blocked)
+            if ahead is not None:
+                open_, open_group = ahead.members_list, ahead.group
+                skip_until = open_[-1]
+                continue
         if not joins:
             if open_:
                 groups.append(open_)
@@ -103,6 +109,38 @@ def connect_then_fuse(module: Module, profile, top_k: int = 1,
     if open_:
         groups.append(open_)
     return groups
+
+
+@dataclass(frozen=True)
+class _Ahead:
+    members_list: list[int]
+    group: Group
+
+
+def _attention_ahead(module: Module, open_: list[int], i: int, before: float, profile,
+                     limit: int, max_group: int, blocked: set[str]) -> _Ahead | None:
+    """Look-ahead for attention: an op-by-op walk cannot reach it, since the scores with
+    only their row max (a fused stage of a plain-loop contraction) do not pay on their own.
+    The open group and the next `LOOKAHEAD` ops or fewer are priced as a whole when they
+    are the attention pattern (tilekit.weld.attention), and taken when that pays."""
+    g = graph(module)
+    for n in range(2, LOOKAHEAD + 1):
+        members = open_ + list(range(i, i + n))
+        if members[-1] >= len(g.nodes) or len(members) > max_group:
+            return None
+        if any(g.nodes[k].analysis is None or g.nodes[k].name in blocked for k in members):
+            return None
+        apart = before + sum(op_estimate(module, k).time_us for k in members[len(open_):])
+        try:
+            s = structure(module, members)
+        except NotFusible:
+            continue
+        if match(module, s) is None:
+            continue
+        grown = price(module, members, profile, 1, limit)
+        if grown is not None and grown.estimate.time_us < apart:
+            return _Ahead(members, grown)
+    return None
 
 
 def weld_module(module: Module, profile, top_k: int = 1, max_group: int = DEFAULT_MAX_GROUP,
@@ -202,4 +240,4 @@ def group_tile(module: Module, group: Group) -> GroupTile:
 
 
 __all__ = ["DEFAULT_MAX_GROUP", "Group", "STAGE", "connect_then_fuse", "group_tile", "price",
-           "smem_limit", "weld_module"]
+           "weld_module"]

@@ -32,6 +32,7 @@ import math
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
+from tilekit.errors import TilekitError
 from tilekit.expr import index_map
 from tilekit.expr.analysis import Analysis, IndexMap
 from tilekit.expr.ast import Access, body_accesses, substitute
@@ -50,6 +51,16 @@ ROLES = ("stage", "chain", "inline")
 
 class NotFusible(Exception):
     """These ops cannot be one kernel group (the message says why)."""
+
+
+def smem_limit(profile) -> int:
+    """Shared memory a block may use on `profile`; a profile without any is bad input."""
+    limit = int(getattr(profile, "smem_per_block", 0) or 0)
+    if limit <= 0:
+        raise TilekitError(f"hardware profile '{profile.name}' has no shared memory per "
+                           "block", "--hw", "tk-weld keeps intermediates in shared memory: "
+                           "use a profile with memory[shared].per_block_optin")
+    return limit
 
 
 @dataclass(frozen=True)
@@ -384,4 +395,4 @@ def footprint(buffers: Sequence[Buffer]) -> int:
 
 __all__ = ["Buffer", "DTYPE_KIND", "Edge", "KIND_BYTES", "LEVELS", "NotFusible", "Propagation",
            "ROLES", "Structure", "allocate", "buffer_bytes", "covers", "footprint",
-           "propagate", "shared_buffers", "structure", "walk_regions"]
+           "propagate", "shared_buffers", "smem_limit", "structure", "walk_regions"]

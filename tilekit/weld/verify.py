@@ -24,7 +24,7 @@ from tilekit.ir.graph import graph
 from tilekit.ir.model import Module
 from tilekit.ir.payloads import GroupTile
 from tilekit.weld.structure import (NotFusible, covers, footprint, propagate, shared_buffers,
-                                    structure)
+                                    smem_limit, structure)
 
 
 def check_groups(module: Module, profile=None) -> None:
@@ -32,7 +32,6 @@ def check_groups(module: Module, profile=None) -> None:
     shared-memory limit."""
     limit = None
     if profile is not None and any(_welded(k) for k in module.kernels):
-        from tilekit.weld.fuse import smem_limit
         limit = smem_limit(profile)
     index = module.op_index()
     for n, kernel in enumerate(module.kernels):
