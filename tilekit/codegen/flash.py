@@ -22,12 +22,12 @@ scores on chip. The probabilities P and the statistics M and L are never stored.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
-from tilekit.codegen.builder import BLOCK
 from tilekit.codegen.cexpr import IDENTITY, KIND_CTYPE
-from tilekit.codegen.kernel import (GeneratedKernel, PointEmitter, c_name, decompose, finish,
-                                    global_resolver, group_signature, index_type, new_kernel,
-                                    store_sink)
+from tilekit.codegen.kernel import (GeneratedKernel, PointEmitter, block_origins, c_name,
+                                    decompose, finish, global_resolver, group_signature,
+                                    index_type, new_kernel, store_sink)
 from tilekit.codegen.plan import GroupPlan
 from tilekit.ir.payloads import Tile
 from tilekit.weld.attention import FLASH_POINTS_PER_THREAD, FLASH_THREADS, Attention
@@ -37,24 +37,46 @@ class FlashError(Exception):
     """The group does not fit the flash shape (the caller splits it, with this reason)."""
 
 
-def flash_kernel(module, plan: GroupPlan, entry: str, tile: Tile, step: int, att: Attention
-                 ) -> GeneratedKernel:
-    s_stage, o_stage = plan.stages[0], plan.stages[4]
-    o_main = o_stage.main
-    o_axes = [a for a, _ in o_main.spatial]
+@dataclass(frozen=True)
+class _Shape:
+    """The block of a flash kernel over O's spatial axes: `rows` and `cols` are positions."""
+
+    axes: list
+    extents: list
+    block: list
+    rows: list
+    cols: list
+    n_rows: int
+    n_cols: int
+    per_thread: int
+
+
+def _shape(plan: GroupPlan, tile: Tile, att: Attention) -> _Shape:
+    o_main = plan.stages[4].main
+    axes = [a for a, _ in o_main.spatial]
     extents = [n for _, n in o_main.spatial]
     block = list(tile.block)
-    rows = [o_axes.index(a) for a in att.rows]
-    cols = [q for q in range(len(o_axes)) if q not in rows]
+    rows = [axes.index(a) for a in att.rows]
+    cols = [q for q in range(len(axes)) if q not in rows]
     if any(block[q] != extents[q] for q in cols):
         raise FlashError("the flash shape needs every output column in the block")
     n_rows = math.prod(block[q] for q in rows)
     n_cols = math.prod(extents[q] for q in cols)
-    threads = FLASH_THREADS
-    per_thread = -(-n_rows * n_cols // threads)
+    per_thread = -(-n_rows * n_cols // FLASH_THREADS)
     if per_thread > FLASH_POINTS_PER_THREAD:
         raise FlashError(f"{n_rows} rows x {n_cols} columns need {per_thread} accumulators "
                          f"per thread, more than {FLASH_POINTS_PER_THREAD}")
+    return _Shape(axes, extents, block, rows, cols, n_rows, n_cols, per_thread)
+
+
+def flash_kernel(module, plan: GroupPlan, entry: str, tile: Tile, step: int, att: Attention
+                 ) -> GeneratedKernel:
+    s_stage, o_stage = plan.stages[0], plan.stages[4]
+    o_main = o_stage.main
+    sh = _shape(plan, tile, att)
+    o_axes, extents, block, rows, cols = sh.axes, sh.extents, sh.block, sh.rows, sh.cols
+    n_rows, n_cols, per_thread = sh.n_rows, sh.n_cols, sh.per_thread
+    threads = FLASH_THREADS
     keys = att.key_extent
     sig = group_signature(module, plan)
     idx_t = index_type(module, sig.args)
@@ -70,12 +92,7 @@ def flash_kernel(module, plan: GroupPlan, entry: str, tile: Tile, step: int, att
     s_a = kb.shared("s_rescale", "float", n_rows, 4, "exp(old max - new max) per row")
     neg_inf = IDENTITY["max="]["f"]
     e.line("const int tid = threadIdx.x;")
-    tiles = [e.tmp("b") for _ in o_axes]
-    decompose(e, f"({idx_t}){BLOCK}", [-(-n // b) for n, b in zip(extents, block)], tiles,
-              idx_t)
-    origin = [e.tmp("o") for _ in o_axes]
-    for o, t, b in zip(origin, tiles, block):
-        e.line(f"const {idx_t} {o} = {t} * {b};")
+    origin = block_origins(e, o_axes, extents, tuple(block), idx_t)
     row_blocks = [block[q] for q in rows]
 
     def row_coords(r: str) -> tuple[list[str], str]:
