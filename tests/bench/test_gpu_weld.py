@@ -1,11 +1,12 @@
 """GPU benchmark of tk-weld (issue 10): welded against unwelded kernels of the BERT layer and
-the MobileNet block on the GPU in hand, measured (CUDA events, kernels only, median of 50
+the MobileNet block (the test sizes, and BERT-base / a 56x56 block) on the GPU in hand, measured (CUDA events, kernels only, median of 50
 runs after 5 warm-ups, `tilekit.runtime.cuda.time_kernels`) next to the model's estimates.
 
     make bench            # or: pytest tests/bench/test_gpu_weld.py -o addopts="" -s
 
-Needs CuPy and a GPU (skipped elsewhere); takes well under 2 minutes (4 small modules, one
-nvcc compile each). Results: tests/bench/results/weld-gpu-<device>.json.
+Needs CuPy and a GPU (skipped elsewhere); aims at under 2 minutes: 8 modules (4 models,
+welded and not), one nvcc compile each, about 15 s of CPU work before them. Results:
+tests/bench/results/weld-gpu-<device>.json.
 """
 
 from __future__ import annotations
@@ -23,7 +24,14 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 from models import onnx_models  # noqa: E402
 
-MODELS = ["bert_encoder_layer", "mobilenet_block"]
+#: name -> (builder in tests/models/onnx_models.py, its arguments): the test models and the
+#: sizes of the README's CPU benchmark (BERT-base layer, a 56x56 MobileNet block).
+MODELS = {"bert_encoder_layer": ("bert_encoder_layer", {}),
+          "mobilenet_block": ("mobilenet_block", {}),
+          "bert_base_layer": ("bert_encoder_layer", {"batch": 1, "seq": 128, "hidden": 768,
+                                                     "heads": 12, "ffn": 3072}),
+          "mobilenet_block_56": ("mobilenet_block", {"channels": 32, "expand": 6,
+                                                     "size": 56})}
 RUNS, WARMUP = 50, 5
 
 
@@ -36,7 +44,8 @@ def modules(name: str, folder: Path, hw: str):
     from tilekit.weld import weld_module
 
     profile = load_profile(hw)
-    proto = getattr(onnx_models, name)()
+    builder, args = MODELS[name]
+    proto = getattr(onnx_models, builder)(**args)
     onnx.save(proto, str(folder / f"{name}.onnx"))
     imported = import_model(proto, name=name)
     imported = attach_files(imported, ir_folder=str(folder), weights_path=str(
