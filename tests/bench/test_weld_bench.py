@@ -59,6 +59,9 @@ def figures(module, profile) -> dict:
     return {"kernels": [t.kernels_before, t.kernels_after],
             "dram_bytes": [round(t.dram_before), round(t.dram_after)],
             "dram_saved_percent": round(100 * (1 - t.dram_ratio), 1),
+            "compulsory_bytes": [t.compulsory_before, t.compulsory_after],
+            "compulsory_saved_percent": round(100 * (1 - t.compulsory_after
+                                                     / max(1, t.compulsory_before)), 1),
             "time_us": [round(t.time_before, 1), round(t.time_after, 1)],
             "weld_seconds": round(seconds, 3)}
 

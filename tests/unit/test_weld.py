@@ -201,4 +201,5 @@ def test_command_is_deterministic_and_reports(tmp_path):
     second = run(f"tk-weld --hw h100 {src}", tmp_path)
     assert first.returncode == 0 and first.stdout == second.stdout
     assert "kernels 6 -> 1" in first.stderr and "k_qk" in first.stderr
+    assert "compulsory 21,184 -> 4,160" in first.stderr
     verify(loads(first.stdout), "-")

@@ -61,6 +61,22 @@ def unwelded(module: Module, members: Sequence[int]) -> Unwelded:
                     len(parts))
 
 
+def compulsory_bytes(module: Module, kernels: Sequence[Sequence[int]]) -> int:
+    """DRAM bytes no schedule of these kernels can avoid: every tensor a kernel reads from
+    outside it, and every result it stores (read by a later kernel, or an output), once.
+    The fusion's effect alone, without tk-roll's model of re-reads."""
+    g = graph(module)
+    total = 0
+    for members in kernels:
+        inside = set(members)
+        written = {t for i in members for t in g.nodes[i].writes}
+        reads = {t for i in members for t in g.nodes[i].reads if t not in written}
+        stored = {t for t in written if t in g.outputs
+                  or any(r not in inside for r in g.consumers.get(t, ()))}
+        total += sum(tensor_bytes(module, t) for t in reads | stored)
+    return total
+
+
 def saved_bytes(module: Module, s: Structure) -> float:
     """DRAM bytes an edge on chip saves: the producer's store (unless it is stored anyway)
     and one load per in-group reader."""
@@ -149,5 +165,5 @@ def threads_for(points: int) -> int:
     return max(32, min(FUSED_THREADS, -(-points // 32) * 32))
 
 
-__all__ = ["FUSED_THREADS", "Unwelded", "gain_us", "group_estimate", "op_estimate",
+__all__ = ["FUSED_THREADS", "Unwelded", "compulsory_bytes", "gain_us", "group_estimate", "op_estimate",
            "saved_bytes", "tensor_bytes", "threads_for", "unwelded"]

@@ -1,12 +1,14 @@
 """tk-weld's report: a row per group (ops, tile, levels, bytes saved, estimate) and the
 model's totals for the module, before welding (one kernel per op, tk-roll's estimates) and
-after (the groups' estimates)."""
+after (the groups' estimates), with the compulsory DRAM bytes of both (every tensor a kernel
+reads from outside or stores, once: the fusion's effect without tk-roll's re-reads)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from tilekit.ir.model import Module
+from tilekit.weld.model import compulsory_bytes
 
 COLUMNS = ("kernel", "ops", "stages", "block", "levels (reg/shared/stored)", "dram saved",
            "before us", "after us")
@@ -20,6 +22,8 @@ class Totals:
     dram_after: float
     time_before: float
     time_after: float
+    compulsory_before: int = 0
+    compulsory_after: int = 0
 
     @property
     def dram_ratio(self) -> float:
@@ -37,7 +41,11 @@ def totals(module: Module) -> Totals:
         est = k.estimate or {}
         dram_a += float(est.get("dram_bytes", 0))
         time_a += float(est.get("time_us", 0))
-    return Totals(len(module.ops), len(module.kernels), dram_b, dram_a, time_b, time_a)
+    index = module.op_index()
+    return Totals(len(module.ops), len(module.kernels), dram_b, dram_a, time_b, time_a,
+                  compulsory_bytes(module, [[i] for i in range(len(module.ops))]),
+                  compulsory_bytes(module, [[index[o] for o in k.ops]
+                                            for k in module.kernels]))
 
 
 def _sizes(sizes: dict) -> str:
@@ -67,5 +75,6 @@ def summary(module: Module) -> str:
     t = totals(module)
     return (f"tk-weld: {module.model} on {module.hardware}: kernels {t.kernels_before} -> "
             f"{t.kernels_after}, DRAM bytes {t.dram_before:,.0f} -> {t.dram_after:,.0f} "
-            f"({100 * (1 - t.dram_ratio):.1f}% less), estimated time "
-            f"{t.time_before:,.1f} -> {t.time_after:,.1f} us")
+            f"({100 * (1 - t.dram_ratio):.1f}% less; compulsory {t.compulsory_before:,} -> "
+            f"{t.compulsory_after:,}), estimated time {t.time_before:,.1f} -> "
+            f"{t.time_after:,.1f} us")
