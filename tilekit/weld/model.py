@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from tilekit.expr.analysis import input_box
-from tilekit.ir.graph import graph
+from tilekit.ir.graph import graph, per_module
 from tilekit.ir.model import Module
 from tilekit.ir.payloads import Estimate
 from tilekit.roll.cost import combine_estimates, machine, wave_efficiency
@@ -77,6 +77,33 @@ def compulsory_bytes(module: Module, kernels: Sequence[Sequence[int]]) -> int:
     return total
 
 
+_EXTERNAL: dict[int, dict] = {}
+
+
+def external_bytes(module: Module, members: Sequence[int]) -> dict[str, int]:
+    """External tensor -> bytes of the bounding box the members read of it (clamped to the
+    tensor), over the whole iteration spaces: what a group must load at least once. Cached
+    per module and group (it does not depend on the tile)."""
+    cache = per_module(_EXTERNAL, module, lambda m: {})
+    key = tuple(members)
+    if key not in cache:
+        g = graph(module)
+        written = {g.nodes[i].writes[0] for i in members}
+        boxes: dict[str, list[tuple[int, int]]] = {}
+        for i in members:
+            a = g.nodes[i].analysis
+            for acc in a.accesses:
+                if acc.tensor in written:
+                    continue
+                box = input_box(a, acc, clamp=True)
+                old = boxes.get(acc.tensor)
+                boxes[acc.tensor] = box if old is None else [
+                    (min(x[0], y[0]), max(x[1], y[1])) for x, y in zip(old, box)]
+        cache[key] = {t: math.prod(max(0, hi - lo) for lo, hi in box)
+                      * ITEMSIZE.get(module.tensors[t].dtype, 4) for t, box in boxes.items()}
+    return cache[key]
+
+
 def saved_bytes(module: Module, s: Structure) -> float:
     """DRAM bytes an edge on chip saves: the producer's store (unless it is stored anyway)
     and one load per in-group reader."""
@@ -108,8 +135,7 @@ def _fused(module, s: Structure, prop: Propagation, profile, parts, threads, sme
     written = {g.nodes[i].writes[0]: k for k, i in enumerate(s.members)}
     shared = {e.tensor for e in s.shared}
     flops = dram = l2 = smem_traffic = 0.0
-    boxes: dict[str, list[tuple[int, int]]] = {}     # external tensor -> bounding box read
-    rereads: dict[str, float] = {}                   # ... and its readers' worst recompute
+    rereads: dict[str, float] = {}          # external tensor -> its readers' worst recompute
     for k, i in enumerate(s.members):
         a = g.nodes[i].analysis
         factor = prop.work[k] / max(1.0, prop.own[k])
@@ -120,16 +146,11 @@ def _fused(module, s: Structure, prop: Propagation, profile, parts, threads, sme
                 if t in shared:
                     smem_traffic += prop.work[k] * tensor_bytes(module, t) / module.tensors[t].size
                 continue
-            box = input_box(a, acc, clamp=True)
-            old = boxes.get(t)
-            boxes[t] = box if old is None else [(min(x[0], y[0]), max(x[1], y[1]))
-                                                for x, y in zip(old, box)]
             rereads[t] = max(rereads.get(t, 1.0), min(factor, prop.blocks))
             if a.reduction and s.roles[k] == "stage":
                 l2 += prop.work[k] * ITEMSIZE.get(module.tensors[t].dtype, 4)
-    for t, box in boxes.items():
-        volume = math.prod(max(0, hi - lo) for lo, hi in box)
-        dram += volume * ITEMSIZE.get(module.tensors[t].dtype, 4) * rereads[t]
+    for t, nbytes in external_bytes(module, s.members).items():
+        dram += nbytes * rereads[t]
     for e in s.shared:
         smem_traffic += tensor_bytes(module, e.tensor)
     for t in s.stored:
@@ -165,5 +186,5 @@ def threads_for(points: int) -> int:
     return max(32, min(FUSED_THREADS, -(-points // 32) * 32))
 
 
-__all__ = ["FUSED_THREADS", "Unwelded", "compulsory_bytes", "gain_us", "group_estimate", "op_estimate",
+__all__ = ["FUSED_THREADS", "Unwelded", "compulsory_bytes", "external_bytes", "gain_us", "group_estimate", "op_estimate",
            "saved_bytes", "tensor_bytes", "threads_for", "unwelded"]
