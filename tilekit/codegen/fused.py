@@ -9,8 +9,9 @@ read by several stages are unioned; a non-affine index takes the whole dimension
 
 Each stage then runs as one block-wide loop over its region (every thread one point, or one
 lane group per point for a reduction over a contiguous axis), writes the results that later
-stages read to shared memory (a buffer per tensor, the region's size) and the results that
-leave the group to global memory, and ends with `__syncthreads()`. Points of a region outside
+stages read to shared memory (a buffer per tensor, the region's size; buffers whose lives,
+from their stage to their last reader's, do not overlap share bytes: tk-weld's allocation)
+and the results that leave the group to global memory, and ends with `__syncthreads()`. Points of a region outside
 the tensor are not computed; a read there yields the reader's pad value, as everywhere.
 
 Default tile (no kernel.tile): every outer axis 1 except the next-to-innermost, which grows to

@@ -11,7 +11,9 @@ generates the CUDA C++ and records how to launch it. Shape choice, in order:
    reduction without reuse over a long contiguous axis (the tile is set aside:
    `schedule.tile_ignored`); else `tiled`;
 3. one stage without a tile: `default`;
-4. several stages: `fused` (kernel.tile when tk-weld wrote it, else the fused default tile).
+4. several stages: `flash` when tk-weld's group tile says so (attention with its key axis
+   split, `tilekit.codegen.flash`), else `fused` (kernel.tile when tk-weld wrote it, else the
+   fused default tile). A welded module's groups are checked first (`tilekit.weld.verify`).
 
 A group that cannot be one kernel (an opaque op among others, shared buffers over the
 profile's limit, a stored result the tiles would not cover) is split into one kernel per op,

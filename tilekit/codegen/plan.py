@@ -8,7 +8,9 @@ A kernel group (`module.kernels[i]`, or one op when the module lists none) becom
   runs in the stage's epilogue on values held in registers;
 - otherwise an elementwise op whose result only this group reads is **inlined**: every read of
   its output is replaced by its expression (with the reader's indices substituted, guarded by
-  the reader's padding); nothing is stored, the value is recomputed where it is read;
+  the reader's padding); nothing is stored, the value is recomputed where it is read; except
+  where tk-weld's group tile keeps that result in *shared* memory (a reader reuses it): then
+  it is a stage of its own (`tilekit.weld.structure` makes the same walk);
 - anything else starts a new **stage** (a reduction, a contraction, a broadcast).
 
 A stage's results that later stages read live in shared memory; results that ops outside the
