@@ -79,6 +79,13 @@ def _roll(module: Module, ctx: Context) -> Module:
                        hardware=ctx.hardware, precision=str(ctx.option("precision", "fp32")))
 
 
+def _weld(module: Module, ctx: Context) -> Module:
+    from tilekit.weld import DEFAULT_MAX_GROUP, weld_module
+    return weld_module(module, ctx.profile, int(ctx.option("top_k", 1)),
+                       int(ctx.option("max_group", DEFAULT_MAX_GROUP)),
+                       tuple(ctx.option("no_fuse", ())), hardware=ctx.hardware)
+
+
 def _codegen(module: Module, ctx: Context) -> Module:
     from tilekit.codegen.module import run_codegen
     return run_codegen(module, ctx.profile, ctx.arch,
@@ -89,6 +96,9 @@ def _codegen(module: Module, ctx: Context) -> Module:
 PASSES: dict[str, Pass] = {p.name: p for p in (
     Pass("roll", _roll, "Roller's tiles per op and the micro performance model's estimates",
          produces=("ops[*].tile", "kernels[*].estimate", "hardware"), needs_profile=True),
+    Pass("weld", _weld, "Welder's kernel groups: intermediates kept on chip, levels per edge "
+         "(reads a rolled module, or rolls what is unrolled)",
+         produces=("kernels", "kernels[*].tile", "kernels[*].estimate"), needs_profile=True),
     Pass("codegen", _codegen, "CUDA C++ per kernel group and its launch",
          produces=("codegen", "kernels[*].launch")),
 )}

@@ -29,15 +29,17 @@ def run_pipe(pipe: str, cwd: Path) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.parametrize("weld", [False, True], ids=["roll", "roll_weld"])
 @pytest.mark.parametrize("model", ["mobilenet_block", "bert_encoder_layer"])
-def test_compile_in_one_process_equals_the_piped_commands(model, tmp_path, monkeypatch):
+def test_compile_in_one_process_equals_the_piped_commands(model, weld, tmp_path, monkeypatch):
     onnx.save(getattr(onnx_models, model)(), str(tmp_path / "m.onnx"))
+    middle = "| tk-weld --top-k 2 " if weld else ""
     proc = run_pipe("tk-import m.onnx -o m.tk.yaml && tk-roll --hw h100 m.tk.yaml --top-k 2 "
-                    "| tk-codegen -o m.cuda.yaml", tmp_path)
+                    f"{middle}| tk-codegen -o m.cuda.yaml", tmp_path)
     assert proc.returncode == 0, proc.stderr
     monkeypatch.chdir(tmp_path)
-    compiled = tilekit.compile("m.onnx", ["roll", "codegen"], hw="h100", top_k=2,
-                               ir_path="m.tk.yaml")
+    passes = ["roll", "weld", "codegen"] if weld else ["roll", "codegen"]
+    compiled = tilekit.compile("m.onnx", passes, hw="h100", top_k=2, ir_path="m.tk.yaml")
     assert dumps(compiled.module) == (tmp_path / "m.cuda.yaml").read_text()
     assert not (tmp_path / "model.tk.weights.npz").exists()    # nothing written
     assert set(compiled.weights) == {n for n, t in compiled.module.tensors.items()
@@ -52,7 +54,7 @@ def test_every_pass_says_what_it_requires_produces_and_invalidates():
 
 
 def test_unknown_pass_lists_the_known_ones():
-    with pytest.raises(TilekitError, match="known passes: roll, codegen"):
+    with pytest.raises(TilekitError, match="known passes: roll, weld, codegen"):
         pipeline.get("fuse")
 
 

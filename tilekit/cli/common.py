@@ -206,6 +206,30 @@ def hw_option(required: bool = True) -> Callable:
     return add
 
 
+def module_profile(hw: str | None, module, input: str, output: str):
+    """(profile, the name or path the output records) from `--hw`, else the module's recorded
+    `hardware` (a recorded path is relative to the input's folder: re-recorded for the
+    output's), else a bad-input error."""
+    from tilekit.hw import load_profile, load_recorded_profile, recorded_profile
+
+    if hw:
+        profile = load_profile(hw)
+        return profile, recorded_profile(hw, profile, output)
+    if module.hardware:
+        profile = load_recorded_profile(module.hardware, input)
+        return profile, recorded_profile(os.path.abspath(profile.origin), profile, output)
+    raise TilekitError("no hardware profile", "--hw",
+                       "pass --hw NAME|PATH (e.g. --hw h100); 'tk-hw list' shows the names")
+
+
+def top_k_option(per: str) -> Callable:
+    """`--top-k K` (1-64, default 1): keep the K best tiles per `per` (op, group)."""
+    return click.option("--top-k", "top_k", type=click.IntRange(min=1, max=64), default=1,
+                        show_default=True, metavar="K",
+                        help=f"Keep the K best tiles per {per} (the best is used; the next "
+                             "K-1 are listed under tile.candidates).")
+
+
 class FiniteFloat(click.ParamType):
     """A finite number >= 0 (a tolerance): `nan`, `inf` and negatives are usage errors."""
 
@@ -235,3 +259,20 @@ def stderr_is_terminal() -> bool:
 def stdout_is_terminal() -> bool:
     """Whether rich output may go to stdout: a terminal, and NO_COLOR unset."""
     return sys.stdout.isatty() and not os.environ.get("NO_COLOR")
+
+
+def print_table(title: str, columns, rows) -> None:
+    """A report table on stderr: rich on a terminal, aligned plain text otherwise."""
+    if stderr_is_terminal():
+        from rich.console import Console
+        from rich.table import Table
+
+        table = Table(*columns, title=title, title_justify="left")
+        for row in rows:
+            table.add_row(*row)
+        Console(stderr=True).print(table)
+        return
+    click.echo(title, err=True)
+    widths = [max(len(r[i]) for r in [columns, *rows]) for i in range(len(columns))]
+    for row in [columns, *rows]:
+        click.echo("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip(), err=True)

@@ -9,13 +9,10 @@ prints one row per op (tiles per level, grid, estimate, bound) on stderr only.
 
 from __future__ import annotations
 
-import os
-
 import click
 
 from tilekit.cli.common import (format_option, hw_option, input_argument, output_option,
-                                stderr_is_terminal, tk_command)
-from tilekit.errors import TilekitError
+                                module_profile, print_table, tk_command, top_k_option)
 
 TOOL = "tk-roll"
 
@@ -25,10 +22,7 @@ TOOL = "tk-roll"
 @output_option
 @format_option
 @hw_option(required=False)
-@click.option("--top-k", "top_k", type=click.IntRange(min=1, max=64), default=1,
-              show_default=True, metavar="K",
-              help="Keep the K best tiles per op (the best is used; the next K-1 are listed "
-                   "under tile.candidates).")
+@top_k_option("op")
 @click.option("--precision", type=click.Choice(["fp32", "tf32"]), default="fp32",
               show_default=True,
               help="fp32 contractions on CUDA cores (fp32), or on TF32 tensor cores (tf32: "
@@ -38,21 +32,11 @@ TOOL = "tk-roll"
               help="Print a table of ops, tiles, grids and estimates on stderr.")
 def main(input, output, fmt, hw, top_k, precision, report, quiet, debug):
     """Tile every op of the tile IR module IR (a file, or '-'/nothing for stdin)."""
-    from tilekit.hw import load_profile, load_recorded_profile, recorded_profile
     from tilekit.ir import read_module, write_module
     from tilekit.roll.schedule import roll_module
 
     module = read_module(input)
-    if hw:
-        profile = load_profile(hw)
-        hardware = recorded_profile(hw, profile, output)
-    elif module.hardware:
-        profile = load_recorded_profile(module.hardware, input)
-        # a recorded path is relative to the input's folder: re-record it for the output's
-        hardware = recorded_profile(os.path.abspath(profile.origin), profile, output)
-    else:
-        raise TilekitError("no hardware profile", "--hw",
-                           "pass --hw NAME|PATH (e.g. --hw h100); 'tk-hw list' shows the names")
+    profile, hardware = module_profile(hw, module, input, output)
     rolled = roll_module(module, profile, top_k, hardware=hardware, precision=precision)
     # read_module noted the IR and the files it names: -o never overwrites any of them
     write_module(rolled, output, fmt)
@@ -87,21 +71,7 @@ def print_report(module) -> None:
     total = module_estimate(module)
     title = (f"tk-roll: {module.model} on {module.hardware}: {len(module.ops)} ops, "
              f"{total['kernels']} kernels, estimated {total['time_us']:g} us")
-    rows = report_rows(module)
-    if stderr_is_terminal():
-        from rich.console import Console
-        from rich.table import Table
-
-        table = Table(*REPORT_COLUMNS, title=title, title_justify="left")
-        for row in rows:
-            table.add_row(*row)
-        Console(stderr=True).print(table)
-        return
-    click.echo(title, err=True)
-    widths = [max(len(r[i]) for r in [REPORT_COLUMNS, *rows])
-              for i in range(len(REPORT_COLUMNS))]
-    for row in [REPORT_COLUMNS, *rows]:
-        click.echo("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip(), err=True)
+    print_table(title, REPORT_COLUMNS, report_rows(module))
 
 
 if __name__ == "__main__":  # pragma: no cover

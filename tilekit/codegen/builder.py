@@ -149,13 +149,19 @@ class KernelBuilder:
         self.sections.append((name, e))
         return e
 
-    def shared(self, name: str, ctype: str, count: int, itemsize: int, comment: str = ""
-               ) -> str:
-        """Carve `ctype name[count]` from the shared-memory base, 16-byte aligned."""
+    def shared(self, name: str, ctype: str, count: int, itemsize: int, comment: str = "",
+               at: int | None = None) -> str:
+        """Carve `ctype name[count]` from the shared-memory base, 16-byte aligned: after every
+        buffer so far, or at byte `at` (a buffer placed by liveness, sharing bytes with one
+        whose last reader ran before a barrier; the caller guarantees the lives are apart)."""
         if name in self._names:
             raise ValueError(f"shared buffer {name!r} declared twice")
         self._names.add(name)
-        offset = sum(-(-b.nbytes // SMEM_ALIGN) * SMEM_ALIGN for b in self.buffers)
+        if at is not None and at % SMEM_ALIGN:
+            raise ValueError(f"shared buffer {name!r} at {at}, not {SMEM_ALIGN}-byte aligned")
+        offset = at if at is not None else max(
+            (b.offset + -(-b.nbytes // SMEM_ALIGN) * SMEM_ALIGN for b in self.buffers),
+            default=0)
         nbytes = -(-count * itemsize // SMEM_ALIGN) * SMEM_ALIGN
         self.buffers.append(SharedBuffer(name, ctype, count, offset, nbytes, comment))
         return name

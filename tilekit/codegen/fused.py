@@ -9,8 +9,9 @@ read by several stages are unioned; a non-affine index takes the whole dimension
 
 Each stage then runs as one block-wide loop over its region (every thread one point, or one
 lane group per point for a reduction over a contiguous axis), writes the results that later
-stages read to shared memory (a buffer per tensor, the region's size) and the results that
-leave the group to global memory, and ends with `__syncthreads()`. Points of a region outside
+stages read to shared memory (a buffer per tensor, the region's size; buffers whose lives,
+from their stage to their last reader's, do not overlap share bytes: tk-weld's allocation)
+and the results that leave the group to global memory, and ends with `__syncthreads()`. Points of a region outside
 the tensor are not computed; a read there yields the reader's pad value, as everywhere.
 
 Default tile (no kernel.tile): every outer axis 1 except the next-to-innermost, which grows to
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Mapping
 
 from tilekit.codegen.cexpr import (IDENTITY, KIND_CTYPE, WARP_REDUCE, combine, index_code,
                                    linear, pad_literal, storage)
@@ -34,6 +36,7 @@ from tilekit.codegen.kernel import (GeneratedKernel, PointEmitter, avar, c_name,
 from tilekit.codegen.plan import GroupPlan, OpPlan, Read
 from tilekit.expr.box import Span, clamp, map_box, tile_spans, union
 from tilekit.ir.payloads import Tile
+from tilekit.weld.structure import Buffer, allocate, covers
 from tilekit.schedule.defaults import (DEFAULT_THREADS, KIND_BYTES, WARP, lane_count,
                                        shared_bytes)
 
@@ -54,7 +57,8 @@ def _read_box(r: Read, p: OpPlan, region: list[Span]) -> list[Span]:
 class Regions:
     block: tuple[int, ...]
     spans: tuple[tuple[Span, ...], ...]   # per stage, per spatial position of its main op
-    smem: int                              # bytes of all shared buffers
+    smem: int                              # bytes of all shared buffers, with liveness
+    offsets: Mapping[str, int]             # each shared buffer's byte offset
 
 
 def plan_regions(module, plan: GroupPlan, block: tuple[int, ...]) -> Regions:
@@ -86,36 +90,27 @@ def plan_regions(module, plan: GroupPlan, block: tuple[int, ...]) -> Regions:
                 old = needs.get(r.tensor)
                 needs[r.tensor] = box if old is None else [
                     union(a, b, d) for a, b, d in zip(old, box, r.shape)]
-    smem = 0
-    for t in sorted(plan.shared):
-        k = stage_of[t]
-        smem += shared_bytes(math.prod(x.length for x in spans[k]),
-                             storage(module.tensors[t].dtype).kind)
+    # Buffers live from their stage to their last reader's stage and share bytes otherwise
+    # (tk-weld's best-fit allocation: what its footprint counted).
+    last_read = {t: stage_of[t] for t in plan.shared}
+    for k, s in enumerate(stages):
+        for p in s.ops:
+            for r in p.read_list():
+                if r.tensor in last_read:
+                    last_read[r.tensor] = max(last_read[r.tensor], k)
+    placed, smem = allocate([
+        Buffer(t, shared_bytes(math.prod(x.length for x in spans[stage_of[t]]),
+                               storage(module.tensors[t].dtype).kind), stage_of[t],
+               last_read[t]) for t in sorted(plan.shared)])
     # Results stored to global memory must be computed everywhere by some block.
     extents = [n for _, n in last.main.spatial]
     for k, s in enumerate(stages[:-1]):
         for t in s.outputs:
-            if t in plan.stored and not _covers(spans[k], s.main.out_shape, block, extents):
+            if t in plan.stored and not covers(spans[k], s.main.out_shape, block, extents):
                 raise FusionError(f"'{t}' leaves the group but the blocks' regions do not "
                                   "cover it")
-    return Regions(tuple(block), tuple(tuple(x) for x in spans), smem)
-
-
-def _covers(region: list[Span], shape, block, extents) -> bool:
-    for s, dim in zip(region, shape):
-        if not s.lo.coefs:
-            if s.lo.const > 0 or s.lo.const + s.length < dim:
-                return False
-            continue
-        if len(s.lo.coefs) != 1 or s.lo.coefs[0][1] != 1:
-            return False
-        q = s.lo.coefs[0][0]
-        tiles = -(-extents[q] // block[q])
-        if s.lo.const > 0 or s.length < block[q]:
-            return False
-        if (tiles - 1) * block[q] + s.lo.const + s.length < dim:
-            return False
-    return True
+    return Regions(tuple(block), tuple(tuple(x) for x in spans), smem,
+                   {b.tensor: b.offset for b in placed})
 
 
 def default_block(module, plan: GroupPlan, limit: int) -> Regions:
@@ -184,7 +179,7 @@ def fused_kernel(module, plan: GroupPlan, entry: str, tile: Tile | None, limit: 
         kind = storage(module.tensors[t].dtype).kind
         lens = [x.length for x in regions.spans[k]]
         buffers[t] = kb.shared(f"s_{c_name(t)}", KIND_CTYPE[kind], math.prod(lens),
-                               KIND_BYTES[kind], f"{t} region {lens}")
+                               KIND_BYTES[kind], f"{t} region {lens}", at=regions.offsets[t])
     e.line("const int tid = threadIdx.x;")
     region_lo, bases = _declare_regions(e, plan, regions, extents, idx_t, stage_of)
 

@@ -11,7 +11,9 @@ generates the CUDA C++ and records how to launch it. Shape choice, in order:
    reduction without reuse over a long contiguous axis (the tile is set aside:
    `schedule.tile_ignored`); else `tiled`;
 3. one stage without a tile: `default`;
-4. several stages: `fused` (kernel.tile when tk-weld wrote it, else the fused default tile).
+4. several stages: `flash` when tk-weld's group tile says so (attention with its key axis
+   split, `tilekit.codegen.flash`), else `fused` (kernel.tile when tk-weld wrote it, else the
+   fused default tile). A welded module's groups are checked first (`tilekit.weld.verify`).
 
 A group that cannot be one kernel (an opaque op among others, shared buffers over the
 profile's limit, a stored result the tiles would not cover) is split into one kernel per op,
@@ -27,6 +29,7 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any
 
+from tilekit.codegen.flash import FlashError, flash_kernel
 from tilekit.codegen.fused import FusionError, fused_kernel
 from tilekit.codegen.helpers import HELPERS_NAME, helpers_sha256
 from tilekit.codegen.kernel import GeneratedKernel, c_name, default_kernel, tiled_kernel
@@ -42,6 +45,7 @@ from tilekit.codegen.staged import op_facts, staged_kernel
 from tilekit.errors import TilekitError
 from tilekit.ir.model import Kernel, Module, default_kernels
 from tilekit.ir.stages import run_stage
+from tilekit.weld.verify import check_groups
 
 #: Arch recorded when neither --arch nor a hardware profile names one.
 DEFAULT_ARCH = "sm_90"
@@ -64,6 +68,8 @@ def smem_limit(profile) -> int:
 def generate(module: Module, profile=None, arch: str | None = None) -> CodegenResult:
     """Generate every kernel of `module`; see the module docstring."""
     target = Target.of(profile, recorded_precision(module))
+    if "weld" in module.stage_names():
+        check_groups(module, profile)       # tk-weld's groups are one kernel as recorded
     kernels = module.kernels or default_kernels(module.ops)
     tensor_readers = readers(module)
     generated: list[GeneratedKernel] = []
@@ -76,7 +82,7 @@ def generate(module: Module, profile=None, arch: str | None = None) -> CodegenRe
             made = [_one_group(module, kernel, kernel.name, tensor_readers, target, notes,
                                used, where)]
             split = None
-        except (GroupSplit, FusionError) as exc:
+        except (GroupSplit, FusionError, FlashError) as exc:
             split = str(exc)
             notes.append(f"{where}: split into one kernel per op: {split}")
             made = []
@@ -164,6 +170,14 @@ def _one_group(module: Module, kernel: Kernel, name: str, tensor_readers, target
         g = opaque_kernel(module, plan, entry)
     elif len(plan.stages) == 1:
         g = _single_stage(module, plan, entry, target, notes, where)
+    elif isinstance(plan.kernel.tile, dict) and plan.kernel.tile.get("flash"):
+        # tk-weld's flash form of an attention group (checked by tilekit.weld.verify).
+        from tilekit.weld.attention import match
+        from tilekit.weld.structure import structure
+        index = module.op_index()
+        att = match(module, structure(module, [index[o] for o in plan.kernel.ops]))
+        g = flash_kernel(module, plan, entry, _kernel_tile(plan, where),
+                         int(plan.kernel.tile["flash"]["step"]), att)
     else:
         # A group's own tile (kernels[].tile) is tk-weld's fusion decision; without one the
         # fused shape picks its default tile.

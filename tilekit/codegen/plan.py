@@ -8,7 +8,9 @@ A kernel group (`module.kernels[i]`, or one op when the module lists none) becom
   runs in the stage's epilogue on values held in registers;
 - otherwise an elementwise op whose result only this group reads is **inlined**: every read of
   its output is replaced by its expression (with the reader's indices substituted, guarded by
-  the reader's padding); nothing is stored, the value is recomputed where it is read;
+  the reader's padding); nothing is stored, the value is recomputed where it is read; except
+  where tk-weld's group tile keeps that result in *shared* memory (a reader reuses it): then
+  it is a stage of its own (`tilekit.weld.structure` makes the same walk);
 - anything else starts a new **stage** (a reduction, a contraction, a broadcast).
 
 A stage's results that later stages read live in shared memory; results that ops outside the
@@ -26,7 +28,8 @@ from tilekit.codegen.cexpr import storage
 from tilekit.errors import UnsupportedError
 from tilekit.expr import index_map
 from tilekit.expr.analysis import Analysis, IndexMap
-from tilekit.expr.ast import (Access, Axis, Binary, Call, Node, Num, Unary, body_accesses)
+from tilekit.expr.ast import (Access, Axis, Binary, Call, Node, Num, Unary, body_accesses,
+                              substitute)
 from tilekit.expr.ops import PAD_VALUES
 from tilekit.ir.graph import graph
 from tilekit.ir.model import Kernel, Module, Op
@@ -138,24 +141,9 @@ def _accesses(node: Node) -> list[Access]:
 
 # -- analysis of expr ops ----------------------------------------------------------------
 
-def _substitute(node: Node, axes: Mapping[str, Node]) -> Node:
-    """`node` with axis names replaced by index expressions (in indices and values)."""
-    if isinstance(node, Axis):
-        return axes.get(node.name, node)
-    if isinstance(node, Access):
-        return Access(node.tensor, tuple(_substitute(i, axes) for i in node.indices))
-    if isinstance(node, Unary):
-        return Unary(node.op, _substitute(node.arg, axes))
-    if isinstance(node, Binary):
-        return Binary(node.op, _substitute(node.lhs, axes), _substitute(node.rhs, axes))
-    if isinstance(node, Call):
-        return Call(node.fn, tuple(_substitute(a, axes) for a in node.args))
-    return node
-
-
 def _copy(node: Node) -> Node:
     """A structural copy with fresh Access objects (reads are keyed by identity)."""
-    return _substitute(node, {})
+    return substitute(node, {})
 
 
 class _Expander:
@@ -206,7 +194,7 @@ class _Expander:
         producer = self.module.ops[self.inline[node.tensor]]
         pa = self.analysis(self.inline[node.tensor])
         axes = {name: idx for (name, _), idx in zip(pa.spatial, node.indices)}
-        body = _substitute(_copy(pa.stmt.body), axes)
+        body = substitute(_copy(pa.stmt.body), axes)
         body = self._expand(body, producer.pad, reads, depth + 1)
         out = self.module.tensors[node.tensor]
         # A reader sees the value as stored: cast to the tensor's dtype (a no-op when the
@@ -272,6 +260,9 @@ def plan_group(module: Module, kernel: Kernel, name: str,
             return OpaquePlan(name, kernel, module.ops[i], i)
     member_set = set(members)
     outputs = set(module.outputs)
+    # tk-weld's edge levels: an elementwise result it keeps in shared memory (read with
+    # reuse by a later stage) is a stage of its own, never inlined (recomputed per read).
+    levels = weld_levels(kernel)
     g = graph(module)
     written = {t: i for i in members for t in g.nodes[i].writes}
     internal = {t for t, w in written.items()
@@ -290,7 +281,8 @@ def plan_group(module: Module, kernel: Kernel, name: str,
             if _chains_onto(candidate, stages[-1], set(written)):
                 stages[-1] = Stage(stages[-1].main, stages[-1].chain + (candidate,))
                 continue
-        if a.assign == "=" and not a.reduction and out in internal and i != last:
+        if a.assign == "=" and not a.reduction and out in internal and i != last \
+                and levels.get(out) != "shared":
             expander.inline[out] = i
             inlined.append(op.name)
             continue
@@ -314,6 +306,16 @@ def plan_group(module: Module, kernel: Kernel, name: str,
                                      "at another point")
     stored = frozenset(t for t in stage_of if t not in internal)
     return GroupPlan(name, kernel, tuple(rebuilt), tuple(inlined), stored, frozenset(shared))
+
+
+def weld_levels(kernel: Kernel) -> Mapping[str, str]:
+    """tensor -> memory level from the kernel's weld tile (empty without one); the payload's
+    form is checked by the weld verifier before codegen plans the group."""
+    tile = kernel.tile if isinstance(kernel.tile, Mapping) else {}
+    if tile.get("source") != "weld":
+        return {}
+    return {e["tensor"]: e["level"] for e in tile.get("edges", ())
+            if isinstance(e, Mapping) and "tensor" in e and "level" in e}
 
 
 class GroupSplit(Exception):

@@ -162,3 +162,19 @@ def format_node(node: Node, parent_prec: int = -1, right: bool = False) -> str:
 
 def format_statement(stmt: Statement) -> str:
     return f"{format_node(stmt.output)} {stmt.assign} {format_node(stmt.body)}"
+
+
+def substitute(node: Node, axes) -> Node:
+    """`node` with axis names replaced by index expressions (in indices and values); every
+    Access is a fresh object, so a copy is `substitute(node, {})`."""
+    if isinstance(node, Axis):
+        return axes.get(node.name, node)
+    if isinstance(node, Access):
+        return Access(node.tensor, tuple(substitute(i, axes) for i in node.indices))
+    if isinstance(node, Unary):
+        return Unary(node.op, substitute(node.arg, axes))
+    if isinstance(node, Binary):
+        return Binary(node.op, substitute(node.lhs, axes), substitute(node.rhs, axes))
+    if isinstance(node, Call):
+        return Call(node.fn, tuple(substitute(a, axes) for a in node.args))
+    return node

@@ -10,7 +10,7 @@ float (`SIG_DIGITS` significant digits, so that bytes are stable across machines
 | payload | type | written by | read by |
 | --- | --- | --- | --- |
 | `ops[i].tile` | `OpTile` (a `Tile`, its launch figures, `Estimate`, candidates) | tk-roll | codegen, tiled executor, tk-weld, reports |
-| `kernels[i].tile` | `Tile` over the group's last op | tk-weld | codegen (fused shape) |
+| `kernels[i].tile` | `GroupTile`: a `Tile` over the group's last op, members' regions, edges' levels, footprint, runner-ups | tk-weld | codegen (levels, fused shape), tiled executor, reports |
 | `kernels[i].estimate`, `ops[i].tile.estimate` | `Estimate` | tk-roll, tk-weld | reports, tk-ram |
 | `kernels[i].launch` | `Launch` | tk-codegen | reports |
 | `codegen` | `CodegenSection` of `KernelRecord`s | tk-codegen | the CUDA runtime, the emulator |
@@ -289,6 +289,198 @@ class OpTile:
                       _int(p.get("regs", 0), f"{where}.regs"),
                       Estimate.read(p.get("estimate"), f"{where}.estimate"), candidates,
                       dict(p["kernel"]) if isinstance(p.get("kernel"), Mapping) else None)
+
+
+# -- a weld group's tile ------------------------------------------------------------------
+
+#: Memory levels of a group's edges, nearest first.
+EDGE_LEVELS = ("register", "shared", "global")
+#: How a member runs in its group's kernel.
+MEMBER_ROLES = ("stage", "chain", "inline")
+
+
+@dataclass(frozen=True)
+class GroupMember:
+    """One op of a welded group: its role, stage and propagated region (lengths per output
+    dimension for one block) and the work the blocks do over its own (recompute)."""
+
+    op: str
+    role: str
+    stage: int
+    region: tuple[int, ...]
+    recompute: float
+
+    def record(self) -> dict[str, Any]:
+        return {"op": self.op, "role": self.role, "stage": self.stage,
+                "region": list(self.region), "recompute": round_sig(self.recompute)}
+
+
+@dataclass(frozen=True)
+class GroupEdge:
+    """A tensor one member writes and others read: its level, the bytes a block holds of it
+    there, the DRAM bytes the level saves, and whether it is also stored to global memory."""
+
+    tensor: str
+    producer: str
+    consumers: tuple[str, ...]
+    level: str
+    bytes: int
+    dram_saved: int
+    stored: bool
+
+    def record(self) -> dict[str, Any]:
+        return {"tensor": self.tensor, "from": self.producer, "to": list(self.consumers),
+                "level": self.level, "bytes": count(self.bytes),
+                "dram_saved": count(self.dram_saved), "stored": self.stored}
+
+
+@dataclass(frozen=True)
+class GroupTile:
+    """`kernels[i].tile` as tk-weld writes it (docs/weld.md): the shared output tile over the
+    group's last op (`block`/`thread`, `step` over the last stage's reduction axes), its grid,
+    every member, every edge with its level, the shared-memory footprint with liveness
+    (`buffers`: offsets), the results stored to global memory, the gain over the unwelded
+    kernels and the runners-up."""
+
+    tile: Tile
+    spatial: tuple[str, ...]
+    reduction: tuple[str, ...]
+    grid: tuple[int, ...]
+    members: tuple[GroupMember, ...]
+    edges: tuple[GroupEdge, ...]
+    buffers: tuple[tuple[str, int, int], ...]     # (tensor, offset, bytes)
+    smem_bytes: int
+    stored: tuple[str, ...]
+    recompute: float
+    gain_us: float
+    unwelded: Mapping[str, Any]
+    candidates: tuple[Candidate, ...] = ()
+    #: The flash form of an attention group: {"key": axis, "step": keys per step}.
+    flash: Mapping[str, Any] | None = None
+
+    @property
+    def levels(self) -> dict[str, str]:
+        return {e.tensor: e.level for e in self.edges}
+
+    def record(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"source": "weld"}
+        out.update(self.tile.sizes(self.spatial, self.reduction))
+        if not self.reduction:
+            out.pop("step")
+        out.update({
+            "grid": dict(zip(self.spatial, self.grid)), "blocks": math.prod(self.grid),
+            "threads": self.tile.threads, "stages": 1 + max(m.stage for m in self.members),
+            "members": [m.record() for m in self.members],
+            "edges": [e.record() for e in self.edges],
+            "buffers": [{"tensor": t, "offset": o, "bytes": b} for t, o, b in self.buffers],
+            "smem_bytes": int(self.smem_bytes), "stored": list(self.stored),
+            "recompute": round_sig(self.recompute), "gain_us": round_sig(self.gain_us),
+            "unwelded": dict(self.unwelded),
+            "candidates": [{**c.tile.sizes(self.spatial, self.reduction),
+                            "estimate": c.estimate.record()} for c in self.candidates]})
+        for c in out["candidates"]:
+            if not self.reduction:
+                c.pop("step")
+        if self.flash is not None:
+            out["flash"] = dict(self.flash)
+        return out
+
+    @staticmethod
+    def read(payload: Any, spatial: Axes, reduction: Axes, where: str) -> "GroupTile":
+        """Read and check the form (the weld verifier, tilekit.weld.verify, checks it against
+        the module: members, regions, levels, footprint)."""
+        p = _mapping(payload, where, "a group tile")
+        if p.get("source") != "weld":
+            raise IRError(f"a group tile has source 'weld', got {p.get('source')!r}",
+                          f"{where}.source", "re-run tk-weld")
+        tile = read_tile(p, spatial, reduction, where, "weld", require_step=False)
+        members = tuple(_member(m, f"{where}.members[{k}]")
+                        for k, m in enumerate(_list(p, "members", where)))
+        edges = tuple(_edge(e, f"{where}.edges[{k}]")
+                      for k, e in enumerate(_list(p, "edges", where)))
+        buffers = []
+        for k, b in enumerate(_list(p, "buffers", where, required=False)):
+            w = f"{where}.buffers[{k}]"
+            b = _mapping(b, w, "a buffer")
+            buffers.append((_str(b.get("tensor"), f"{w}.tensor"), _int(b.get("offset"), f"{w}.offset"),
+                            _int(b.get("bytes"), f"{w}.bytes")))
+        cands = tuple(
+            Candidate(read_tile(c, spatial, reduction, f"{where}.candidates[{k}]", "weld",
+                                require_step=False),
+                      Estimate.read(_mapping(c, f"{where}.candidates[{k}]", "a candidate")
+                                    .get("estimate"), f"{where}.candidates[{k}].estimate"))
+            for k, c in enumerate(_list(p, "candidates", where, required=False)))
+        stored = tuple(_str(t, f"{where}.stored[{k}]")
+                       for k, t in enumerate(_list(p, "stored", where, required=False)))
+        return GroupTile(tile, tuple(a for a, _ in spatial), tuple(a for a, _ in reduction),
+                         tile.grid([e for _, e in spatial]), members, edges, tuple(buffers),
+                         _int(p.get("smem_bytes", 0), f"{where}.smem_bytes"), stored,
+                         _float(p.get("recompute", 1.0), f"{where}.recompute"),
+                         _float(p.get("gain_us", 0.0), f"{where}.gain_us"),
+                         dict(_mapping(p.get("unwelded", {}), f"{where}.unwelded",
+                                       "'unwelded'")), cands, _flash(p.get("flash"), where))
+
+
+def _flash(value: Any, where: str) -> Mapping[str, Any] | None:
+    if value is None:
+        return None
+    f = _mapping(value, f"{where}.flash", "'flash'")
+    return {"key": _str(f.get("key"), f"{where}.flash.key"),
+            "step": _int(f.get("step"), f"{where}.flash.step", 1)}
+
+
+def _list(p: Mapping[str, Any], key: str, where: str, required: bool = True) -> list:
+    value = p.get(key)
+    if value is None and not required:
+        return []
+    if not isinstance(value, list):
+        raise IRError(f"'{key}' must be a list", f"{where}.{key}", "re-run tk-weld")
+    return value
+
+
+def _str(value: Any, where: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise IRError(f"must be a non-empty string, got {value!r}", where, "re-run tk-weld")
+    return value
+
+
+def _float(value: Any, where: str) -> float:
+    if type(value) not in (int, float) or not math.isfinite(value):
+        raise IRError(f"must be a number, got {value!r}", where, "re-run tk-weld")
+    return float(value)
+
+
+def _choice(value: Any, choices: Sequence[str], where: str) -> str:
+    if value not in choices:
+        raise IRError(f"must be one of {', '.join(choices)}, got {value!r}", where,
+                      "re-run tk-weld")
+    return value
+
+
+def _member(m: Any, where: str) -> GroupMember:
+    m = _mapping(m, where, "a member")
+    region = m.get("region")
+    if not isinstance(region, list) or any(type(x) is not int or x < 1 for x in region):
+        raise IRError(f"'region' must be a list of positive integers, got {region!r}",
+                      f"{where}.region", "re-run tk-weld")
+    return GroupMember(_str(m.get("op"), f"{where}.op"),
+                       _choice(m.get("role"), MEMBER_ROLES, f"{where}.role"),
+                       _int(m.get("stage"), f"{where}.stage"), tuple(region),
+                       _float(m.get("recompute", 1.0), f"{where}.recompute"))
+
+
+def _edge(e: Any, where: str) -> GroupEdge:
+    e = _mapping(e, where, "an edge")
+    to = e.get("to")
+    if not isinstance(to, list) or not to:
+        raise IRError("'to' must list the ops reading the edge", f"{where}.to",
+                      "re-run tk-weld")
+    return GroupEdge(_str(e.get("tensor"), f"{where}.tensor"), _str(e.get("from"), f"{where}.from"),
+                     tuple(_str(t, f"{where}.to[{k}]") for k, t in enumerate(to)),
+                     _choice(e.get("level"), EDGE_LEVELS, f"{where}.level"),
+                     _int(e.get("bytes", 0), f"{where}.bytes"),
+                     _int(e.get("dram_saved", 0), f"{where}.dram_saved"),
+                     bool(e.get("stored", False)))
 
 
 # -- codegen ----------------------------------------------------------------------------------

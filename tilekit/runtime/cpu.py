@@ -89,11 +89,19 @@ OP_RUNNERS: dict[str, OpRunner] = {"whole": run_op_whole}
 MODE_MODULES: dict[str, str] = {"tiled": "tilekit.runtime.tiled"}
 
 
-def register_mode(name: str, runner: OpRunner) -> None:
-    """Add an execution mode (the roll stage registers "tiled"); names are unique."""
+#: Modes that run a welded kernel group as a whole: (group, its steps, env) -> the tensors
+#: it stores to global memory.
+GROUP_RUNNERS: dict[str, Callable[..., Mapping[str, np.ndarray]]] = {}
+
+
+def register_mode(name: str, runner: OpRunner, group_runner=None) -> None:
+    """Add an execution mode (the roll stage registers "tiled"); names are unique. A
+    `group_runner` runs each welded group of several ops (`Program.groups`) as one."""
     if name in OP_RUNNERS and OP_RUNNERS[name] is not runner:
         raise ValueError(f"execution mode {name!r} is already registered")
     OP_RUNNERS[name] = runner
+    if group_runner is not None:
+        GROUP_RUNNERS[name] = group_runner
 
 
 def op_runner(mode: str) -> OpRunner:
@@ -162,6 +170,9 @@ class Program:
     model: str
     outputs: tuple[str, ...]
     steps: tuple[Step, ...]
+    #: Welded kernel groups of several consecutive ops (the module has a `weld` stage):
+    #: first step index -> (kernel name, number of steps, its `tile` payload).
+    groups: Mapping[int, tuple[str, int, Any]] = None  # type: ignore[assignment]
 
     def run(self, inputs: Mapping[str, np.ndarray], weights: Mapping[str, np.ndarray], *,
             mode: str = "whole",
@@ -175,9 +186,30 @@ class Program:
         holds every intermediate). Returns the module's outputs in `module.outputs` order.
         """
         runner = op_runner(mode)
+        group_runner = GROUP_RUNNERS.get(mode) if self.groups else None
         env: dict[str, np.ndarray] = {**weights, **inputs}
+        skip = 0
         for step in self.steps:
+            if skip:            # a member of the group run before: its tensors are out
+                skip -= 1
+                for name in step.frees:
+                    env.pop(name, None)
+                continue
             start = time.perf_counter() if on_step else 0.0
+            if group_runner is not None and step.index in self.groups:
+                name, count, tile = self.groups[step.index]
+                members = self.steps[step.index:step.index + count]
+                stored = group_runner(name, tile, members, env)
+                for t, array in stored.items():
+                    env[t] = array
+                    if trace is not None:
+                        trace[t] = array
+                skip = count - 1
+                for name in step.frees:
+                    env.pop(name, None)
+                if on_step:
+                    on_step(step, time.perf_counter() - start)
+                continue
             results = runner(step, env)
             if len(results) != len(step.writes):
                 raise RuntimeError(f"{step.where}: produced {len(results)} arrays for "
@@ -217,7 +249,26 @@ def _prepare(module: Module) -> Program:
     check_runnable(module)
     g = graph(module)
     steps = tuple(_step(node, module, dies) for node, dies in zip(g.nodes, g.dies_after()))
-    return Program(module.model, tuple(module.outputs), steps)
+    return Program(module.model, tuple(module.outputs), steps, _groups(module))
+
+
+def _groups(module: Module) -> dict[int, tuple[str, int, Any]]:
+    """The welded groups of several consecutive ops, by first op index."""
+    if "weld" not in module.stage_names():
+        return {}
+    from tilekit.weld.verify import check_groups
+    check_groups(module)
+    index = module.op_index()
+    out = {}
+    for k in module.kernels:
+        if len(k.ops) < 2 or not isinstance(k.tile, Mapping) or k.tile.get("source") != "weld":
+            continue
+        first = index[k.ops[0]]
+        if [index[o] for o in k.ops] != list(range(first, first + len(k.ops))):
+            raise TilekitError(f"kernel group '{k.name}' is not a run of consecutive ops",
+                               "kernels", "re-run tk-weld")
+        out[first] = (k.name, len(k.ops), k.tile)
+    return out
 
 
 def run_module(module: Module, inputs: Mapping[str, np.ndarray],

@@ -147,10 +147,101 @@ def run_step_tiled(step, env: Mapping[str, np.ndarray]) -> list[np.ndarray]:
                          max_boxes=RUNTIME_BOX_BUDGET)]
 
 
+# -- welded groups -------------------------------------------------------------------------
+
+def run_group_tiled(name: str, tile: Mapping[str, Any], steps, env: Mapping[str, np.ndarray]
+                    ) -> dict[str, np.ndarray]:
+    """Run a welded kernel group (docs/weld.md) tile by tile as its kernel would: for every
+    block of the last op's grid (adjacent whole blocks merged up to the runtime's budget),
+    each member's region is propagated back from the block (tilekit.weld.structure: halos,
+    whole reduced rows) and evaluated in order, reductions step by step with the member's
+    rolled step. An intermediate that stays in the group lives only in a per-tile buffer:
+    a full-size array that holds NaN everywhere except the current tile's region (floating
+    types), so a member reading outside what the tile computed gets NaN and the check fails.
+    Results stored for readers outside the group are written region by region; every element
+    must be written (else the group tile does not cover them: an IRError). Returns the stored
+    tensors."""
+    from tilekit.expr.box import Span
+    from tilekit.ir.payloads import GroupTile
+    from tilekit.weld.structure import walk_regions
+
+    for step in steps:
+        if step.op.kind != "expr":
+            raise IRError(f"kernel group '{name}' holds opaque op '{step.op.name}'", "kernels",
+                          "re-run tk-weld (opaque ops run alone)")
+    analyses = [st.analysis for st in steps]
+    last = analyses[-1]
+    where = f"kernels ({name}).tile"
+    group = GroupTile.read(tile, last.spatial, (), where) if "step" not in tile else \
+        GroupTile.read(tile, last.spatial, _step_axes(tile, steps), where)
+    stored = set(group.stored)
+    scratch = {t: _poisoned(st) for t, st in zip((a.output for a in analyses), steps)
+               if t not in stored}
+    results = {t: np.empty(st.shapes[0], dtype=st.dtypes[0]) for t, st in
+               zip((a.output for a in analyses), steps) if t in stored}
+    written = {t: np.zeros(a.shape, dtype=bool) for t, a in results.items()}
+    names = [st.op.name for st in steps]
+    for box in block_boxes(last, group.tile.block, RUNTIME_BOX_BUDGET):
+        spans = [Span.of(lo, hi) for lo, hi in box.values()]
+        regions = walk_regions(analyses, spans, names)
+        local = {**env, **scratch, **results}
+        touched = []
+        for st, a, region in zip(steps, analyses, regions):
+            ranges = {n: s.range for (n, _), s in zip(a.spatial, region)}
+            if any(hi <= lo for lo, hi in ranges.values()):
+                continue
+            value = _evaluate_steps(st, a, local, ranges)
+            where_ = tuple(slice(lo, hi) for lo, hi in ranges.values())
+            target = results.get(a.output)
+            if target is not None:
+                target[where_] = np.reshape(value, target[where_].shape)
+                written[a.output][where_] = True
+            else:
+                buf = scratch[a.output]
+                buf[where_] = np.reshape(value, buf[where_].shape)
+                touched.append((buf, where_))
+        for buf, where_ in touched:          # the per-tile buffers die with the tile
+            if buf.dtype.kind in "fc":
+                buf[where_] = np.nan
+    for t, mask in written.items():
+        if not mask.all():
+            raise IRError(f"the blocks' regions leave {int((~mask).sum())} elements of "
+                          f"'{t}' uncomputed, but readers outside the group need them",
+                          f"{where}.block", "re-run tk-weld")
+    return results
+
+
+def _step_axes(tile, steps):
+    """The reduction axes of the group tile's `step` (the last stage's main op)."""
+    for st in reversed(steps):
+        if st.analysis.reduction:
+            return st.analysis.reduction
+    return ()
+
+
+def _poisoned(step) -> np.ndarray:
+    dtype = step.dtypes[0]
+    if np.dtype(dtype).kind in "fc":
+        return np.full(step.shapes[0], np.nan, dtype=dtype)
+    return np.zeros(step.shapes[0], dtype=dtype)
+
+
+def _evaluate_steps(step, analysis: Analysis, env, ranges) -> np.ndarray:
+    """A member over its region, reduction step by step with its rolled step."""
+    tile = step.op.tile if step.op.tile else default_tile(analysis.spatial, analysis.reduction)
+    checked = check_tile_cover(analysis, tile, f"{step.where}.tile")
+    reduction = REDUCTIONS.get(analysis.assign)
+    acc = None
+    for red in step_boxes(analysis, checked.step) or [{}]:
+        part = evaluate(analysis, env, pad=step.op.pad, box={**ranges, **red})
+        acc = part if acc is None else reduction.combine(acc, part)
+    return np.asarray(acc).astype(step.dtypes[0], copy=False)
+
+
 def _register() -> None:
     from tilekit.runtime.cpu import register_mode
 
-    register_mode("tiled", run_step_tiled)
+    register_mode("tiled", run_step_tiled, run_group_tiled)
 
 
 _register()
