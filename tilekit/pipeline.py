@@ -79,6 +79,12 @@ def _roll(module: Module, ctx: Context) -> Module:
                        hardware=ctx.hardware, precision=str(ctx.option("precision", "fp32")))
 
 
+def _ram(module: Module, ctx: Context) -> Module:
+    from tilekit.ram import ram_module
+    return ram_module(module, ctx.profile, str(ctx.option("policy", "wavefront")),
+                      hardware=ctx.profile.name)
+
+
 def _codegen(module: Module, ctx: Context) -> Module:
     from tilekit.codegen.module import run_codegen
     return run_codegen(module, ctx.profile, ctx.arch,
@@ -89,6 +95,8 @@ def _codegen(module: Module, ctx: Context) -> Module:
 PASSES: dict[str, Pass] = {p.name: p for p in (
     Pass("roll", _roll, "Roller's tiles per op and the micro performance model's estimates",
          produces=("ops[*].tile", "kernels[*].estimate", "hardware"), needs_profile=True),
+    Pass("ram", _ram, "Rammer's rTasks packed onto virtual execution units: the program",
+         produces=("program",), needs_profile=True),
     Pass("codegen", _codegen, "CUDA C++ per kernel group and its launch",
          produces=("codegen", "kernels[*].launch")),
 )}

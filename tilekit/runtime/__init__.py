@@ -51,6 +51,9 @@ def backend(module: Module, device: str = "cpu", mode: str = "whole") -> Backend
     """
     from tilekit.runtime.bench import cpu_description
 
+    if device == "cpu" and mode == "program":  # tk-ram's plan, task by task (runtime.program)
+        from tilekit.runtime.program import program_backend
+        return program_backend(module)
     if device == "cpu":
         program = prepare(module)
         op_runner(mode)  # an unknown mode fails here, before any data is loaded
