@@ -77,7 +77,10 @@ def fills_device(profile, v: Variant) -> bool:
 
 def segments_of(ops: tuple[ROperator, ...], level: list[int], profile
                 ) -> list[tuple[str, list[int], int]]:
-    """(kind, operators, threads) per segment, in run order (step 2 of the module docstring)."""
+    """(kind, operators, threads) per segment, in run order (step 2 of the module docstring).
+    On a distributed profile (tiles as vEUs, no kernel launches) every operator that can be
+    packed joins one segment."""
+    distributed = profile.kind == "distributed"
     out: list[tuple[str, list[int], int]] = []
     current: _Open | None = None
     by_wave: dict[int, list[int]] = {}
@@ -89,13 +92,13 @@ def segments_of(ops: tuple[ROperator, ...], level: list[int], profile
             members = sorted(members, key=lambda i: (not current.admits(ops[i].best), i))
         for i in members:
             op = ops[i]
-            if op.fixed or fills_device(profile, op.best):
+            if op.fixed or (not distributed and fills_device(profile, op.best)):
                 if current is not None:
                     out.append(("persistent", current.members, current.threads))
                     current = None
                 out.append(("kernel", [i], op.best.threads))
                 continue
-            if current is not None and not current.admits(op.best):
+            if current is not None and not distributed and not current.admits(op.best):
                 out.append(("persistent", current.members, current.threads))
                 current = None
             if current is None:
@@ -109,6 +112,8 @@ def segments_of(ops: tuple[ROperator, ...], level: list[int], profile
 
 
 def _fits(v: Variant, threads: int, regs: int, smem: int) -> bool:
+    if threads == 0:  # a distributed device: a tile runs any body
+        return True
     fits_threads = v.threads == threads if v.barriers else v.threads <= threads
     return fits_threads and v.regs <= regs and v.smem_bytes <= smem
 
@@ -194,15 +199,19 @@ def plan(module: Module, profile, policy: str = "wavefront", hardware: str | Non
             chosen[members[0]] = ops[members[0]].best
             segments.append(Segment("kernel", tuple(members)))
             continue
-        bodies = [(threads, ops[i].best.regs, ops[i].best.smem_bytes) for i in members]
-        slot = common_residency(profile, bodies)
-        lists, picked = pack_segment(ops, members, level, producers, slot.grid, threads,
-                                     slot.registers, slot.smem_bytes, policy)
+        if profile.kind == "distributed":  # one vEU per tile, any body
+            veus, why, fit = profile.sm_count, (f"one vEU per tile: {profile.sm_count} tiles "
+                                                "of distributed memory"), (0, 0, 0)
+        else:
+            slot = common_residency(profile, [(threads, ops[i].best.regs,
+                                               ops[i].best.smem_bytes) for i in members])
+            veus, why, fit = slot.grid, slot.why(), (threads, slot.registers, slot.smem_bytes)
+        lists, picked = pack_segment(ops, members, level, producers, veus, *fit, policy)
         chosen.update(picked)
         while lists and not lists[-1]:  # vEUs left idle by the packing (the last ones)
             lists.pop()
         segments.append(Segment("persistent", tuple(sorted(members)), threads, len(lists),
-                                slot.why(), tuple(tuple(items) for items in lists)))
+                                why, tuple(tuple(items) for items in lists)))
     program_ops = tuple(Operator(op.kernel, chosen[i].index, chosen[i].tasks,
                                  chosen[i].threads, round_sig(chosen[i].task_us),
                                  round_sig(chosen[i].busy_us), segment_of[i]) for i, op in enumerate(ops))

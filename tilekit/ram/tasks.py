@@ -264,6 +264,26 @@ class Layout:
         return out
 
 
+    def boxes_of(self, first: int, count: int) -> list[Box]:
+        """The boxes of blocks `first .. first+count-1` together, merged where blocks are
+        adjacent (one flat range, or runs along the last grid axis): the same points as
+        the blocks' boxes one by one."""
+        if self.kind == "flat" and self.blocks * self.per_block >= math.prod(self.extents):
+            points = math.prod(self.extents)
+            return flat_boxes(first * self.per_block,
+                              min((first + count) * self.per_block, points), self.extents)
+        if self.kind != "box" or count == 1:
+            return [box for b in range(first, first + count) for box in self.boxes(b)]
+        out: list[Box] = []
+        for b in range(first, first + count):
+            box = self.boxes(b)[0]
+            if out and out[-1][:-1] == box[:-1] and out[-1][-1][1] == box[-1][0]:
+                out[-1] = out[-1][:-1] + ((out[-1][-1][0], box[-1][1]),)
+            else:
+                out.append(box)
+        return out
+
+
 def flat_boxes(start: int, stop: int, extents: tuple[int, ...]) -> list[Box]:
     """The row-major flat range [start, stop) of an array of `extents` as boxes."""
     if start >= stop:

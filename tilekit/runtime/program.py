@@ -89,21 +89,24 @@ class ProgramRun:
 
     # -- tasks ----------------------------------------------------------------------------------
     def run_task(self, i: int, first: int, count: int, where: str) -> None:
+        """Blocks `first .. first+count-1` of operator `i` (one vEU item): adjacent blocks
+        are evaluated as one box (the same points, fewer NumPy calls)."""
         op = self.ops[i]
-        for b in range(first, first + count):
-            boxes = op.layout.boxes(b)
-            for step in op.steps:
-                if step.op.kind != "expr" or op.layout.kind == "whole":
-                    self._run_whole_step(i, step, boxes, where, b)
-                    continue
-                for box in boxes:
-                    self._run_box(step, box, f"{where}: block {b} of {op.kernel}")
+        boxes = op.layout.boxes_of(first, count)
+        what = f"{where}: blocks {first}..{first + count - 1} of {op.kernel}"
+        for step in op.steps:
+            if step.op.kind != "expr" or op.layout.kind == "whole":
+                self._run_whole_step(i, step, boxes, what, first)
+                continue
+            for box in boxes:
+                self._run_box(step, box, what)
 
     def _run_box(self, step: Step, box, where: str) -> None:
         a = step.analysis
         spatial = dict(zip((x for x, _ in a.spatial), box))
         for k, access in enumerate(a.accesses):
-            self._need(access.tensor, input_box(a, k, spatial, clamp=True), where)
+            if access.tensor in self.made:
+                self._need(access.tensor, input_box(a, k, spatial, clamp=True), where)
         value = evaluate(a, self.env, pad=step.op.pad, box=spatial, out_dtype=step.dtypes[0])
         index = tuple(slice(lo, hi) for lo, hi in box)
         out = step.writes[0]
@@ -116,7 +119,7 @@ class ProgramRun:
         key = (i, step.index)
         if key not in self.whole:
             for t in step.reads:
-                self._need(t, None, f"{where}: block {b} of {self.ops[i].kernel}")
+                self._need(t, None, where)
             self.whole[key] = [np.asarray(r) for r in run_op_whole(step, self.env)]
         for name, value, dtype in zip(step.writes, self.whole[key], step.dtypes):
             if not name:
@@ -168,7 +171,7 @@ class ProgramRun:
                 pos[v] += 1
                 push(v)
                 continue
-            self.run_task(it.op, it.first, it.count, f"{where}.lists[{v}][{pos[v]}]")
+            self.run_task(it.op, it.first, it.count, f"{where}.lists[{v}] item {pos[v]}")
             counters[it.op] += it.count
             pos[v] += 1
             if counters[it.op] == tasks[it.op]:
