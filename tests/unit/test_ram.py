@@ -237,7 +237,9 @@ def test_svg_structure(resnext):
     from tilekit.ram.timeline import simulate
     boxes = sum(len(s.boxes) for s in simulate(program).segments)
     assert len(re.findall(r'class="rtask"', text)) == boxes
-    assert len(re.findall(r'class="barrier"', text)) > 0
+    waits = sum(1 for seg in program.segments for items in seg.lists for it in items
+                if it.kind == WAIT)
+    assert waits > 0 and len(re.findall(r'class="barrier"', text)) == waits
     est = program.estimate
     assert f"makespan {est['makespan_us']} us" in text
     assert f"serial makespan {est['serial_us']} us" in text

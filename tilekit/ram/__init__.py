@@ -32,11 +32,12 @@ def plan_module(module: Module, profile, policy: str = "wavefront",
     if policy not in POLICIES:
         raise IRError(f"unknown policy '{policy}'", "--policy",
                       f"known policies: {', '.join(POLICIES)}")
-    program = plan(module, profile, policy, hardware)
+    ops = operators(module, profile)
+    program = plan(module, profile, policy, hardware, ops=ops)
     serial = program if policy == "serial" else plan(module, profile, "serial", hardware,
-                                                            verify=False)
+                                                            verify=False, ops=ops)
     launch, _ = launch_us(profile)
-    return with_estimate(program, operators(module, profile), makespan_us(serial), launch)
+    return with_estimate(program, ops, makespan_us(serial), launch)
 
 
 def ram_module(module: Module, profile, policy: str = "wavefront",

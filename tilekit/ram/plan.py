@@ -27,8 +27,9 @@ Everything is deterministic: ties break on indices, never on hashes or clocks.
 
 from __future__ import annotations
 
-import heapq
 from dataclasses import dataclass
+
+import numpy as np
 
 from tilekit.errors import TilekitError
 from tilekit.ir.model import Module
@@ -118,27 +119,46 @@ def _fits(v: Variant, threads: int, regs: int, smem: int) -> bool:
     return fits_threads and v.regs <= regs and v.smem_bytes <= smem
 
 
-def _trial(free: list[tuple[float, int]], tasks: int, task_us: float, ready: float
-           ) -> tuple[float, list[int]]:
-    """Place `tasks` tasks on the earliest-free vEUs: (finish, tasks per vEU in order)."""
-    heap = list(free)
-    heapq.heapify(heap)
-    counts: dict[int, int] = {}
-    finish = ready
-    for _ in range(tasks):
-        t, v = heapq.heappop(heap)
-        end = max(t, ready) + task_us
-        counts[v] = counts.get(v, 0) + 1
-        finish = max(finish, end)
-        heapq.heappush(heap, (end, v))
-    return finish, sorted(counts.items())
+def _trial(free: np.ndarray, tasks: int, task_us: float, ready: float
+           ) -> tuple[float, list[tuple[int, int]]]:
+    """Place `tasks` equal tasks one by one on the vEU that frees first (ties: the lowest
+    index), none starting before `ready`: (finish, [(vEU, tasks on it)]).
+
+    Computed without the loop: the tasks take the `tasks` smallest start times
+    `max(free[v], ready) + k * task_us`; a bisection finds the threshold below which there
+    are at least that many, and the surplus at the threshold goes from the highest index."""
+    eff = np.maximum(free, ready)
+    d = max(task_us, 1e-12)
+    lo, hi = float(eff.min()), float(eff.min()) + tasks * d
+
+    def count(x: float) -> np.ndarray:  # starts strictly below x, per vEU
+        return np.maximum(np.ceil((x - eff) / d - 1e-9), 0).astype(np.int64)
+
+    for _ in range(64):
+        mid = (lo + hi) / 2
+        if count(mid).sum() >= tasks:
+            hi = mid
+        else:
+            lo = mid
+        if hi - lo <= d * 1e-6:
+            break
+    n = count(hi)
+    surplus = int(n.sum()) - tasks
+    if surplus > 0:  # drop the latest starts, ties from the highest vEU index
+        last = np.where(n > 0, eff + (n - 1) * d, -np.inf)
+        order = np.lexsort((-np.arange(len(n)), -last))
+        for v in order[:surplus]:
+            n[v] -= 1
+    used = np.nonzero(n)[0]
+    finish = float((eff[used] + n[used] * d).max()) if len(used) else ready
+    return finish, [(int(v), int(n[v])) for v in used]
 
 
 def pack_segment(ops: tuple[ROperator, ...], members: list[int], level: list[int],
                  producers: list[set[int]], veus: int, threads: int, regs: int, smem: int,
                  policy: str) -> tuple[list[list[Item]], dict[int, Variant]]:
     """The vEU lists of one persistent segment and each member's chosen variant (step 3)."""
-    free = [(0.0, v) for v in range(veus)]
+    free = np.zeros(veus)
     finish: dict[int, float] = {}
     chosen: dict[int, Variant] = {}
     lists: list[list[Item]] = [[] for _ in range(veus)]
@@ -163,7 +183,6 @@ def pack_segment(ops: tuple[ROperator, ...], members: list[int], level: list[int
             raise TilekitError(f"operator {ops[i].kernel} fits no slot", "program")
         _, variant, counts = best
         chosen[i] = variant
-        end_times = dict((v, t) for t, v in free)
         first = 0
         for v, n in counts:
             for p in sorted(deps):
@@ -173,19 +192,18 @@ def pack_segment(ops: tuple[ROperator, ...], members: list[int], level: list[int
             lists[v].append(Item(TASK, i, first, n))
             ran[v][i] = n
             first += n
-            end_times[v] = max(end_times[v], ready) + n * variant.task_us
-        free = [(t, v) for v, t in sorted(end_times.items())]
-        finish[i] = max(end_times[v] for v, _ in counts)
+            free[v] = max(free[v], ready) + n * variant.task_us
+        finish[i] = max(free[v] for v, _ in counts)
         previous_end = finish[i]
     return lists, chosen
 
 
 def plan(module: Module, profile, policy: str = "wavefront", hardware: str | None = None,
-         verify: bool = True) -> Program:
+         verify: bool = True, ops: tuple[ROperator, ...] | None = None) -> Program:
     """The program of `module` on `profile` under `policy` (see the module docstring);
     verified (tilekit.ir.program.verify_program) unless `verify` is false (a plan made only
     for its estimate)."""
-    ops = operators(module, profile)
+    ops = ops if ops is not None else operators(module, profile)
     producers, _ = operator_flow(module)
     level = waves(ops, producers, policy)
     launch, source = launch_us(profile)
@@ -228,7 +246,7 @@ def with_estimate(program: Program, ops: tuple[ROperator, ...], serial_us: float
     each), the serial policy's, and one kernel per operator (each with a launch)."""
     from dataclasses import replace
 
-    timeline = simulate(program)
+    timeline = simulate(program, boxes=False)
     busy = {i: timeline.kernel_us(i) for i in range(len(ops))}
     makespan = sum(timeline.segment_us) + launch * len(program.segments)
     per_op = sum(op.best.busy_us + launch for op in ops)
@@ -252,7 +270,7 @@ def with_estimate(program: Program, ops: tuple[ROperator, ...], serial_us: float
 
 
 def makespan_us(program: Program) -> float:
-    timeline = simulate(program)
+    timeline = simulate(program, boxes=False)
     return sum(timeline.segment_us) + program.launch_us * len(program.segments)
 
 

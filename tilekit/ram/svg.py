@@ -3,8 +3,8 @@
 Every segment is drawn after the previous one on one time axis (kernel launches between them
 as grey gaps of the launch overhead). In a persistent segment each rTask is a box on its vEU
 row, coloured by operator (a fixed palette indexed by operator: the same operator has the same
-colour in both policies' pictures); a wait that held its vEU is a red line from where the vEU
-began to wait to where the awaited operator ended. An ordinary-kernel segment is one box over
+colour in both policies' pictures); every wait is a red tick where it releases, and a dashed
+line from where the vEU began to wait when it had to. An ordinary-kernel segment is one box over
 all rows. The title gives the model, the policy, the makespan and the serial makespan.
 
 Rows: a segment has up to hundreds of vEUs; rows are drawn at `ROW` pixels with at most
@@ -54,7 +54,7 @@ def render(program: Program, model: str) -> str:
            f"({est.get('persistent_segments', '?')} persistent), {program.tasks} rTasks, "
            f"launch overhead {launch} us ({escape(program.launch_source[:90])})</text>",
            f'<text x="{LEFT}" y="48">rows: vEUs (first {rows}); boxes: rTasks coloured by '
-           "operator; red lines: barriers (waits); grey: launch gaps and ordinary kernels</text>"]
+           "operator; red ticks: barriers (a wait released), dashed: a vEU idle at a wait; grey: launch gaps and ordinary kernels</text>"]
     x = float(LEFT)
     for seg, line in zip(program.segments, timeline.segments):
         out.append(f'<rect class="launch" x="{_f(x)}" y="{TOP}" width="{_f(launch * scale)}" '
@@ -75,13 +75,18 @@ def render(program: Program, model: str) -> str:
                            f'width="{_f(max((box.end - box.start) * scale, 0.3))}" '
                            f'height="{_f(ROW * 0.9)}" '
                            f'fill="{PALETTE[box.op % len(PALETTE)]}"/>')
-            for bar in line.barriers:
+            for bar in line.barriers:  # a tick where the wait releases, a line while idle
                 row = min(bar.veu, rows - 1)
-                y = _f(TOP + row * ROW + ROW * 0.45)
-                out.append(f'<line class="barrier" data-op="{bar.op}" '
-                           f'x1="{_f(x + bar.start * scale)}" y1="{y}" '
-                           f'x2="{_f(x + bar.end * scale)}" y2="{y}" stroke="#d62728" '
-                           'stroke-width="1"/>')
+                y0, y1 = TOP + row * ROW, TOP + row * ROW + ROW * 0.9
+                end = _f(x + bar.end * scale)
+                out.append(f'<line class="barrier" data-op="{bar.op}" x1="{end}" '
+                           f'y1="{_f(y0)}" x2="{end}" y2="{_f(y1)}" stroke="#d62728" '
+                           'stroke-width="0.8"/>')
+                if bar.end > bar.start:
+                    y = _f(TOP + row * ROW + ROW * 0.45)
+                    out.append(f'<line class="wait" x1="{_f(x + bar.start * scale)}" y1="{y}" '
+                               f'x2="{end}" y2="{y}" stroke="#d62728" stroke-width="0.5" '
+                               'stroke-dasharray="2,1"/>')
         x += line.length_us * scale
     axis_y = TOP + rows * ROW + 14
     out.append(f'<line x1="{LEFT}" y1="{_f(axis_y)}" x2="{_f(x)}" y2="{_f(axis_y)}" '

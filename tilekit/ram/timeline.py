@@ -30,7 +30,8 @@ class Box:
 
 @dataclass(frozen=True)
 class Barrier:
-    """A wait that held its vEU: from `start` until the awaited operator ended at `end`."""
+    """A wait on its vEU: reached at `start`, released at `end` (when the awaited operator
+    ended, or at once when it had already)."""
 
     veu: int
     op: int
@@ -61,18 +62,19 @@ class Timeline:
         return self.program.operators[op].kernel_us
 
 
-def simulate(program: Program) -> Timeline:
+def simulate(program: Program, boxes: bool = True) -> Timeline:
+    """The timeline of `program`; without `boxes`, only the segments' lengths (faster)."""
     out = []
     for s, seg in enumerate(program.segments):
         if seg.kind == "kernel":
             op = program.operators[seg.operators[0]]
             out.append(SegmentTimeline(s, "kernel", 0, op.kernel_us))
         else:
-            out.append(_persistent(program, s, seg))
+            out.append(_persistent(program, s, seg, boxes))
     return Timeline(program, out)
 
 
-def _persistent(program: Program, s: int, seg: Segment) -> SegmentTimeline:
+def _persistent(program: Program, s: int, seg: Segment, record: bool) -> SegmentTimeline:
     """Work-list replay: run each vEU until it waits on an unfinished operator; when an
     operator's last task ends, wake its waiters."""
     serial = program.policy == "serial"
@@ -86,7 +88,6 @@ def _persistent(program: Program, s: int, seg: Segment) -> SegmentTimeline:
     clock = [0.0] * seg.veus
     line = SegmentTimeline(s, "persistent", seg.veus, 0.0)
     pending = list(range(seg.veus))
-    blocked_since: dict[int, float] = {}
     while pending:
         v = pending.pop()
         items = seg.lists[v]
@@ -95,21 +96,19 @@ def _persistent(program: Program, s: int, seg: Segment) -> SegmentTimeline:
             need = it.op if it.kind != TASK else (gate[it.op] if serial else None)
             if need is not None and need not in finish:
                 waiters.setdefault(need, []).append(v)
-                blocked_since.setdefault(v, clock[v])
                 break
             if it.kind != TASK:
-                if finish[it.op] > clock[v]:
+                if record:
                     line.barriers.append(Barrier(v, it.op, clock[v], finish[it.op]))
                 clock[v] = max(clock[v], finish[it.op])
-                blocked_since.pop(v, None)
                 pos[v] += 1
                 continue
             if need is not None:
                 clock[v] = max(clock[v], finish[need])
-            blocked_since.pop(v, None)
             start = clock[v]
             clock[v] = start + it.count * program.operators[it.op].task_us
-            line.boxes.append(Box(v, it.op, it.first, it.count, start, clock[v]))
+            if record:
+                line.boxes.append(Box(v, it.op, it.first, it.count, start, clock[v]))
             remaining[it.op] -= it.count
             ends[it.op] = max(ends.get(it.op, 0.0), clock[v])
             if remaining[it.op] == 0:
@@ -120,7 +119,7 @@ def _persistent(program: Program, s: int, seg: Segment) -> SegmentTimeline:
         raise RuntimeError("the program deadlocks (verify_program should have refused it)")
     line.boxes.sort(key=lambda b: (b.veu, b.start))
     line.barriers.sort(key=lambda b: (b.veu, b.start))
-    line.length_us = max((b.end for b in line.boxes), default=0.0)
+    line.length_us = max(clock, default=0.0)
     return line
 
 
