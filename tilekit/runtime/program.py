@@ -194,21 +194,20 @@ def run_program(module: Module, inputs: Mapping[str, np.ndarray],
     return ProgramRun(module, program, inputs, weights).run()
 
 
-def program_backend(module: Module):
-    """The `tk-run --mode program` backend (tilekit.runtime.backend)."""
-    from tilekit.runtime import Backend
-    from tilekit.runtime.bench import cpu_description
-
+def program_runner(module: Module):
+    """`(run, trace)` for `tk-run --mode program` (tilekit.runtime.backend builds the
+    Backend): the program is read and verified once."""
     program = read_program(module)
 
+    def run(inputs, weights):
+        return ProgramRun(module, program, inputs, weights).run()
+
     def trace(inputs, weights):
-        run = ProgramRun(module, program, inputs, weights)
-        run.run()
-        return {t: run.env[t] for t in run.made}
+        state = ProgramRun(module, program, inputs, weights)
+        state.run()
+        return {t: state.env[t] for t in state.made}
 
-    return Backend("cpu", cpu_description(),
-                   lambda inputs, weights: ProgramRun(module, program, inputs, weights).run(),
-                   trace=trace)
+    return run, trace
 
 
-__all__ = ["ProgramOrderError", "ProgramRun", "program_backend", "run_program"]
+__all__ = ["ProgramOrderError", "ProgramRun", "program_runner", "run_program"]
