@@ -4,7 +4,6 @@ NASNet-style cell of tests/models/ram_models.py, rolled for the H100 with top-4 
 
 from __future__ import annotations
 
-import re
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -236,12 +235,16 @@ def test_svg_structure(resnext):
     assert text.startswith("<svg") and text.rstrip().endswith("</svg>")
     from tilekit.ram.timeline import simulate
     boxes = sum(len(s.boxes) for s in simulate(program).segments)
-    assert len(re.findall(r'class="rtask"', text)) == boxes
+    import xml.etree.ElementTree as ET
+    root = ET.fromstring(text)  # well-formed: opens in a browser
+    ns = "{http://www.w3.org/2000/svg}"
+    paths = {cls: [p for p in root.iter(f"{ns}path") if p.get("class") == cls]
+             for cls in ("rtasks", "barriers")}
+    assert sum(p.get("d").count("M") for p in paths["rtasks"]) == boxes
+    assert len({p.get("fill") for p in paths["rtasks"]}) > 1  # coloured by operator
     waits = sum(1 for seg in program.segments for items in seg.lists for it in items
                 if it.kind == WAIT)
-    assert waits > 0 and len(re.findall(r'class="barrier"', text)) == waits
+    assert waits > 0 and sum(p.get("d").count("M") for p in paths["barriers"]) == waits
     est = program.estimate
     assert f"makespan {est['makespan_us']} us" in text
     assert f"serial makespan {est['serial_us']} us" in text
-    import xml.etree.ElementTree as ET
-    ET.fromstring(text)  # well-formed: opens in a browser

@@ -3,8 +3,9 @@
 `plan(module, profile, policy)` -> `Program` (tilekit.ir.program). The steps:
 
 1. **Waves.** An operator's wave is one more than the latest wave of the operators it reads
-   from (the wavefront policy); the serial policy gives every operator its own wave, in module
-   order.
+   from. Segments are cut along these waves under both policies; within a segment the
+   wavefront policy packs wave by wave, the serial policy one operator at a time in module
+   order (each starting when the previous one ended: the comparison Rammer draws).
 2. **Segments.** Operators are taken wave by wave. One that fills the device by itself (its
    best variant has at least one full wave of co-resident blocks) or that cannot be packed
    (`ROperator.fixed`) stays an ordinary kernel between segments; the others join the current
@@ -205,12 +206,15 @@ def plan(module: Module, profile, policy: str = "wavefront", hardware: str | Non
     for its estimate)."""
     ops = ops if ops is not None else operators(module, profile)
     producers, _ = operator_flow(module)
+    # Both policies run the same segments (cut along the wavefront); the serial policy only
+    # orders each segment's operators one after another.
+    cut = waves(ops, producers, "wavefront")
     level = waves(ops, producers, policy)
     launch, source = launch_us(profile)
     chosen: dict[int, Variant] = {}
     segment_of: dict[int, int] = {}
     segments: list[Segment] = []
-    for s, (kind, members, threads) in enumerate(segments_of(ops, level, profile)):
+    for s, (kind, members, threads) in enumerate(segments_of(ops, cut, profile)):
         for i in members:
             segment_of[i] = s
         if kind == "kernel":

@@ -7,9 +7,12 @@ colour in both policies' pictures); every wait is a red tick where it releases, 
 line from where the vEU began to wait when it had to. An ordinary-kernel segment is one box over
 all rows. The title gives the model, the policy, the makespan and the serial makespan.
 
-Rows: a segment has up to hundreds of vEUs; rows are drawn at `ROW` pixels with at most
-`MAX_ROWS` rows (vEUs beyond are folded onto the last rows' colours: stated in the legend).
-Output is deterministic: coordinates printed with two decimals, elements in a fixed order.
+Rows: a segment has up to hundreds of vEUs; rows are drawn at `ROW` pixels, the first
+`MAX_ROWS` vEUs of each segment (the packing fills the lowest vEUs first, so the rows left out
+are the least busy; the legend says how many are shown).
+Output is deterministic: coordinates printed with one decimal, elements in a fixed order; each
+operator's rTasks are one path (a subpath per rTask) and a segment's barriers another, which
+keeps a picture of thousands of rTasks small.
 """
 
 from __future__ import annotations
@@ -23,13 +26,13 @@ WIDTH = 1200
 LEFT = 70
 TOP = 60
 ROW = 3.0
-MAX_ROWS = 240
+MAX_ROWS = 160
 PALETTE = ("#4e79a7", "#f28e2b", "#59a14f", "#b07aa1", "#76b7b2", "#edc948", "#9c755f",
            "#e15759", "#bab0ac", "#ff9da7", "#86bcb6", "#8cd17d", "#d4a6c8", "#499894")
 
 
 def _f(x: float) -> str:
-    return f"{x:.2f}"
+    return f"{x:.1f}"
 
 
 def render(program: Program, model: str) -> str:
@@ -37,7 +40,8 @@ def render(program: Program, model: str) -> str:
     timeline = simulate(program)
     launch = program.launch_us
     total = sum(timeline.segment_us) + launch * len(program.segments)
-    rows = min(MAX_ROWS, max([s.veus for s in program.segments] + [1]))
+    most = max([s.veus for s in program.segments] + [1])
+    rows = min(MAX_ROWS, most)
     height = TOP + rows * ROW + 50
     scale = (WIDTH - LEFT - 20) / total if total > 0 else 1.0
     est = program.estimate
@@ -53,8 +57,9 @@ def render(program: Program, model: str) -> str:
            f'<text x="{LEFT}" y="34">{len(program.segments)} segments '
            f"({est.get('persistent_segments', '?')} persistent), {program.tasks} rTasks, "
            f"launch overhead {launch} us ({escape(program.launch_source[:90])})</text>",
-           f'<text x="{LEFT}" y="48">rows: vEUs (first {rows}); boxes: rTasks coloured by '
-           "operator; red ticks: barriers (a wait released), dashed: a vEU idle at a wait; grey: launch gaps and ordinary kernels</text>"]
+           f'<text x="{LEFT}" y="48">rows: vEUs (the first {rows} of up to {most}); boxes: '
+           "rTasks coloured by operator; red ticks: barriers (a wait released), dashed: a vEU "
+           "idle at a wait; grey: launch gaps and ordinary kernels</text>"]
     x = float(LEFT)
     for seg, line in zip(program.segments, timeline.segments):
         out.append(f'<rect class="launch" x="{_f(x)}" y="{TOP}" width="{_f(launch * scale)}" '
@@ -68,25 +73,31 @@ def render(program: Program, model: str) -> str:
                        f'stroke="#555555" stroke-width="0.5"><title>'
                        f"{escape(program.operators[op].kernel)} (ordinary kernel)</title></rect>")
         else:
-            for box in line.boxes:
-                row = min(box.veu, rows - 1)
-                out.append(f'<rect class="rtask" data-op="{box.op}" '
-                           f'x="{_f(x + box.start * scale)}" y="{_f(TOP + row * ROW)}" '
-                           f'width="{_f(max((box.end - box.start) * scale, 0.3))}" '
-                           f'height="{_f(ROW * 0.9)}" '
-                           f'fill="{PALETTE[box.op % len(PALETTE)]}"/>')
-            for bar in line.barriers:  # a tick where the wait releases, a line while idle
-                row = min(bar.veu, rows - 1)
-                y0, y1 = TOP + row * ROW, TOP + row * ROW + ROW * 0.9
-                end = _f(x + bar.end * scale)
-                out.append(f'<line class="barrier" data-op="{bar.op}" x1="{end}" '
-                           f'y1="{_f(y0)}" x2="{end}" y2="{_f(y1)}" stroke="#d62728" '
-                           'stroke-width="0.8"/>')
-                if bar.end > bar.start:
-                    y = _f(TOP + row * ROW + ROW * 0.45)
-                    out.append(f'<line class="wait" x1="{_f(x + bar.start * scale)}" y1="{y}" '
-                               f'x2="{end}" y2="{y}" stroke="#d62728" stroke-width="0.5" '
-                               'stroke-dasharray="2,1"/>')
+            by_op: dict[int, list[str]] = {}
+            for box in line.boxes:  # one path per operator, one subpath per rTask
+                if box.veu < rows:
+                    by_op.setdefault(box.op, []).append(
+                        f"M{_f(x + box.start * scale)} {_f(TOP + box.veu * ROW)}"
+                        f"h{_f(max((box.end - box.start) * scale, 0.3))}v{_f(ROW * 0.9)}H"
+                        f"{_f(x + box.start * scale)}z")
+            for op in sorted(by_op):
+                out.append(f'<path class="rtasks" data-op="{op}" '
+                           f'fill="{PALETTE[op % len(PALETTE)]}" d="{"".join(by_op[op])}">'
+                           f"<title>{escape(program.operators[op].kernel)}</title></path>")
+            ticks, idle = [], []
+            for bar in line.barriers:  # a tick where the wait releases, a dash while idle
+                if bar.veu < rows:
+                    end = _f(x + bar.end * scale)
+                    ticks.append(f"M{end} {_f(TOP + bar.veu * ROW)}v{_f(ROW * 0.9)}")
+                    if bar.end > bar.start:
+                        idle.append(f"M{_f(x + bar.start * scale)} "
+                                    f"{_f(TOP + bar.veu * ROW + ROW * 0.45)}H{end}")
+            if ticks:
+                out.append(f'<path class="barriers" stroke="#d62728" stroke-width="0.8" '
+                           f'fill="none" d="{"".join(ticks)}"/>')
+            if idle:
+                out.append(f'<path class="waits" stroke="#d62728" stroke-width="0.5" '
+                           f'stroke-dasharray="2,1" fill="none" d="{"".join(idle)}"/>')
         x += line.length_us * scale
     axis_y = TOP + rows * ROW + 14
     out.append(f'<line x1="{LEFT}" y1="{_f(axis_y)}" x2="{_f(x)}" y2="{_f(axis_y)}" '
