@@ -159,8 +159,9 @@ def _program_kernel(module: Module, program: Program, s: int, seg: Segment,
         start.append(len(items) // 3)
     args, decls, written = _params(module, members)
     smem = max((g.spec.smem_bytes if g.spec else g.smem_planned) for g in members)
-    sms = profile.sm_count if profile is not None else 1
-    per_sm = max(1, -(-seg.veus // sms))
+    # Blocks each SM must hold for the grid to be co-resident: ptxas fits the registers to it.
+    # Without a profile there is no SM count: no bound (the launch-time check still guards).
+    per_sm = max(1, -(-seg.veus // profile.sm_count)) if profile is not None else 1
     lines = [f"// program segment {s}: {len(members)} operators as rTasks on {seg.veus} vEUs "
              f"of {seg.threads} threads",
              "// " + comment_text(f"co-residency at planning: {seg.residency}")]
