@@ -54,7 +54,7 @@ def main(input, output, fmt, hw, policy, svg, report, quiet, debug):
         raise TilekitError("no hardware profile", "--hw",
                            "pass --hw NAME|PATH (e.g. --hw h100), or run tk-roll first")
     planned = ram_module(module, profile, policy, hardware=profile.name)
-    if hw and module.hardware is None:
+    if module.hardware is None:  # the first stage that needs a profile records it
         from dataclasses import replace
         planned = replace(planned, hardware=hardware)
     program = parse_program(planned.program)

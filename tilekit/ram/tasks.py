@@ -183,8 +183,8 @@ def _opaque_variant(module: Module, node, profile, launch: float) -> Variant:
     est = est or _bytes_estimate(module, (node.name,), profile)
     busy = _busy(est, launch)
     tasks = default_grid(elements, DEFAULT_THREADS)
-    return Variant(0, tasks, DEFAULT_THREADS, DEFAULT_REGS, 0, busy,
-                   busy / max(1, -(-tasks // (profile.sm_count * 8))), "opaque")
+    return Variant(0, tasks, DEFAULT_THREADS, DEFAULT_REGS, 0, busy, _task_us(busy, est),
+                   "opaque")
 
 
 def _expr_variants(module: Module, node, profile, target: Target, dtypes, launch: float
