@@ -80,6 +80,9 @@ def report_lines(module, program, profile) -> list[str]:
              f"{est['serial_us']} us; one kernel per operator {est['per_op_kernels_us']} us "
              f"({est['per_op_launches']} launches of {program.launch_us} us: "
              f"{program.launch_source})"]
+    others = [o for o in program.operators if o.variant]
+    lines.append(f"  variants: {len(others)} of {len(program.operators)} operators run a runner-up "
+                 "tile of tk-roll's top-k (the rest its first choice)")
     for s, seg in enumerate(program.segments):
         if seg.kind == "persistent":
             lines.append(f"  segment {s}: persistent, {len(seg.operators)} operators, "
