@@ -248,3 +248,17 @@ def test_svg_structure(resnext):
     est = program.estimate
     assert f"makespan {est['makespan_us']} us" in text
     assert f"serial makespan {est['serial_us']} us" in text
+
+
+def test_variant_choice_follows_the_wave():
+    """Fewer, longer tasks when the wave is full; more, shorter ones when vEUs are free."""
+    from tilekit.ram.plan import pack_segment
+    from tilekit.ram.tasks import ROperator, Variant
+
+    wide = Variant(0, 8, 128, 32, 0, 1.0, 1.0, "tiled")     # 8 tasks of 1 us
+    narrow = Variant(1, 2, 128, 32, 0, 3.0, 3.0, "tiled")   # 2 tasks of 3 us
+    ops = (ROperator(0, "a", ("a",), (wide, narrow)),)
+    _, free = pack_segment(ops, [0], [0], [set()], 8, 128, 32, 0, "wavefront")
+    assert free[0].index == 0          # 8 free vEUs: 8 tasks end at 1 us
+    _, busy = pack_segment(ops, [0], [0], [set()], 2, 128, 32, 0, "wavefront")
+    assert busy[0].index == 1          # 2 vEUs: 2 tasks end at 3 us, 8 would end at 4 us
