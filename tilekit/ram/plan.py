@@ -42,6 +42,14 @@ from tilekit.ram.timeline import simulate
 from tilekit.schedule.residency import common_residency, residency
 
 
+#: Registers a body is assumed to need in a program beyond the cost model's estimate: the
+#: walk over the vEU's items and the switch live across the bodies, and the estimate itself
+#: is calibrated to 0.56-1.5x of ptxas' (docs/architecture.md). The program's
+#: `__launch_bounds__` then caps ptxas at what co-residency allows; too tight a cap spills
+#: (tk-codegen --compile --strict refuses it).
+PROGRAM_REGS = 16
+
+
 @dataclass
 class _Open:
     """A persistent segment being formed: its slot's threads, and whether a member's body
@@ -225,7 +233,7 @@ def plan(module: Module, profile, policy: str = "wavefront", hardware: str | Non
             veus, why, fit = profile.sm_count, (f"one vEU per tile: {profile.sm_count} tiles "
                                                 "of distributed memory"), (0, 0, 0)
         else:
-            slot = common_residency(profile, [(threads, ops[i].best.regs,
+            slot = common_residency(profile, [(threads, ops[i].best.regs + PROGRAM_REGS,
                                                ops[i].best.smem_bytes) for i in members])
             veus, why, fit = slot.grid, slot.why(), (threads, slot.registers, slot.smem_bytes)
         lists, picked = pack_segment(ops, members, level, producers, veus, *fit, policy)
