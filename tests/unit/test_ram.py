@@ -258,7 +258,7 @@ def test_variant_choice_follows_the_wave():
     wide = Variant(0, 8, 128, 32, 0, 1.0, 1.0, "tiled")     # 8 tasks of 1 us
     narrow = Variant(1, 2, 128, 32, 0, 3.0, 3.0, "tiled")   # 2 tasks of 3 us
     ops = (ROperator(0, "a", ("a",), (wide, narrow)),)
-    _, free = pack_segment(ops, [0], [0], [set()], 8, 128, 32, 0, "wavefront")
+    _, free = pack_segment(ops, [0], [0], [set()], 8, 128, 128, 0, "wavefront")
     assert free[0].index == 0          # 8 free vEUs: 8 tasks end at 1 us
-    _, busy = pack_segment(ops, [0], [0], [set()], 2, 128, 32, 0, "wavefront")
+    _, busy = pack_segment(ops, [0], [0], [set()], 2, 128, 128, 0, "wavefront")
     assert busy[0].index == 1          # 2 vEUs: 2 tasks end at 3 us, 8 would end at 4 us

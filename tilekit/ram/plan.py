@@ -43,11 +43,22 @@ from tilekit.schedule.residency import common_residency, residency
 
 
 #: Registers a body is assumed to need in a program beyond the cost model's estimate: the
-#: walk over the vEU's items and the switch live across the bodies, and the estimate itself
-#: is calibrated to 0.56-1.5x of ptxas' (docs/architecture.md). The program's
-#: `__launch_bounds__` then caps ptxas at what co-residency allows; too tight a cap spills
-#: (tk-codegen --compile --strict refuses it).
-PROGRAM_REGS = 16
+#: walk over the vEU's items and the switch live across the bodies. The estimate itself is
+#: calibrated to 0.56-1.5x of ptxas' for a kernel alone (docs/architecture.md), and in a
+#: program ptxas allocates for the most demanding body plus the loop, and more when many
+#: bodies share the kernel, so the slot takes 5/4 of the estimate (at least
+#: `PROGRAM_MIN_REGS`) plus this. The program's `__launch_bounds__`
+#: caps ptxas at what co-residency allows; too tight a cap spills, which
+#: `tk-codegen --compile --strict` refuses.
+PROGRAM_REGS = 24
+#: The least a body is assumed to need in a program: ptxas gave a program of 14 tiled bodies
+#: estimated (and compiled alone) at 16-20 registers 74 (Inception v2 on the H100).
+PROGRAM_MIN_REGS = 48
+
+
+def program_regs(v: Variant) -> int:
+    """Registers per thread planned for `v`'s body in a persistent program."""
+    return -(-max(v.regs, PROGRAM_MIN_REGS) * 5 // 32) * 8 + PROGRAM_REGS
 
 
 @dataclass
@@ -125,7 +136,7 @@ def _fits(v: Variant, threads: int, regs: int, smem: int) -> bool:
     if threads == 0:  # a distributed device: a tile runs any body
         return True
     fits_threads = v.threads == threads if v.barriers else v.threads <= threads
-    return fits_threads and v.regs <= regs and v.smem_bytes <= smem
+    return fits_threads and program_regs(v) <= regs and v.smem_bytes <= smem
 
 
 def _trial(free: np.ndarray, tasks: int, task_us: float, ready: float
@@ -233,7 +244,7 @@ def plan(module: Module, profile, policy: str = "wavefront", hardware: str | Non
             veus, why, fit = profile.sm_count, (f"one vEU per tile: {profile.sm_count} tiles "
                                                 "of distributed memory"), (0, 0, 0)
         else:
-            slot = common_residency(profile, [(threads, ops[i].best.regs + PROGRAM_REGS,
+            slot = common_residency(profile, [(threads, program_regs(ops[i].best),
                                                ops[i].best.smem_bytes) for i in members])
             veus, why, fit = slot.grid, slot.why(), (threads, slot.registers, slot.smem_bytes)
         lists, picked = pack_segment(ops, members, level, producers, veus, *fit, policy)
