@@ -56,6 +56,27 @@ PROGRAM_REGS = 24
 PROGRAM_MIN_REGS = 48
 
 
+#: Register-file partitions per SM (sm_70 and later): a block's warps are spread over them.
+PARTITIONS = 4
+
+
+def launch_bound_regs(profile, threads: int, per_sm: int) -> int:
+    """The registers per thread ptxas allows under `__launch_bounds__(threads, per_sm)`:
+    the resident warps spread over the SM's register-file partitions, a multiple of 8 (what
+    ptxas 13 gives: 224 threads x 3 blocks get 80, not the 96 of the SM-wide division)."""
+    warps = -(-threads // profile.warp_size) * per_sm
+    per_partition = profile.regs_per_sm // PARTITIONS
+    regs = per_partition // (-(-warps // PARTITIONS) * profile.warp_size)
+    return min(profile.max_regs_per_thread, regs // 8 * 8)
+
+
+def blocks_per_sm(profile, threads: int, regs: int, per_sm: int) -> int:
+    """`per_sm` lowered until ptxas can give each thread `regs` registers at it (>= 1)."""
+    while per_sm > 1 and launch_bound_regs(profile, threads, per_sm) < regs:
+        per_sm -= 1
+    return per_sm
+
+
 def program_regs(v: Variant) -> int:
     """Registers per thread planned for `v`'s body in a persistent program."""
     return -(-max(v.regs, PROGRAM_MIN_REGS) * 5 // 32) * 8 + PROGRAM_REGS
@@ -246,7 +267,12 @@ def plan(module: Module, profile, policy: str = "wavefront", hardware: str | Non
         else:
             slot = common_residency(profile, [(threads, program_regs(ops[i].best),
                                                ops[i].best.smem_bytes) for i in members])
-            veus, why, fit = slot.grid, slot.why(), (threads, slot.registers, slot.smem_bytes)
+            per_sm = blocks_per_sm(profile, threads, slot.registers, slot.per_sm)
+            veus, why = per_sm * profile.sm_count, slot.why()
+            if per_sm < slot.per_sm:
+                why += (f"; {per_sm} block(s)/SM so that ptxas can give {slot.registers} "
+                        "registers under the launch bounds")
+            fit = (threads, slot.registers, slot.smem_bytes)
         lists, picked = pack_segment(ops, members, level, producers, veus, *fit, policy)
         chosen.update(picked)
         while lists and not lists[-1]:  # vEUs left idle by the packing (the last ones)
