@@ -26,8 +26,9 @@ EXIT_CHECK_FAILED = 1
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
               help="Where to run: the CPU reference executor, or the CUDA runtime.")
 @click.option("--mode", default="whole", show_default=True, metavar="MODE",
-              help="CPU execution mode: 'whole' ops, or a mode added by a stage (e.g. 'tiled'); "
-                   "--device cuda runs the generated kernels and takes no other mode.")
+              help="CPU execution mode: 'whole' ops, or a mode added by a stage ('tiled': op "
+                   "tiles; 'program': tk-ram's rTasks in their planned order); --device cuda "
+                   "runs the generated kernels and takes no other mode.")
 @click.option("--input", "input_flags", multiple=True, metavar="NAME=@FILE.npy|NAME=V,V,..",
               help="One input: an .npy file, or comma-separated values (one value fills the "
                    "tensor). Repeatable; overrides --inputs.")

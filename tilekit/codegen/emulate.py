@@ -78,6 +78,9 @@ def harness_source(module: Module) -> str:
             ctype = storage(module.tensors[t].dtype).ctype
             ptrs.append(f"reinterpret_cast<{ctype}*>(buf_{_c(t)}.data())")
         grid = k.grid[0] * k.grid[1] * k.grid[2]
+        if k.counters:  # a program's progress counters: a zeroed workspace per launch
+            lines.append(f"  std::vector<unsigned> counters_{index}({k.counters}, 0u);")
+            ptrs.append(f"counters_{index}.data()")
         call = f"[&] {{ {k.entry}({', '.join(ptrs)}); }}"
         if k.coresident:  # its blocks wait on each other: all resident, never sampled
             lines.append(f"  if (only < 0) tk_emul::launch_concurrent({grid}, {k.threads}, "

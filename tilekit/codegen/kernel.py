@@ -64,6 +64,8 @@ class GeneratedKernel:
     uses_half: bool = False
     notes: tuple[str, ...] = ()
     spec: KernelSpec | None = None  # the structured form (tilekit.codegen.builder)
+    coresident: bool = False      # its blocks wait on each other (a tk-ram program)
+    counters: int = 0             # words of the progress-counter workspace it takes last
 
     @property
     def source(self) -> str:
@@ -73,7 +75,8 @@ class GeneratedKernel:
         """The kernel's entry of the `codegen` section (tilekit.ir.payloads)."""
         return KernelRecord(self.name, self.group, self.entry, self.ops, self.shape,
                             dict(self.schedule), self.grid, self.block, self.smem_bytes,
-                            self.args, self.writes, self.source, self.uses_half)
+                            self.args, self.writes, self.source, self.uses_half,
+                            coresident=self.coresident, counters=self.counters)
 
 
 def preamble(kernel: GeneratedKernel | None, uses_half: bool) -> str:

@@ -36,6 +36,7 @@ from tilekit.codegen.kernel import GeneratedKernel, c_name, default_kernel, tile
 from tilekit.codegen.nvcc import check_arch
 from tilekit.codegen.opaque import opaque_kernel
 from tilekit.codegen.plan import GroupPlan, GroupSplit, OpaquePlan, plan_group, readers
+from tilekit.codegen.program import compose, coresident_problems, program_module
 from tilekit.ir.payloads import CodegenSection, Launch, Tile, read_tile
 from tilekit.schedule.defaults import STATIC_SMEM_LIMIT
 from tilekit.schedule.mma import recorded_precision
@@ -71,6 +72,8 @@ def generate(module: Module, profile=None, arch: str | None = None) -> CodegenRe
     if "weld" in module.stage_names():
         check_groups(module, profile)       # tk-weld's groups are one kernel as recorded
     kernels = module.kernels or default_kernels(module.ops)
+    planned = module
+    module = program_module(module)  # a tk-ram program's variants become the ops' tiles
     tensor_readers = readers(module)
     generated: list[GeneratedKernel] = []
     notes: list[str] = []
@@ -98,11 +101,18 @@ def generate(module: Module, profile=None, arch: str | None = None) -> CodegenRe
         launches[kernel.name] = Launch(
             tuple(g.entry for g in made), one and one.grid, one and one.block,
             one and one.smem_bytes, one and one.shape, split).record()
+    if planned.program is not None:  # persistent segments become one kernel each
+        generated, entry_of = compose(planned, generated, profile)
+        for g in generated:
+            if g.coresident:
+                for name in g.schedule["operators"]:
+                    launches[name] = Launch((g.entry,), g.grid, g.block, g.smem_bytes,
+                                            g.shape).record()
     out_kernels = tuple(replace(kn, launch=launches[kn.name]) for kn in kernels)
     the_arch = target_arch(arch, profile)
     section = CodegenSection(the_arch, {"file": HELPERS_NAME, "sha256": helpers_sha256()},
                              tuple(g.record() for g in generated), tuple(notes))
-    result = replace(module, kernels=out_kernels, codegen=section.record())
+    result = replace(planned, kernels=out_kernels, codegen=section.record())
     return CodegenResult(result, tuple(generated), tuple(notes))
 
 
@@ -303,6 +313,10 @@ def compile_module(result: CodegenResult, arch: str | None = None, profile=None
             problems.append(f"{g.name} needs {regs_block} registers per block "
                             f"({res.registers} x {threads} threads), over "
                             f"{limits['regs_per_block']}: the launch would fail")
+        if g.coresident:  # a tk-ram program: its grid must stay co-resident
+            problems.extend(coresident_problems(g.name, threads, res.registers,
+                                                res.smem_static + g.smem_bytes,
+                                                g.grid[0] * g.grid[1] * g.grid[2], profile))
         if res.smem_static + g.smem_bytes > limits["smem_per_block"]:
             problems.append(f"{g.name} uses {res.smem_static + g.smem_bytes} bytes of shared "
                             f"memory, over {limits['smem_per_block']}")

@@ -528,6 +528,9 @@ class KernelRecord:
     # persistent program, a device loop): the launcher checks the driver's occupancy first
     # and launches cooperatively; the emulation runs the blocks concurrently.
     coresident: bool = False
+    # Words (uint32) of a workspace passed after `args`, zeroed before every launch: the
+    # per-operator progress counters of a tk-ram program (docs/ram.md).
+    counters: int = 0
 
     @property
     def threads(self) -> int:
@@ -544,6 +547,8 @@ class KernelRecord:
             out["resources"] = dict(self.resources)
         if self.coresident:
             out["coresident"] = True
+        if self.counters:
+            out["workspace"] = {"counters": int(self.counters)}
         return out
 
     @staticmethod
@@ -559,7 +564,9 @@ class KernelRecord:
                 args=tuple(p["args"]), writes=tuple(p.get("writes", ())),
                 source=str(p["source"]), uses_half=bool(p.get("uses_half", False)),
                 resources=dict(p["resources"]) if p.get("resources") else None,
-                coresident=bool(p.get("coresident", False)))
+                coresident=bool(p.get("coresident", False)),
+                counters=_int((p.get("workspace") or {}).get("counters", 0),
+                              f"{where}.workspace.counters"))
         except KeyError as exc:
             raise IRError(f"a codegen kernel needs '{exc.args[0]}'", where,
                           "re-run tk-codegen") from None

@@ -143,6 +143,8 @@ class _Verifier:
         self.kernels(writers, reads)
         for key in ("program", "control", "codegen"):
             self.payload_mapping(getattr(m, key), key, f"'{key}'")
+        if m.program is not None:  # tk-ram's plan: complete, in data-flow order, deadlock-free
+            self.program()
 
     def weights(self) -> None:
         w = self.m.weights
@@ -394,6 +396,16 @@ class _Verifier:
                                 "remove the tensor or add the op that computes it")
 
     # -- kernels -----------------------------------------------------------------------
+    def program(self) -> None:
+        """The `program` section (tilekit.ir.program: format, placement, barriers,
+        deadlock freedom), located in this document."""
+        from tilekit.ir.program import parse_program, verify_program
+
+        try:
+            verify_program(self.m, parse_program(self.m.program))
+        except IRError as exc:
+            raise self.fail(exc.where or "program", exc.what, exc.hint) from None
+
     def kernels(self, writers: dict[str, int], reads: list[tuple[str, ...]]) -> None:
         kernels = self.m.kernels
         if not isinstance(kernels, (tuple, list)):

@@ -51,6 +51,11 @@ def backend(module: Module, device: str = "cpu", mode: str = "whole") -> Backend
     """
     from tilekit.runtime.bench import cpu_description
 
+    if device == "cpu" and mode == "program":  # tk-ram's plan, task by task (runtime.program)
+        from tilekit.runtime.bench import cpu_description
+        from tilekit.runtime.program import program_runner
+        run, trace = program_runner(module)
+        return Backend("cpu", cpu_description(), run, trace=trace)
     if device == "cpu":
         program = prepare(module)
         op_runner(mode)  # an unknown mode fails here, before any data is loaded
@@ -64,7 +69,8 @@ def backend(module: Module, device: str = "cpu", mode: str = "whole") -> Backend
                        trace=trace)
     if device == "cuda":
         if mode != "whole":
-            op_runner(mode)  # an unknown mode is named as such
+            if mode != "program":
+                op_runner(mode)  # an unknown mode is named as such
             raise TilekitError(f"execution mode '{mode}' is for the CPU executor only", "--mode",
                                "the CUDA runtime runs the generated kernels: drop --mode, or "
                                "use --device cpu")

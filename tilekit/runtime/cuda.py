@@ -85,6 +85,31 @@ class Launch:
     block: tuple[int, int, int]
     smem_bytes: int
     args: tuple[str, ...]
+    counters: Any = None            # a tk-ram program's progress counters (zeroed per launch)
+
+    def __call__(self, buffers: Mapping[str, Any]) -> None:
+        args = tuple(buffers[t] for t in self.args)
+        if self.counters is not None:
+            self.counters.fill(0)   # a memset on the same stream, before the kernel
+            args += (self.counters,)
+        self.function(self.grid, self.block, args, shared_mem=self.smem_bytes)
+
+
+def coresident_launch(record: KernelRecord, index: int, cooperative_function: Any, cupy,
+                      occupancy) -> Launch:
+    """The launch of a kernel whose blocks wait on each other (a tk-ram program): its grid
+    checked against the driver's occupancy (`check_coresident`: refused, never launched, when
+    it is larger than what is resident at once), its function from the module loaded for
+    cooperative launches (cuLaunchCooperativeKernel: the driver refuses a grid that is not
+    co-resident instead of letting it hang), its counters allocated."""
+    from tilekit.runtime.occupancy import check_coresident
+
+    grid = record.grid[0] * record.grid[1] * record.grid[2]
+    check_coresident(record.entry, grid, record.threads, record.smem_bytes,
+                     cooperative_function, occupancy, f"codegen.kernels[{index}]")
+    counters = cupy.zeros(record.counters, dtype=np.uint32) if record.counters else None
+    return Launch(record.entry, cooperative_function, record.grid, record.block,
+                  record.smem_bytes, record.args, counters)
 
 
 class CudaProgram:
@@ -117,11 +142,18 @@ class CudaProgram:
                 if t not in self.buffers:
                     tensor = module.tensors[t]
                     self.buffers[t] = cupy.empty(tuple(tensor.shape), dtype=_np_dtype(tensor.dtype))
-            fn = self.raw.get_function(k.entry)
+            raw = self._cooperative(section) if k.coresident else self.raw
+            fn = raw.get_function(k.entry)
             if k.smem_bytes > 48 * 1024:
                 # Dynamic shared memory above 48 KB needs an explicit opt-in per kernel.
                 fn.max_dynamic_shared_size_bytes = k.smem_bytes
-            self.launches.append(Launch(k.entry, fn, k.grid, k.block, k.smem_bytes, k.args))
+            if k.coresident:
+                from tilekit.runtime.occupancy import CupyOccupancy
+                self.launches.append(coresident_launch(k, len(self.launches), fn, cupy,
+                                                       CupyOccupancy(cupy)))
+            else:
+                self.launches.append(Launch(k.entry, fn, k.grid, k.block, k.smem_bytes,
+                                            k.args))
             written.update(k.writes)
         self.inputs = tuple(module.inputs)
         self.weight_names = tuple(n for n, t in module.tensors.items() if t.role == "weight")
@@ -159,7 +191,13 @@ class CudaProgram:
                     "re-run tk-codegen with this device's hardware profile (--hw), or smaller "
                     "tiles")
 
-    def _load(self, section: CodegenSection):
+    def _cooperative(self, section: CodegenSection):
+        """The same unit loaded once more, for cooperative launches (tk-ram programs)."""
+        if getattr(self, "_coop", None) is None:
+            self._coop = self._load(section, cooperative=True)
+        return self._coop
+
+    def _load(self, section: CodegenSection, cooperative: bool = False):
         cupy = self.cupy
         from tilekit.codegen.helpers import HELPERS
         from tilekit.codegen.nvcc import compile_unit
@@ -168,10 +206,13 @@ class CudaProgram:
         nvcc = usable_nvcc(cupy)
         if nvcc is not None:
             compiled = compile_unit(source, self.arch)
+            if cooperative:
+                return cupy.RawModule(path=str(compiled.cubin), enable_cooperative_groups=True)
             return cupy.RawModule(path=str(compiled.cubin))
         # NVRTC: the same unit; runtime.cuh is found through the include path.
+        extra = {"enable_cooperative_groups": True} if cooperative else {}
         return cupy.RawModule(code=source, backend="nvrtc",
-                              options=("-std=c++17", f"-I{HELPERS.parent}"))
+                              options=("-std=c++17", f"-I{HELPERS.parent}"), **extra)
 
     # -- running ---------------------------------------------------------------------------
     def upload(self, inputs: Mapping[str, np.ndarray], weights: Mapping[str, np.ndarray]) -> None:
@@ -197,9 +238,7 @@ class CudaProgram:
 
     def launch_all(self) -> None:
         for launch in self.launches:
-            launch.function(launch.grid, launch.block,
-                            tuple(self.buffers[t] for t in launch.args),
-                            shared_mem=launch.smem_bytes)
+            launch(self.buffers)
 
     def download(self, inputs, weights) -> dict[str, np.ndarray]:
         out = {}
@@ -235,9 +274,7 @@ class CudaProgram:
                 events = [cupy.cuda.Event() for _ in range(len(self.launches) + 1)]
                 events[0].record()
                 for k, launch in enumerate(self.launches):
-                    launch.function(launch.grid, launch.block,
-                                    tuple(self.buffers[t] for t in launch.args),
-                                    shared_mem=launch.smem_bytes)
+                    launch(self.buffers)
                     events[k + 1].record()
                 events[-1].synchronize()
                 for k, launch in enumerate(self.launches):

@@ -1,0 +1,264 @@
+"""tk-ram: the program section, its verifier, the policies, the CPU program mode, the
+picture, and the broken plans each check must catch (on the ResNeXt-style block and the
+NASNet-style cell of tests/models/ram_models.py, rolled for the H100 with top-4 variants)."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from tilekit import pipeline
+from tilekit.errors import IRError
+from tilekit.hw import load_profile
+from tilekit.ir import dumps, loads, verify
+from tilekit.ir.program import (TASK, WAIT, Item, parse_program, read_program,
+                                verify_program)
+from tilekit.ram import plan_module
+from tilekit.ram.plan import plan
+from tilekit.ram.svg import render
+from tilekit.ram.tasks import Layout, flat_boxes, operators
+from tilekit.runtime.cpu import run_module
+from tilekit.runtime.program import ProgramOrderError, run_program
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from models import ram_models  # noqa: E402
+
+pytestmark = pytest.mark.xdist_group("ram")
+
+
+def _compiled(tmp_path_factory, name: str, passes=("roll", "ram")):
+    folder = tmp_path_factory.mktemp(name)
+    path = folder / f"{name}.onnx"
+    onnx.save(ram_models.ALL[name](), str(path))
+    return pipeline.compile(path, passes=passes, hw="h100", top_k=4,
+                            ir_path=folder / f"{name}.tk.yaml")
+
+
+@pytest.fixture(scope="module")
+def resnext(tmp_path_factory):
+    return _compiled(tmp_path_factory, "resnext_block")
+
+
+@pytest.fixture(scope="module")
+def nasnet(tmp_path_factory):
+    return _compiled(tmp_path_factory, "nasnet_cell")
+
+
+def _inputs(module, seed=0):
+    rng = np.random.default_rng(seed)
+    return {n: rng.standard_normal(module.tensors[n].shape).astype(np.float32)
+            for n in module.inputs}
+
+
+def _with_lists(program, s, lists):
+    segments = list(program.segments)
+    segments[s] = replace(segments[s], lists=tuple(tuple(x) for x in lists))
+    return replace(program, segments=tuple(segments))
+
+
+def _persistent(program):
+    return next(s for s, seg in enumerate(program.segments) if seg.kind == "persistent")
+
+
+# -- the program section ---------------------------------------------------------------------
+
+def test_program_reads_back_and_verifies(resnext):
+    module = resnext.module
+    program = read_program(module)
+    assert program.record() == module.program
+    assert loads(dumps(module), "m.yaml") == module
+    verify(module, "m.yaml")
+    assert program.policy == "wavefront" and program.hardware == "h100"
+    # Every block of every operator is placed exactly once (also checked by the verifier).
+    for seg in program.segments:
+        if seg.kind == "persistent":
+            for op in seg.operators:
+                blocks = sorted(b for items in seg.lists for it in items
+                                if it.kind == TASK and it.op == op
+                                for b in range(it.first, it.first + it.count))
+                assert blocks == list(range(program.operators[op].tasks))
+
+
+def test_plans_are_deterministic(resnext):
+    profile = load_profile("h100")
+    bare = replace(resnext.module, program=None)
+    first = plan_module(bare, profile).record()
+    assert plan_module(bare, profile).record() == first
+    assert render(parse_program(first), "m") == render(parse_program(first), "m")
+
+
+def test_wavefront_beats_serial_and_per_op_kernels(resnext, nasnet):
+    for compiled in (resnext, nasnet):
+        est = read_program(compiled.module).estimate
+        assert est["makespan_us"] < est["serial_us"] < est["per_op_kernels_us"]
+        assert est["persistent_segments"] >= 1
+        # The launch overhead and its source come from the profile.
+        assert "assumed" in read_program(compiled.module).launch_source
+
+
+def test_variants_come_from_the_roll_candidates(resnext):
+    ops = operators(resnext.module, load_profile("h100"))
+    assert any(len(op.variants) > 1 for op in ops)
+    counts = {v.tasks for op in ops for v in op.variants if len(op.variants) > 1}
+    assert len(counts) > 1  # variants differ in block count
+
+
+def test_serial_policy_runs_one_operator_at_a_time(resnext):
+    profile = load_profile("h100")
+    serial = plan(replace(resnext.module, program=None), profile, "serial")
+    from tilekit.ram.timeline import simulate
+    for line in simulate(serial).segments:
+        spans = {}
+        for box in line.boxes:
+            lo, hi = spans.get(box.op, (box.start, box.end))
+            spans[box.op] = (min(lo, box.start), max(hi, box.end))
+        ordered = sorted(spans.values())
+        assert all(a[1] <= b[0] + 1e-9 for a, b in zip(ordered, ordered[1:]))
+
+
+def test_an_operator_that_fills_the_device_stays_a_kernel():
+    from tilekit.ram.plan import fills_device
+    from tilekit.ram.tasks import Variant
+    profile = load_profile("h100")
+    big = Variant(0, 100000, 256, 32, 0, 10.0, 1.0, "tiled")
+    small = Variant(0, 10, 256, 32, 0, 1.0, 1.0, "tiled")
+    assert fills_device(profile, big) and not fills_device(profile, small)
+
+
+# -- the verifier catches broken plans ---------------------------------------------------------
+
+def test_verifier_refuses_a_dropped_barrier(resnext):
+    program = read_program(resnext.module)
+    s = _persistent(program)
+    lists = [list(items) for items in program.segments[s].lists]
+    v = next(v for v, items in enumerate(lists) if any(i.kind == WAIT for i in items))
+    lists[v] = [i for i in lists[v] if i.kind != WAIT]
+    with pytest.raises(IRError, match="without waiting"):
+        verify_program(resnext.module, _with_lists(program, s, lists))
+
+
+def test_verifier_refuses_a_wait_on_a_later_task_of_the_same_veu(resnext):
+    program = read_program(resnext.module)
+    s = _persistent(program)
+    lists = [list(items) for items in program.segments[s].lists]
+    # vEU v waits on operator p, then runs one of p's own tasks: it can never proceed.
+    v = next(v for v, items in enumerate(lists) if any(i.kind == WAIT for i in items))
+    wait = next(i for i in lists[v] if i.kind == WAIT)
+    donor = next(u for u, items in enumerate(lists)
+                 if any(i.kind == TASK and i.op == wait.op for i in items))
+    task = next(i for i in lists[donor] if i.kind == TASK and i.op == wait.op)
+    lists[donor].remove(task)
+    at = lists[v].index(wait)
+    lists[v].insert(at + 1, task)
+    with pytest.raises(IRError, match="deadlock"):
+        verify_program(resnext.module, _with_lists(program, s, lists))
+
+
+def test_verifier_refuses_a_block_placed_twice_and_a_useless_barrier(resnext):
+    program = read_program(resnext.module)
+    s = _persistent(program)
+    lists = [list(items) for items in program.segments[s].lists]
+    task = next(i for i in lists[0] if i.kind == TASK)
+    twice = [lst + ([task] if v == 1 else []) for v, lst in enumerate(lists)]
+    with pytest.raises(IRError, match="placed 2 times"):
+        verify_program(resnext.module, _with_lists(program, s, twice))
+    useless = [list(lst) for lst in lists]
+    last_op = program.segments[s].operators[-1]
+    useless[0].append(Item(WAIT, last_op, 0, program.operators[last_op].tasks))
+    with pytest.raises(IRError, match="no later task"):
+        verify_program(resnext.module, _with_lists(program, s, useless))
+
+
+def test_a_malformed_item_is_located():
+    payload = {"policy": "wavefront", "operators": [], "segments": [
+        {"kind": "persistent", "operators": [], "threads": 32, "veus": 1,
+         "lists": ["0:0+1 bogus"]}]}
+    with pytest.raises(IRError, match=r"item 1 is 'bogus'") as err:
+        parse_program(payload)
+    assert err.value.where == "program.segments[0].lists[0]"
+
+
+# -- the CPU program mode ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["resnext", "nasnet"])
+def test_program_mode_matches_the_reference(name, request):
+    compiled = request.getfixturevalue(name)
+    module, weights = compiled.module, compiled.weights
+    inputs = _inputs(module)
+    got = run_program(module, inputs, weights)
+    want = run_module(module, inputs, weights)
+    for k in want:
+        np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-5)
+
+
+def test_program_mode_catches_a_dropped_barrier(nasnet):
+    module = nasnet.module
+    program = read_program(module)
+    s = _persistent(program)
+    lists = [[i for i in items if i.kind != WAIT] for items in program.segments[s].lists]
+    with pytest.raises(ProgramOrderError, match="before operator"):
+        run_program(module, _inputs(module), nasnet.weights, _with_lists(program, s, lists))
+
+
+def test_program_mode_after_weld_style_groups(tmp_path_factory):
+    compiled = _compiled(tmp_path_factory, "resnext_block", passes=("roll",))
+    grouped = ram_models.weld_style(compiled.module)
+    assert any(len(k.ops) > 1 for k in grouped.kernels)
+    module = pipeline.run(grouped, ["ram"], pipeline.Context.for_hw("h100"))
+    inputs = _inputs(module)
+    got = run_program(module, inputs, compiled.weights)
+    want = run_module(module, inputs, compiled.weights)
+    np.testing.assert_allclose(got["out"], want["out"], rtol=1e-5, atol=1e-5)
+
+
+def test_flat_ranges_cover_exactly_once():
+    extents = (2, 3, 5)
+    seen = np.zeros(extents, dtype=int)
+    layout = Layout("flat", extents, per_block=7, blocks=3)
+    for b in range(3):
+        for box in layout.boxes(b):
+            seen[tuple(slice(lo, hi) for lo, hi in box)] += 1
+    assert (seen == 1).all()
+    assert flat_boxes(4, 4, extents) == []
+
+
+# -- the picture --------------------------------------------------------------------------------
+
+def test_svg_structure(resnext):
+    program = read_program(resnext.module)
+    text = render(program, "resnext_block")
+    assert text.startswith("<svg") and text.rstrip().endswith("</svg>")
+    from tilekit.ram.timeline import simulate
+    boxes = sum(len(s.boxes) for s in simulate(program).segments)
+    import xml.etree.ElementTree as ET
+    root = ET.fromstring(text)  # well-formed: opens in a browser
+    ns = "{http://www.w3.org/2000/svg}"
+    paths = {cls: [p for p in root.iter(f"{ns}path") if p.get("class") == cls]
+             for cls in ("rtasks", "barriers")}
+    assert sum(p.get("d").count("M") for p in paths["rtasks"]) == boxes
+    assert len({p.get("fill") for p in paths["rtasks"]}) > 1  # coloured by operator
+    waits = sum(1 for seg in program.segments for items in seg.lists for it in items
+                if it.kind == WAIT)
+    assert waits > 0 and sum(p.get("d").count("M") for p in paths["barriers"]) == waits
+    est = program.estimate
+    assert f"makespan {est['makespan_us']} us" in text
+    assert f"serial makespan {est['serial_us']} us" in text
+
+
+def test_variant_choice_follows_the_wave():
+    """Fewer, longer tasks when the wave is full; more, shorter ones when vEUs are free."""
+    from tilekit.ram.plan import pack_segment
+    from tilekit.ram.tasks import ROperator, Variant
+
+    wide = Variant(0, 8, 128, 32, 0, 1.0, 1.0, "tiled")     # 8 tasks of 1 us
+    narrow = Variant(1, 2, 128, 32, 0, 3.0, 3.0, "tiled")   # 2 tasks of 3 us
+    ops = (ROperator(0, "a", ("a",), (wide, narrow)),)
+    _, free = pack_segment(ops, [0], [0], [set()], 8, 128, 128, 0, "wavefront")
+    assert free[0].index == 0          # 8 free vEUs: 8 tasks end at 1 us
+    _, busy = pack_segment(ops, [0], [0], [set()], 2, 128, 128, 0, "wavefront")
+    assert busy[0].index == 1          # 2 vEUs: 2 tasks end at 3 us, 8 would end at 4 us
