@@ -230,7 +230,7 @@ def test_control_section_and_unknown_op_kind_refused(runtime, change):
     cuda, _ = runtime
     module = generate(fixture("softmax")).module
     if change == "control":
-        module, what = replace(module, control={"loops": []}), "control-flow regions"
+        module, what = replace(module, control={"loops": []}), "control-flow ops"
     else:
         module = replace(module, ops=(replace(module.ops[0], kind="fancy"),) + module.ops[1:])
         what = "op kind 'fancy'"
