@@ -393,7 +393,13 @@ def control_op_tensors(module: Module, op: Op, path: str, origin: str | None
     if rec is None:
         raise IRError(f"control op '{op.name}' has no record in 'control'",
                       where(origin, path), f"add control.{op.name}: {{kind: loop|if|scan, ...}}")
-    return control_reads(rec), rec.writes()
+    reads = control_reads(rec)
+    for name in reads:
+        if name not in module.tensors:
+            raise IRError(f"reads '{name}', which neither its regions nor an enclosing scope "
+                          "declares", where(origin, key_path("control", op.name)),
+                          "declare it in the region's tensors, or compute it outside")
+    return reads, rec.writes()
 
 
 def verify_control(module: Module, origin: str | None, verify, prefix: str = "",
@@ -515,9 +521,11 @@ def _check_shapes(rec: ControlOp, scope: Mapping[str, Tensor], at) -> None:
         for key, name, dtype in (("inputs[0]", body.inputs[0], "int64"),
                                  ("inputs[1]", body.inputs[1], "bool"),
                                  ("outputs[0]", body.outputs[0], "bool")):
-            if t[name].dtype != dtype or t[name].shape != ():
+            if t[name].dtype != dtype or t[name].size != 1 or (key != "outputs[0]"
+                                                                and t[name].shape != ()):
                 raise IRError(f"'{name}' is {t[name].dtype}{list(t[name].shape)}, expected a "
-                              f"{dtype} scalar", at(f"body.{key}"))
+                              f"{dtype} scalar" + (" (or one element)" if key[0] == "o" else ""),
+                              at(f"body.{key}"))
     out0 = 1 if rec.kind == "loop" else 0
     for i, outer in enumerate(rec.carried):
         param, result = body.inputs[lead + i], body.outputs[out0 + i]

@@ -88,11 +88,10 @@ def body_output_types(parent, graph: onnx.GraphProto, params: Sequence[Param]
     """The body's output types by ONNX shape inference alone (no conversion), with captures
     resolved from the enclosing import's inferred types; None where inference cannot tell."""
     def resolve(name):
-        shape = parent._static_shape(name)
-        typ = parent.types.get(name)
-        if shape is None or typ is None or typ[1] not in ONNX_DTYPES:
+        shape, elem = parent._static_shape(name), _elem(parent, name)
+        if shape is None or elem not in ONNX_DTYPES:
             raise LookupError(name)
-        return shape, ONNX_DTYPES[typ[1]], parent.consts.get(name)
+        return shape, ONNX_DTYPES[elem], parent.consts.get(name)
 
     try:
         model = body_model(parent, graph, params, "body", resolve)
@@ -146,12 +145,17 @@ def fix_control_shapes(imp) -> None:
         n = len(inputs) - 2
         for i, out in enumerate(node.output[:n]):
             shape = imp._static_shape(inputs[2 + i]) if inputs[2 + i] else None
-            typ = imp.types.get(inputs[2 + i])
-            if out and shape is not None and typ is not None:
-                _fix(imp, out, shape, typ[1])
+            elem = _elem(imp, inputs[2 + i])
+            if out and shape is not None and elem is not None:
+                _fix(imp, out, shape, elem)
         trip = imp.consts.get(inputs[0]) if inputs and inputs[0] else None
         bound = int(np.asarray(trip).reshape(-1)[0]) if trip is not None else imp.max_trips
         scans = [(j, out) for j, out in enumerate(node.output[n:]) if out]
+        if scans and bound is None:
+            raise UnsupportedError(
+                "the loop has scan outputs and its trip count is known only at run time",
+                f"node {index} '{node.name or f'Loop_{index}'}'",
+                "give a bound with tk-import --max-trips N")
         if bound is None or bound < 1 or all(out in imp.control_shapes for _, out in scans):
             continue
         body_types = None
@@ -172,11 +176,22 @@ def _body_types(imp, node, n: int):
     body = attributes(node)["body"]
     params = [Param(body.input[0].name, (), "int64"), Param(body.input[1].name, (), "bool")]
     for g, name in zip(body.input[2:], list(node.input)[2:]):
-        shape, typ = imp._static_shape(name), imp.types.get(name)
-        if shape is None or typ is None or typ[1] not in ONNX_DTYPES:
+        shape, elem = imp._static_shape(name), _elem(imp, name)
+        if shape is None or elem not in ONNX_DTYPES:
             return None
-        params.append(Param(g.name, shape, ONNX_DTYPES[typ[1]]))
+        params.append(Param(g.name, shape, ONNX_DTYPES[elem]))
     return body_output_types(imp, body, params)
+
+
+def _elem(imp, name: str) -> int | None:
+    """The ONNX element type of `name` in the import: inferred, or its constant's."""
+    typ = imp.types.get(name)
+    if typ is not None:
+        return typ[1]
+    const = imp.consts.get(name)
+    if const is None:
+        return None
+    return ELEM_TYPES.get(imp.ir_dtype(const.dtype, name))
 
 
 def _fix(imp, name: str, shape, elem: int) -> None:
