@@ -160,6 +160,18 @@ def _skip_branch(name: str, x: str) -> onnx.GraphProto:
     return helper.make_graph([node], name, [], [_vi(f"{name}_out", FLOAT, None)])
 
 
+def _gated_residual(g: _Graph, score: str, x: str, width: int, tag: str) -> str:
+    """`If(score > 0.5)`: a residual block on `x`, else `x` itself; returns the output."""
+    keep = g.op("Greater", [g.op("Reshape", [score, g.const(f"{tag}_one", [1], np.int64)]),
+                            g.const(f"{tag}_half", [0.5], np.float32)], name=f"{tag}_keep")
+    out = f"{tag}_out"
+    g.nodes.append(helper.make_node(
+        "If", [keep], [out], name=f"{tag}_if",
+        then_branch=_residual_branch(g, f"{tag}_blk", x, width),
+        else_branch=_skip_branch(f"{tag}_skip", x)))
+    return out
+
+
 def blockdrop(width: int = 16, blocks: int = 3, seed: int = 3) -> onnx.ModelProto:
     g = _Graph("blockdrop", seed)
     policy = g.op("Sigmoid", [g.linear("x", width, blocks, "policy")], name="policy")
@@ -168,14 +180,7 @@ def blockdrop(width: int = 16, blocks: int = 3, seed: int = 3) -> onnx.ModelProt
         p = g.op("Slice", [policy, g.const(f"s{k}", [k], np.int64),
                            g.const(f"e{k}", [k + 1], np.int64),
                            g.const(f"a{k}", [1], np.int64)], name=f"p{k}")
-        keep = g.op("Greater", [g.op("Reshape", [p, g.const(f"one{k}", [1], np.int64)]),
-                                g.const(f"half{k}", [0.5], np.float32)], name=f"keep{k}")
-        out = f"block{k}"
-        g.nodes.append(helper.make_node(
-            "If", [keep], [out], name=f"if{k}",
-            then_branch=_residual_branch(g, f"blk{k}", x, width),
-            else_branch=_skip_branch(f"skip{k}", x)))
-        x = out
+        x = _gated_residual(g, p, x, width, f"block{k}")
     y = g.op("MatMul", [x, g.weight("classifier", [width, 4])], name="logits")
     return g.model([_vi("x", FLOAT, [1, width])], [_vi(y, FLOAT, [1, 4])])
 
@@ -186,14 +191,7 @@ def skipnet(width: int = 16, blocks: int = 2, seed: int = 4) -> onnx.ModelProto:
     for k in range(blocks):
         pooled = g.op("ReduceMean", [x], axes=[1], keepdims=1, name=f"pool{k}")
         gate = g.op("Sigmoid", [g.op("Mul", [pooled, g.const(f"gw{k}", [3.0], np.float32)])])
-        take = g.op("Greater", [g.op("Reshape", [gate, g.const(f"r{k}", [1], np.int64)]),
-                                g.const(f"t{k}", [0.5], np.float32)], name=f"take{k}")
-        out = f"gated{k}"
-        g.nodes.append(helper.make_node(
-            "If", [take], [out], name=f"gate{k}",
-            then_branch=_residual_branch(g, f"res{k}", x, width),
-            else_branch=_skip_branch(f"pass{k}", x)))
-        x = out
+        x = _gated_residual(g, gate, x, width, f"gate{k}")
     return g.model([_vi("x", FLOAT, [1, width])], [_vi(x, FLOAT, [1, width])])
 
 
