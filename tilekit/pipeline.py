@@ -79,6 +79,11 @@ def _roll(module: Module, ctx: Context) -> Module:
                        hardware=ctx.hardware, precision=str(ctx.option("precision", "fp32")))
 
 
+def _grind(module: Module, ctx: Context) -> Module:
+    from tilekit.grind import grind_module
+    return grind_module(module, ctx.profile, str(ctx.option("place", "auto")))
+
+
 def _codegen(module: Module, ctx: Context) -> Module:
     from tilekit.codegen.module import run_codegen
     return run_codegen(module, ctx.profile, ctx.arch,
@@ -89,6 +94,9 @@ def _codegen(module: Module, ctx: Context) -> Module:
 PASSES: dict[str, Pass] = {p.name: p for p in (
     Pass("roll", _roll, "Roller's tiles per op and the micro performance model's estimates",
          produces=("ops[*].tile", "kernels[*].estimate", "hardware"), needs_profile=True),
+    Pass("grind", _grind, "Cocktailer's placement of each control op: a device loop or "
+         "branch in one cooperative kernel, or the host", produces=("control[*].grind",),
+         needs_profile=True),
     Pass("codegen", _codegen, "CUDA C++ per kernel group and its launch",
          produces=("codegen", "kernels[*].launch")),
 )}

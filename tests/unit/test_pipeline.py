@@ -52,7 +52,7 @@ def test_every_pass_says_what_it_requires_produces_and_invalidates():
 
 
 def test_unknown_pass_lists_the_known_ones():
-    with pytest.raises(TilekitError, match="known passes: roll, codegen"):
+    with pytest.raises(TilekitError, match="known passes: roll, grind, codegen"):
         pipeline.get("fuse")
 
 

@@ -235,3 +235,20 @@ def stderr_is_terminal() -> bool:
 def stdout_is_terminal() -> bool:
     """Whether rich output may go to stdout: a terminal, and NO_COLOR unset."""
     return sys.stdout.isatty() and not os.environ.get("NO_COLOR")
+
+
+def print_table(title: str, columns, rows) -> None:
+    """A report table on stderr: rich on a terminal, aligned plain text otherwise."""
+    if stderr_is_terminal():
+        from rich.console import Console
+        from rich.table import Table
+
+        table = Table(*columns, title=title, title_justify="left")
+        for row in rows:
+            table.add_row(*row)
+        Console(stderr=True).print(table)
+        return
+    click.echo(title, err=True)
+    widths = [max(len(r[i]) for r in [columns, *rows]) for i in range(len(columns))]
+    for row in [columns, *rows]:
+        click.echo("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip(), err=True)

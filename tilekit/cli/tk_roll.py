@@ -14,7 +14,7 @@ import os
 import click
 
 from tilekit.cli.common import (format_option, hw_option, input_argument, output_option,
-                                stderr_is_terminal, tk_command)
+                                print_table, tk_command)
 from tilekit.errors import TilekitError
 
 TOOL = "tk-roll"
@@ -87,21 +87,7 @@ def print_report(module) -> None:
     total = module_estimate(module)
     title = (f"tk-roll: {module.model} on {module.hardware}: {len(module.ops)} ops, "
              f"{total['kernels']} kernels, estimated {total['time_us']:g} us")
-    rows = report_rows(module)
-    if stderr_is_terminal():
-        from rich.console import Console
-        from rich.table import Table
-
-        table = Table(*REPORT_COLUMNS, title=title, title_justify="left")
-        for row in rows:
-            table.add_row(*row)
-        Console(stderr=True).print(table)
-        return
-    click.echo(title, err=True)
-    widths = [max(len(r[i]) for r in [REPORT_COLUMNS, *rows])
-              for i in range(len(REPORT_COLUMNS))]
-    for row in [REPORT_COLUMNS, *rows]:
-        click.echo("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip(), err=True)
+    print_table(title, REPORT_COLUMNS, report_rows(module))
 
 
 if __name__ == "__main__":  # pragma: no cover

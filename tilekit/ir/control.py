@@ -283,10 +283,14 @@ def module_control(module: Module) -> dict[str, ControlOp]:
     return read_control(module.control)
 
 
+def control_section(records: Mapping[str, ControlOp]) -> dict[str, Any] | None:
+    """A `control` section (JSON data) from typed records; None when there are none."""
+    return {name: rec.record() for name, rec in records.items()} or None
+
+
 def with_control(module_or_region, records: Mapping[str, ControlOp]):
     """`module_or_region` with its `control` section rewritten from typed records."""
-    control = {name: rec.record() for name, rec in records.items()} or None
-    return replace(module_or_region, control=control)
+    return replace(module_or_region, control=control_section(records))
 
 
 # -- regions as modules -----------------------------------------------------------------------
@@ -370,7 +374,8 @@ def all_tensors(module: Module) -> dict[str, Tensor]:
     return out
 
 
-__all__ = ["ControlOp", "KINDS", "Region", "all_tensors", "control_reads", "free_names",
+__all__ = ["ControlOp", "KINDS", "Region", "all_tensors", "control_reads", "control_section",
+           "free_names",
            "module_control", "read_control", "region_module", "region_scope", "walk",
            "with_control"]
 

@@ -112,7 +112,7 @@ def _run_loop(plan: _Run, env: Mapping[str, np.ndarray], mode: str) -> list[np.n
     results = body.outputs[1 + n:]
     i = 0
     while go and (trips is None or i < trips):
-        if rec.scans and i >= rec.max_trips:
+        if rec.max_trips is not None and i >= rec.max_trips:
             raise TilekitError(f"the loop runs more than its declared max_trips "
                                f"({rec.max_trips}) iterations", plan.where,
                                "re-import with a larger bound (tk-import --max-trips N)")

@@ -101,7 +101,8 @@ def loop(ctx: NodeContext) -> None:
         carried=tuple(ctx.name_of(v) for v in carried), scans=tuple(v.name for v in scans),
         cond=ctx.name_of(cond) if cond is not None else None,
         trip_count=ctx.name_of(trip) if trip is not None else None,
-        max_trips=max_trips if scans else None, count=count.name if count else None)
+        max_trips=max_trips if (scans or bound) else None,
+        count=count.name if count else None)
     ctx._imp.add_control_op(ctx, record, outputs + scans + ([count] if count else []))
 
 
