@@ -130,7 +130,15 @@ def greedy_decoder(vocab: int = 12, hidden: int = 16, seed: int = 2) -> onnx.Mod
     e = b.op("Gather", ["dec_E", "tok"], axis=0)
     hn = b.op("Tanh", [b.op("Add", [b.op("MatMul", [e, "dec_W"]),
                                     b.op("MatMul", ["hid", "dec_U"])])], name="hid_next")
-    nxt = b.op("ArgMax", [b.op("MatMul", [hn, "dec_V"])], axis=1, keepdims=0, name="tok_next")
+    # Greedy choice as max, compare and min (the first index holding the maximum), which
+    # stays affine (ArgMax is an opaque op without a CUDA implementation).
+    logits = b.op("MatMul", [hn, "dec_V"])
+    best = b.op("ReduceMax", [logits], axes=[1], keepdims=1)
+    index = b.op("Where", [b.op("Equal", [logits, best]),
+                           b.const("dec_iota", np.arange(vocab, dtype=np.float32)),
+                           b.const("dec_big", np.asarray([1e9], np.float32))])
+    nxt = b.op("Cast", [b.op("ReduceMin", [index], axes=[1], keepdims=0)], to=INT64,
+               name="tok_next")
     b.op("Not", [b.op("Equal", [nxt, b.const("dec_end", np.asarray([end], np.int64))])],
          name="go_on")
     b.op("Identity", [nxt], name="emitted")

@@ -64,6 +64,10 @@ class GeneratedKernel:
     uses_half: bool = False
     notes: tuple[str, ...] = ()
     spec: KernelSpec | None = None  # the structured form (tilekit.codegen.builder)
+    #: Its blocks wait on each other (a device loop): launched cooperatively, all resident.
+    coresident: bool = False
+    #: Preprocessor lines its file needs before runtime.cuh (`#define TK_USE_GRID_SYNC 1`).
+    defines: tuple[str, ...] = ()
 
     @property
     def source(self) -> str:
@@ -73,19 +77,23 @@ class GeneratedKernel:
         """The kernel's entry of the `codegen` section (tilekit.ir.payloads)."""
         return KernelRecord(self.name, self.group, self.entry, self.ops, self.shape,
                             dict(self.schedule), self.grid, self.block, self.smem_bytes,
-                            self.args, self.writes, self.source, self.uses_half)
+                            self.args, self.writes, self.source, self.uses_half,
+                            coresident=self.coresident)
 
 
-def preamble(kernel: GeneratedKernel | None, uses_half: bool) -> str:
+def preamble(kernel: GeneratedKernel | None, uses_half: bool,
+             defines: tuple[str, ...] = ()) -> str:
     if kernel is not None:
-        return kernel_preamble(kernel.name, kernel.ops, kernel.shape, uses_half)
-    return _preamble([], uses_half)
+        return kernel_preamble(kernel.name, kernel.ops, kernel.shape, uses_half,
+                               kernel.defines)
+    return _preamble(list(defines), uses_half)
 
 
-def kernel_preamble(name: str, ops, shape: str, uses_half: bool) -> str:
+def kernel_preamble(name: str, ops, shape: str, uses_half: bool,
+                    defines: tuple[str, ...] = ()) -> str:
     """The head of one kernel's source file: a function of its record alone."""
     return _preamble(["// " + comment_text(f"kernel {name}: ops {', '.join(ops)}; "
-                                           f"shape {shape}")], uses_half)
+                                           f"shape {shape}"), *defines], uses_half)
 
 
 def _preamble(extra: list[str], uses_half: bool) -> str:

@@ -266,15 +266,18 @@ def unit_source(kernels: "tuple[KernelRecord, ...]") -> str:
     """
     from tilekit.codegen.kernel import kernel_preamble, preamble
 
+    from tilekit.codegen.control import record_defines
+
     bodies = []
     for k in kernels:
-        head = kernel_preamble(k.name, k.ops, k.shape, k.uses_half)
+        head = kernel_preamble(k.name, k.ops, k.shape, k.uses_half, record_defines(k))
         if not k.source.startswith(head):
             raise TilekitError(f"the source of kernel {k.entry} does not start with the "
                                "preamble tk-codegen writes", "codegen.kernels",
                                "re-run tk-codegen with this tilekit")
         bodies.append(k.source[len(head):])
-    return preamble(None, any(k.uses_half for k in kernels)) + "\n".join(bodies)
+    defines = tuple(dict.fromkeys(d for k in kernels for d in record_defines(k)))
+    return preamble(None, any(k.uses_half for k in kernels), defines) + "\n".join(bodies)
 
 
 def _major(version: str) -> int | None:
