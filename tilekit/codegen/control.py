@@ -106,15 +106,28 @@ class _Tensors:
             f"__restrict__ {tvar(t)}" for t in self.order)
 
 
-def _bodies_problem(bodies: list[GeneratedKernel], threads: int) -> str | None:
+def block_threads(bodies: list[GeneratedKernel]) -> int | str:
+    """The persistent block's threads: those of the bodies with block barriers (they must
+    agree), else the largest; or why the bodies cannot share one block. A body with fewer
+    threads runs on the first of them; one with more (a multiple, threads independent) has
+    each thread stand in for several (`thread_strided_function`)."""
     for g in bodies:
         if g.spec is None:
             return f"kernel {g.entry} has no composable body"
-        t = g.block[0] * g.block[1] * g.block[2]
-        if t < threads and "__syncthreads" in g.spec.body_text():
-            return (f"body kernel {g.entry} uses {t} threads and block barriers, the "
+    barrier = {g.block[0] for g in bodies if g.spec.uses_block_barriers()}
+    if len(barrier) > 1:
+        return (f"body kernels with block barriers use different block sizes "
+                f"({', '.join(map(str, sorted(barrier)))} threads)")
+    threads = barrier.pop() if barrier else max(g.block[0] for g in bodies)
+    for g in bodies:
+        t = g.block[0]
+        if t > threads and (t % threads or not g.spec.threads_independent()):
+            return (f"body kernel {g.entry} uses {t} threads that exchange values, the "
                     f"persistent block has {threads}")
-    return None
+        if t < threads and t % 32 and not g.spec.threads_independent():
+            return (f"body kernel {g.entry} uses warp collectives on {t} threads, a part of "
+                    f"a warp of the persistent block's {threads}")
+    return threads
 
 
 def device_kernel(module: Module, kernel: Kernel, rec: ControlOp,
@@ -123,10 +136,9 @@ def device_kernel(module: Module, kernel: Kernel, rec: ControlOp,
     bodies = [g for side in regions for g in side]
     if not bodies:
         return "its regions hold no kernels"
-    threads = max(g.block[0] for g in bodies)
-    problem = _bodies_problem(bodies, threads)
-    if problem:
-        return problem
+    threads = block_threads(bodies)
+    if isinstance(threads, str):
+        return threads
     smem = max(g.spec.smem_bytes for g in bodies)
     grid = int(((rec.grind or {}).get("estimate") or {}).get("grid") or 1)
     decl = dict(module.tensors)
@@ -145,7 +157,8 @@ def device_kernel(module: Module, kernel: Kernel, rec: ControlOp,
             _branch(e, rec, regions, tensors, threads)
         else:
             _loop(e, rec, regions, tensors, threads)
-    body_text = "".join(g.spec.device_function() + "\n" for g in bodies)
+    body_text = "".join((g.spec.thread_strided_function() if g.block[0] > threads
+                         else g.spec.device_function()) + "\n" for g in bodies)
     head = (f"// {comment_text(f'{rec.kind} {rec.name} on the device: {len(bodies)} body kernel(s), a persistent grid of {grid} block(s) x {threads} threads, grid barriers')}\n"
             f'extern "C" __global__ void __launch_bounds__({threads})\n'
             f"{entry}({tensors.params()})")
@@ -173,10 +186,15 @@ def _run_bodies(e: Emitter, side: tuple[GeneratedKernel, ...], tensors: _Tensors
             tensors.use(t, t in g.writes)
         blocks = g.grid[0] * g.grid[1] * g.grid[2]
         t = g.block[0]
-        call = (f"{g.spec.body_name}({', '.join(tvar(a) for a in g.args)}"
-                f"{', ' if g.args else ''}tk_vb, {blocks}, tk_smem);")
+        args = f"{', '.join(tvar(a) for a in g.args)}{', ' if g.args else ''}tk_vb, {blocks}"
         with e.block(f"for (int tk_vb = tk_b; tk_vb < {blocks}; tk_vb += tk_nb)"):
-            e.line(call if t == threads else f"if (threadIdx.x < {t}) {call}")
+            if t > threads:
+                with e.block(f"for (int tk_s = 0; tk_s < {t // threads}; ++tk_s)"):
+                    e.line(f"{g.spec.body_name}_t({args}, tk_smem, "
+                           f"(int)threadIdx.x + tk_s * {threads});")
+            else:
+                call = f"{g.spec.body_name}({args}, tk_smem);"
+                e.line(call if t == threads else f"if (threadIdx.x < {t}) {call}")
             e.line("__syncthreads();")
         e.line("tk_grid_sync();")
 

@@ -178,6 +178,12 @@ def emulate(module: Module, inputs: Mapping[str, np.ndarray],
     """Outputs of `module` computed by its generated kernels run on the CPU. A module with a
     co-resident kernel runs under each of `CONCURRENT_SEEDS`; results that differ between
     them are a race between blocks and raise."""
+    for name, entry in (module.codegen or {}).get("control", {}).items():
+        if entry.get("run") != "device":
+            raise UnsupportedError(f"control op '{name}' runs on the host: the emulation "
+                                   "runs device loops and branches only", "codegen.control",
+                                   "place it on the device with tk-grind, or check it with "
+                                   "tk-run --device cpu")
     exe = build(module)
     values = {**weights, **inputs}
     kernels = CodegenSection.read(module.codegen).kernels

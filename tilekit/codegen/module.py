@@ -319,7 +319,13 @@ def compile_module(result: CodegenResult, arch: str | None = None, profile=None
         if res.smem_static + g.smem_bytes > limits["smem_per_block"]:
             problems.append(f"{g.name} uses {res.smem_static + g.smem_bytes} bytes of shared "
                             f"memory, over {limits['smem_per_block']}")
-        records.append(replace(record, resources=res.record()))
+        record = replace(record, resources=res.record())
+        if record.coresident and record.shape.startswith("device_") and profile is not None:
+            from tilekit.codegen.control import cap_grid
+            record, problem = cap_grid(record, profile, res.registers)
+            if problem:
+                problems.append(problem)
+        records.append(record)
     nvcc = find_nvcc()
     section = replace(section, kernels=tuple(records),
                       compiled={"arch": arch, "nvcc": nvcc_version(nvcc) if nvcc else "unknown",

@@ -48,6 +48,12 @@ class BodyKernel:
     regs: int
     smem_bytes: int
     time_us: float
+    barriers: bool = False       # its kernel shape synchronises the block (staged, mma)
+    collectives: bool = False    # warp collectives across lanes (a default kernel with lanes)
+
+
+#: Kernel shapes (tilekit.schedule.shape) whose blocks synchronise at barriers.
+BARRIER_SHAPES = ("staged", "mma")
 
 
 def body_kernels(region: Region) -> list[BodyKernel] | str:
@@ -65,11 +71,29 @@ def body_kernels(region: Region) -> list[BodyKernel] | str:
         tiles = [op.tile for op in ops]
         time_us = float((kernel.estimate or {}).get("time_us") or sum(
             float(t.get("estimate", {}).get("time_us", 0.0)) for t in tiles))
+        shapes = [t.get("kernel") or {} for t in tiles]
         out.append(BodyKernel(kernel.name, max(int(t.get("blocks", 1)) for t in tiles),
                               max(int(t.get("threads", 1)) for t in tiles),
                               max(int(t.get("regs", 0)) for t in tiles),
-                              max(int(t.get("smem_bytes", 0)) for t in tiles), time_us))
+                              max(int(t.get("smem_bytes", 0)) for t in tiles), time_us,
+                              len(ops) > 1 or any(k.get("shape") in BARRIER_SHAPES
+                                                  for k in shapes),
+                              any(int(k.get("lanes", 1)) > 1 for k in shapes)))
     return out
+
+
+def shared_block(bodies: list[BodyKernel]) -> int | str:
+    """The persistent block's threads, by the rule codegen applies
+    (tilekit.codegen.control.block_threads), or why the bodies cannot share one block."""
+    barrier = {k.threads for k in bodies if k.barriers}
+    if len(barrier) > 1:
+        return (f"body kernels with block barriers use different block sizes "
+                f"({', '.join(map(str, sorted(barrier)))} threads)")
+    threads = barrier.pop() if barrier else max(k.threads for k in bodies)
+    for k in bodies:
+        if k.threads > threads and (k.threads % threads or k.collectives):
+            return f"body kernel {k.name} uses {k.threads} threads that exchange values"
+    return threads
 
 
 @dataclass(frozen=True)
@@ -152,12 +176,14 @@ def control_costs(rec: ControlOp, scope, profile) -> Costs:
     if not bodies:
         return Costs(trips, assumed, host_us, launches, syncs, None, 0, 0, None,
                      "its regions hold no kernels")
-    res = common_residency(profile, [(k.threads, k.regs, k.smem_bytes) for k in bodies])
+    threads = shared_block(bodies)
+    if isinstance(threads, str):
+        return Costs(trips, assumed, host_us, launches, syncs, None, 0, 0, None, threads)
+    res = common_residency(profile, [(threads, k.regs, k.smem_bytes) for k in bodies])
     if res.grid < 1:
         return Costs(trips, assumed, host_us, launches, syncs, None, 0, 0, res,
                      f"no block fits co-resident ({res.why()})")
     grid = min(res.grid, max(k.blocks for k in bodies))
-    threads = max(k.threads for k in bodies)
     runs = [_device_run(profile, side, grid) for side in priced]
     if rec.kind == "if":
         device_us = launch_us + sum(runs) / len(runs)
