@@ -167,7 +167,8 @@ def control_costs(rec: ControlOp, scope, profile) -> Costs:
     else:
         per_iter, n = host[0]
         copies = len(rec.scans)
-        syncs = (trips if rec.cond else 0) + (1 if rec.trip_count or rec.count else 0)
+        # the condition read before the first iteration and after each, the trip count once
+        syncs = (trips + 1 if rec.cond else 0) + (1 if rec.trip_count else 0)
         host_us = trips * (per_iter + copies * launch_us) + syncs * HOST_SYNC_US
         launches = trips * (n + copies)
     if reasons:

@@ -102,6 +102,15 @@ def _scalar(array: np.ndarray, dtype) -> np.ndarray:
     return np.asarray(array, dtype=dtype).reshape(())
 
 
+def check_iteration(rec: ControlOp, i: int, where: str) -> None:
+    """Iteration `i` (from 0) of a loop may start: within its max_trips and the budget."""
+    if rec.max_trips is not None and i >= rec.max_trips:
+        raise TilekitError(f"the loop runs more than its declared max_trips "
+                           f"({rec.max_trips}) iterations", where,
+                           "re-import with a larger bound (tk-import --max-trips N)")
+    LOOP_TRIPS.check(i + 1, where, "the loop's iterations")
+
+
 def _run_loop(plan: _Run, env: Mapping[str, np.ndarray], mode: str) -> list[np.ndarray]:
     rec, body = plan.rec, plan.rec.body
     trips = int(np.asarray(env[rec.trip_count]).reshape(-1)[0]) if rec.trip_count else None
@@ -112,11 +121,7 @@ def _run_loop(plan: _Run, env: Mapping[str, np.ndarray], mode: str) -> list[np.n
     results = body.outputs[1 + n:]
     i = 0
     while go and (trips is None or i < trips):
-        if rec.max_trips is not None and i >= rec.max_trips:
-            raise TilekitError(f"the loop runs more than its declared max_trips "
-                               f"({rec.max_trips}) iterations", plan.where,
-                               "re-import with a larger bound (tk-import --max-trips N)")
-        LOOP_TRIPS.check(i + 1, plan.where, "the loop's iterations")
+        check_iteration(rec, i, plan.where)
         values = {body.inputs[0]: np.asarray(i, dtype=np.int64),
                   body.inputs[1]: np.asarray(go, dtype=np.bool_)}
         values.update(zip(body.inputs[2:], carried))
@@ -177,4 +182,4 @@ def _run_if(plan: _Run, env: Mapping[str, np.ndarray], mode: str) -> list[np.nda
 _RUNNERS: dict[str, Callable] = {"loop": _run_loop, "scan": _run_scan, "if": _run_if}
 
 
-__all__ = ["ControlPlan", "control_plan", "kept_counts"]
+__all__ = ["ControlPlan", "check_iteration", "control_plan", "kept_counts"]
