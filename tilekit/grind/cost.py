@@ -23,7 +23,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from tilekit.ir.control import ControlOp, Region
+from tilekit.ir.control import ControlOp, Region, read_control
 from tilekit.ir.model import default_kernels
 from tilekit.schedule.residency import Residency, common_residency, residency
 
@@ -50,24 +50,39 @@ class BodyKernel:
     time_us: float
     barriers: bool = False       # its kernel shape synchronises the block (staged, mma)
     collectives: bool = False    # warp collectives across lanes (a default kernel with lanes)
+    launches: int = 1            # a nested control op: its own launches and host syncs
+    syncs: int = 0
 
 
 #: Kernel shapes (tilekit.schedule.shape) whose blocks synchronise at barriers.
 BARRIER_SHAPES = ("staged", "mma")
 
 
-def body_kernels(region: Region) -> list[BodyKernel] | str:
-    """The region's kernels with their launch figures, or why there are none to price."""
+def body_kernels(region: Region) -> tuple[list[BodyKernel], str | None]:
+    """The region's kernels with their launch figures, and why they cannot run inside a
+    persistent kernel (None: they can). A nested control op counts as what its own
+    placement costs (regions are placed inside out); an op without a tile costs nothing
+    known and keeps the region on the host."""
     by_name = {op.name: op for op in region.ops}
-    out = []
+    nested = read_control(region.control)
+    out, why = [], None
     for kernel in region.kernels or default_kernels(region.ops):
         ops = [by_name[n] for n in kernel.ops]
-        for op in ops:
-            if op.kind == "control":
-                return (f"its body holds control op '{op.name}' (nested control flow runs "
-                        "on the host around it)")
-            if not op.tile:
-                return f"op '{op.name}' has no tile (run tk-roll first)"
+        if ops[0].kind == "control":
+            g = nested[ops[0].name].grind or {}
+            est = g.get("estimate") or {}
+            device = g.get("run") == "device"
+            out.append(BodyKernel(kernel.name, 0, 0, 0, 0,
+                                  float(est.get("device_us" if device else "host_us", 0.0)),
+                                  launches=1 if device else int(est.get("host_launches", 0)),
+                                  syncs=0 if device else int(est.get("host_syncs", 0))))
+            why = why or (f"its body holds control op '{ops[0].name}' (nested control flow "
+                           "runs on the host around it)")
+            continue
+        untiled = [op.name for op in ops if not op.tile]
+        if untiled:
+            why = why or f"op '{untiled[0]}' has no tile (run tk-roll first)"
+            continue
         tiles = [op.tile for op in ops]
         time_us = float((kernel.estimate or {}).get("time_us") or sum(
             float(t.get("estimate", {}).get("time_us", 0.0)) for t in tiles))
@@ -79,7 +94,7 @@ def body_kernels(region: Region) -> list[BodyKernel] | str:
                               len(ops) > 1 or any(k.get("shape") in BARRIER_SHAPES
                                                   for k in shapes),
                               any(int(k.get("lanes", 1)) > 1 for k in shapes)))
-    return out
+    return out, why
 
 
 def shared_block(bodies: list[BodyKernel]) -> int | str:
@@ -136,8 +151,9 @@ def trips_of(rec: ControlOp, scope) -> tuple[int, bool]:
     return ASSUMED_TRIPS, True
 
 
-def _host_run(kernels: list[BodyKernel]) -> tuple[float, int]:
-    return sum(k.time_us for k in kernels), len(kernels)
+def _host_run(kernels: list[BodyKernel]) -> tuple[float, int, int]:
+    return (sum(k.time_us for k in kernels), sum(k.launches for k in kernels),
+            sum(k.syncs for k in kernels))
 
 
 def _device_run(profile, kernels: list[BodyKernel], grid: int) -> float:
@@ -158,17 +174,19 @@ def control_costs(rec: ControlOp, scope, profile) -> Costs:
     trips, assumed = trips_of(rec, scope)
     sides = [body_kernels(region) for region in rec.regions]
     launch_us = (profile.launch_overhead or 0.0) * 1e6
-    reasons = [s for s in sides if isinstance(s, str)]
-    priced = [s for s in sides if not isinstance(s, str)]
-    host = [_host_run(s) for s in priced] or [(0.0, 0)]
+    reasons = [why for _, why in sides if why]
+    priced = [kernels for kernels, _ in sides]
+    host = [_host_run(kernels) for kernels in priced]
     if rec.kind == "if":
         host_us = HOST_SYNC_US + sum(h[0] for h in host) / len(host)
-        launches, syncs = max(h[1] for h in host), 1
+        launches = max(h[1] for h in host)
+        syncs = 1 + max(h[2] for h in host)
     else:
-        per_iter, n = host[0]
+        per_iter, n, inner_syncs = host[0]
         copies = len(rec.scans)
         # the condition read before the first iteration and after each, the trip count once
-        syncs = (trips + 1 if rec.cond else 0) + (1 if rec.trip_count else 0)
+        syncs = (trips + 1 if rec.cond else 0) + (1 if rec.trip_count else 0) + (
+            trips * inner_syncs)
         host_us = trips * (per_iter + copies * launch_us) + syncs * HOST_SYNC_US
         launches = trips * (n + copies)
     if reasons:
