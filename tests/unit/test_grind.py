@@ -215,3 +215,17 @@ def test_a_grid_that_cannot_be_coresident_is_refused_at_launch():
     with pytest.raises(TilekitError) as err:
         check_coresident("tk_loop_lstm", 8, 256, 0, None, Fake(), "codegen.kernels[0]")
     assert "only 4 at once" in err.value.message() and "not launched" in err.value.message()
+
+
+def test_ground_documents_match_the_schema(models):
+    import json
+
+    import jsonschema
+
+    from tilekit.ir.codec import to_document
+    schema = json.loads((Path(__file__).resolve().parents[2] / "specs" /
+                         "tile-ir.schema.json").read_text())
+    for name, (_, module) in models.items():
+        doc = json.loads(json.dumps(to_document(
+            replace(module, weights={"file": "w.npz", "sha256": "0" * 64}))))
+        jsonschema.validate(doc, schema)
