@@ -129,3 +129,32 @@ def test_op_names_unique_across_scopes():
     record["body"]["ops"][2]["name"] = "repeat"
     with pytest.raises(IRError, match="also used in another scope"):
         verify(replace(m, control={"repeat": record}))
+
+
+# -- bad input through the commands: one line, exit 2 -----------------------------------------
+
+@pytest.mark.parametrize("tool, extra", [("tk-grind", ["--hw", "h100"]), ("tk-run", ["--seed", "0"]),
+                                         ("tk-roll", ["--hw", "h100"]), ("tk-codegen", [])])
+def test_commands_refuse_a_broken_region_in_one_line(tmp_path, tool, extra):
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "hostile"))
+    from hostile_support import assert_refused, run
+
+    m = broken(("body", "tensors", "x"), {"shape": [4], "dtype": "float32"})
+    path = tmp_path / "m.yaml"
+    path.write_text(dumps(m.with_stage("import")))
+    assert_refused(run(tool, path, *extra), tool, "control.repeat.body.tensors.x", "shadows")
+
+
+def test_grind_refuses_a_module_without_import_stage(tmp_path):
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "hostile"))
+    from hostile_support import assert_refused, run
+
+    path = tmp_path / "m.yaml"
+    path.write_text(dumps(loop_module()))
+    assert_refused(run("tk-grind", path, "--hw", "h100"), "tk-grind", "import")
