@@ -133,7 +133,8 @@ def test_op_names_unique_across_scopes():
 
 # -- bad input through the commands: one line, exit 2 -----------------------------------------
 
-@pytest.mark.parametrize("tool, extra", [("tk-grind", ["--hw", "h100"]), ("tk-run", ["--seed", "0"]),
+@pytest.mark.parametrize("tool, extra", [("tk-grind", ["--hw", "h100"]),
+                                         ("tk-run", ["--seed", "0"]),
                                          ("tk-roll", ["--hw", "h100"]), ("tk-codegen", [])])
 def test_commands_refuse_a_broken_region_in_one_line(tmp_path, tool, extra):
     import sys

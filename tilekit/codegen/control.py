@@ -11,7 +11,8 @@ blocks are all resident (`coresident`: launched cooperatively after the occupanc
       tk_grid_sync();
       while (go && it < trips) {
         <iteration number and condition into the body's inputs>; tk_grid_sync();
-        for (vb = blockIdx.x; vb < G0; vb += gridDim.x) { k0_body(..., vb, G0, tk_smem); __syncthreads(); }
+        for (vb = blockIdx.x; vb < G0; vb += gridDim.x) {
+          k0_body(..., vb, G0, tk_smem); __syncthreads(); }
         tk_grid_sync();                                          one barrier after each body
         ...
         <carried <- next values; scan rows <- results>; tk_grid_sync();
@@ -159,7 +160,9 @@ def device_kernel(module: Module, kernel: Kernel, rec: ControlOp,
             _loop(e, rec, regions, tensors, threads)
     body_text = "".join((g.spec.thread_strided_function() if g.block[0] > threads
                          else g.spec.device_function()) + "\n" for g in bodies)
-    head = (f"// {comment_text(f'{rec.kind} {rec.name} on the device: {len(bodies)} body kernel(s), a persistent grid of {grid} block(s) x {threads} threads, grid barriers')}\n"
+    about = (f"{rec.kind} {rec.name} on the device: {len(bodies)} body kernel(s), a persistent "
+             f"grid of {grid} block(s) x {threads} threads, grid barriers")
+    head = (f"// {comment_text(about)}\n"
             f'extern "C" __global__ void __launch_bounds__({threads})\n'
             f"{entry}({tensors.params()})")
     text = body_text + head + " " + e.text().lstrip()
