@@ -229,3 +229,34 @@ def test_ground_documents_match_the_schema(models):
         doc = json.loads(json.dumps(to_document(
             replace(module, weights={"file": "w.npz", "sha256": "0" * 64}))))
         jsonschema.validate(doc, schema)
+
+
+def test_ground_documents_round_trip(models):
+    from tilekit.ir import dumps, loads
+
+    for name, (_, module) in models.items():
+        for fmt in ("yaml", "json"):
+            again = loads(dumps(module, fmt))
+            assert again == module and dumps(again, fmt) == dumps(module, fmt), (name, fmt)
+
+
+@pytest.mark.slow
+def test_compile_equals_the_piped_commands(tmp_path, monkeypatch):
+    import os
+    import subprocess
+
+    import tilekit
+    from tilekit.ir import dumps
+
+    root = Path(__file__).resolve().parents[2]
+    onnx.save(MODELS["blockdrop"](), str(tmp_path / "m.onnx"))
+    env = dict(os.environ, PATH=f"{root / 'bin'}{os.pathsep}{os.environ['PATH']}",
+               NO_COLOR="1")
+    proc = subprocess.run(["bash", "-o", "pipefail", "-c", "tk-import m.onnx -o m.tk.yaml && "
+                           "tk-roll --hw h100 m.tk.yaml | tk-grind | tk-codegen -o m.c.yaml"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    monkeypatch.chdir(tmp_path)
+    compiled = tilekit.compile("m.onnx", ["roll", "grind", "codegen"], hw="h100",
+                               ir_path="m.tk.yaml")
+    assert dumps(compiled.module) == (tmp_path / "m.c.yaml").read_text()

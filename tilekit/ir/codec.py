@@ -29,7 +29,7 @@ from tilekit.ir.keys import (MODULE_KEYS, MODULE_REQUIRED, STAGE_KEYS, WEIGHTS_K
 from tilekit.limits import LimitError
 from tilekit.ir.model import Module
 from tilekit.ir.parts import (_FlowDict, _FlowList, _kernel_doc, _known_first, _op_doc,
-                              _payload, _put, _Reader, _tensor_doc)
+                              _payload, _put, _Reader, _tensor_doc, _control_doc)
 
 FORMATS = ("yaml", "json")
 
@@ -210,7 +210,8 @@ def to_document(module: Module) -> dict[str, Any]:
     _put(doc, "kernels", [_kernel_doc(k) for k in module.kernels], default=[])
     for key in ("program", "control", "codegen"):
         value = getattr(module, key)
-        _put(doc, key, None if value is None else _payload(value))
+        writer = _control_doc if key == "control" else _payload
+        _put(doc, key, None if value is None else writer(value))
     return doc
 
 

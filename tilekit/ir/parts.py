@@ -102,6 +102,55 @@ def kernel_document(kernel: Kernel) -> dict[str, Any]:
     return _plain(_kernel_doc(kernel))
 
 
+#: A control record's keys in written order (tilekit.ir.control), then a region's.
+CONTROL_KEYS = ("kind", "trip_count", "cond", "max_trips", "count", "carried", "scan_inputs",
+                "input_axes", "input_reverse", "outputs", "scans", "output_axes",
+                "output_reverse", "grind", "body", "then", "else")
+REGION_KEYS = ("inputs", "outputs", "tensors", "ops", "kernels", "control")
+
+
+def _control_doc(control: Any) -> Any:
+    """A `control` section as the document writes it: records and regions in their keys'
+    order, region tensors and ops as the module's are written (tensors on one line), payloads
+    (`grind`) sorted. Anything malformed is written as plain sorted data (the verifier
+    reports it)."""
+    if not isinstance(control, Mapping):
+        return _payload(control)
+    out = {}
+    for name, rec in control.items():
+        if not isinstance(rec, Mapping):
+            out[name] = _payload(rec)
+            continue
+        doc = {}
+        for key, value in _known_first(rec, CONTROL_KEYS).items():
+            doc[key] = (_region_doc(value) if key in ("body", "then", "else")
+                        else _payload(value))
+        out[name] = doc
+    return out
+
+
+def _region_doc(region: Any) -> Any:
+    if not isinstance(region, Mapping):
+        return _payload(region)
+    doc = {}
+    for key, value in _known_first(region, REGION_KEYS).items():
+        if key == "tensors" and isinstance(value, Mapping):
+            doc[key] = {n: _FlowDict(_known_first(t, ("shape", "dtype", "role")),
+                                     **({"shape": _FlowList(t["shape"])}
+                                        if isinstance(t.get("shape"), list) else {}))
+                        if isinstance(t, Mapping) else _payload(t) for n, t in value.items()}
+        elif key in ("ops", "kernels") and isinstance(value, list):
+            order = OP_KEYS if key == "ops" else KERNEL_KEYS
+            doc[key] = [{k: (v if k == "name" else _payload(v)) for k, v in
+                         _known_first(item, order).items()} if isinstance(item, Mapping)
+                        else _payload(item) for item in value]
+        elif key == "control":
+            doc[key] = _control_doc(value)
+        else:
+            doc[key] = _payload(value)
+    return doc
+
+
 # -- data -> parts -------------------------------------------------------------------------
 
 class _Reader:
