@@ -228,3 +228,17 @@ def test_tiled_mode_runs_regions_tile_by_tile():
     tiled = prepare(imported.module).run(inputs, imported.weights, mode="tiled")
     for name in whole:
         np.testing.assert_allclose(tiled[name], whole[name], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_tk_import_then_tk_run_check(tmp_path, name):
+    """`tk-import m.onnx | tk-run --check` (the commands in this process, files between)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "hostile"))
+    from hostile_support import run
+
+    onnx.save(MODELS[name](), str(tmp_path / "m.onnx"))
+    imported = run("tk-import", "m.onnx", "-o", "m.yaml", folder=tmp_path)
+    assert imported.exit_code == 0, imported.stderr
+    checked = run("tk-run", "m.yaml", "--seed", "0", "--check", "--quiet", folder=tmp_path)
+    assert checked.exit_code == 0, checked.stdout + checked.stderr
+    assert "check: pass" in checked.stdout

@@ -257,6 +257,10 @@ class CudaProgram:
         """Kernel time only (inputs already uploaded): CUDA events around each run of every
         kernel, `warmup` untimed runs first. With `per_kernel`, also per entry."""
         cupy = self.cupy
+        if per_kernel and self.steps is not None:
+            raise TilekitError("per-kernel timing runs every kernel once in order; a module "
+                               "with control flow runs some per iteration", "--report",
+                               "time the whole run (tk-run --bench) instead")
         for _ in range(warmup):
             self.launch_all()
         cupy.cuda.get_current_stream().synchronize()
