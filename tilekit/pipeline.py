@@ -84,6 +84,13 @@ def _weld(module: Module, ctx: Context) -> Module:
     return weld_module(module, ctx.profile, int(ctx.option("top_k", 1)),
                        int(ctx.option("max_group", DEFAULT_MAX_GROUP)),
                        tuple(ctx.option("no_fuse", ())), hardware=ctx.hardware)
+
+
+def _grind(module: Module, ctx: Context) -> Module:
+    from tilekit.grind import grind_module
+    return grind_module(module, ctx.profile, str(ctx.option("place", "auto")))
+
+
 def _ram(module: Module, ctx: Context) -> Module:
     from tilekit.ram import ram_module
     return ram_module(module, ctx.profile, str(ctx.option("policy", "wavefront")),
@@ -103,6 +110,9 @@ PASSES: dict[str, Pass] = {p.name: p for p in (
     Pass("weld", _weld, "Welder's kernel groups: intermediates kept on chip, levels per edge "
          "(reads a rolled module, or rolls what is unrolled)",
          produces=("kernels", "kernels[*].tile", "kernels[*].estimate"), needs_profile=True),
+    Pass("grind", _grind, "Cocktailer's placement of each control op: a device loop or "
+         "branch in one cooperative kernel, or the host", produces=("control[*].grind",),
+         needs_profile=True),
     Pass("ram", _ram, "Rammer's rTasks packed onto virtual execution units: the program",
          produces=("program",), needs_profile=True),
     Pass("codegen", _codegen, "CUDA C++ per kernel group and its launch",

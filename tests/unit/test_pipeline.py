@@ -54,7 +54,7 @@ def test_every_pass_says_what_it_requires_produces_and_invalidates():
 
 
 def test_unknown_pass_lists_the_known_ones():
-    with pytest.raises(TilekitError, match="known passes: roll, weld, ram, codegen"):
+    with pytest.raises(TilekitError, match="known passes: roll, weld, grind, ram, codegen"):
         pipeline.get("fuse")
 
 

@@ -88,7 +88,7 @@ def modules(draw: st.DrawFn) -> Module:
         source=draw(st.none() | st.just({"onnx": "m.onnx", "sha256": "0" * 64})),
         weights={"file": "m.weights.npz", "sha256": "f" * 64} if has_weights else None,
         hardware=draw(st.none() | st.sampled_from(["h100", "a100", "hwprofiles/x.yaml"])),
-        stages=stages, program=draw(maybe_payload), control=draw(maybe_payload),
+        stages=stages, program=draw(maybe_payload), control=draw(st.none() | st.just({})),
         codegen=draw(maybe_payload))
 
 

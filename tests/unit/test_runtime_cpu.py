@@ -136,12 +136,13 @@ def test_cache_does_not_keep_modules_alive():
     assert key not in cpu._PROGRAMS
 
 
-def test_refuses_control_section():
+def test_refuses_malformed_control_section():
     m = softmax_module()
     from dataclasses import replace
-    with pytest.raises(UnsupportedError) as err:
-        prepare(replace(m, control={"loops": []}))
-    assert "tk-grind" in err.value.message() and "--device cuda" not in err.value.message()
+    from tilekit.errors import IRError
+    with pytest.raises(IRError) as err:
+        prepare(replace(m, ops=m.ops + (Op("loops", kind="control"),), control={"loops": []}))
+    assert "control.loops" in err.value.message()
 
 
 def test_refuses_unknown_op_kind():

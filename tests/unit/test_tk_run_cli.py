@@ -287,8 +287,7 @@ def test_input_given_a_directory(mlp, tmp_path):
 def test_control_section_refused(tmp_path):
     ir = install("control.yaml", tmp_path)
     proc = tk_run(ir, "--seed", 0)
-    assert_one_line_error(proc, "control", "tk-grind")
-    assert "--device cuda" not in text(proc)  # the CUDA runtime cannot run it either
+    assert_one_line_error(proc, "control.regions", "must be a mapping")
 
 
 def test_cuda_device(mlp):

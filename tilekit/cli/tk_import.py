@@ -1,6 +1,7 @@
 """tk-import: an ONNX model becomes a tile-IR document and a weights sidecar.
 
     tk-import MODEL.onnx [-o OUT] [--weights FILE] [--format yaml|json] [--shape NAME=D0,D1,..]
+              [--max-trips N]
 
 The IR goes to stdout (or `-o OUT`); the weights go to `<OUT stem>.weights.npz` beside OUT, or
 `<model stem>.weights.npz` in the current directory when the IR goes to stdout (`--weights`
@@ -81,8 +82,12 @@ def check_output_paths(out, output: str, weights_path: str, follow_links: bool =
 @click.option("--dtype", default="float32", show_default=True, metavar="DTYPE",
               help="Store the model's float32 tensors and weights as float16 or bfloat16 "
                    "(arithmetic stays float32, rounded once on store; docs/import.md).")
+@click.option("--max-trips", "max_trips", type=click.IntRange(min=1), default=None,
+              metavar="N", help="Bound the scan outputs of loops whose trip count is known "
+                                "only at run time (they get N rows and a run-time count).")
 @click.option("--list-ops", is_flag=True, help="Print the supported ONNX op types and exit.")
-def main(model, output, fmt, weights_path, shape_flags, lenient, dtype, list_ops, quiet, debug):
+def main(model, output, fmt, weights_path, shape_flags, lenient, dtype, max_trips, list_ops,
+         quiet, debug):
     """Import the ONNX model MODEL.onnx (a file, or '-'/nothing for stdin) as tile IR."""
     from tilekit.ir.codec import write_module
     from tilekit.onnx import attach_files, import_model, load_model_bytes
@@ -112,7 +117,8 @@ def main(model, output, fmt, weights_path, shape_flags, lenient, dtype, list_ops
         check_output_paths(out, output, weights_path, named_weights)
         try:
             imported = to_precision(import_model(proto, name=name, shapes=shapes,
-                                                 lenient=lenient), dtype)
+                                                 lenient=lenient, max_trips=max_trips),
+                                    dtype)
         except TilekitError as exc:
             where = f"{shown}: {exc.where}" if exc.where else shown
             raise type(exc)(exc.what, where, exc.hint) from None
@@ -126,6 +132,8 @@ def main(model, output, fmt, weights_path, shape_flags, lenient, dtype, list_ops
         if lenient:
             options["lenient_shapes"] = True
         options.update(import_options(dtype))
+        if max_trips is not None:
+            options["max_trips"] = max_trips
         imported = attach_files(imported, ir_folder=ir_folder, weights_path=weights_path,
                                 onnx_path=model_path,
                                 onnx_sha256=hashlib.sha256(data).hexdigest(),

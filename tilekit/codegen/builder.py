@@ -95,6 +95,23 @@ class KernelSpec:
         return (f"__device__ __forceinline__ void {self.body_name}({self.body_signature()}) "
                 "{\n" + self.body_text() + "}\n")
 
+    def thread_strided_function(self) -> str:
+        """`<entry>_body_t(..., int tk_tx)`: the body with its thread index as a parameter
+        (`threadIdx.x` read as `tk_tx`), for a device loop whose persistent block has fewer
+        threads than this body: each thread runs it for several thread indices in turn. Only
+        for bodies without block barriers or warp shuffles, whose threads are independent."""
+        text = self.body_text().replace("threadIdx.x", "tk_tx")
+        return (f"__device__ __forceinline__ void {self.body_name}_t({self.body_signature()}, "
+                "const int tk_tx) {\n" + text + "}\n")
+
+    def uses_block_barriers(self) -> bool:
+        return "__syncthreads" in self.body_text()
+
+    def threads_independent(self) -> bool:
+        """No block barrier and no warp collective: its threads never exchange values."""
+        text = self.body_text()
+        return "__syncthreads" not in text and "__shfl" not in text and "tk_warp" not in text
+
     def global_function(self) -> str:
         """The `extern "C" __global__` entry that runs the body as its own kernel."""
         bounds = f"{self.threads}, 1" if self.register_tile else f"{self.threads}"

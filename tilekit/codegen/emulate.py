@@ -32,6 +32,7 @@ from tilekit.codegen.cexpr import storage
 from tilekit.codegen.kernel import tvar
 from tilekit.ir.payloads import CodegenSection
 from tilekit.errors import TilekitError, UnsupportedError
+from tilekit.ir.control import all_tensors
 from tilekit.ir.model import Module
 
 HERE = Path(__file__).resolve().parent
@@ -46,6 +47,7 @@ def harness_source(module: Module) -> str:
     """A C++ main() that loads tensors from `<dir>/<name>.bin`, launches every kernel in
     order and writes every tensor a kernel wrote back to `<dir>/<name>.out`."""
     kernels = CodegenSection.read(module.codegen).kernels
+    declared = all_tensors(module)
     tensors: list[str] = []
     for k in kernels:
         for t in k.args:
@@ -69,13 +71,13 @@ def harness_source(module: Module) -> str:
              "  std::vector<unsigned> ids;",
              "  for (int a = 3; a < argc; ++a) ids.push_back((unsigned)std::atoi(argv[a]));"]
     for t in tensors:
-        tensor = module.tensors[t]
+        tensor = declared[t]
         nbytes = tensor.size * np.dtype(_np_dtype(tensor.dtype)).itemsize
         lines.append(f"  auto buf_{_c(t)} = load(dir + \"/{t}.bin\", {nbytes});")
     for index, k in enumerate(kernels):
         ptrs = []
         for t in k.args:
-            ctype = storage(module.tensors[t].dtype).ctype
+            ctype = storage(declared[t].dtype).ctype
             ptrs.append(f"reinterpret_cast<{ctype}*>(buf_{_c(t)}.data())")
         grid = k.grid[0] * k.grid[1] * k.grid[2]
         if k.counters:  # a program's progress counters: a zeroed workspace per launch
@@ -179,13 +181,20 @@ def emulate(module: Module, inputs: Mapping[str, np.ndarray],
     """Outputs of `module` computed by its generated kernels run on the CPU. A module with a
     co-resident kernel runs under each of `CONCURRENT_SEEDS`; results that differ between
     them are a race between blocks and raise."""
+    for name, entry in (module.codegen or {}).get("control", {}).items():
+        if entry.get("run") != "device":
+            raise UnsupportedError(f"control op '{name}' runs on the host: the emulation "
+                                   "runs device loops and branches only", "codegen.control",
+                                   "place it on the device with tk-grind, or check it with "
+                                   "tk-run --device cpu")
     exe = build(module)
     values = {**weights, **inputs}
     kernels = CodegenSection.read(module.codegen).kernels
     seeds = CONCURRENT_SEEDS if any(k.coresident for k in kernels) else (None,)
+    declared = all_tensors(module)
     with tempfile.TemporaryDirectory(prefix="tk-emul-") as tmp:
-        for t in {t for k in kernels for t in k.args}:
-            tensor = module.tensors[t]
+        for t in sorted({t for k in kernels for t in k.args}):
+            tensor = declared[t]
             if t in values:
                 arr = _to_bytes(values[t], tensor.dtype)
             else:  # written by a kernel: garbage-fill so that unwritten elements show up

@@ -64,8 +64,12 @@ class GeneratedKernel:
     uses_half: bool = False
     notes: tuple[str, ...] = ()
     spec: KernelSpec | None = None  # the structured form (tilekit.codegen.builder)
-    coresident: bool = False      # its blocks wait on each other (a tk-ram program)
+    #: Its blocks wait on each other (a tk-ram program, a device loop): launched
+    #: cooperatively or checked co-resident, never more blocks than fit.
+    coresident: bool = False
     counters: int = 0             # words of the progress-counter workspace it takes last
+    #: Preprocessor lines its file needs before runtime.cuh (`#define TK_USE_GRID_SYNC 1`).
+    defines: tuple[str, ...] = ()
 
     @property
     def source(self) -> str:
@@ -79,16 +83,19 @@ class GeneratedKernel:
                             coresident=self.coresident, counters=self.counters)
 
 
-def preamble(kernel: GeneratedKernel | None, uses_half: bool) -> str:
+def preamble(kernel: GeneratedKernel | None, uses_half: bool,
+             defines: tuple[str, ...] = ()) -> str:
     if kernel is not None:
-        return kernel_preamble(kernel.name, kernel.ops, kernel.shape, uses_half)
-    return _preamble([], uses_half)
+        return kernel_preamble(kernel.name, kernel.ops, kernel.shape, uses_half,
+                               kernel.defines)
+    return _preamble(list(defines), uses_half)
 
 
-def kernel_preamble(name: str, ops, shape: str, uses_half: bool) -> str:
+def kernel_preamble(name: str, ops, shape: str, uses_half: bool,
+                    defines: tuple[str, ...] = ()) -> str:
     """The head of one kernel's source file: a function of its record alone."""
     return _preamble(["// " + comment_text(f"kernel {name}: ops {', '.join(ops)}; "
-                                           f"shape {shape}")], uses_half)
+                                           f"shape {shape}"), *defines], uses_half)
 
 
 def _preamble(extra: list[str], uses_half: bool) -> str:

@@ -79,8 +79,20 @@ def generate(module: Module, profile=None, arch: str | None = None) -> CodegenRe
     notes: list[str] = []
     launches: dict[str, dict[str, Any]] = {}
     used: set[str] = set()
+    control: dict[str, Any] = {}
+    ops_by_name = {op.name: op for op in module.ops}
     for k, kernel in enumerate(kernels):
         where = f"kernels[{k}] ({kernel.name})"
+        if any(ops_by_name[n].kind == "control" for n in kernel.ops):
+            code = _control_group(module, kernel, profile, arch, where)
+            generated.extend(code.kernels)
+            notes.extend(code.notes)
+            control[kernel.ops[0]] = dict(code.record)
+            one = code.kernels[0] if len(code.kernels) == 1 else None
+            launches[kernel.name] = Launch(
+                tuple(g.entry for g in code.kernels), one and one.grid, one and one.block,
+                one and one.smem_bytes, one and one.shape, None).record()
+            continue
         try:
             made = [_one_group(module, kernel, kernel.name, tensor_readers, target, notes,
                                used, where)]
@@ -110,10 +122,24 @@ def generate(module: Module, profile=None, arch: str | None = None) -> CodegenRe
                                             g.shape).record()
     out_kernels = tuple(replace(kn, launch=launches[kn.name]) for kn in kernels)
     the_arch = target_arch(arch, profile)
+    if control:
+        from tilekit.codegen.control import check_entries_unique
+        check_entries_unique(generated)
     section = CodegenSection(the_arch, {"file": HELPERS_NAME, "sha256": helpers_sha256()},
-                             tuple(g.record() for g in generated), tuple(notes))
+                             tuple(g.record() for g in generated), tuple(notes),
+                             extra={"control": control} if control else {})
     result = replace(planned, kernels=out_kernels, codegen=section.record())
     return CodegenResult(result, tuple(generated), tuple(notes))
+
+
+def _control_group(module: Module, kernel: Kernel, profile, arch: str | None, where: str):
+    """A kernel group holding a control op (tilekit.codegen.control)."""
+    from tilekit.codegen.control import control_code
+
+    if len(kernel.ops) != 1:
+        raise TilekitError("a control op shares its kernel group with other ops", where,
+                           "a control op is a kernel group of its own")
+    return control_code(module, kernel, generate, profile, arch, where)
 
 
 def target_arch(arch: str | None, profile=None) -> str:
@@ -250,7 +276,8 @@ def unit_source(kernels) -> str:
     from tilekit.codegen.kernel import preamble
 
     uses_half = any(k.uses_half for k in kernels)
-    return preamble(None, uses_half) + "\n".join(k.body for k in kernels)
+    defines = tuple(dict.fromkeys(d for k in kernels for d in k.defines))
+    return preamble(None, uses_half, defines) + "\n".join(k.body for k in kernels)
 
 
 @dataclass(frozen=True)
@@ -320,7 +347,13 @@ def compile_module(result: CodegenResult, arch: str | None = None, profile=None
         if res.smem_static + g.smem_bytes > limits["smem_per_block"]:
             problems.append(f"{g.name} uses {res.smem_static + g.smem_bytes} bytes of shared "
                             f"memory, over {limits['smem_per_block']}")
-        records.append(replace(record, resources=res.record()))
+        record = replace(record, resources=res.record())
+        if record.coresident and record.shape.startswith("device_") and profile is not None:
+            from tilekit.codegen.control import cap_grid
+            record, problem = cap_grid(record, profile, res.registers)
+            if problem:
+                problems.append(problem)
+        records.append(record)
     nvcc = find_nvcc()
     section = replace(section, kernels=tuple(records),
                       compiled={"arch": arch, "nvcc": nvcc_version(nvcc) if nvcc else "unknown",

@@ -24,11 +24,12 @@ from tilekit import IR_VERSION, textdoc
 from tilekit.fileio import read_input_text
 from tilekit.outputs import write_output
 from tilekit.errors import IRError
-from tilekit.ir.keys import (KERNEL_KEYS, MODULE_KEYS, MODULE_REQUIRED, OP_KEYS, OPAQUE_KEYS,
-                             STAGE_KEYS, TENSOR_KEYS, TENSOR_REQUIRED, WEIGHTS_KEYS, key_path,
-                             key_problem, type_name, where)
+from tilekit.ir.keys import (MODULE_KEYS, MODULE_REQUIRED, STAGE_KEYS, WEIGHTS_KEYS, key_path,
+                             type_name, where)
 from tilekit.limits import LimitError
-from tilekit.ir.model import Kernel, Module, Op, Tensor
+from tilekit.ir.model import Module
+from tilekit.ir.parts import (_FlowDict, _FlowList, _kernel_doc, _known_first, _op_doc,
+                              _payload, _put, _Reader, _tensor_doc, _control_doc)
 
 FORMATS = ("yaml", "json")
 
@@ -40,14 +41,6 @@ FORMATS = ("yaml", "json")
 # else, so what we write reads the same in any YAML library.
 
 _FLOAT_12 = textdoc.FLOAT_12
-
-
-class _FlowList(list):
-    """A list written on one line: `[1, 3, 224, 224]`."""
-
-
-class _FlowDict(dict):
-    """A mapping written on one line: `{shape: [4, 8], dtype: float32}`."""
 
 
 class _Dumper(yaml.SafeDumper):
@@ -113,30 +106,9 @@ def _parse_yaml(text: str, origin: str) -> Any:
 
 # -- document -> Module (structure only) --------------------------------------------------
 
-class _Decoder:
-    """Builds the dataclasses from a parsed document, checking containers and keys."""
-
-    def __init__(self, origin: str):
-        self.origin = origin
-
-    def fail(self, path: str, what: str, hint: str | None = None) -> IRError:
-        return IRError(what, where(self.origin, path), hint)
-
-    def mapping(self, value: Any, path: str, what: str) -> Mapping[str, Any]:
-        if not isinstance(value, dict):
-            raise self.fail(path, f"{what} must be a mapping, got {type_name(value)}")
-        return value
-
-    def list_(self, value: Any, path: str, what: str) -> list[Any]:
-        if not isinstance(value, list):
-            raise self.fail(path, f"{what} must be a list, got {type_name(value)}")
-        return value
-
-    def keys(self, value: Mapping[str, Any], path: str, known: tuple[str, ...],
-             required: tuple[str, ...]) -> None:
-        problem = key_problem(value, path, known, required)
-        if problem:
-            raise self.fail(*problem)
+class _Decoder(_Reader):
+    """Builds the dataclasses from a parsed document, checking containers and keys (the
+    parts, tensors, ops and kernels, as `tilekit.ir.parts` reads them)."""
 
     def module(self, doc: Any) -> Module:
         if doc is None:
@@ -169,37 +141,6 @@ class _Decoder:
             control=doc.get("control"),
             codegen=doc.get("codegen"),
         )
-
-    def tensor(self, value: Any, path: str) -> Tensor:
-        self.mapping(value, path, "a tensor")
-        self.keys(value, path, TENSOR_KEYS, TENSOR_REQUIRED)
-        shape = self.list_(value["shape"], f"{path}.shape", "a shape")
-        return Tensor(shape=tuple(shape), dtype=value["dtype"],
-                      role=value.get("role", "intermediate"))
-
-    def op(self, value: Any, path: str) -> Op:
-        self.mapping(value, path, "an op")
-        self.keys(value, path, OP_KEYS, ("name",))
-        axes = value.get("axes")
-        if axes is not None:
-            self.mapping(axes, f"{path}.axes", "'axes'")
-        opaque = value.get("opaque")
-        if opaque is not None:
-            self.mapping(opaque, f"{path}.opaque", "'opaque'")
-            self.keys(opaque, f"{path}.opaque", OPAQUE_KEYS, ("type", "inputs", "outputs"))
-        pad = value.get("pad")
-        if pad == 0 and not isinstance(pad, bool):
-            pad = "0"  # `pad: 0` unquoted reads as an integer; it means the same
-        return Op(name=value["name"], expr=value.get("expr"), kind=value.get("kind", "expr"),
-                  pad=pad, axes=dict(axes or {}), opaque=opaque, origin=value.get("origin"),
-                  tile=value.get("tile"))
-
-    def kernel(self, value: Any, path: str) -> Kernel:
-        self.mapping(value, path, "a kernel")
-        self.keys(value, path, KERNEL_KEYS, ("name", "ops"))
-        ops = self.list_(value["ops"], f"{path}.ops", "a kernel's 'ops'")
-        return Kernel(name=value["name"], ops=tuple(ops), tile=value.get("tile"),
-                      estimate=value.get("estimate"), launch=value.get("launch"))
 
     def stage(self, value: Any, path: str) -> Mapping[str, Any]:
         self.mapping(value, path, "a stage entry")
@@ -254,31 +195,6 @@ def parse_document(text: str, origin: str = "<stdin>") -> Any:
 
 # -- Module -> document ------------------------------------------------------------------
 
-def _payload(value: Any) -> Any:
-    """Free-form data: mapping keys sorted, lists of scalars on one line."""
-    if isinstance(value, Mapping):
-        return {k: _payload(value[k]) for k in sorted(value)}
-    if isinstance(value, (list, tuple)):
-        items = [_payload(v) for v in value]
-        if all(not isinstance(v, (dict, list)) for v in items):
-            return _FlowList(items)
-        return items
-    return value
-
-
-def _put(out: dict[str, Any], key: str, value: Any, default: Any = None) -> None:
-    """Set `key` unless `value` is the field's default (omitted fields read back as it)."""
-    if value is None or value == default:
-        return
-    out[key] = value
-
-
-def _known_first(value: Mapping[str, Any], known: tuple[str, ...]) -> dict[str, Any]:
-    """A typed mapping's keys in their documented order, any others after, sorted."""
-    keys = [k for k in known if k in value] + sorted(k for k in value if k not in known)
-    return {k: value[k] for k in keys}
-
-
 def to_document(module: Module) -> dict[str, Any]:
     """The plain (dict/list/scalar) document for `module`, keys in written order."""
     doc: dict[str, Any] = {"tilekit": IR_VERSION, "model": module.model}
@@ -294,7 +210,8 @@ def to_document(module: Module) -> dict[str, Any]:
     _put(doc, "kernels", [_kernel_doc(k) for k in module.kernels], default=[])
     for key in ("program", "control", "codegen"):
         value = getattr(module, key)
-        _put(doc, key, None if value is None else _payload(value))
+        writer = _control_doc if key == "control" else _payload
+        _put(doc, key, None if value is None else writer(value))
     return doc
 
 
@@ -302,33 +219,6 @@ def _stage_doc(stage: Mapping[str, Any]) -> dict[str, Any]:
     out = _known_first(stage, STAGE_KEYS)
     if "options" in out:
         out["options"] = _payload(out["options"])
-    return out
-
-
-def _tensor_doc(tensor: Tensor) -> dict[str, Any]:
-    out = _FlowDict(shape=_FlowList(tensor.shape), dtype=tensor.dtype)
-    _put(out, "role", tensor.role, default="intermediate")
-    return out
-
-
-def _op_doc(op: Op) -> dict[str, Any]:
-    out: dict[str, Any] = {"name": op.name}
-    _put(out, "expr", op.expr)
-    _put(out, "kind", op.kind, default="expr")
-    _put(out, "pad", op.pad)
-    _put(out, "axes", _FlowDict((k, op.axes[k]) for k in sorted(op.axes)), default={})
-    if op.opaque is not None:
-        out["opaque"] = {k: _payload(v) for k, v in _known_first(op.opaque, OPAQUE_KEYS).items()}
-    _put(out, "origin", op.origin)
-    _put(out, "tile", None if op.tile is None else _payload(op.tile))
-    return out
-
-
-def _kernel_doc(kernel: Kernel) -> dict[str, Any]:
-    out: dict[str, Any] = {"name": kernel.name, "ops": _FlowList(kernel.ops)}
-    for key in ("tile", "estimate", "launch"):
-        value = getattr(kernel, key)
-        _put(out, key, None if value is None else _payload(value))
     return out
 
 

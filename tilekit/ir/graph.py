@@ -29,6 +29,7 @@ from functools import lru_cache
 from tilekit.errors import ExprError, TilekitError
 from tilekit.expr import Analysis, analyze, parse
 from tilekit.expr.ast import body_accesses
+from tilekit.ir.control import ControlOp, control_reads, read_control
 from tilekit.ir.model import Module, Op
 
 
@@ -85,9 +86,16 @@ def _analysis(expr: str, key) -> Analysis:
     return analyze(parse(expr), shapes, axes=dict(axes) or None, pad=pad, dtypes=dtypes)
 
 
-def op_tensors(op: Op) -> tuple[tuple[str, ...], tuple[str, ...]]:
+def op_tensors(op: Op, control=None) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(reads, writes) of an op from its statement or opaque record, without analysing it
-    (what an importer needs before shapes are final)."""
+    (what an importer needs before shapes are final). A control op's come from its record
+    in `control` (its scope's section): explicit inputs and its regions' captures."""
+    if op.kind == "control":
+        rec = control_records_of(control).get(op.name)
+        if rec is None:
+            raise TilekitError(f"control op '{op.name}' has no record in 'control'",
+                               f"control.{op.name}")
+        return control_reads(rec), rec.writes()
     if op.kind == "opaque":
         spec = op.opaque or {}
         return (tuple(dict.fromkeys(n for n in spec.get("inputs", ()) if n)),
@@ -107,7 +115,7 @@ class ModuleGraph:
                 analysis = op_analysis(module, index)
                 nodes.append(OpNode(index, op, analysis.inputs, (analysis.output,), analysis))
             else:
-                reads, writes = op_tensors(op)
+                reads, writes = op_tensors(op, module.control)
                 nodes.append(OpNode(index, op, reads, writes, None))
         self.nodes: tuple[OpNode, ...] = tuple(nodes)
         self.producer: dict[str, int] = {}
@@ -163,6 +171,16 @@ class ModuleGraph:
 
 
 _GRAPHS: dict[int, ModuleGraph] = {}
+_CONTROL: dict[int, dict[str, ControlOp]] = {}
+
+
+def control_records(module: Module) -> dict[str, ControlOp]:
+    """The module's control records, typed (tilekit.ir.control), read once per module."""
+    return per_module(_CONTROL, module, lambda m: read_control(m.control))
+
+
+def control_records_of(control) -> dict[str, ControlOp]:
+    return read_control(control) if control else {}
 
 
 def graph(module: Module) -> ModuleGraph:
@@ -182,4 +200,5 @@ def per_module(cache: dict, module: Module, build):
     return hit
 
 
-__all__ = ["ModuleGraph", "OpNode", "graph", "op_analysis", "op_tensors", "per_module"]
+__all__ = ["ModuleGraph", "OpNode", "control_records", "graph", "op_analysis", "op_tensors",
+           "per_module"]

@@ -21,7 +21,9 @@ __all__ = ["DTYPES", "OP_KINDS", "PAD_VALUES", "ROLES", "Kernel", "Module", "Op"
 ROLES = ("input", "output", "weight", "intermediate")
 #: Values an op may read where an index falls outside its tensor (see `Op.pad`).
 PAD_VALUES = tuple(_PADS)
-OP_KINDS = ("expr", "opaque")
+#: `control`: a loop, branch or scan whose record is in the scope's `control` section
+#: (tilekit.ir.control).
+OP_KINDS = ("expr", "opaque", "control")
 
 
 @dataclass(frozen=True)

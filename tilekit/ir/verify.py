@@ -145,6 +145,9 @@ class _Verifier:
             self.payload_mapping(getattr(m, key), key, f"'{key}'")
         if m.program is not None:  # tk-ram's plan: complete, in data-flow order, deadlock-free
             self.program()
+        if m.control is not None or any(op.kind == "control" for op in m.ops):
+            from tilekit.ir.control import verify_control
+            verify_control(m, self.origin, verify)
 
     def weights(self) -> None:
         w = self.m.weights
@@ -284,6 +287,9 @@ class _Verifier:
         self.payload_mapping(op.tile, f"{path}.tile", "'tile'")
         if op.kind == "opaque":
             return self.opaque_op(op, path)
+        if op.kind == "control":
+            from tilekit.ir.control import control_op_tensors
+            return control_op_tensors(self.m, op, path, self.origin)
         if op.opaque is not None:
             raise self.fail(f"{path}.opaque", "an expr op has an 'opaque' section",
                             "set kind: opaque, or remove it")

@@ -65,11 +65,13 @@ class Imported:
 
 def import_model(model: onnx.ModelProto, *, name: str = "model",
                  shapes: Mapping[str, Sequence[int]] | None = None,
-                 lenient: bool = False) -> Imported:
+                 lenient: bool = False, max_trips: int | None = None) -> Imported:
     """Convert an ONNX model to a tile-IR module. `shapes` overrides graph-input shapes
     (keyed by ONNX name or by its sanitised form). A model that ONNX's strict shape
-    inference refuses is bad input, unless `lenient` (then lenient inference, a warning)."""
-    return Importer(model, name, shapes or {}, lenient).run()
+    inference refuses is bad input, unless `lenient` (then lenient inference, a warning).
+    `max_trips` bounds the scan outputs of loops whose trip count is known at run time only
+    (docs/grind.md)."""
+    return Importer(model, name, shapes or {}, lenient, max_trips=max_trips).run()
 
 
 def _opset_of(model: onnx.ModelProto) -> int:
@@ -86,8 +88,14 @@ class Importer(ShapeFolding):
     """One import: mutable while it runs, producing an immutable `Imported`."""
 
     def __init__(self, model: onnx.ModelProto, name: str, shapes: Mapping[str, Sequence[int]],
-                 lenient: bool = False):
+                 lenient: bool = False, max_trips: int | None = None):
         self.model = model
+        self.max_trips = max_trips
+        #: Control records (tilekit.ir.control) of the control ops converted, by op name.
+        self.control: dict[str, Any] = {}
+        #: Static shapes fixed for control-op outputs that ONNX inference leaves open (a
+        #: Loop's scan outputs), fed back to later rounds of inference.
+        self.control_shapes: dict[str, tuple[tuple[int, ...], int]] = {}
         self.lenient = lenient
         self.graph = model.graph
         self.model_name = name
@@ -115,7 +123,7 @@ class Importer(ShapeFolding):
         self.consumers: dict[str, list[int]] = {}
         #: Every tensor some node or the graph output list reads (an unread optional output,
         #: like a Dropout mask, may have no inferred shape and needs none).
-        self._read_anywhere = {n for node in self.nodes for n in node.input if n} | set(
+        self._read_anywhere = {n for node in self.nodes for n in node_reads(node)} | set(
             self.graph_outputs)
 
     # -- the steps -----------------------------------------------------------------------
@@ -238,9 +246,8 @@ class Importer(ShapeFolding):
         for index, node in enumerate(self.nodes):
             if index in self.folded:
                 continue
-            for name in node.input:
-                if name:
-                    self.consumers.setdefault(name, []).append(index)
+            for name in node_reads(node):
+                self.consumers.setdefault(name, []).append(index)
 
     def output_base(self, node: onnx.NodeProto) -> str:
         """The readable stem of names derived from `node`: its first output's IR name."""
@@ -399,6 +406,41 @@ class Importer(ShapeFolding):
         self.ops.append(Op(name=self._op_name(ctx, step), expr=stmt, pad=pad,
                            axes=dict(extents or {}), origin=ctx.origin))
 
+    def add_control_op(self, ctx: NodeContext, record, outputs: Sequence[Value]) -> None:
+        """Emit a control op (loop, if, scan) whose record is `record` (a ControlOp)."""
+        from dataclasses import replace as _replace
+
+        for v in outputs:
+            self._declare(v)
+        name = self._op_name(ctx, None)
+        self.control[name] = _replace(record, name=name).record()
+        self.ops.append(Op(name=name, kind="control", origin=ctx.origin))
+
+    # -- control flow: shapes that ONNX inference leaves open ---------------------------
+    def _fold(self) -> None:
+        super()._fold()
+        from tilekit.onnx.subgraph import fix_control_shapes
+
+        fix_control_shapes(self)
+
+    def import_body(self, graph: onnx.GraphProto, params, label: str, where: str):
+        """A subgraph (Loop/Scan body, If branch) as a region: `params` are its inputs'
+        (ONNX name, static shape, IR dtype); see tilekit.onnx.subgraph."""
+        from tilekit.onnx.subgraph import import_body
+
+        return import_body(self, graph, params, label, where)
+
+    def _partially_folded(self, model: onnx.ModelProto) -> onnx.ModelProto:
+        out = super()._partially_folded(model)
+        if self.control_shapes:
+            kept = [vi for vi in out.graph.value_info if vi.name not in self.control_shapes]
+            del out.graph.value_info[:]
+            out.graph.value_info.extend(kept)
+            for name, (shape, elem) in sorted(self.control_shapes.items()):
+                out.graph.value_info.append(helper.make_tensor_value_info(name, elem,
+                                                                          list(shape)))
+        return out
+
     def add_opaque_op(self, ctx: NodeContext, type_name: str, inputs: Sequence[Value | None],
                       outputs: Sequence[Value], attrs: dict[str, Any],
                       step: str | None) -> None:
@@ -440,11 +482,11 @@ class Importer(ShapeFolding):
             self.output_names.append(target)
 
     def _build(self) -> Imported:
-        ops = _live_ops(self.ops, set(self.output_names))
+        ops = _live_ops(self.ops, set(self.output_names), self.control)
         read: set[str] = set()
         written: set[str] = set()
         for op in ops:
-            r, w = op_tensors(op)
+            r, w = op_tensors(op, self.control)
             read.update(r)
             written.update(w)
         inputs = [self.names.claim(n) for n in self.input_names]
@@ -473,9 +515,10 @@ class Importer(ShapeFolding):
             source["inputs"] = renamed_in
         if renamed_out:
             source["outputs"] = renamed_out
+        control = {op.name: self.control[op.name] for op in ops if op.kind == "control"}
         module = Module(model=self.model_name, tensors=tensors, ops=ops, inputs=tuple(inputs),
                         outputs=tuple(self.output_names), kernels=default_kernels(ops),
-                        source=source or None)
+                        source=source or None, control=control or None)
         self._verify_built(module)
         return Imported(module, weights, tuple(self.warnings))
 
@@ -495,13 +538,28 @@ def _check_shape(value: Value) -> None:
 
 
 
-def _live_ops(ops: list[Op], outputs: set[str]) -> list[Op]:
+def node_reads(node: onnx.NodeProto) -> list[str]:
+    """What a node reads: its inputs and what its subgraphs capture (a Loop body reading an
+    outer tensor reads it as much as an input does)."""
+    names = [n for n in node.input if n]
+    if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+           for a in node.attribute):
+        from tilekit.onnx.subgraph import graph_free_names
+
+        for a in node.attribute:
+            subs = [a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)
+            for sub in subs:
+                names.extend(graph_free_names(sub))
+    return list(dict.fromkeys(names))
+
+
+def _live_ops(ops: list[Op], outputs: set[str], control=None) -> list[Op]:
     """Drop ops whose results no later op and no graph output reads (unused optional
     outputs, a Dropout mask nobody reads, a Split part nobody uses)."""
     needed = set(outputs)
     keep: list[Op] = []
     for op in reversed(ops):
-        read, written = op_tensors(op)
+        read, written = op_tensors(op, control)
         if needed.intersection(written):
             keep.append(op)
             needed.update(read)

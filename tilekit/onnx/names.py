@@ -54,6 +54,14 @@ class NameTable:
         self._by_key[key] = name
         return name
 
+    def child(self, inherited: dict[str, str]) -> "NameTable":
+        """A table for a nested scope (a Loop body): `inherited` keys keep their names, every
+        other name is new and unique across both tables (they share what is taken)."""
+        table = NameTable()
+        table._by_key = dict(inherited)
+        table._taken = self._taken
+        return table
+
     def fresh(self, wanted: str) -> str:
         """A new identifier not handed out before: `wanted`, else `wanted_1`, `wanted_2`..."""
         base = sanitize(wanted)

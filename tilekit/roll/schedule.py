@@ -20,7 +20,8 @@ from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
 from tilekit.errors import IRError, TilekitError, UnsupportedError
-from tilekit.ir.graph import graph, op_analysis
+from tilekit.ir.control import region_module, with_control
+from tilekit.ir.graph import control_records, graph, op_analysis
 from tilekit.ir.stages import run_stage
 from tilekit.ir.model import OP_KINDS, Kernel, Module, Op, default_kernels
 from tilekit.roll.construct import Candidate, roll_problem
@@ -83,6 +84,7 @@ def _roll(module: Module, profile, top_k: int, hardware: str | None,
           precision: str = "fp32") -> Module:
     cache: dict[Problem, list[Candidate]] = {}
     rolled: dict[str, RolledOp] = {}
+    records: dict[str, Any] = {}
     dtypes = dtypes_of(module)
     ops = []
     for index, op in enumerate(module.ops):
@@ -90,7 +92,10 @@ def _roll(module: Module, profile, top_k: int, hardware: str | None,
         if op.kind not in OP_KINDS:
             raise UnsupportedError(f"op kind '{op.kind}' is unknown to tk-roll", f"{where}.kind",
                                    f"known kinds: {', '.join(OP_KINDS)}")
-        if op.kind == "opaque":
+        if op.kind == "control":
+            result, record = roll_control(module, op, profile, top_k, hardware, precision)
+            records[op.name] = record
+        elif op.kind == "opaque":
             result = roll_opaque(module, op, profile)
         else:
             analysis = op_analysis(module, index)
@@ -104,7 +109,29 @@ def _roll(module: Module, profile, top_k: int, hardware: str | None,
     # What the old tiles decided (launch figures, generated code) was dropped by run_stage.
     kernels = tuple(roll_kernel(module, k, rolled, profile)
                     for k in (module.kernels or default_kernels(module.ops)))
-    return replace(module, ops=tuple(ops), kernels=kernels, hardware=hardware or profile.name)
+    out = replace(module, ops=tuple(ops), kernels=kernels, hardware=hardware or profile.name)
+    return with_control(out, records) if records else out
+
+
+def roll_control(module: Module, op: Op, profile, top_k: int, hardware: str | None,
+                 precision: str) -> tuple[RolledOp, Any]:
+    """A control op: every region rolled as a module of its own (the regions' ops get tiles
+    and their kernels estimates, nested control ops included); the op itself has no tile,
+    and its estimate is one run of each region's kernels (tk-grind prices the iterations)."""
+    rec = control_records(module)[op.name]
+    regions, parts = [], []
+    for region in rec.regions:
+        sub = _roll(region_module(module.tensors, region, op.name), profile, top_k, hardware,
+                    precision)
+        regions.append(replace(region, ops=sub.ops, kernels=sub.kernels, control=sub.control))
+        parts.extend(Estimate.read(k.estimate, k.name) for k in sub.kernels)
+    est = Estimate(time_us=sum(p.time_us for p in parts), flops=sum(p.flops for p in parts),
+                   dram_bytes=sum(p.dram_bytes for p in parts),
+                   smem_bytes=sum(p.smem_bytes for p in parts),
+                   bound=max(parts, key=lambda p: p.time_us).bound if parts else "launch",
+                   waves=max((p.waves for p in parts), default=1),
+                   wave_efficiency=min((p.wave_efficiency for p in parts), default=1.0))
+    return RolledOp(None, est), rec.with_regions(tuple(regions))
 
 
 def dtypes_of(module: Module) -> dict[str, str]:

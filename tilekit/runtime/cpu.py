@@ -118,14 +118,14 @@ def op_runner(mode: str) -> OpRunner:
 
 # -- preparation -------------------------------------------------------------------------
 
-def check_runnable(module: Module, executor: str = "the CPU reference executor") -> None:
-    """Refuse IR whose meaning depends on parts no tilekit executor runs (the CUDA runtime
-    applies the same rule, naming itself as `executor`)."""
-    if module.control:
+def check_runnable(module: Module, executor: str = "the CPU reference executor",
+                   control: bool = False) -> None:
+    """Refuse IR whose meaning depends on parts the executor does not run (the CUDA runtime
+    applies the same rule, naming itself as `executor`); `control`: it runs control ops."""
+    if not control and (module.control or any(op.kind == "control" for op in module.ops)):
         raise UnsupportedError(
-            f"{executor} cannot run the control-flow regions in 'control' (written by "
-            "tk-grind); no tilekit device runs them yet", "control",
-            "leave tk-grind out of the pipeline (or remove the 'control' section)")
+            f"{executor} cannot run the control-flow ops in 'control' (loops, branches, "
+            "scans)", "control", "the CPU reference executor runs them")
     for index, op in enumerate(module.ops):
         if op.kind not in OP_KINDS:
             raise UnsupportedError(
@@ -138,7 +138,12 @@ def _step(node: OpNode, module: Module, dies: tuple[str, ...]) -> Step:
     """A graph node made ready to run: dtypes and shapes of what it writes, the opaque
     implementation looked up once, the tensors that die after it."""
     impl = None
-    if node.op.kind == "opaque":
+    if node.op.kind == "control":
+        from tilekit.runtime.control import control_plan
+
+        impl = control_plan(module, node.index)
+        writes = node.writes
+    elif node.op.kind == "opaque":
         if not isinstance(node.op.opaque, Mapping) or "type" not in node.op.opaque:
             raise TilekitError("opaque op without an 'opaque: {type, inputs, outputs}' record",
                                f"{node.where}.opaque")
@@ -173,6 +178,9 @@ class Program:
     #: Welded kernel groups of several consecutive ops (the module has a `weld` stage):
     #: first step index -> (kernel name, number of steps, its `tile` payload).
     groups: Mapping[int, tuple[str, int, Any]] = None  # type: ignore[assignment]
+    #: Outputs whose length is known at run time only: {output: count tensor} (a loop's
+    #: scan outputs with a data-dependent trip count, trimmed to the count on return).
+    counts: Mapping[str, str] = None  # type: ignore[assignment]
 
     def run(self, inputs: Mapping[str, np.ndarray], weights: Mapping[str, np.ndarray], *,
             mode: str = "whole",
@@ -210,7 +218,8 @@ class Program:
                 if on_step:
                     on_step(step, time.perf_counter() - start)
                 continue
-            results = runner(step, env)
+            results = (step.impl.run(env, mode, prepare) if step.op.kind == "control"
+                       else runner(step, env))
             if len(results) != len(step.writes):
                 raise RuntimeError(f"{step.where}: produced {len(results)} arrays for "
                                    f"{len(step.writes)} outputs")
@@ -233,7 +242,10 @@ class Program:
                 env.pop(name, None)
             if on_step:
                 on_step(step, time.perf_counter() - start)
-        return {name: env[name] for name in self.outputs}
+        out = {name: env[name] for name in self.outputs}
+        for name, count in (self.counts or {}).items():
+            out[name] = out[name][:int(env[count])]
+        return out
 
 
 _PROGRAMS: dict[int, Program] = {}
@@ -246,10 +258,17 @@ def prepare(module: Module) -> Program:
 
 
 def _prepare(module: Module) -> Program:
-    check_runnable(module)
+    check_runnable(module, control=True)
     g = graph(module)
-    steps = tuple(_step(node, module, dies) for node, dies in zip(g.nodes, g.dies_after()))
-    return Program(module.model, tuple(module.outputs), steps, _groups(module))
+    counts = {}
+    if module.control:
+        from tilekit.runtime.control import kept_counts
+
+        counts = kept_counts(module)
+    kept = set(counts.values())
+    steps = tuple(_step(node, module, tuple(t for t in dies if t not in kept))
+                  for node, dies in zip(g.nodes, g.dies_after()))
+    return Program(module.model, tuple(module.outputs), steps, _groups(module), counts)
 
 
 def _groups(module: Module) -> dict[int, tuple[str, int, Any]]:

@@ -6,8 +6,9 @@
 
 `prepare(module)` builds a `CudaProgram` once per module object: it takes the kernels from the
 IR's `codegen` section (running `tilekit.codegen.generate` first when the section is absent,
-with the default schedules), refuses what changes the result and that it cannot run (a
-`control` section, an unknown op kind: the same rule as the CPU executor), checks that
+with the default schedules), refuses what changes the result and that it cannot run (an
+unknown op kind: the same rule as the CPU executor; control ops run through
+`tilekit.runtime.cuda_control`: host-driven, or device loops launched cooperatively), checks that
 runtime.cuh is the one they were generated against and that each kernel's shared memory fits
 the device, builds them as one translation unit for the device's arch (nvcc to a cubin through
 the compile cache when nvcc is on PATH and not newer than the driver, else NVRTC through
@@ -31,7 +32,8 @@ import numpy as np
 
 from tilekit.errors import TilekitError
 from tilekit.expr.ops import numpy_dtype
-from tilekit.ir.graph import per_module
+from tilekit.ir.control import all_tensors, walk
+from tilekit.ir.graph import control_records, per_module
 from tilekit.ir.model import Module
 from tilekit.ir.payloads import CodegenSection, KernelRecord
 from tilekit.runtime.bench import Timing
@@ -118,7 +120,7 @@ class CudaProgram:
     def __init__(self, module: Module):
         from tilekit.runtime.cpu import check_runnable
 
-        check_runnable(module, "the CUDA runtime")
+        check_runnable(module, "the CUDA runtime", control=True)
         cupy = require_cupy()
         self.cupy = cupy
         if not module.codegen:
@@ -137,10 +139,11 @@ class CudaProgram:
         self.bfloat16 = frozenset(n for n, t in module.tensors.items() if t.dtype == "bfloat16")
         self.launches: list[Launch] = []
         written: set[str] = set()
+        declared = all_tensors(module)
         for k in section.kernels:
             for t in k.args:
                 if t not in self.buffers:
-                    tensor = module.tensors[t]
+                    tensor = declared[t]
                     self.buffers[t] = cupy.empty(tuple(tensor.shape), dtype=_np_dtype(tensor.dtype))
             raw = self._cooperative(section) if k.coresident else self.raw
             fn = raw.get_function(k.entry)
@@ -155,6 +158,7 @@ class CudaProgram:
                 self.launches.append(Launch(k.entry, fn, k.grid, k.block, k.smem_bytes,
                                             k.args))
             written.update(k.writes)
+        self._control(module, section, written)
         self.inputs = tuple(module.inputs)
         self.weight_names = tuple(n for n, t in module.tensors.items() if t.role == "weight")
         self.passthrough = tuple(o for o in module.outputs if o not in written)
@@ -165,6 +169,35 @@ class CudaProgram:
         # The weight arrays last uploaded, held (not their id(): ids are reused after a free)
         # so that a run with the same array objects skips the upload.
         self._uploaded: dict[str, np.ndarray] = {}
+
+    def _control(self, module: Module, section: CodegenSection, written: set[str]) -> None:
+        """Steps when the module has control ops (tilekit.runtime.cuda_control): buffers for
+        what the host moves, the outputs a run-time count trims; None: a flat launch list."""
+        self.steps = None
+        self.counts = {"launches": 0, "syncs": 0}
+        self.trims: dict[str, str] = {}
+        records = control_records(module)
+        if not records:
+            return
+        from tilekit.runtime.control import kept_counts
+        from tilekit.runtime.cuda_control import build_steps
+
+        declared = all_tensors(module)
+        for _, rec, _ in walk(module):
+            names = [*rec.explicit_reads(), *rec.writes()]
+            for region in rec.regions:
+                names += [*region.inputs, *region.outputs]
+            for name in names:
+                if name not in self.buffers:
+                    t = declared[name]
+                    self.buffers[name] = self.cupy.empty(tuple(t.shape), dtype=_np_dtype(t.dtype))
+        for rec in records.values():
+            written.update(rec.writes())
+        by_group: dict[str, list[Launch]] = {}
+        for k, launch in zip(section.kernels, self.launches):
+            by_group.setdefault(k.group, []).append(launch)
+        self.steps = build_steps(module, section.extra.get("control", {}), by_group)
+        self.trims = kept_counts(module)
 
     @staticmethod
     def _check_helpers(section: CodegenSection) -> None:
@@ -237,6 +270,11 @@ class CudaProgram:
         return array.view(numpy_dtype("bfloat16")) if name in self.bfloat16 else array
 
     def launch_all(self) -> None:
+        if self.steps is not None:
+            from tilekit.runtime.cuda_control import run_steps
+
+            run_steps(self, self.steps)
+            return
         for launch in self.launches:
             launch(self.buffers)
 
@@ -247,6 +285,8 @@ class CudaProgram:
                 out[name] = np.asarray(inputs[name] if name in inputs else weights[name])
             else:
                 out[name] = self._get(name)
+        for name, count in self.trims.items():
+            out[name] = out[name][:int(self.buffers[count].get().reshape(-1)[0])]
         return out
 
     def tensors(self) -> dict[str, np.ndarray]:
@@ -264,6 +304,10 @@ class CudaProgram:
         """Kernel time only (inputs already uploaded): CUDA events around each run of every
         kernel, `warmup` untimed runs first. With `per_kernel`, also per entry."""
         cupy = self.cupy
+        if per_kernel and self.steps is not None:
+            raise TilekitError("per-kernel timing runs every kernel once in order; a module "
+                               "with control flow runs some per iteration", "--report",
+                               "time the whole run (tk-run --bench) instead")
         for _ in range(warmup):
             self.launch_all()
         cupy.cuda.get_current_stream().synchronize()
@@ -312,15 +356,18 @@ def unit_source(kernels: "tuple[KernelRecord, ...]") -> str:
     """
     from tilekit.codegen.kernel import kernel_preamble, preamble
 
+    from tilekit.codegen.control import record_defines
+
     bodies = []
     for k in kernels:
-        head = kernel_preamble(k.name, k.ops, k.shape, k.uses_half)
+        head = kernel_preamble(k.name, k.ops, k.shape, k.uses_half, record_defines(k))
         if not k.source.startswith(head):
             raise TilekitError(f"the source of kernel {k.entry} does not start with the "
                                "preamble tk-codegen writes", "codegen.kernels",
                                "re-run tk-codegen with this tilekit")
         bodies.append(k.source[len(head):])
-    return preamble(None, any(k.uses_half for k in kernels)) + "\n".join(bodies)
+    defines = tuple(dict.fromkeys(d for k in kernels for d in record_defines(k)))
+    return preamble(None, any(k.uses_half for k in kernels), defines) + "\n".join(bodies)
 
 
 def _major(version: str) -> int | None:

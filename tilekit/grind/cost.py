@@ -1,0 +1,213 @@
+"""What a control op costs on the host and on the device: the figures tk-grind decides by.
+
+Host-driven (the loop or branch stays on the host): every iteration launches each body
+kernel (its estimate includes the launch overhead), copies each scan result into its row,
+and reads the condition back (a host synchronisation) when the loop has one; a branch reads
+its predicate back, then launches the taken side.
+
+On the device (Cocktailer's persistent cooperative kernel): one launch; each iteration runs
+the body kernels in order over a block-strided loop of the persistent grid with a grid
+barrier after each (and one after the carried copies); the trip count and the condition are
+read on the device, so no host round trip. What it costs: the barriers, and lost parallelism:
+the persistent grid is capped by co-residency (`tilekit.schedule.residency`: every body's
+threads, registers and shared memory in one slot), so a body kernel with more blocks than the
+grid runs in `ceil(blocks / grid)` rounds where it had `ceil(blocks / (its own blocks per SM
+x SMs))` waves.
+
+Figures not in the hardware profile are this module's assumptions, named with their source:
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from tilekit.ir.control import ControlOp, Region, read_control
+from tilekit.ir.model import default_kernels
+from tilekit.schedule.residency import Residency, common_residency, residency
+
+#: One cooperative-groups grid barrier (grid.sync()) across a full persistent grid. Assumed:
+#: published measurements put it at 1-3 us on V100/A100-class GPUs; not measured here.
+GRID_SYNC_US = 2.0
+#: One host round trip: a device-to-host copy of a flag plus the stream synchronisation it
+#: waits for. Assumed: 5-10 us with CUDA's synchronous copies; not measured here.
+HOST_SYNC_US = 8.0
+#: Iterations assumed for a loop whose trip count is known only at run time and that
+#: declares no maximum (the estimate says so: `trips_assumed`).
+ASSUMED_TRIPS = 16
+
+
+@dataclass(frozen=True)
+class BodyKernel:
+    """One kernel of a region as the cost model sees it (from tk-roll's tiles)."""
+
+    name: str
+    blocks: int
+    threads: int
+    regs: int
+    smem_bytes: int
+    time_us: float
+    barriers: bool = False       # its kernel shape synchronises the block (staged, mma)
+    collectives: bool = False    # warp collectives across lanes (a default kernel with lanes)
+    launches: int = 1            # a nested control op: its own launches and host syncs
+    syncs: int = 0
+
+
+#: Kernel shapes (tilekit.schedule.shape) whose blocks synchronise at barriers.
+BARRIER_SHAPES = ("staged", "mma")
+
+
+def body_kernels(region: Region) -> tuple[list[BodyKernel], str | None]:
+    """The region's kernels with their launch figures, and why they cannot run inside a
+    persistent kernel (None: they can). A nested control op counts as what its own
+    placement costs (regions are placed inside out); an op without a tile costs nothing
+    known and keeps the region on the host."""
+    by_name = {op.name: op for op in region.ops}
+    nested = read_control(region.control)
+    out, why = [], None
+    for kernel in region.kernels or default_kernels(region.ops):
+        ops = [by_name[n] for n in kernel.ops]
+        if ops[0].kind == "control":
+            g = nested[ops[0].name].grind or {}
+            est = g.get("estimate") or {}
+            device = g.get("run") == "device"
+            out.append(BodyKernel(kernel.name, 0, 0, 0, 0,
+                                  float(est.get("device_us" if device else "host_us", 0.0)),
+                                  launches=1 if device else int(est.get("host_launches", 0)),
+                                  syncs=0 if device else int(est.get("host_syncs", 0))))
+            why = why or (f"its body holds control op '{ops[0].name}' (nested control flow "
+                           "runs on the host around it)")
+            continue
+        untiled = [op.name for op in ops if not op.tile]
+        if untiled:
+            why = why or f"op '{untiled[0]}' has no tile (run tk-roll first)"
+            continue
+        tiles = [op.tile for op in ops]
+        time_us = float((kernel.estimate or {}).get("time_us") or sum(
+            float(t.get("estimate", {}).get("time_us", 0.0)) for t in tiles))
+        shapes = [t.get("kernel") or {} for t in tiles]
+        out.append(BodyKernel(kernel.name, max(int(t.get("blocks", 1)) for t in tiles),
+                              max(int(t.get("threads", 1)) for t in tiles),
+                              max(int(t.get("regs", 0)) for t in tiles),
+                              max(int(t.get("smem_bytes", 0)) for t in tiles), time_us,
+                              len(ops) > 1 or any(k.get("shape") in BARRIER_SHAPES
+                                                  for k in shapes),
+                              any(int(k.get("lanes", 1)) > 1 for k in shapes)))
+    return out, why
+
+
+def shared_block(bodies: list[BodyKernel]) -> int | str:
+    """The persistent block's threads, by the rule codegen applies
+    (tilekit.codegen.control.block_threads), or why the bodies cannot share one block."""
+    barrier = {k.threads for k in bodies if k.barriers}
+    if len(barrier) > 1:
+        return (f"body kernels with block barriers use different block sizes "
+                f"({', '.join(map(str, sorted(barrier)))} threads)")
+    threads = barrier.pop() if barrier else max(k.threads for k in bodies)
+    for k in bodies:
+        if k.threads > threads and (k.threads % threads or k.collectives):
+            return f"body kernel {k.name} uses {k.threads} threads that exchange values"
+    return threads
+
+
+@dataclass(frozen=True)
+class Costs:
+    """Both placements of one control op, per run of the op."""
+
+    trips: int
+    trips_assumed: bool
+    host_us: float
+    host_launches: int
+    host_syncs: int
+    device_us: float | None            # None: cannot run on the device (`why`)
+    grid: int
+    threads: int
+    residency: Residency | None
+    why: str = ""
+
+    def record(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "trips": self.trips, "host_us": round(self.host_us, 3),
+            "host_launches": self.host_launches, "host_syncs": self.host_syncs}
+        if self.trips_assumed:
+            out["trips_assumed"] = True
+        if self.device_us is not None:
+            out.update({"device_us": round(self.device_us, 3), "device_launches": 1,
+                        "device_syncs": 0, "grid": self.grid, "threads": self.threads,
+                        "residency": self.residency.why()})
+        return out
+
+
+def trips_of(rec: ControlOp, scope) -> tuple[int, bool]:
+    """The iterations to price: the scan length, the declared maximum, else an assumption."""
+    if rec.kind == "if":
+        return 1, False
+    if rec.kind == "scan":
+        src = scope[rec.scan_inputs[0]]
+        return src.shape[rec.input_axes[0]], False
+    if rec.max_trips is not None:
+        return rec.max_trips, False
+    return ASSUMED_TRIPS, True
+
+
+def _host_run(kernels: list[BodyKernel]) -> tuple[float, int, int]:
+    return (sum(k.time_us for k in kernels), sum(k.launches for k in kernels),
+            sum(k.syncs for k in kernels))
+
+
+def _device_run(profile, kernels: list[BodyKernel], grid: int) -> float:
+    """One run of the region's kernels inside the persistent grid, barriers included."""
+    launch_us = (profile.launch_overhead or 0.0) * 1e6
+    total = 0.0
+    for k in kernels:
+        own = residency(profile, k.threads, k.regs, k.smem_bytes).grid or 1
+        own_waves = math.ceil(k.blocks / own)
+        rounds = math.ceil(k.blocks / grid)
+        total += max(0.0, k.time_us - launch_us) * max(1.0, rounds / max(1, own_waves))
+        total += GRID_SYNC_US
+    return total
+
+
+def control_costs(rec: ControlOp, scope, profile) -> Costs:
+    """Host-driven and device figures of `rec` (see the module docstring)."""
+    trips, assumed = trips_of(rec, scope)
+    sides = [body_kernels(region) for region in rec.regions]
+    launch_us = (profile.launch_overhead or 0.0) * 1e6
+    reasons = [why for _, why in sides if why]
+    priced = [kernels for kernels, _ in sides]
+    host = [_host_run(kernels) for kernels in priced]
+    if rec.kind == "if":
+        host_us = HOST_SYNC_US + sum(h[0] for h in host) / len(host)
+        launches = max(h[1] for h in host)
+        syncs = 1 + max(h[2] for h in host)
+    else:
+        per_iter, n, inner_syncs = host[0]
+        copies = len(rec.scans)
+        # the condition read before the first iteration and after each, the trip count once
+        syncs = (trips + 1 if rec.cond else 0) + (1 if rec.trip_count else 0) + (
+            trips * inner_syncs)
+        host_us = trips * (per_iter + copies * launch_us) + syncs * HOST_SYNC_US
+        launches = trips * (n + copies)
+    if reasons:
+        return Costs(trips, assumed, host_us, launches, syncs, None, 0, 0, None, reasons[0])
+    bodies = [k for side in priced for k in side]
+    if not bodies:
+        return Costs(trips, assumed, host_us, launches, syncs, None, 0, 0, None,
+                     "its regions hold no kernels")
+    threads = shared_block(bodies)
+    if isinstance(threads, str):
+        return Costs(trips, assumed, host_us, launches, syncs, None, 0, 0, None, threads)
+    res = common_residency(profile, [(threads, k.regs, k.smem_bytes) for k in bodies])
+    if res.grid < 1:
+        return Costs(trips, assumed, host_us, launches, syncs, None, 0, 0, res,
+                     f"no block fits co-resident ({res.why()})")
+    grid = min(res.grid, max(k.blocks for k in bodies))
+    runs = [_device_run(profile, side, grid) for side in priced]
+    if rec.kind == "if":
+        device_us = launch_us + sum(runs) / len(runs)
+    else:
+        carried_bytes = sum(scope[n].size * 4 for n in (*rec.carried, *rec.scans))
+        carry_us = carried_bytes / profile.dram_bandwidth * 1e6 + GRID_SYNC_US
+        device_us = launch_us + trips * (runs[0] + carry_us)
+    return Costs(trips, assumed, host_us, launches, syncs, device_us, grid, threads, res)
