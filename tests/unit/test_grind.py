@@ -260,3 +260,15 @@ def test_compile_equals_the_piped_commands(tmp_path, monkeypatch):
     compiled = tilekit.compile("m.onnx", ["roll", "grind", "codegen"], hw="h100",
                                ir_path="m.tk.yaml")
     assert dumps(compiled.module) == (tmp_path / "m.c.yaml").read_text()
+
+
+def test_re_rolling_or_welding_drops_the_placements(models):
+    """A placement is priced on the tiles: a new roll (or new kernel groups) makes it stale,
+    so the stage drops every `grind` record, nested ones too, and says so."""
+    _, module = models["nested_loops"]
+    assert any(rec.grind for _, rec, _ in walk(module))
+    for stage in ("roll", "weld"):
+        again = pipeline.run(module, [stage], pipeline.Context.for_hw("h100"))
+        assert all(rec.grind is None for _, rec, _ in walk(again)), stage
+        assert "control[*].grind" in again.stages[-1]["options"]["dropped"], stage
+        assert again.codegen is None

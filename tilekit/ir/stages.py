@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, Callable, Mapping
 
+from tilekit.ir.control import control_section, read_control, walk
 from tilekit.ir.model import Module
 
 #: Derived sections, by the name recorded in `dropped`.
@@ -25,6 +26,7 @@ SECTIONS: dict[str, Callable[[Module], bool]] = {
     "kernels[*].launch": lambda m: any(k.launch for k in m.kernels),
     "program": lambda m: m.program is not None,
     "codegen": lambda m: m.codegen is not None,
+    "control[*].grind": lambda m: any(rec.grind is not None for _, rec, _ in walk(m)),
 }
 
 #: stage -> the derived sections its output makes stale.
@@ -32,9 +34,10 @@ INVALIDATES: dict[str, tuple[str, ...]] = {
     "import": (),
     # New tiles: a group's tile (tk-weld's, chosen from the old ones), the launch figures,
     # the rTask program and the generated code are all computed from them.
-    "roll": ("kernels[*].tile", "program", "codegen", "kernels[*].launch"),
+    "roll": ("kernels[*].tile", "control[*].grind", "program", "codegen",
+             "kernels[*].launch"),
     # New kernel groups: the program packs kernels, the code implements them.
-    "weld": ("program", "codegen", "kernels[*].launch"),
+    "weld": ("control[*].grind", "program", "codegen", "kernels[*].launch"),
     # Loops on the device change what the program and the code run.
     "grind": ("program", "codegen", "kernels[*].launch"),
     "ram": ("codegen", "kernels[*].launch"),
@@ -52,9 +55,21 @@ def drop(module: Module, sections) -> tuple[Module, list[str]]:
         kernels = tuple(replace(k, tile=None if "kernels[*].tile" in dropped else k.tile,
                                 launch=None if "kernels[*].launch" in dropped else k.launch)
                         for k in kernels)
-    return replace(module, kernels=kernels,
+    control = _ungrind(module.control) if "control[*].grind" in dropped else module.control
+    return replace(module, kernels=kernels, control=control,
                    program=None if "program" in dropped else module.program,
                    codegen=None if "codegen" in dropped else module.codegen), dropped
+
+
+def _ungrind(control):
+    """A `control` section without tk-grind's placements, nested scopes too."""
+    records = read_control(control)
+    if not records:
+        return control
+    return control_section({
+        name: replace(rec.with_regions(tuple(replace(r, control=_ungrind(r.control))
+                                             for r in rec.regions)), grind=None)
+        for name, rec in records.items()})
 
 
 def run_stage(module: Module, name: str, work: Callable[[Module], Module],
