@@ -156,12 +156,12 @@ def test_core_tags_are_plain_data(tmp_path):
 
 
 NESTING = {
-    "yaml_flow_lists": "program: {x: " + "[" * 20000 + "]" * 20000 + "}",
-    "yaml_flow_maps": "program: " + "{a: " * 20000 + "1" + "}" * 20000,
-    "yaml_block_maps": "program:\n" + "".join(" " * i + "a:\n" for i in range(1, 200))
+    "yaml_flow_lists": "source: {x: " + "[" * 20000 + "]" * 20000 + "}",
+    "yaml_flow_maps": "source: " + "{a: " * 20000 + "1" + "}" * 20000,
+    "yaml_block_maps": "source:\n" + "".join(" " * i + "a:\n" for i in range(1, 200))
                        + " " * 200 + "b: 1\n",
-    "yaml_compact_lists": "program: {x: [" + "- " * 3000 + "1]}",
-    "yaml_just_over": "program: {x: " + "[" * 64 + "]" * 64 + "}",
+    "yaml_compact_lists": "source: {x: [" + "- " * 3000 + "1]}",
+    "yaml_just_over": "source: {x: " + "[" * 64 + "]" * 64 + "}",
 }
 
 
@@ -185,7 +185,7 @@ def _yaml_doc_with(extra: str) -> str:
 
 def test_nesting_at_the_limit_is_accepted(tmp_path):
     path = tmp_path / "n.yaml"
-    path.write_text(_yaml_doc_with("program: {x: " + "[" * 60 + "]" * 60 + "}"))
+    path.write_text(_yaml_doc_with("source: {x: " + "[" * 60 + "]" * 60 + "}"))
     result = run("tk-codegen", path, "-o", tmp_path / "o.yaml")
     assert result.exit_code == 0, result.stderr
 

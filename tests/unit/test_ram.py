@@ -62,7 +62,10 @@ def _with_lists(program, s, lists):
 
 
 def _persistent(program):
-    return next(s for s, seg in enumerate(program.segments) if seg.kind == "persistent")
+    """The persistent segment with the most waits (the one a dropped barrier breaks)."""
+    return max((s for s, seg in enumerate(program.segments) if seg.kind == "persistent"),
+               key=lambda s: sum(i.kind == WAIT for items in program.segments[s].lists
+                                 for i in items))
 
 
 # -- the program section ---------------------------------------------------------------------

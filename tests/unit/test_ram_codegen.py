@@ -49,8 +49,10 @@ def _inputs(module, seed=0):
 
 
 def _program_record(module):
+    """The persistent program kernel with the most operators (the one whose blocks wait)."""
     kernels = CodegenSection.read(module.codegen).kernels
-    return next(i for i, k in enumerate(kernels) if k.coresident)
+    return max((i for i, k in enumerate(kernels) if k.coresident),
+               key=lambda i: len(kernels[i].schedule.get("operators", ())))
 
 
 def _with_source(module, index, old, new):
@@ -168,8 +170,8 @@ def test_runtime_checks_occupancy_before_a_program_launch(programs):
     record = CodegenSection.read(module.codegen).kernels[index]
     calls = []
 
-    def function(grid, block, args, shared_mem=0):
-        calls.append((grid, block, list(args[-1].values)))
+    def function(grid, block, args, shared_mem=0, enable_cooperative_groups=False):
+        calls.append((grid, block, list(args[-1].values), enable_cooperative_groups))
 
     sms = -(-record.grid[0] // 2)
     with pytest.raises(TilekitError, match="not launched") as err:
@@ -179,4 +181,4 @@ def test_runtime_checks_occupancy_before_a_program_launch(programs):
     launch = coresident_launch(record, index, function, FakeCupy, FakeDriver(2, sms))
     launch.counters.values = [5] * record.counters  # left by a previous run
     launch({t: object() for t in record.args})
-    assert calls == [(record.grid, record.block, [0] * record.counters)]
+    assert calls == [(record.grid, record.block, [0] * record.counters, True)]

@@ -47,12 +47,13 @@ def fake_cupy(blocks_per_sm: int, launches: list):
         def __init__(self, entry, cooperative):
             self.entry, self.cooperative, self.ptr = entry, cooperative, id(self)
 
-        def __call__(self, grid, block, args, shared_mem=0):
+        def __call__(self, grid, block, args, shared_mem=0, enable_cooperative_groups=False):
             counters = None
             if self.entry.startswith("tk_program"):
                 counters = args[-1].data.tolist()
                 args[-1].data[...] = 7  # what a finished program leaves in its counters
-            launches.append((self.entry, self.cooperative, grid, block, counters))
+            launches.append((self.entry, self.cooperative and enable_cooperative_groups, grid,
+                             block, counters))
 
     class RawModule:
         def __init__(self, path=None, code=None, enable_cooperative_groups=False, **_):
@@ -109,7 +110,8 @@ def _run(program, monkeypatch, blocks_per_sm):
 def test_program_launches_cooperatively_with_zeroed_counters(program, monkeypatch):
     launches = _run(program, monkeypatch, blocks_per_sm=8)
     programs = [ln for ln in launches if ln[0].startswith("tk_program")]
-    assert len(programs) == 2  # one persistent kernel, run twice
+    persistent = [k for k in program.module.codegen["kernels"] if k.get("coresident")]
+    assert persistent and len(programs) == 2 * len(persistent)  # each persistent kernel, run twice
     for entry, cooperative, grid, block, counters in programs:
         assert cooperative and counters == [0] * len(counters) and len(counters) > 1
 

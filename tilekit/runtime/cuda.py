@@ -88,22 +88,32 @@ class Launch:
     smem_bytes: int
     args: tuple[str, ...]
     counters: Any = None            # a tk-ram program's progress counters (zeroed per launch)
+    #: Its blocks wait on each other (a tk-ram program, a tk-grind device loop): launched with
+    #: cuLaunchCooperativeKernel, after `check_coresident` found its grid resident at once.
+    cooperative: bool = False
 
     def __call__(self, buffers: Mapping[str, Any]) -> None:
         args = tuple(buffers[t] for t in self.args)
         if self.counters is not None:
             self.counters.fill(0)   # a memset on the same stream, before the kernel
             args += (self.counters,)
-        self.function(self.grid, self.block, args, shared_mem=self.smem_bytes)
+        if self.cooperative:
+            # CuPy would shrink a 1-D cooperative grid that does not fit (with a warning);
+            # check_coresident refused that grid before, so the grid launched is the planned one
+            self.function(self.grid, self.block, args, shared_mem=self.smem_bytes,
+                          enable_cooperative_groups=True)
+        else:
+            self.function(self.grid, self.block, args, shared_mem=self.smem_bytes)
 
 
 def coresident_launch(record: KernelRecord, index: int, cooperative_function: Any, cupy,
                       occupancy) -> Launch:
-    """The launch of a kernel whose blocks wait on each other (a tk-ram program): its grid
-    checked against the driver's occupancy (`check_coresident`: refused, never launched, when
-    it is larger than what is resident at once), its function from the module loaded for
-    cooperative launches (cuLaunchCooperativeKernel: the driver refuses a grid that is not
-    co-resident instead of letting it hang), its counters allocated."""
+    """The launch of a kernel whose blocks wait on each other (a tk-ram program, a tk-grind
+    device loop): its grid checked against the driver's occupancy when the module is loaded
+    (`check_coresident`: refused, never launched, when it is larger than what is resident at
+    once), its function from the module loaded for cooperative launches and launched with
+    cuLaunchCooperativeKernel (grid barriers need it; the driver also refuses a grid that is
+    not co-resident instead of letting it hang), its counters allocated."""
     from tilekit.runtime.occupancy import check_coresident
 
     grid = record.grid[0] * record.grid[1] * record.grid[2]
@@ -111,13 +121,15 @@ def coresident_launch(record: KernelRecord, index: int, cooperative_function: An
                      cooperative_function, occupancy, f"codegen.kernels[{index}]")
     counters = cupy.zeros(record.counters, dtype=np.uint32) if record.counters else None
     return Launch(record.entry, cooperative_function, record.grid, record.block,
-                  record.smem_bytes, record.args, counters)
+                  record.smem_bytes, record.args, counters, cooperative=True)
 
 
 class CudaProgram:
     """A module's kernels loaded on the current device, with its buffers."""
 
-    def __init__(self, module: Module):
+    def __init__(self, module: Module, occupancy=None):
+        """`occupancy` answers for the device (tilekit.runtime.occupancy; the driver's by
+        default, a fake in tests)."""
         from tilekit.runtime.cpu import check_runnable
 
         check_runnable(module, "the CUDA runtime", control=True)
@@ -151,9 +163,11 @@ class CudaProgram:
                 # Dynamic shared memory above 48 KB needs an explicit opt-in per kernel.
                 fn.max_dynamic_shared_size_bytes = k.smem_bytes
             if k.coresident:
-                from tilekit.runtime.occupancy import CupyOccupancy
+                if occupancy is None:
+                    from tilekit.runtime.occupancy import CupyOccupancy
+                    occupancy = CupyOccupancy(cupy)
                 self.launches.append(coresident_launch(k, len(self.launches), fn, cupy,
-                                                       CupyOccupancy(cupy)))
+                                                       occupancy))
             else:
                 self.launches.append(Launch(k.entry, fn, k.grid, k.block, k.smem_bytes,
                                             k.args))

@@ -5,17 +5,16 @@ launch of device loops.
 
 - a kernel group: its kernels, launched in order (`KernelStep`);
 - a control op that tk-grind placed on the device: its persistent kernel, launched
-  cooperatively after the launch-time co-residency check (tilekit.runtime.occupancy: the
-  driver's occupancy query; a grid that does not fit is refused, never launched);
+  cooperatively; its grid was checked against the driver's occupancy when the module was
+  loaded (`tilekit.runtime.cuda.coresident_launch`, the one path of every kernel whose blocks
+  wait on each other: a grid that does not fit is refused, never launched);
 - a control op on the host (`ControlStep`): the host drives it like the CPU executor
   (tilekit.runtime.control) does, launching its regions' kernels per iteration: it reads the
   trip count and the condition back (host synchronisations), copies carried values and scan
   rows on the device (`buffer[...] = other`), runs the taken side of a branch.
 
 `run_steps(program, steps)` runs them and counts kernel launches and host synchronisations
-in `program.counts` (the figures tk-grind estimates, measured). The launch of coresident
-kernels here is the minimal one tk-grind's records need (check, then
-`enable_cooperative_groups=True`); tk-ram owns the general one for its persistent programs.
+in `program.counts` (the figures tk-grind estimates, measured).
 """
 
 from __future__ import annotations
@@ -72,26 +71,16 @@ def run_steps(program, steps) -> None:
     for step in steps:
         if isinstance(step, KernelStep):
             for launch in step.launches:
-                _launch(program, launch, step.coresident, step.where)
+                _launch(program, launch)
         else:
             _RUNNERS[step.rec.kind](program, step)
 
 
-def _launch(program, launch, coresident: bool, where: str) -> None:
-    args = tuple(program.buffers[t] for t in launch.args)
+def _launch(program, launch) -> None:
+    """One kernel; a device loop's is cooperative, its grid checked when it was loaded
+    (tilekit.runtime.cuda.coresident_launch)."""
     program.counts["launches"] += 1
-    if not coresident:
-        launch.function(launch.grid, launch.block, args, shared_mem=launch.smem_bytes)
-        return
-    from tilekit.runtime.occupancy import CupyOccupancy, check_coresident
-
-    grid = launch.grid[0] * launch.grid[1] * launch.grid[2]
-    threads = launch.block[0] * launch.block[1] * launch.block[2]
-    occupancy = getattr(program, "occupancy", None) or CupyOccupancy(program.cupy)
-    check_coresident(launch.entry, grid, threads, launch.smem_bytes, launch.function,
-                     occupancy, where)
-    launch.function(launch.grid, launch.block, args, shared_mem=launch.smem_bytes,
-                    enable_cooperative_groups=True)
+    launch(program.buffers)
 
 
 def _read(program, name: str) -> np.ndarray:
