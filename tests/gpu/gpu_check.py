@@ -20,10 +20,15 @@ Steps, in order (`--steps` picks some):
     pytest      pytest tests/gpu (every codegen fixture on the device against the CPU executor,
                 compute-sanitizer on the fixtures)
     models      every model (the 9 real architectures with seeded random weights, the 5 built
-                ones) through `tk-import | tk-roll --hw H | tk-codegen` and, separately, with the
-                default schedules (no roll), then `tk-run --device cuda --check --bench`
+                ones) through `tk-import | tk-roll --hw H | tk-codegen`, with the default
+                schedules (no roll), welded (`| tk-weld |`) and as a tk-ram program
+                (`tk-roll --top-k 4 | tk-weld | tk-ram |`; `--variants` picks some), then
+                `tk-run --device cuda --check --bench`
     sanitizer   compute-sanitizer memcheck and racecheck on three models' kernels
     bench       tests/bench/test_gpu_bench.py (tilekit against cuBLAS/cuDNN/PyTorch, ratios)
+    stages      tests/bench/test_gpu_weld.py, test_gpu_ram.py, test_gpu_grind.py: welded
+                against unwelded kernels, a program against per-kernel launches and a CUDA
+                graph, device loops against host-driven ones and PyTorch eager
     fidelity    tests/bench/test_gpu_fidelity.py (tk-roll's top-10 tiles of 30 suite ops, and of
                 the tensor-core shapes, timed: how well the cost model ranks them; docs/roll.md,
                 "Fidelity")
@@ -49,7 +54,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 BIN = ROOT / "bin"
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
-STEPS = ("env", "probe", "pytest", "models", "sanitizer", "bench", "fidelity")
+STEPS = ("env", "probe", "pytest", "models", "sanitizer", "bench", "stages", "fidelity")
+#: How each model is compiled in the models step ({n}: the model, {out}: the IR written).
+VARIANTS = {
+    "rolled": "tk-roll --hw {hw} {n}.tk.yaml | tk-codegen --compile -o {out}",
+    "default": "tk-codegen --compile {n}.tk.yaml -o {out}",
+    "welded": "tk-roll --hw {hw} {n}.tk.yaml | tk-weld | tk-codegen --compile -o {out}",
+    "program": "tk-roll --hw {hw} --top-k 4 {n}.tk.yaml | tk-weld | tk-ram "
+               "| tk-codegen --compile -o {out}",
+}
 REAL_MODELS = ["resnet50", "inception_v1", "inception_v2", "densenet121", "shufflenet",
                "squeezenet", "vgg19", "bvlc_alexnet", "zfnet512"]
 BUILT_MODELS = ["bert_encoder_layer", "gpt_block", "mobilenet_block", "mlp_mixer_block",
@@ -167,8 +180,7 @@ def step_models(run: Runner, args) -> None:
     names = args.models or REAL_MODELS + BUILT_MODELS
     for name in names:
         _write_model(name, work)
-    variants = {"rolled": f"tk-roll --hw {args.hw} {{n}}.tk.yaml | tk-codegen --compile -o {{out}}",
-                "default": "tk-codegen --compile {n}.tk.yaml -o {out}"}
+    variants = {v: VARIANTS[v] for v in args.variants}
 
     def build(name: str) -> list[tuple[str, str, dict]]:
         done = []
@@ -178,7 +190,8 @@ def step_models(run: Runner, args) -> None:
         for variant, pipe in variants.items():
             out = f"{name}.{variant}.cuda.yaml"
             done.append((name, variant, run.sh(f"models-{name}",
-                                               pipe.format(n=name, out=out), 600, work)))
+                                               pipe.format(n=name, out=out, hw=args.hw), 600,
+                                               work)))
         return done
 
     # Import, roll and codegen (CPU work, nvcc) in parallel; the GPU runs one at a time.
@@ -246,6 +259,18 @@ def step_bench(run: Runner, args) -> None:
     run.record("bench", rc=r["rc"], seconds=r["seconds"], written=[p.name for p in written])
 
 
+def step_stages(run: Runner, args) -> None:
+    for name in ("weld", "ram", "grind"):
+        r, written = _run_bench(run, f"stages-{name}", "python3 -m pytest "
+                                f"tests/bench/test_gpu_{name}.py -o addopts='' -q -s -rs "
+                                "-p no:cacheprovider --tb=short", args.limit_bench,
+                                f"{name}-gpu*.json")
+        outcome = [ln for ln in r["output"].splitlines()
+                   if re.search(r"\d+ (passed|failed|skipped)", ln)]
+        run.record("stages", stage=name, rc=r["rc"], seconds=r["seconds"],
+                   summary=(outcome or ["?"])[-1], written=[p.name for p in written])
+
+
 def step_fidelity(run: Runner, args) -> None:
     r, written = _run_bench(run, "fidelity", f"TILEKIT_FIDELITY_RUNS={args.runs} python3 -m "
                             "pytest tests/bench/test_gpu_fidelity.py -k gpu_fidelity "
@@ -272,6 +297,8 @@ def main(argv: list[str] | None = None) -> int:
                         "(default: a temporary folder)")
     parser.add_argument("--hw", default="h100")
     parser.add_argument("--models", type=lambda s: [m for m in s.split(",") if m], default=None)
+    parser.add_argument("--variants", type=lambda s: [v for v in s.split(",") if v],
+                        default=list(VARIANTS), help=f"of {','.join(VARIANTS)}")
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--jobs", type=int, default=min(8, os.cpu_count() or 2))
     parser.add_argument("--limit-pytest", type=float, default=300)
@@ -287,6 +314,9 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(steps) - set(STEPS))
     if unknown:
         parser.error(f"unknown steps {unknown}; known: {', '.join(STEPS)}")
+    if set(args.variants) - set(VARIANTS):
+        parser.error(f"unknown variants {sorted(set(args.variants) - set(VARIANTS))}; "
+                     f"known: {', '.join(VARIANTS)}")
     for step in steps:
         start = time.monotonic()
         try:

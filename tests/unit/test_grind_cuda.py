@@ -69,6 +69,7 @@ def fake(monkeypatch, tmp_path):
     log: list = []
     cupy = fake_cupy(log)
     cupy.empty = Buffer
+    cupy.zeros = lambda n, dtype: Buffer((n,), dtype)   # a program's progress counters
     state: dict = {}
 
     class Function:
@@ -166,3 +167,22 @@ def test_device_loop_over_coresidency_is_not_launched(fake):
         fake.prepare(module, Occupancy(per_sm=0))
     assert "not launched" in err.value.message() and kernel["entry"] in err.value.message()
     assert not any(len(e) == 3 for e in fake.log)
+
+
+def test_a_program_around_control_ops_launches_its_segments_in_order(fake):
+    """tk-ram after tk-grind: the CUDA runtime walks the program's segments in order (a
+    persistent segment is one launch of its program kernel, at its place), not the kernel
+    groups' order."""
+    model = MODELS["blockdrop"]()
+    imported = import_model(model)
+    module = pipeline.run(imported.module.with_stage("import"),
+                          ["roll", "grind", "ram", "codegen"],
+                          pipeline.Context.for_hw("h100", place="device"))
+    kernels = module.codegen["kernels"]
+    programs = [k["entry"] for k in kernels if k["shape"] == "program"]
+    assert programs, "tk-ram packed nothing"
+    program = fake.prepare(module)
+    program.upload(feeds("blockdrop", model), imported.weights)
+    program.launch_all()
+    launched = [e[0] for e in fake.log if len(e) == 3]
+    assert launched == [k["entry"] for k in kernels]  # every kernel once, in program order

@@ -80,12 +80,14 @@ def generate(module: Module, profile=None, arch: str | None = None) -> CodegenRe
     launches: dict[str, dict[str, Any]] = {}
     used: set[str] = set()
     control: dict[str, Any] = {}
+    made_of: dict[str, list[GeneratedKernel]] = {}   # kernel group -> its kernels
     ops_by_name = {op.name: op for op in module.ops}
     for k, kernel in enumerate(kernels):
         where = f"kernels[{k}] ({kernel.name})"
         if any(ops_by_name[n].kind == "control" for n in kernel.ops):
             code = _control_group(module, kernel, profile, arch, where)
             generated.extend(code.kernels)
+            made_of[kernel.name] = list(code.kernels)
             notes.extend(code.notes)
             control[kernel.ops[0]] = dict(code.record)
             one = code.kernels[0] if len(code.kernels) == 1 else None
@@ -109,14 +111,15 @@ def generate(module: Module, profile=None, arch: str | None = None) -> CodegenRe
                 except (GroupSplit, FusionError) as inner:  # pragma: no cover - singletons fuse
                     raise TilekitError(str(inner), where) from None
         generated.extend(made)
+        made_of[kernel.name] = made
         one = made[0] if len(made) == 1 else None
         launches[kernel.name] = Launch(
             tuple(g.entry for g in made), one and one.grid, one and one.block,
             one and one.smem_bytes, one and one.shape, split).record()
     if planned.program is not None:  # persistent segments become one kernel each
-        generated, entry_of = compose(planned, generated, profile)
+        generated, entry_of = compose(planned, made_of, profile)
         for g in generated:
-            if g.coresident:
+            if g.shape == "program":
                 for name in g.schedule["operators"]:
                     launches[name] = Launch((g.entry,), g.grid, g.block, g.smem_bytes,
                                             g.shape).record()

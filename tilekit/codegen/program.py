@@ -31,7 +31,7 @@ co-residency needs; `--compile` checks the grid against the ptxas resources agai
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
+from typing import Any, Mapping
 
 from tilekit.codegen.builder import SMEM
 from tilekit.codegen.emitter import check_line, comment_text
@@ -75,15 +75,14 @@ def program_module(module: Module) -> Module:
                                      else op for op in module.ops))
 
 
-def compose(module: Module, generated: list[GeneratedKernel], profile
+def compose(module: Module, by_group: Mapping[str, list[GeneratedKernel]], profile
             ) -> tuple[list[GeneratedKernel], dict[str, str]]:
     """The kernels in the program's order, persistent segments composed; and for each kernel
-    group in a persistent segment, the entry of its program kernel."""
+    group in a persistent segment, the entry of its program kernel. `by_group` maps each
+    kernel group to the kernels generated for it (a control op's: its device loop, or its
+    regions' kernels)."""
     program = read_program(module)
     kernels = module.kernels or default_kernels(module.ops)
-    by_group: dict[str, list[GeneratedKernel]] = {}
-    for g in generated:
-        by_group.setdefault(g.group, []).append(g)
     out: list[GeneratedKernel] = []
     entry_of: dict[str, str] = {}
     for s, seg in enumerate(program.segments):

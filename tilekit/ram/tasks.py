@@ -115,6 +115,9 @@ def _operator(module: Module, k: int, kernel: Kernel, profile, target: Target, d
               launch: float) -> ROperator:
     g = graph(module)
     first = g.node(kernel.ops[0])
+    if first.op.kind == "control":
+        return _fixed(module, k, kernel, profile, launch,
+                      "a control op: tk-grind's device loop or branch, or host-driven regions")
     if any(g.node(name).op.kind != "expr" for name in kernel.ops):
         if len(kernel.ops) > 1:
             return _fixed(module, k, kernel, profile, launch,

@@ -34,7 +34,7 @@ from tilekit.errors import TilekitError
 from tilekit.expr.ops import numpy_dtype
 from tilekit.ir.control import all_tensors, walk
 from tilekit.ir.graph import control_records, per_module
-from tilekit.ir.model import Module
+from tilekit.ir.model import Module, default_kernels
 from tilekit.ir.payloads import CodegenSection, KernelRecord
 from tilekit.runtime.bench import Timing
 
@@ -124,6 +124,23 @@ def coresident_launch(record: KernelRecord, index: int, cooperative_function: An
                   record.smem_bytes, record.args, counters, cooperative=True)
 
 
+def program_sequence(module: Module, section: CodegenSection, launches, by_group):
+    """The kernel groups of a tk-ram program in the order its segments run (a persistent
+    segment as its first operator, launching the segment's program kernel) and the launches
+    of each."""
+    from tilekit.ir.program import read_program
+
+    kernels = module.kernels or default_kernels(module.ops)
+    entry = {k.entry: launch for k, launch in zip(section.kernels, launches)}
+    sequence, out = [], dict(by_group)
+    for seg in read_program(module).segments:
+        first = kernels[seg.operators[0]]
+        sequence.append(first)
+        if seg.kind == "persistent":
+            out[first.name] = [entry[e] for e in (first.launch or {}).get("entries", ())]
+    return sequence, out
+
+
 class CudaProgram:
     """A module's kernels loaded on the current device, with its buffers."""
 
@@ -210,7 +227,10 @@ class CudaProgram:
         by_group: dict[str, list[Launch]] = {}
         for k, launch in zip(section.kernels, self.launches):
             by_group.setdefault(k.group, []).append(launch)
-        self.steps = build_steps(module, section.extra.get("control", {}), by_group)
+        sequence = None
+        if module.program is not None:  # segments in the program's order, one step each
+            sequence, by_group = program_sequence(module, section, self.launches, by_group)
+        self.steps = build_steps(module, section.extra.get("control", {}), by_group, sequence)
         self.trims = kept_counts(module)
 
     @staticmethod

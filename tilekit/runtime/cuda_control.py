@@ -44,13 +44,14 @@ class ControlStep:
     where: str
 
 
-def build_steps(module: Module, control_entries, by_group) -> tuple[Any, ...]:
+def build_steps(module: Module, control_entries, by_group, sequence=None) -> tuple[Any, ...]:
     """The steps of `module` (a module or a region as one); `by_group` maps a kernel group
-    name to its launches, `control_entries` the codegen section's `control` entries."""
+    name to its launches, `control_entries` the codegen section's `control` entries;
+    `sequence` the kernel groups in the order they run (default: the module's)."""
     ops = {op.name: op for op in module.ops}
     records = control_records(module)
     steps = []
-    for k, kernel in enumerate(module.kernels or default_kernels(module.ops)):
+    for k, kernel in enumerate(sequence or module.kernels or default_kernels(module.ops)):
         where = f"kernels[{k}] ({kernel.name})"
         op = ops[kernel.ops[0]]
         if op.kind != "control":

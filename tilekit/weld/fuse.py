@@ -9,6 +9,11 @@ and the op run apart (the gain, from the shared cost model). Otherwise the open 
 closed and the op opens the next one. Groups are runs of consecutive ops, so the kernels
 keep the module's order and every kernel reads only what earlier kernels wrote.
 
+A control op (Loop, If, Scan) is a group of its own, and no group crosses a region's boundary:
+each region is welded as a module of its own (its captures as inputs), nested regions too,
+and its groups are written to the region's `kernels`, which tk-grind prices and codegen
+composes into a device loop.
+
 Each group of several ops gets `kernels[i].tile` (`tilekit.ir.payloads.GroupTile`: the
 shared output tile, members' regions, edges' levels and bytes, footprint, gain, runners-up)
 and `kernels[i].estimate`; an op that fuses nowhere stays a kernel of its own with its
@@ -22,7 +27,8 @@ from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
 from tilekit.errors import IRError, TilekitError
-from tilekit.ir.graph import graph
+from tilekit.ir.control import region_module, walk, with_control
+from tilekit.ir.graph import control_records, graph
 from tilekit.ir.model import Kernel, Module
 from tilekit.ir.payloads import (Candidate, Estimate, GroupEdge, GroupMember, GroupTile, count,
                                  round_sig)
@@ -154,14 +160,17 @@ def weld_module(module: Module, profile, top_k: int = 1, max_group: int = DEFAUL
         raise TilekitError(f"top_k must be at least 1, got {top_k}", "--top-k")
     if max_group < 1:
         raise TilekitError(f"max_group must be at least 1, got {max_group}", "--max-group")
-    unknown = sorted(set(no_fuse) - {op.name for op in module.ops})
+    names = {op.name for op in module.ops} | {op.name for _, rec, _ in walk(module)
+                                               for region in rec.regions for op in region.ops}
+    unknown = sorted(set(no_fuse) - names)
     if unknown:
         raise TilekitError(f"names ops the module does not have: "
                            f"{', '.join(unknown)}", "--no-fuse",
                            "give op names from the IR's ops[].name, separated by commas")
     smem_limit(profile)
     # Tiles rolled for another profile (or none) are rolled again for this one.
-    if "roll" not in module.stage_names() or any(op.tile is None for op in module.ops) \
+    if "roll" not in module.stage_names() \
+            or any(op.tile is None for op in module.ops if op.kind != "control") \
             or (hardware is not None and module.hardware != hardware):
         from tilekit.roll.schedule import roll_module
         module = roll_module(module, profile, top_k, hardware=hardware)
@@ -176,6 +185,7 @@ def weld_module(module: Module, profile, top_k: int = 1, max_group: int = DEFAUL
 
 
 def _weld(module: Module, profile, top_k: int, max_group: int, no_fuse) -> Module:
+    module = _weld_regions(module, profile, top_k, max_group, no_fuse)
     limit = smem_limit(profile)
     kernels = []
     for members in connect_then_fuse(module, profile, top_k, max_group, no_fuse):
@@ -192,6 +202,25 @@ def _weld(module: Module, profile, top_k: int, max_group: int, no_fuse) -> Modul
         kernels.append(Kernel(f"k_{first}", names, tile=payload.record(),
                               estimate=group.estimate.record()))
     return replace(module, kernels=tuple(kernels))
+
+
+def _weld_regions(module: Module, profile, top_k: int, max_group: int, no_fuse) -> Module:
+    """`module` with every control op's regions welded as modules of their own."""
+    records = control_records(module)
+    if not records:
+        return module
+    from tilekit.weld.verify import check_groups
+
+    welded = {}
+    for name, rec in records.items():
+        regions = []
+        for region in rec.regions:
+            sub = _weld(region_module(module.tensors, region, name), profile, top_k,
+                        max_group, no_fuse)
+            check_groups(sub, profile)
+            regions.append(replace(region, kernels=sub.kernels, control=sub.control))
+        welded[name] = rec.with_regions(tuple(regions))
+    return with_control(module, welded)
 
 
 def group_tile(module: Module, group: Group) -> GroupTile:

@@ -41,8 +41,12 @@ def tensor_bytes(module: Module, name: str) -> int:
 
 
 def op_estimate(module: Module, i: int) -> Estimate:
-    """The single-op estimate tk-roll recorded for op `i`."""
+    """The single-op estimate tk-roll recorded for op `i` (a control op has no tile: the
+    estimate of the kernel group tk-roll gave it, one run of its regions)."""
     op = module.ops[i]
+    if op.kind == "control":
+        n, kernel = next((n, k) for n, k in enumerate(module.kernels) if op.name in k.ops)
+        return Estimate.read(kernel.estimate, f"kernels[{n}] ({kernel.name}).estimate")
     return Estimate.read((op.tile or {}).get("estimate"), f"ops[{i}] ({op.name}).tile.estimate")
 
 
