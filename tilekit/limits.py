@@ -91,9 +91,11 @@ EXPR_DEPTH = Limit("expression depth", "TILEKIT_MAX_EXPR_DEPTH", 64, "levels")
 TENSOR_ELEMENTS = Limit("tensor size", "TILEKIT_MAX_TENSOR_ELEMENTS", 2**31 - 1, "elements")
 LOOP_TRIPS = Limit("loop iterations", "TILEKIT_MAX_LOOP_TRIPS", 10_000_000, "iterations")
 TOTAL_BYTES = Limit("total size", "TILEKIT_MAX_TOTAL_BYTES", 8 * 2**30, "bytes")
+#: rTasks of a tk-ram program, all operators together (DenseNet-121 has 435,863).
+RTASKS = Limit("rTask count", "TILEKIT_MAX_RTASKS", 2**24, "rTasks")
 
 ALL = (INPUT_BYTES, MODEL_BYTES, PROFILE_BYTES, NESTING, EXPR_CHARS, EXPR_DEPTH,
-       TENSOR_ELEMENTS, TOTAL_BYTES, LOOP_TRIPS)
+       TENSOR_ELEMENTS, TOTAL_BYTES, LOOP_TRIPS, RTASKS)
 
 
 #: The most dimensions a tensor may have (fixed: every kernel and executor loops over ranks).

@@ -36,7 +36,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Iterator, Mapping
 
-from tilekit.errors import IRError, TilekitError
+from tilekit.errors import IRError, TilekitError, excerpt
 from tilekit.expr import parse
 from tilekit.expr.ast import body_accesses
 from tilekit.ir.keys import key_path, key_problem, type_name, where
@@ -45,6 +45,8 @@ from tilekit.ir.model import Kernel, Module, Op, Tensor
 KINDS = ("loop", "if", "scan")
 LOOP_KEYS = ("kind", "trip_count", "cond", "carried", "outputs", "scans", "max_trips", "count",
              "body", "grind")
+#: Where tk-grind places a control op.
+GRIND_RUNS = ("device", "host")
 IF_KEYS = ("kind", "cond", "outputs", "then", "else", "grind")
 SCAN_KEYS = ("kind", "carried", "scan_inputs", "outputs", "scans", "input_axes",
              "input_reverse", "output_axes", "output_reverse", "body", "grind")
@@ -181,6 +183,9 @@ class ControlOp:
         grind = p.get("grind")
         if grind is not None:
             _mapping(grind, f"{path}.grind", "'grind'")
+            if grind.get("run") not in GRIND_RUNS:
+                raise _fail(f"{path}.grind.run", f"must be one of {', '.join(GRIND_RUNS)}, got "
+                            f"{excerpt(grind.get('run'))}", "re-run tk-grind")
         common = dict(name=name, kind=kind, outputs=_names(p["outputs"], f"{path}.outputs"),
                       grind=grind)
         if kind == "if":

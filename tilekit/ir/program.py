@@ -50,6 +50,7 @@ from typing import Any, Mapping, Sequence
 
 from tilekit.errors import IRError
 from tilekit.ir.model import Module, default_kernels
+from tilekit.limits import RTASKS
 
 POLICIES = ("wavefront", "serial")
 SEGMENT_KINDS = ("persistent", "kernel")
@@ -146,9 +147,15 @@ def _list(value: Any, where: str) -> list:
     return value
 
 
-def _int(value: Any, where: str, minimum: int = 0) -> int:
+#: CUDA's limit on the threads of one block.
+MAX_THREADS = 1024
+
+
+def _int(value: Any, where: str, minimum: int = 0, maximum: int | None = None) -> int:
     if type(value) is not int or value < minimum:
         raise IRError(f"must be an integer >= {minimum}, got {value!r}", where, _HINT)
+    if maximum is not None and value > maximum:
+        raise IRError(f"must be at most {maximum}, got {value}", where, _HINT)
     return value
 
 
@@ -203,7 +210,7 @@ def _segment(raw: Any, where: str, tasks: Sequence[int]) -> Segment:
         raise IRError(f"has {len(lists)} vEU lists for {veus} vEUs", f"{where}.lists", _HINT)
     items = tuple(_items(x, f"{where}.lists[{v}]", tasks) for v, x in enumerate(lists))
     residency = p.get("residency", "")
-    return Segment(kind, ops, _int(p.get("threads"), f"{where}.threads", 1), veus,
+    return Segment(kind, ops, _int(p.get("threads"), f"{where}.threads", 1, MAX_THREADS), veus,
                    residency if isinstance(residency, str) else "", items)
 
 
@@ -221,11 +228,15 @@ def parse_program(payload: Any, where: str = "program") -> Program:
         o = _map(raw, w)
         ops.append(Operator(str(o.get("kernel")), _int(o.get("variant"), f"{w}.variant"),
                             _int(o.get("tasks"), f"{w}.tasks", 1),
-                            _int(o.get("threads"), f"{w}.threads", 1),
+                            _int(o.get("threads"), f"{w}.threads", 1, MAX_THREADS),
                             _num(o.get("task_us"), f"{w}.task_us"),
                             _num(o.get("kernel_us"), f"{w}.kernel_us"),
                             _int(o.get("segment"), f"{w}.segment")))
     tasks = [o.tasks for o in ops]
+    # every rTask is placed and checked one by one: the count is a budget
+    if sum(tasks) > RTASKS.value:   # an IRError, so that the file is named with it
+        over = RTASKS.error(f"the program's rTasks ({sum(tasks):,})", None)
+        raise IRError(over.what, f"{where}.operators", over.hint)
     segments = tuple(_segment(s, f"{where}.segments[{i}]", tasks)
                      for i, s in enumerate(_list(p.get("segments"), f"{where}.segments")))
     estimate = p.get("estimate", {})

@@ -1,0 +1,127 @@
+"""tk-ram and tk-grind in the hostile-input families: an unbounded document, a closed stdout,
+an output over its input, and tampered `program` sections and `control` records (wrong types,
+huge counts, names that are not kernels, text where items go, a plan that can deadlock); each
+one line, exit 2, nothing written, for every command that reads them."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import sys
+from pathlib import Path
+
+import onnx
+import pytest
+
+from hostile_support import assert_refused, env_limit, run, spawn, write_mlp
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from models import control_models  # noqa: E402
+
+STAGES = [("tk-ram", ["--hw", "h100"]), ("tk-grind", ["--hw", "h100"])]
+
+
+@pytest.mark.parametrize("tool, extra", STAGES)
+def test_dev_zero_as_the_document(monkeypatch, tool, extra):
+    with env_limit(monkeypatch, "TILEKIT_MAX_INPUT_BYTES", "1M"):
+        assert_refused(run(tool, "/dev/zero", *extra), tool)
+
+
+@pytest.mark.parametrize("tool, extra", STAGES)
+def test_closed_stdout(tmp_path, tool, extra):
+    ir = write_mlp(tmp_path)
+    proc = spawn(tool, ir, *extra, folder=tmp_path, stdout=None, stderr=-1,
+                 preexec_fn=lambda: os.close(1))
+    err = proc.stderr.decode()
+    assert proc.returncode == 2 and len(err.splitlines()) == 1 and "stdout" in err, err
+
+
+@pytest.mark.parametrize("tool, extra", STAGES)
+def test_output_over_the_input_is_refused(tmp_path, tool, extra):
+    ir = write_mlp(tmp_path)
+    before = ir.read_bytes()
+    assert_refused(run(tool, ir, *extra, "-o", ir), tool, "-o")
+    assert ir.read_bytes() == before
+
+
+@pytest.fixture(scope="module")
+def planned(tmp_path_factory) -> dict:
+    """An MLP with a tk-ram program (one persistent segment), as JSON data."""
+    folder = tmp_path_factory.mktemp("planned")
+    out = folder / "planned.json"
+    proc = spawn("tk-ram", write_mlp(folder), "--hw", "h100", "--format", "json", "-o", out,
+                 folder=folder)
+    assert proc.returncode == 0, proc.stderr
+    return {"folder": folder, "doc": json.loads(out.read_text())}
+
+
+def _list0(p, text):
+    seg = next(s for s in p["segments"] if s["kind"] == "persistent")
+    seg["lists"][0] = text
+
+
+@pytest.mark.parametrize("case, change, words", [
+    ("huge tasks", lambda p: p["operators"][0].update(tasks=10 ** 15), ["rTask count limit"]),
+    ("float tasks", lambda p: p["operators"][0].update(tasks=1.5), ["operators[0].tasks"]),
+    ("huge threads", lambda p: p["segments"][0].update(threads=10 ** 9), ["at most 1024"]),
+    ("no vEUs", lambda p: p["segments"][0].update(veus=0), ["veus"]),
+    ("not a kernel", lambda p: p["operators"][0].update(kernel="k\n#include <x>"),
+     ["operators[0].kernel"]),
+    ("text as items", lambda p: _list0(p, "\n#include <stdlib.h>\n"), ["item 0"]),
+    ("huge block range", lambda p: _list0(p, "0:0+99999999999"), ["lists[0]"]),
+    ("unknown policy", lambda p: p.update(policy="fastest"), ["policy"]),
+    ("no segments", lambda p: p.update(segments=[]), ["is in no segment"]),
+    ("operators not a list", lambda p: p.update(operators="x" * 10), ["operators"]),
+])
+def test_tampered_programs(planned, case, change, words):
+    doc = copy.deepcopy(planned["doc"])
+    assert any(s["kind"] == "persistent" for s in doc["program"]["segments"]), "nothing packed"
+    change(doc["program"])
+    path = planned["folder"] / f"tampered-{case.replace(' ', '-')}.json"
+    path.write_text(json.dumps(doc))
+    for tool, extra in (("tk-codegen", []), ("tk-run", ["--mode", "program", "--seed", "0"])):
+        assert_refused(run(tool, path, *extra, folder=planned["folder"]), tool, *words)
+
+
+def test_a_plan_that_can_deadlock_is_refused(planned):
+    """A vEU that waits on an operator whose tasks it runs itself, later: never launched."""
+    doc = copy.deepcopy(planned["doc"])
+    seg = next(s for s in doc["program"]["segments"] if s["kind"] == "persistent")
+    first = seg["lists"][0].split()
+    op = next(w.split(":")[0] for w in first if ":" in w)
+    seg["lists"][0] = " ".join([f"w{op}", *first])
+    path = planned["folder"] / "deadlock.json"
+    path.write_text(json.dumps(doc))
+    for tool in ("tk-codegen", "tk-run"):
+        assert_refused(run(tool, path, folder=planned["folder"]), tool, "deadlock")
+
+
+@pytest.fixture(scope="module")
+def ground(tmp_path_factory) -> dict:
+    """The LSTM-as-a-Loop model imported, rolled and ground, as JSON data."""
+    folder = tmp_path_factory.mktemp("ground")
+    onnx.save(control_models.lstm_loop(), str(folder / "lstm.onnx"))
+    for tool, args in (("tk-import", ["lstm.onnx", "-o", "lstm.yaml"]),
+                       ("tk-roll", ["lstm.yaml", "--hw", "h100", "-o", "rolled.yaml"]),
+                       ("tk-grind", ["rolled.yaml", "--format", "json", "-o", "ground.json"])):
+        proc = spawn(tool, *args, folder=folder)
+        assert proc.returncode == 0, proc.stderr
+    return {"folder": folder, "doc": json.loads((folder / "ground.json").read_text())}
+
+
+@pytest.mark.parametrize("case, change, words", [
+    ("run elsewhere", lambda r: r["grind"].update(run="gpu0"), ["grind"]),
+    ("grind not a mapping", lambda r: r.update(grind=[1, 2]), ["grind"]),
+    ("trip count not a tensor", lambda r: r.update(trip_count="nope\n#x"), ["control"]),
+    ("carried not a list", lambda r: r.update(carried="h"), ["carried"]),
+    ("body not a mapping", lambda r: r.update(body=7), ["body"]),
+])
+def test_tampered_control_records(ground, case, change, words):
+    doc = copy.deepcopy(ground["doc"])
+    change(next(iter(doc["control"].values())))
+    path = ground["folder"] / f"tampered-{case.replace(' ', '-')}.json"
+    path.write_text(json.dumps(doc))
+    for tool, extra in (("tk-codegen", []), ("tk-run", ["--seed", "0"]),
+                        ("tk-ram", ["--hw", "h100"])):
+        assert_refused(run(tool, path, *extra, folder=ground["folder"]), tool, *words)
