@@ -166,12 +166,19 @@ def fused_kernel(module, plan: GroupPlan, entry: str, tile: Tile | None, limit: 
     grid = math.prod(-(-n // b) for n, b in zip(extents, block)) if extents else 1
     stage_of = {t: k for k, s in enumerate(plan.stages) for t in s.outputs}
     axes = [a for a, _ in last.spatial]
+    # A stage that contracts (a reduction over a product of tensors: a convolution or a
+    # matmul in the chain) loops long per thread; ptxas' own occupancy target then capped a
+    # fused conv chain at 32 registers and spilled (ResNet-50's 7x7 stage), so such kernels
+    # take the register-tile launch bounds.
+    contracts = any(s.main.reduction and len({r.tensor for r in s.main.reads.values()}) > 1
+                    for s in plan.stages)
     kb = new_kernel(entry, sig, threads,
                     [f"fused: {len(plan.stages)} stages over a block tile "
                      + " x ".join(f"{a}:{b}" for a, b in zip(axes, block)) + f" (from {source})",
                      f"shared memory: {smem} bytes for "
                      f"{', '.join(sorted(plan.shared)) or 'nothing'}"
-                     + (f" and {scratch} of cross-warp partials" if scratch else "")])
+                     + (f" and {scratch} of cross-warp partials" if scratch else "")],
+                    register_tile=contracts)
     e = kb.body
     buffers: dict[str, str] = {}
     for t in sorted(plan.shared):

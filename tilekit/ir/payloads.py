@@ -204,13 +204,20 @@ class Estimate:
     bound: str
     waves: int
     wave_efficiency: float
+    #: Of `time_us`, the staging loads' round trips that nothing overlaps (staged kernels:
+    #: tilekit.roll.cost's latency term); added on top of the other terms, so a kernel that
+    #: fuses more work keeps it.
+    latency_us: float = 0.0
 
     def record(self) -> dict[str, Any]:
         """JSON-like, floats to `SIG_DIGITS` significant digits, counts as ints."""
-        return {"time_us": round_sig(self.time_us), "flops": count(self.flops),
-                "dram_bytes": count(self.dram_bytes), "smem_bytes": count(self.smem_bytes),
-                "bound": self.bound, "waves": int(self.waves),
-                "wave_efficiency": round_sig(self.wave_efficiency)}
+        out = {"time_us": round_sig(self.time_us), "flops": count(self.flops),
+               "dram_bytes": count(self.dram_bytes), "smem_bytes": count(self.smem_bytes),
+               "bound": self.bound, "waves": int(self.waves),
+               "wave_efficiency": round_sig(self.wave_efficiency)}
+        if self.latency_us:
+            out["latency_us"] = round_sig(self.latency_us)
+        return out
 
     # The cost model's historical name for record().
     as_dict = record
@@ -226,7 +233,8 @@ class Estimate:
                           where, "re-run tk-roll") from None
         return Estimate(smem_bytes=float(p.get("smem_bytes", 0) or 0), bound=bound,
                         waves=int(p.get("waves", 1) or 1),
-                        wave_efficiency=float(p.get("wave_efficiency", 1.0) or 1.0), **values)
+                        wave_efficiency=float(p.get("wave_efficiency", 1.0) or 1.0),
+                        latency_us=float(p.get("latency_us", 0.0) or 0.0), **values)
 
 
 # -- an op's rolled tile ------------------------------------------------------------------

@@ -222,6 +222,7 @@ class TileCosts:
     t_global: np.ndarray
     t_traffic: np.ndarray      # the blocks' global traffic over the bandwidth serving it
                                # (no wave or port effects): the scale-up stop criterion
+    t_latency: np.ndarray      # the staging round trips, part of time_s (0 where unstaged)
 
     def estimate(self, k: int) -> "Estimate":
         """Candidate `k`'s estimate."""
@@ -229,7 +230,8 @@ class TileCosts:
                         dram_bytes=float(self.dram_bytes[k]),
                         smem_bytes=float(self.smem_bytes[k]),
                         bound=BOUNDS[int(self.bound[k])], waves=int(self.waves[k]),
-                        wave_efficiency=float(self.wave_eff[k]))
+                        wave_efficiency=float(self.wave_eff[k]),
+                        latency_us=float(self.t_latency[k]) * 1e6)
 
 
 def as_columns(rows, n: int) -> np.ndarray:
@@ -312,7 +314,7 @@ def cost_tiles(problem: Problem, m: Machine, block: np.ndarray, thread: np.ndarr
                       threads=g.threads, blocks=g.blocks, blocks_per_sm=occ.per_sm,
                       waves=occ.waves, wave_eff=occ.eff, bound=bound, valid=occ.valid,
                       t_compute=t_compute, t_smem=t_smem, t_global=t_global,
-                      t_traffic=t_traffic)
+                      t_traffic=t_traffic, t_latency=t_latency)
     if lanes_default.any():
         _as_lane_kernels(problem, m, costs, lanes_default)
     return costs
@@ -489,6 +491,7 @@ def _as_lane_kernels(problem: Problem, m: Machine, costs: TileCosts, where: np.n
     t_global = moved / (m.exchange_bw if m.distributed else m.dram_bw)
     busy = max(t_compute, t_global)
     costs.time_s[where] = busy + m.launch_s
+    costs.t_latency[where] = 0.0
     costs.t_compute[where] = t_compute
     costs.t_smem[where] = 0.0
     costs.t_global[where] = t_global
@@ -550,8 +553,9 @@ def combine_estimates(profile, parts: Sequence[Estimate], saved_dram_bytes: floa
                       last: Estimate | None = None) -> Estimate:
     """A group of ops run as one kernel: flops and traffic add up, minus the DRAM bytes of
     intermediates that stay on chip (`saved_dram_bytes`); the time is the slower of the
-    summed compute-or-smem times and the remaining DRAM time; waves are the group's last op's
-    (whose tile the kernel uses)."""
+    summed compute-or-smem times and the remaining DRAM time, plus the staging latency of
+    `last` (the op whose tile and steps the kernel keeps: an epilogue adds no steps); waves
+    are `last`'s."""
     if not parts:
         raise ValueError("combine_estimates needs at least one estimate")
     if len(parts) == 1 and not saved_dram_bytes:
@@ -562,12 +566,17 @@ def combine_estimates(profile, parts: Sequence[Estimate], saved_dram_bytes: floa
     dram = max(0.0, sum(p.dram_bytes for p in parts) - saved_dram_bytes)
     smem = sum(p.smem_bytes for p in parts)
     eff = max(last.wave_efficiency, 1e-9)
-    inner = sum(p.time_us * 1e-6 - m.launch_s for p in parts if p.bound in ("compute", "smem"))
+    inner = sum(p.time_us * 1e-6 - m.launch_s - p.latency_us * 1e-6 for p in parts
+                if p.bound in ("compute", "smem", "latency"))
     bw = m.exchange_bw if m.distributed else m.dram_bw
     t_dram = dram / bw
-    busy = max(inner, t_dram, 0.0)
+    t_latency = last.latency_us * 1e-6
+    busy = max(inner, t_dram, 0.0) + t_latency
     bound = "dram" if t_dram >= inner else ("compute" if flops else "smem")
+    if t_latency > max(inner, t_dram):
+        bound = "latency"
     if m.launch_s > busy:
         bound = "launch"
     return Estimate(time_us=(busy + m.launch_s) * 1e6, flops=flops, dram_bytes=dram,
-                    smem_bytes=smem, bound=bound, waves=last.waves, wave_efficiency=eff)
+                    smem_bytes=smem, bound=bound, waves=last.waves, wave_efficiency=eff,
+                    latency_us=last.latency_us)
