@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # make demo: a real model (ResNet-50, bundled with the onnx package) through the pipeline:
-# import, roll for the H100, generate CUDA (compiled with nvcc when it is installed), run on
-# the CPU (whole ops, then tile by tile as rolled), each run checked against onnxruntime.
+# import, roll for the H100, weld, ram, generate CUDA (compiled with nvcc when it is
+# installed), run on the CPU (whole ops, then tile by tile as rolled and as welded), each run
+# checked against onnxruntime; then a model with a Loop (an LSTM) through tk-grind.
 # The bundled weights are one constant (0.02) everywhere, which would make the check
 # meaningless: the demo gives the same graph seeded random weights.
 set -euo pipefail
@@ -64,5 +65,43 @@ if res:
     print(f"{cg['arch']}: registers {min(r['registers'] for r in res)}-{max(r['registers'] for r in res)}, "
           f"spills {sum(r['spill_stores'] + r['spill_loads'] for r in res)} bytes")
 PY
+
+step "tk-weld (Welder: kernel groups, intermediates on chip), then each group run tile by tile"
+t=$(date +%s.%N)
+tk-weld resnet50.rolled.yaml --report -o resnet50.welded.yaml 2> weld-report.txt
+head -1 weld-report.txt
+echo "welded in $(seconds "$t") (the full per-group table: $out/weld-report.txt)"
+tk-run resnet50.welded.yaml --device cpu --mode tiled --seed 0 --check
+
+step "tk-ram (Rammer: rTasks packed onto the GPU's execution units as persistent kernels)"
+tk-roll --hw h100 --top-k 4 resnet50.tk.yaml | tk-ram --report --svg resnet50.plan.svg \
+  -o resnet50.program.yaml 2> ram-report.txt
+head -2 ram-report.txt
+if command -v nvcc >/dev/null; then
+  tk-codegen resnet50.program.yaml --compile --strict -o resnet50.program.cuda.yaml
+  python - <<'PY'
+import yaml
+cg = yaml.safe_load(open("resnet50.program.cuda.yaml"))["codegen"]
+programs = [k for k in cg["kernels"] if k["shape"] == "program"]
+print(f"{len(cg['kernels'])} kernels, {len(programs)} of them persistent programs; compiled, "
+      "co-residency checked against ptxas' registers")
+PY
+fi
+echo "the plan, drawn: $out/resnet50.plan.svg"
+
+step "tk-grind (Cocktailer: an ONNX Loop moved into one device kernel), LSTM as a Loop"
+PYTHONPATH="$here/tests" python - <<'PY'
+import onnx
+from models.control_models import lstm_loop
+onnx.save(lstm_loop(), "lstm_loop.onnx")
+PY
+tk-import lstm_loop.onnx | tk-run --device cpu --seed 0 --check
+tk-import lstm_loop.onnx | tk-roll --hw h100 | tk-grind --report -o lstm_loop.ground.yaml
+if command -v nvcc >/dev/null; then
+  tk-codegen lstm_loop.ground.yaml --compile --strict -o lstm_loop.cuda.yaml
+  echo "the device loop compiled: one cooperative kernel with grid barriers"
+fi
+
 echo
 echo "Running the kernels needs a GPU: tk-run resnet50.cuda.yaml --device cuda --seed 0 --check"
+echo "(and resnet50.program.cuda.yaml, lstm_loop.cuda.yaml the same way)"
