@@ -125,3 +125,33 @@ def test_tampered_control_records(ground, case, change, words):
     for tool, extra in (("tk-codegen", []), ("tk-run", ["--seed", "0"]),
                         ("tk-ram", ["--hw", "h100"])):
         assert_refused(run(tool, path, *extra, folder=ground["folder"]), tool, *words)
+
+
+@pytest.fixture(scope="module")
+def welded_loop(tmp_path_factory) -> dict:
+    """The LSTM-as-a-Loop model welded: its loop body holds welded groups."""
+    folder = tmp_path_factory.mktemp("welded-loop")
+    onnx.save(control_models.lstm_loop(), str(folder / "lstm.onnx"))
+    for tool, args in (("tk-import", ["lstm.onnx", "-o", "lstm.yaml"]),
+                       ("tk-roll", ["lstm.yaml", "--hw", "h100", "-o", "rolled.yaml"]),
+                       ("tk-weld", ["rolled.yaml", "--format", "json", "-o", "welded.json"])):
+        proc = spawn(tool, *args, folder=folder)
+        assert proc.returncode == 0, proc.stderr
+    return {"folder": folder, "doc": json.loads((folder / "welded.json").read_text())}
+
+
+@pytest.mark.parametrize("field, value, words", [
+    ("members", "x" * 10, ["control.lstm.body.kernels", "members"]),
+    ("block", {"i": 10 ** 30}, ["control.lstm.body.kernels", "block"]),
+])
+def test_tampered_groups_inside_a_region(welded_loop, field, value, words):
+    """A region's welded groups are checked like the module's: codegen and the CPU executor
+    refuse a tampered payload, located in the region's record."""
+    doc = copy.deepcopy(welded_loop["doc"])
+    kernels = next(iter(doc["control"].values()))["body"]["kernels"]
+    group = next(k for k in kernels if k.get("tile"))
+    group["tile"][field] = value
+    path = welded_loop["folder"] / f"tampered-region-{field}.json"
+    path.write_text(json.dumps(doc))
+    for tool, extra in (("tk-codegen", []), ("tk-run", ["--seed", "0"])):
+        assert_refused(run(tool, path, *extra, folder=welded_loop["folder"]), tool, *words)

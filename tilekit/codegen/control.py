@@ -69,8 +69,12 @@ def control_code(module: Module, kernel: Kernel, generate: Callable, profile, ar
     (a region is generated as a module of its own)."""
     name = kernel.ops[0]
     rec = control_records(module)[name]
-    results = [generate(region_module(module.tensors, r, name), profile, arch)
-               for r in rec.regions]
+    results = []
+    for rname, r in zip(rec.region_names(), rec.regions):
+        try:
+            results.append(generate(region_module(module.tensors, r, name), profile, arch))
+        except TilekitError as exc:   # located in the region's record, nested ones too
+            raise exc.located(f"control.{name}.{rname}") from None
     notes = [n for result in results for n in result.notes]
     run = (rec.grind or {}).get("run", "host")
     if run == "device":

@@ -69,8 +69,7 @@ def smem_limit(profile) -> int:
 def generate(module: Module, profile=None, arch: str | None = None) -> CodegenResult:
     """Generate every kernel of `module`; see the module docstring."""
     target = Target.of(profile, recorded_precision(module))
-    if "weld" in module.stage_names():
-        check_groups(module, profile)       # tk-weld's groups are one kernel as recorded
+    check_groups(module, profile)   # tk-weld's groups (a region's too) are one kernel as recorded
     kernels = module.kernels or default_kernels(module.ops)
     planned = module
     module = program_module(module)  # a tk-ram program's variants become the ops' tiles

@@ -95,7 +95,12 @@ def _run_region(plan: _Run, which: int, values: Mapping[str, np.ndarray],
     inputs = dict(values)
     for name in region.inputs[len(values):]:      # the captures, after the region's inputs
         inputs[name] = env[name]
-    return plan.prepare(region).run(inputs, {}, mode=mode)
+    try:
+        program = plan.prepare(region)
+    except TilekitError as exc:     # located in the region's record
+        raise exc.located(f"control.{plan.rec.name}.{plan.rec.region_names()[which]}") \
+            from None
+    return program.run(inputs, {}, mode=mode)
 
 
 def _scalar(array: np.ndarray, dtype) -> np.ndarray:

@@ -272,8 +272,10 @@ def _prepare(module: Module) -> Program:
 
 
 def _groups(module: Module) -> dict[int, tuple[str, int, Any]]:
-    """The welded groups of several consecutive ops, by first op index."""
-    if "weld" not in module.stage_names():
+    """The welded groups of several consecutive ops, by first op index (a region's too: a
+    region runs as a module of its own, without stage records)."""
+    if not any(isinstance(k.tile, Mapping) and k.tile.get("source") == "weld"
+               for k in module.kernels):
         return {}
     from tilekit.weld.verify import check_groups
     check_groups(module)
