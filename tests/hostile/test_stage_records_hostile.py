@@ -97,17 +97,21 @@ def test_a_plan_that_can_deadlock_is_refused(planned):
         assert_refused(run(tool, path, folder=planned["folder"]), tool, "deadlock")
 
 
-@pytest.fixture(scope="module")
-def ground(tmp_path_factory) -> dict:
-    """The LSTM-as-a-Loop model imported, rolled and ground, as JSON data."""
-    folder = tmp_path_factory.mktemp("ground")
+def _lstm_through(folder: Path, stage: str) -> dict:
+    """The LSTM-as-a-Loop model imported, rolled and through `stage`, as JSON data."""
     onnx.save(control_models.lstm_loop(), str(folder / "lstm.onnx"))
     for tool, args in (("tk-import", ["lstm.onnx", "-o", "lstm.yaml"]),
                        ("tk-roll", ["lstm.yaml", "--hw", "h100", "-o", "rolled.yaml"]),
-                       ("tk-grind", ["rolled.yaml", "--format", "json", "-o", "ground.json"])):
+                       (stage, ["rolled.yaml", "--format", "json", "-o", "out.json"])):
         proc = spawn(tool, *args, folder=folder)
         assert proc.returncode == 0, proc.stderr
-    return {"folder": folder, "doc": json.loads((folder / "ground.json").read_text())}
+    return {"folder": folder, "doc": json.loads((folder / "out.json").read_text())}
+
+
+@pytest.fixture(scope="module")
+def ground(tmp_path_factory) -> dict:
+    """The LSTM-as-a-Loop model imported, rolled and ground, as JSON data."""
+    return _lstm_through(tmp_path_factory.mktemp("ground"), "tk-grind")
 
 
 @pytest.mark.parametrize("case, change, words", [
@@ -130,14 +134,7 @@ def test_tampered_control_records(ground, case, change, words):
 @pytest.fixture(scope="module")
 def welded_loop(tmp_path_factory) -> dict:
     """The LSTM-as-a-Loop model welded: its loop body holds welded groups."""
-    folder = tmp_path_factory.mktemp("welded-loop")
-    onnx.save(control_models.lstm_loop(), str(folder / "lstm.onnx"))
-    for tool, args in (("tk-import", ["lstm.onnx", "-o", "lstm.yaml"]),
-                       ("tk-roll", ["lstm.yaml", "--hw", "h100", "-o", "rolled.yaml"]),
-                       ("tk-weld", ["rolled.yaml", "--format", "json", "-o", "welded.json"])):
-        proc = spawn(tool, *args, folder=folder)
-        assert proc.returncode == 0, proc.stderr
-    return {"folder": folder, "doc": json.loads((folder / "welded.json").read_text())}
+    return _lstm_through(tmp_path_factory.mktemp("welded-loop"), "tk-weld")
 
 
 @pytest.mark.parametrize("field, value, words", [
