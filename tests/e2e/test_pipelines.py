@@ -57,8 +57,7 @@ def imported_ir(model_dir: Path, name: str) -> Path:
     path = model_dir / f"{name}.tk.yaml"
     if not path.exists():
         model = model_path(model_dir, name)
-        proc = run_pipe(f"tk-import {model.name} -o {path.name}", model_dir)
-        assert proc.returncode == 0, proc.stderr
+        run_ok(f"tk-import {model.name} -o {path.name}", model_dir)
     return path
 
 
@@ -67,6 +66,13 @@ def run_pipe(pipe: str, cwd: Path) -> subprocess.CompletedProcess:
                NO_COLOR="1")
     return subprocess.run(["bash", "-o", "pipefail", "-c", pipe], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=600)
+
+
+def run_ok(pipe: str, cwd: Path) -> subprocess.CompletedProcess:
+    """Run `pipe` and assert it exited 0 (the pipe and its stderr in the message)."""
+    proc = run_pipe(pipe, cwd)
+    assert proc.returncode == 0, f"$ {pipe}\n{proc.stderr}"
+    return proc
 
 
 def assert_checked(proc: subprocess.CompletedProcess, pipe: str) -> None:
@@ -114,8 +120,7 @@ def test_import_roll_codegen_compiles(name, hw, arch, model_dir):
     ir = imported_ir(model_dir, name)
     out = f"{name}.{hw}.cuda.yaml"
     pipe = f"tk-roll --hw {hw} {ir.name} | tk-codegen --compile --strict -o {out}"
-    proc = run_pipe(pipe, model_dir)
-    assert proc.returncode == 0, f"$ {pipe}\n{proc.stderr}"
+    run_ok(pipe, model_dir)
     import yaml
     codegen = yaml.safe_load((model_dir / out).read_text())["codegen"]
     assert codegen["arch"] == arch

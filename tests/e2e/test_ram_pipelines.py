@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "tests" / "e2e"))
 from models import onnx_models, ram_models  # noqa: E402
 from models.onnx_check import with_random_weights  # noqa: E402
-from test_pipelines import LIGHT, assert_checked, run_pipe  # noqa: E402
+from test_pipelines import LIGHT, assert_checked, run_ok, run_pipe  # noqa: E402
 
 FAST = ["lstm_model", "resnext_block", "nasnet_cell"]
 ALL = FAST + ["squeezenet", "shufflenet", "inception_v1", "inception_v2", "densenet121"]
@@ -56,8 +56,7 @@ def rolled_ir(model_dir: Path, name: str) -> Path:
         model = with_random_weights(LIGHT / f"light_{name}.onnx", seed=0)
     onnx.save(model, str(onnx_path))
     pipe = f"tk-import {onnx_path.name} | tk-roll --hw h100 --top-k 4 -o {path.name}"
-    proc = run_pipe(pipe, model_dir)
-    assert proc.returncode == 0, proc.stderr
+    run_ok(pipe, model_dir)
     return path
 
 
@@ -87,8 +86,7 @@ def test_ram_programs_compile(name, hw, arch, model_dir):
     ir = rolled_ir(model_dir, name)
     pipe = (f"tk-ram --hw {hw} {ir.name} | tk-codegen --hw {hw} --arch {arch} --compile "
             f"--strict -o {name}.{hw}.program.yaml")
-    proc = run_pipe(pipe, model_dir)
-    assert proc.returncode == 0, f"$ {pipe}\n{proc.stderr}"
+    run_ok(pipe, model_dir)
     import yaml
     kernels = yaml.safe_load((model_dir / f"{name}.{hw}.program.yaml").read_text())[
         "codegen"]["kernels"]

@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "tests" / "e2e"))
 from models import control_models, onnx_models, ram_models  # noqa: E402
-from test_pipelines import assert_checked, run_pipe  # noqa: E402
+from test_pipelines import assert_checked, run_ok, run_pipe  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("stages-together")]
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
@@ -54,8 +54,7 @@ def welded(folder: Path, name: str) -> Path:
     if not path.exists():
         pipe = (f"tk-import {onnx_file(folder, name).name} | tk-roll --hw h100 --top-k 4 "
                 f"| tk-weld -o {path.name}")
-        proc = run_pipe(pipe, folder)
-        assert proc.returncode == 0, f"$ {pipe}\n{proc.stderr}"
+        run_ok(pipe, folder)
     return path
 
 
@@ -72,8 +71,7 @@ def test_weld_then_ram_compiles(name, folder):
     ir = welded(folder, name)
     out = f"{name}.program.cuda.yaml"
     pipe = f"tk-ram {ir.name} | tk-codegen --compile --strict -o {out}"
-    proc = run_pipe(pipe, folder)
-    assert proc.returncode == 0, f"$ {pipe}\n{proc.stderr}"
+    run_ok(pipe, folder)
     import yaml
 
     doc = yaml.safe_load((folder / out).read_text())
@@ -120,8 +118,7 @@ def test_control_models_through_every_stage(name, folder):
 def test_control_models_through_every_stage_compile(name, folder):
     ir = welded(folder, name)
     pipe = f"tk-grind {ir.name} | tk-ram | tk-codegen --compile --strict -o {name}.cuda.yaml"
-    proc = run_pipe(pipe, folder)
-    assert proc.returncode == 0, f"$ {pipe}\n{proc.stderr}"
+    run_ok(pipe, folder)
 
 
 def test_half_precision_through_weld_and_ram(folder):
@@ -138,8 +135,7 @@ def test_compile_with_every_pass_equals_the_pipe(folder):
     model = onnx_file(folder, "mobilenet_block")
     pipe = ("tk-import mobilenet_block.onnx -o mb.yaml && tk-roll --hw h100 mb.yaml | tk-weld "
             "| tk-grind | tk-ram | tk-codegen -o mb.cuda.yaml")
-    proc = run_pipe(pipe, folder)
-    assert proc.returncode == 0, proc.stderr
+    run_ok(pipe, folder)
     compiled = tilekit.compile(model, passes=["roll", "weld", "grind", "ram", "codegen"],
                                hw="h100", ir_path=folder / "mb.cuda.yaml",
                                weights_path=folder / "mb.weights.npz")

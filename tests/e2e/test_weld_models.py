@@ -19,7 +19,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_pipelines import (ALL_MODELS, BUILT_MODELS, assert_checked, have_nvcc,  # noqa: E402
-                            imported_ir, run_pipe)
+                            imported_ir, run_ok, run_pipe)
 
 pytestmark = pytest.mark.slow
 
@@ -49,8 +49,7 @@ def test_weld_codegen_compiles(name, hw, arch, weld_dir):
     ir = imported_ir(weld_dir, name)
     out = f"{name}.{hw}.welded.cuda.yaml"
     pipe = f"tk-roll --hw {hw} {ir.name} | tk-weld | tk-codegen --compile --strict -o {out}"
-    proc = run_pipe(pipe, weld_dir)
-    assert proc.returncode == 0, f"$ {pipe}\n{proc.stderr}"
+    run_ok(pipe, weld_dir)
     doc = yaml.safe_load((weld_dir / out).read_text())
     assert doc["codegen"]["arch"] == arch
     assert not doc["codegen"].get("notes"), doc["codegen"]["notes"]    # no group was split

@@ -22,6 +22,7 @@ from tilekit.errors import TilekitError  # noqa: E402
 from tilekit.ir.control import region_module, walk  # noqa: E402
 from tilekit.onnx import import_model  # noqa: E402
 from tilekit.runtime import run_module  # noqa: E402
+from tilekit.runtime.occupancy import FixedOccupancy  # noqa: E402
 
 pytestmark = [pytest.mark.xdist_group("control"),
               pytest.mark.skipif(find_nvcc() is None, reason="nvcc not on PATH")]
@@ -107,7 +108,7 @@ def fake(monkeypatch, tmp_path):
 
         state["records"] = {k.entry: k for k in CodegenSection.read(module.codegen).kernels}
         state["steps"] = cpu_steps(module)
-        program = cuda.CudaProgram(module, occupancy=occupancy or Occupancy(per_sm=4))
+        program = cuda.CudaProgram(module, occupancy=occupancy or FixedOccupancy(per_sm=4))
         state["program"] = program
         return program
     return types.SimpleNamespace(cuda=cuda, log=log, prepare=prepare)
@@ -140,20 +141,9 @@ def test_host_driven_control_matches_the_cpu(fake, name):
                                 {r.name for r in top})
 
 
-class Occupancy:
-    def __init__(self, per_sm):
-        self.per_sm = per_sm
-
-    def blocks_per_sm(self, function, threads, dynamic_smem):
-        return self.per_sm
-
-    def sm_count(self):
-        return 1
-
-
 def test_device_loop_is_launched_cooperatively_after_the_check(fake):
     imported, module, inputs = built("lstm_loop", "device")
-    program = fake.prepare(module, Occupancy(per_sm=4))
+    program = fake.prepare(module, FixedOccupancy(per_sm=4))
     program.upload(inputs, imported.weights)
     program.launch_all()
     coop = [entry for entry in fake.log if len(entry) == 3 and entry[2]]
@@ -164,7 +154,7 @@ def test_device_loop_over_coresidency_is_not_launched(fake):
     imported, module, inputs = built("lstm_loop", "device")
     kernel = next(k for k in module.codegen["kernels"] if k.get("coresident"))
     with pytest.raises(TilekitError) as err:  # refused when loaded, before any launch
-        fake.prepare(module, Occupancy(per_sm=0))
+        fake.prepare(module, FixedOccupancy(per_sm=0))
     assert "not launched" in err.value.message() and kernel["entry"] in err.value.message()
     assert not any(len(e) == 3 for e in fake.log)
 

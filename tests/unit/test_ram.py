@@ -68,6 +68,14 @@ def _persistent(program):
                                  for i in items))
 
 
+def _editable_lists(module):
+    """The program, its most-waiting persistent segment and that segment's vEU lists as
+    lists to edit."""
+    program = read_program(module)
+    s = _persistent(program)
+    return program, s, [list(items) for items in program.segments[s].lists]
+
+
 # -- the program section ---------------------------------------------------------------------
 
 def test_program_reads_back_and_verifies(resnext):
@@ -136,9 +144,7 @@ def test_an_operator_that_fills_the_device_stays_a_kernel():
 # -- the verifier catches broken plans ---------------------------------------------------------
 
 def test_verifier_refuses_a_dropped_barrier(resnext):
-    program = read_program(resnext.module)
-    s = _persistent(program)
-    lists = [list(items) for items in program.segments[s].lists]
+    program, s, lists = _editable_lists(resnext.module)
     v = next(v for v, items in enumerate(lists) if any(i.kind == WAIT for i in items))
     lists[v] = [i for i in lists[v] if i.kind != WAIT]
     with pytest.raises(IRError, match="without waiting"):
@@ -146,9 +152,7 @@ def test_verifier_refuses_a_dropped_barrier(resnext):
 
 
 def test_verifier_refuses_a_wait_on_a_later_task_of_the_same_veu(resnext):
-    program = read_program(resnext.module)
-    s = _persistent(program)
-    lists = [list(items) for items in program.segments[s].lists]
+    program, s, lists = _editable_lists(resnext.module)
     # vEU v waits on operator p, then runs one of p's own tasks: it can never proceed.
     v = next(v for v, items in enumerate(lists) if any(i.kind == WAIT for i in items))
     wait = next(i for i in lists[v] if i.kind == WAIT)
@@ -163,9 +167,7 @@ def test_verifier_refuses_a_wait_on_a_later_task_of_the_same_veu(resnext):
 
 
 def test_verifier_refuses_a_block_placed_twice_and_a_useless_barrier(resnext):
-    program = read_program(resnext.module)
-    s = _persistent(program)
-    lists = [list(items) for items in program.segments[s].lists]
+    program, s, lists = _editable_lists(resnext.module)
     task = next(i for i in lists[0] if i.kind == TASK)
     twice = [lst + ([task] if v == 1 else []) for v, lst in enumerate(lists)]
     with pytest.raises(IRError, match="placed 2 times"):

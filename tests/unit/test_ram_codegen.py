@@ -22,6 +22,7 @@ from tilekit.errors import TilekitError
 from tilekit.hw import load_profile
 from tilekit.ir.payloads import CodegenSection
 from tilekit.runtime.cpu import run_module
+from tilekit.runtime.occupancy import FixedOccupancy
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from models import ram_models  # noqa: E402
@@ -137,17 +138,6 @@ def test_codegen_refuses_a_program_that_ptxas_resources_make_too_large():
     assert problems and "limited by registers" in problems[0] and "1056" in problems[0]
 
 
-class FakeDriver:
-    def __init__(self, per_sm, sms):
-        self.per_sm, self.sms = per_sm, sms
-
-    def blocks_per_sm(self, function, threads, dynamic_smem):
-        return self.per_sm
-
-    def sm_count(self):
-        return self.sms
-
-
 class FakeBuffer:
     def __init__(self, n):
         self.values = [7] * n  # garbage from an earlier run
@@ -175,10 +165,10 @@ def test_runtime_checks_occupancy_before_a_program_launch(programs):
 
     sms = -(-record.grid[0] // 2)
     with pytest.raises(TilekitError, match="not launched") as err:
-        coresident_launch(record, index, function, FakeCupy, FakeDriver(1, sms))
+        coresident_launch(record, index, function, FakeCupy, FixedOccupancy(1, sms))
     assert err.value.where == f"codegen.kernels[{index}]"
     assert calls == []  # refused, never launched
-    launch = coresident_launch(record, index, function, FakeCupy, FakeDriver(2, sms))
+    launch = coresident_launch(record, index, function, FakeCupy, FixedOccupancy(2, sms))
     launch.counters.values = [5] * record.counters  # left by a previous run
     launch({t: object() for t in record.args})
     assert calls == [(record.grid, record.block, [0] * record.counters, True)]

@@ -7,7 +7,7 @@ import pytest
 
 from tilekit.errors import TilekitError
 from tilekit.hw import load_profile
-from tilekit.runtime.occupancy import check_coresident
+from tilekit.runtime.occupancy import FixedOccupancy, check_coresident
 from tilekit.schedule.residency import common_residency, residency
 
 
@@ -48,20 +48,9 @@ def test_a_slot_fits_every_body(h100):
     assert (r.threads, r.registers, r.smem_bytes) == (256, 64, 40 * 1024)
 
 
-class FakeDriver:
-    def __init__(self, per_sm, sms):
-        self.per_sm, self.sms = per_sm, sms
-
-    def blocks_per_sm(self, function, threads, dynamic_smem):
-        return self.per_sm
-
-    def sm_count(self):
-        return self.sms
-
-
 def test_launch_check_refuses_a_grid_that_is_not_coresident():
-    assert check_coresident("k", 264, 256, 0, None, FakeDriver(2, 132), "program") == 264
+    assert check_coresident("k", 264, 256, 0, None, FixedOccupancy(2, 132), "program") == 264
     with pytest.raises(TilekitError) as err:
-        check_coresident("k", 265, 256, 0, None, FakeDriver(2, 132), "program.segments[0]")
+        check_coresident("k", 265, 256, 0, None, FixedOccupancy(2, 132), "program.segments[0]")
     assert "264" in str(err.value) and "not launched" in str(err.value)
     assert err.value.where == "program.segments[0]"

@@ -50,7 +50,6 @@ from tilekit.ir.model import Kernel, Module, Tensor
 from tilekit.schedule.defaults import STATIC_SMEM_LIMIT
 
 #: The preamble line that makes runtime.cuh define tk_grid_sync().
-GRID_SYNC_DEFINE = "#define TK_USE_GRID_SYNC 1"
 
 
 @dataclass(frozen=True)
@@ -150,7 +149,8 @@ def device_kernel(module: Module, kernel: Kernel, rec: ControlOp,
     for region in rec.regions:
         decl.update(region.tensors)
     tensors = _Tensors(decl, [], set())
-    entry = f"tk_{'branch' if rec.kind == 'if' else 'loop'}_{c_name(rec.name)}"
+    kind = "branch" if rec.kind == "if" else "loop"
+    entry = f"tk_{kind}_{c_name(rec.name)}"
     e = Emitter()
     with e.block():
         e.line(f"TK_DYNAMIC_SMEM(tk_smem);" if smem > STATIC_SMEM_LIMIT else
@@ -174,15 +174,14 @@ def device_kernel(module: Module, kernel: Kernel, rec: ControlOp,
         check_line(line)
     return GeneratedKernel(
         name=kernel.name, group=kernel.name, entry=entry, ops=tuple(kernel.ops),
-        shape=f"device_{'branch' if rec.kind == 'if' else 'loop'}",
+        shape=f"device_{kind}",
         schedule={"control": rec.name, "bodies": [g.entry for g in bodies], "grid": grid,
                   "smem_bytes": smem},
         grid=(grid, 1, 1), block=(threads, 1, 1),
         smem_bytes=smem if smem > STATIC_SMEM_LIMIT else 0, smem_planned=smem,
         args=tuple(tensors.order), writes=tuple(t for t in tensors.order
                                                 if t in tensors.written),
-        body=text, uses_half=any(g.uses_half for g in bodies), coresident=True,
-        defines=(GRID_SYNC_DEFINE,))
+        body=text, uses_half=any(g.uses_half for g in bodies), coresident=True)
 
 
 def _run_bodies(e: Emitter, side: tuple[GeneratedKernel, ...], tensors: _Tensors,
@@ -251,7 +250,7 @@ def _loop(e: Emitter, rec: ControlOp, regions, tensors: _Tensors, threads: int) 
                 e.line(f"{tensors.use(body.inputs[1], True)}[0] = tk_go;")
         for k, outer in enumerate(rec.scan_inputs):
             slot = body.inputs[lead + n + k]
-            at = f"{trips} - 1 - tk_it" if rec.input_reverse[k] else "tk_it"
+            at = "tk_trips - 1 - tk_it" if rec.input_reverse[k] else "tk_it"
             _copy(e, tensors.use(slot, True), tensors.use(outer), decl[slot].size,
                   src_index=_axis_index(decl[outer].shape, rec.input_axes[k], at))
         e.line("tk_grid_sync();")
@@ -260,7 +259,7 @@ def _loop(e: Emitter, rec: ControlOp, regions, tensors: _Tensors, threads: int) 
             _copy(e, tensors.use(param, True), tensors.use(nxt), decl[param].size)
         for j, (outer, res) in enumerate(zip(rec.scans, results)):
             axis = rec.output_axes[j] if rec.kind == "scan" else 0
-            at = (f"{trips} - 1 - tk_it" if rec.kind == "scan" and rec.output_reverse[j]
+            at = ("tk_trips - 1 - tk_it" if rec.kind == "scan" and rec.output_reverse[j]
                   else "tk_it")
             _copy(e, tensors.use(outer, True), tensors.use(res), decl[res].size,
                   dst_index=_axis_index(decl[outer].shape, axis, at))
@@ -298,11 +297,6 @@ def cap_grid(record, profile, registers: int) -> tuple[Any, str | None]:
         return record, None
     schedule = {**record.schedule, "grid": res.grid, "grid_capped": res.why()}
     return replace(record, grid=(res.grid, 1, 1), schedule=schedule), None
-
-
-def record_defines(record) -> tuple[str, ...]:
-    """The preprocessor lines a recorded kernel's file has before runtime.cuh."""
-    return (GRID_SYNC_DEFINE,) if record.shape in ("device_loop", "device_branch") else ()
 
 
 def check_entries_unique(kernels) -> None:

@@ -73,6 +73,11 @@ inline float __int_as_float(int i) {
   std::memcpy(&f, &i, sizeof f);
   return f;
 }
+inline unsigned __float_as_uint(float f) {
+  unsigned u;
+  std::memcpy(&u, &f, sizeof u);
+  return u;
+}
 inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
 inline double rsqrt(double x) { return 1.0 / std::sqrt(x); }
 
@@ -429,14 +434,11 @@ inline float __half2float(__half h) {
   } else {
     bits = sign | ((unsigned)(exp - 15 + 127) << 23) | (mant << 13);
   }
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
+  return __int_as_float((int)bits);
 }
 
 inline __half __float2half_rn(float f) {
-  unsigned x;
-  std::memcpy(&x, &f, 4);
+  const unsigned x = __float_as_uint(f);
   const unsigned sign = (x >> 16) & 0x8000u;
   unsigned mant = x & 0x7fffffu;
   const int exp = (int)((x >> 23) & 0xffu);
@@ -471,14 +473,11 @@ inline __half __float2half_rn(float f) {
 
 inline float __bfloat162float(__nv_bfloat16 b) {
   const unsigned bits = (unsigned)b.x << 16;
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
+  return __int_as_float((int)bits);
 }
 
 inline __nv_bfloat16 __float2bfloat16_rn(float f) {
-  unsigned x;
-  std::memcpy(&x, &f, 4);
+  const unsigned x = __float_as_uint(f);
   __nv_bfloat16 r;
   if ((x & 0x7f800000u) == 0x7f800000u && (x & 0x7fffffu)) {
     r.x = (unsigned short)((x >> 16) | 0x40u);  // a quiet NaN
@@ -589,8 +588,7 @@ inline void tk_mma_1688_tf32(float (&d)[4], const unsigned (&a)[4], const unsign
 }
 // cvt.rna.tf32.f32: keep 10 mantissa bits, round to nearest with ties away from zero.
 inline unsigned tk_to_tf32(float x) {
-  unsigned u;
-  std::memcpy(&u, &x, 4);
+  unsigned u = __float_as_uint(x);
   if ((u & 0x7f800000u) != 0x7f800000u) u = (u + 0x1000u) & 0xffffe000u;
   return u;
 }

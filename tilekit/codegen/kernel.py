@@ -44,6 +44,17 @@ from tilekit.ir.model import Module
 INT32_LIMIT = 2 ** 31 - 1
 
 
+#: The define that compiles runtime.cuh's grid barrier (cooperative groups) into a file.
+GRID_SYNC_DEFINE = "#define TK_USE_GRID_SYNC 1"
+
+
+def shape_defines(shape: str) -> tuple[str, ...]:
+    """The preprocessor lines a kernel of `shape` has before runtime.cuh: device loops and
+    branches use the grid barrier. A function of the shape alone, so a recorded kernel's
+    file is rebuilt from its record."""
+    return (GRID_SYNC_DEFINE,) if shape in ("device_loop", "device_branch") else ()
+
+
 @dataclass(frozen=True)
 class GeneratedKernel:
     """One `__global__` function and how to launch it."""
@@ -68,8 +79,10 @@ class GeneratedKernel:
     #: cooperatively or checked co-resident, never more blocks than fit.
     coresident: bool = False
     counters: int = 0             # words of the progress-counter workspace it takes last
-    #: Preprocessor lines its file needs before runtime.cuh (`#define TK_USE_GRID_SYNC 1`).
-    defines: tuple[str, ...] = ()
+    @property
+    def defines(self) -> tuple[str, ...]:
+        """Preprocessor lines its file needs before runtime.cuh (`shape_defines`)."""
+        return shape_defines(self.shape)
 
     @property
     def source(self) -> str:

@@ -21,7 +21,8 @@ from typing import Any, Mapping
 
 from tilekit.errors import IRError, TilekitError
 from tilekit.grind.cost import control_costs
-from tilekit.ir.control import ControlOp, control_section, read_control, region_scope
+from tilekit.ir.control import (ControlOp, control_section, read_control, region_scope,
+                                 walk)
 from tilekit.ir.stages import run_stage
 from tilekit.ir.model import Module, Tensor
 
@@ -81,8 +82,6 @@ def _place(rec: ControlOp, scope: Mapping[str, Tensor], profile, place: str) -> 
 
 def report_rows(module: Module) -> list[tuple[str, ...]]:
     """One row per control op (nested ones too): path, kind, placement, figures."""
-    from tilekit.ir.control import walk
-
     rows = []
     for path, rec, _ in walk(module):
         g = rec.grind or {}

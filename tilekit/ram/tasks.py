@@ -129,7 +129,7 @@ def _operator(module: Module, k: int, kernel: Kernel, profile, target: Target, d
                       "a fused multi-stage group: its tile is codegen's choice")
     variants = _expr_variants(module, first, profile, target, dtypes, launch)
     if len(kernel.ops) > 1:  # a chain: the first op's kernel with an epilogue; group time
-        est = _kernel_estimate(module, kernel, profile)
+        est = _kernel_estimate(kernel)
         v = variants[0]
         busy = _busy(est, launch) if est is not None else v.busy_us
         variants = (Variant(0, v.tasks, v.threads, v.regs, v.smem_bytes, busy,
@@ -151,7 +151,7 @@ def _is_chain(module: Module, kernel: Kernel) -> bool:
     return True
 
 
-def _kernel_estimate(module: Module, kernel: Kernel, profile) -> Estimate | None:
+def _kernel_estimate(kernel: Kernel) -> Estimate | None:
     if kernel.estimate:
         return Estimate.read(kernel.estimate, f"kernels[{kernel.name}].estimate")
     return None
@@ -159,7 +159,7 @@ def _kernel_estimate(module: Module, kernel: Kernel, profile) -> Estimate | None
 
 def _fixed(module: Module, k: int, kernel: Kernel, profile, launch: float, why: str
            ) -> ROperator:
-    est = _kernel_estimate(module, kernel, profile) or _bytes_estimate(module, kernel.ops,
+    est = _kernel_estimate(kernel) or _bytes_estimate(module, kernel.ops,
                                                                        profile)
     busy = _busy(est, launch)
     blocks = max(1, est.waves) * profile.sm_count

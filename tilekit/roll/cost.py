@@ -300,8 +300,7 @@ def cost_tiles(problem: Problem, m: Machine, block: np.ndarray, thread: np.ndarr
     # a block the loads' round trip is not overlapped, only by the other blocks resident on
     # its SM. Each SM runs ceil(blocks / (SMs x resident)) rounds of nsteps such waits.
     # (tensor-core kernels pipeline their steps with cp.async: no such term.)
-    resident = np.maximum(1, np.minimum(occ.per_sm, -(-g.blocks // m.hw.sm_count)))
-    t_latency = np.where(staged, -(-g.blocks // (m.hw.sm_count * resident)) * g.nsteps
+    t_latency = np.where(staged, -(-g.blocks // (m.hw.sm_count * occ.resident)) * g.nsteps
                          * m.step_latency, 0.0)
     terms = np.stack([t_compute, t_smem, t_global])
     busy = terms.max(axis=0) + t_latency
@@ -448,6 +447,7 @@ class _Occupancy:
     waves: np.ndarray
     saturation: np.ndarray
     lanes: np.ndarray
+    resident: np.ndarray    # blocks on one SM at once (a grid under a wave spreads first)
 
 
 def _occupancy(m: Machine, g: _Grid, regs: np.ndarray, smem_tile: np.ndarray) -> _Occupancy:
@@ -471,7 +471,7 @@ def _occupancy(m: Machine, g: _Grid, regs: np.ndarray, smem_tile: np.ndarray) ->
     eff, waves = wave_efficiency(g.blocks, m.hw.sm_count * resident)
     saturation = np.minimum(1.0, warps * resident / min(SATURATING_WARPS,
                                                           m.hw.max_warps_per_sm))
-    return _Occupancy(per_sm, valid, eff, waves, saturation, lanes)
+    return _Occupancy(per_sm, valid, eff, waves, saturation, lanes, resident)
 
 
 def _as_lane_kernels(problem: Problem, m: Machine, costs: TileCosts, where: np.ndarray

@@ -103,10 +103,6 @@ def _run_region(plan: _Run, which: int, values: Mapping[str, np.ndarray],
     return program.run(inputs, {}, mode=mode)
 
 
-def _scalar(array: np.ndarray, dtype) -> np.ndarray:
-    return np.asarray(array, dtype=dtype).reshape(())
-
-
 def check_iteration(rec: ControlOp, i: int, where: str) -> None:
     """Iteration `i` (from 0) of a loop may start: within its max_trips and the budget."""
     if rec.max_trips is not None and i >= rec.max_trips:

@@ -206,38 +206,15 @@ class Program:
             start = time.perf_counter() if on_step else 0.0
             if group_runner is not None and step.index in self.groups:
                 name, count, tile = self.groups[step.index]
-                members = self.steps[step.index:step.index + count]
-                stored = group_runner(name, tile, members, env)
-                for t, array in stored.items():
-                    env[t] = array
-                    if trace is not None:
-                        trace[t] = array
-                skip = count - 1
-                for name in step.frees:
-                    env.pop(name, None)
-                if on_step:
-                    on_step(step, time.perf_counter() - start)
-                continue
-            results = (step.impl.run(env, mode, prepare) if step.op.kind == "control"
-                       else runner(step, env))
-            if len(results) != len(step.writes):
-                raise RuntimeError(f"{step.where}: produced {len(results)} arrays for "
-                                   f"{len(step.writes)} outputs")
-            for name, array, dtype, shape in zip(step.writes, results, step.dtypes,
-                                                 step.shapes):
-                if not name:
-                    continue
-                array = np.asarray(array)
-                if array.shape != shape:
-                    # Broadcast a scalar-like result (`y[i] = 0`) but never reshape silently.
-                    if array.size == 1 or array.ndim == 0:
-                        array = np.full(shape, array.reshape(()), dtype=dtype)
-                    else:
-                        raise RuntimeError(f"{step.where}: '{name}' came out with shape "
-                                           f"{array.shape}, declared {shape}")
-                env[name] = array.astype(dtype, copy=False)
+                stored = group_runner(name, tile, self.steps[step.index:step.index + count],
+                                      env)
+                env.update(stored)
                 if trace is not None:
-                    trace[name] = env[name]
+                    trace.update(stored)
+                skip = count - 1
+            else:
+                self._store(step, env, trace, step.impl.run(env, mode, prepare)
+                            if step.op.kind == "control" else runner(step, env))
             for name in step.frees:
                 env.pop(name, None)
             if on_step:
@@ -246,6 +223,27 @@ class Program:
         for name, count in (self.counts or {}).items():
             out[name] = out[name][:int(env[count])]
         return out
+
+    @staticmethod
+    def _store(step: Step, env: dict, trace: dict | None, results) -> None:
+        """A step's results into `env` (and `trace`), each as its declared dtype and shape."""
+        if len(results) != len(step.writes):
+            raise RuntimeError(f"{step.where}: produced {len(results)} arrays for "
+                               f"{len(step.writes)} outputs")
+        for name, array, dtype, shape in zip(step.writes, results, step.dtypes, step.shapes):
+            if not name:
+                continue
+            array = np.asarray(array)
+            if array.shape != shape:
+                # Broadcast a scalar-like result (`y[i] = 0`) but never reshape silently.
+                if array.size == 1 or array.ndim == 0:
+                    array = np.full(shape, array.reshape(()), dtype=dtype)
+                else:
+                    raise RuntimeError(f"{step.where}: '{name}' came out with shape "
+                                       f"{array.shape}, declared {shape}")
+            env[name] = array.astype(dtype, copy=False)
+            if trace is not None:
+                trace[name] = env[name]
 
 
 _PROGRAMS: dict[int, Program] = {}
@@ -274,15 +272,16 @@ def _prepare(module: Module) -> Program:
 def _groups(module: Module) -> dict[int, tuple[str, int, Any]]:
     """The welded groups of several consecutive ops, by first op index (a region's too: a
     region runs as a module of its own, without stage records)."""
-    if not any(isinstance(k.tile, Mapping) and k.tile.get("source") == "weld"
-               for k in module.kernels):
+    welded = [k for k in module.kernels
+              if isinstance(k.tile, Mapping) and k.tile.get("source") == "weld"]
+    if not welded:
         return {}
     from tilekit.weld.verify import check_groups
     check_groups(module)
     index = module.op_index()
     out = {}
-    for k in module.kernels:
-        if len(k.ops) < 2 or not isinstance(k.tile, Mapping) or k.tile.get("source") != "weld":
+    for k in welded:
+        if len(k.ops) < 2:
             continue
         first = index[k.ops[0]]
         if [index[o] for o in k.ops] != list(range(first, first + len(k.ops))):

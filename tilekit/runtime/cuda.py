@@ -24,7 +24,6 @@ on an H100: README, "On a GPU"); skipped elsewhere.
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -170,10 +169,7 @@ class CudaProgram:
         written: set[str] = set()
         declared = all_tensors(module)
         for k in section.kernels:
-            for t in k.args:
-                if t not in self.buffers:
-                    tensor = declared[t]
-                    self.buffers[t] = cupy.empty(tuple(tensor.shape), dtype=_np_dtype(tensor.dtype))
+            self._allocate(k.args, declared)
             raw = self._cooperative(section) if k.coresident else self.raw
             fn = raw.get_function(k.entry)
             if k.smem_bytes > 48 * 1024:
@@ -189,7 +185,7 @@ class CudaProgram:
                 self.launches.append(Launch(k.entry, fn, k.grid, k.block, k.smem_bytes,
                                             k.args))
             written.update(k.writes)
-        self._control(module, section, written)
+        self._control(module, section, written, declared)
         self.inputs = tuple(module.inputs)
         self.weight_names = tuple(n for n, t in module.tensors.items() if t.role == "weight")
         self.passthrough = tuple(o for o in module.outputs if o not in written)
@@ -201,7 +197,15 @@ class CudaProgram:
         # so that a run with the same array objects skips the upload.
         self._uploaded: dict[str, np.ndarray] = {}
 
-    def _control(self, module: Module, section: CodegenSection, written: set[str]) -> None:
+    def _allocate(self, names, declared) -> None:
+        """A device buffer for each of `names` that has none yet (declared shape and dtype)."""
+        for name in names:
+            if name not in self.buffers:
+                t = declared[name]
+                self.buffers[name] = self.cupy.empty(tuple(t.shape), dtype=_np_dtype(t.dtype))
+
+    def _control(self, module: Module, section: CodegenSection, written: set[str],
+                 declared) -> None:
         """Steps when the module has control ops (tilekit.runtime.cuda_control): buffers for
         what the host moves, the outputs a run-time count trims; None: a flat launch list."""
         self.steps = None
@@ -213,15 +217,11 @@ class CudaProgram:
         from tilekit.runtime.control import kept_counts
         from tilekit.runtime.cuda_control import build_steps
 
-        declared = all_tensors(module)
         for _, rec, _ in walk(module):
             names = [*rec.explicit_reads(), *rec.writes()]
             for region in rec.regions:
                 names += [*region.inputs, *region.outputs]
-            for name in names:
-                if name not in self.buffers:
-                    t = declared[name]
-                    self.buffers[name] = self.cupy.empty(tuple(t.shape), dtype=_np_dtype(t.dtype))
+            self._allocate(names, declared)
         for rec in records.values():
             written.update(rec.writes())
         by_group: dict[str, list[Launch]] = {}
@@ -235,10 +235,10 @@ class CudaProgram:
 
     @staticmethod
     def _check_helpers(section: CodegenSection) -> None:
-        from tilekit.codegen.helpers import HELPERS
+        from tilekit.codegen.helpers import helpers_sha256
 
         want = section.helpers.get("sha256")
-        have = hashlib.sha256(HELPERS.read_bytes()).hexdigest()
+        have = helpers_sha256()
         if want and want != have:
             raise TilekitError("the kernels were generated against another runtime.cuh "
                                f"(sha256 {want[:12]}..., this tilekit has {have[:12]}...)",
@@ -388,19 +388,17 @@ def unit_source(kernels: "tuple[KernelRecord, ...]") -> str:
     `tilekit.codegen.kernel.preamble`) followed by its body; a source that does not start with
     that preamble was not written by this tilekit and is refused.
     """
-    from tilekit.codegen.kernel import kernel_preamble, preamble
-
-    from tilekit.codegen.control import record_defines
+    from tilekit.codegen.kernel import kernel_preamble, preamble, shape_defines
 
     bodies = []
     for k in kernels:
-        head = kernel_preamble(k.name, k.ops, k.shape, k.uses_half, record_defines(k))
+        head = kernel_preamble(k.name, k.ops, k.shape, k.uses_half, shape_defines(k.shape))
         if not k.source.startswith(head):
             raise TilekitError(f"the source of kernel {k.entry} does not start with the "
                                "preamble tk-codegen writes", "codegen.kernels",
                                "re-run tk-codegen with this tilekit")
         bodies.append(k.source[len(head):])
-    defines = tuple(dict.fromkeys(d for k in kernels for d in record_defines(k)))
+    defines = tuple(dict.fromkeys(d for k in kernels for d in shape_defines(k.shape)))
     return preamble(None, any(k.uses_half for k in kernels), defines) + "\n".join(bodies)
 
 

@@ -8,7 +8,7 @@ naming the kernel, the grid, the limit and its parts; it never launches (a grid 
 co-resident can hang the device).
 
 The driver is reached through `Occupancy`, an interface with one method, so tests replace it
-with a fake on a machine without a GPU (tests/unit/test_residency.py).
+with `FixedOccupancy` on a machine without a GPU (tests/unit/test_residency.py).
 """
 
 from __future__ import annotations
@@ -41,6 +41,21 @@ class CupyOccupancy:
     def sm_count(self) -> int:
         device = self.cupy.cuda.Device()
         return int(device.attributes["MultiProcessorCount"])
+
+
+@dataclass(frozen=True)
+class FixedOccupancy:
+    """A device that answers `per_sm` blocks per SM on `sms` SMs, whatever the kernel (tests,
+    and planning against stated figures without a device)."""
+
+    per_sm: int
+    sms: int = 1
+
+    def blocks_per_sm(self, function: Any, threads: int, dynamic_smem: int) -> int:
+        return self.per_sm
+
+    def sm_count(self) -> int:
+        return self.sms
 
 
 def check_coresident(entry: str, grid: int, threads: int, dynamic_smem: int, function: Any,

@@ -54,7 +54,12 @@ SMEM_ALIGN = 16
 
 def buffer_bytes(count: int, dtype: str) -> int:
     """Bytes of a shared buffer of `count` elements of `dtype`, rounded up to `SMEM_ALIGN`."""
-    return -(-count * ITEMSIZE[dtype] // SMEM_ALIGN) * SMEM_ALIGN
+    return align_smem(count * ITEMSIZE[dtype])
+
+
+def align_smem(nbytes: int) -> int:
+    """`nbytes` rounded up to `SMEM_ALIGN` (where the next shared buffer may start)."""
+    return -(-nbytes // SMEM_ALIGN) * SMEM_ALIGN
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,7 @@ from tilekit.ir.model import Kernel, Module
 from tilekit.ir.payloads import (Candidate, Estimate, GroupEdge, GroupMember, GroupTile, count,
                                  round_sig)
 from tilekit.ir.stages import run_stage
+from tilekit.roll.problem import ITEMSIZE
 from tilekit.weld.attention import FLASH_STEP, match
 from tilekit.weld.model import op_estimate, tensor_bytes, unwelded
 from tilekit.weld.search import TileChoice, choose
@@ -241,8 +242,7 @@ def group_tile(module: Module, group: Group) -> GroupTile:
     edges = []
     for e in s.edges:
         region = members[pos[e.producer]].region
-        itemsize = tensor_bytes(module, e.tensor) // module.tensors[e.tensor].size
-        nbytes = itemsize
+        nbytes = ITEMSIZE.get(module.tensors[e.tensor].dtype, 4)
         for x in region:
             nbytes *= x
         full = tensor_bytes(module, e.tensor)

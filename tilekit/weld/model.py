@@ -29,6 +29,7 @@ from tilekit.ir.model import Module
 from tilekit.ir.payloads import Estimate
 from tilekit.roll.cost import combine_estimates, machine, wave_efficiency
 from tilekit.roll.problem import ITEMSIZE
+from tilekit.roll.schedule import tensor_bytes as total_bytes
 from tilekit.weld.structure import Propagation, Structure
 
 #: Threads of a fused kernel whose tile has more points (extra points loop).
@@ -36,8 +37,8 @@ FUSED_THREADS = 256
 
 
 def tensor_bytes(module: Module, name: str) -> int:
-    t = module.tensors[name]
-    return t.size * ITEMSIZE.get(t.dtype, 4)
+    """Bytes of tensor `name` (tilekit.roll.schedule.tensor_bytes of one tensor)."""
+    return total_bytes(module, (name,))
 
 
 def op_estimate(module: Module, i: int) -> Estimate:

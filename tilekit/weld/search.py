@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from tilekit.ir.model import Module
 from tilekit.ir.payloads import MAX_THREADS, Candidate, Estimate, OpTile, Tile
+from tilekit.schedule.shape import align_smem
 from tilekit.weld.model import group_estimate, op_estimate, threads_for
 from tilekit.weld.structure import (Buffer, NotFusible, Propagation, Structure, covers,
                                     footprint, propagate, shared_buffers)
@@ -182,11 +183,7 @@ def _all_float32(module: Module, s: Structure) -> bool:
 
 def flash_footprint(rows: int) -> int:
     """Shared bytes of the flash form: a step of scores and three floats per row."""
-    return _aligned16(rows * FLASH_STEP * 4) + 3 * _aligned16(rows * 4)
-
-
-def _aligned16(n: int) -> int:
-    return -(-n // 16) * 16
+    return align_smem(rows * FLASH_STEP * 4) + 3 * align_smem(rows * 4)
 
 
 def flash_tiles(module: Module, s: Structure, att: Attention, profile, top_k: int,

@@ -40,7 +40,7 @@ from tilekit.expr.box import Span, clamp, map_box, tile_spans, union
 from tilekit.ir.graph import graph
 from tilekit.ir.model import Module
 from tilekit.schedule.defaults import KIND_BYTES, shared_bytes
-from tilekit.schedule.shape import SMEM_ALIGN
+from tilekit.schedule.shape import align_smem
 
 #: Storage kind of each dtype in a kernel's shared memory (float16/bfloat16 compute as float).
 DTYPE_KIND = {"float32": "f", "float16": "f", "bfloat16": "f", "float64": "d", "int64": "i",
@@ -355,9 +355,9 @@ def allocate(buffers: Sequence[Buffer]) -> tuple[tuple[Buffer, ...], int]:
     out: dict[int, Buffer] = {}
     for k in order:
         b = buffers[k]
-        busy = sorted((p.offset, p.offset + _aligned(p.nbytes)) for p in placed
+        busy = sorted((p.offset, p.offset + align_smem(p.nbytes)) for p in placed
                       if not (p.last < b.first or b.last < p.first))
-        size = _aligned(b.nbytes)
+        size = align_smem(b.nbytes)
         best, cursor, best_gap = None, 0, None
         for lo, hi in busy:
             gap = lo - cursor
@@ -368,12 +368,8 @@ def allocate(buffers: Sequence[Buffer]) -> tuple[tuple[Buffer, ...], int]:
         done = Buffer(b.tensor, b.nbytes, b.first, b.last, offset)
         placed.append(done)
         out[k] = done
-    total = max((p.offset + _aligned(p.nbytes) for p in placed), default=0)
+    total = max((p.offset + align_smem(p.nbytes) for p in placed), default=0)
     return tuple(out[k] for k in range(len(buffers))), total
-
-
-def _aligned(n: int) -> int:
-    return -(-n // SMEM_ALIGN) * SMEM_ALIGN
 
 
 def shared_buffers(module: Module, s: Structure, prop: Propagation) -> tuple[Buffer, ...]:
@@ -390,7 +386,7 @@ def shared_buffers(module: Module, s: Structure, prop: Propagation) -> tuple[Buf
 
 
 def footprint(buffers: Sequence[Buffer]) -> int:
-    return max((b.offset + _aligned(b.nbytes) for b in buffers), default=0)
+    return max((b.offset + align_smem(b.nbytes) for b in buffers), default=0)
 
 
 __all__ = ["Buffer", "DTYPE_KIND", "Edge", "KIND_BYTES", "LEVELS", "NotFusible", "Propagation",
