@@ -77,10 +77,18 @@ def connect_then_fuse(module: Module, profile, top_k: int = 1,
                       max_group: int = DEFAULT_MAX_GROUP,
                       no_fuse: Sequence[str] = ()) -> list[list[int]]:
     """The groups (op indices), in module order (see the module docstring)."""
+    return [members for members, _ in _connect(module, profile, top_k, max_group, no_fuse)]
+
+
+def _connect(module: Module, profile, top_k: int, max_group: int, no_fuse: Sequence[str]
+             ) -> list[tuple[list[int], Group | None]]:
+    """The groups with their prices (None for an op alone). A join is priced with `top_k`
+    choices: the first, which decides the join, does not depend on `top_k`, and the
+    runners-up are the group's payload, so the groups are priced once."""
     g = graph(module)
     limit = smem_limit(profile)
     blocked = set(no_fuse)
-    groups: list[list[int]] = []
+    groups: list[tuple[list[int], Group | None]] = []
     open_: list[int] = []
     open_group: Group | None = None
     skip_until = -1       # ops already taken by a look-ahead
@@ -92,7 +100,7 @@ def connect_then_fuse(module: Module, profile, top_k: int = 1,
                 and node.name not in blocked \
                 and not any(module.ops[k].name in blocked for k in open_) \
                 and any(t in node.reads for k in open_ for t in g.nodes[k].writes):
-            grown = price(module, open_ + [i], profile, 1, limit)
+            grown = price(module, open_ + [i], profile, top_k, limit)
             if grown is not None:
                 before = (open_group.estimate.time_us if open_group is not None
                           else op_estimate(module, open_[0]).time_us)
@@ -103,18 +111,18 @@ def connect_then_fuse(module: Module, profile, top_k: int = 1,
         if not joins and open_:
             before = (open_group.estimate.time_us if open_group is not None
                       else op_estimate(module, open_[0]).time_us)
-            ahead = _attention_ahead(module, open_, i, before, profile, limit, max_group,
-                                     blocked)
+            ahead = _attention_ahead(module, open_, i, before, profile, top_k, limit,
+                                     max_group, blocked)
             if ahead is not None:
                 open_, open_group = ahead.members_list, ahead.group
                 skip_until = open_[-1]
                 continue
         if not joins:
             if open_:
-                groups.append(open_)
+                groups.append((open_, open_group))
             open_, open_group = [i], None
     if open_:
-        groups.append(open_)
+        groups.append((open_, open_group))
     return groups
 
 
@@ -125,7 +133,8 @@ class _Ahead:
 
 
 def _attention_ahead(module: Module, open_: list[int], i: int, before: float, profile,
-                     limit: int, max_group: int, blocked: set[str]) -> _Ahead | None:
+                     top_k: int, limit: int, max_group: int, blocked: set[str]
+                     ) -> _Ahead | None:
     """Look-ahead for attention: an op-by-op walk cannot reach it, since the scores with
     only their row max (a fused stage of a plain-loop contraction) do not pay on their own.
     The open group and the next `LOOKAHEAD` ops or fewer are priced as a whole when they
@@ -144,7 +153,7 @@ def _attention_ahead(module: Module, open_: list[int], i: int, before: float, pr
             continue
         if match(module, s) is None:
             continue
-        grown = price(module, members, profile, 1, limit)
+        grown = price(module, members, profile, top_k, limit)
         if grown is not None and grown.estimate.time_us < apart:
             return _Ahead(members, grown)
     return None
@@ -187,18 +196,14 @@ def weld_module(module: Module, profile, top_k: int = 1, max_group: int = DEFAUL
 
 def _weld(module: Module, profile, top_k: int, max_group: int, no_fuse) -> Module:
     module = _weld_regions(module, profile, top_k, max_group, no_fuse)
-    limit = smem_limit(profile)
     kernels = []
-    for members in connect_then_fuse(module, profile, top_k, max_group, no_fuse):
+    for members, group in _connect(module, profile, top_k, max_group, no_fuse):
         first = module.ops[members[0]].name
         names = tuple(module.ops[i].name for i in members)
-        if len(members) == 1:
+        if group is None:
             kernels.append(Kernel(f"k_{first}", names,
                                   estimate=op_estimate(module, members[0]).record()))
             continue
-        group = price(module, members, profile, top_k, limit)
-        if group is None:  # pragma: no cover - connect priced the same members
-            raise TilekitError(f"group {list(names)} no longer fuses", "weld")
         payload = group_tile(module, group)
         kernels.append(Kernel(f"k_{first}", names, tile=payload.record(),
                               estimate=group.estimate.record()))
