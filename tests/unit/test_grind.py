@@ -186,6 +186,29 @@ def test_every_model_compiles_strict(models, arch):
                 assert k["resources"]["registers"] > 0
 
 
+@needs_nvcc
+def test_a_device_loop_grid_over_residency_is_capped_not_a_problem(models):
+    """A device loop's blocks stride over its bodies, so a grid larger than ptxas' resources
+    allow at once shrinks to fit; it is not reported as a program that could hang."""
+    from tilekit.codegen.module import CodegenResult, compile_module, generate
+    from tilekit.hw import load_profile
+
+    profile = load_profile("h100")
+    _, module = models["lstm_loop"]
+    result = generate(replace(module, codegen=None), profile, "sm_90")
+    big = 10 ** 6
+    kernels = tuple(replace(g, grid=(big, 1, 1)) if g.coresident else g
+                    for g in result.kernels)
+    section = dict(result.module.codegen)
+    section["kernels"] = [dict(k, grid=[big, 1, 1]) if k.get("coresident") else k
+                          for k in section["kernels"]]
+    result = CodegenResult(replace(result.module, codegen=section), kernels, result.notes)
+    report = compile_module(result, "sm_90", profile)
+    assert not report.problems, report.problems
+    loop = next(k for k in report.module.codegen["kernels"] if k.get("coresident"))
+    assert loop["grid"][0] < big and "grid_capped" in loop["schedule"]
+
+
 def test_a_grid_that_cannot_be_coresident_is_refused_at_codegen():
     from tilekit.codegen.control import cap_grid
     from tilekit.hw import load_profile

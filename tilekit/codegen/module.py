@@ -342,7 +342,8 @@ def compile_module(result: CodegenResult, arch: str | None = None, profile=None
             problems.append(f"{g.name} needs {regs_block} registers per block "
                             f"({res.registers} x {threads} threads), over "
                             f"{limits['regs_per_block']}: the launch would fail")
-        if g.coresident:  # a tk-ram program: its grid must stay co-resident
+        device_loop = record.coresident and record.shape.startswith("device_")
+        if g.coresident and not device_loop:  # a tk-ram program: its grid must stay co-resident
             problems.extend(coresident_problems(g.name, threads, res.registers,
                                                 res.smem_static + g.smem_bytes,
                                                 g.grid[0] * g.grid[1] * g.grid[2], profile))
@@ -350,7 +351,7 @@ def compile_module(result: CodegenResult, arch: str | None = None, profile=None
             problems.append(f"{g.name} uses {res.smem_static + g.smem_bytes} bytes of shared "
                             f"memory, over {limits['smem_per_block']}")
         record = replace(record, resources=res.record())
-        if record.coresident and record.shape.startswith("device_") and profile is not None:
+        if device_loop and profile is not None:  # block-strided bodies: the grid shrinks to fit
             from tilekit.codegen.control import cap_grid
             record, problem = cap_grid(record, profile, res.registers)
             if problem:
