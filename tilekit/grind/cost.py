@@ -26,6 +26,7 @@ from typing import Any
 from tilekit.ir.control import ControlOp, Region, read_control
 from tilekit.ir.model import default_kernels
 from tilekit.schedule.residency import Residency, common_residency, residency
+from tilekit.schedule.shape import ITEMSIZE
 
 #: One cooperative-groups grid barrier (grid.sync()) across a full persistent grid. Assumed:
 #: published measurements put it at 1-3 us on V100/A100-class GPUs; not measured here.
@@ -207,7 +208,8 @@ def control_costs(rec: ControlOp, scope, profile) -> Costs:
     if rec.kind == "if":
         device_us = launch_us + sum(runs) / len(runs)
     else:
-        carried_bytes = sum(scope[n].size * 4 for n in (*rec.carried, *rec.scans))
+        carried_bytes = sum(scope[n].size * ITEMSIZE.get(scope[n].dtype, 4)
+                            for n in (*rec.carried, *rec.scans))
         carry_us = carried_bytes / profile.dram_bandwidth * 1e6 + GRID_SYNC_US
         device_us = launch_us + trips * (runs[0] + carry_us)
     return Costs(trips, assumed, host_us, launches, syncs, device_us, grid, threads, res)
