@@ -140,3 +140,12 @@ def test_compile_with_every_pass_equals_the_pipe(folder):
                                hw="h100", ir_path=folder / "mb.cuda.yaml",
                                weights_path=folder / "mb.weights.npz")
     assert dumps(compiled.module) == (folder / "mb.cuda.yaml").read_text()
+
+
+@pytest.mark.parametrize("name, dtype", [(n, "float16") for n in sorted(control_models.MODELS)]
+                         + [("lstm_loop", "bfloat16")])
+def test_control_models_in_half_precision(name, dtype, folder):
+    """`--dtype` reaches the loop bodies and branches too (their tensors and ops were left in
+    float32 and the import failed its own verification)."""
+    pipe = f"tk-import {onnx_file(folder, name).name} --dtype {dtype} | tk-run --seed 0 --check"
+    assert_checked(run_pipe(pipe, folder), pipe)

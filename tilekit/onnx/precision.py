@@ -30,7 +30,8 @@ from tilekit.errors import TilekitError
 from tilekit.expr.ast import Access, Binary, Call, Node, Unary, format_statement
 from tilekit.expr.ops import HALF_DTYPES, numpy_dtype
 from tilekit.expr.parser import parse
-from tilekit.ir.model import Module, Op
+from tilekit.ir.control import control_section, read_control
+from tilekit.ir.model import Op
 from tilekit.onnx.importer import Imported
 
 #: What `--dtype` accepts; float32 is the identity.
@@ -45,12 +46,22 @@ def to_precision(imported: Imported, dtype: str) -> Imported:
     if dtype == "float32":
         return imported
     module = imported.module
-    tensors = {name: replace(t, dtype=dtype) if t.dtype == "float32" else t
-               for name, t in module.tensors.items()}
-    ops = tuple(_op_in(op, dtype) for op in module.ops)
     weights = {name: _cast_array(array, dtype) if module.tensors[name].dtype == "float32"
                else array for name, array in imported.weights.items()}
-    return replace(imported, module=replace(module, tensors=tensors, ops=ops), weights=weights)
+    return replace(imported, module=_scope_in(module, dtype), weights=weights)
+
+
+def _scope_in(scope, dtype: str):
+    """A module or a control op's region with its float32 tensors and its ops in `dtype`,
+    nested regions too (a loop body computes in the precision of the model around it)."""
+    tensors = {name: replace(t, dtype=dtype) if t.dtype == "float32" else t
+               for name, t in scope.tensors.items()}
+    ops = tuple(_op_in(op, dtype) for op in scope.ops)
+    records = read_control(scope.control)
+    control = control_section({
+        name: rec.with_regions(tuple(_scope_in(r, dtype) for r in rec.regions))
+        for name, rec in records.items()}) if records else scope.control
+    return replace(scope, tensors=tensors, ops=ops, control=control)
 
 
 def _op_in(op: Op, dtype: str) -> Op:
