@@ -101,6 +101,8 @@ def is_half(dtype) -> bool:
     if isinstance(dtype, str):
         return dtype in HALF_DTYPES
     dtype = np.dtype(dtype)
+    if dtype.itemsize != 2:          # the common case, without the name lookup
+        return False
     return dtype == np.float16 or dtype.name == "bfloat16"
 
 

@@ -136,18 +136,15 @@ def _eval_box(analysis: Analysis, env, pad, box, padded=None) -> np.ndarray:
 def _eval_per_point(analysis: Analysis, env, pad, box) -> np.ndarray:
     """Combine the body over whole spatial planes, one reduction point at a time.
 
-    Tensors that need padding are padded once for the whole box, not once per point.
+    Each read's window (padded where it overhangs) is taken once for the whole box.
     """
-    padded: dict[int, tuple[np.ndarray, list[tuple[int, int]]]] = {}
+    padded: dict[int, tuple[np.ndarray, list[int]]] = {}
     axes = [a for a, _ in analysis.axes]
     ranges = {a: (box[a][0], box[a][1] - 1) for a in axes}
     for info in analysis.accesses:
         if info.affine and info.tensor in env:
-            arr = _check_array(info, env[info.tensor])
-            widths = _needed_padding(info, ranges)
-            if any(w != (0, 0) for w in widths) and pad is not None:
-                arr = _pad_constant(arr, widths, _pad_scalar(pad, arr.dtype))
-                padded[id(info.node)] = (arr, widths)
+            padded[id(info.node)] = _window(info, _check_array(info, env[info.tensor]),
+                                            ranges, pad)
     names = [a for a, _ in analysis.reduction]
     combine = REDUCTIONS[analysis.assign].combine
     acc = None
@@ -210,9 +207,26 @@ def _owned(x: np.ndarray, env, inputs) -> np.ndarray:
 
 # -- sums of products through einsum ------------------------------------------------------
 
+#: `_einsum_operands` by analysis identity (the analysis is kept, so its id is not reused);
+#: a tiled run asks it for every tile of every op.
+_OPERANDS: dict[int, tuple[Analysis, tuple[list[Access], float] | None]] = {}
+_OPERANDS_KEPT = 4096
+
+
 def _einsum_operands(analysis: Analysis) -> tuple[list[Access], float] | None:
     """(accesses, scale) when the statement is `out += c * a[..] * b[..] ...` with affine
     reads, else None."""
+    hit = _OPERANDS.get(id(analysis))
+    if hit is not None and hit[0] is analysis:
+        return hit[1]
+    if len(_OPERANDS) >= _OPERANDS_KEPT:
+        _OPERANDS.clear()
+    found = _find_einsum_operands(analysis)
+    _OPERANDS[id(analysis)] = (analysis, found)
+    return found
+
+
+def _find_einsum_operands(analysis: Analysis) -> tuple[list[Access], float] | None:
     if analysis.assign != "+=" or not analysis.reduction:
         return None
     factors: list[Node] = []
@@ -289,10 +303,21 @@ def _pad_constant(arr: np.ndarray, widths, value) -> np.ndarray:
     return out
 
 
+def _map_range(m, ranges) -> tuple[int, int]:
+    """Inclusive [lo, hi] of one index map over `ranges` (affine maps without the tree)."""
+    if not m.affine:
+        return interval(m.node, ranges)
+    lo = hi = m.const
+    for a, c in m.terms:
+        alo, ahi = ranges[a]
+        lo, hi = (lo + c * alo, hi + c * ahi) if c >= 0 else (lo + c * ahi, hi + c * alo)
+    return lo, hi
+
+
 def _needed_padding(info: AccessInfo, ranges) -> list[tuple[int, int]]:
     widths = []
     for m, dim in zip(info.maps, info.shape):
-        lo, hi = interval(m.node, ranges)
+        lo, hi = _map_range(m, ranges)
         widths.append((max(0, -lo), max(0, hi - (dim - 1))))
     return widths
 
@@ -305,38 +330,54 @@ def _check_array(info: AccessInfo, arr: np.ndarray) -> np.ndarray:
     return arr
 
 
+def _window(info: AccessInfo, arr: np.ndarray, ranges, pad) -> tuple[np.ndarray, list[int]]:
+    """The part of `arr` that the read touches when the axes span `ranges` (inclusive), and
+    the index of its first element in each dimension. Inside the tensor it is a view; where
+    the read overhangs, a copy of just that box with the pad value around (never the whole
+    tensor padded: a boundary tile costs its box, not the tensor)."""
+    bounds = [_map_range(m, ranges) for m in info.maps]
+    if all(lo >= 0 and hi < dim for (lo, hi), dim in zip(bounds, arr.shape)):
+        return arr[tuple(slice(lo, hi + 1) for lo, hi in bounds)], [lo for lo, _ in bounds]
+    if pad is None:
+        raise ExprError(f"{format_node(info.node)} reads outside {info.tensor} and the op "
+                        "declares no pad value", info.tensor)
+    out = np.full(tuple(hi - lo + 1 for lo, hi in bounds), _pad_scalar(pad, arr.dtype),
+                  dtype=arr.dtype)
+    src, dst = [], []
+    for (lo, hi), dim in zip(bounds, arr.shape):
+        a, b = max(lo, 0), min(hi, dim - 1)
+        if a > b:            # wholly outside the tensor in this dimension: all padding
+            return out, [lo for lo, _ in bounds]
+        src.append(slice(a, b + 1))
+        dst.append(slice(a - lo, b - lo + 1))
+    out[tuple(dst)] = arr[tuple(src)]
+    return out, [lo for lo, _ in bounds]
+
+
 def _affine_view(info: AccessInfo, arr: np.ndarray, box, axes: list[str], pad,
                  squeeze: bool, padded=None) -> tuple[np.ndarray, list[str]]:
-    """A strided view of the (padded) tensor indexed by the iteration axes of `box`.
+    """A strided view of the tensor's window (`_window`) indexed by the iteration axes of
+    `box`; `padded` is a window taken once for an enclosing box.
 
     With `squeeze`, only the axes this read depends on are kept (in `axes` order);
     otherwise the view has one dimension per axis (size 1 where it does not depend on it).
     """
     arr = _check_array(info, arr)
-    ranges = {a: (box[a][0], box[a][1] - 1) for a in axes}
-    widths = _needed_padding(info, ranges)
-    if padded is not None:  # padded once for an enclosing box: at least as wide as needed
-        arr, widths = padded
-    elif any(w != (0, 0) for w in widths):
-        if pad is None:
-            raise ExprError(f"{format_node(info.node)} reads outside {info.tensor} and the op "
-                            "declares no pad value", info.tensor)
-        arr = _pad_constant(arr, widths, _pad_scalar(pad, arr.dtype))
-    arr = np.ascontiguousarray(arr)
-    item_strides = [s // arr.itemsize for s in arr.strides]
-    offset = 0
+    if padded is None:
+        padded = _window(info, arr, {a: (box[a][0], box[a][1] - 1) for a in axes}, pad)
+    window, first = padded
     axis_stride = {a: 0 for a in axes}
-    for m, (before, _), stride in zip(info.maps, widths, item_strides):
-        start = m.const + before + sum(c * box[a][0] for a, c in m.terms)
-        offset += start * stride
+    origin = []
+    for m, base, stride in zip(info.maps, first, window.strides):
+        origin.append(m.const + sum(c * box[a][0] for a, c in m.terms) - base)
         for a, c in m.terms:
             axis_stride[a] += c * stride
+    start = window[tuple(slice(o, None) for o in origin)] if window.ndim else window
     dep = {a for m in info.maps for a, _ in m.terms}
     keep = [a for a in axes if a in dep] if squeeze else axes
     shape = [box[a][1] - box[a][0] if a in dep else 1 for a in keep]
-    strides = [axis_stride[a] * arr.itemsize for a in keep]
-    flat = arr.reshape(-1)
-    view = as_strided(flat[offset:], shape=shape, strides=strides, writeable=False)
+    strides = [axis_stride[a] for a in keep]
+    view = as_strided(start, shape=shape, strides=strides, writeable=False)
     return view, keep
 
 
