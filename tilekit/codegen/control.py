@@ -40,17 +40,15 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping
 
-from tilekit.codegen.cexpr import storage
 from tilekit.codegen.emitter import Emitter, check_line, comment_text
-from tilekit.codegen.kernel import GeneratedKernel, c_name, tvar
+from tilekit.codegen.kernel import GeneratedKernel, c_name
+from tilekit.codegen.persistent import (Params, block_threads, body_call, body_functions,
+                                        smem_declaration)
 from tilekit.errors import TilekitError
 from tilekit.ir.control import ControlOp, region_module
 from tilekit.ir.graph import control_records
-from tilekit.ir.model import Kernel, Module, Tensor
+from tilekit.ir.model import Kernel, Module
 from tilekit.schedule.defaults import STATIC_SMEM_LIMIT
-
-#: The preamble line that makes runtime.cuh define tk_grid_sync().
-
 
 @dataclass(frozen=True)
 class ControlCode:
@@ -89,51 +87,6 @@ def control_code(module: Module, kernel: Kernel, generate: Callable, profile, ar
         [g.entry for g in result.kernels] for result in results]}, tuple(notes))
 
 
-@dataclass(frozen=True)
-class _Tensors:
-    """Every tensor the persistent kernel touches, in parameter order, and which it writes."""
-
-    decl: Mapping[str, Tensor]
-    order: list
-    written: set
-
-    def use(self, name: str, write: bool = False) -> str:
-        if name not in self.order:
-            self.order.append(name)
-        if write:
-            self.written.add(name)
-        return tvar(name)
-
-    def params(self) -> str:
-        return ", ".join(
-            f"{'' if t in self.written else 'const '}{storage(self.decl[t].dtype).ctype}* "
-            f"__restrict__ {tvar(t)}" for t in self.order)
-
-
-def block_threads(bodies: list[GeneratedKernel]) -> int | str:
-    """The persistent block's threads: those of the bodies with block barriers (they must
-    agree), else the largest; or why the bodies cannot share one block. A body with fewer
-    threads runs on the first of them; one with more (a multiple, threads independent) has
-    each thread stand in for several (`thread_strided_function`)."""
-    for g in bodies:
-        if g.spec is None:
-            return f"kernel {g.entry} has no composable body"
-    barrier = {g.block[0] for g in bodies if g.spec.uses_block_barriers()}
-    if len(barrier) > 1:
-        return (f"body kernels with block barriers use different block sizes "
-                f"({', '.join(map(str, sorted(barrier)))} threads)")
-    threads = barrier.pop() if barrier else max(g.block[0] for g in bodies)
-    for g in bodies:
-        t = g.block[0]
-        if t > threads and (t % threads or not g.spec.threads_independent()):
-            return (f"body kernel {g.entry} uses {t} threads that exchange values, the "
-                    f"persistent block has {threads}")
-        if t < threads and t % 32 and not g.spec.threads_independent():
-            return (f"body kernel {g.entry} uses warp collectives on {t} threads, a part of "
-                    f"a warp of the persistent block's {threads}")
-    return threads
-
-
 def device_kernel(module: Module, kernel: Kernel, rec: ControlOp,
                   regions: list[tuple[GeneratedKernel, ...]]) -> GeneratedKernel | str:
     """The persistent cooperative kernel of a device loop, scan or branch, or why not."""
@@ -148,13 +101,12 @@ def device_kernel(module: Module, kernel: Kernel, rec: ControlOp,
     decl = dict(module.tensors)
     for region in rec.regions:
         decl.update(region.tensors)
-    tensors = _Tensors(decl, [], set())
+    tensors = Params(decl)
     kind = "branch" if rec.kind == "if" else "loop"
     entry = f"tk_{kind}_{c_name(rec.name)}"
     e = Emitter()
     with e.block():
-        e.line(f"TK_DYNAMIC_SMEM(tk_smem);" if smem > STATIC_SMEM_LIMIT else
-               f"TK_STATIC_SMEM(tk_smem, {max(smem, 16)});")
+        e.line(smem_declaration(smem))
         e.line("const int tk_b = (int)blockIdx.x, tk_nb = (int)gridDim.x;")
         e.line(f"const long long tk_tid = (long long)tk_b * {threads} + threadIdx.x;")
         e.line(f"const long long tk_nthreads = (long long)tk_nb * {threads};")
@@ -162,13 +114,12 @@ def device_kernel(module: Module, kernel: Kernel, rec: ControlOp,
             _branch(e, rec, regions, tensors, threads)
         else:
             _loop(e, rec, regions, tensors, threads)
-    body_text = "".join((g.spec.thread_strided_function() if g.block[0] > threads
-                         else g.spec.device_function()) + "\n" for g in bodies)
+    body_text = body_functions(bodies, threads)
     about = (f"{rec.kind} {rec.name} on the device: {len(bodies)} body kernel(s), a persistent "
              f"grid of {grid} block(s) x {threads} threads, grid barriers")
     head = (f"// {comment_text(about)}\n"
             f'extern "C" __global__ void __launch_bounds__({threads})\n'
-            f"{entry}({tensors.params()})")
+            f"{entry}({', '.join(tensors.declarations())})")
     text = body_text + head + " " + e.text().lstrip()
     for line in text.splitlines():
         check_line(line)
@@ -179,28 +130,18 @@ def device_kernel(module: Module, kernel: Kernel, rec: ControlOp,
                   "smem_bytes": smem},
         grid=(grid, 1, 1), block=(threads, 1, 1),
         smem_bytes=smem if smem > STATIC_SMEM_LIMIT else 0, smem_planned=smem,
-        args=tuple(tensors.order), writes=tuple(t for t in tensors.order
-                                                if t in tensors.written),
+        args=tuple(tensors.order), writes=tensors.writes(),
         body=text, uses_half=any(g.uses_half for g in bodies), coresident=True)
 
 
-def _run_bodies(e: Emitter, side: tuple[GeneratedKernel, ...], tensors: _Tensors,
+def _run_bodies(e: Emitter, side: tuple[GeneratedKernel, ...], tensors: Params,
                 threads: int) -> None:
     """Each body kernel over a block-strided loop, a grid barrier after each."""
     for g in side:
-        for t in g.args:
-            tensors.use(t, t in g.writes)
+        tensors.use_body(g)
         blocks = g.grid[0] * g.grid[1] * g.grid[2]
-        t = g.block[0]
-        args = f"{', '.join(tvar(a) for a in g.args)}{', ' if g.args else ''}tk_vb, {blocks}"
         with e.block(f"for (int tk_vb = tk_b; tk_vb < {blocks}; tk_vb += tk_nb)"):
-            if t > threads:
-                with e.block(f"for (int tk_s = 0; tk_s < {t // threads}; ++tk_s)"):
-                    e.line(f"{g.spec.body_name}_t({args}, tk_smem, "
-                           f"(int)threadIdx.x + tk_s * {threads});")
-            else:
-                call = f"{g.spec.body_name}({args}, tk_smem);"
-                e.line(call if t == threads else f"if (threadIdx.x < {t}) {call}")
+            e.line(body_call(g, "tk_vb", threads))
             e.line("__syncthreads();")
         e.line("tk_grid_sync();")
 
@@ -218,7 +159,7 @@ def _axis_index(shape: tuple[int, ...], axis: int, at: str) -> str:
     return f"(tk_e / {inner}LL * {shape[axis]}LL + ({at})) * {inner}LL + tk_e % {inner}LL"
 
 
-def _loop(e: Emitter, rec: ControlOp, regions, tensors: _Tensors, threads: int) -> None:
+def _loop(e: Emitter, rec: ControlOp, regions, tensors: Params, threads: int) -> None:
     body, decl = rec.body, tensors.decl
     lead = 2 if rec.kind == "loop" else 0
     out0 = 1 if rec.kind == "loop" else 0
@@ -274,7 +215,7 @@ def _loop(e: Emitter, rec: ControlOp, regions, tensors: _Tensors, threads: int) 
             e.line(f"{tensors.use(rec.count, True)}[0] = tk_it;")
 
 
-def _branch(e: Emitter, rec: ControlOp, regions, tensors: _Tensors, threads: int) -> None:
+def _branch(e: Emitter, rec: ControlOp, regions, tensors: Params, threads: int) -> None:
     e.line(f"const bool tk_p = (bool){tensors.use(rec.cond)}[0];")
     for which, (head, region) in enumerate(zip(("if (tk_p)", "else"), rec.regions)):
         with e.block(head):

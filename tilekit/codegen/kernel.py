@@ -86,7 +86,8 @@ class GeneratedKernel:
 
     @property
     def source(self) -> str:
-        return preamble(self, self.uses_half) + self.body
+        return kernel_preamble(self.name, self.ops, self.shape, self.uses_half,
+                               self.defines) + self.body
 
     def record(self) -> KernelRecord:
         """The kernel's entry of the `codegen` section (tilekit.ir.payloads)."""
@@ -96,12 +97,11 @@ class GeneratedKernel:
                             coresident=self.coresident, counters=self.counters)
 
 
-def preamble(kernel: GeneratedKernel | None, uses_half: bool,
-             defines: tuple[str, ...] = ()) -> str:
-    if kernel is not None:
-        return kernel_preamble(kernel.name, kernel.ops, kernel.shape, uses_half,
-                               kernel.defines)
-    return _preamble(list(defines), uses_half)
+def unit_text(bodies, shapes, uses_half: bool) -> str:
+    """Kernel bodies (their text after their own preambles) as one translation unit: one
+    preamble with the defines of every kernel shape among `shapes`, then the bodies."""
+    defines = tuple(dict.fromkeys(d for shape in shapes for d in shape_defines(shape)))
+    return _preamble(list(defines), uses_half) + "\n".join(bodies)
 
 
 def kernel_preamble(name: str, ops, shape: str, uses_half: bool,

@@ -275,11 +275,10 @@ GENERIC_LIMITS = {"max_regs_per_thread": 255, "regs_per_block": 65536,
 
 def unit_source(kernels) -> str:
     """All kernels of a module as one translation unit (one nvcc call per module)."""
-    from tilekit.codegen.kernel import preamble
+    from tilekit.codegen.kernel import unit_text
 
-    uses_half = any(k.uses_half for k in kernels)
-    defines = tuple(dict.fromkeys(d for k in kernels for d in k.defines))
-    return preamble(None, uses_half, defines) + "\n".join(k.body for k in kernels)
+    return unit_text([k.body for k in kernels], [k.shape for k in kernels],
+                     any(k.uses_half for k in kernels))
 
 
 @dataclass(frozen=True)

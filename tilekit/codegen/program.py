@@ -20,10 +20,10 @@ count, then a block barrier releases the block:
     if (threadIdx.x == 0) while (tk_ld_acquire(&counter[op]) < tasks) tk_spin(); __syncthreads();
 
 The counters are a workspace of one uint32 per operator of the segment, passed after the
-tensors (`KernelRecord.counters`) and zeroed by the runtime before every launch. A body
-without block barriers (tiled, default, opaque) may run on the first `threads` threads of a
-larger block (`if (threadIdx.x < threads)`); a body with barriers runs on exactly the block's
-threads. `__launch_bounds__(threads, ceil(vEUs / SMs))` makes ptxas fit the registers that
+tensors (`KernelRecord.counters`) and zeroed by the runtime before every launch. Which body
+runs on which block size is the shared rule (tilekit.schedule.block, emitted by
+tilekit.codegen.persistent): a body with barriers on exactly the block's threads, one without
+on the first of them (`if (threadIdx.x < threads)`). `__launch_bounds__(threads, ceil(vEUs / SMs))` makes ptxas fit the registers that
 co-residency needs; `--compile` checks the grid against the ptxas resources again
 (`coresident_problems`) and the runtime against the driver's occupancy before launching.
 """
@@ -33,9 +33,10 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, Mapping
 
-from tilekit.codegen.builder import SMEM
 from tilekit.codegen.emitter import check_line, comment_text
-from tilekit.codegen.kernel import GeneratedKernel, c_name
+from tilekit.codegen.kernel import GeneratedKernel
+from tilekit.codegen.persistent import (Params, body_call, body_functions, fits_block,
+                                        smem_declaration)
 from tilekit.errors import TilekitError
 from tilekit.ir.model import Module, default_kernels
 from tilekit.ir.payloads import OpTile
@@ -109,31 +110,10 @@ def _member(program: Program, group: str, i: int, by_group, seg: Segment, where:
     if grid != o.tasks:
         raise TilekitError(f"operator {i} ({group}) plans {o.tasks} rTasks, its kernel has "
                            f"{grid} blocks", where, _HINT)
-    threads = g.block[0] * g.block[1] * g.block[2]
-    if "__syncthreads" in g.body and threads != seg.threads:
-        raise TilekitError(f"operator {i} ({group}) synchronises {threads} threads; the "
-                           f"segment's blocks have {seg.threads}", where, _HINT)
-    if threads > seg.threads:
-        raise TilekitError(f"operator {i} ({group}) needs {threads} threads; the segment's "
-                           f"blocks have {seg.threads}", where, _HINT)
+    why = fits_block(g, seg.threads)
+    if why:
+        raise TilekitError(f"operator {i} ({group}): {why}", where, _HINT)
     return g
-
-
-def _params(module: Module, members: list[GeneratedKernel]) -> tuple[list[str], list[str],
-                                                                      list[str]]:
-    """(tensor args, their C declarations, tensors written), reads first."""
-    from tilekit.codegen.cexpr import storage
-    from tilekit.codegen.kernel import tvar
-
-    written = [t for g in members for t in g.writes]
-    args = [t for g in members for t in g.args if t not in written]
-    args = list(dict.fromkeys(args)) + list(dict.fromkeys(written))
-    decls = []
-    for t in args:
-        ctype = storage(module.tensors[t].dtype).ctype
-        decls.append(f"{ctype}* {tvar(t)}" if t in written else
-                     f"const {ctype}* __restrict__ {tvar(t)}")
-    return args, decls, list(dict.fromkeys(written))
 
 
 def _table(name: str, values: list[int]) -> list[str]:
@@ -146,8 +126,6 @@ def _table(name: str, values: list[int]) -> list[str]:
 
 def _program_kernel(module: Module, program: Program, s: int, seg: Segment,
                     members: list[GeneratedKernel], profile) -> GeneratedKernel:
-    from tilekit.codegen.kernel import tvar
-
     entry = f"tk_program_{s}"
     local = {op: k for k, op in enumerate(seg.operators)}
     items, start = [], [0]
@@ -156,25 +134,23 @@ def _program_kernel(module: Module, program: Program, s: int, seg: Segment,
             items += ([local[it.op], it.first, it.count] if it.kind == TASK
                       else [local[it.op], program.operators[it.op].tasks, 0])
         start.append(len(items) // 3)
-    args, decls, written = _params(module, members)
-    smem = max((g.spec.smem_bytes if g.spec else g.smem_planned) for g in members)
+    params = Params(module.tensors)
+    for g in members:
+        params.use_body(g)
+    smem = max(g.spec.smem_bytes for g in members)
     # Blocks each SM must hold for the grid to be co-resident: ptxas fits the registers to it.
     # Without a profile there is no SM count: no bound (the launch-time check still guards).
     per_sm = max(1, -(-seg.veus // profile.sm_count)) if profile is not None else 1
     lines = [f"// program segment {s}: {len(members)} operators as rTasks on {seg.veus} vEUs "
              f"of {seg.threads} threads",
              "// " + comment_text(f"co-residency at planning: {seg.residency}")]
-    for g in members:
-        lines.append(g.spec.device_function() if g.spec else _body_only(g))
+    lines.append(body_functions(members, seg.threads).rstrip("\n"))
     lines += _table(f"{entry}_items", items) + _table(f"{entry}_start", start)
     counters = "unsigned* __restrict__ tk_counters"
     lines += [f'extern "C" __global__ void __launch_bounds__({seg.threads}, {per_sm})',
-              f"{entry}({', '.join(decls + [counters])}) {{"]
-    if smem > STATIC_SMEM_LIMIT:
-        lines.append(f"  TK_DYNAMIC_SMEM({SMEM});")
-    else:
-        lines.append(f"  TK_STATIC_SMEM({SMEM}, {max(smem, 16)});")
-    lines += [
+              f"{entry}({', '.join(params.declarations() + [counters])}) {{",
+              f"  {smem_declaration(smem)}",
+
         f"  for (int i = {entry}_start[blockIdx.x]; i < {entry}_start[blockIdx.x + 1]; ++i) {{",
         f"    const int op = {entry}_items[3 * i];",
         f"    const int first = {entry}_items[3 * i + 1];",
@@ -189,10 +165,7 @@ def _program_kernel(module: Module, program: Program, s: int, seg: Segment,
         "    for (int b = first; b < first + count; ++b) {",
         "      switch (op) {"]
     for k, g in enumerate(members):
-        threads = g.block[0] * g.block[1] * g.block[2]
-        call_args = ", ".join([tvar(t) for t in g.args] + ["b", str(g.grid[0]), SMEM])
-        guard = f"if (threadIdx.x < {threads}) " if threads < seg.threads else ""
-        lines.append(f"        case {k}: {guard}{g.entry}_body({call_args}); break;"
+        lines.append(f"        case {k}: {body_call(g, 'b', seg.threads)} break;"
                      f"  // {comment_text(g.group)}")
     lines += [
         "      }",
@@ -215,13 +188,9 @@ def _program_kernel(module: Module, program: Program, s: int, seg: Segment,
         name=f"program_{s}", group=f"program_{s}", entry=entry, ops=ops, shape="program",
         schedule=schedule, grid=(seg.veus, 1, 1), block=(seg.threads, 1, 1),
         smem_bytes=smem if smem > STATIC_SMEM_LIMIT else 0, smem_planned=max(smem, 16),
-        args=tuple(args), writes=tuple(written), body=body,
+        args=tuple(params.order), writes=params.writes(), body=body,
         uses_half=any(g.uses_half for g in members), coresident=True,
         counters=len(seg.operators))
-
-
-def _body_only(g: GeneratedKernel) -> str:  # pragma: no cover - every shape has a spec
-    raise TilekitError(f"kernel {g.entry} has no composable body", "codegen", _HINT)
 
 
 def coresident_problems(name: str, threads: int, registers: int, smem: int, grid: int,

@@ -25,6 +25,7 @@ from typing import Any
 
 from tilekit.ir.control import ControlOp, Region, read_control
 from tilekit.ir.model import default_kernels
+from tilekit.schedule.block import BARRIER_SHAPES, BodyBlock, shared_block
 from tilekit.schedule.residency import Residency, common_residency, residency
 from tilekit.schedule.shape import ITEMSIZE
 
@@ -54,9 +55,10 @@ class BodyKernel:
     launches: int = 1            # a nested control op: its own launches and host syncs
     syncs: int = 0
 
-
-#: Kernel shapes (tilekit.schedule.shape) whose blocks synchronise at barriers.
-BARRIER_SHAPES = ("staged", "mma")
+    def block(self) -> BodyBlock:
+        """The body as the shared-block rule (tilekit.schedule.block) sees it."""
+        return BodyBlock(self.name, self.threads, self.barriers,
+                         not (self.barriers or self.collectives))
 
 
 def body_kernels(region: Region) -> tuple[list[BodyKernel], str | None]:
@@ -96,20 +98,6 @@ def body_kernels(region: Region) -> tuple[list[BodyKernel], str | None]:
                                                   for k in shapes),
                               any(int(k.get("lanes", 1)) > 1 for k in shapes)))
     return out, why
-
-
-def shared_block(bodies: list[BodyKernel]) -> int | str:
-    """The persistent block's threads, by the rule codegen applies
-    (tilekit.codegen.control.block_threads), or why the bodies cannot share one block."""
-    barrier = {k.threads for k in bodies if k.barriers}
-    if len(barrier) > 1:
-        return (f"body kernels with block barriers use different block sizes "
-                f"({', '.join(map(str, sorted(barrier)))} threads)")
-    threads = barrier.pop() if barrier else max(k.threads for k in bodies)
-    for k in bodies:
-        if k.threads > threads and (k.threads % threads or k.collectives):
-            return f"body kernel {k.name} uses {k.threads} threads that exchange values"
-    return threads
 
 
 @dataclass(frozen=True)
@@ -196,7 +184,7 @@ def control_costs(rec: ControlOp, scope, profile) -> Costs:
     if not bodies:
         return Costs(trips, assumed, host_us, launches, syncs, None, 0, 0, None,
                      "its regions hold no kernels")
-    threads = shared_block(bodies)
+    threads = shared_block(k.block() for k in bodies)
     if isinstance(threads, str):
         return Costs(trips, assumed, host_us, launches, syncs, None, 0, 0, None, threads)
     res = common_residency(profile, [(threads, k.regs, k.smem_bytes) for k in bodies])

@@ -37,13 +37,12 @@ from tilekit.roll.problem import problem_from_analysis
 from tilekit.roll.schedule import tensor_bytes
 from tilekit.schedule.defaults import DEFAULT_THREADS, default_grid
 from tilekit.schedule.mma import recorded_precision
+from tilekit.schedule.block import BARRIER_SHAPES
 from tilekit.schedule.shape import Target, analysis_facts, decide, default_blocks
 
 #: Registers assumed for a default-shape or opaque body when nothing better is known (ptxas
 #: gives the grid-stride kernels of the model zoo 16-40; codegen re-checks with ptxas').
 DEFAULT_REGS = 40
-#: Kernel shapes whose bodies hold block barriers (tilekit.codegen.staged, .mma, .fused).
-BARRIER_SHAPES = frozenset({"staged", "mma", "fused", "kernel"})
 
 
 @dataclass(frozen=True)
@@ -63,8 +62,9 @@ class Variant:
     def barriers(self) -> bool:
         """The body synchronises its block (`__syncthreads`: staged and tensor-core shapes):
         it must run on exactly `threads` threads. Other bodies (tiled, default, opaque) may
-        run on the first `threads` threads of a larger block."""
-        return self.shape in BARRIER_SHAPES
+        run on the first `threads` threads of a larger block (tilekit.schedule.block). A
+        fixed group's body (`kernel`: never packed) counts as synchronising."""
+        return self.shape in BARRIER_SHAPES or self.shape == "kernel"
 
 
 @dataclass(frozen=True)
@@ -337,4 +337,4 @@ def layout(module: Module, op: ROperator, variant: int, profile) -> Layout:
     return Layout("box", extents, block=tuple(tile.block), blocks=math.prod(tile.grid(extents)))
 
 
-__all__ = ["BARRIER_SHAPES", "Layout", "flat_boxes", "layout", "DEFAULT_REGS", "ROperator", "Variant", "launch_us", "operators"]
+__all__ = ["Layout", "flat_boxes", "layout", "DEFAULT_REGS", "ROperator", "Variant", "launch_us", "operators"]

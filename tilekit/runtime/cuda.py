@@ -385,10 +385,10 @@ def unit_source(kernels: "tuple[KernelRecord, ...]") -> str:
     kernel needs it), then every kernel's body.
 
     A record's source is its own preamble (a pure function of the record:
-    `tilekit.codegen.kernel.preamble`) followed by its body; a source that does not start with
+    `tilekit.codegen.kernel.kernel_preamble`) followed by its body; a source that does not start with
     that preamble was not written by this tilekit and is refused.
     """
-    from tilekit.codegen.kernel import kernel_preamble, preamble, shape_defines
+    from tilekit.codegen.kernel import kernel_preamble, shape_defines, unit_text
 
     bodies = []
     for k in kernels:
@@ -398,8 +398,7 @@ def unit_source(kernels: "tuple[KernelRecord, ...]") -> str:
                                "preamble tk-codegen writes", "codegen.kernels",
                                "re-run tk-codegen with this tilekit")
         bodies.append(k.source[len(head):])
-    defines = tuple(dict.fromkeys(d for k in kernels for d in shape_defines(k.shape)))
-    return preamble(None, any(k.uses_half for k in kernels), defines) + "\n".join(bodies)
+    return unit_text(bodies, [k.shape for k in kernels], any(k.uses_half for k in kernels))
 
 
 def _major(version: str) -> int | None:
