@@ -73,6 +73,10 @@ def _list0(p, text):
     ("unknown policy", lambda p: p.update(policy="fastest"), ["policy"]),
     ("no segments", lambda p: p.update(segments=[]), ["is in no segment"]),
     ("operators not a list", lambda p: p.update(operators="x" * 10), ["operators"]),
+    ("negative task time", lambda p: p["operators"][0].update(task_us=-1.0),
+     ["operators[0].task_us", "finite number >= 0"]),
+    ("text as a time", lambda p: p["operators"][0].update(kernel_us="fast"),
+     ["operators[0].kernel_us"]),
 ])
 def test_tampered_programs(planned, case, change, words):
     doc = copy.deepcopy(planned["doc"])

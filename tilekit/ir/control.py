@@ -39,7 +39,7 @@ from typing import Any, Iterator, Mapping
 from tilekit.errors import IRError, TilekitError, excerpt
 from tilekit.expr import parse
 from tilekit.expr.ast import body_accesses
-from tilekit.ir.keys import key_path, key_problem, type_name, where
+from tilekit.ir.keys import key_path, key_problem, read_list, read_mapping, type_name, where
 from tilekit.ir.model import Kernel, Module, Op, Tensor
 
 KINDS = ("loop", "if", "scan")
@@ -81,14 +81,14 @@ class Region:
     def read(payload: Any, path: str) -> "Region":
         from tilekit.ir.parts import decode_kernel, decode_op, decode_tensor
 
-        p = _mapping(payload, path, "a region")
+        p = read_mapping(payload, path, "a region")
         _keys(p, path, REGION_KEYS, ("inputs", "outputs", "tensors", "ops"))
-        tensors = _mapping(p["tensors"], f"{path}.tensors", "a region's 'tensors'")
-        ops = _list(p["ops"], f"{path}.ops", "a region's 'ops'")
+        tensors = read_mapping(p["tensors"], f"{path}.tensors", "a region's 'tensors'")
+        ops = read_list(p["ops"], f"{path}.ops", "a region's 'ops'")
         kernels = p.get("kernels")
         control = p.get("control")
         if control is not None:
-            _mapping(control, f"{path}.control", "a region's 'control'")
+            read_mapping(control, f"{path}.control", "a region's 'control'")
         return Region(
             inputs=_names(p["inputs"], f"{path}.inputs"),
             outputs=_names(p["outputs"], f"{path}.outputs"),
@@ -97,7 +97,7 @@ class Region:
             ops=tuple(decode_op(o, f"{path}.ops[{i}]") for i, o in enumerate(ops)),
             kernels=() if kernels is None else tuple(
                 decode_kernel(k, f"{path}.kernels[{i}]")
-                for i, k in enumerate(_list(kernels, f"{path}.kernels", "'kernels'"))),
+                for i, k in enumerate(read_list(kernels, f"{path}.kernels", "'kernels'"))),
             control=control)
 
 
@@ -170,7 +170,7 @@ class ControlOp:
 
     @staticmethod
     def read(name: str, payload: Any, path: str) -> "ControlOp":
-        p = _mapping(payload, path, "a control record")
+        p = read_mapping(payload, path, "a control record")
         kind = p.get("kind")
         if kind not in KINDS:
             raise IRError(f"unknown control kind {kind!r}", where(None, f"{path}.kind"),
@@ -182,7 +182,7 @@ class ControlOp:
         _keys(p, path, known, required)
         grind = p.get("grind")
         if grind is not None:
-            _mapping(grind, f"{path}.grind", "'grind'")
+            read_mapping(grind, f"{path}.grind", "'grind'")
             if grind.get("run") not in GRIND_RUNS:
                 raise _fail(f"{path}.grind.run", f"must be one of {', '.join(GRIND_RUNS)}, got "
                             f"{excerpt(grind.get('run'))}", "re-run tk-grind")
@@ -229,18 +229,6 @@ def _fail(path: str, what: str, hint: str | None = None) -> IRError:
     return IRError(what, path, hint)
 
 
-def _mapping(value: Any, path: str, what: str) -> Mapping[str, Any]:
-    if not isinstance(value, Mapping):
-        raise _fail(path, f"{what} must be a mapping, got {type_name(value)}")
-    return value
-
-
-def _list(value: Any, path: str, what: str) -> list:
-    if not isinstance(value, (list, tuple)):
-        raise _fail(path, f"{what} must be a list, got {type_name(value)}")
-    return list(value)
-
-
 def _keys(value: Mapping[str, Any], path: str, known, required) -> None:
     problem = key_problem(value, path, tuple(known), tuple(required))
     if problem:
@@ -258,14 +246,14 @@ def _opt_name(value: Any, path: str) -> str | None:
 
 
 def _names(value: Any, path: str) -> tuple[str, ...]:
-    return tuple(_name(v, f"{path}[{i}]") for i, v in enumerate(_list(value, path, "a list")))
+    return tuple(_name(v, f"{path}[{i}]") for i, v in enumerate(read_list(value, path, "a list")))
 
 
 def _per_item(value: Any, n: int, path: str, default, kind: type) -> tuple:
     """`n` values of type `kind` (int or bool), `default` each when absent."""
     if value is None:
         return (default,) * n
-    items = _list(value, path, "a list")
+    items = read_list(value, path, "a list")
     if len(items) != n or any(type(v) is not kind for v in items):
         raise _fail(path, f"expected {n} {kind.__name__}s, got {items!r}")
     return tuple(items)
@@ -278,7 +266,7 @@ def read_control(control: Mapping[str, Any] | None, path: str = "control"
     """The records of a `control` section (the module's or a region's), by op name."""
     if not control:
         return {}
-    _mapping(control, path, "'control'")
+    read_mapping(control, path, "'control'")
     return {name: ControlOp.read(name, rec, key_path(path, name))
             for name, rec in control.items()}
 

@@ -3,13 +3,20 @@
 Key tables in the order the codec writes them (the `Module` field order), and the helpers that
 name an IR path (`tensors.x`, `ops[3].expr`, `tensors['conv1/out']`) and report an unknown or
 missing key with a suggestion. The codec and the verifier both read them.
+
+The typed readers (`read_mapping`, `read_list`, `read_int`, `read_number`, `read_text`,
+`read_choice`) are the one way a stage section's values are checked: each raises an `IRError`
+at the value's IR path with the caller's hint (which stage to re-run).
 """
 
 from __future__ import annotations
 
 import difflib
+import math
 import re
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
+
+from tilekit.errors import IRError
 
 #: Document keys, in the order they are written (the `Module` field order).
 MODULE_KEYS = ("tilekit", "model", "source", "weights", "hardware", "stages", "inputs",
@@ -77,3 +84,49 @@ def did_you_mean(word: str, known: tuple[str, ...] | list[str]) -> str:
     if close:
         return f"did you mean '{close[0]}'?"
     return f"known keys: {', '.join(known)}"
+
+
+# -- typed readers of stage sections ------------------------------------------------------
+
+def read_mapping(value: Any, where: str, what: str = "the value",
+                 hint: str | None = None) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise IRError(f"{what} must be a mapping, got {type_name(value)}", where, hint)
+    return value
+
+
+def read_list(value: Any, where: str, what: str = "the value", hint: str | None = None) -> list:
+    if not isinstance(value, (list, tuple)):
+        raise IRError(f"{what} must be a list, got {type_name(value)}", where, hint)
+    return list(value)
+
+
+def read_int(value: Any, where: str, minimum: int = 0, maximum: int | None = None,
+             hint: str | None = None) -> int:
+    if type(value) is not int or value < minimum:
+        raise IRError(f"must be an integer >= {minimum}, got {value!r}", where, hint)
+    if maximum is not None and value > maximum:
+        raise IRError(f"must be at most {maximum}, got {value}", where, hint)
+    return value
+
+
+def read_number(value: Any, where: str, minimum: float | None = None,
+                hint: str | None = None) -> float:
+    """A finite number (NaN and infinities are refused), at least `minimum` when given."""
+    if (type(value) not in (int, float) or not math.isfinite(value)
+            or (minimum is not None and value < minimum)):
+        bound = "" if minimum is None else f" >= {minimum:g}"
+        raise IRError(f"must be a finite number{bound}, got {value!r}", where, hint)
+    return float(value)
+
+
+def read_text(value: Any, where: str, hint: str | None = None) -> str:
+    if not isinstance(value, str) or not value:
+        raise IRError(f"must be a non-empty string, got {value!r}", where, hint)
+    return value
+
+
+def read_choice(value: Any, choices: Sequence[str], where: str, hint: str | None = None) -> str:
+    if value not in choices:
+        raise IRError(f"must be one of {', '.join(choices)}, got {value!r}", where, hint)
+    return value

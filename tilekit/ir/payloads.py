@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from tilekit.errors import IRError
+from tilekit.ir.keys import (read_choice, read_int, read_list, read_mapping, read_number,
+                             read_text)
 
 #: Significant digits of every float written to the IR.
 SIG_DIGITS = 4
@@ -32,6 +34,21 @@ MAX_THREADS = 1024
 BOUNDS = ("compute", "smem", "dram", "launch", "latency")
 
 Axes = Sequence[tuple[str, int]]    # (axis name, extent), in order
+
+#: The hint of a malformed group tile (tk-weld's payload).
+_WELD = "re-run tk-weld"
+
+
+def _str(value: Any, where: str) -> str:
+    return read_text(value, where, _WELD)
+
+
+def _float(value: Any, where: str) -> float:
+    return read_number(value, where, hint=_WELD)
+
+
+def _choice(value: Any, choices: Sequence[str], where: str) -> str:
+    return read_choice(value, choices, where, _WELD)
 
 
 def round_sig(x: float, digits: int = SIG_DIGITS) -> float:
@@ -48,18 +65,6 @@ def count(x: float) -> int | float:
     if x.is_integer() and abs(x) < 2**53:
         return int(round_sig(x)) if abs(x) >= 1e4 else int(x)
     return round_sig(x)
-
-
-def _mapping(value: Any, where: str, what: str) -> Mapping[str, Any]:
-    if not isinstance(value, Mapping):
-        raise IRError(f"{what} must be a mapping, got {type(value).__name__}", where)
-    return value
-
-
-def _int(value: Any, where: str, minimum: int = 0) -> int:
-    if type(value) is not int or value < minimum:
-        raise IRError(f"must be an integer >= {minimum}, got {value!r}", where)
-    return value
 
 
 # -- tiles ---------------------------------------------------------------------------------
@@ -144,7 +149,7 @@ def read_tile(payload: Any, spatial: Axes, reduction: Axes, where: str,
     """
     if payload is None:
         return None
-    payload = dict(_mapping(payload, where, "a tile"))
+    payload = dict(read_mapping(payload, where, "a tile"))
     names = tuple(a for a, _ in spatial)
     if rename:
         to_stage = dict(zip(rename, names))
@@ -173,7 +178,7 @@ def _check_grid(payload: Mapping[str, Any], tile: Tile, spatial: Axes, where: st
     extents = [e for _, e in spatial]
     want = tile.grid(extents)
     if grid is not None:
-        grid = _mapping(grid, f"{where}.grid", "'grid'")
+        grid = read_mapping(grid, f"{where}.grid", "'grid'")
         for (a, extent), b, g in zip(spatial, tile.block, want):
             if a not in grid:
                 raise IRError(f"axis '{a}' has no grid size", f"{where}.grid",
@@ -224,7 +229,7 @@ class Estimate:
 
     @staticmethod
     def read(payload: Any, where: str) -> "Estimate":
-        p = _mapping(payload, where, "an estimate")
+        p = read_mapping(payload, where, "an estimate")
         try:
             values = {k: float(p[k]) for k in ("time_us", "flops", "dram_bytes")}
             bound = str(p.get("bound", "compute"))
@@ -281,20 +286,20 @@ class OpTile:
 
     @staticmethod
     def read(payload: Any, spatial: Axes, reduction: Axes, where: str) -> "OpTile":
-        p = _mapping(payload, where, "a tile")
+        p = read_mapping(payload, where, "a tile")
         tile = read_tile(p, spatial, reduction, where)
         cands = p.get("candidates") or []
         if not isinstance(cands, list):
             raise IRError("'candidates' must be a list", f"{where}.candidates")
         candidates = tuple(
             Candidate(read_tile(c, spatial, reduction, f"{where}.candidates[{k}]"),
-                      Estimate.read(_mapping(c, f"{where}.candidates[{k}]", "a candidate")
+                      Estimate.read(read_mapping(c, f"{where}.candidates[{k}]", "a candidate")
                                     .get("estimate"), f"{where}.candidates[{k}].estimate"))
             for k, c in enumerate(cands))
         return OpTile(tile, tuple(a for a, _ in spatial), tuple(a for a, _ in reduction),
                       tile.grid([e for _, e in spatial]),
-                      _int(p.get("smem_bytes", 0), f"{where}.smem_bytes"),
-                      _int(p.get("regs", 0), f"{where}.regs"),
+                      read_int(p.get("smem_bytes", 0), f"{where}.smem_bytes"),
+                      read_int(p.get("regs", 0), f"{where}.regs"),
                       Estimate.read(p.get("estimate"), f"{where}.estimate"), candidates,
                       dict(p["kernel"]) if isinstance(p.get("kernel"), Mapping) else None)
 
@@ -397,7 +402,7 @@ class GroupTile:
     def read(payload: Any, spatial: Axes, reduction: Axes, where: str) -> "GroupTile":
         """Read and check the form (the weld verifier, tilekit.weld.verify, checks it against
         the module: members, regions, levels, footprint)."""
-        p = _mapping(payload, where, "a group tile")
+        p = read_mapping(payload, where, "a group tile")
         if p.get("source") != "weld":
             raise IRError(f"a group tile has source 'weld', got {p.get('source')!r}",
                           f"{where}.source", "re-run tk-weld")
@@ -409,76 +414,55 @@ class GroupTile:
         buffers = []
         for k, b in enumerate(_list(p, "buffers", where, required=False)):
             w = f"{where}.buffers[{k}]"
-            b = _mapping(b, w, "a buffer")
-            buffers.append((_str(b.get("tensor"), f"{w}.tensor"), _int(b.get("offset"), f"{w}.offset"),
-                            _int(b.get("bytes"), f"{w}.bytes")))
+            b = read_mapping(b, w, "a buffer")
+            buffers.append((_str(b.get("tensor"), f"{w}.tensor"), read_int(b.get("offset"), f"{w}.offset"),
+                            read_int(b.get("bytes"), f"{w}.bytes")))
         cands = tuple(
             Candidate(read_tile(c, spatial, reduction, f"{where}.candidates[{k}]", "weld",
                                 require_step=False),
-                      Estimate.read(_mapping(c, f"{where}.candidates[{k}]", "a candidate")
+                      Estimate.read(read_mapping(c, f"{where}.candidates[{k}]", "a candidate")
                                     .get("estimate"), f"{where}.candidates[{k}].estimate"))
             for k, c in enumerate(_list(p, "candidates", where, required=False)))
         stored = tuple(_str(t, f"{where}.stored[{k}]")
                        for k, t in enumerate(_list(p, "stored", where, required=False)))
         return GroupTile(tile, tuple(a for a, _ in spatial), tuple(a for a, _ in reduction),
                          tile.grid([e for _, e in spatial]), members, edges, tuple(buffers),
-                         _int(p.get("smem_bytes", 0), f"{where}.smem_bytes"), stored,
+                         read_int(p.get("smem_bytes", 0), f"{where}.smem_bytes"), stored,
                          _float(p.get("recompute", 1.0), f"{where}.recompute"),
                          _float(p.get("gain_us", 0.0), f"{where}.gain_us"),
-                         dict(_mapping(p.get("unwelded", {}), f"{where}.unwelded",
+                         dict(read_mapping(p.get("unwelded", {}), f"{where}.unwelded",
                                        "'unwelded'")), cands, _flash(p.get("flash"), where))
 
 
 def _flash(value: Any, where: str) -> Mapping[str, Any] | None:
     if value is None:
         return None
-    f = _mapping(value, f"{where}.flash", "'flash'")
+    f = read_mapping(value, f"{where}.flash", "'flash'")
     return {"key": _str(f.get("key"), f"{where}.flash.key"),
-            "step": _int(f.get("step"), f"{where}.flash.step", 1)}
+            "step": read_int(f.get("step"), f"{where}.flash.step", 1)}
 
 
 def _list(p: Mapping[str, Any], key: str, where: str, required: bool = True) -> list:
     value = p.get(key)
     if value is None and not required:
         return []
-    if not isinstance(value, list):
-        raise IRError(f"'{key}' must be a list", f"{where}.{key}", "re-run tk-weld")
-    return value
-
-
-def _str(value: Any, where: str) -> str:
-    if not isinstance(value, str) or not value:
-        raise IRError(f"must be a non-empty string, got {value!r}", where, "re-run tk-weld")
-    return value
-
-
-def _float(value: Any, where: str) -> float:
-    if type(value) not in (int, float) or not math.isfinite(value):
-        raise IRError(f"must be a number, got {value!r}", where, "re-run tk-weld")
-    return float(value)
-
-
-def _choice(value: Any, choices: Sequence[str], where: str) -> str:
-    if value not in choices:
-        raise IRError(f"must be one of {', '.join(choices)}, got {value!r}", where,
-                      "re-run tk-weld")
-    return value
+    return read_list(value, f"{where}.{key}", f"'{key}'", _WELD)
 
 
 def _member(m: Any, where: str) -> GroupMember:
-    m = _mapping(m, where, "a member")
+    m = read_mapping(m, where, "a member")
     region = m.get("region")
     if not isinstance(region, list) or any(type(x) is not int or x < 1 for x in region):
         raise IRError(f"'region' must be a list of positive integers, got {region!r}",
                       f"{where}.region", "re-run tk-weld")
     return GroupMember(_str(m.get("op"), f"{where}.op"),
                        _choice(m.get("role"), MEMBER_ROLES, f"{where}.role"),
-                       _int(m.get("stage"), f"{where}.stage"), tuple(region),
+                       read_int(m.get("stage"), f"{where}.stage"), tuple(region),
                        _float(m.get("recompute", 1.0), f"{where}.recompute"))
 
 
 def _edge(e: Any, where: str) -> GroupEdge:
-    e = _mapping(e, where, "an edge")
+    e = read_mapping(e, where, "an edge")
     to = e.get("to")
     if not isinstance(to, list) or not to:
         raise IRError("'to' must list the ops reading the edge", f"{where}.to",
@@ -486,8 +470,8 @@ def _edge(e: Any, where: str) -> GroupEdge:
     return GroupEdge(_str(e.get("tensor"), f"{where}.tensor"), _str(e.get("from"), f"{where}.from"),
                      tuple(_str(t, f"{where}.to[{k}]") for k, t in enumerate(to)),
                      _choice(e.get("level"), EDGE_LEVELS, f"{where}.level"),
-                     _int(e.get("bytes", 0), f"{where}.bytes"),
-                     _int(e.get("dram_saved", 0), f"{where}.dram_saved"),
+                     read_int(e.get("bytes", 0), f"{where}.bytes"),
+                     read_int(e.get("dram_saved", 0), f"{where}.dram_saved"),
                      bool(e.get("stored", False)))
 
 
@@ -561,19 +545,19 @@ class KernelRecord:
 
     @staticmethod
     def read(payload: Any, where: str) -> "KernelRecord":
-        p = _mapping(payload, where, "a codegen kernel")
+        p = read_mapping(payload, where, "a codegen kernel")
         try:
             return KernelRecord(
                 name=str(p["name"]), group=str(p.get("group", p["name"])),
                 entry=str(p["entry"]), ops=tuple(p.get("ops", ())), shape=str(p["shape"]),
                 schedule=dict(p.get("schedule") or {}), grid=_dim3(p["grid"]),
-                block=_dim3(p["block"]), smem_bytes=_int(p["smem_bytes"],
+                block=_dim3(p["block"]), smem_bytes=read_int(p["smem_bytes"],
                                                          f"{where}.smem_bytes"),
                 args=tuple(p["args"]), writes=tuple(p.get("writes", ())),
                 source=str(p["source"]), uses_half=bool(p.get("uses_half", False)),
                 resources=dict(p["resources"]) if p.get("resources") else None,
                 coresident=bool(p.get("coresident", False)),
-                counters=_int((p.get("workspace") or {}).get("counters", 0),
+                counters=read_int((p.get("workspace") or {}).get("counters", 0),
                               f"{where}.workspace.counters"))
         except KeyError as exc:
             raise IRError(f"a codegen kernel needs '{exc.args[0]}'", where,
@@ -613,7 +597,7 @@ class CodegenSection:
 
     @staticmethod
     def read(payload: Any, where: str = "codegen") -> "CodegenSection":
-        p = _mapping(payload, where, "the codegen section")
+        p = read_mapping(payload, where, "the codegen section")
         kernels = p.get("kernels")
         if not isinstance(kernels, list) or not kernels:
             raise IRError("the codegen section lists no kernels", f"{where}.kernels",

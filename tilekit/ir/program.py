@@ -45,11 +45,14 @@ until OP's counter reaches OP's task count (dependencies are on whole operators)
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 import re
 from typing import Any, Mapping, Sequence
 
 from tilekit.errors import IRError
+from tilekit.ir.keys import read_int, read_list, read_mapping, read_number
 from tilekit.ir.model import Module, default_kernels
+from tilekit.ir.payloads import MAX_THREADS
 from tilekit.limits import RTASKS
 
 POLICIES = ("wavefront", "serial")
@@ -135,34 +138,10 @@ class Program:
 
 # -- reading ---------------------------------------------------------------------------------
 
-def _map(value: Any, where: str) -> Mapping[str, Any]:
-    if not isinstance(value, Mapping):
-        raise IRError(f"must be a mapping, got {type(value).__name__}", where, _HINT)
-    return value
-
-
-def _list(value: Any, where: str) -> list:
-    if not isinstance(value, list):
-        raise IRError(f"must be a list, got {type(value).__name__}", where, _HINT)
-    return value
-
-
-#: CUDA's limit on the threads of one block.
-MAX_THREADS = 1024
-
-
-def _int(value: Any, where: str, minimum: int = 0, maximum: int | None = None) -> int:
-    if type(value) is not int or value < minimum:
-        raise IRError(f"must be an integer >= {minimum}, got {value!r}", where, _HINT)
-    if maximum is not None and value > maximum:
-        raise IRError(f"must be at most {maximum}, got {value}", where, _HINT)
-    return value
-
-
-def _num(value: Any, where: str) -> float:
-    if type(value) not in (int, float) or value < 0:
-        raise IRError(f"must be a number >= 0, got {value!r}", where, _HINT)
-    return float(value)
+_map = partial(read_mapping, hint=_HINT)
+_list = partial(read_list, hint=_HINT)
+_int = partial(read_int, hint=_HINT)
+_num = partial(read_number, minimum=0, hint=_HINT)
 
 
 _ITEM = re.compile(r"(?:(\d+):(\d+)\+(\d+)|w(\d+))\Z")
