@@ -211,18 +211,28 @@ def _resize_shapes(ins: Specs, attrs: Attrs) -> list:
     return [(tuple(attrs["sizes"]), ins[0][1])]
 
 
-@register("Resize", _resize_shapes, "ONNX Resize to constant output `sizes` (all modes, via "
-                                    "the ONNX reference implementation)")
+@register("Resize", _resize_shapes, "ONNX Resize to constant output `sizes`, coordinates mapped "
+                                    "by the given `scales` when the model gives them (all modes, "
+                                    "via the ONNX reference implementation)")
 def _resize(ins: Arrays, attrs: Attrs) -> list:
     from onnx import helper
     from onnx.reference import ReferenceEvaluator
 
     keys = ("mode", "coordinate_transformation_mode", "nearest_mode", "cubic_coeff_a",
             "exclude_outside", "extrapolation_value")
-    node = helper.make_node("Resize", ["x", "", "", "sizes"], ["y"],
-                            **{k: attrs[k] for k in keys if k in attrs})
-    sizes = np.asarray(attrs["sizes"], dtype=np.int64)
-    return [ReferenceEvaluator(node, opsets={"": 19}).run(None, {"x": ins[0], "sizes": sizes})[0]]
+    given = {k: attrs[k] for k in keys if k in attrs}
+    if attrs.get("scales") is not None:   # coordinates mapped by the given scales
+        node = helper.make_node("Resize", ["x", "", "scales"], ["y"], **given)
+        feed = {"scales": np.asarray(attrs["scales"], dtype=np.float32)}
+    else:
+        node = helper.make_node("Resize", ["x", "", "", "sizes"], ["y"], **given)
+        feed = {"sizes": np.asarray(attrs["sizes"], dtype=np.int64)}
+    y = ReferenceEvaluator(node, opsets={"": 19}).run(None, {"x": ins[0], **feed})[0]
+    if tuple(y.shape) != tuple(attrs["sizes"]):
+        raise TilekitError(f"Resize by scales {attrs['scales']} gives shape {list(y.shape)}, "
+                           f"the IR declares {list(attrs['sizes'])}", "opaque.attrs",
+                           "re-run tk-import")
+    return [y]
 
 
 def _conv_transpose_shapes(ins: Specs, attrs: Attrs) -> list:

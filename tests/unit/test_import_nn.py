@@ -208,3 +208,18 @@ def test_conv_expression_text_and_padding():
     assert ops[0].expr == "y_conv[n, f, h, w] += x[n, c, h*2 + kh - 3, w*2 + kw - 3] * w[f, c, kh, kw]"
     assert ops[0].pad == "0"
     assert ops[1].expr == "y[n, f, h, w] = y_conv[n, f, h, w] + b[f]"
+
+
+@pytest.mark.parametrize("op", ["MaxPool", "AveragePool"])
+def test_pool_ceil_mode_window_in_the_right_padding_is_refused(op):
+    """onnx's shape inference counts a last window that starts in the right padding, the
+    operator's definition and onnxruntime drop it: refused with both counts, not computed over
+    padding alone (-inf for MaxPool, 0 / 0 for AveragePool)."""
+    from tilekit.errors import UnsupportedError
+
+    model = single_node_model(op, [("x", F, [1, 2, 5, 4])], [("y", F, None)], opset=17,
+                              kernel_shape=[3, 3], strides=[3, 3], pads=[1, 1, 1, 1],
+                              ceil_mode=1)
+    model = onnx.shape_inference.infer_shapes(model)
+    with pytest.raises(UnsupportedError, match="gives 3 outputs.* 2; set ceil_mode=0"):
+        import_model(model)

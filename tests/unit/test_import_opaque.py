@@ -88,3 +88,34 @@ def test_converters_against_onnxruntime():
         {"x": rng.standard_normal((3, 3)).astype(np.float32),
          "idx": np.array([[1, 0, 2], [0, 2, 1]], np.int64),
          "u": rng.standard_normal((2, 3)).astype(np.float32)})
+
+
+def _f32(name, values):
+    return numpy_helper.from_array(np.asarray(values, np.float32), name)
+
+
+@pytest.mark.parametrize("shape, scales, attrs", [
+    ([1, 2, 5, 7], [1, 1, 1.5, 1], {"mode": "linear"}),                         # 7 points by 1.5
+    ([1, 2, 5, 4], [1, 1, 1.5, 2], {"mode": "linear",
+                                    "coordinate_transformation_mode": "asymmetric"}),
+    ([1, 2, 6, 4], [1, 1, 0.5, 2], {"mode": "linear",
+                                    "coordinate_transformation_mode": "pytorch_half_pixel"}),
+    ([1, 2, 5, 4], [1, 1, 1.5, 2], {"mode": "nearest"}),
+    ([1, 1, 5, 5], [1, 1, 2.1, 2.1], {"mode": "nearest", "nearest_mode": "floor",
+                                      "coordinate_transformation_mode": "asymmetric"}),
+    ([1, 1, 4, 3], [1, 1, 2, 3], {"mode": "nearest", "nearest_mode": "floor",
+                                  "coordinate_transformation_mode": "asymmetric"}),
+])
+def test_resize_maps_coordinates_by_the_given_scales(shape, scales, attrs):
+    """ONNX maps output coordinates through the given scales (not out / in, which differs
+    when scale x size is not whole); the nearest fast path only for exact integer factors."""
+    out = [int(np.floor(n * f)) for n, f in zip(shape, scales)]
+    check_against_onnxruntime(single_node_model(
+        "Resize", [("x", F, shape), "", "sc"], [("y", F, out)],
+        initializers=[_f32("sc", scales)], **attrs))
+
+
+def test_upsample_by_fractional_scales():
+    check_against_onnxruntime(single_node_model(
+        "Upsample", [("x", F, [1, 1, 5, 4]), "sc"], [("y", F, [1, 1, 7, 8])], opset=9,
+        initializers=[_f32("sc", [1, 1, 1.5, 2])], mode="nearest"))

@@ -210,7 +210,14 @@ def _pool_setup(ctx: NodeContext):
     x, out = ctx.input(0), ctx.output(0)
     kernel = list(ctx.attr("kernel_shape"))
     strides, dilations, pads = _window(ctx, x, kernel)
-    ctx.attr("ceil_mode")  # the output extent comes from shape inference
+    if ctx.attr("ceil_mode", 0):  # the output extent comes from shape inference, unless...
+        for d, (size, o, st, (pb, _)) in enumerate(zip(x.shape[2:], out.shape[2:], strides,
+                                                       pads)):
+            if (o - 1) * st - pb >= size:
+                raise ctx.unsupported(
+                    f"ceil_mode=1 where the last window along spatial axis {d} starts in the "
+                    f"right padding: ONNX shape inference gives {o} outputs, the operator's "
+                    f"definition (and onnxruntime) {o - 1}; set ceil_mode=0 or smaller pads")
     sp = spatial_names(len(kernel))
     ksp = [f"k{s}" for s in sp]
     reads = [text.term([(s, st), (k, d)], -pb)

@@ -7,6 +7,8 @@ nearest mode with integer scale factors (and a coordinate mode that maps to `x /
 
 from __future__ import annotations
 
+import numpy as np
+
 from tilekit.onnx import text
 from tilekit.onnx.context import NodeContext
 from tilekit.onnx.converters.registry import converter
@@ -69,10 +71,26 @@ _FLOOR_DIV_MODES = {("asymmetric", "floor"), ("half_pixel", "round_prefer_floor"
                     ("tf_half_pixel_for_nn", "floor")}
 
 
-def _resize(ctx: NodeContext, mode: str, coord: str, nearest: str) -> None:
+def _scales(ctx: NodeContext, value) -> list[float] | None:
+    """The given per-axis scales (None when the node gives output sizes instead): ONNX maps
+    output coordinates through the given scale, which differs from out / in when the scale
+    times the input size is not a whole number (1.5 x 5 -> 7 points, mapped by 1.5, not 1.4)."""
+    if value is None:
+        return None
+    scales = [float(v) for v in np.asarray(value, dtype=np.float64).reshape(-1)]
+    if not scales:
+        return None
+    if len(scales) != ctx.input(0).rank or not all(np.isfinite(scales)) or min(scales) <= 0:
+        raise ctx.unsupported(f"scales {scales}: one positive finite scale per axis")
+    return scales
+
+
+def _resize(ctx: NodeContext, mode: str, coord: str, nearest: str,
+            scales: list[float] | None = None) -> None:
     x, out = ctx.input(0), ctx.output(0)
-    factors = [o / i for o, i in zip(out.shape, x.shape)]
-    integer = all(f == int(f) and f >= 1 for f in factors)
+    factors = scales or [o / i for o, i in zip(out.shape, x.shape)]
+    integer = all(f == int(f) and f >= 1 and o == i * int(f)
+                  for f, o, i in zip(factors, out.shape, x.shape))
     if mode == "nearest" and integer and (coord, nearest) in _FLOOR_DIV_MODES:
         ax = text.axes(out.rank)
         idx = [a if f == 1 else f"{a} // {int(f)}" for a, f in zip(ax, factors)]
@@ -80,6 +98,8 @@ def _resize(ctx: NodeContext, mode: str, coord: str, nearest: str) -> None:
         return
     attrs = {"mode": mode, "coordinate_transformation_mode": coord, "nearest_mode": nearest,
              "sizes": list(out.shape)}
+    if scales is not None:
+        attrs["scales"] = scales
     for key in ("cubic_coeff_a", "exclude_outside", "extrapolation_value"):
         if key in ctx.attrs:
             attrs[key] = ctx.attr(key)
@@ -99,17 +119,22 @@ def resize(ctx: NodeContext) -> None:
     ctx.attr("axes")
     if ctx.opset < 11:
         # Resize-10 resamples like Upsample: asymmetric coordinates, nearest by flooring.
-        _resize(ctx, ctx.attr("mode", "nearest"), "asymmetric", "floor")
+        _resize(ctx, ctx.attr("mode", "nearest"), "asymmetric", "floor",
+                _scales(ctx, ctx.const(1)))
         return
+    sizes = ctx.const(3) if ctx.has_input(3) else None
+    given = None if sizes is not None and np.asarray(sizes).size else \
+        _scales(ctx, ctx.const(2) if ctx.has_input(2) else None)
     _resize(ctx, ctx.attr("mode", "nearest"),
             ctx.attr("coordinate_transformation_mode", "half_pixel"),
-            ctx.attr("nearest_mode", "round_prefer_floor"))
+            ctx.attr("nearest_mode", "round_prefer_floor"), given)
 
 
 @converter("Upsample", summary="like Resize with asymmetric coordinates and floor rounding")
 def upsample(ctx: NodeContext) -> None:
-    ctx.attr("scales")
     mode = ctx.attr("mode", "nearest")
     mode = "linear" if mode in ("bilinear", "linear") else mode
-    _resize(ctx, mode, "asymmetric", "floor")
+    scales = ctx.attr("scales") if ctx.opset < 9 else (ctx.const(1) if ctx.has_input(1)
+                                                           else None)
+    _resize(ctx, mode, "asymmetric", "floor", _scales(ctx, scales))
 
