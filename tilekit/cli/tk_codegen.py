@@ -74,7 +74,8 @@ def main(input, output, fmt, hw, arch, emit_dir, compile_, strict, quiet, debug)
         if strict:
             raise TilekitError(f"{len(result.problems)} kernel problem(s): "
                                + "; ".join(result.problems), "--strict",
-                               "re-run tk-roll with a smaller tile, or drop --strict")
+                               "re-run the stage that shaped the kernel (tk-roll's tile, "
+                               "tk-weld's group, tk-grind's or tk-ram's grid), or drop --strict")
         for problem in result.problems:
             warn(TOOL, problem)
     out = result.module

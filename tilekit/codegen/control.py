@@ -75,7 +75,7 @@ def control_code(module: Module, kernel: Kernel, generate: Callable, profile, ar
     notes = [n for result in results for n in result.notes]
     run = (rec.grind or {}).get("run", "host")
     if run == "device":
-        made = device_kernel(module, kernel, rec, [r.kernels for r in results])
+        made = device_kernel(module, kernel, rec, [r.kernels for r in results], profile)
         if isinstance(made, GeneratedKernel):
             return ControlCode((made,), {"run": "device", "entry": made.entry,
                                          "grid": made.grid[0]}, tuple(notes))
@@ -88,8 +88,14 @@ def control_code(module: Module, kernel: Kernel, generate: Callable, profile, ar
 
 
 def device_kernel(module: Module, kernel: Kernel, rec: ControlOp,
-                  regions: list[tuple[GeneratedKernel, ...]]) -> GeneratedKernel | str:
-    """The persistent cooperative kernel of a device loop, scan or branch, or why not."""
+                  regions: list[tuple[GeneratedKernel, ...]], profile=None
+                  ) -> GeneratedKernel | str:
+    """The persistent cooperative kernel of a device loop, scan or branch, or why not.
+
+    `__launch_bounds__(threads, ceil(grid / SMs))`: ptxas fits the registers to the blocks
+    each SM must hold for the grid to be co-resident (as for tk-ram's programs). The bare
+    `__launch_bounds__(threads)` of a tiny block (3 threads) made ptxas spill 8-20 bytes with
+    registers to spare (sm_80 and sm_90, loops of a few scalars)."""
     bodies = [g for side in regions for g in side]
     if not bodies:
         return "its regions hold no kernels"
@@ -98,6 +104,7 @@ def device_kernel(module: Module, kernel: Kernel, rec: ControlOp,
         return threads
     smem = max(g.spec.smem_bytes for g in bodies)
     grid = int(((rec.grind or {}).get("estimate") or {}).get("grid") or 1)
+    per_sm = max(1, -(-grid // profile.sm_count)) if profile is not None else 1
     decl = dict(module.tensors)
     for region in rec.regions:
         decl.update(region.tensors)
@@ -118,7 +125,7 @@ def device_kernel(module: Module, kernel: Kernel, rec: ControlOp,
     about = (f"{rec.kind} {rec.name} on the device: {len(bodies)} body kernel(s), a persistent "
              f"grid of {grid} block(s) x {threads} threads, grid barriers")
     head = (f"// {comment_text(about)}\n"
-            f'extern "C" __global__ void __launch_bounds__({threads})\n'
+            f'extern "C" __global__ void __launch_bounds__({threads}, {per_sm})\n'
             f"{entry}({', '.join(tensors.declarations())})")
     text = body_text + head + " " + e.text().lstrip()
     for line in text.splitlines():
