@@ -31,6 +31,7 @@ needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is no
 
 DENSE = {"bert_encoder_layer": onnx_models.bert_encoder_layer,
          "mobilenet_block": onnx_models.mobilenet_block,
+         "mlp_mixer_block": onnx_models.mlp_mixer_block,
          "lstm_model": onnx_models.lstm_model,
          "resnext_block": ram_models.resnext_block}
 
@@ -77,11 +78,17 @@ def test_weld_then_ram_compiles(name, folder):
     doc = yaml.safe_load((folder / out).read_text())
     assert any(len(k["ops"]) > 1 for k in doc["kernels"]), "tk-weld fused nothing"
     assert doc["program"] and doc["codegen"]["kernels"]
+    if name in ("resnext_block", "mlp_mixer_block"):   # multi-stage groups packed as rTasks
+        stages = {k["name"]: (k.get("tile") or {}).get("stages", 1) for k in doc["kernels"]}
+        packed = [g for k in doc["codegen"]["kernels"] if k["shape"] == "program"
+                  for g in k["schedule"]["operators"]]
+        assert any(stages[g] > 1 for g in packed), packed
 
 
 @pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None,
                     reason="no C++ compiler for the emulation")
-def test_weld_then_ram_program_passes_emulation(folder):
+@pytest.mark.parametrize("name", ["resnext_block", "mlp_mixer_block"])
+def test_weld_then_ram_program_passes_emulation(folder, name):
     import numpy as np
 
     from tilekit import pipeline
@@ -90,9 +97,9 @@ def test_weld_then_ram_program_passes_emulation(folder):
     from tilekit.runtime import run_module
     from tilekit.runtime.io import load_weights
 
-    # the BERT layer keeps single-stage groups (matmul + bias chains) that tk-ram packs; a
-    # multi-stage fused group stays a kernel of its own (docs/ram.md, "What is absent")
-    ir = welded(folder, "bert_encoder_layer")
+    # fused multi-stage groups (conv chains; layer norms with lane reductions) composed as
+    # rTask bodies of a program kernel, beside single-stage groups
+    ir = welded(folder, name)
     module = pipeline.run(read_module(str(ir)), ["ram", "codegen"],
                           pipeline.Context.for_hw("h100"))
     assert any(k.get("coresident") for k in module.codegen["kernels"])
@@ -106,10 +113,77 @@ def test_weld_then_ram_program_passes_emulation(folder):
         np.testing.assert_allclose(got[k], want[k], rtol=1e-4, atol=1e-5, err_msg=k)
 
 
+def _broadcast_chain() -> onnx.ModelProto:
+    """Variadic Max and Sum over broadcast inputs, a Where on a scalar, Clip and Pow: tk-weld
+    makes one stage of Sum..Pow whose main op is the Where (Sum is inlined into it)."""
+    import numpy as np
+    from onnx import TensorProto as T, helper as h, numpy_helper as nh
+
+    vi = h.make_tensor_value_info
+    g = h.make_graph(
+        [h.make_node("Max", ["a", "b", "c"], ["m"]), h.make_node("Sum", ["a", "b", "c"], ["s"]),
+         h.make_node("Where", ["cond", "m", "s"], ["w"]), h.make_node("Clip", ["w", "lo"], ["cl"]),
+         h.make_node("Pow", ["cl", "e"], ["out"])], "g",
+        [vi("a", T.FLOAT, [3, 1, 5]), vi("b", T.FLOAT, [4, 1]), vi("c", T.FLOAT, []),
+         vi("cond", T.BOOL, [])], [vi("out", T.FLOAT, None)],
+        [nh.from_array(np.array(0.1, np.float32), "lo"),
+         nh.from_array(np.array([2, 3, 0.5, 1, -1], np.float32), "e")])
+    return h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+
+
+def test_ram_plans_a_one_stage_group_by_its_main_op(folder):
+    """The group's blocks are its main op's (not its first op's, an inlined producer): the
+    program codegen composes, and the CPU program mode, agree with it."""
+    onnx.save(_broadcast_chain(), str(folder / "bcast.onnx"))
+    pipe = ("tk-import bcast.onnx | tk-roll --hw h100 | tk-weld | tk-ram | tee bcast.ram.yaml "
+            "| tk-run --mode program --seed 0 --check && tk-codegen bcast.ram.yaml > /dev/null")
+    assert_checked(run_pipe(pipe, folder), pipe)
+
+
+def _counting_loop() -> onnx.ModelProto:
+    """A Loop of three scalars with a trip count and a condition computed from its state."""
+    import numpy as np
+    from onnx import TensorProto as T, helper as h, numpy_helper as nh
+
+    def vi(name, shape, dt=T.FLOAT):
+        return h.make_tensor_value_info(name, dt, shape)
+
+    body = h.make_graph(
+        [h.make_node("Add", ["x_in", "one"], ["x_out"]),
+         h.make_node("ReduceSum", ["x_out"], ["s"], keepdims=0),
+         h.make_node("Less", ["s", "lim"], ["c_out"]), h.make_node("Cast", ["i"], ["fi"], to=T.FLOAT),
+         h.make_node("Mul", ["x_out", "fi"], ["y"])], "body",
+        [vi("i", [], T.INT64), vi("c_in", [], T.BOOL), vi("x_in", [3])],
+        [vi("c_out", [], T.BOOL), vi("x_out", [3]), vi("y", [3])])
+    g = h.make_graph([h.make_node("Loop", ["M", "c0", "x0"], ["xT", "ys"], body=body)], "g",
+                     [vi("x0", [3])], [vi("xT", [3]), vi("ys", None)],
+                     [nh.from_array(np.array(10, np.int64), "M"),
+                      nh.from_array(np.array(True), "c0"),
+                      nh.from_array(np.ones(3, np.float32), "one"),
+                      nh.from_array(np.array(20.0, np.float32), "lim")])
+    return h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+
+
+@needs_nvcc
+@pytest.mark.parametrize("hw", ["h100", "a100"])
+def test_a_tiny_device_loop_compiles_without_spills(hw, folder):
+    """A device loop on one block of 3 threads: with `__launch_bounds__(3)` alone ptxas
+    spilled 8-20 bytes with registers to spare; the min-blocks term gives it the room."""
+    onnx.save(_counting_loop(), str(folder / "counting.onnx"))
+    pipe = (f"tk-import counting.onnx | tk-roll --hw {hw} | tk-grind | tee counting.{hw}.yaml "
+            f"| tk-codegen --compile --strict -o counting.{hw}.cuda.yaml && "
+            f"tk-run counting.{hw}.yaml --seed 0 --check")
+    assert_checked(run_pipe(pipe, folder), pipe)
+    import yaml
+
+    doc = yaml.safe_load((folder / f"counting.{hw}.cuda.yaml").read_text())
+    assert [k["shape"] for k in doc["codegen"]["kernels"]] == ["device_loop"]
+
+
 @pytest.mark.parametrize("name", sorted(control_models.MODELS))
 def test_control_models_through_every_stage(name, folder):
     ir = welded(folder, name)
-    pipe = f"tk-grind {ir.name} | tk-ram | tk-run --seed 0 --check"
+    pipe = f"tk-grind {ir.name} | tk-ram | tk-run --mode program --seed 0 --check"
     assert_checked(run_pipe(pipe, folder), pipe)
 
 

@@ -21,7 +21,7 @@ from tilekit.ir.program import (TASK, WAIT, Item, parse_program, read_program,
 from tilekit.ram import plan_module
 from tilekit.ram.plan import plan
 from tilekit.ram.svg import render
-from tilekit.ram.tasks import Layout, flat_boxes, operators
+from tilekit.ram.tasks import Layout, flat_boxes, operators, welded_group
 from tilekit.runtime.cpu import run_module
 from tilekit.runtime.program import ProgramOrderError, run_program
 
@@ -136,8 +136,8 @@ def test_an_operator_that_fills_the_device_stays_a_kernel():
     from tilekit.ram.plan import fills_device
     from tilekit.ram.tasks import Variant
     profile = load_profile("h100")
-    big = Variant(0, 100000, 256, 32, 0, 10.0, 1.0, "tiled")
-    small = Variant(0, 10, 256, 32, 0, 1.0, 1.0, "tiled")
+    big = Variant(0, 100000, 256, 32, 0, 10.0, 1.0, "tiled", Layout("whole", ()))
+    small = Variant(0, 10, 256, 32, 0, 1.0, 1.0, "tiled", Layout("whole", ()))
     assert fills_device(profile, big) and not fills_device(profile, small)
 
 
@@ -221,6 +221,68 @@ def test_program_mode_after_weld_style_groups(tmp_path_factory):
     np.testing.assert_allclose(got["out"], want["out"], rtol=1e-5, atol=1e-5)
 
 
+@pytest.fixture(scope="module")
+def welded(tmp_path_factory):
+    """The ResNeXt-style block through tk-weld (fused multi-stage conv groups) and tk-ram."""
+    return _compiled(tmp_path_factory, "resnext_block", passes=("roll", "weld", "ram"))
+
+
+def _fused_operators(module):
+    return [op for op in operators(module, load_profile("h100"))
+            if op.best.shape == "fused"]
+
+
+def test_fused_groups_are_rtasks_over_their_last_op(welded):
+    """A multi-stage group is packed: a block per tile of its last op's output, with tk-weld's
+    tile (tilekit.ram.tasks.welded_group), and its blocks cover that output exactly once."""
+    module = welded.module
+    fused = _fused_operators(module)
+    assert fused and not any(op.fixed for op in fused)
+    program = read_program(module)
+    packed = {i for seg in program.segments if seg.kind == "persistent" for i in seg.operators}
+    assert any(op.index in packed for op in fused), "no fused group joined a program segment"
+    for op in fused:
+        group = welded_group(module, op.index)
+        out = _output_of(module, op.ops[-1])
+        seen = np.zeros(module.tensors[out].shape, dtype=int)
+        lay = op.best.layout
+        assert lay.blocks == op.best.tasks == np.prod(group.grid)
+        for b in range(lay.blocks):
+            for box in lay.boxes(b):
+                seen[tuple(slice(lo, hi) for lo, hi in box)] += 1
+        assert (seen == 1).all(), op.kernel
+        assert op.best.threads % 32 == 0 and op.best.barriers
+
+
+def _output_of(module, op_name):
+    from tilekit.ir.graph import graph
+    return graph(module).node(op_name).writes[0]
+
+
+def test_program_mode_runs_fused_groups_and_checks_their_reads(welded):
+    module, weights = welded.module, welded.weights
+    inputs = _inputs(module)
+    got = run_program(module, inputs, weights)
+    want = run_module(module, inputs, weights)
+    np.testing.assert_allclose(got["out"], want["out"], rtol=1e-5, atol=1e-5)
+    # a fused group's rTask before the operators it reads from: caught, not computed on NaN
+    from tilekit.runtime.program import ProgramRun
+
+    run = ProgramRun(module, read_program(module), inputs, weights)
+    first = next(op.index for op in _fused_operators(module)
+                 if any(r not in module.inputs for r in _reads(module, op)))
+    with pytest.raises(ProgramOrderError, match="before operator"):
+        run.run_task(first, 0, 1, "test")
+
+
+def _reads(module, op):
+    from tilekit.ir.graph import graph
+    g = graph(module)
+    inside = {t for n in op.ops for t in g.node(n).writes}
+    return {t for n in op.ops for t in g.node(n).reads if t not in inside
+            and t in module.tensors and module.tensors[t].role != "weight"}
+
+
 def test_flat_ranges_cover_exactly_once():
     extents = (2, 3, 5)
     seen = np.zeros(extents, dtype=int)
@@ -260,8 +322,8 @@ def test_variant_choice_follows_the_wave():
     from tilekit.ram.plan import pack_segment
     from tilekit.ram.tasks import ROperator, Variant
 
-    wide = Variant(0, 8, 128, 32, 0, 1.0, 1.0, "tiled")     # 8 tasks of 1 us
-    narrow = Variant(1, 2, 128, 32, 0, 3.0, 3.0, "tiled")   # 2 tasks of 3 us
+    wide = Variant(0, 8, 128, 32, 0, 1.0, 1.0, "tiled", Layout("whole", ()))  # 8 x 1 us
+    narrow = Variant(1, 2, 128, 32, 0, 3.0, 3.0, "tiled", Layout("whole", ()))  # 2 x 3 us
     ops = (ROperator(0, "a", ("a",), (wide, narrow)),)
     _, free = pack_segment(ops, [0], [0], [set()], 8, 128, 128, 0, "wavefront")
     assert free[0].index == 0          # 8 free vEUs: 8 tasks end at 1 us

@@ -97,7 +97,7 @@ def _opaque(module: Module, node, owner, v: int, b: int) -> tuple[int, int, int]
 
 def exchange_volume(module: Module, program: Program) -> Exchange:
     from tilekit.hw import load_profile
-    from tilekit.ram.tasks import layout, operators
+    from tilekit.ram.tasks import operators
 
     profile = load_profile(program.hardware)
     rops = operators(module, profile)
@@ -108,7 +108,7 @@ def exchange_volume(module: Module, program: Program) -> Exchange:
     layouts = {}
     for op, b, v in _placements(program):
         if op not in layouts:
-            layouts[op] = layout(module, rops[op], program.operators[op].variant, profile)
+            layouts[op] = rops[op].variant(program.operators[op].variant).layout
         lay = layouts[op]
         boxes = lay.boxes(b) if lay.kind != "whole" else lay.boxes(0)
         for name in kernels[op].ops:

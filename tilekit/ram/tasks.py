@@ -10,11 +10,15 @@ variants beyond 0; a group's kernel is the one its tiles make.
 The block count is the one codegen will launch, decided by the same rules: the shared shape
 decision (`tilekit.schedule.shape.decide`) for one op, the grid-stride default for an op
 without a tile, the opaque kernels' grid-stride launch. A group of several ops is a
-persistent-program candidate only when codegen will run it as one stage (the ops after the
-first are elementwise at the same points: a chain, run in the first op's epilogue), so its
-blocks are the first op's; any other group (a fused multi-stage kernel whose tile codegen
-picks, a group holding an opaque op) stays an ordinary kernel (`fixed`), with a reason.
-Codegen checks the block counts again when it composes the program.
+persistent-program candidate when codegen runs it as one stage (the ops after the first are
+elementwise at the same points: a chain, run in the first op's epilogue; its blocks are the
+first op's) or as the `fused` shape over tk-weld's tile (several stages sharing one output
+tile: a block per tile of the last op's output, the tile's threads rounded up to whole warps,
+tk-weld's shared footprint plus an upper bound of codegen's cross-warp partials, and
+`FUSED_REGS` registers). Any other group (one stage whose main op is not first, the flash
+form of attention, a group without tk-weld's tile, a group holding an opaque op) stays an
+ordinary kernel (`fixed`), with a reason. Codegen checks the block counts and threads again
+when it composes the program, and `--compile` the registers (spills) and co-residency.
 
 Durations come from the shared cost model (`kernels[i].estimate` / `ops[i].tile` estimates,
 tilekit.roll.cost): a kernel's time without the launch overhead the model adds, spread over its
@@ -24,208 +28,32 @@ waves; a task lasts one wave's time.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from tilekit.errors import TilekitError
 from tilekit.ir.graph import graph
 from tilekit.ir.model import Kernel, Module, default_kernels
-from tilekit.ir.payloads import Estimate, OpTile, Tile
+from tilekit.ir.payloads import Estimate, GroupTile, OpTile, Tile
 from tilekit.roll.cost import estimate_bytes, registers_per_thread
 from tilekit.roll.problem import problem_from_analysis
 from tilekit.roll.schedule import tensor_bytes
-from tilekit.schedule.defaults import DEFAULT_THREADS, default_grid
+from tilekit.weld.verify import check_group
+from tilekit.schedule.defaults import DEFAULT_THREADS, WARP, default_grid
 from tilekit.schedule.mma import recorded_precision
 from tilekit.schedule.block import BARRIER_SHAPES
+from tilekit.schedule.shape import align_smem
 from tilekit.schedule.shape import Target, analysis_facts, decide, default_blocks
 
+#: Registers per thread assumed for a fused group's body (ptxas is asked only at codegen):
+#: the welded kernels of the bundled models use 24-56 (tk-codegen --compile, sm_90, BERT, GPT,
+#: MLP-Mixer and MobileNet blocks). A program's launch bounds make ptxas fit what
+#: co-residency leaves; `tk-codegen --compile` reports a body that would spill.
+FUSED_REGS = 64
 #: Registers assumed for a default-shape or opaque body when nothing better is known (ptxas
 #: gives the grid-stride kernels of the model zoo 16-40; codegen re-checks with ptxas').
 DEFAULT_REGS = 40
-
-
-@dataclass(frozen=True)
-class Variant:
-    """One way to run an rOperator."""
-
-    index: int            # 0: the tile tk-roll chose; k: ops[].tile.candidates[k-1]
-    tasks: int            # thread blocks = rTasks
-    threads: int
-    regs: int             # per thread (the cost model's estimate)
-    smem_bytes: int       # per block
-    busy_us: float        # the kernel alone on the device, without launch overhead
-    task_us: float        # one rTask (one wave's time)
-    shape: str
-
-    @property
-    def barriers(self) -> bool:
-        """The body synchronises its block (`__syncthreads`: staged and tensor-core shapes):
-        it must run on exactly `threads` threads. Other bodies (tiled, default, opaque) may
-        run on the first `threads` threads of a larger block (tilekit.schedule.block). A
-        fixed group's body (`kernel`: never packed) counts as synchronising."""
-        return self.shape in BARRIER_SHAPES or self.shape == "kernel"
-
-
-@dataclass(frozen=True)
-class ROperator:
-    """A kernel group as the scheduler sees it."""
-
-    index: int
-    kernel: str
-    ops: tuple[str, ...]
-    variants: tuple[Variant, ...]
-    fixed: str = ""       # why it must stay an ordinary kernel ("" when it may be packed)
-
-    @property
-    def best(self) -> Variant:
-        return self.variants[0]
-
-
-def launch_us(profile) -> tuple[float, str]:
-    """The profile's launch overhead in microseconds and its source."""
-    seconds = float(profile.launch_overhead or 0.0)
-    try:
-        source = profile.source("launch.overhead")
-    except TilekitError:
-        source = "not in the profile: 0"
-    return seconds * 1e6, source
-
-
-def _busy(est: Estimate, launch: float) -> float:
-    return max(est.time_us - launch, 1e-3)
-
-
-def _task_us(busy: float, est: Estimate) -> float:
-    return busy / max(1, est.waves)
-
-
-def operators(module: Module, profile) -> tuple[ROperator, ...]:
-    """Every kernel group of `module` as an rOperator (module.kernels order)."""
-    launch, _ = launch_us(profile)
-    target = Target.of(profile, recorded_precision(module))
-    dtypes = {n: t.dtype for n, t in module.tensors.items()}
-    out = []
-    for k, kernel in enumerate(module.kernels or default_kernels(module.ops)):
-        out.append(_operator(module, k, kernel, profile, target, dtypes, launch))
-    return tuple(out)
-
-
-def _operator(module: Module, k: int, kernel: Kernel, profile, target: Target, dtypes,
-              launch: float) -> ROperator:
-    g = graph(module)
-    first = g.node(kernel.ops[0])
-    if first.op.kind == "control":
-        return _fixed(module, k, kernel, profile, launch,
-                      "a control op: tk-grind's device loop or branch, or host-driven regions")
-    if any(g.node(name).op.kind != "expr" for name in kernel.ops):
-        if len(kernel.ops) > 1:
-            return _fixed(module, k, kernel, profile, launch,
-                          "a group with an opaque op: codegen runs it as several kernels")
-        return ROperator(k, kernel.name, kernel.ops,
-                         (_opaque_variant(module, first, profile, launch),))
-    if len(kernel.ops) > 1 and not _is_chain(module, kernel):
-        return _fixed(module, k, kernel, profile, launch,
-                      "a fused multi-stage group: its tile is codegen's choice")
-    variants = _expr_variants(module, first, profile, target, dtypes, launch)
-    if len(kernel.ops) > 1:  # a chain: the first op's kernel with an epilogue; group time
-        est = _kernel_estimate(kernel)
-        v = variants[0]
-        busy = _busy(est, launch) if est is not None else v.busy_us
-        variants = (Variant(0, v.tasks, v.threads, v.regs, v.smem_bytes, busy,
-                            busy * v.task_us / v.busy_us, v.shape),)
-    return ROperator(k, kernel.name, kernel.ops, variants)
-
-
-def _is_chain(module: Module, kernel: Kernel) -> bool:
-    """The ops after the first are elementwise over the same output shape (codegen's chain)."""
-    g = graph(module)
-    head = g.node(kernel.ops[0])
-    if head.analysis is None:
-        return False
-    shape = tuple(e for _, e in head.analysis.spatial)
-    for name in kernel.ops[1:]:
-        a = g.node(name).analysis
-        if a is None or a.reduction or tuple(e for _, e in a.spatial) != shape:
-            return False
-    return True
-
-
-def _kernel_estimate(kernel: Kernel) -> Estimate | None:
-    if kernel.estimate:
-        return Estimate.read(kernel.estimate, f"kernels[{kernel.name}].estimate")
-    return None
-
-
-def _fixed(module: Module, k: int, kernel: Kernel, profile, launch: float, why: str
-           ) -> ROperator:
-    est = _kernel_estimate(kernel) or _bytes_estimate(module, kernel.ops,
-                                                                       profile)
-    busy = _busy(est, launch)
-    blocks = max(1, est.waves) * profile.sm_count
-    return ROperator(k, kernel.name, kernel.ops,
-                     (Variant(0, blocks, DEFAULT_THREADS, DEFAULT_REGS, 0, busy,
-                              _task_us(busy, est), "kernel"),), fixed=why)
-
-
-def _bytes_estimate(module: Module, ops, profile) -> Estimate:
-    g = graph(module)
-    reads = {t for n in ops for t in g.node(n).reads}
-    writes = {t for n in ops for t in g.node(n).writes if t}
-    elements = max((module.tensors[t].size for t in writes), default=1)
-    return estimate_bytes(profile, tensor_bytes(module, reads - writes),
-                          tensor_bytes(module, writes), DEFAULT_THREADS, elements)
-
-
-def _opaque_variant(module: Module, node, profile, launch: float) -> Variant:
-    outputs = [t for t in (node.op.opaque or {}).get("outputs", ()) if t in module.tensors]
-    elements = module.tensors[outputs[0]].size if outputs else 1
-    est = None
-    if node.op.tile and isinstance(node.op.tile.get("estimate"), dict):
-        est = Estimate.read(node.op.tile["estimate"], f"{node.where}.tile.estimate")
-    est = est or _bytes_estimate(module, (node.name,), profile)
-    busy = _busy(est, launch)
-    tasks = default_grid(elements, DEFAULT_THREADS)
-    return Variant(0, tasks, DEFAULT_THREADS, DEFAULT_REGS, 0, busy, _task_us(busy, est),
-                   "opaque")
-
-
-def _expr_variants(module: Module, node, profile, target: Target, dtypes, launch: float
-                   ) -> tuple[Variant, ...]:
-    analysis = node.analysis
-    facts = analysis_facts(analysis, dtypes)
-    extents = tuple(e for _, e in analysis.spatial)
-    if node.op.tile is None:  # not rolled: codegen's default schedule
-        shape = decide(facts, None, target)
-        est = _bytes_estimate(module, (node.name,), profile)
-        busy = _busy(est, launch)
-        return (Variant(0, default_blocks(facts, shape), shape.threads, DEFAULT_REGS, 0, busy,
-                        _task_us(busy, est), "default"),)
-    rolled = OpTile.read(node.op.tile, analysis.spatial, analysis.reduction,
-                         f"{node.where}.tile")
-    choices = [(rolled.tile, rolled.estimate, rolled.regs)]
-    if rolled.candidates:
-        problem = problem_from_analysis(analysis, dtypes)
-        for c in rolled.candidates:
-            regs = int(registers_per_thread(problem, np.array(c.tile.thread).reshape(-1, 1),
-                                            ptxas=True)[0])
-            choices.append((c.tile, c.estimate, regs))
-    variants = []
-    for index, (tile, est, regs) in enumerate(choices):
-        variants.append(_tile_variant(index, facts, tile, est, regs, extents, target, launch))
-    return tuple(variants)
-
-
-def _tile_variant(index: int, facts, tile: Tile, est: Estimate, regs: int, extents,
-                  target: Target, launch: float) -> Variant:
-    shape = decide(facts, tile, target)
-    busy = _busy(est, launch)
-    if shape.shape == "default":
-        tasks, regs = default_blocks(facts, shape), max(regs, DEFAULT_REGS)
-    else:
-        tasks = math.prod(tile.grid(extents))
-    return Variant(index, tasks, shape.threads, regs, shape.smem_bytes, busy,
-                   _task_us(busy, est), shape.shape)
 
 
 # -- where each rTask writes ------------------------------------------------------------------
@@ -236,7 +64,7 @@ Box = tuple[tuple[int, int], ...]   # half-open range per dimension
 @dataclass(frozen=True)
 class Layout:
     """Which output points block `b` of an operator's kernel computes, over the spatial
-    extents of the group's first op: `box` (a tile grid in row-major block order, as codegen
+    extents of the group's first op (a fused group's: its last op's): `box` (a tile grid in row-major block order, as codegen
     decomposes the block index), `flat` (a grid-stride loop: `per_block` consecutive points
     per block, `blocks` blocks striding over all points) or `whole` (one kernel, all points)."""
 
@@ -310,31 +138,248 @@ def flat_boxes(start: int, stop: int, extents: tuple[int, ...]) -> list[Box]:
     return out
 
 
-def layout(module: Module, op: ROperator, variant: int, profile) -> Layout:
-    """The layout of `op`'s kernel under `variant` (the rules of `operators`)."""
+@dataclass(frozen=True)
+class Variant:
+    """One way to run an rOperator."""
+
+    index: int            # 0: the tile tk-roll chose; k: ops[].tile.candidates[k-1]
+    tasks: int            # thread blocks = rTasks
+    threads: int
+    regs: int             # per thread (the cost model's estimate)
+    smem_bytes: int       # per block
+    busy_us: float        # the kernel alone on the device, without launch overhead
+    task_us: float        # one rTask (one wave's time)
+    shape: str
+    layout: Layout        # which output points each of its blocks computes
+
+    @property
+    def barriers(self) -> bool:
+        """The body synchronises its block (`__syncthreads`: staged and tensor-core shapes):
+        it must run on exactly `threads` threads. Other bodies (tiled, default, opaque) may
+        run on the first `threads` threads of a larger block (tilekit.schedule.block). A
+        fused group's body synchronises between its stages; a fixed group's (`kernel`: never
+        packed) counts as synchronising."""
+        return self.shape in BARRIER_SHAPES or self.shape in ("fused", "kernel")
+
+
+@dataclass(frozen=True)
+class ROperator:
+    """A kernel group as the scheduler sees it."""
+
+    index: int
+    kernel: str
+    ops: tuple[str, ...]
+    variants: tuple[Variant, ...]
+    fixed: str = ""       # why it must stay an ordinary kernel ("" when it may be packed)
+
+    @property
+    def best(self) -> Variant:
+        return self.variants[0]
+
+    def variant(self, k: int, where: str = "program.operators") -> Variant:
+        """Variant `k`, as a program names it (refused when the operator has no such)."""
+        if not 0 <= k < len(self.variants):
+            raise TilekitError(f"variant {k} of {self.kernel}: the operator has "
+                               f"{len(self.variants)}", where, "re-run tk-ram")
+        return self.variants[k]
+
+
+def launch_us(profile) -> tuple[float, str]:
+    """The profile's launch overhead in microseconds and its source."""
+    seconds = float(profile.launch_overhead or 0.0)
+    try:
+        source = profile.source("launch.overhead")
+    except TilekitError:
+        source = "not in the profile: 0"
+    return seconds * 1e6, source
+
+
+def _busy(est: Estimate, launch: float) -> float:
+    return max(est.time_us - launch, 1e-3)
+
+
+def _task_us(busy: float, est: Estimate) -> float:
+    return busy / max(1, est.waves)
+
+
+def operators(module: Module, profile) -> tuple[ROperator, ...]:
+    """Every kernel group of `module` as an rOperator (module.kernels order)."""
+    launch, _ = launch_us(profile)
+    target = Target.of(profile, recorded_precision(module))
+    dtypes = {n: t.dtype for n, t in module.tensors.items()}
+    out = []
+    for k, kernel in enumerate(module.kernels or default_kernels(module.ops)):
+        out.append(_operator(module, k, kernel, profile, target, dtypes, launch))
+    return tuple(out)
+
+
+def _operator(module: Module, k: int, kernel: Kernel, profile, target: Target, dtypes,
+              launch: float) -> ROperator:
     g = graph(module)
-    first = g.node(op.ops[0])
-    if op.fixed:
-        extents = tuple(e for _, e in first.analysis.spatial) if first.analysis else ()
-        return Layout("whole", extents)
-    if first.op.kind != "expr":
-        outputs = [t for t in (first.op.opaque or {}).get("outputs", ()) if t in module.tensors]
-        elements = module.tensors[outputs[0]].size if outputs else 1
-        return Layout("flat", (elements,), per_block=DEFAULT_THREADS,
-                      blocks=default_grid(elements, DEFAULT_THREADS))
-    analysis = first.analysis
+    first = g.node(kernel.ops[0])
+    if first.op.kind == "control":
+        return _fixed(module, k, kernel, profile, launch,
+                      "a control op: tk-grind's device loop or branch, or host-driven regions")
+    if any(g.node(name).op.kind != "expr" for name in kernel.ops):
+        if len(kernel.ops) > 1:
+            return _fixed(module, k, kernel, profile, launch,
+                          "a group with an opaque op: codegen runs it as several kernels")
+        return ROperator(k, kernel.name, kernel.ops,
+                         (_opaque_variant(module, first, profile, launch),))
+    main = first
+    if len(kernel.ops) > 1:
+        group = welded_group(module, k)
+        if isinstance(group, str):
+            return _fixed(module, k, kernel, profile, launch, group)
+        if group is not None and max(m.stage for m in group.members) > 0:
+            return _fused(module, k, kernel, group, profile, launch)
+        if group is not None:   # one stage: its main op's kernel (inlined producers before it)
+            main = g.node(next(m.op for m in group.members if m.role == "stage"))
+        elif not _is_chain(module, kernel):
+            return _fixed(module, k, kernel, profile, launch,
+                          "a group of several stages without tk-weld's tile: its tile is "
+                          "codegen's choice")
+    variants = _expr_variants(module, main, profile, target, dtypes, launch)
+    if len(kernel.ops) > 1:  # the main op's kernel with an epilogue; the group's time
+        est = _kernel_estimate(kernel)
+        v = variants[0]
+        busy = _busy(est, launch) if est is not None else v.busy_us
+        variants = (replace(v, busy_us=busy, task_us=busy * v.task_us / v.busy_us),)
+    return ROperator(k, kernel.name, kernel.ops, variants)
+
+
+def _is_chain(module: Module, kernel: Kernel) -> bool:
+    """The ops after the first are elementwise over the same output shape (codegen's chain)."""
+    g = graph(module)
+    head = g.node(kernel.ops[0])
+    if head.analysis is None:
+        return False
+    shape = tuple(e for _, e in head.analysis.spatial)
+    for name in kernel.ops[1:]:
+        a = g.node(name).analysis
+        if a is None or a.reduction or tuple(e for _, e in a.spatial) != shape:
+            return False
+    return True
+
+
+def welded_group(module: Module, k: int) -> GroupTile | str | None:
+    """tk-weld's (checked) tile of kernel group `k`; None when it has none; why tk-ram
+    cannot plan its blocks (str) for the flash form of attention."""
+    kernel = module.kernels[k] if module.kernels else None
+    if kernel is None or not isinstance(kernel.tile, dict) or \
+            kernel.tile.get("source") != "weld":
+        return None
+    group = check_group(module, k, module.op_index(), None)
+    if group.flash is not None:
+        return "attention in the flash form: its blocks loop over key steps of their own"
+    return group
+
+
+def _fused(module: Module, k: int, kernel: Kernel, group: GroupTile, profile, launch: float
+           ) -> ROperator:
+    """Several stages (codegen's `fused` shape): a block per tile of the group's tile over
+    its last op's output."""
+    est = _kernel_estimate(kernel) or _bytes_estimate(module, kernel.ops, profile)
+    busy = _busy(est, launch)
+    threads = -(-group.tile.threads // WARP) * WARP
+    stages = 1 + max(m.stage for m in group.members)
+    smem = group.smem_bytes + stages * align_smem(threads // WARP * 8)
+    extents = tuple(e for _, e in graph(module).node(kernel.ops[-1]).analysis.spatial)
+    blocks = math.prod(group.grid)
+    return ROperator(k, kernel.name, kernel.ops,
+                     (Variant(0, blocks, threads, FUSED_REGS, smem, busy, _task_us(busy, est),
+                              "fused", Layout("box", extents, block=tuple(group.tile.block),
+                                              blocks=blocks)),))
+
+
+def _kernel_estimate(kernel: Kernel) -> Estimate | None:
+    if kernel.estimate:
+        return Estimate.read(kernel.estimate, f"kernels[{kernel.name}].estimate")
+    return None
+
+
+def _fixed(module: Module, k: int, kernel: Kernel, profile, launch: float, why: str
+           ) -> ROperator:
+    est = _kernel_estimate(kernel) or _bytes_estimate(module, kernel.ops,
+                                                                       profile)
+    busy = _busy(est, launch)
+    blocks = max(1, est.waves) * profile.sm_count
+    first = graph(module).node(kernel.ops[0]).analysis
+    whole = Layout("whole", tuple(e for _, e in first.spatial) if first else ())
+    return ROperator(k, kernel.name, kernel.ops,
+                     (Variant(0, blocks, DEFAULT_THREADS, DEFAULT_REGS, 0, busy,
+                              _task_us(busy, est), "kernel", whole),), fixed=why)
+
+
+def _bytes_estimate(module: Module, ops, profile) -> Estimate:
+    g = graph(module)
+    reads = {t for n in ops for t in g.node(n).reads}
+    writes = {t for n in ops for t in g.node(n).writes if t}
+    elements = max((module.tensors[t].size for t in writes), default=1)
+    return estimate_bytes(profile, tensor_bytes(module, reads - writes),
+                          tensor_bytes(module, writes), DEFAULT_THREADS, elements)
+
+
+def _opaque_variant(module: Module, node, profile, launch: float) -> Variant:
+    outputs = [t for t in (node.op.opaque or {}).get("outputs", ()) if t in module.tensors]
+    elements = module.tensors[outputs[0]].size if outputs else 1
+    est = None
+    if node.op.tile and isinstance(node.op.tile.get("estimate"), dict):
+        est = Estimate.read(node.op.tile["estimate"], f"{node.where}.tile.estimate")
+    est = est or _bytes_estimate(module, (node.name,), profile)
+    busy = _busy(est, launch)
+    tasks = default_grid(elements, DEFAULT_THREADS)
+    return Variant(0, tasks, DEFAULT_THREADS, DEFAULT_REGS, 0, busy, _task_us(busy, est),
+                   "opaque", Layout("flat", (elements,), per_block=DEFAULT_THREADS,
+                                    blocks=tasks))
+
+
+def _expr_variants(module: Module, node, profile, target: Target, dtypes, launch: float
+                   ) -> tuple[Variant, ...]:
+    analysis = node.analysis
+    facts = analysis_facts(analysis, dtypes)
     extents = tuple(e for _, e in analysis.spatial)
-    facts = analysis_facts(analysis, {n: t.dtype for n, t in module.tensors.items()})
-    tile = None
-    if first.op.tile is not None:
-        rolled = OpTile.read(first.op.tile, analysis.spatial, analysis.reduction,
-                             f"{first.where}.tile")
-        tile = rolled.tile if variant == 0 else rolled.candidates[variant - 1].tile
-    shape = decide(facts, tile, Target.of(profile, recorded_precision(module)))
+    if node.op.tile is None:  # not rolled: codegen's default schedule
+        shape = decide(facts, None, target)
+        est = _bytes_estimate(module, (node.name,), profile)
+        busy = _busy(est, launch)
+        blocks = default_blocks(facts, shape)
+        return (Variant(0, blocks, shape.threads, DEFAULT_REGS, 0, busy, _task_us(busy, est),
+                        "default", _strided(extents, shape, blocks)),)
+    rolled = OpTile.read(node.op.tile, analysis.spatial, analysis.reduction,
+                         f"{node.where}.tile")
+    choices = [(rolled.tile, rolled.estimate, rolled.regs)]
+    if rolled.candidates:
+        problem = problem_from_analysis(analysis, dtypes)
+        for c in rolled.candidates:
+            regs = int(registers_per_thread(problem, np.array(c.tile.thread).reshape(-1, 1),
+                                            ptxas=True)[0])
+            choices.append((c.tile, c.estimate, regs))
+    variants = []
+    for index, (tile, est, regs) in enumerate(choices):
+        variants.append(_tile_variant(index, facts, tile, est, regs, extents, target, launch))
+    return tuple(variants)
+
+
+def _tile_variant(index: int, facts, tile: Tile, est: Estimate, regs: int, extents,
+                  target: Target, launch: float) -> Variant:
+    shape = decide(facts, tile, target)
+    busy = _busy(est, launch)
     if shape.shape == "default":
-        return Layout("flat", extents, per_block=DEFAULT_THREADS // max(shape.lanes, 1),
-                      blocks=default_blocks(facts, shape))
-    return Layout("box", extents, block=tuple(tile.block), blocks=math.prod(tile.grid(extents)))
+        tasks, regs = default_blocks(facts, shape), max(regs, DEFAULT_REGS)
+        where = _strided(extents, shape, tasks)
+    else:
+        tasks = math.prod(tile.grid(extents))
+        where = Layout("box", extents, block=tuple(tile.block), blocks=tasks)
+    return Variant(index, tasks, shape.threads, regs, shape.smem_bytes, busy,
+                   _task_us(busy, est), shape.shape, where)
 
 
-__all__ = ["Layout", "flat_boxes", "layout", "DEFAULT_REGS", "ROperator", "Variant", "launch_us", "operators"]
+def _strided(extents: tuple[int, ...], shape, blocks: int) -> Layout:
+    """The default shape's grid-stride loop: a point per thread, or per lane group."""
+    return Layout("flat", extents, per_block=DEFAULT_THREADS // max(shape.lanes, 1),
+                  blocks=blocks)
+
+
+__all__ = ["DEFAULT_REGS", "FUSED_REGS", "Layout", "ROperator", "Variant", "flat_boxes",
+           "launch_us", "operators", "welded_group"]

@@ -62,9 +62,12 @@ OpRunner = Callable[[Step, Mapping[str, np.ndarray]], "list[np.ndarray]"]
 
 
 def run_op_whole(step: Step, env: Mapping[str, np.ndarray]) -> list[np.ndarray]:
-    """Evaluate one op over its whole iteration space."""
+    """Evaluate one op over its whole iteration space (a control op: its loop, scan or
+    branch, regions run whole)."""
     if step.op.kind == "expr":
         return [evaluate(step.analysis, env, pad=step.op.pad, out_dtype=step.dtypes[0])]
+    if step.op.kind == "control":
+        return step.impl.run(env, "whole", prepare)
     return run_opaque(step, env)
 
 

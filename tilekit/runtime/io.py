@@ -71,7 +71,7 @@ def resolve_sidecar(ref: Mapping, key: str, folder: Path, where: str,
     if not isinstance(rel, str) or not rel:
         raise TilekitError(f"has no '{key}' path", where,
                            f"expected {{{key}: relative/path, sha256: hex}}")
-    path = (folder / rel) if not os.path.isabs(rel) else Path(rel)
+    path = (Path(folder) / rel) if not os.path.isabs(rel) else Path(rel)
     if not path.exists():
         raise TilekitError(f"file '{rel}' not found (looked in {folder})", f"{where}.{key}",
                            "paths in the IR are relative to the IR file's folder, or to the "

@@ -5,7 +5,8 @@ output points its thread block computes on the device (`tilekit.ram.tasks.Layout
 of the grid, or its points of a grid-stride loop) with `tilekit.expr.evaluate` over those
 boxes; every vEU walks its list in order; a wait holds its vEU until the awaited operator's
 progress counter reaches its task count. Segments run one after another; an ordinary-kernel
-segment runs its operator whole.
+segment runs its operator whole. A welded group's rTask runs its members over the regions its
+block needs (tilekit.runtime.tiled.GroupBlocks), intermediates in per-tile buffers.
 
 Every computed tensor carries a *produced* mask. Before an rTask runs, every region it reads
 (the input box of each read, halo included, clamped to the tensor: `input_box`) must be
@@ -31,6 +32,7 @@ from tilekit.expr.analysis import input_box
 from tilekit.ir.model import Module, default_kernels
 from tilekit.ir.program import TASK, Program, read_program
 from tilekit.runtime.cpu import Step, prepare, run_op_whole
+from tilekit.runtime.tiled import GroupBlocks
 
 
 class ProgramOrderError(TilekitError):
@@ -42,6 +44,7 @@ class _Op:
     steps: tuple[Step, ...]
     layout: object              # tilekit.ram.tasks.Layout
     kernel: str
+    group: GroupBlocks | None = None   # a welded group: its blocks run members' regions
 
 
 class ProgramRun:
@@ -49,18 +52,22 @@ class ProgramRun:
 
     def __init__(self, module: Module, program: Program, inputs, weights):
         from tilekit.hw import load_profile
-        from tilekit.ram.tasks import layout, operators
+        from tilekit.ram.tasks import operators
 
         cpu = prepare(module)
         steps = {s.op.name: s for s in cpu.steps}
         profile = load_profile(program.hardware)
         rops = operators(module, profile)
         self.program = program
-        self.ops = [
-            _Op(tuple(steps[n] for n in k.ops), layout(module, rops[i], o.variant, profile),
-                k.name)
-            for i, (k, o) in enumerate(zip(module.kernels or default_kernels(module.ops),
-                                           program.operators))]
+        self.ops = []
+        for i, (k, o) in enumerate(zip(module.kernels or default_kernels(module.ops),
+                                       program.operators)):
+            members = tuple(steps[n] for n in k.ops)
+            # a welded group's blocks walk its members' regions back from the last op's box
+            welded = not rops[i].fixed and len(members) > 1 and isinstance(k.tile, dict) \
+                and k.tile.get("source") == "weld"
+            self.ops.append(_Op(members, rops[i].variant(o.variant).layout, k.name,
+                                GroupBlocks(k.name, k.tile, members) if welded else None))
         self.env: dict[str, np.ndarray] = {**weights, **inputs}
         self.made: dict[str, np.ndarray] = {}
         for s in cpu.steps:
@@ -73,6 +80,7 @@ class ProgramRun:
                        for n in k.ops for t in steps[n].writes if t}
         self.whole: dict[int, list[np.ndarray]] = {}
         self.outputs = cpu.outputs
+        self.counts = cpu.counts or {}
 
     # -- checks ------------------------------------------------------------------------------
     def _need(self, tensor: str, region, where: str) -> None:
@@ -94,6 +102,10 @@ class ProgramRun:
         op = self.ops[i]
         boxes = op.layout.boxes_of(first, count)
         what = f"{where}: blocks {first}..{first + count - 1} of {op.kernel}"
+        if op.group is not None:
+            for box in boxes:
+                self._run_group_box(op.group, box, what)
+            return
         for step in op.steps:
             if step.op.kind != "expr" or op.layout.kind == "whole":
                 self._run_whole_step(i, step, boxes, what, first)
@@ -112,6 +124,24 @@ class ProgramRun:
         out = step.writes[0]
         self.env[out][index] = np.reshape(value, self.env[out][index].shape)
         self.made[out][index] = True
+
+    def _run_group_box(self, group: GroupBlocks, box, where: str) -> None:
+        """A fused group's blocks over `box` of its last op's output: each member's region
+        in order (tilekit.runtime.tiled.GroupBlocks); reads from outside the group must be
+        produced, stored results are published."""
+        inside = set(group.outputs)
+
+        def need(step: Step, ranges) -> None:
+            a = step.analysis
+            for k, access in enumerate(a.accesses):
+                if access.tensor in self.made and access.tensor not in inside:
+                    self._need(access.tensor, input_box(a, k, ranges, clamp=True), where)
+
+        def sink(tensor: str, index, value) -> None:
+            self.env[tensor][index] = np.reshape(value, self.env[tensor][index].shape)
+            self.made[tensor][index] = True
+
+        group.run(box, self.env, sink, need)
 
     def _run_whole_step(self, i: int, step: Step, boxes, where: str, b: int) -> None:
         """Opaque ops and unpacked groups: computed whole once its inputs are whole, then
@@ -144,7 +174,10 @@ class ProgramRun:
                 self.run_task(i, 0, self.ops[i].layout.blocks, where)
                 continue
             self._persistent(seg, where)
-        return {name: self.env[name] for name in self.outputs}
+        out = {name: self.env[name] for name in self.outputs}
+        for name, count in self.counts.items():   # a loop's scan outputs, to its trip count
+            out[name] = out[name][:int(self.env[count])]
+        return out
 
     def _persistent(self, seg, where: str) -> None:
         """Interleave the vEUs (adversarially, see the module docstring)."""

@@ -149,65 +149,96 @@ def run_step_tiled(step, env: Mapping[str, np.ndarray]) -> list[np.ndarray]:
 
 # -- welded groups -------------------------------------------------------------------------
 
-def run_group_tiled(name: str, tile: Mapping[str, Any], steps, env: Mapping[str, np.ndarray]
-                    ) -> dict[str, np.ndarray]:
-    """Run a welded kernel group (docs/weld.md) tile by tile as its kernel would: for every
-    block of the last op's grid (adjacent whole blocks merged up to the runtime's budget),
-    each member's region is propagated back from the block (tilekit.weld.structure: halos,
-    whole reduced rows) and evaluated in order, reductions step by step with the member's
-    rolled step. An intermediate that stays in the group lives only in a per-tile buffer:
-    a full-size array that holds NaN everywhere except the current tile's region (floating
-    types), so a member reading outside what the tile computed gets NaN and the check fails.
-    Results stored for readers outside the group are written region by region; every element
-    must be written (else the group tile does not cover them: an IRError). Returns the stored
-    tensors."""
-    from tilekit.expr.box import Span
-    from tilekit.ir.payloads import GroupTile
-    from tilekit.weld.structure import walk_regions
+class GroupBlocks:
+    """A welded kernel group (docs/weld.md) run one block at a time as its kernel would:
+    from the block's box of the last op's output, each member's region is propagated back
+    (tilekit.weld.structure: halos, whole reduced rows) and evaluated in order, reductions
+    step by step with the member's rolled step. An intermediate that stays in the group lives
+    only in a per-tile buffer: a full-size array that holds NaN everywhere except the current
+    tile's region (floating types), so a member reading outside what the tile computed gets
+    NaN and the check fails. Results stored for readers outside the group go to `sink`.
 
-    for step in steps:
-        if step.op.kind != "expr":
-            raise IRError(f"kernel group '{name}' holds opaque op '{step.op.name}'", "kernels",
-                          "re-run tk-weld (opaque ops run alone)")
-    analyses = [st.analysis for st in steps]
-    last = analyses[-1]
-    where = f"kernels ({name}).tile"
-    group = GroupTile.read(tile, last.spatial, (), where) if "step" not in tile else \
-        GroupTile.read(tile, last.spatial, _step_axes(tile, steps), where)
-    stored = set(group.stored)
-    scratch = {t: _poisoned(st) for t, st in zip((a.output for a in analyses), steps)
-               if t not in stored}
-    results = {t: np.empty(st.shapes[0], dtype=st.dtypes[0]) for t, st in
-               zip((a.output for a in analyses), steps) if t in stored}
-    written = {t: np.zeros(a.shape, dtype=bool) for t, a in results.items()}
-    names = [st.op.name for st in steps]
-    for box in block_boxes(last, group.tile.block, RUNTIME_BOX_BUDGET):
-        spans = [Span.of(lo, hi) for lo, hi in box.values()]
-        regions = walk_regions(analyses, spans, names)
-        local = {**env, **scratch, **results}
+    `run_group_tiled` runs every block; the program mode (tilekit.runtime.program) runs them
+    as rTasks, checking with `need` that what a block reads from outside was produced."""
+
+    def __init__(self, name: str, tile: Mapping[str, Any], steps):
+        from tilekit.ir.payloads import GroupTile
+
+        for step in steps:
+            if step.op.kind != "expr":
+                raise IRError(f"kernel group '{name}' holds opaque op '{step.op.name}'",
+                              "kernels", "re-run tk-weld (opaque ops run alone)")
+        self.steps = tuple(steps)
+        self.analyses = [st.analysis for st in steps]
+        self.last = self.analyses[-1]
+        self.where = f"kernels ({name}).tile"
+        self.group = GroupTile.read(tile, self.last.spatial, (), self.where) \
+            if "step" not in tile else \
+            GroupTile.read(tile, self.last.spatial, _step_axes(tile, steps), self.where)
+        self.stored = set(self.group.stored)
+        self.outputs = [a.output for a in self.analyses]
+        self.scratch = {t: _poisoned(st) for t, st in zip(self.outputs, steps)
+                        if t not in self.stored}
+        self.names = [st.op.name for st in steps]
+
+    def boxes(self, max_boxes: int | None = RUNTIME_BOX_BUDGET):
+        return block_boxes(self.last, self.group.tile.block, max_boxes)
+
+    def run(self, box: Sequence[Interval], env: Mapping[str, np.ndarray], sink,
+            need=None) -> None:
+        """One box of the last op's output (whole blocks): every member over its region;
+        `sink(tensor, index, value)` writes each stored result into `env[tensor]` (where
+        later members read it), `need(step, ranges)` (when
+        given) checks a member's reads from outside the group before it runs."""
+        from tilekit.expr.box import Span
+        from tilekit.weld.structure import walk_regions
+
+        spans = [Span.of(lo, hi) for lo, hi in box]
+        regions = walk_regions(self.analyses, spans, self.names)
+        local = {**env, **self.scratch}
         touched = []
-        for st, a, region in zip(steps, analyses, regions):
+        for st, a, region in zip(self.steps, self.analyses, regions):
             ranges = {n: s.range for (n, _), s in zip(a.spatial, region)}
             if any(hi <= lo for lo, hi in ranges.values()):
                 continue
+            if need is not None:
+                need(st, ranges)
             value = _evaluate_steps(st, a, local, ranges)
             where_ = tuple(slice(lo, hi) for lo, hi in ranges.values())
-            target = results.get(a.output)
-            if target is not None:
-                target[where_] = np.reshape(value, target[where_].shape)
-                written[a.output][where_] = True
+            if a.output in self.stored:
+                sink(a.output, where_, value)      # into env's array: later members read it
             else:
-                buf = scratch[a.output]
+                buf = self.scratch[a.output]
                 buf[where_] = np.reshape(value, buf[where_].shape)
                 touched.append((buf, where_))
         for buf, where_ in touched:          # the per-tile buffers die with the tile
             if buf.dtype.kind in "fc":
                 buf[where_] = np.nan
+
+
+def run_group_tiled(name: str, tile: Mapping[str, Any], steps, env: Mapping[str, np.ndarray]
+                    ) -> dict[str, np.ndarray]:
+    """Run a welded kernel group tile by tile (`GroupBlocks`) over every block of the last
+    op's grid (adjacent whole blocks merged up to the runtime's budget). Every stored element
+    must be written (else the group tile does not cover them: an IRError). Returns the stored
+    tensors."""
+    blocks = GroupBlocks(name, tile, steps)
+    results = {t: np.empty(st.shapes[0], dtype=st.dtypes[0])
+               for t, st in zip(blocks.outputs, steps) if t in blocks.stored}
+    written = {t: np.zeros(a.shape, dtype=bool) for t, a in results.items()}
+
+    def sink(t: str, index, value) -> None:
+        results[t][index] = np.reshape(value, results[t][index].shape)
+        written[t][index] = True
+
+    env = {**env, **results}
+    for box in blocks.boxes():
+        blocks.run(list(box.values()), env, sink)
     for t, mask in written.items():
         if not mask.all():
             raise IRError(f"the blocks' regions leave {int((~mask).sum())} elements of "
                           f"'{t}' uncomputed, but readers outside the group need them",
-                          f"{where}.block", "re-run tk-weld")
+                          f"{blocks.where}.block", "re-run tk-weld")
     return results
 
 
