@@ -156,3 +156,59 @@ def test_tampered_groups_inside_a_region(welded_loop, field, value, words):
     path.write_text(json.dumps(doc))
     for tool, extra in (("tk-codegen", []), ("tk-run", ["--seed", "0"])):
         assert_refused(run(tool, path, *extra, folder=welded_loop["folder"]), tool, *words)
+
+
+@pytest.fixture(scope="module")
+def rolled_loop(tmp_path_factory) -> dict:
+    """The LSTM-as-a-Loop model rolled (its body's ops carry tiles), as JSON data."""
+    return _lstm_through(tmp_path_factory.mktemp("rolled-loop"), "tk-weld")
+
+
+@pytest.mark.parametrize("field, value", [("blocks", []), ("threads", "many"),
+                                          ("estimate", {"time_us": "slow"})])
+def test_tampered_tiles_inside_a_region(rolled_loop, field, value):
+    """tk-grind prices a loop body from its ops' tiles: a tampered one is located, exit 2."""
+    doc = copy.deepcopy(rolled_loop["doc"])
+    ops = next(iter(doc["control"].values()))["body"]["ops"]
+    op = next(o for o in ops if o.get("tile"))
+    op["tile"][field] = value
+    path = rolled_loop["folder"] / f"tampered-tile-{field}.json"
+    path.write_text(json.dumps(doc))
+    assert_refused(run("tk-grind", path, "--hw", "h100", folder=rolled_loop["folder"]),
+                   "tk-grind", "control.lstm.body.ops[", f".tile.{field}")
+
+
+@pytest.fixture(scope="module")
+def rolled_plan(tmp_path_factory) -> dict:
+    """The MLP rolled with runners-up and planned by tk-ram, as JSON data."""
+    folder = tmp_path_factory.mktemp("rolled-plan")
+    mlp = write_mlp(folder)
+    for tool, args in (("tk-roll", [mlp, "--hw", "h100", "--top-k", "2", "-o", "r.json"]),
+                       ("tk-ram", ["r.json", "--format", "json", "-o", "p.json"])):
+        proc = spawn(tool, *args, folder=folder)
+        assert proc.returncode == 0, proc.stderr
+    return {"folder": folder, "doc": json.loads((folder / "p.json").read_text())}
+
+
+@pytest.mark.parametrize("field, value", [("flops", "abc"), ("dram_bytes", -5),
+                                          ("waves", "abc"), ("bound", "vibes")])
+def test_tampered_estimates(rolled_plan, field, value):
+    """An estimate's numbers are read by tk-weld and tk-ram: each refused at its path."""
+    doc = copy.deepcopy(rolled_plan["doc"])
+    doc.pop("program")
+    doc["ops"][0]["tile"]["estimate"][field] = value
+    path = rolled_plan["folder"] / f"tampered-estimate-{field}.json"
+    path.write_text(json.dumps(doc))
+    for tool in ("tk-ram", "tk-weld"):
+        assert_refused(run(tool, path, "--hw", "h100", folder=rolled_plan["folder"]), tool,
+                       f"tile.estimate.{field}")
+
+
+def test_a_variant_the_operator_lacks(rolled_plan):
+    doc = copy.deepcopy(rolled_plan["doc"])
+    doc["program"]["operators"][0]["variant"] = 7
+    path = rolled_plan["folder"] / "tampered-variant.json"
+    path.write_text(json.dumps(doc))
+    for tool, extra in (("tk-codegen", []), ("tk-run", ["--mode", "program", "--seed", "0"])):
+        assert_refused(run(tool, path, *extra, folder=rolled_plan["folder"]), tool,
+                       "variant 7")

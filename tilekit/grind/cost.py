@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tilekit.ir.control import ControlOp, Region, read_control
+from tilekit.ir.keys import read_int, read_mapping, read_number
 from tilekit.ir.model import default_kernels
 from tilekit.schedule.block import BARRIER_SHAPES, BodyBlock, shared_block
 from tilekit.schedule.residency import Residency, common_residency, residency
@@ -61,12 +62,14 @@ class BodyKernel:
                          not (self.barriers or self.collectives))
 
 
-def body_kernels(region: Region) -> tuple[list[BodyKernel], str | None]:
+def body_kernels(region: Region, where: str = "region"
+                 ) -> tuple[list[BodyKernel], str | None]:
     """The region's kernels with their launch figures, and why they cannot run inside a
     persistent kernel (None: they can). A nested control op counts as what its own
     placement costs (regions are placed inside out); an op without a tile costs nothing
-    known and keeps the region on the host."""
+    known and keeps the region on the host. `where` locates the region in messages."""
     by_name = {op.name: op for op in region.ops}
+    position = {op.name: i for i, op in enumerate(region.ops)}
     nested = read_control(region.control)
     out, why = [], None
     for kernel in region.kernels or default_kernels(region.ops):
@@ -86,18 +89,36 @@ def body_kernels(region: Region) -> tuple[list[BodyKernel], str | None]:
         if untiled:
             why = why or f"op '{untiled[0]}' has no tile (run tk-roll first)"
             continue
-        tiles = [op.tile for op in ops]
-        time_us = float((kernel.estimate or {}).get("time_us") or sum(
-            float(t.get("estimate", {}).get("time_us", 0.0)) for t in tiles))
-        shapes = [t.get("kernel") or {} for t in tiles]
-        out.append(BodyKernel(kernel.name, max(int(t.get("blocks", 1)) for t in tiles),
-                              max(int(t.get("threads", 1)) for t in tiles),
-                              max(int(t.get("regs", 0)) for t in tiles),
-                              max(int(t.get("smem_bytes", 0)) for t in tiles), time_us,
-                              len(ops) > 1 or any(k.get("shape") in BARRIER_SHAPES
-                                                  for k in shapes),
-                              any(int(k.get("lanes", 1)) > 1 for k in shapes)))
+        figures = [_tile_figures(op.tile, f"{where}.ops[{position[op.name]}] ({op.name}).tile")
+                   for op in ops]
+        group_us = (kernel.estimate or {}).get("time_us") if isinstance(
+            kernel.estimate, dict) else None
+        time_us = read_number(group_us, f"{where}.kernels ({kernel.name}).estimate.time_us",
+                              0, _HINT) if group_us else sum(f[4] for f in figures)
+        out.append(BodyKernel(kernel.name, *(max(f[i] for f in figures) for i in range(4)),
+                              time_us, len(ops) > 1 or any(f[5] for f in figures),
+                              any(f[6] for f in figures)))
     return out, why
+
+
+_HINT = "re-run tk-roll"
+
+
+def _tile_figures(tile, where: str) -> tuple[int, int, int, int, float, bool, bool]:
+    """(blocks, threads, regs, smem bytes, time, synchronises, warp collectives) of a rolled
+    op tile, each value checked (a tampered tile is an IRError at its path, exit 2)."""
+    t = read_mapping(tile, where, "a tile", _HINT)
+    est = t.get("estimate")
+    time_us = read_number(read_mapping(est, f"{where}.estimate", "an estimate", _HINT)
+                          .get("time_us", 0.0), f"{where}.estimate.time_us", 0, _HINT) \
+        if est is not None else 0.0
+    k = read_mapping(t.get("kernel") or {}, f"{where}.kernel", "'kernel'", _HINT)
+    return (read_int(t.get("blocks", 1), f"{where}.blocks", 1, hint=_HINT),
+            read_int(t.get("threads", 1), f"{where}.threads", 1, hint=_HINT),
+            read_int(t.get("regs", 0), f"{where}.regs", hint=_HINT),
+            read_int(t.get("smem_bytes", 0), f"{where}.smem_bytes", hint=_HINT), time_us,
+            k.get("shape") in BARRIER_SHAPES,
+            read_int(k.get("lanes", 1), f"{where}.kernel.lanes", 1, hint=_HINT) > 1)
 
 
 @dataclass(frozen=True)
@@ -161,7 +182,8 @@ def _device_run(profile, kernels: list[BodyKernel], grid: int) -> float:
 def control_costs(rec: ControlOp, scope, profile) -> Costs:
     """Host-driven and device figures of `rec` (see the module docstring)."""
     trips, assumed = trips_of(rec, scope)
-    sides = [body_kernels(region) for region in rec.regions]
+    sides = [body_kernels(region, f"control.{rec.name}.{name}")
+             for name, region in zip(rec.region_names(), rec.regions)]
     launch_us = (profile.launch_overhead or 0.0) * 1e6
     reasons = [why for _, why in sides if why]
     priced = [kernels for kernels, _ in sides]

@@ -230,16 +230,26 @@ class Estimate:
     @staticmethod
     def read(payload: Any, where: str) -> "Estimate":
         p = read_mapping(payload, where, "an estimate")
-        try:
-            values = {k: float(p[k]) for k in ("time_us", "flops", "dram_bytes")}
-            bound = str(p.get("bound", "compute"))
-        except (KeyError, TypeError, ValueError) as exc:
-            raise IRError(f"an estimate needs numbers time_us, flops, dram_bytes ({exc})",
-                          where, "re-run tk-roll") from None
-        return Estimate(smem_bytes=float(p.get("smem_bytes", 0) or 0), bound=bound,
-                        waves=int(p.get("waves", 1) or 1),
-                        wave_efficiency=float(p.get("wave_efficiency", 1.0) or 1.0),
-                        latency_us=float(p.get("latency_us", 0.0) or 0.0), **values)
+        hint = "re-run tk-roll (or the stage that wrote the estimate)"
+
+        def number(key: str, default: float | None = None) -> float:
+            value = p.get(key, default)
+            if value is None:
+                if default is None:
+                    raise IRError(f"an estimate needs the number '{key}'", f"{where}.{key}",
+                                  hint)
+                value = default
+            return read_number(value, f"{where}.{key}", 0, hint)
+
+        waves = p.get("waves")
+        return Estimate(time_us=number("time_us"), flops=number("flops"),
+                        dram_bytes=number("dram_bytes"), smem_bytes=number("smem_bytes", 0.0),
+                        bound=read_choice(p.get("bound", "compute"), BOUNDS, f"{where}.bound",
+                                          hint),
+                        waves=(read_int(waves, f"{where}.waves", hint=hint) or 1)
+                        if waves is not None else 1,
+                        wave_efficiency=number("wave_efficiency", 1.0) or 1.0,
+                        latency_us=number("latency_us", 0.0))
 
 
 # -- an op's rolled tile ------------------------------------------------------------------
