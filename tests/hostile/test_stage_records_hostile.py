@@ -158,23 +158,17 @@ def test_tampered_groups_inside_a_region(welded_loop, field, value, words):
         assert_refused(run(tool, path, *extra, folder=welded_loop["folder"]), tool, *words)
 
 
-@pytest.fixture(scope="module")
-def rolled_loop(tmp_path_factory) -> dict:
-    """The LSTM-as-a-Loop model rolled (its body's ops carry tiles), as JSON data."""
-    return _lstm_through(tmp_path_factory.mktemp("rolled-loop"), "tk-weld")
-
-
 @pytest.mark.parametrize("field, value", [("blocks", []), ("threads", "many"),
                                           ("estimate", {"time_us": "slow"})])
-def test_tampered_tiles_inside_a_region(rolled_loop, field, value):
+def test_tampered_tiles_inside_a_region(welded_loop, field, value):
     """tk-grind prices a loop body from its ops' tiles: a tampered one is located, exit 2."""
-    doc = copy.deepcopy(rolled_loop["doc"])
+    doc = copy.deepcopy(welded_loop["doc"])
     ops = next(iter(doc["control"].values()))["body"]["ops"]
     op = next(o for o in ops if o.get("tile"))
     op["tile"][field] = value
-    path = rolled_loop["folder"] / f"tampered-tile-{field}.json"
+    path = welded_loop["folder"] / f"tampered-tile-{field}.json"
     path.write_text(json.dumps(doc))
-    assert_refused(run("tk-grind", path, "--hw", "h100", folder=rolled_loop["folder"]),
+    assert_refused(run("tk-grind", path, "--hw", "h100", folder=welded_loop["folder"]),
                    "tk-grind", "control.lstm.body.ops[", f".tile.{field}")
 
 
