@@ -141,6 +141,17 @@ def welded_loop(tmp_path_factory) -> dict:
     return _lstm_through(tmp_path_factory.mktemp("welded-loop"), "tk-weld")
 
 
+def _tampered_body(welded_loop: dict, section: str, field: str, value) -> Path:
+    """The welded loop with `field` of the first tile in its body's `section` (ops or
+    kernels) set to `value`, written to a file."""
+    doc = copy.deepcopy(welded_loop["doc"])
+    entries = next(iter(doc["control"].values()))["body"][section]
+    next(e for e in entries if e.get("tile"))["tile"][field] = value
+    path = welded_loop["folder"] / f"tampered-{section}-{field}.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
 @pytest.mark.parametrize("field, value, words", [
     ("members", "x" * 10, ["control.lstm.body.kernels", "members"]),
     ("block", {"i": 10 ** 30}, ["control.lstm.body.kernels", "block"]),
@@ -148,12 +159,7 @@ def welded_loop(tmp_path_factory) -> dict:
 def test_tampered_groups_inside_a_region(welded_loop, field, value, words):
     """A region's welded groups are checked like the module's: codegen and the CPU executor
     refuse a tampered payload, located in the region's record."""
-    doc = copy.deepcopy(welded_loop["doc"])
-    kernels = next(iter(doc["control"].values()))["body"]["kernels"]
-    group = next(k for k in kernels if k.get("tile"))
-    group["tile"][field] = value
-    path = welded_loop["folder"] / f"tampered-region-{field}.json"
-    path.write_text(json.dumps(doc))
+    path = _tampered_body(welded_loop, "kernels", field, value)
     for tool, extra in (("tk-codegen", []), ("tk-run", ["--seed", "0"])):
         assert_refused(run(tool, path, *extra, folder=welded_loop["folder"]), tool, *words)
 
@@ -162,12 +168,7 @@ def test_tampered_groups_inside_a_region(welded_loop, field, value, words):
                                           ("estimate", {"time_us": "slow"})])
 def test_tampered_tiles_inside_a_region(welded_loop, field, value):
     """tk-grind prices a loop body from its ops' tiles: a tampered one is located, exit 2."""
-    doc = copy.deepcopy(welded_loop["doc"])
-    ops = next(iter(doc["control"].values()))["body"]["ops"]
-    op = next(o for o in ops if o.get("tile"))
-    op["tile"][field] = value
-    path = welded_loop["folder"] / f"tampered-tile-{field}.json"
-    path.write_text(json.dumps(doc))
+    path = _tampered_body(welded_loop, "ops", field, value)
     assert_refused(run("tk-grind", path, "--hw", "h100", folder=welded_loop["folder"]),
                    "tk-grind", "control.lstm.body.ops[", f".tile.{field}")
 
