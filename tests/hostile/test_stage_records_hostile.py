@@ -155,6 +155,7 @@ def _tampered_body(welded_loop: dict, section: str, field: str, value) -> Path:
 @pytest.mark.parametrize("field, value, words", [
     ("members", "x" * 10, ["control.lstm.body.kernels", "members"]),
     ("block", {"i": 10 ** 30}, ["control.lstm.body.kernels", "block"]),
+    ("stored", ["no_such_tensor"], ["control.lstm.body.kernels", "stored"]),
 ])
 def test_tampered_groups_inside_a_region(welded_loop, field, value, words):
     """A region's welded groups are checked like the module's: codegen and the CPU executor

@@ -7,7 +7,7 @@ Rules (each broken one is an IRError located at the field to fix, exit 2):
 - the payload's form (`tilekit.ir.payloads.GroupTile.read`: the tile over the last op's
   axes, members, edges, levels, numbers);
 - its members are the kernel's ops, in order, a run of consecutive ops, expression ops only;
-- the stages, roles and edge levels are the ones the group's structure gives
+- the stages, roles, edge levels and stored tensors are the ones the group's structure gives
   (`tilekit.weld.structure`): a register edge must be produced and consumed by the same
   thread, a shared edge must not be read by the op that writes it;
 - every member's region covers what its readers need (the propagation from the block tile);
@@ -68,6 +68,10 @@ def check_group(module: Module, n: int, index, limit: int | None) -> GroupTile:
     except NotFusible as exc:
         raise IRError(f"the group is not one kernel: {exc}", where, "re-run tk-weld") from None
     _check_levels(group, s, where)
+    if sorted(group.stored) != sorted(s.stored):
+        raise IRError(f"stored {sorted(group.stored)} are not the tensors the group writes to "
+                      f"global memory ({sorted(s.stored)}: read outside it, or outputs)",
+                      f"{where}.stored", "re-run tk-weld")
     try:
         prop = propagate(module, members, group.tile.block)
     except NotFusible as exc:
