@@ -439,3 +439,32 @@ def test_source_model_that_onnxruntime_cannot_run(tmp_path):
     result = run("tk-run", ir, "--seed", "0", "--check")
     assert result.exit_code == 2 and "Traceback" not in result.stderr
     assert result.stderr.startswith("tk-run: error: source.onnx: onnxruntime cannot")
+
+
+@pytest.mark.parametrize("name, field", [("w", "graph.initializer[0].name"),
+                                         ("g", "graph.name")])
+def test_names_that_are_not_utf8(tmp_path, name, field):
+    """protobuf hands invalid UTF-8 text back as bytes: refused at the field, exit 2."""
+    model = tiny_onnx(tmp_path / "m.onnx", w="wwwwww")
+    data = bytearray(model.read_bytes())
+    at = data.rindex(b"wwwwww") if name == "w" else data.rindex(b"\x12\x01g") + 2
+    data[at] = 0xFF
+    model.write_bytes(bytes(data))
+    assert_refused(run("tk-import", model, folder=tmp_path), "tk-import", field, "UTF-8")
+
+
+@pytest.mark.parametrize("out", [".", "/", ".."])
+def test_import_to_a_directory(tmp_path, out):
+    model = tiny_onnx(tmp_path / "m.onnx")
+    assert_refused(run("tk-import", model, "-o", out, folder=tmp_path), "tk-import",
+                   f"-o {out}", "directory")
+
+
+@pytest.mark.parametrize("tool, flags", [("tk-ram", ["--hw", "h100", "--svg", ""]),
+                                         ("tk-codegen", ["--emit-dir", ""]),
+                                         ("tk-run", ["--bench", str(10 ** 9)]),
+                                         ("tk-run", ["--bench", "3", "--warmup", str(10 ** 9)])])
+def test_empty_paths_and_endless_counts(tmp_path, tool, flags):
+    """An empty --svg or --emit-dir was silently ignored; a billion timed runs never ended."""
+    ir = write_mlp(tmp_path)
+    assert_refused(run(tool, ir, *flags, folder=tmp_path), tool, flags[-2])

@@ -254,6 +254,20 @@ def test_tampered_recorded_kernels_are_refused(generated, key, value):
         check_recorded_kernels(tampered)
 
 
+def test_tampered_launch_entries_and_placements_are_refused(generated):
+    """The runtime finds each group's kernels by `kernels[].launch.entries` and each control
+    op's by `codegen.control`: a renamed entry would launch another kernel, or none."""
+    from tilekit.codegen.recorded import check_recorded_kernels
+    from tilekit.errors import TilekitError
+    kernels = list(generated.kernels)
+    kernels[0] = replace(kernels[0], launch={**kernels[0].launch, "entries": ["tk_bogus"]})
+    with pytest.raises(TilekitError, match=r"kernels\[0\] \(.*\)\.launch\.entries"):
+        check_recorded_kernels(replace(generated, kernels=tuple(kernels)))
+    with pytest.raises(TilekitError, match="codegen.control"):
+        check_recorded_kernels(replace(generated, codegen={
+            **generated.codegen, "control": {"loop": {"run": "device", "entry": "tk_x"}}}))
+
+
 def test_recorded_kernels_with_another_arch_or_count(generated):
     from tilekit.codegen.recorded import check_recorded_kernels
     from tilekit.errors import TilekitError

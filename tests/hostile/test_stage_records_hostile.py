@@ -146,7 +146,8 @@ def _tampered_body(welded_loop: dict, section: str, field: str, value) -> Path:
     kernels) set to `value`, written to a file."""
     doc = copy.deepcopy(welded_loop["doc"])
     entries = next(iter(doc["control"].values()))["body"][section]
-    next(e for e in entries if e.get("tile"))["tile"][field] = value
+    first = next(e for e in entries if e.get("tile") and e.get("kind", "expr") == "expr")
+    first["tile"][field] = value
     path = welded_loop["folder"] / f"tampered-{section}-{field}.json"
     path.write_text(json.dumps(doc))
     return path
@@ -208,3 +209,16 @@ def test_a_variant_the_operator_lacks(rolled_plan):
     for tool, extra in (("tk-codegen", []), ("tk-run", ["--mode", "program", "--seed", "0"])):
         assert_refused(run(tool, path, *extra, folder=rolled_plan["folder"]), tool,
                        "variant 7")
+
+
+@pytest.mark.parametrize("section, field, value", [
+    ("ops", "block", {"i": 1.5}), ("ops", "thread", {"j": []}),
+    ("kernels", "edges", [{"tensor": "t", "from": "a", "to": ["b"], "level": "vibes"}])])
+@pytest.mark.parametrize("tool", ["tk-grind", "tk-ram", "tk-weld"])
+def test_payloads_a_stage_passes_on_are_checked_on_reading(welded_loop, section, field, value,
+                                                            tool):
+    """A stage that does not use a payload still refuses a tampered one (it copied it on,
+    exit 0, and the command after it refused it)."""
+    path = _tampered_body(welded_loop, section, field, value)
+    assert_refused(run(tool, path, "--hw", "h100", folder=welded_loop["folder"]), tool,
+                   f"control.lstm.body.{section}[", f".tile.{field}")

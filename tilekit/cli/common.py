@@ -206,6 +206,18 @@ def hw_option(required: bool = True) -> Callable:
     return add
 
 
+def read_stage_input(path: str):
+    """The IR document a stage command reads (`tilekit.ir.read_module`), with the form of
+    every stage payload it carries checked (`tilekit.ir.payloads.check_payloads`): a command
+    refuses a tampered payload even when it only passes it on."""
+    from tilekit.ir import read_module
+    from tilekit.ir.payloads import check_payloads
+
+    module = read_module(path)
+    check_payloads(module)
+    return module
+
+
 def module_profile(hw: str | None, module, input: str, output: str):
     """(profile, the name or path the output records) from `--hw`, else the module's recorded
     `hardware` (a recorded path is relative to the input's folder: re-recorded for the

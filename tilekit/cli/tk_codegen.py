@@ -16,7 +16,8 @@ from pathlib import Path
 
 import click
 
-from tilekit.cli.common import (format_option, input_argument, output_option, tk_command, warn)
+from tilekit.cli.common import (format_option, input_argument, output_option, read_stage_input,
+                                tk_command, warn)
 from tilekit.errors import TilekitError
 from tilekit.fileio import check_path
 from tilekit.outputs import OutputSet
@@ -46,19 +47,19 @@ def main(input, output, fmt, hw, arch, emit_dir, compile_, strict, quiet, debug)
     """Generate CUDA kernels for the tile IR module IR (a file, or '-'/nothing for stdin)."""
     from tilekit.codegen.module import run_codegen
     from tilekit.codegen.nvcc import check_arch
-    from tilekit.ir.codec import read_module, write_module
+    from tilekit.ir.codec import rebase_files, write_module
 
     if strict and not compile_:
         raise TilekitError("--strict needs --compile", "--strict",
                            "add --compile, or drop --strict")
     if arch is not None:
         check_arch(arch)
-    if emit_dir:
+    if emit_dir is not None:
         check_path(emit_dir, f"--emit-dir {emit_dir}")
     if emit_dir and Path(emit_dir).exists() and not Path(emit_dir).is_dir():
         raise TilekitError("exists and is not a folder", f"--emit-dir {emit_dir}",
                            "give a folder name")
-    module = read_module(input)
+    module = read_stage_input(input)
     profile = None
     if hw:
         from tilekit.hw import load_profile
@@ -85,9 +86,9 @@ def main(input, output, fmt, hw, arch, emit_dir, compile_, strict, quiet, debug)
     try:
         with OutputSet() as files:
             files.check(output, f"-o {output}" if output != "-" else "-o")
-            if emit_dir:
+            if emit_dir is not None:
                 stage_sources(files, result.kernels, Path(emit_dir))
-            write_module(out, output, fmt, outputs=files)
+            write_module(rebase_files(out, module, input, output), output, fmt, outputs=files)
             files.commit()
     except BaseException:
         if created:  # a folder made for this run goes too, when nothing was written into it

@@ -12,7 +12,7 @@ from __future__ import annotations
 import click
 
 from tilekit.cli.common import (format_option, hw_option, input_argument, output_option,
-                                print_table, tk_command)
+                                print_table, read_stage_input, tk_command)
 from tilekit.errors import TilekitError
 
 TOOL = "tk-grind"
@@ -32,9 +32,10 @@ def main(input, output, fmt, hw, place, report, quiet, debug):
     """Place every control op of the tile IR module IR (a file, or '-'/nothing for stdin)."""
     from tilekit.grind.plan import REPORT_COLUMNS, grind_module, report_rows
     from tilekit.hw import load_profile, load_recorded_profile
-    from tilekit.ir import read_module, write_module
+    from tilekit.ir import write_module
+    from tilekit.ir.codec import rebase_files
 
-    module = read_module(input)
+    module = read_stage_input(input)
     if hw:
         profile = load_profile(hw)
     elif module.hardware:
@@ -43,7 +44,7 @@ def main(input, output, fmt, hw, place, report, quiet, debug):
         raise TilekitError("no hardware profile", "--hw",
                            "pass --hw NAME|PATH, or run tk-roll --hw first (it records one)")
     ground = grind_module(module, profile, place)
-    write_module(ground, output, fmt)
+    write_module(rebase_files(ground, module, input, output), output, fmt)
     if report and not quiet:
         rows = report_rows(ground)
         title = (f"tk-grind: {ground.model} on {profile.name}: {len(rows)} control op(s), "

@@ -49,6 +49,9 @@ def default_weights_path(output: str, model_path: str | None) -> str:
     directory when the IR goes to stdout."""
     if output != "-":
         out = Path(output)
+        if not out.name or os.path.isdir(output):
+            raise TilekitError(f"'{output}' is a directory", f"-o {output}",
+                               "give a file name, e.g. -o model.tk.yaml")
         return str(out.with_name(f"{out.stem}.weights.npz"))
     stem = Path(model_path).stem if model_path else "model"
     return f"{stem}.weights.npz"

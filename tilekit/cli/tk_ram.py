@@ -17,7 +17,7 @@ import os
 import click
 
 from tilekit.cli.common import (format_option, hw_option, input_argument, output_option,
-                                stderr_is_terminal, tk_command)
+                                read_stage_input, stderr_is_terminal, tk_command)
 from tilekit.errors import TilekitError
 from tilekit.outputs import OutputSet
 
@@ -39,11 +39,12 @@ TOOL = "tk-ram"
 def main(input, output, fmt, hw, policy, svg, report, quiet, debug):
     """Plan the rTasks of the tile IR module IR (a file, or '-'/nothing for stdin)."""
     from tilekit.hw import load_profile, load_recorded_profile, recorded_profile
-    from tilekit.ir import read_module, write_module
+    from tilekit.ir import write_module
+    from tilekit.ir.codec import rebase_files
     from tilekit.ir.program import parse_program
     from tilekit.ram import ram_module
 
-    module = read_module(input)
+    module = read_stage_input(input)
     if hw:
         profile = load_profile(hw)
         hardware = recorded_profile(hw, profile, output)
@@ -60,10 +61,10 @@ def main(input, output, fmt, hw, policy, svg, report, quiet, debug):
     program = parse_program(planned.program)
     with OutputSet() as files:
         files.check(output, f"-o {output}" if output != "-" else "-o")
-        if svg:
+        if svg is not None:
             from tilekit.ram.svg import render
             files.put(svg, render(program, module.model), f"--svg {svg}")
-        write_module(planned, output, fmt, outputs=files)
+        write_module(rebase_files(planned, module, input, output), output, fmt, outputs=files)
         files.commit()
     if report and not quiet:
         print_report(planned, program, profile)

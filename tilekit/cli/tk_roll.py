@@ -33,13 +33,14 @@ TOOL = "tk-roll"
 def main(input, output, fmt, hw, top_k, precision, report, quiet, debug):
     """Tile every op of the tile IR module IR (a file, or '-'/nothing for stdin)."""
     from tilekit.ir import read_module, write_module
+    from tilekit.ir.codec import rebase_files
     from tilekit.roll.schedule import roll_module
 
     module = read_module(input)
     profile, hardware = module_profile(hw, module, input, output)
     rolled = roll_module(module, profile, top_k, hardware=hardware, precision=precision)
     # read_module noted the IR and the files it names: -o never overwrites any of them
-    write_module(rolled, output, fmt)
+    write_module(rebase_files(rolled, module, input, output), output, fmt)
     if report and not quiet:
         print_report(rolled)
     return 0

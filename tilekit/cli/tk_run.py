@@ -11,14 +11,18 @@ from __future__ import annotations
 import click
 import numpy as np
 
-from tilekit.cli.common import (FINITE, input_argument, stderr_is_terminal, stdout_is_terminal,
-                                tk_command, warn)
+from tilekit.cli.common import (FINITE, input_argument, read_stage_input, stderr_is_terminal,
+                                stdout_is_terminal, tk_command, warn)
 from tilekit import limits
 from tilekit.errors import EXIT_OK
 
 TOOL = "tk-run"
 #: `--check` found a mismatch (bad input is 2, as for every tool).
 EXIT_CHECK_FAILED = 1
+
+
+#: Timed or warm-up runs one command may ask for (a larger count is a typo, not a benchmark).
+MAX_RUNS = 100_000
 
 
 @tk_command(TOOL)
@@ -50,15 +54,15 @@ EXIT_CHECK_FAILED = 1
               help="Also compare every tensor the run computed (intermediates included) with "
                    "the CPU reference executor's, in op order, and list those that differ: "
                    "the first one is where an error starts.")
-@click.option("--bench", type=click.IntRange(min=1), default=None, metavar="N",
-              help="Time N runs after the warm-up; print median/min/max and the device.")
-@click.option("--warmup", type=click.IntRange(min=0), default=1, show_default=True,
-              metavar="K", help="Untimed runs before --bench.")
+@click.option("--bench", type=click.IntRange(min=1, max=MAX_RUNS), default=None, metavar="N",
+              help=f"Time N runs (at most {MAX_RUNS}) after the warm-up; print "
+                   "median/min/max and the device.")
+@click.option("--warmup", type=click.IntRange(min=0, max=MAX_RUNS), default=1,
+              show_default=True, metavar="K", help="Untimed runs before --bench.")
 @click.option("--report", is_flag=True, help="Print a per-op time profile and peak memory.")
 def main(input, device, mode, input_flags, inputs_npz, seed, allow_nan, output, check, rtol,
          atol, check_tensors, bench, warmup, report, quiet, debug):
     """Run the tile IR module IR (a file, or '-'/nothing for stdin)."""
-    from tilekit.ir.codec import read_module
     from tilekit.runtime import backend
     from tilekit.runtime.bench import peak_rss_bytes, time_runs
     from tilekit.runtime.check import compare_outputs, reference_outputs
@@ -72,7 +76,7 @@ def main(input, device, mode, input_flags, inputs_npz, seed, allow_nan, output, 
         warn(TOOL, "--rtol/--atol have no effect without --check or --check-tensors")
     if report and device != "cpu":
         warn(TOOL, "--report profiles the CPU executor only; ignored with --device cuda")
-    module = read_module(input)  # notes the IR and the files it names as inputs
+    module = read_stage_input(input)  # notes the IR and the files it names as inputs
     check_run_budget(module, input)
     folder = base_dir(input)
     for path in input_files(input_flags, inputs_npz):

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import click
 
-from tilekit.cli.common import (format_option, hw_option, input_argument, output_option,
-                                module_profile, print_table, tk_command, top_k_option)
+from tilekit.cli.common import (format_option, hw_option, input_argument, module_profile,
+                                output_option, print_table, read_stage_input, tk_command,
+                                top_k_option)
 
 TOOL = "tk-weld"
 
@@ -43,13 +44,14 @@ def _op_list(ctx, param, value: str | None) -> tuple[str, ...]:
 def main(input, output, fmt, hw, top_k, max_group, no_fuse, report, quiet, debug):
     """Group the ops of the tile IR module IR (a file, or '-'/nothing for stdin) into
     kernels whose intermediates stay on chip."""
-    from tilekit.ir import read_module, write_module
+    from tilekit.ir import write_module
+    from tilekit.ir.codec import rebase_files
     from tilekit.weld import weld_module
 
-    module = read_module(input)
+    module = read_stage_input(input)
     profile, hardware = module_profile(hw, module, input, output)
     welded = weld_module(module, profile, top_k, max_group, no_fuse, hardware=hardware)
-    write_module(welded, output, fmt)
+    write_module(rebase_files(welded, module, input, output), output, fmt)
     if report and not quiet:
         print_report(welded)
     return 0

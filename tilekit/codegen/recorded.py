@@ -5,8 +5,9 @@ and launches. A document is input, and input may be hostile: before anything is 
 `check_recorded_kernels` generates the module's kernels again (for the arch recorded, and the
 profile the `codegen` stage or `hardware` names, else for no profile or any known one) and
 requires every recorded kernel to match one of those, field by field (name, entry,
-arguments, grid, block, shared memory, source). ptxas resources added by `--compile`
-are not compared. Any difference is bad input: re-run tk-codegen.
+arguments, grid, block, shared memory, source), and each group's launch entries and each
+control op's placement (`codegen.control`) to be those generated. ptxas resources added by
+`--compile` are not compared. Any difference is bad input: re-run tk-codegen.
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ def check_recorded_kernels(module: Module, ir_path: str | None = None) -> None:
     """Raise `TilekitError` unless `module.codegen` holds exactly the kernels that
     `tilekit.codegen.generate` makes for the module (see the module docstring)."""
     from tilekit.codegen.module import generate
+    from tilekit.codegen.nvcc import check_arch
 
     codegen = module.codegen or {}
     recorded = codegen.get("kernels")
@@ -66,17 +68,41 @@ def check_recorded_kernels(module: Module, ir_path: str | None = None) -> None:
     arch = codegen.get("arch")
     if not isinstance(arch, str):
         raise TilekitError("has no arch", "codegen.arch", _HINT)
+    check_arch(arch, "codegen.arch")
     bare = replace(module, codegen=None,
                    kernels=tuple(replace(k, launch=None) for k in module.kernels))
     have = [{key: k.get(key) for key in COMPARED} for k in recorded]
     first_difference = None
     for profile in _candidate_profiles(module, ir_path):
-        expected = generate(bare, profile, arch).module.codegen["kernels"]
-        want = [{key: k.get(key) for key in COMPARED} for k in expected]
-        if have == want:
-            return
-        first_difference = first_difference or _difference(have, want)
+        made = generate(bare, profile, arch).module
+        want = [{key: k.get(key) for key in COMPARED} for k in made.codegen["kernels"]]
+        if have != want:
+            first_difference = first_difference or _difference(have, want)
+            continue
+        # what the runtime launches by: each group's entries, each control op's placement
+        # (grids aside: `--compile` may cap a device loop's to what ptxas' registers allow)
+        for n, (k, w) in enumerate(zip(module.kernels, made.kernels)):
+            if _entries(k.launch) != _entries(w.launch):
+                raise TilekitError("entries differ from what tk-codegen generates",
+                                   f"kernels[{n}] ({k.name}).launch.entries", _HINT)
+        if _placements(codegen.get("control")) != _placements(made.codegen.get("control")):
+            raise TilekitError("differs from what tk-codegen generates", "codegen.control",
+                               _HINT)
+        return
     raise TilekitError(*first_difference, _HINT)
+
+
+def _entries(launch: Any) -> Any:
+    return launch.get("entries") if isinstance(launch, Mapping) else launch
+
+
+def _placements(control: Any) -> Any:
+    """{op: its record without the grid} of a `codegen.control` section (anything else as
+    it is, so that it differs)."""
+    if not isinstance(control, Mapping):
+        return control
+    return {op: {k: v for k, v in rec.items() if k != "grid"} if isinstance(rec, Mapping)
+            else rec for op, rec in control.items()}
 
 
 def _difference(have: list[dict], want: list[dict]) -> tuple[str, str]:

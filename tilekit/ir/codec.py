@@ -296,6 +296,38 @@ def referenced_files(module: Module, ir_path: str | None) -> list[str]:
             and "\x00" not in r]
 
 
+def rebase_files(module: Module, source: Module, from_ir: str | None,
+                 to_ir: str | None) -> Module:
+    """`module`, made from `source` (read from the document `from_ir`), with the relative
+    paths of the files it carries over from `source` unchanged (weights sidecar, source
+    model, a profile given by path) rewritten for a document written to `to_ir` (`-`:
+    stdout, relative to the working directory): a stage writing into another folder keeps
+    its output runnable. A path the stage wrote itself is already relative to `to_ir`."""
+    from dataclasses import replace
+
+    from tilekit.ir.names import is_profile_path
+
+    src, dst = document_folder(from_ir), document_folder(to_ir)
+    if src == dst:
+        return module
+
+    def moved(rel):
+        if not isinstance(rel, str) or not rel or "\x00" in rel or os.path.isabs(rel):
+            return rel
+        return os.path.relpath(os.path.join(src, rel), dst)
+
+    changes: dict[str, Any] = {}
+    for key, field in (("weights", "file"), ("source", "onnx")):
+        ref = getattr(module, key)
+        if isinstance(ref, Mapping) and isinstance(ref.get(field), str) and \
+                ref == getattr(source, key):
+            changes[key] = {**ref, field: moved(ref[field])}
+    if isinstance(module.hardware, str) and is_profile_path(module.hardware) and \
+            module.hardware == source.hardware:
+        changes["hardware"] = moved(module.hardware)
+    return replace(module, **changes)
+
+
 class InvalidOutputError(RuntimeError):
     """A tool built a module that fails verification: a bug in the tool, not bad input."""
 

@@ -619,3 +619,62 @@ class CodegenSection:
                           for i, k in enumerate(kernels)),
             notes=tuple(p.get("notes") or ()), compiled=p.get("compiled"),
             extra={k: v for k, v in p.items() if k not in known})
+
+
+# -- every payload's form, on reading a document ---------------------------------------------
+
+def read_group_tile(payload: Any, analyses: Sequence[Any], where: str) -> GroupTile:
+    """A group's `kernels[].tile` over its members' analyses (module order): the tile over
+    the last member's spatial axes, its step over the last reducing member's reduction."""
+    mains = [a for a in analyses if a.reduction]
+    reduction = mains[-1].reduction if mains and isinstance(payload, Mapping) and \
+        "step" in payload else ()
+    return GroupTile.read(payload, analyses[-1].spatial, reduction, where)
+
+
+def check_payloads(module) -> None:
+    """The form of every stage payload a document carries, in its regions too: each expr
+    op's tile (`OpTile`), each group's tile (`GroupTile`) and estimate. Every command checks
+    them on reading, so a tampered payload stops at the first command, not at the one that
+    uses it; what a payload means for the module (members, regions, placements) is checked
+    by the weld verifier and the program reader where they are used."""
+    from tilekit.ir.control import region_module, walk
+    from tilekit.ir.graph import graph
+
+    def check(m, prefix: str) -> None:
+        g = graph(m)
+        for node in g.nodes:
+            if node.op.tile is not None and node.analysis is not None:
+                _check_op_tile(node.op.tile, node.analysis, f"{prefix}{node.where}.tile")
+        index = m.op_index()
+        for n, kernel in enumerate(m.kernels):
+            where = f"{prefix}kernels[{n}] ({kernel.name})"
+            if kernel.estimate is not None:
+                Estimate.read(kernel.estimate, f"{where}.estimate")
+            if isinstance(kernel.tile, Mapping) and kernel.tile.get("source") == "weld":
+                analyses = [g.nodes[index[o]].analysis for o in kernel.ops if o in index]
+                if len(analyses) == len(kernel.ops) and all(analyses):
+                    read_group_tile(kernel.tile, analyses, f"{where}.tile")
+
+    check(module, "")
+    for path, rec, scope in walk(module):
+        for rname, region in zip(rec.region_names(), rec.regions):
+            check(region_module(scope, region, rec.name), f"{path}.{rname}.")
+
+
+def _check_op_tile(payload: Any, a, where: str) -> None:
+    """An op's tile: the tile itself (`read_tile`), and what tk-roll adds when present
+    (shared memory, registers, the estimate, the runners-up); a hand-written tile may carry
+    the tile alone."""
+    read_tile(payload, a.spatial, a.reduction, where)
+    for key in ("smem_bytes", "regs"):
+        if payload.get(key) is not None:
+            read_int(payload[key], f"{where}.{key}")
+    if payload.get("estimate") is not None:
+        Estimate.read(payload["estimate"], f"{where}.estimate")
+    cands = payload.get("candidates")
+    for k, c in enumerate(read_list(cands, f"{where}.candidates", "'candidates'")
+                          if cands is not None else ()):
+        read_tile(c, a.spatial, a.reduction, f"{where}.candidates[{k}]")
+        if isinstance(c, Mapping) and c.get("estimate") is not None:
+            Estimate.read(c["estimate"], f"{where}.candidates[{k}].estimate")

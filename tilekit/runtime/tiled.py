@@ -162,7 +162,7 @@ class GroupBlocks:
     as rTasks, checking with `need` that what a block reads from outside was produced."""
 
     def __init__(self, name: str, tile: Mapping[str, Any], steps):
-        from tilekit.ir.payloads import GroupTile
+        from tilekit.ir.payloads import read_group_tile
 
         for step in steps:
             if step.op.kind != "expr":
@@ -172,9 +172,7 @@ class GroupBlocks:
         self.analyses = [st.analysis for st in steps]
         self.last = self.analyses[-1]
         self.where = f"kernels ({name}).tile"
-        self.group = GroupTile.read(tile, self.last.spatial, (), self.where) \
-            if "step" not in tile else \
-            GroupTile.read(tile, self.last.spatial, _step_axes(tile, steps), self.where)
+        self.group = read_group_tile(tile, self.analyses, self.where)
         self.stored = set(self.group.stored)
         self.outputs = [a.output for a in self.analyses]
         self.scratch = {t: _poisoned(st) for t, st in zip(self.outputs, steps)
@@ -240,14 +238,6 @@ def run_group_tiled(name: str, tile: Mapping[str, Any], steps, env: Mapping[str,
                           f"'{t}' uncomputed, but readers outside the group need them",
                           f"{blocks.where}.block", "re-run tk-weld")
     return results
-
-
-def _step_axes(tile, steps):
-    """The reduction axes of the group tile's `step` (the last stage's main op)."""
-    for st in reversed(steps):
-        if st.analysis.reduction:
-            return st.analysis.reduction
-    return ()
 
 
 def _poisoned(step) -> np.ndarray:

@@ -22,7 +22,7 @@ import math
 from tilekit.errors import IRError
 from tilekit.ir.graph import graph
 from tilekit.ir.model import Module
-from tilekit.ir.payloads import GroupTile
+from tilekit.ir.payloads import GroupTile, read_group_tile
 from tilekit.weld.structure import (NotFusible, covers, footprint, propagate, shared_buffers,
                                     smem_limit, structure)
 
@@ -56,9 +56,7 @@ def check_group(module: Module, n: int, index, limit: int | None) -> GroupTile:
         raise IRError("a welded group is a run of consecutive ops", f"kernels[{n}].ops",
                       "re-run tk-weld")
     last = g.nodes[members[-1]].analysis
-    mains = [g.nodes[i].analysis for i in members if g.nodes[i].analysis.reduction]
-    reduction = mains[-1].reduction if mains and "step" in kernel.tile else ()
-    group = GroupTile.read(kernel.tile, last.spatial, reduction, where)
+    group = read_group_tile(kernel.tile, [g.nodes[i].analysis for i in members], where)
     recorded = [m.op for m in group.members]
     if recorded != list(kernel.ops):
         raise IRError(f"members {recorded} are not the kernel's ops {list(kernel.ops)}",
