@@ -222,3 +222,12 @@ def test_payloads_a_stage_passes_on_are_checked_on_reading(welded_loop, section,
     path = _tampered_body(welded_loop, section, field, value)
     assert_refused(run(tool, path, "--hw", "h100", folder=welded_loop["folder"]), tool,
                    f"control.lstm.body.{section}[", f".tile.{field}")
+
+
+def test_a_program_for_an_unknown_profile(rolled_plan):
+    doc = copy.deepcopy(rolled_plan["doc"])
+    doc["program"]["hardware"] = "nope"
+    path = rolled_plan["folder"] / "tampered-hardware.json"
+    path.write_text(json.dumps(doc))
+    assert_refused(run("tk-run", path, "--mode", "program", "--seed", "0",
+                       folder=rolled_plan["folder"]), "tk-run", "program.hardware", "'nope'")

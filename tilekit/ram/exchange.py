@@ -96,10 +96,9 @@ def _opaque(module: Module, node, owner, v: int, b: int) -> tuple[int, int, int]
 
 
 def exchange_volume(module: Module, program: Program) -> Exchange:
-    from tilekit.hw import load_profile
-    from tilekit.ram.tasks import operators
+    from tilekit.ram.tasks import operators, program_profile
 
-    profile = load_profile(program.hardware)
+    profile = program_profile(program)
     rops = operators(module, profile)
     kernels = module.kernels or default_kernels(module.ops)
     g = graph(module)

@@ -184,6 +184,18 @@ class ROperator:
         return self.variants[k]
 
 
+def program_profile(program):
+    """The hardware profile a program was planned for (`program.hardware`), refused at that
+    IR path when it is not one."""
+    from tilekit.hw import load_profile
+
+    try:
+        return load_profile(program.hardware)
+    except TilekitError as exc:
+        raise TilekitError(f"'{program.hardware}': {exc.what}", "program.hardware",
+                           exc.hint) from None
+
+
 def launch_us(profile) -> tuple[float, str]:
     """The profile's launch overhead in microseconds and its source."""
     seconds = float(profile.launch_overhead or 0.0)
@@ -382,4 +394,4 @@ def _strided(extents: tuple[int, ...], shape, blocks: int) -> Layout:
 
 
 __all__ = ["DEFAULT_REGS", "FUSED_REGS", "Layout", "ROperator", "Variant", "flat_boxes",
-           "launch_us", "operators", "welded_group"]
+           "launch_us", "operators", "program_profile", "welded_group"]

@@ -51,12 +51,11 @@ class ProgramRun:
     """The state of one run (tensors, produced masks, counters)."""
 
     def __init__(self, module: Module, program: Program, inputs, weights):
-        from tilekit.hw import load_profile
-        from tilekit.ram.tasks import operators
+        from tilekit.ram.tasks import operators, program_profile
 
         cpu = prepare(module)
         steps = {s.op.name: s for s in cpu.steps}
-        profile = load_profile(program.hardware)
+        profile = program_profile(program)
         rops = operators(module, profile)
         self.program = program
         self.ops = []
