@@ -26,7 +26,13 @@ sys.path.insert(0, str(ROOT / "tests" / "e2e"))
 from models import control_models, onnx_models, ram_models  # noqa: E402
 from test_pipelines import assert_checked, run_ok, run_pipe  # noqa: E402
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("stages-together")]
+pytestmark = pytest.mark.slow
+
+
+def by_model(names):
+    """An xdist group per model (its ONNX file and welded IR are made once, on one worker);
+    the module's tests spread over the workers instead of holding one for a minute."""
+    return [pytest.param(n, marks=pytest.mark.xdist_group(f"stages-{n}")) for n in names]
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
 
 DENSE = {"bert_encoder_layer": onnx_models.bert_encoder_layer,
@@ -59,7 +65,7 @@ def welded(folder: Path, name: str) -> Path:
     return path
 
 
-@pytest.mark.parametrize("name", sorted(DENSE))
+@pytest.mark.parametrize("name", by_model(sorted(DENSE)))
 def test_weld_then_ram_runs_as_a_program(name, folder):
     ir = welded(folder, name)
     pipe = f"tk-ram {ir.name} | tk-run --mode program --seed 0 --check"
@@ -67,7 +73,7 @@ def test_weld_then_ram_runs_as_a_program(name, folder):
 
 
 @needs_nvcc
-@pytest.mark.parametrize("name", sorted(DENSE))
+@pytest.mark.parametrize("name", by_model(sorted(DENSE)))
 def test_weld_then_ram_compiles(name, folder):
     ir = welded(folder, name)
     out = f"{name}.program.cuda.yaml"
@@ -87,7 +93,7 @@ def test_weld_then_ram_compiles(name, folder):
 
 @pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None,
                     reason="no C++ compiler for the emulation")
-@pytest.mark.parametrize("name", ["resnext_block", "mlp_mixer_block"])
+@pytest.mark.parametrize("name", by_model(["resnext_block", "mlp_mixer_block"]))
 def test_weld_then_ram_program_passes_emulation(folder, name):
     import numpy as np
 
@@ -180,7 +186,7 @@ def test_a_tiny_device_loop_compiles_without_spills(hw, folder):
     assert [k["shape"] for k in doc["codegen"]["kernels"]] == ["device_loop"]
 
 
-@pytest.mark.parametrize("name", sorted(control_models.MODELS))
+@pytest.mark.parametrize("name", by_model(sorted(control_models.MODELS)))
 def test_control_models_through_every_stage(name, folder):
     ir = welded(folder, name)
     pipe = f"tk-grind {ir.name} | tk-ram | tk-run --mode program --seed 0 --check"
@@ -188,7 +194,7 @@ def test_control_models_through_every_stage(name, folder):
 
 
 @needs_nvcc
-@pytest.mark.parametrize("name", ["lstm_loop"])   # each alone: tests/unit/test_grind.py
+@pytest.mark.parametrize("name", by_model(["lstm_loop"]))  # each: tests/unit/test_grind.py
 def test_control_models_through_every_stage_compile(name, folder):
     ir = welded(folder, name)
     pipe = f"tk-grind {ir.name} | tk-ram | tk-codegen --compile --strict -o {name}.cuda.yaml"
