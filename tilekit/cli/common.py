@@ -208,10 +208,10 @@ def hw_option(required: bool = True) -> Callable:
 
 def read_stage_input(path: str):
     """The IR document a stage command reads (`tilekit.ir.read_module`), with the form of
-    every stage payload it carries checked (`tilekit.ir.payloads.check_payloads`): a command
+    every stage payload it carries checked (`tilekit.ir.payload_check`): a command
     refuses a tampered payload even when it only passes it on."""
     from tilekit.ir import read_module
-    from tilekit.ir.payloads import check_payloads
+    from tilekit.ir.payload_check import check_payloads
 
     module = read_module(path)
     check_payloads(module)
