@@ -21,11 +21,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from tilekit.ir.control import ControlOp, Region, read_control
-from tilekit.ir.keys import read_int, read_mapping, read_number
+from tilekit.ir.keys import read_int, read_mapping
 from tilekit.ir.model import default_kernels
+from tilekit.ir.payloads import Estimate
 from tilekit.schedule.block import BARRIER_SHAPES, BodyBlock, shared_block
 from tilekit.schedule.residency import Residency, common_residency, residency
 from tilekit.schedule.shape import ITEMSIZE
@@ -89,34 +90,44 @@ def body_kernels(region: Region, where: str = "region"
         if untiled:
             why = why or f"op '{untiled[0]}' has no tile (run tk-roll first)"
             continue
-        figures = [_tile_figures(op.tile, f"{where}.ops[{position[op.name]}] ({op.name}).tile")
-                   for op in ops]
-        group_us = (kernel.estimate or {}).get("time_us") if isinstance(
-            kernel.estimate, dict) else None
-        time_us = read_number(group_us, f"{where}.kernels ({kernel.name}).estimate.time_us",
-                              0, _HINT) if group_us else sum(f[4] for f in figures)
-        out.append(BodyKernel(kernel.name, *(max(f[i] for f in figures) for i in range(4)),
-                              time_us, len(ops) > 1 or any(f[5] for f in figures),
-                              any(f[6] for f in figures)))
+        figures = [_TileFigures.read(op.tile, f"{where}.ops[{position[op.name]}] ({op.name})"
+                                              ".tile") for op in ops]
+        time_us = (Estimate.read(kernel.estimate, f"{where}.kernels ({kernel.name}).estimate")
+                   .time_us if kernel.estimate else 0.0) or sum(f.time_us for f in figures)
+        out.append(BodyKernel(kernel.name, max(f.blocks for f in figures),
+                              max(f.threads for f in figures), max(f.regs for f in figures),
+                              max(f.smem_bytes for f in figures), time_us,
+                              len(ops) > 1 or any(f.barriers for f in figures),
+                              any(f.collectives for f in figures)))
     return out, why
 
 
 _HINT = "re-run tk-roll"
 
 
-def _tile_figures(tile, where: str) -> tuple[int, int, int, int, float, bool, bool]:
-    """(blocks, threads, regs, smem bytes, time, synchronises, warp collectives) of a rolled
-    op tile, each value checked (a tampered tile is an IRError at its path, exit 2)."""
-    t = read_mapping(tile, where, "a tile", _HINT)
-    est = t.get("estimate")
-    time_us = read_number(read_mapping(est, f"{where}.estimate", "an estimate", _HINT)
-                          .get("time_us", 0.0), f"{where}.estimate.time_us", 0, _HINT) \
-        if est is not None else 0.0
-    k = read_mapping(t.get("kernel") or {}, f"{where}.kernel", "'kernel'", _HINT)
-    return (read_int(t.get("blocks", 1), f"{where}.blocks", 1, hint=_HINT),
+class _TileFigures(NamedTuple):
+    """What the cost model reads of a rolled op tile, each value checked (a tampered tile is
+    an IRError at its path, exit 2)."""
+
+    blocks: int
+    threads: int
+    regs: int
+    smem_bytes: int
+    time_us: float
+    barriers: bool       # its kernel shape synchronises the block
+    collectives: bool    # warp collectives across lanes
+
+    @staticmethod
+    def read(tile, where: str) -> "_TileFigures":
+        t = read_mapping(tile, where, "a tile", _HINT)
+        est = t.get("estimate")
+        k = read_mapping(t.get("kernel") or {}, f"{where}.kernel", "'kernel'", _HINT)
+        return _TileFigures(
+            read_int(t.get("blocks", 1), f"{where}.blocks", 1, hint=_HINT),
             read_int(t.get("threads", 1), f"{where}.threads", 1, hint=_HINT),
             read_int(t.get("regs", 0), f"{where}.regs", hint=_HINT),
-            read_int(t.get("smem_bytes", 0), f"{where}.smem_bytes", hint=_HINT), time_us,
+            read_int(t.get("smem_bytes", 0), f"{where}.smem_bytes", hint=_HINT),
+            Estimate.read(est, f"{where}.estimate").time_us if est is not None else 0.0,
             k.get("shape") in BARRIER_SHAPES,
             read_int(k.get("lanes", 1), f"{where}.kernel.lanes", 1, hint=_HINT) > 1)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from tilekit.ir.keys import read_int, read_list
-from tilekit.ir.payloads import Estimate, read_group_tile, read_tile
+from tilekit.ir.payloads import Estimate, read_group_tile, read_tile, welded
 
 
 def check_payloads(module) -> None:
@@ -33,7 +33,7 @@ def check_payloads(module) -> None:
             where = f"{prefix}kernels[{n}] ({kernel.name})"
             if kernel.estimate is not None:
                 Estimate.read(kernel.estimate, f"{where}.estimate")
-            if isinstance(kernel.tile, Mapping) and kernel.tile.get("source") == "weld":
+            if welded(kernel):
                 analyses = [g.nodes[index[o]].analysis for o in kernel.ops if o in index]
                 if len(analyses) == len(kernel.ops) and all(analyses):
                     read_group_tile(kernel.tile, analyses, f"{where}.tile")

@@ -623,6 +623,11 @@ class CodegenSection:
 
 # -- every payload's form, on reading a document ---------------------------------------------
 
+def welded(kernel) -> bool:
+    """The kernel group carries tk-weld's tile (`kernels[i].tile` with source "weld")."""
+    return isinstance(kernel.tile, Mapping) and kernel.tile.get("source") == "weld"
+
+
 def read_group_tile(payload: Any, analyses: Sequence[Any], where: str) -> GroupTile:
     """A group's `kernels[].tile` over its members' analyses (module order): the tile over
     the last member's spatial axes, its step over the last reducing member's reduction."""

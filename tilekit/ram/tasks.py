@@ -10,15 +10,17 @@ variants beyond 0; a group's kernel is the one its tiles make.
 The block count is the one codegen will launch, decided by the same rules: the shared shape
 decision (`tilekit.schedule.shape.decide`) for one op, the grid-stride default for an op
 without a tile, the opaque kernels' grid-stride launch. A group of several ops is a
-persistent-program candidate when codegen runs it as one stage (the ops after the first are
-elementwise at the same points: a chain, run in the first op's epilogue; its blocks are the
-first op's) or as the `fused` shape over tk-weld's tile (several stages sharing one output
-tile: a block per tile of the last op's output, the tile's threads rounded up to whole warps,
-tk-weld's shared footprint plus an upper bound of codegen's cross-warp partials, and
-`FUSED_REGS` registers). Any other group (one stage whose main op is not first, the flash
-form of attention, a group without tk-weld's tile, a group holding an opaque op) stays an
-ordinary kernel (`fixed`), with a reason. Codegen checks the block counts and threads again
-when it composes the program, and `--compile` the registers (spills) and co-residency.
+persistent-program candidate when codegen runs it as one stage (its main op's kernel, with
+the ops before it inlined and those after it chained: its blocks are the main op's, which
+tk-weld's group tile names, or the first op's for a chain without one) or as the `fused`
+shape over tk-weld's tile (several stages sharing one output tile: a block per tile of the
+last op's output, the tile's threads rounded up to whole warps, tk-weld's shared footprint
+plus an upper bound of codegen's cross-warp partials, and `FUSED_REGS` registers). Any other
+group (the flash form of attention, several stages without tk-weld's tile, a group holding an
+opaque op) stays an ordinary kernel (`fixed`), with a reason. A group tile is read for its
+form only: what it means for the module is the weld verifier's, run by codegen and the CPU
+executor. Codegen checks the block counts and threads again when it composes the program,
+and `--compile` the registers (spills) and co-residency.
 
 Durations come from the shared cost model (`kernels[i].estimate` / `ops[i].tile` estimates,
 tilekit.roll.cost): a kernel's time without the launch overhead the model adds, spread over its
@@ -35,16 +37,15 @@ import numpy as np
 from tilekit.errors import TilekitError
 from tilekit.ir.graph import graph
 from tilekit.ir.model import Kernel, Module, default_kernels
-from tilekit.ir.payloads import Estimate, GroupTile, OpTile, Tile
+from tilekit.ir.payloads import (Estimate, GroupTile, OpTile, Tile, read_group_tile,
+                                  welded)
 from tilekit.roll.cost import estimate_bytes, registers_per_thread
 from tilekit.roll.problem import problem_from_analysis
 from tilekit.roll.schedule import tensor_bytes
-from tilekit.weld.verify import check_group
+from tilekit.schedule.block import BARRIER_SHAPES
 from tilekit.schedule.defaults import DEFAULT_THREADS, WARP, default_grid
 from tilekit.schedule.mma import recorded_precision
-from tilekit.schedule.block import BARRIER_SHAPES
-from tilekit.schedule.shape import align_smem
-from tilekit.schedule.shape import Target, analysis_facts, decide, default_blocks
+from tilekit.schedule.shape import Target, align_smem, analysis_facts, decide, default_blocks
 
 #: Registers per thread assumed for a fused group's body (ptxas is asked only at codegen):
 #: the welded kernels of the bundled models use 24-56 (tk-codegen --compile, sm_90, BERT, GPT,
@@ -64,8 +65,8 @@ Box = tuple[tuple[int, int], ...]   # half-open range per dimension
 @dataclass(frozen=True)
 class Layout:
     """Which output points block `b` of an operator's kernel computes, over the spatial
-    extents of the group's first op (a fused group's: its last op's): `box` (a tile grid in row-major block order, as codegen
-    decomposes the block index), `flat` (a grid-stride loop: `per_block` consecutive points
+    extents of its main op (a fused group's: its last op's): `box` (a tile grid in row-major
+    block order, as codegen decomposes the block index), `flat` (a grid-stride loop: `per_block` consecutive points
     per block, `blocks` blocks striding over all points) or `whole` (one kernel, all points)."""
 
     kind: str
@@ -275,13 +276,14 @@ def _is_chain(module: Module, kernel: Kernel) -> bool:
 
 
 def welded_group(module: Module, k: int) -> GroupTile | str | None:
-    """tk-weld's (checked) tile of kernel group `k`; None when it has none; why tk-ram
-    cannot plan its blocks (str) for the flash form of attention."""
+    """tk-weld's tile of kernel group `k`; None when it has none; why tk-ram cannot plan its
+    blocks (str) for the flash form of attention."""
     kernel = module.kernels[k] if module.kernels else None
-    if kernel is None or not isinstance(kernel.tile, dict) or \
-            kernel.tile.get("source") != "weld":
+    if kernel is None or not welded(kernel):
         return None
-    group = check_group(module, k, module.op_index(), None)
+    g = graph(module)
+    group = read_group_tile(kernel.tile, [g.node(o).analysis for o in kernel.ops],
+                            f"kernels[{k}] ({kernel.name}).tile")
     if group.flash is not None:
         return "attention in the flash form: its blocks loop over key steps of their own"
     return group

@@ -275,15 +275,16 @@ def _prepare(module: Module) -> Program:
 def _groups(module: Module) -> dict[int, tuple[str, int, Any]]:
     """The welded groups of several consecutive ops, by first op index (a region's too: a
     region runs as a module of its own, without stage records)."""
-    welded = [k for k in module.kernels
-              if isinstance(k.tile, Mapping) and k.tile.get("source") == "weld"]
-    if not welded:
+    from tilekit.ir.payloads import welded
+
+    groups = [k for k in module.kernels if welded(k)]
+    if not groups:
         return {}
     from tilekit.weld.verify import check_groups
     check_groups(module)
     index = module.op_index()
     out = {}
-    for k in welded:
+    for k in groups:
         if len(k.ops) < 2:
             continue
         first = index[k.ops[0]]

@@ -63,8 +63,7 @@ class ProgramRun:
                                        program.operators)):
             members = tuple(steps[n] for n in k.ops)
             # a welded group's blocks walk its members' regions back from the last op's box
-            welded = not rops[i].fixed and len(members) > 1 and isinstance(k.tile, dict) \
-                and k.tile.get("source") == "weld"
+            welded = not rops[i].fixed and members[0].index in cpu.groups
             self.ops.append(_Op(members, rops[i].variant(o.variant).layout, k.name,
                                 GroupBlocks(k.name, k.tile, members) if welded else None))
         self.env: dict[str, np.ndarray] = {**weights, **inputs}

@@ -22,7 +22,7 @@ import math
 from tilekit.errors import IRError
 from tilekit.ir.graph import graph
 from tilekit.ir.model import Module
-from tilekit.ir.payloads import GroupTile, read_group_tile
+from tilekit.ir.payloads import GroupTile, read_group_tile, welded
 from tilekit.weld.structure import (NotFusible, covers, footprint, propagate, shared_buffers,
                                     smem_limit, structure)
 
@@ -31,16 +31,12 @@ def check_groups(module: Module, profile=None) -> None:
     """Check every welded group of `module` (see the module docstring); `profile` adds the
     shared-memory limit."""
     limit = None
-    if profile is not None and any(_welded(k) for k in module.kernels):
+    if profile is not None and any(welded(k) for k in module.kernels):
         limit = smem_limit(profile)
     index = module.op_index()
     for n, kernel in enumerate(module.kernels):
-        if _welded(kernel):
+        if welded(kernel):
             check_group(module, n, index, limit)
-
-
-def _welded(kernel) -> bool:
-    return isinstance(kernel.tile, dict) and kernel.tile.get("source") == "weld"
 
 
 def check_group(module: Module, n: int, index, limit: int | None) -> GroupTile:
