@@ -17,7 +17,7 @@ import pytest
 
 from hostile_support import (HOSTILE_NAMES, assert_refused, mlp_doc, run, tiny_onnx, write_doc,
                              write_mlp)
-from tilekit.codegen.emitter import Emitter, UnsafeText, check_line, comment_text
+from tilekit.tile.emit import Emitter, UnsafeText, check_line, comment_text
 from tilekit.codegen.module import generate
 from tilekit.ir.model import Kernel, Module, Op, Tensor
 from tilekit.ir.names import MAX_NAME_LENGTH, is_identifier

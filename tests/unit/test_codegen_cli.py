@@ -77,8 +77,8 @@ ops:
     proc = tk_codegen(ir)
     assert proc.returncode == 2
     err = proc.stderr.decode()
-    assert err.startswith("tk-codegen: error: ops[0] (up): opaque op type 'Resize' has no CUDA "
-                          "implementation; CUDA implementations exist for: Gather")
+    assert err.startswith("tk-codegen: error: ops[0] (up): opaque op type 'Resize' has no "
+                          "kernel implementation; kernels exist for: ArgMax, ArgMin, Gather")
     assert proc.stdout == b""
 
 

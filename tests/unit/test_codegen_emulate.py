@@ -61,22 +61,40 @@ def test_emulation_sees_unwritten_outputs():
     assert np.isnan(got["c"]).any()
 
 
-@pytest.mark.parametrize("name,barrier", [
-    ("matmul_aligned", "    __syncthreads();\n    #pragma unroll"),      # after staging
-    ("matmul_aligned", "__syncthreads();  // the previous"),          # before restaging
-    ("softmax", "  __syncthreads();\n  // stage 1"),                  # between fused stages
-    ("conv_chain", "  __syncthreads();\n  // stage 1"),
+def without_barrier(kernel, nth: int) -> str:
+    """The kernel's source with the `nth` barrier of its tile program (in program order)
+    removed and the program printed again."""
+    from dataclasses import replace
+    from tilekit.tile import cuda
+    from tilekit.tile.nodes import Barrier, Seq, transform, walk
+
+    barriers = [s for s in walk(kernel.program.body) if isinstance(s, Barrier)]
+    target = barriers[nth]
+
+    def drop(s):
+        if isinstance(s, Seq):
+            return replace(s, body=tuple(x for x in s.body if x is not target))
+        return s
+    broken = replace(kernel.program, body=transform(kernel.program.body, drop))
+    assert broken != kernel.program
+    return kernel.source[:len(kernel.source) - len(kernel.body)] + cuda.kernel_text(broken)
+
+
+@pytest.mark.parametrize("name,nth", [
+    ("matmul_aligned", 1),      # after staging
+    ("matmul_aligned", 0),      # before restaging
+    ("softmax", 1),             # between fused stages (it ends stage 0's last pass)
+    ("conv_chain", 0),
 ])
-def test_emulation_catches_a_missing_barrier(name, barrier):
-    """Mutation check of the evidence itself: drop one __syncthreads() and the emulated
-    result must be wrong (threads run in a pseudo-random order between barriers)."""
+def test_emulation_catches_a_missing_barrier(name, nth):
+    """Mutation check of the evidence itself: drop one barrier of the tile program and the
+    emulated result must be wrong (threads run in a pseudo-random order between barriers)."""
     from dataclasses import replace
     module = fixture(name)
     inputs, weights = random_values(module)
     result = generate(module)
     record = dict(result.module.codegen["kernels"][0])
-    assert barrier in record["source"]
-    record["source"] = record["source"].replace(barrier, barrier.replace("__syncthreads();", ""), 1)
+    record["source"] = without_barrier(result.kernels[0], nth)
     broken = replace(result.module, codegen={**result.module.codegen, "kernels": [record]})
     got = emulate(broken, inputs, weights)
     want = run_module(module, inputs, weights)

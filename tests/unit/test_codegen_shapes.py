@@ -30,14 +30,16 @@ def test_staged_contraction_has_shared_tiles_and_a_step_loop():
               r"CHECK: float\* s_w_1 = reinterpret_cast<float\*>\(tk_smem \+ 1024\);",
               r"CHECK: for \(int q_k = 0; q_k < 37; q_k \+= 8\)",
               r"CHECK: __syncthreads\(\);",
-              r"CHECK: s_x_0\[i\] = ",
+              # the box copy: every thread, padding outside the tensor
+              r"CHECK: s_x_0\[8 \* l_0 \+ l_1\] = \(tk_in\(lo_0 \+ l_0, 50\) && "
+              r"tk_in\(lo_1 \+ l_1, 37\) \? t_x\[",
               r"CHECK: __syncthreads\(\);",
               # 37 % 8 != 0: the last step is shorter
               r"CHECK: for \(int a_k = 0; a_k < \(37 - q_k < 8 \? 37 - q_k : 8\); \+\+a_k\)",
-              r"CHECK: acc\[.*\] \+= \(f_x_0\[.*\] \* f_w_1\[.*\]\);",
+              r"CHECK: acc\[.*\] \+= f_x_0\[.*\] \* f_w_1\[.*\];",
               # epilogue: 50 and 70 are not multiples of 32: guarded stores, bias and ReLU
               r"CHECK: if \(a_i < 50 && a_j < 70\)",
-              r"CHECK: tk_max\(\(v_t_0 \+ t_b\[a_j\]\), 0.0f\)",
+              r"CHECK: tk_max\(v_t_0 \+ t_b\[a_j\], 0.0f\)",
               r"CHECK: t_y\[70 \* a_i \+ a_j\] = ",
               r"CHECK-NOT: t_t\[",            # the matmul result never reaches memory
               r'CHECK: extern "C" __global__ void __launch_bounds__\(128, 1\)',
@@ -64,11 +66,12 @@ def test_convolution_stages_a_halo_box_with_zero_padding():
     # h: 4 outputs at stride 2 with a 3-tap window -> (4-1)*2 + 3 = 9 rows; 2 channels/step
     assert boxes == {"x": [1, 2, 9, 9], "w": [8, 2, 3, 3]}
     filecheck(k.source,
-              r"CHECK: const int q_kh = 0;",     # one step covers the window: no loop
-              r"CHECK: const int lo\d+ = 2 \* o_h \+ q_kh - 1;",
-              r"CHECK: const int lo\d+ = q_kw \+ 2 \* o_q - 1;",
+              r"CHECK-NOT: q_kh",                # one step covers the window: no loop
+              r"CHECK: const int lo_\d+ = 2 \* o_h - 1;",
+              r"CHECK: const int lo_\d+ = 2 \* o_q - 1;",
               # 2 channels per step over 3: the channel is checked too
-              r"CHECK: tk_in\(g\d+, 3\) && tk_in\(g\d+, 13\) && tk_in\(g\d+, 13\) \? t_x\[",
+              r"CHECK: tk_in\(lo_1 \+ l_1, 3\) && tk_in\(lo_2 \+ l_2, 13\) && "
+              r"tk_in\(lo_3 \+ l_3, 13\) \? t_x\[",
               r"CHECK: : 0.0f\);")
 
 
@@ -85,8 +88,10 @@ def test_fused_softmax_keeps_intermediates_on_chip():
               # combine through shared memory
               r"CHECK: // stage 0: max; region \[2\], 64 lanes per point",
               r"CHECK: tk_warp_max<32>",
-              r"CHECK: acc0 = tk_max\(acc0, red0\[tid / 32 \+ w\]\);",
-              r"CHECK: s_m\[pt\] = ",
+              r"CHECK: red0\[tid / 32\] = acc_0;",
+              r"CHECK: __syncthreads\(\);",
+              r"CHECK: acc_1 = tk_max\(acc_1, red0\[tid / 32 \+ w\]\);",
+              r"CHECK: s_m\[l_1\] = ",
               r"CHECK: __syncthreads\(\);",
               r"CHECK: // stage 1: sum",
               r"CHECK: expf\(",                # exp inlined into the sum
@@ -94,8 +99,9 @@ def test_fused_softmax_keeps_intermediates_on_chip():
               r"CHECK: __syncthreads\(\);",
               r"CHECK: // stage 2: div",
               r"CHECK: t_y\[",
-              r"CHECK-NOT: t_[mes]\[",        # no global stores (or loads) of m, e, s
-              r"CHECK-COUNT-6: __syncthreads")  # 2 between stages, 2 per cross-warp fold
+              r"CHECK-NOT: t_[mes]\[")        # no global stores (or loads) of m, e, s
+    # 2 per cross-warp fold (the second also separates the stages)
+    assert k.source.count("__syncthreads") == 4
 
 
 def test_fused_convolutions_compute_the_halo():
@@ -107,8 +113,8 @@ def test_fused_convolutions_compute_the_halo():
     filecheck(k.source,
               r"CHECK: float\* s_r = reinterpret_cast<float\*>\(tk_smem \+ 0\);  // r region "
               r"\[4, 6, 6\]",
-              r"CHECK: const int r0_1 = o1 - 1;",
-              r"CHECK: s_r\[pt\] = ",
+              r"CHECK: const int r0_1 = o_1 - 1;",
+              r"CHECK: s_r\[36 \* l_2 \+ 6 \* l_1 \+ l_0\] = ",
               r"CHECK: __syncthreads\(\);",
               r"CHECK: \? s_r\[",
               r"CHECK-NOT: t_t\[|t_r\[")
@@ -141,7 +147,8 @@ def test_one_kernel_per_op_when_the_module_lists_none():
 def test_gather_uses_its_cuda_implementation():
     kernels = kernels_of("gather")
     assert [k.shape for k in kernels] == ["opaque:Gather", "default"]
-    filecheck(kernels[0].source, r"CHECK: if \(k < 0\) k \+= 11;", r"CHECK: tk_in\(k, 11LL\)")
+    filecheck(kernels[0].source, r"CHECK: const long long k_0 = \(.* < 0LL \? .* \+ 11LL : ",
+              r"CHECK: tk_in\(k_0, 11LL\) \?")
 
 
 def test_unknown_opaque_type_is_an_error_naming_the_op():
@@ -154,7 +161,7 @@ def test_unknown_opaque_type_is_an_error_naming_the_op():
     with pytest.raises(UnsupportedError) as info:
         generate(module)
     text = info.value.message()
-    assert "ops[0] (resize)" in text and "'Resize' has no CUDA implementation" in text
+    assert "ops[0] (resize)" in text and "'Resize' has no kernel implementation" in text
     assert "Gather" in text
 
 
@@ -237,8 +244,8 @@ def test_fused_blocks_are_whole_warps_and_lane_groups_divide_them(j):
 def test_fused_cross_warp_partials_count_as_shared_memory():
     (k,) = kernels_of("softmax")
     # 256 threads: 8 warps, two stages fold across warps, each through 8 slots
-    assert [(b.name, b.count) for b in k.spec.buffers if b.name.startswith("red")] == [
-        ("red0", 8), ("red1", 8)]
+    assert [(b.name, b.nbytes) for b in k.program.shared if b.name.startswith("red")] == [
+        ("red0", 64), ("red1", 64)]
     buffers = 2 * 16               # s_m[2] and s_s[2], each rounded up to 16 bytes
     partials = 2 * 8 * 8           # per stage, a slot per warp at 8 bytes
     assert k.smem_planned == buffers + partials

@@ -97,7 +97,7 @@ def test_device_loop_kernel_structure(models):
     bodies = record["schedule"]["bodies"]
     assert loop.count("tk_grid_sync();") == len(bodies) + 2   # each body, inputs, carries
     assert all(f"{b}_body" in loop for b in bodies)
-    assert "for (int tk_vb = tk_b; tk_vb <" in loop
+    assert "for (int tk_vb = tk_block; tk_vb <" in loop
 
 
 # -- the CPU emulation of the persistent kernels ---------------------------------------------

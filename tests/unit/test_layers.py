@@ -6,7 +6,8 @@ order, low to high, is docs/architecture.md's:
     errors, fileio, limits,  the failure kinds, reading and writing files, budgets,
     resources                where the shipped profiles and specs are
     expr, opaque             the expression language; non-affine ops' semantics
-    ir                       the document: model, codec, verifier, graph, payloads, stages
+    ir, tile                 the document: model, codec, verifier, graph, payloads, stages;
+                             tile programs (the kernel IR), its passes, printers, interpreter
     hw                       hardware profiles
     schedule                 decisions shared by the stages (defaults, kernel shapes)
     onnx, roll               the front end; Roller
@@ -27,7 +28,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "tilekit"
-LAYERS = [("errors", "fileio", "limits", "resources", "textdoc", "outputs"), ("expr", "opaque"), ("ir",), ("hw",), ("schedule",),
+LAYERS = [("errors", "fileio", "limits", "resources", "textdoc", "outputs"), ("expr", "opaque"), ("ir", "tile"), ("hw",), ("schedule",),
           ("onnx", "roll"), ("weld", "grind", "ram"), ("codegen",), ("runtime",),
           ("pipeline",), ("cli", "__main__")]
 LEVEL = {name: level for level, names in enumerate(LAYERS) for name in names}

@@ -104,7 +104,9 @@ def test_programs_pass_emulation(programs, name):
         np.testing.assert_allclose(got[k], want[k], rtol=1e-4, atol=1e-5)
 
 
-WAIT = "        while (tk_ld_acquire(&tk_counters[op]) < (unsigned)first) tk_spin();\n"
+WAIT = ("          while (tk_ld_acquire(&tk_counters[op]) < ((unsigned)(first))) {\n"
+        "            tk_spin();\n"
+        "          }\n")
 
 
 @needs_cxx

@@ -1,10 +1,12 @@
-"""tk-codegen: generate one CUDA kernel per kernel group of a tile-IR module.
+"""tk-codegen: generate one kernel per kernel group of a tile-IR module, for CUDA or a CPU.
 
     tk-import m.onnx | tk-roll --hw h100 | tk-codegen | tk-run --device cuda
     tk-codegen m.yaml --hw a100 --compile --strict -o m.cuda.yaml --emit-dir build/m
+    tk-import m.onnx | tk-codegen --target cpu | tk-run --check
 
-The pass is `tilekit.codegen.generate`; the `codegen` section it adds (kernel sources, launch
-geometry, arguments, and with `--compile` ptxas' resources) is documented in docs/codegen.md.
+Every kernel is a tile program (tilekit.tile) printed by the target's printer. The pass is
+`tilekit.codegen.generate`; the `codegen` section it adds (kernel sources, launch geometry,
+arguments, and with `--compile` ptxas' resources) is documented in docs/codegen.md.
 Notes (a group split into several kernels, a shrunk reduction step) and `--compile` problems
 (spills, limits) are warnings on stderr; `--strict` makes the problems errors (exit 2).
 """
@@ -32,19 +34,25 @@ TOOL = "tk-codegen"
 @click.option("--hw", "hw", metavar="NAME|PATH", default=None,
               help="Hardware profile (default: the IR's 'hardware'); sets the arch and the "
                    "shared-memory and register limits.")
+@click.option("--target", type=click.Choice(["cuda", "cpu"]), default="cuda",
+              show_default=True,
+              help="The code to generate: CUDA C++ for NVIDIA GPUs, or C++ for CPUs (OpenMP "
+                   "over the grid; tk-run --device cpu runs it).")
 @click.option("--arch", metavar="sm_XY", default=None,
-              help="Target arch recorded in the IR and used by --compile (default: the "
+              help="CUDA arch recorded in the IR and used by --compile (default: the "
                    "profile's, else sm_90).")
 @click.option("--emit-dir", "emit_dir", metavar="DIR", default=None,
-              help="Also write each kernel as DIR/<entry>.cu, with runtime.cuh, for reading.")
+              help="Also write each kernel as DIR/<entry>.cu (.cpp for the CPU), with the "
+                   "headers it includes, for reading.")
 @click.option("--compile", "compile_", is_flag=True,
-              help="Compile every kernel with nvcc for the arch and record ptxas' registers, "
-                   "shared memory and spills in the IR.")
+              help="Compile every kernel: with nvcc for the arch, recording ptxas' registers, "
+                   "shared memory and spills in the IR; for the CPU with the C++ compiler "
+                   "(cached for tk-run).")
 @click.option("--strict", is_flag=True,
               help="With --compile: a kernel that spills or exceeds the profile's limits is an "
                    "error, not a warning.")
-def main(input, output, fmt, hw, arch, emit_dir, compile_, strict, quiet, debug):
-    """Generate CUDA kernels for the tile IR module IR (a file, or '-'/nothing for stdin)."""
+def main(input, output, fmt, hw, target, arch, emit_dir, compile_, strict, quiet, debug):
+    """Generate kernels for the tile IR module IR (a file, or '-'/nothing for stdin)."""
     from tilekit.codegen.module import run_codegen
     from tilekit.codegen.nvcc import check_arch
     from tilekit.ir.codec import rebase_files, write_module
@@ -52,6 +60,12 @@ def main(input, output, fmt, hw, arch, emit_dir, compile_, strict, quiet, debug)
     if strict and not compile_:
         raise TilekitError("--strict needs --compile", "--strict",
                            "add --compile, or drop --strict")
+    if arch is not None and target == "cpu":
+        raise TilekitError("--arch names a CUDA arch; the CPU target has none", "--arch",
+                           "drop --arch, or use --target cuda")
+    if strict and target == "cpu":
+        raise TilekitError("--strict checks ptxas' resources; the CPU target has none",
+                           "--strict", "drop --strict, or use --target cuda")
     if arch is not None:
         check_arch(arch)
     if emit_dir is not None:
@@ -67,7 +81,7 @@ def main(input, output, fmt, hw, arch, emit_dir, compile_, strict, quiet, debug)
     elif module.hardware:
         from tilekit.hw import load_recorded_profile
         profile = load_recorded_profile(module.hardware, input if input != "-" else None)
-    result = run_codegen(module, profile, arch, compile=compile_)
+    result = run_codegen(module, profile, arch, compile=compile_, target=target)
     if not quiet:
         for note in result.notes:
             warn(TOOL, note)
@@ -87,7 +101,7 @@ def main(input, output, fmt, hw, arch, emit_dir, compile_, strict, quiet, debug)
         with OutputSet() as files:
             files.check(output, f"-o {output}" if output != "-" else "-o")
             if emit_dir is not None:
-                stage_sources(files, result.kernels, Path(emit_dir))
+                stage_sources(files, result.kernels, Path(emit_dir), target)
             write_module(rebase_files(out, module, input, output), output, fmt, outputs=files)
             files.commit()
     except BaseException:
@@ -98,10 +112,11 @@ def main(input, output, fmt, hw, arch, emit_dir, compile_, strict, quiet, debug)
     return 0
 
 
-def stage_sources(files, kernels, folder: Path) -> None:
-    """Stage each kernel's source as <entry>.cu, plus runtime.cuh, in `files`. An entry is an
-    identifier (`tilekit.ir.names`), so each file lands in `folder` and nowhere else."""
-    from tilekit.codegen.helpers import HELPERS_NAME, helpers_text
+def stage_sources(files, kernels, folder: Path, target: str = "cuda") -> None:
+    """Stage each kernel's source as <entry>.cu (.cpp for the CPU), plus the headers it
+    includes, in `files`. An entry is an identifier (`tilekit.ir.names`), so each file lands
+    in `folder` and nowhere else."""
+    from tilekit.codegen.helpers import CPU_HEADERS, HELPERS, HELPERS_NAME
     from tilekit.ir.names import IDENTIFIER
 
     where = f"--emit-dir {folder}"
@@ -112,12 +127,15 @@ def stage_sources(files, kernels, folder: Path) -> None:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise TilekitError(f"cannot create the folder: {exc.strerror}", where) from None
-    files.put(str(folder / HELPERS_NAME), helpers_text(), f"{where}: {HELPERS_NAME}",
-              follow_links=False)
+    headers = CPU_HEADERS if target == "cpu" else (HELPERS,)
+    for path in headers:
+        files.put(str(folder / path.name), path.read_text(encoding="utf-8"),
+                  f"{where}: {path.name}", follow_links=False)
+    suffix = ".cpp" if target == "cpu" else ".cu"
     for k in kernels:
         if not IDENTIFIER.match(k.entry) or len(k.entry) > 250:  # a bug if ever true
             raise RuntimeError(f"kernel entry {k.entry[:60]!r}... is not a file name")
-        files.put(str(folder / f"{k.entry}.cu"), k.source, f"{where}: {k.entry}.cu",
+        files.put(str(folder / f"{k.entry}{suffix}"), k.source, f"{where}: {k.entry}{suffix}",
                   follow_links=False)
 
 

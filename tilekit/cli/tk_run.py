@@ -29,10 +29,14 @@ MAX_RUNS = 100_000
 @input_argument
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
               help="Where to run: the CPU reference executor, or the CUDA runtime.")
-@click.option("--mode", default="whole", show_default=True, metavar="MODE",
-              help="CPU execution mode: 'whole' ops, or a mode added by a stage ('tiled': op "
-                   "tiles; 'program': tk-ram's rTasks in their planned order); --device cuda "
-                   "runs the generated kernels and takes no other mode.")
+@click.option("--mode", default=None, metavar="MODE",
+              help="CPU execution mode: 'compiled' (the IR's C++ kernels from tk-codegen "
+                   "--target cpu; the default when it has them), 'whole' (the NumPy reference "
+                   "executor, whole ops; the default otherwise), or a mode added by a stage "
+                   "('tiled': op tiles; 'program': tk-ram's rTasks in their planned order); "
+                   "--device cuda runs the generated kernels and takes no other mode.")
+@click.option("--threads", type=click.IntRange(min=1, max=4096), default=None, metavar="N",
+              help="Threads of the compiled CPU code (default: every core).")
 @click.option("--input", "input_flags", multiple=True, metavar="NAME=@FILE.npy|NAME=V,V,..",
               help="One input: an .npy file, or comma-separated values (one value fills the "
                    "tensor). Repeatable; overrides --inputs.")
@@ -60,10 +64,10 @@ MAX_RUNS = 100_000
 @click.option("--warmup", type=click.IntRange(min=0, max=MAX_RUNS), default=1,
               show_default=True, metavar="K", help="Untimed runs before --bench.")
 @click.option("--report", is_flag=True, help="Print a per-op time profile and peak memory.")
-def main(input, device, mode, input_flags, inputs_npz, seed, allow_nan, output, check, rtol,
-         atol, check_tensors, bench, warmup, report, quiet, debug):
+def main(input, device, mode, threads, input_flags, inputs_npz, seed, allow_nan, output, check,
+         rtol, atol, check_tensors, bench, warmup, report, quiet, debug):
     """Run the tile IR module IR (a file, or '-'/nothing for stdin)."""
-    from tilekit.runtime import backend
+    from tilekit.runtime import backend, default_mode
     from tilekit.runtime.bench import peak_rss_bytes, time_runs
     from tilekit.runtime.check import compare_outputs, reference_outputs
     from tilekit.fileio import note_input
@@ -84,7 +88,13 @@ def main(input, device, mode, input_flags, inputs_npz, seed, allow_nan, output, 
     out = OutputSet()
     if output is not None:  # -o never overwrites what this run reads: checked before work
         out.check(output, f"-o {output}" if output != "-" else "-o")
-    runner = backend(module, device, mode)  # refuses what the device cannot run, early
+    mode = mode or default_mode(module, device)
+    if threads is not None and mode != "compiled":
+        warn(TOOL, "--threads sets the compiled CPU code's threads; ignored in this mode")
+    if report and mode == "compiled":
+        warn(TOOL, "--report profiles the reference executor's ops; ignored for compiled code")
+        report = False
+    runner = backend(module, device, mode, threads)  # refuses what it cannot run, early
     weights = load_weights(module, folder)
     if check and (module.source or {}).get("onnx"):  # a bad reference model fails before the run
         resolve_sidecar(module.source, "onnx", folder, "source", limits.MODEL_BYTES)

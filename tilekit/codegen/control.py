@@ -21,10 +21,9 @@ blocks are all resident (`coresident`: launched cooperatively after the occupanc
       <outputs <- carried; count <- it>
     }
 
-The body kernels are the region's kernels as generated for any module (tilekit.codegen.
-module.generate on `region_module`), composed through their `__device__ <entry>_body`
-functions (tilekit.codegen.builder), so a body with more blocks than the persistent grid runs
-block-strided. A branch reads its predicate on the device and runs one side the same way.
+The kernel is a tile program that composes the region's kernels, as generated for any
+module (tilekit.codegen.module.generate on `region_module`), through `CallBody`, so a body
+with more blocks than the persistent grid runs block-strided. A branch reads its predicate on the device and runs one side the same way.
 
 The grid is tk-grind's (capped by co-residency); `cap_grid` caps it again with ptxas'
 registers at compile time, and the runtime checks the driver's occupancy before launching.
@@ -37,18 +36,20 @@ composed: a body with fewer threads than the persistent block that uses `__synct
 from __future__ import annotations
 
 import math
+from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping
 
-from tilekit.codegen.emitter import Emitter, check_line, comment_text
-from tilekit.codegen.kernel import GeneratedKernel, c_name
-from tilekit.codegen.persistent import (Params, block_threads, body_call, body_functions,
-                                        smem_declaration)
+from tilekit.codegen.kernel import GeneratedKernel, c_name, generated
+from tilekit.codegen.persistent import Params, block_threads, call
 from tilekit.errors import TilekitError
 from tilekit.ir.control import ControlOp, region_module
 from tilekit.ir.graph import control_records
-from tilekit.ir.model import Kernel, Module
-from tilekit.schedule.defaults import STATIC_SMEM_LIMIT
+from tilekit.ir.model import Kernel as KernelGroup, Module
+from tilekit.tile import expr as tx
+from tilekit.tile.build import Builder
+from tilekit.tile.expr import BLOCK, NBLOCKS, Expr, Load
+from tilekit.tile.nodes import Kernel, While
 
 @dataclass(frozen=True)
 class ControlCode:
@@ -60,8 +61,8 @@ class ControlCode:
     notes: tuple[str, ...]
 
 
-def control_code(module: Module, kernel: Kernel, generate: Callable, profile, arch: str,
-                 where: str) -> ControlCode:
+def control_code(module: Module, kernel: KernelGroup, generate: Callable, profile, arch: str,
+                 where: str, target: str = "cuda") -> ControlCode:
     """The kernels of control op `kernel.ops[0]`; `generate` is tilekit.codegen.module's
     (a region is generated as a module of its own)."""
     name = kernel.ops[0]
@@ -69,13 +70,15 @@ def control_code(module: Module, kernel: Kernel, generate: Callable, profile, ar
     results = []
     for rname, r in zip(rec.region_names(), rec.regions):
         try:
-            results.append(generate(region_module(module.tensors, r, name), profile, arch))
+            results.append(generate(region_module(module.tensors, r, name), profile, arch,
+                                    target))
         except TilekitError as exc:   # located in the region's record, nested ones too
             raise exc.located(f"control.{name}.{rname}") from None
     notes = [n for result in results for n in result.notes]
     run = (rec.grind or {}).get("run", "host")
     if run == "device":
-        made = device_kernel(module, kernel, rec, [r.kernels for r in results], profile)
+        made = device_kernel(module, kernel, rec, [r.kernels for r in results], profile,
+                             target)
         if isinstance(made, GeneratedKernel):
             return ControlCode((made,), {"run": "device", "entry": made.entry,
                                          "grid": made.grid[0]}, tuple(notes))
@@ -87,9 +90,9 @@ def control_code(module: Module, kernel: Kernel, generate: Callable, profile, ar
         [g.entry for g in result.kernels] for result in results]}, tuple(notes))
 
 
-def device_kernel(module: Module, kernel: Kernel, rec: ControlOp,
-                  regions: list[tuple[GeneratedKernel, ...]], profile=None
-                  ) -> GeneratedKernel | str:
+def device_kernel(module: Module, kernel: KernelGroup, rec: ControlOp,
+                  regions: list[tuple[GeneratedKernel, ...]], profile=None,
+                  target: str = "cuda") -> GeneratedKernel | str:
     """The persistent cooperative kernel of a device loop, scan or branch, or why not.
 
     `__launch_bounds__(threads, ceil(grid / SMs))`: ptxas fits the registers to the blocks
@@ -102,8 +105,9 @@ def device_kernel(module: Module, kernel: Kernel, rec: ControlOp,
     threads = block_threads(bodies)
     if isinstance(threads, str):
         return threads
-    smem = max(g.spec.smem_bytes for g in bodies)
     grid = int(((rec.grind or {}).get("estimate") or {}).get("grid") or 1)
+    if target == "cpu":
+        grid = 1    # one task runs the loop; its grid barriers then order nothing
     per_sm = max(1, -(-grid // profile.sm_count)) if profile is not None else 1
     decl = dict(module.tensors)
     for region in rec.regions:
@@ -111,62 +115,86 @@ def device_kernel(module: Module, kernel: Kernel, rec: ControlOp,
     tensors = Params(decl)
     kind = "branch" if rec.kind == "if" else "loop"
     entry = f"tk_{kind}_{c_name(rec.name)}"
-    e = Emitter()
-    with e.block():
-        e.line(smem_declaration(smem))
-        e.line("const int tk_b = (int)blockIdx.x, tk_nb = (int)gridDim.x;")
-        e.line(f"const long long tk_tid = (long long)tk_b * {threads} + threadIdx.x;")
-        e.line(f"const long long tk_nthreads = (long long)tk_nb * {threads};")
-        if rec.kind == "if":
-            _branch(e, rec, regions, tensors, threads)
-        else:
-            _loop(e, rec, regions, tensors, threads)
-    body_text = body_functions(bodies, threads)
+    d = _Device(Builder(), tensors, threads)
+    if rec.kind == "if":
+        _branch(d, rec, regions)
+    else:
+        _loop(d, rec, regions)
     about = (f"{rec.kind} {rec.name} on the device: {len(bodies)} body kernel(s), a persistent "
              f"grid of {grid} block(s) x {threads} threads, grid barriers")
-    head = (f"// {comment_text(about)}\n"
-            f'extern "C" __global__ void __launch_bounds__({threads}, {per_sm})\n'
-            f"{entry}({', '.join(tensors.declarations())})")
-    text = body_text + head + " " + e.text().lstrip()
-    for line in text.splitlines():
-        check_line(line)
-    return GeneratedKernel(
-        name=kernel.name, group=kernel.name, entry=entry, ops=tuple(kernel.ops),
-        shape=f"device_{kind}",
-        schedule={"control": rec.name, "bodies": [g.entry for g in bodies], "grid": grid,
-                  "smem_bytes": smem},
-        grid=(grid, 1, 1), block=(threads, 1, 1),
-        smem_bytes=smem if smem > STATIC_SMEM_LIMIT else 0, smem_planned=smem,
-        args=tuple(tensors.order), writes=tensors.writes(),
-        body=text, uses_half=any(g.uses_half for g in bodies), coresident=True)
+    callees = tuple(dict((g.entry, g.program) for g in bodies).values())
+    program = Kernel(entry, tensors.buffers(), (), d.b.build(), threads, grid, per_sm, (about,),
+                     calls=callees, grid_sync=True)
+    smem = program.smem_bytes
+    g = generated(program, name=kernel.name, group=kernel.name, ops=tuple(kernel.ops),
+                  shape=f"device_{kind}",
+                  schedule={"control": rec.name, "bodies": [g.entry for g in bodies],
+                            "grid": grid, "smem_bytes": max(smem, 16)},
+                  args=tuple(tensors.order), writes=tensors.writes(), coresident=True,
+                  target=target)
+    return g
 
 
-def _run_bodies(e: Emitter, side: tuple[GeneratedKernel, ...], tensors: Params,
-                threads: int) -> None:
-    """Each body kernel over a block-strided loop, a grid barrier after each."""
-    for g in side:
-        tensors.use_body(g)
-        blocks = g.grid[0] * g.grid[1] * g.grid[2]
-        with e.block(f"for (int tk_vb = tk_b; tk_vb < {blocks}; tk_vb += tk_nb)"):
-            e.line(body_call(g, "tk_vb", threads))
-            e.line("__syncthreads();")
-        e.line("tk_grid_sync();")
+class _Device:
+    """What the pieces of one device kernel share: its builder, tensors and block size."""
+
+    def __init__(self, b: Builder, tensors: Params, threads: int) -> None:
+        self.b, self.tensors, self.threads = b, tensors, threads
+
+    def load(self, tensor: str, at: Expr) -> Load:
+        return Load(self.tensors.use(tensor), (at,), self.tensors.decl[tensor].dtype)
+
+    def copy(self, dst: str, src: str, n: int, dst_index=None, src_index=None) -> None:
+        """dst[dst_index(e)] = src[src_index(e)] for e < n, over every thread of the grid."""
+        b = self.b
+        with b.threads(self.threads) as tid:
+            first = b.let("tk_g", tx.cast("int64", BLOCK) * self.threads + tid, "int64")
+            with b.loop("tk_e", first, tx.const(n, "int64"),
+                        tx.cast("int64", NBLOCKS) * self.threads, dtype="int64") as e:
+                value = self.load(src, src_index(e) if src_index else e)
+                b.store(self.tensors.use(dst, True), (dst_index(e) if dst_index else e,),
+                        tx.cast(self.tensors.decl[dst].dtype, value))
+
+    def first_thread(self):
+        """A thread region whose body runs on thread 0 of block 0 only."""
+        return _FirstThread(self)
+
+    def run_bodies(self, side: tuple[GeneratedKernel, ...]) -> None:
+        """Each body kernel over a block-strided loop, a grid barrier after each."""
+        b = self.b
+        for g in side:
+            self.tensors.use_body(g)
+            blocks = math.prod(g.grid)
+            with b.loop("tk_vb", BLOCK, blocks, NBLOCKS) as vb:
+                b.emit(call(g, vb, tx.const(blocks)))
+                b.barrier()
+            b.evaluate(tx.call("grid_sync"))
 
 
-def _copy(e: Emitter, dst: str, src: str, n: int, dst_index: str = "tk_e",
-          src_index: str = "tk_e") -> None:
-    with e.block(f"for (long long tk_e = tk_tid; tk_e < {n}LL; tk_e += tk_nthreads)"):
-        e.line(f"{dst}[{dst_index}] = {src}[{src_index}];")
+class _FirstThread:
+    def __init__(self, d: _Device) -> None:
+        self.d = d
+        self.stack = ExitStack()
+
+    def __enter__(self):
+        b = self.d.b
+        tid = self.stack.enter_context(b.threads(self.d.threads))
+        self.stack.enter_context(b.if_(tx.and_(tx.eq(BLOCK, 0), tx.eq(tid, 0))))
+        return tid
+
+    def __exit__(self, *exc):
+        return self.stack.__exit__(*exc)
 
 
-def _axis_index(shape: tuple[int, ...], axis: int, at: str) -> str:
-    """The flat index into a tensor of `shape` of element `tk_e` of its slice at position
-    `at` on `axis` (the slice's shape is `shape` without `axis`)."""
+def _axis_index(shape: tuple[int, ...], axis: int, at: Expr):
+    """The flat index into a tensor of `shape` of element `e` of its slice at position `at`
+    on `axis` (the slice's shape is `shape` without `axis`)."""
     inner = math.prod(shape[axis + 1:])
-    return f"(tk_e / {inner}LL * {shape[axis]}LL + ({at})) * {inner}LL + tk_e % {inner}LL"
+    return lambda e: (tx.div(e, inner) * shape[axis] + at) * inner + tx.mod(e, inner)
 
 
-def _loop(e: Emitter, rec: ControlOp, regions, tensors: Params, threads: int) -> None:
+def _loop(d: _Device, rec: ControlOp, regions) -> None:
+    b, tensors = d.b, d.tensors
     body, decl = rec.body, tensors.decl
     lead = 2 if rec.kind == "loop" else 0
     out0 = 1 if rec.kind == "loop" else 0
@@ -175,60 +203,70 @@ def _loop(e: Emitter, rec: ControlOp, regions, tensors: Params, threads: int) ->
     nexts = body.outputs[out0:out0 + n]
     results = body.outputs[out0 + n:]
     for outer, param in zip(rec.carried, params):
-        _copy(e, tensors.use(param, True), tensors.use(outer), decl[outer].size)
+        d.copy(param, outer, decl[outer].size)
     for outer in rec.scans:
-        with e.block(f"for (long long tk_e = tk_tid; tk_e < {decl[outer].size}LL; "
-                     "tk_e += tk_nthreads)"):
-            e.line(f"{tensors.use(outer, True)}[tk_e] = 0;")
+        with b.threads(d.threads) as tid:
+            first = b.let("tk_g", tx.cast("int64", BLOCK) * d.threads + tid, "int64")
+            with b.loop("tk_e", first, tx.const(decl[outer].size, "int64"),
+                        tx.cast("int64", NBLOCKS) * d.threads, dtype="int64") as e:
+                b.store(tensors.use(outer, True), (e,), tx.cast(decl[outer].dtype, tx.const(0)))
     if rec.kind == "scan":
         src = decl[rec.scan_inputs[0]]
-        trips = str(src.shape[rec.input_axes[0]])
+        trips: Expr = tx.const(src.shape[rec.input_axes[0]], "int64")
     else:
-        trips = f"(long long){tensors.use(rec.trip_count)}[0]" if rec.trip_count else "LLONG_MAX"
+        trips = tx.cast("int64", d.load(rec.trip_count, tx.const(0))) if rec.trip_count \
+            else tx.const(2 ** 63 - 1, "int64")
         if rec.max_trips is not None:
-            trips = f"({trips} < {rec.max_trips}LL ? {trips} : {rec.max_trips}LL)"
-    e.line(f"const long long tk_trips = {trips};")
-    e.line(f"bool tk_go = {'(bool)' + tensors.use(rec.cond) + '[0]' if rec.cond else 'true'};")
-    e.line("long long tk_it = 0;")
-    e.line("tk_grid_sync();")
-    with e.block("while (tk_go && tk_it < tk_trips)"):
-        if rec.kind == "loop":
-            with e.block("if (tk_tid == 0)"):
-                e.line(f"{tensors.use(body.inputs[0], True)}[0] = tk_it;")
-                e.line(f"{tensors.use(body.inputs[1], True)}[0] = tk_go;")
-        for k, outer in enumerate(rec.scan_inputs):
-            slot = body.inputs[lead + n + k]
-            at = "tk_trips - 1 - tk_it" if rec.input_reverse[k] else "tk_it"
-            _copy(e, tensors.use(slot, True), tensors.use(outer), decl[slot].size,
-                  src_index=_axis_index(decl[outer].shape, rec.input_axes[k], at))
-        e.line("tk_grid_sync();")
-        _run_bodies(e, regions[0], tensors, threads)
-        for param, nxt in zip(params, nexts):
-            _copy(e, tensors.use(param, True), tensors.use(nxt), decl[param].size)
-        for j, (outer, res) in enumerate(zip(rec.scans, results)):
-            axis = rec.output_axes[j] if rec.kind == "scan" else 0
-            at = ("tk_trips - 1 - tk_it" if rec.kind == "scan" and rec.output_reverse[j]
-                  else "tk_it")
-            _copy(e, tensors.use(outer, True), tensors.use(res), decl[res].size,
-                  dst_index=_axis_index(decl[outer].shape, axis, at))
-        e.line("tk_grid_sync();")
-        if rec.kind == "loop" and rec.cond:
-            e.line(f"tk_go = (bool){tensors.use(body.outputs[0])}[0];")
-        e.line("++tk_it;")
+            cap = tx.const(rec.max_trips, "int64")
+            trips = tx.select(tx.lt(trips, cap), trips, cap)
+    tk_trips = b.let("tk_trips", trips, "int64")
+    go = b.decl("tk_go", "bool", tx.ne(d.load(rec.cond, tx.const(0)), 0) if rec.cond
+                else tx.const(True))
+    it = b.decl("tk_it", "int64", tx.const(0, "int64"))
+    b.evaluate(tx.call("grid_sync"))
+    loop_body = Builder(b.names)
+    d_inner = _Device(loop_body, tensors, d.threads)
+    if rec.kind == "loop":
+        with d_inner.first_thread():
+            loop_body.store(tensors.use(body.inputs[0], True), (tx.const(0),),
+                            tx.cast(decl[body.inputs[0]].dtype, it))
+            loop_body.store(tensors.use(body.inputs[1], True), (tx.const(0),),
+                            tx.cast(decl[body.inputs[1]].dtype, go))
+    for k, outer in enumerate(rec.scan_inputs):
+        slot = body.inputs[lead + n + k]
+        at = tk_trips - 1 - it if rec.input_reverse[k] else it
+        d_inner.copy(slot, outer, decl[slot].size,
+                     src_index=_axis_index(decl[outer].shape, rec.input_axes[k], at))
+    loop_body.evaluate(tx.call("grid_sync"))
+    d_inner.run_bodies(regions[0])
+    for param, nxt in zip(params, nexts):
+        d_inner.copy(param, nxt, decl[param].size)
+    for j, (outer, res) in enumerate(zip(rec.scans, results)):
+        axis = rec.output_axes[j] if rec.kind == "scan" else 0
+        at = tk_trips - 1 - it if rec.kind == "scan" and rec.output_reverse[j] else it
+        d_inner.copy(outer, res, decl[res].size,
+                     dst_index=_axis_index(decl[outer].shape, axis, at))
+    loop_body.evaluate(tx.call("grid_sync"))
+    if rec.kind == "loop" and rec.cond:
+        loop_body.assign(go, tx.ne(d_inner.load(body.outputs[0], tx.const(0)), 0))
+    loop_body.assign(it, it + 1)
+    b.emit(While(tx.and_(go, tx.lt(it, tk_trips)), loop_body.build()))
     for outer, param in zip(rec.outputs, params):
-        _copy(e, tensors.use(outer, True), tensors.use(param), decl[outer].size)
+        d.copy(outer, param, decl[outer].size)
     if rec.count:
-        with e.block("if (tk_tid == 0)"):
-            e.line(f"{tensors.use(rec.count, True)}[0] = tk_it;")
+        with d.first_thread():
+            b.store(tensors.use(rec.count, True), (tx.const(0),),
+                    tx.cast(decl[rec.count].dtype, it))
 
 
-def _branch(e: Emitter, rec: ControlOp, regions, tensors: Params, threads: int) -> None:
-    e.line(f"const bool tk_p = (bool){tensors.use(rec.cond)}[0];")
-    for which, (head, region) in enumerate(zip(("if (tk_p)", "else"), rec.regions)):
-        with e.block(head):
-            _run_bodies(e, regions[which], tensors, threads)
+def _branch(d: _Device, rec: ControlOp, regions) -> None:
+    b, tensors = d.b, d.tensors
+    p = b.let("tk_p", tx.ne(d.load(rec.cond, tx.const(0)), 0))
+    for which, region in enumerate(rec.regions):
+        with (b.if_(p) if which == 0 else b.else_()):
+            d.run_bodies(regions[which])
             for outer, res in zip(rec.outputs, region.outputs):
-                _copy(e, tensors.use(outer, True), tensors.use(res), tensors.decl[outer].size)
+                d.copy(outer, res, tensors.decl[outer].size)
 
 
 def cap_grid(record, profile, registers: int) -> tuple[Any, str | None]:

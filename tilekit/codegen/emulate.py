@@ -28,8 +28,9 @@ from typing import Mapping
 
 import numpy as np
 
-from tilekit.codegen.cexpr import storage
+from tilekit.codegen.cxx import find_cxx
 from tilekit.codegen.kernel import tvar
+from tilekit.tile.cuda import CudaPrinter
 from tilekit.ir.payloads import CodegenSection
 from tilekit.errors import TilekitError, UnsupportedError
 from tilekit.ir.control import all_tensors
@@ -37,10 +38,6 @@ from tilekit.ir.model import Module
 
 HERE = Path(__file__).resolve().parent
 CXX_FLAGS = ("-std=c++17", "-O1", "-w")
-
-
-def find_cxx() -> str | None:
-    return os.environ.get("CXX") or shutil.which("g++") or shutil.which("clang++")
 
 
 def harness_source(module: Module) -> str:
@@ -77,7 +74,7 @@ def harness_source(module: Module) -> str:
     for index, k in enumerate(kernels):
         ptrs = []
         for t in k.args:
-            ctype = storage(declared[t].dtype).ctype
+            ctype = CudaPrinter.TYPES[declared[t].dtype]
             ptrs.append(f"reinterpret_cast<{ctype}*>(buf_{_c(t)}.data())")
         grid = k.grid[0] * k.grid[1] * k.grid[2]
         if k.counters:  # a program's progress counters: a zeroed workspace per launch
@@ -144,8 +141,9 @@ def build(module: Module) -> Path:
     unit = unit_from_ir(module)
     harness = harness_source(module)
     emul = (HERE / "host_emul.h").read_text()
+    host = (HERE / "host_types.h").read_text()
     helpers = (HERE / "runtime.cuh").read_text()
-    key = hashlib.sha256("\0".join((unit, harness, emul, helpers, cxx, str(dyn),
+    key = hashlib.sha256("\0".join((unit, harness, emul, host, helpers, cxx, str(dyn),
                                     " ".join(CXX_FLAGS))).encode()).hexdigest()[:32]
     final = cache_dir() / "emul" / key
     exe = final / "emulate"
@@ -156,6 +154,7 @@ def build(module: Module) -> Path:
     (work / "unit.cu").write_text(unit)
     (work / "runtime.cuh").write_text(helpers)
     (work / "host_emul.h").write_text(emul)
+    (work / "host_types.h").write_text(host)
     (work / "main.cpp").write_text('#include "unit.cu"\n' + harness)
     argv = [cxx, *CXX_FLAGS, f"-DTK_EMUL_DYNAMIC_SMEM={dyn}", "-include", "host_emul.h",
             "-I", ".", "-x", "c++", "main.cpp", "-o", "emulate"]

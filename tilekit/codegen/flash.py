@@ -24,12 +24,16 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from tilekit.codegen.cexpr import IDENTITY, KIND_CTYPE
-from tilekit.codegen.kernel import (GeneratedKernel, PointEmitter, block_origins, c_name,
+from tilekit.codegen.kernel import (GeneratedKernel, PointBuilder, block_origins, c_name,
                                     decompose, finish, global_resolver, group_signature,
-                                    index_type, new_kernel, store_sink)
+                                    index_type, store_sink)
 from tilekit.codegen.plan import GroupPlan
+from tilekit.codegen.values import identity
 from tilekit.ir.payloads import Tile
+from tilekit.schedule.shape import Target
+from tilekit.tile import expr as tx
+from tilekit.tile.build import Builder, SharedMemory
+from tilekit.tile.expr import KIND_DTYPE, Expr, Load, Var
 from tilekit.weld.attention import FLASH_POINTS_PER_THREAD, FLASH_THREADS, Attention
 
 
@@ -69,9 +73,9 @@ def _shape(plan: GroupPlan, tile: Tile, att: Attention) -> _Shape:
     return _Shape(axes, extents, block, rows, cols, n_rows, n_cols, per_thread)
 
 
-def flash_kernel(module, plan: GroupPlan, entry: str, tile: Tile, step: int, att: Attention
-                 ) -> GeneratedKernel:
-    # Over 80 lines on purpose: it prints one kernel's sections in the order they run
+def flash_kernel(module, plan: GroupPlan, entry: str, tile: Tile, step: int, att: Attention,
+                 target: Target) -> GeneratedKernel:
+    # Over 80 lines on purpose: it builds one kernel's sections in the order they run
     # (scores, running max, rescale, exp-sum, P x V, normalise); split, the online-softmax
     # protocol would be spread over helpers that each need the whole shape.
     s_stage, o_stage = plan.stages[0], plan.stages[4]
@@ -83,160 +87,164 @@ def flash_kernel(module, plan: GroupPlan, entry: str, tile: Tile, step: int, att
     keys = att.key_extent
     sig = group_signature(module, plan)
     idx_t = index_type(module, sig.args)
-    grid = math.prod(-(-n // b) for n, b in zip(extents, block))
-    kb = new_kernel(entry, sig, threads, [
-        f"flash: attention over rows {att.rows} x columns {att.cols}, key axis "
-        f"'{att.key}' ({keys}) in steps of {step}: online softmax",
-        f"a block: {n_rows} rows x {n_cols} columns, {per_thread} accumulators per thread"])
-    e = kb.body
-    sc = kb.shared("s_scores", "float", n_rows * step, 4, f"scores [{n_rows}, {step}]")
-    s_m = kb.shared("s_max", "float", n_rows, 4, "running max per row")
-    s_l = kb.shared("s_sum", "float", n_rows, 4, "running sum per row")
-    s_a = kb.shared("s_rescale", "float", n_rows, 4, "exp(old max - new max) per row")
-    neg_inf = IDENTITY["max="]["f"]
-    e.line("const int tid = threadIdx.x;")
-    origin = block_origins(e, o_axes, extents, tuple(block), idx_t)
+    grid = math.prod(-(-n // s) for n, s in zip(extents, block))
+    smem = SharedMemory()
+    sc = smem.carve("s_scores", "float32", (n_rows * step,), f"scores [{n_rows}, {step}]")
+    s_m = smem.carve("s_max", "float32", (n_rows,), "running max per row")
+    s_l = smem.carve("s_sum", "float32", (n_rows,), "running sum per row")
+    s_a = smem.carve("s_rescale", "float32", (n_rows,), "exp(old max - new max) per row")
+    neg_inf = identity("max=", "f")
+    b = Builder()
+    origin = block_origins(b, o_axes, extents, tuple(block), idx_t)
     row_blocks = [block[q] for q in rows]
 
-    def row_coords(r: str) -> tuple[list[str], str]:
+    def row_coords(r: Expr) -> tuple[list[Var], Expr]:
         """Declare the row axes' values of local row `r`; returns them and their range check."""
-        local = [e.tmp("rl") for _ in rows]
-        decompose(e, r, row_blocks, local, "int")
-        values = [e.tmp("rv") for _ in rows]
-        checks = []
-        for v, loc, q in zip(values, local, rows):
-            e.line(f"const {idx_t} {v} = {origin[q]} + {loc};")
-            if extents[q] % block[q]:
-                checks.append(f"{v} < {extents[q]}")
-        return values, " && ".join(checks) or "true"
+        local = decompose(b, r, row_blocks, ["rl_"] * len(rows), "int32")
+        values = [b.let("rv_", tx.add(origin[q], loc), idx_t) for loc, q in zip(local, rows)]
+        checks = [tx.lt(v, extents[q]) for v, q in zip(values, rows) if extents[q] % block[q]]
+        return values, tx.and_(*checks)
 
-    def each_point(body) -> None:
-        """`body(O's axis values, range check)` for each of this thread's output points
-        (`pt = tid + k * threads`, the same points at every step: their accumulators)."""
-        with e.block(f"for (int k = 0; k < {per_thread}; ++k)"):
-            e.line(f"const int pt = tid + k * {threads};")
-            with e.block(f"if (pt < {n_rows * n_cols})"):
-                body(*_output_point(e, o_axes, rows, cols, extents, origin, row_coords,
-                                    n_cols, idx_t))
+    def each_point(tid: Var, body) -> None:
+        """`body(k, pt, O's axis values, range check)` for each of this thread's output
+        points (`pt = tid + k * threads`, the same points at every step: their
+        accumulators)."""
+        with b.loop("k", 0, per_thread) as k:
+            pt = b.let("pt", tid + k * threads)
+            with b.if_(tx.lt(pt, n_rows * n_cols)):
+                body(k, pt, *_output_point(b, o_axes, rows, cols, extents, pt, row_coords,
+                                           n_cols, idx_t))
 
-    e.line(f"float acc[{per_thread}];")
-    with e.block(f"for (int k = 0; k < {per_thread}; ++k)"):
-        e.line("acc[k] = 0.0f;")
-    with e.block(f"for (int r = tid; r < {n_rows}; r += {threads})"):
-        e.line(f"{s_m}[r] = {neg_inf};")
-        e.line(f"{s_l}[r] = 0.0f;")
-    e.line("__syncthreads();")
-    with e.block(f"for (int j0 = 0; j0 < {keys}; j0 += {step})"):
-        e.line(f"const int jn = {keys} - j0 < {step} ? {keys} - j0 : {step};")
-        _emit_scores(e, module, s_stage, att, sc, n_rows, step, threads, row_coords, neg_inf)
-        e.line("__syncthreads();")
-        _emit_statistics(e, sc, s_m, s_l, s_a, n_rows, step, threads, neg_inf)
-        e.line("__syncthreads();")
-
-        def accumulate(o_vars: list[str], ok: str) -> None:
-            e.line("float sum = 0.0f;")
-            with e.block(f"if ({ok})"):
-                _emit_step_sum(e, module, o_stage, att, o_vars, sc, s_m, step)
-            e.line(f"acc[k] = acc[k] * {s_a}[pt / {n_cols}] + sum;")
-
-        each_point(accumulate)
-        e.line("__syncthreads();  // the scores buffer is rewritten by the next step")
-    e.comment("every output point: acc / l through O's chain to memory")
-
-    def store(o_vars: list[str], ok: str) -> None:
-        with e.block(f"if ({ok})"):
-            pe = PointEmitter(module, e, o_stage, o_vars, global_resolver)
-            value = e.let("float", "v_out_", f"acc[k] / {s_l}[pt / {n_cols}]")
-            pe.epilogue(pe.main_value(o_main, (value, "f")),
-                        store_sink(module, e, plan.stored, o_vars))
-
-    each_point(store)
+    acc = b.alloc("acc", "float32", (per_thread,), "the thread's output points")
+    with b.threads(threads) as tid:
+        with b.loop("k", 0, per_thread) as k:
+            b.store(acc, (k,), tx.const(0.0))
+        with b.loop("r", tid, n_rows, threads) as r:
+            b.store(s_m, (r,), neg_inf)
+            b.store(s_l, (r,), tx.const(0.0))
+    b.barrier()
+    with b.loop("j0", 0, keys, step) as j0:
+        rest = tx.sub(keys, j0)
+        jn = b.let("jn", tx.select(tx.lt(rest, step), rest, tx.const(step)))
+        with b.threads(threads) as tid:
+            _scores(b, module, s_stage, att, sc, n_rows, step, threads, row_coords, neg_inf,
+                    tid, j0, jn)
+        b.barrier()
+        with b.threads(threads) as tid:
+            _statistics(b, sc, s_m, s_l, s_a, n_rows, step, threads, neg_inf, tid, jn)
+        b.barrier()
+        with b.threads(threads) as tid:
+            def accumulate(k, pt, o_vars, ok) -> None:
+                total = b.decl("sum_", "float32", tx.const(0.0))
+                with b.if_(ok):
+                    _step_sum(b, module, o_stage, att, o_vars, sc, s_m, step, pt, j0, jn,
+                              total)
+                b.store(acc, (k,), Load(acc.name, (k,), "float32")
+                        * Load(s_a.name, (tx.div(pt, n_cols),), "float32") + total)
+            each_point(tid, accumulate)
+        b.barrier()     # the scores buffer is rewritten by the next step
+    b.comment("every output point: acc / l through O's chain to memory")
+    with b.threads(threads) as tid:
+        def store(k, pt, o_vars, ok) -> None:
+            with b.if_(ok):
+                pb = PointBuilder(module, b, o_stage, o_vars, global_resolver)
+                value = b.let("v_out_", tx.div(Load(acc.name, (k,), "float32"),
+                                               Load(s_l.name, (tx.div(pt, n_cols),),
+                                                    "float32")))
+                pb.epilogue(pb.main_value(o_main, (value, "f")),
+                            store_sink(module, b, plan.stored, o_vars))
+        each_point(tid, store)
     sched = {"source": tile.source, "block": dict(zip(o_axes, block)), "threads": threads,
              "flash": {"key": att.key, "step": step, "rows": n_rows, "columns": n_cols,
                        "per_thread": per_thread}}
-    return finish(kb, plan, "flash", sched, grid, sig)
+    return finish(plan, entry, sig, b.build(), shape="flash", schedule=sched, threads=threads,
+                  grid=grid, shared=smem.all(), target=target, comments=[
+                      f"flash: attention over rows {att.rows} x columns {att.cols}, key axis "
+                      f"'{att.key}' ({keys}) in steps of {step}: online softmax",
+                      f"a block: {n_rows} rows x {n_cols} columns, {per_thread} accumulators "
+                      "per thread"])
 
 
-def _output_point(e, o_axes, rows, cols, extents, origin, row_coords, n_cols, idx_t):
+def _output_point(b, o_axes, rows, cols, extents, pt, row_coords, n_cols, idx_t):
     """Declare O's axis values of flat point `pt` (row-major rows x columns)."""
-    values, ok = row_coords(f"pt / {n_cols}")
-    col_vals = [e.tmp("cv") for _ in cols]
-    decompose(e, f"pt % {n_cols}", [extents[q] for q in cols], col_vals, "int")
+    values, ok = row_coords(tx.div(pt, n_cols))
+    col_vals = decompose(b, tx.mod(pt, n_cols), [extents[q] for q in cols],
+                         ["cv_"] * len(cols), "int32")
     by_pos = dict(zip(rows, values))
     by_pos.update(zip(cols, col_vals))
-    names = []
-    for q, a in enumerate(o_axes):
-        name = f"ov_{c_name(a)}"
-        e.line(f"const {idx_t} {name} = {by_pos[q]};")
-        names.append(name)
+    names = [b.let(f"ov_{c_name(a)}", by_pos[q], idx_t) for q, a in enumerate(o_axes)]
     return names, ok
 
 
-def _emit_scores(e, module, stage, att: Attention, sc, n_rows, step, threads, row_coords,
-                 neg_inf) -> None:
+def _scores(b, module, stage, att: Attention, sc, n_rows, step, threads, row_coords, neg_inf,
+            tid, j0, jn) -> None:
     """Scores of this key step into the shared buffer: S's contraction and chain per point."""
     main = stage.main
     s_axes = [a for a, _ in main.spatial]
-    with e.block(f"for (int pt = tid; pt < {n_rows * step}; pt += {threads})"):
-        e.line(f"const int jj = pt % {step};")
-        values, ok = row_coords(f"pt / {step}")
-        e.line(f"float score = {neg_inf};")
-        with e.block(f"if (jj < jn && {ok})"):
-            names = []
-            for q, a in enumerate(s_axes):
-                name = f"sv_{c_name(a)}"
-                e.line(f"const int {name} = {values[q] if q < len(values) else 'j0 + jj'};")
-                names.append(name)
-            pe = PointEmitter(module, e, stage, names, global_resolver)
-            kind = pe.acc_kind(main)
-            acc = e.tmp("acc")
-            e.line(f"{KIND_CTYPE[kind]} {acc} = {IDENTITY[main.assign][kind]};")
-            pe.emit_reduction_loops(main, acc, kind)
+    with b.loop("pt", tid, n_rows * step, threads) as pt:
+        jj = b.let("jj", tx.mod(pt, step))
+        values, ok = row_coords(tx.div(pt, step))
+        score = b.decl("score", "float32", neg_inf)
+        with b.if_(tx.and_(tx.lt(jj, jn), ok)):
+            names = [b.let(f"sv_{c_name(a)}", values[q] if q < len(values) else j0 + jj)
+                     for q, a in enumerate(s_axes)]
+            pb = PointBuilder(module, b, stage, names, global_resolver)
+            kind = pb.acc_kind(main)
+            acc = b.decl("acc_", KIND_DTYPE[kind], identity(main.assign, kind))
+            pb.reduction_loops(main, acc, kind)
 
-            def sink(tensor: str, value: str, vkind: str) -> None:
+            def sink(tensor: str, value: Expr, vkind: str) -> None:
                 if tensor == att.scores:
-                    e.line(f"score = (float)({value});")
+                    b.assign(score, tx.cast("float32", value))
 
-            pe.epilogue(pe.main_value(main, (acc, kind)), sink)
-        e.line(f"{sc}[pt] = score;")
+            pb.epilogue(pb.main_value(main, (acc, kind)), sink)
+        b.store(sc, (pt,), score)
 
 
-def _emit_statistics(e, sc, s_m, s_l, s_a, n_rows, step, threads, neg_inf) -> None:
+def _statistics(b, sc, s_m, s_l, s_a, n_rows, step, threads, neg_inf, tid, jn) -> None:
     """One thread per row: the running max and sum, and the rescale factor of this step."""
-    with e.block(f"for (int r = tid; r < {n_rows}; r += {threads})"):
-        e.line(f"const float m_old = {s_m}[r];")
-        e.line("float m_new = m_old;")
-        with e.block("for (int jj = 0; jj < jn; ++jj)"):
-            e.line(f"m_new = tk_max(m_new, {sc}[r * {step} + jj]);")
-        e.line(f"const bool none = m_new == {neg_inf};   // every key so far masked out")
-        e.line("const float rescale = none ? 1.0f : expf(m_old - m_new);")
-        e.line(f"float l = {s_l}[r] * rescale;")
-        with e.block("for (int jj = 0; jj < jn; ++jj)"):
-            e.line(f"l += none ? 0.0f : expf({sc}[r * {step} + jj] - m_new);")
-        e.line(f"{s_m}[r] = m_new;")
-        e.line(f"{s_l}[r] = l;")
-        e.line(f"{s_a}[r] = rescale;")
+    def score(r, jj):
+        return Load(sc.name, (r * step + jj,), "float32")
+
+    with b.loop("r", tid, n_rows, threads) as r:
+        m_old = b.let("m_old", Load(s_m.name, (r,), "float32"))
+        m_new = b.decl("m_new", "float32", m_old)
+        with b.loop("jj", 0, jn) as jj:
+            b.assign(m_new, tx.call("max", m_new, score(r, jj)))
+        none = b.let("none", tx.eq(m_new, neg_inf))     # every key so far masked out
+        rescale = b.let("rescale", tx.select(none, tx.const(1.0),
+                                             tx.call("exp", m_old - m_new)))
+        total = b.decl("l", "float32", Load(s_l.name, (r,), "float32") * rescale)
+        with b.loop("jj", 0, jn) as jj:
+            b.assign(total, total + tx.select(none, tx.const(0.0),
+                                              tx.call("exp", score(r, jj) - m_new)))
+        b.store(s_m, (r,), m_new)
+        b.store(s_l, (r,), total)
+        b.store(s_a, (r,), rescale)
 
 
-def _emit_step_sum(e, module, stage, att: Attention, o_vars, sc, s_m, step) -> None:
+def _step_sum(b, module, stage, att: Attention, o_vars, sc, s_m, step, pt, j0, jn,
+              total) -> None:
     """`sum += exp(s - m) * V` over the step's keys: O's body with the probability read
     replaced by the exponential of the shared score."""
     main = stage.main
-    key_var = "kj"
+    cols = _cols(stage, att)
+    prob_tensor = _prob_tensor(main, att)
+    with b.loop("jj", 0, jn) as jj:
+        key = b.let("kj", j0 + jj)
+        prob = b.let("prob", tx.call("exp", Load(sc.name, (tx.div(pt, cols) * step + jj,),
+                                                 "float32")
+                                     - Load(s_m.name, (tx.div(pt, cols),), "float32")))
 
-    def resolve(p, node, axis_code):
-        r = p.read(node)
-        if r.tensor == _prob_tensor(main, att):
-            return "prob"
-        return global_resolver(p, node, axis_code)
+        def resolve(p, node, axis):
+            r = p.read(node)
+            if r.tensor == prob_tensor:
+                return prob
+            return global_resolver(p, node, axis)
 
-    pe = PointEmitter(module, e, stage, o_vars, resolve)
-    comp = pe.compiler(main, pe.axis_code(main, {att.key: key_var}))
-    with e.block("for (int jj = 0; jj < jn; ++jj)"):
-        e.line(f"const int {key_var} = j0 + jj;")
-        e.line(f"const float prob = expf({sc}[(pt / {_cols(stage, att)}) * {step} + jj] - "
-               f"{s_m}[pt / {_cols(stage, att)}]);")
-        e.line(f"sum += (float)({comp.emit(main.body, 'f')});")
+        pb = PointBuilder(module, b, stage, o_vars, resolve)
+        comp = pb.compiler(main, pb.axis_code(main, {att.key: key}))
+        b.assign(total, total + tx.cast("float32", comp.emit(main.body, "f")))
 
 
 def _prob_tensor(main, att: Attention) -> str:

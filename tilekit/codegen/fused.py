@@ -7,11 +7,14 @@ maps, halo included, exactly `tilekit.expr.input_box` for affine maps): per dime
 origin that is linear in the block's tile origin and a fixed length. Regions of one tensor
 read by several stages are unioned; a non-affine index takes the whole dimension.
 
-Each stage then runs as one block-wide loop over its region (every thread one point, or one
-lane group per point for a reduction over a contiguous axis), writes the results that later
-stages read to shared memory (a buffer per tensor, the region's size; buffers whose lives,
-from their stage to their last reader's, do not overlap share bytes: tk-weld's allocation)
-and the results that leave the group to global memory, and ends with `__syncthreads()`. Points of a region outside
+Each stage then runs as a block-level loop over passes of its region (every thread one point
+per pass, or one lane group per point for a reduction over a contiguous axis, each pass a
+thread region), writes the results that later stages read to shared memory (a buffer per
+tensor, the region's size, indexed by the point's position in the region; buffers whose
+lives, from their stage to their last reader's, do not overlap share bytes: tk-weld's
+allocation) and the results that leave the group to global memory, and ends with a barrier.
+Lane groups wider than a warp combine their warps' partial results through shared memory
+between two thread regions. Points of a region outside
 the tensor are not computed; a read there yields the reader's pad value, as everywhere.
 
 Default tile (no kernel.tile): every outer axis 1 except the next-to-innermost, which grows to
@@ -25,20 +28,24 @@ import math
 from dataclasses import dataclass
 from typing import Mapping
 
-from tilekit.codegen.cexpr import (IDENTITY, KIND_CTYPE, WARP_REDUCE, combine, index_code,
-                                   linear, pad_literal, storage)
-from tilekit.codegen.builder import BLOCK, KernelBuilder
-from tilekit.codegen.emitter import Emitter
-from tilekit.codegen.kernel import (GeneratedKernel, PointEmitter, avar, c_name,
+from tilekit.codegen.kernel import (GeneratedKernel, PointBuilder, avar, c_name,
                                     contiguous_reduction, decompose, finish, full_ranges,
-                                    global_read, global_store, group_signature, index_type,
-                                    needs_check, new_kernel, strides)
+                                    global_read, global_store, group_signature, guarded,
+                                    index_type, needs_check)
 from tilekit.codegen.plan import GroupPlan, OpPlan, Read
+from tilekit.codegen.values import (combine, identity, index_expr, pad_literal, storage,
+                                    storage_kind)
 from tilekit.expr.box import Span, clamp, map_box, tile_spans, union
 from tilekit.ir.payloads import Tile
-from tilekit.weld.structure import Buffer, allocate, covers
+from tilekit.schedule.shape import Target
 from tilekit.schedule.defaults import (DEFAULT_THREADS, KIND_BYTES, WARP, lane_count,
                                        shared_bytes)
+from tilekit.tile import expr as tx
+from tilekit.tile.build import Builder, SharedMemory
+from tilekit.tile.expr import BLOCK, ITEMSIZE, KIND_DTYPE, Expr, Load, Var
+from tilekit.tile.functions import WARP_REDUCERS
+from tilekit.tile.nodes import Buffer
+from tilekit.weld.structure import Buffer as LiveBuffer, allocate, covers
 
 
 class FusionError(Exception):
@@ -99,7 +106,7 @@ def plan_regions(module, plan: GroupPlan, block: tuple[int, ...]) -> Regions:
                 if r.tensor in last_read:
                     last_read[r.tensor] = max(last_read[r.tensor], k)
     placed, smem = allocate([
-        Buffer(t, shared_bytes(math.prod(x.length for x in spans[stage_of[t]]),
+        LiveBuffer(t, shared_bytes(math.prod(x.length for x in spans[stage_of[t]]),
                                storage(module.tensors[t].dtype).kind), stage_of[t],
                last_read[t]) for t in sorted(plan.shared)])
     # Results stored to global memory must be computed everywhere by some block.
@@ -139,8 +146,9 @@ def default_block(module, plan: GroupPlan, limit: int) -> Regions:
         inner = -(-inner // 2)
 
 
-def fused_kernel(module, plan: GroupPlan, entry: str, tile: Tile | None, limit: int
+def fused_kernel(module, plan: GroupPlan, entry: str, tile: Tile | None, target: Target
                  ) -> GeneratedKernel:
+    limit = target.smem_limit
     last = plan.stages[-1].main
     extents = [n for _, n in last.spatial]
     if tile is not None:
@@ -154,16 +162,16 @@ def fused_kernel(module, plan: GroupPlan, entry: str, tile: Tile | None, limit: 
         threads = DEFAULT_THREADS
         source = "default"
     lanes = [stage_lanes(s.main, math.prod(x.length for x in regions.spans[k]), threads)
-             for k, s in enumerate(plan.stages)]
-    # The cross-warp partials (`_cross_warp`) are static shared memory beside the buffers.
+             if target.lanes else 1 for k, s in enumerate(plan.stages)]
+    # The cross-warp partials (`_cross_warp`) are shared memory beside the buffers.
     scratch = sum(cross_warp_bytes(threads) for n in lanes if n > WARP)
-    smem = regions.smem + scratch
-    if smem > limit:
-        raise FusionError(f"its shared buffers need {smem} bytes, more than {limit}")
+    smem_total = regions.smem + scratch
+    if smem_total > limit:
+        raise FusionError(f"its shared buffers need {smem_total} bytes, more than {limit}")
     block = regions.block
     sig = group_signature(module, plan)
     idx_t = index_type(module, sig.args)
-    grid = math.prod(-(-n // b) for n, b in zip(extents, block)) if extents else 1
+    grid = math.prod(-(-n // s) for n, s in zip(extents, block)) if extents else 1
     stage_of = {t: k for k, s in enumerate(plan.stages) for t in s.outputs}
     axes = [a for a, _ in last.spatial]
     # A stage that contracts (a reduction over a product of tensors: a convolution or a
@@ -172,82 +180,68 @@ def fused_kernel(module, plan: GroupPlan, entry: str, tile: Tile | None, limit: 
     # take the register-tile launch bounds.
     contracts = any(s.main.reduction and len({r.tensor for r in s.main.reads.values()}) > 1
                     for s in plan.stages)
-    kb = new_kernel(entry, sig, threads,
-                    [f"fused: {len(plan.stages)} stages over a block tile "
-                     + " x ".join(f"{a}:{b}" for a, b in zip(axes, block)) + f" (from {source})",
-                     f"shared memory: {smem} bytes for "
-                     f"{', '.join(sorted(plan.shared)) or 'nothing'}"
-                     + (f" and {scratch} of cross-warp partials" if scratch else "")],
-                    register_tile=contracts)
-    e = kb.body
-    buffers: dict[str, str] = {}
+    smem = SharedMemory()
+    buffers: dict[str, Buffer] = {}
     for t in sorted(plan.shared):
         k = stage_of[t]
-        kind = storage(module.tensors[t].dtype).kind
-        lens = [x.length for x in regions.spans[k]]
-        buffers[t] = kb.shared(f"s_{c_name(t)}", KIND_CTYPE[kind], math.prod(lens),
-                               KIND_BYTES[kind], f"{t} region {lens}", at=regions.offsets[t])
-    e.line("const int tid = threadIdx.x;")
-    region_lo, bases = _declare_regions(e, plan, regions, extents, idx_t, stage_of)
+        kind = storage_kind(module.tensors[t].dtype)
+        lens = tuple(x.length for x in regions.spans[k])
+        buffers[t] = smem.carve(f"s_{c_name(t)}", KIND_DTYPE[kind], lens,
+                                f"{t} region {list(lens)}", at=regions.offsets[t])
+    b = Builder()
+    region_lo = _declare_regions(b, plan, regions, extents, idx_t)
 
-    def resolve(p: OpPlan, node, axis_code) -> str:
+    def resolve(p: OpPlan, node, axis) -> Expr:
         r = p.read(node)
         ranges = full_ranges(p)
         if r.tensor not in buffers:
-            return global_read(r, axis_code, ranges)
+            return global_read(r, axis, ranges)
         k = stage_of[r.tensor]
-        lens = tuple(x.length for x in regions.spans[k])
-        codes = [index_code(m.node, axis_code, ranges) for m in r.maps]
-        offset = linear(zip(strides(lens), [f"({c})" if " " in c else c for c in codes]))
-        value = f"{buffers[r.tensor]}[{offset} - {bases[r.tensor]}]"
-        checks = [f"tk_in({c}, {d})" for c, d, n in
+        codes = [index_expr(m.node, axis, ranges) for m in r.maps]
+        value = Load(buffers[r.tensor].name,
+                     tuple(tx.sub(c, lo) for c, lo in zip(codes, region_lo[k])),
+                     buffers[r.tensor].dtype)
+        checks = [tx.call("in_range", c, tx.as_expr(d, c.dtype)) for c, d, n in
                   zip(codes, r.shape, needs_check(r, ranges)) if n]
-        if not checks:
-            return value
-        return f"({' && '.join(checks)} ? {value} : {pad_literal(r.pad, r.dtype)})"
+        return guarded(checks, value, pad_literal(r.pad, r.dtype))
 
     for k, s in enumerate(plan.stages):
-        _emit_stage(kb, e, module, plan, k, s, regions.spans[k], region_lo[k], threads,
-                    lanes[k], idx_t, resolve, buffers, is_last=k == len(plan.stages) - 1)
+        _stage(b, smem, module, plan, k, s, regions.spans[k], region_lo[k], threads,
+               lanes[k], idx_t, resolve, buffers, is_last=k == len(plan.stages) - 1)
     sched = {"source": source, "block": dict(zip(axes, block)), "threads": threads,
              "lanes": {s.main.op.name: n for s, n in zip(plan.stages, lanes)},
              "regions": {s.main.op.name: [x.length for x in regions.spans[k]]
                          for k, s in enumerate(plan.stages)},
              "shared": sorted(plan.shared)}
-    kernel = finish(kb, plan, "fused", sched, grid, sig)
-    assert kernel.smem_planned == smem, "the builder and the region plan disagree"
+    kernel = finish(plan, entry, sig, b.build(), shape="fused", schedule=sched,
+                    threads=threads, grid=grid, shared=smem.all(), register_tile=contracts,
+                    target=target,
+                    comments=[f"fused: {len(plan.stages)} stages over a block tile "
+                              + " x ".join(f"{a}:{s}" for a, s in zip(axes, block))
+                              + f" (from {source})",
+                              f"shared memory: {smem_total} bytes for "
+                              f"{', '.join(sorted(plan.shared)) or 'nothing'}"
+                              + (f" and {scratch} of cross-warp partials" if scratch else "")])
+    assert kernel.smem_planned == smem_total, "the program and the region plan disagree"
     return kernel
 
 
-def _declare_regions(e: Emitter, plan: GroupPlan, regions: Regions, extents: list[int],
-                     idx_t: str, stage_of: dict[str, int]
-                     ) -> tuple[list[list[str]], dict[str, str]]:
-    """Declare the block's tile origin, each stage's region origin (linear in it) and each
-    shared buffer's base offset in element units; returns (region origins, buffer bases)."""
+def _declare_regions(b: Builder, plan: GroupPlan, regions: Regions, extents: list[int],
+                     idx_t: str) -> list[list[Var]]:
+    """Declare the block's tile origin and each stage's region origin (linear in it)."""
     block = regions.block
-    origins = [e.tmp("o") for _ in extents]
-    tiles = [e.tmp("b") for _ in extents]
-    decompose(e, f"({idx_t}){BLOCK}", [-(-n // b) for n, b in zip(extents, block)], tiles,
-              idx_t)
-    for o, t, b in zip(origins, tiles, block):
-        e.line(f"const {idx_t} {o} = {t} * {b};")
-    region_lo: list[list[str]] = []
+    tiles = decompose(b, tx.cast(idx_t, BLOCK), [-(-n // s) for n, s in zip(extents, block)],
+                      ["b_"] * len(extents), idx_t)
+    origins = [b.let("o_", tx.mul(t, s), idx_t) for t, s in zip(tiles, block)]
+    region_lo: list[list[Var]] = []
     for k in range(len(plan.stages)):
         names = []
         for q, span in enumerate(regions.spans[k]):
-            name = f"r{k}_{q}"
-            start = linear(((c, origins[p]) for p, c in span.lo.coefs), span.lo.const)
-            e.line(f"const {idx_t} {name} = {start};")
-            names.append(name)
+            start = tx.linear(((c, origins[p]) for p, c in span.lo.coefs), span.lo.const,
+                              idx_t)
+            names.append(b.let(f"r{k}_{q}", start, idx_t))
         region_lo.append(names)
-    bases: dict[str, str] = {}
-    for t in sorted(plan.shared):
-        k = stage_of[t]
-        lens = [x.length for x in regions.spans[k]]
-        name = f"sb_{c_name(t)}"
-        e.line(f"const {idx_t} {name} = {linear(zip(strides(tuple(lens)), region_lo[k]))};")
-        bases[t] = name
-    return region_lo, bases
+    return region_lo
 
 
 def stage_lanes(p: OpPlan, volume: int, threads: int) -> int:
@@ -273,71 +267,100 @@ def cross_warp_bytes(threads: int) -> int:
     return shared_bytes(threads // WARP, "d")
 
 
-def _cross_warp(kb: KernelBuilder, e: Emitter, assign: str, acc: str, kind: str, lanes: int,
-                threads: int) -> None:
-    """Combine the warps of each lane group through shared memory: warp leaders write their
-    partial result, the group's first lane folds them. Two barriers, block-uniform."""
-    warps = lanes // WARP
-    # Counted at 8 bytes a slot (cross_warp_bytes) whatever the kind: one bound for all.
-    red = kb.shared(e.tmp("red"), KIND_CTYPE[kind], threads // WARP, KIND_BYTES["d"],
-                    "cross-warp partials")
-    e.line(f"if (tid % {WARP} == 0) {red}[tid / {WARP}] = {acc};")
-    e.line("__syncthreads();")
-    with e.block("if (lane == 0)"):
-        with e.block(f"for (int w = 1; w < {warps}; ++w)"):
-            e.line(combine(assign, acc, f"{red}[tid / {WARP} + w]"))
-    e.line("__syncthreads();  // the partials are read before the next pass rewrites them")
-
-
-def _emit_stage(kb: KernelBuilder, e: Emitter, module, plan: GroupPlan, k: int, s, spans, lo_vars: list[str],
-                threads: int, lanes: int, idx_t: str, resolve, buffers: dict[str, str],
-                is_last: bool) -> None:
+def _stage(b: Builder, smem: SharedMemory, module, plan: GroupPlan, k: int, s,
+           spans, lo_vars: list[Var], threads: int, lanes: int, idx_t: str, resolve,
+           buffers: dict[str, Buffer], is_last: bool) -> None:
+    """One stage: a block-level loop over passes of its region's points, each pass a thread
+    region (one point per thread, or a lane group per point), then a barrier."""
     p = s.main
     lens = [x.length for x in spans]
     volume = math.prod(lens)
     per_pass = threads // lanes
     names = ", ".join(q.op.name for q in s.ops)
-    e.comment(f"stage {k}: {names}; region {lens}"
+    b.comment(f"stage {k}: {names}; region {lens}"
               + (f", {lanes} lanes per point" if lanes > 1 else ""))
-    vars_ = [avar(a) for a, _ in p.spatial]
-    with e.block():
-        head = f"for (int base = 0; base < {volume}; base += {per_pass})"
-        with e.block(head):
-            e.line(f"const int pt = base + tid{f' / {lanes}' if lanes > 1 else ''};")
-            if lanes > 1:
-                e.line(f"const int lane = tid % {lanes};")
-            locs = [e.tmp("l") for _ in spans]
-            decompose(e, f"(pt < {volume} ? pt : 0)" if lanes > 1 else "pt", lens, locs, "int")
-            for v, lo, loc in zip(vars_, lo_vars, locs):
-                e.line(f"const {idx_t} {v} = {lo} + {loc};")
-            checks = [f"pt < {volume}"] if volume % per_pass else []
-            for v, span, (_, n) in zip(vars_, spans, p.spatial):
-                if span.lo.coefs or span.lo.const < 0 or span.lo.const + span.length > n:
-                    checks.append(f"tk_in({v}, {n})")
-            ok = " && ".join(checks) or "true"
-            e.line(f"const bool ok = {ok};")
-            pe = PointEmitter(module, e, s, vars_, resolve)
+    kind = PointBuilder(module, b, s, [Var(avar(a), idx_t) for a, _ in p.spatial],
+                        resolve).acc_kind(p) if p.reduces else None
+    red = None
+    if lanes > WARP:
+        # Counted at 8 bytes a slot (cross_warp_bytes) whatever the kind: one bound for all.
+        dtype = KIND_DTYPE[kind]
+        red = smem.carve(f"red{k}", dtype, (threads // WARP * 8 // ITEMSIZE[dtype],),
+                         "cross-warp partials")
+    with b.loop("base_", 0, volume, per_pass) as base:
+        partial = b.alloc(f"part{k}_", KIND_DTYPE[kind], (1,)) if red is not None else None
+        with b.threads(threads) as tid:
+            pt, lane, ok, locs, vars_, pb = _point(b, module, s, spans, lo_vars, lens, volume,
+                                                   per_pass, lanes, idx_t, resolve, tid, base)
 
-            def sink(tensor: str, value: str, kind: str) -> None:
+            def sink(tensor: str, value: Expr, vkind: str) -> None:
                 if tensor in buffers:
-                    e.line(f"{buffers[tensor]}[pt] = {value};")
+                    buf = buffers[tensor]
+                    b.store(buf, tuple(locs), tx.cast(buf.dtype, value))
                 if tensor in plan.stored:
-                    e.line(global_store(module, tensor, vars_, value, kind))
+                    global_store(module, b, tensor, vars_, value)
 
             if p.reduces:
-                kind = pe.acc_kind(p)
-                acc = e.tmp("acc")
-                e.line(f"{KIND_CTYPE[kind]} {acc} = {IDENTITY[p.assign][kind]};")
-                with e.block("if (ok)"):
-                    pe.emit_reduction_loops(p, acc, kind, lanes)
+                acc = b.decl("acc_", KIND_DTYPE[kind], identity(p.assign, kind))
+                with b.if_(ok):
+                    pb.reduction_loops(p, acc, kind, lanes, lane)
                 if lanes > 1:
-                    e.line(f"{acc} = {WARP_REDUCE[p.assign]}<{min(lanes, WARP)}>({acc});")
-                if lanes > WARP:
-                    _cross_warp(kb, e, p.assign, acc, kind, lanes, threads)
-                with e.block("if (ok && lane == 0)" if lanes > 1 else "if (ok)"):
-                    pe.epilogue(pe.main_value(p, (acc, kind)), sink)
+                    b.assign(acc, tx.call(WARP_REDUCERS[p.assign], acc,
+                                          tx.const(min(lanes, WARP))))
+                if red is not None:
+                    with b.if_(tx.eq(tx.mod(tid, WARP), 0)):
+                        b.store(red, (tx.div(tid, WARP),), acc)
+                    b.store(partial, (tx.const(0),), acc)
+                else:
+                    with b.if_(tx.and_(ok, tx.eq(lane, 0)) if lanes > 1 else ok):
+                        pb.epilogue(pb.main_value(p, (acc, kind)), sink)
             else:
-                with e.block("if (ok)"):
-                    pe.epilogue(None, sink)
+                with b.if_(ok):
+                    pb.epilogue(None, sink)
+        if red is not None:
+            # The warps of each lane group combine through shared memory: warp leaders wrote
+            # their partial result, the group's first lane folds them.
+            b.barrier()
+            with b.threads(threads) as tid:
+                pt, lane, ok, locs, vars_, pb = _point(b, module, s, spans, lo_vars, lens,
+                                                       volume, per_pass, lanes, idx_t, resolve,
+                                                       tid, base)
+
+                def sink2(tensor: str, value: Expr, vkind: str) -> None:
+                    if tensor in buffers:
+                        buf = buffers[tensor]
+                        b.store(buf, tuple(locs), tx.cast(buf.dtype, value))
+                    if tensor in plan.stored:
+                        global_store(module, b, tensor, vars_, value)
+
+                with b.if_(tx.eq(lane, 0)):
+                    acc = b.decl("acc_", KIND_DTYPE[kind], Load(partial.name, (tx.const(0),),
+                                                                 partial.dtype))
+                    with b.loop("w", 1, lanes // WARP) as w:
+                        b.assign(acc, combine(p.assign, acc,
+                                              Load(red.name, (tx.div(tid, WARP) + w,),
+                                                   red.dtype)))
+                    with b.if_(ok):
+                        pb.epilogue(pb.main_value(p, (acc, kind)), sink2)
+            b.barrier()     # the partials are read before the next pass rewrites them
     if not is_last:
-        e.line("__syncthreads();")
+        b.barrier()
+
+
+def _point(b: Builder, module, s, spans, lo_vars, lens, volume, per_pass, lanes, idx_t,
+           resolve, tid, base):
+    """This thread's point of the pass at `base`: (pt, lane, in range, its position in the
+    region, axis values, its point builder)."""
+    p = s.main
+    pt = b.let("pt", base + (tx.div(tid, lanes) if lanes > 1 else tid))
+    lane = b.let("lane", tx.mod(tid, lanes)) if lanes > 1 else None
+    locs = decompose(b, tx.select(tx.lt(pt, volume), pt, tx.const(0)) if lanes > 1 else pt,
+                     lens, ["l_"] * len(lens), "int32")
+    vars_ = [b.let(avar(a), tx.add(lo, loc), idx_t)
+             for (a, _), lo, loc in zip(p.spatial, lo_vars, locs)]
+    checks = [tx.lt(pt, volume)] if volume % per_pass else []
+    for v, span, (_, n) in zip(vars_, spans, p.spatial):
+        if span.lo.coefs or span.lo.const < 0 or span.lo.const + span.length > n:
+            checks.append(tx.call("in_range", v, tx.as_expr(n, v.dtype)))
+    ok = b.let("ok", tx.and_(*checks))
+    return pt, lane, ok, locs, vars_, PointBuilder(module, b, s, vars_, resolve)

@@ -56,35 +56,15 @@ inline dim3 threadIdx, blockIdx, blockDim, gridDim;
 
 #define TK_HOST_EMUL 1
 #define __global__
-#define __device__
-#define __host__
-#define __forceinline__ inline
 #define __shared__ static
-#define __restrict__ __restrict
 #define __launch_bounds__(...)
 #define __align__(n) __attribute__((aligned(n)))
+#define __forceinline__ inline
+#include "host_types.h"
 
 #ifndef TK_EMUL_DYNAMIC_SMEM
 #define TK_EMUL_DYNAMIC_SMEM 16
 #endif
-
-inline float __int_as_float(int i) {
-  float f;
-  std::memcpy(&f, &i, sizeof f);
-  return f;
-}
-inline unsigned __float_as_uint(float f) {
-  unsigned u;
-  std::memcpy(&u, &f, sizeof u);
-  return u;
-}
-inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
-inline double rsqrt(double x) { return 1.0 / std::sqrt(x); }
-
-struct alignas(16) float4 {
-  float x, y, z, w;
-};
-inline float4 make_float4(float a, float b, float c, float d) { return float4{a, b, c, d}; }
 
 namespace tk_emul {
 constexpr size_t kStack = 256 * 1024;
@@ -405,86 +385,6 @@ T __shfl_xor_sync(unsigned, T v, int lane_mask) {
   std::memcpy(&out, tk_emul::block().exchange[t ^ (unsigned)lane_mask], sizeof(T));
   __syncthreads();
   return out;
-}
-
-// -- half types (the bits, with IEEE round-to-nearest-even conversions) ----------------------
-struct __half {
-  unsigned short x;
-};
-struct __nv_bfloat16 {
-  unsigned short x;
-};
-
-inline float __half2float(__half h) {
-  unsigned sign = (unsigned)(h.x & 0x8000u) << 16, mant = h.x & 0x3ffu, bits;
-  int exp = (h.x >> 10) & 0x1f;
-  if (exp == 0) {
-    if (mant == 0) {
-      bits = sign;
-    } else {  // subnormal: normalise
-      exp = 1;
-      while (!(mant & 0x400u)) {
-        mant <<= 1;
-        --exp;
-      }
-      bits = sign | ((unsigned)(exp - 15 + 127) << 23) | ((mant & 0x3ffu) << 13);
-    }
-  } else if (exp == 31) {
-    bits = sign | 0x7f800000u | (mant << 13);
-  } else {
-    bits = sign | ((unsigned)(exp - 15 + 127) << 23) | (mant << 13);
-  }
-  return __int_as_float((int)bits);
-}
-
-inline __half __float2half_rn(float f) {
-  const unsigned x = __float_as_uint(f);
-  const unsigned sign = (x >> 16) & 0x8000u;
-  unsigned mant = x & 0x7fffffu;
-  const int exp = (int)((x >> 23) & 0xffu);
-  unsigned h;
-  if (exp == 255) {
-    h = sign | 0x7c00u | (mant ? 0x200u | (mant >> 13) : 0u);
-  } else {
-    const int e = exp - 127 + 15;
-    if (e >= 31) {
-      h = sign | 0x7c00u;
-    } else if (e <= 0) {
-      if (e < -10) {
-        h = sign;
-      } else {
-        mant |= 0x800000u;
-        const int shift = 14 - e;
-        unsigned hm = mant >> shift;
-        const unsigned rem = mant & ((1u << shift) - 1u), halfway = 1u << (shift - 1);
-        if (rem > halfway || (rem == halfway && (hm & 1u))) ++hm;
-        h = sign | hm;
-      }
-    } else {
-      h = sign | ((unsigned)e << 10) | (mant >> 13);
-      const unsigned rem = mant & 0x1fffu;
-      if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) ++h;  // a carry rounds up the exponent
-    }
-  }
-  __half r;
-  r.x = (unsigned short)h;
-  return r;
-}
-
-inline float __bfloat162float(__nv_bfloat16 b) {
-  const unsigned bits = (unsigned)b.x << 16;
-  return __int_as_float((int)bits);
-}
-
-inline __nv_bfloat16 __float2bfloat16_rn(float f) {
-  const unsigned x = __float_as_uint(f);
-  __nv_bfloat16 r;
-  if ((x & 0x7f800000u) == 0x7f800000u && (x & 0x7fffffu)) {
-    r.x = (unsigned short)((x >> 16) | 0x40u);  // a quiet NaN
-  } else {
-    r.x = (unsigned short)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
-  }
-  return r;
 }
 
 // -- tensor cores: the warp collectives of runtime.cuh, by their documented layouts ---------

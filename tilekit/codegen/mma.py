@@ -2,25 +2,25 @@
 
 `tilekit.schedule.mma.mma_plan` decided the block GEMM (`BM x BN` outputs, `BK` reduction
 points per step), the warps (`wm x wn`, each `MT x NT` instructions of 16x8), each operand's
-shared-memory layout and whether it is copied with `cp.async`; this module prints it:
+shared-memory layout and whether it is copied with `cp.async`; this module builds its tile
+program:
 
-1. **Stages.** `stages` buffers per operand. A step's tile of an operand is, per element, the
-   read at the tile's axes (an implicit GEMM: a convolution's input tile is gathered through
-   its index maps, halo and padding included), stored in the tensor's own type, rows padded by
-   16 bytes. Operands whose rows are contiguous 16-byte chunks of the tensor are copied with
-   `cp.async` (zero-filled outside it); the others are loaded and stored by the threads.
-2. **Pipeline.** `stages - 1` steps are in flight before the first is used; each iteration
-   waits for the oldest (`cp.async.wait_group`), meets at a barrier (which also frees the
-   buffer the next load overwrites), issues the load of step `s + stages - 1`, then computes
-   step `s`.
+1. **Copies.** `stages` buffers per operand (`[stages][rows][length]`). A step's tile of an
+   operand is, per element, the read at the tile's axes (an implicit GEMM: a convolution's
+   input tile is gathered through its index maps, halo and padding included), stored in the
+   tensor's own type. Operands whose rows are contiguous 16-byte chunks of the tensor are
+   copied with `cp.async` (zero-filled outside it); the others element by element.
+2. **Pipeline.** The step loop is `pipelined` with the plan's stages: the pipelining pass
+   (tilekit.tile.passes.pipeline) issues the copies `stages - 1` steps ahead; the layout pass
+   pads the rows so that `ldmatrix` reads them without bank conflicts.
 3. **Fragments.** fp16/bf16 operands come into registers with `ldmatrix` (`.trans` for a
-   tile stored `[k][mn]`), tf32 operands by scalar loads in the fragment layout, converted with
+   tile stored `[k][mn]`), tf32 operands by scalar loads in the fragment layout, rounded with
    `cvt.rna.tf32`; then `MT x NT` instructions per k-slice.
 4. **Epilogue.** Each accumulator element, at its row and column of the block GEMM, is mapped
    back to the output's axes, scaled, and goes through the stage's elementwise chain to memory.
 
 Fragment layouts and instructions are runtime.cuh's helpers (emulated on the CPU by
-host_emul.h from the same documented layouts).
+host_emul.h and by the tile interpreter from the same documented layouts).
 """
 
 from __future__ import annotations
@@ -28,19 +28,27 @@ from __future__ import annotations
 import math
 from contextlib import ExitStack
 
-from tilekit.codegen.cexpr import linear, literal, storage
-from tilekit.codegen.emitter import Emitter
-from tilekit.codegen.kernel import (GeneratedKernel, PointEmitter, avar, block_origins, c_name,
+from tilekit.codegen.kernel import (GeneratedKernel, PointBuilder, avar, block_origins, c_name,
                                     decompose, finish, flat_offset, global_resolver,
-                                    group_signature, index_type, needs_check, new_kernel,
-                                    store_sink, tvar)
+                                    group_signature, index_type, needs_check, store_sink, tvar,
+                                    tile_text)
 from tilekit.codegen.plan import GroupPlan, OpPlan, Read
 from tilekit.codegen.staged import read_key
+from tilekit.codegen.values import literal
 from tilekit.schedule.mma import MmaPlan, Operand
-from tilekit.schedule.shape import ITEMSIZE, KernelShape
+from tilekit.schedule.shape import KernelShape, Target
+from tilekit.tile import expr as tx
+from tilekit.tile.build import Builder, SharedMemory
+from tilekit.tile.expr import Addr, Const, Expr, Load, Var
+from tilekit.tile.nodes import Buffer, Copy
+
+#: mma.sync instruction of each compute type (tilekit.tile.functions).
+INSTRUCTION = {"m16n8k16.f16": "mma_m16n8k16_f16", "m16n8k16.bf16": "mma_m16n8k16_bf16",
+               "m16n8k8.tf32": "mma_m16n8k8_tf32"}
 
 
-def mma_kernel(module, plan: GroupPlan, entry: str, decision: KernelShape) -> GeneratedKernel:
+def mma_kernel(module, plan: GroupPlan, entry: str, decision: KernelShape, target: Target
+               ) -> GeneratedKernel:
     p = plan.stages[0].main
     mp = decision.mma
     tile = decision.tile
@@ -49,276 +57,258 @@ def mma_kernel(module, plan: GroupPlan, entry: str, decision: KernelShape) -> Ge
     axes = [a for a, _ in p.spatial]
     extents = [n for _, n in p.spatial]
     name, _, _, ik, _, _ = mp.instruction
-    kb = new_kernel(entry, sig, tile.threads,
-                    [f"mma: mma.sync.{name} on a {mp.bm}x{mp.bn}x{mp.bk} block GEMM, "
-                     f"{mp.wm}x{mp.wn} warps of {mp.mt}x{mp.nt} instructions, "
-                     f"{mp.stages} stages" + (f", cp.async for {', '.join(_async_names(mp))}"
-                                              if _async_names(mp) else ""),
-                     f"shared memory: {mp.smem_bytes} bytes"], register_tile=True)
-    e = kb.body
     reads = {read_key(r): r for r in p.read_list()}
     facts_reads = list(reads.values())
     ops = {"a": (mp.contraction.a, facts_reads[mp.contraction.a.index]),
            "b": (mp.contraction.b, facts_reads[mp.contraction.b.index])}
-    bufs = {}
+    smem = SharedMemory()
+    bufs: dict[str, Buffer] = {}
     for which, (op, read) in ops.items():
         rows, length = mp.tile_shape(op)
-        ctype = storage(read.dtype).ctype
-        bufs[which] = kb.shared(f"s_{which}", ctype, mp.stages * rows * (length + mp.row_pad()),
-                                ITEMSIZE[read.dtype],
-                                f"{read.tensor}: {mp.stages} stages of {rows}x{length} "
-                                f"({'[mn][k]' if op.k_inner else '[k][mn]'}) + pad")
-    e.line("const int tid = threadIdx.x;")
-    origins = dict(zip(axes, block_origins(e, axes, extents, tile.block, idx_t)))
-    e.line("const int warp = tid / 32, lane = tid % 32, g = lane / 4, q = lane % 4;")
-    e.line(f"const int wm0 = (warp / {mp.wn}) * {mp.warp_m}, wn0 = (warp % {mp.wn}) * "
-           f"{mp.warp_n};")
-    e.line(f"float acc[{mp.mt}][{mp.nt}][4];")
-    _unrolled(e, [("i", mp.mt), ("j", mp.nt), ("r", 4)], "acc[i][j][r] = 0.0f;")
+        bufs[which] = smem.carve(f"s_{which}", read.dtype, (mp.stages, rows, length),
+                                 f"{read.tensor}: {mp.stages} stages of {rows}x{length} "
+                                 f"({'[mn][k]' if op.k_inner else '[k][mn]'})")
+    b = Builder()
+    origins = dict(zip(axes, block_origins(b, axes, extents, tile.block, idx_t)))
+    acc = b.alloc("acc", "float32", (mp.mt, mp.nt, 4), "the warp tile's accumulators")
+    with b.threads(tile.threads):
+        with _unrolled(b, [("i", mp.mt), ("j", mp.nt), ("r", 4)]) as (i, j, r):
+            b.store(acc, (i, j, r), tx.const(0.0))
     steps = [(a, n, s) for (a, n), s in zip(p.reduction, tile.step)]
     nsteps = math.prod(-(-n // s) for _, n, s in steps)
-    ctx = _Context(module, p, mp, tile, origins, steps, idx_t, bufs, ops, kb.threads)
-    with e.block("auto load_stage = [&](const int buf, const int s)", ";"):
+    ctx = _Context(module, p, mp, tile, origins, steps, idx_t, bufs, ops)
+    with b.loop("s", 0, nsteps, kind="pipelined", stages=mp.stages) as s:
+        step_origin = _step_origins(b, ctx, s)
         for which in ("a", "b"):
-            _emit_stage_load(e, ctx, which)
-    e.line(f"const int nsteps = {nsteps};")
-    with e.block(f"for (int s = 0; s < {mp.stages - 1}; ++s)"):
-        e.line("if (s < nsteps) load_stage(s, s);")
-        e.line("tk_cp_async_commit();")
-    with e.block("for (int s = 0; s < nsteps; ++s)"):
-        e.line(f"tk_cp_async_wait<{mp.stages - 2}>();")
-        e.line("__syncthreads();  // step s has landed; the buffer of step s - 1 is free")
-        e.line(f"if (s + {mp.stages - 1} < nsteps) load_stage((s + {mp.stages - 1}) % "
-               f"{mp.stages}, s + {mp.stages - 1});")
-        e.line("tk_cp_async_commit();")
-        e.line(f"const int buf = s % {mp.stages};")
-        e.line("#pragma unroll")
-        with e.block(f"for (int kk = 0; kk < {mp.bk}; kk += {ik})"):
-            _emit_fragments_and_mma(e, ctx)
-    _emit_epilogue(e, ctx, plan, module)
+            b.emit(_operand_copy(b, ctx, which, s, step_origin))
+        with b.threads(tile.threads) as tid:
+            buf = b.let("buf", tx.mod(s, mp.stages))
+            warp = _warp_coords(b, ctx, tid)
+            with b.loop("kk", 0, mp.bk, ik, kind="unroll") as kk:
+                _fragments_and_mma(b, ctx, buf, kk, warp, acc)
+    with b.threads(tile.threads) as tid:
+        _epilogue(b, ctx, plan, module, _warp_coords(b, ctx, tid), acc)
     sched = tile.describe(tuple(axes), tuple(a for a, _ in p.reduction))
     sched["mma"] = mp.record()
-    kernel = finish(kb, plan, "mma", sched, math.prod(tile.grid(tuple(extents))), sig)
-    assert kernel.smem_planned == mp.smem_bytes, "the builder and the mma plan disagree"
+    asyncs = [n for n, on in (("a", mp.a_async), ("b", mp.b_async)) if on]
+    kernel = finish(plan, entry, sig, b.build(), shape="mma", schedule=sched,
+                    threads=tile.threads, grid=math.prod(tile.grid(tuple(extents))),
+                    shared=smem.all(), register_tile=True, target=target,
+                    comments=[f"mma: mma.sync.{name} on a {mp.bm}x{mp.bn}x{mp.bk} block GEMM, "
+                              f"{mp.wm}x{mp.wn} warps of {mp.mt}x{mp.nt} instructions, "
+                              f"{mp.stages} stages"
+                              + (f", cp.async for {', '.join(asyncs)}" if asyncs else ""),
+                              f"shared memory: {mp.smem_bytes} bytes",
+                              f"tile: {tile_text(tile, p)}"])
+    assert kernel.smem_planned == mp.smem_bytes, "the program and the mma plan disagree"
     return kernel
-
-
-def _async_names(mp: MmaPlan) -> list[str]:
-    return [n for n, on in (("a", mp.a_async), ("b", mp.b_async)) if on]
 
 
 class _Context:
     """What the pieces of one mma kernel share."""
 
-    def __init__(self, module, p: OpPlan, mp: MmaPlan, tile, origins, steps, idx_t, bufs, ops,
-                 threads: int):
+    def __init__(self, module, p: OpPlan, mp: MmaPlan, tile, origins, steps, idx_t, bufs, ops):
         self.module, self.p, self.mp, self.tile = module, p, mp, tile
         self.origins, self.steps, self.idx_t = origins, steps, idx_t
-        self.bufs, self.ops, self.threads = bufs, ops, threads
-        self.size = {a: b for (a, _), b in zip(p.spatial, tile.block)}
+        self.bufs, self.ops = bufs, ops
+        self.size = {a: s for (a, _), s in zip(p.spatial, tile.block)}
         self.size.update({a: s for a, _, s in steps})
         self.extent = dict(p.spatial) | dict(p.reduction)
-        self.pad = mp.row_pad()
 
     def group_sizes(self, axes) -> list[int]:
         return [self.size[a] for a in axes]
 
 
-def _unrolled(e: Emitter, loops, statement: str) -> None:
-    with ExitStack() as stack:
-        for var, n in loops:
-            e.line("#pragma unroll")
-            stack.enter_context(e.block(f"for (int {var} = 0; {var} < {n}; ++{var})"))
-        e.line(statement)
+class _unrolled:
+    """Nested unrolled loops over (name, extent) pairs; yields their variables."""
+
+    def __init__(self, b: Builder, loops) -> None:
+        self.b, self.loops = b, loops
+        self.stack = ExitStack()
+
+    def __enter__(self):
+        return tuple(self.stack.enter_context(self.b.loop(n, 0, e, kind="unroll"))
+                     for n, e in self.loops)
+
+    def __exit__(self, *exc):
+        return self.stack.__exit__(*exc)
 
 
-def _axis_code(e: Emitter, ctx: _Context, group_axes, local: str, prefix: str,
-               base_of) -> dict[str, str]:
-    """Declare each axis of a group at flat local index `local` (row-major over the group's
-    sizes): `base_of(axis) + coordinate`; returns axis -> C variable."""
-    if not group_axes:
-        return {}
-    names = [e.tmp(prefix) for _ in group_axes]
-    decompose(e, local, ctx.group_sizes(group_axes), names, "int")
-    out = {}
-    for a, n in zip(group_axes, names):
-        var = e.tmp(f"{prefix}_{c_name(a)}_")
-        e.line(f"const {ctx.idx_t} {var} = {base_of(a)} + {n};")
-        out[a] = var
+def _warp_coords(b: Builder, ctx: _Context, tid: Var) -> dict[str, Var]:
+    mp = ctx.mp
+    warp = b.let("warp", tx.div(tid, 32))
+    lane = b.let("lane", tx.mod(tid, 32))
+    return {"lane": lane, "g": b.let("g", tx.div(lane, 4)), "q": b.let("q", tx.mod(lane, 4)),
+            "wm0": b.let("wm0", tx.mul(tx.div(warp, mp.wn), mp.warp_m)),
+            "wn0": b.let("wn0", tx.mul(tx.mod(warp, mp.wn), mp.warp_n))}
+
+
+def _step_origins(b: Builder, ctx: _Context, s: Var) -> dict[str, Expr]:
+    """Step `s`'s origin on every reduction axis (block-level values)."""
+    counts = [-(-n // st) for _, n, st in ctx.steps]
+    idx = decompose(b, s, counts, ["si_"] * len(ctx.steps), "int32")
+    return {a: b.let(f"q_{c_name(a)}", tx.mul(i, st)) for (a, _, st), i in zip(ctx.steps, idx)}
+
+
+def _axis_values(group_axes, local: Expr, sizes: list[int], base_of) -> dict[str, Expr]:
+    """Each axis of a group at flat local index `local` (row-major over `sizes`), plus its
+    base: expressions of `local` (a copy's offset and validity are functions of its local
+    index)."""
+    out: dict[str, Expr] = {}
+    rem = local
+    for a, n in reversed(list(zip(group_axes, sizes))):
+        coord = tx.mod(rem, n) if a != group_axes[0] else rem
+        out[a] = tx.add(base_of(a), coord)
+        rem = tx.div(rem, n)
     return out
 
 
-def _emit_stage_load(e: Emitter, ctx: _Context, which: str) -> None:
-    """One operand's tile of step `s` into stage buffer `buf` (inside load_stage)."""
+def _operand_copy(b: Builder, ctx: _Context, which: str, s: Var,
+                  step_origin: dict[str, Expr]) -> Copy:
+    """One operand's tile of step `s` into stage buffer `s % stages`."""
     op, read = ctx.ops[which]
     mp = ctx.mp
-    rows, length = mp.tile_shape(op)
-    row_len = length + ctx.pad
     c = mp.contraction
-    mn_axes = op.mn_axes
-    k_axes = c.k_axes
-    item = ITEMSIZE[read.dtype]
-    use_async = mp.a_async if which == "a" else mp.b_async
-    chunk = 16 // item if use_async else 1
-    buffer = ctx.bufs[which]
-    e.comment(f"operand {which}: {read.tensor}[{', '.join(str(m) for m in read.maps)}], "
-              f"{'cp.async 16-byte chunks' if use_async else 'element by element'}")
-    with e.block():
-        # This step's origin on every reduction axis.
-        step_counts = [-(-n // s) for _, n, s in ctx.steps]
-        qs = [f"q_{c_name(a)}" for a, _, _ in ctx.steps]
-        sidx = [e.tmp("si") for _ in ctx.steps]
-        decompose(e, "s", step_counts, sidx, "int")
-        for qv, si, (_, _, s) in zip(qs, sidx, ctx.steps):
-            e.line(f"const int {qv} = {si} * {s};")
-        step_origin = dict(zip(k_axes, [qs[[a for a, _, _ in ctx.steps].index(a)]
-                                        for a in k_axes]))
-        count = rows * length // chunk
-        # A whole number of chunks per thread: a constant trip count, unrolled, so that the
-        # copies issue back to back and their index math is hoisted out of the k loop.
-        loop = (f"for (int i = tid; i < {count}; i += {ctx.threads})" if count % ctx.threads
-                else f"for (int it = 0; it < {count // ctx.threads}; ++it)")
-        if not count % ctx.threads:
-            e.line("#pragma unroll")
-        with e.block(loop):
-            if not count % ctx.threads:
-                e.line(f"const int i = tid + it * {ctx.threads};")
-            e.line(f"const int r = i / {length // chunk}, c = (i % {length // chunk}) * "
-                   f"{chunk};")
-            mn_local, k_local = ("r", "c") if op.k_inner else ("c", "r")
-            code = _axis_code(e, ctx, mn_axes, mn_local, "m", lambda a: ctx.origins[a])
-            code.update(_axis_code(e, ctx, k_axes, k_local, "k", lambda a: step_origin[a]))
-            code.update({a: ctx.origins[a] for a in c.batch_axes})
-            checks = [f"{code[a]} < {ctx.extent[a]}" for a in code
-                      if ctx.extent[a] % ctx.size.get(a, 1)]
-            checks += _map_checks(read, code, ctx)
-            ok = " && ".join(checks) or "true"
-            offset = flat_offset(read, code, {})
-            dst = f"{buffer}[buf * {rows * row_len} + r * {row_len} + c]"
-            if use_async:
-                e.line(f"const bool ok = {ok};")
-                e.line(f"tk_cp_async16(&{dst}, {tvar(read.tensor)} + (ok ? {offset} : 0), ok);")
-            else:
-                zero = f"({storage(read.dtype).ctype})0" if item == 4 else \
-                    ("__float2half_rn(0.0f)" if read.dtype == "float16"
-                     else "__float2bfloat16_rn(0.0f)")
-                e.line(f"{dst} = ({ok}) ? {tvar(read.tensor)}[{offset}] : {zero};")
+    b.comment(f"operand {which}: {read.tensor}[{', '.join(str(m) for m in read.maps)}], "
+              f"{'cp.async 16-byte chunks' if _async(mp, which) else 'element by element'}")
+    row, col = b.var(f"{which}r_"), b.var(f"{which}c_")
+    mn_local, k_local = (row, col) if op.k_inner else (col, row)
+    code = _axis_values(op.mn_axes, mn_local, ctx.group_sizes(op.mn_axes),
+                        lambda a: ctx.origins[a])
+    code.update(_axis_values(c.k_axes, k_local, ctx.group_sizes(c.k_axes),
+                             lambda a: step_origin[a]))
+    code.update({a: ctx.origins[a] for a in c.batch_axes})
+    code = {a: tx.cast(ctx.idx_t, v) for a, v in code.items()}
+    checks = [tx.lt(code[a], ctx.extent[a]) for a in code
+              if ctx.extent[a] % ctx.size.get(a, 1)]
+    checks += _map_checks(read, code, ctx)
+    zero = tx.cast(read.dtype, tx.const(0.0)) if read.dtype in ("float16", "bfloat16") \
+        else tx.as_expr(0.0 if read.dtype.startswith("float") else 0, read.dtype)
+    return Copy(ctx.bufs[which].name, (tx.mod(s, mp.stages),), (row, col), tvar(read.tensor),
+                flat_offset(read, code, {}), tx.and_(*checks), zero,
+                asynchronous=_async(mp, which))
 
 
-def _map_checks(read: Read, code: dict[str, str], ctx: _Context) -> list[str]:
-    """`tk_in(index, dim)` for each dimension whose index can leave the tensor while the axes
+def _async(mp: MmaPlan, which: str) -> bool:
+    return mp.a_async if which == "a" else mp.b_async
+
+
+def _map_checks(read: Read, code: dict[str, Expr], ctx: _Context) -> list[Expr]:
+    """`0 <= index < dim` for each dimension whose index can leave the tensor while the axes
     range over whole tiles and steps (padding reads of a convolution)."""
     ranges = {a: (0, -(-ctx.extent[a] // ctx.size.get(a, 1)) * ctx.size.get(a, 1) - 1)
               for a in code}
     out = []
     for m, dim, need in zip(read.maps, read.shape, needs_check(read, ranges)):
         if need:
-            out.append(f"tk_in({linear(((cf, code[a]) for a, cf in m.terms), m.const)}, {dim})")
+            x = tx.linear(((cf, code[a]) for a, cf in m.terms), m.const, ctx.idx_t)
+            out.append(tx.call("in_range", x, tx.as_expr(dim, x.dtype)))
     return out
 
 
-def _emit_fragments_and_mma(e: Emitter, ctx: _Context) -> None:
+def _tile_at(ctx: _Context, which: str, op: Operand, buf: Expr, mn: Expr, k: Expr) -> Addr:
+    """The address of an operand tile's element (mn, k) in stage buffer `buf`."""
+    r, c = (mn, k) if op.k_inner else (k, mn)
+    return Addr(ctx.bufs[which].name, (buf, r, c))
+
+
+def _fragments_and_mma(b: Builder, ctx: _Context, buf: Var, kk: Var, w: dict[str, Var],
+                       acc: Buffer) -> None:
     """One k-slice: every warp's A and B fragments, then its MT x NT instructions."""
     mp = ctx.mp
-    name, _, _, ik, _, _ = mp.instruction
-    fn = {"m16n8k16.f16": "tk_mma_16816_f16", "m16n8k16.bf16": "tk_mma_16816_bf16",
-          "m16n8k8.tf32": "tk_mma_1688_tf32"}[name]
     a_op, _ = ctx.ops["a"]
     b_op, _ = ctx.ops["b"]
-    e.line(f"unsigned af[{mp.mt}][4], bf[{mp.nt}][2];")
+    af = b.alloc("af", "uint32", (mp.mt, 4))
+    bfr = b.alloc("bf", "uint32", (mp.nt, 2))
     if mp.compute == "tf32":
-        _tf32_fragments(e, ctx, "a", a_op, mp.mt, 16)
-        _tf32_fragments(e, ctx, "b", b_op, mp.nt, 8)
+        _tf32_fragments(b, ctx, "a", a_op, mp.mt, buf, kk, w, af)
+        _tf32_fragments(b, ctx, "b", b_op, mp.nt, buf, kk, w, bfr)
     else:
-        _ldmatrix_a(e, ctx, a_op)
-        _ldmatrix_b(e, ctx, b_op)
-    _unrolled(e, [("i", mp.mt), ("j", mp.nt)], f"{fn}(acc[i][j], af[i], bf[j]);")
+        _ldmatrix_a(b, ctx, a_op, buf, kk, w, af)
+        _ldmatrix_b(b, ctx, b_op, buf, kk, w, bfr)
+    fn = INSTRUCTION[mp.instruction[0]]
+    with _unrolled(b, [("i", mp.mt), ("j", mp.nt)]) as (i, j):
+        b.evaluate(tx.call(fn, Addr(acc.name, (i, j)), Addr(af.name, (i,)),
+                           Addr(bfr.name, (j,))))
 
 
-def _tile_at(ctx: _Context, which: str, op: Operand, mn: str, k: str) -> str:
-    """The shared element of an operand tile at (mn, k) in the current buffer."""
-    rows, length = ctx.mp.tile_shape(op)
-    row_len = length + ctx.pad
-    r, c = (mn, k) if op.k_inner else (k, mn)
-    return f"{ctx.bufs[which]}[buf * {rows * row_len} + ({r}) * {row_len} + ({c})]"
-
-
-def _ldmatrix_a(e: Emitter, ctx: _Context, op: Operand) -> None:
+def _ldmatrix_a(b: Builder, ctx, op: Operand, buf, kk, w, af: Buffer) -> None:
     """A 16x16 fragments: lane L addresses row L % 16 (columns 8 x L / 16) of [m][k], or
     with .trans, k-row (L / 16) * 8 + L % 8, m-column 8 x ((L / 8) % 2) of [k][m]."""
-    with e.block():
-        e.line("#pragma unroll")
-        with e.block(f"for (int i = 0; i < {ctx.mp.mt}; ++i)"):
-            if op.k_inner:
-                at = _tile_at(ctx, "a", op, "wm0 + i * 16 + lane % 16", "kk + (lane / 16) * 8")
-                e.line(f"tk_ldmatrix_x4(af[i], &{at});")
-            else:
-                at = _tile_at(ctx, "a", op, "wm0 + i * 16 + ((lane / 8) % 2) * 8",
-                              "kk + (lane / 16) * 8 + lane % 8")
-                e.line(f"tk_ldmatrix_x4_trans(af[i], &{at});")
+    lane = w["lane"]
+    with b.loop("i", 0, ctx.mp.mt, kind="unroll") as i:
+        if op.k_inner:
+            at = _tile_at(ctx, "a", op, buf, w["wm0"] + i * 16 + tx.mod(lane, 16),
+                          kk + tx.div(lane, 16) * 8)
+            b.evaluate(tx.call("ldmatrix_x4", Addr(af.name, (i,)), at))
+        else:
+            at = _tile_at(ctx, "a", op, buf,
+                          w["wm0"] + i * 16 + tx.mod(tx.div(lane, 8), 2) * 8,
+                          kk + tx.div(lane, 16) * 8 + tx.mod(lane, 8))
+            b.evaluate(tx.call("ldmatrix_x4_trans", Addr(af.name, (i,)), at))
 
 
-def _ldmatrix_b(e: Emitter, ctx: _Context, op: Operand) -> None:
+def _ldmatrix_b(b: Builder, ctx, op: Operand, buf, kk, w, bfr: Buffer) -> None:
     """B fragments two 8-column tiles at a time: lane L addresses n-row L % 8 + 8 x (L / 16),
     k-column 8 x ((L / 8) % 2) of [n][k], or with .trans k-row L % 8 + 8 x ((L / 8) % 2),
     n-column 8 x (L / 16) of [k][n]."""
-    with e.block():
-        e.line("#pragma unroll")
-        with e.block(f"for (int j = 0; j < {ctx.mp.nt}; j += 2)"):
-            e.line("unsigned r4[4];")
-            if op.k_inner:
-                at = _tile_at(ctx, "b", op, "wn0 + j * 8 + lane % 8 + (lane / 16) * 8",
-                              "kk + ((lane / 8) % 2) * 8")
-                e.line(f"tk_ldmatrix_x4(r4, &{at});")
-            else:
-                at = _tile_at(ctx, "b", op, "wn0 + j * 8 + (lane / 16) * 8",
-                              "kk + lane % 8 + ((lane / 8) % 2) * 8")
-                e.line(f"tk_ldmatrix_x4_trans(r4, &{at});")
-            e.line("bf[j][0] = r4[0]; bf[j][1] = r4[1]; bf[j + 1][0] = r4[2]; "
-                   "bf[j + 1][1] = r4[3];")
+    lane = w["lane"]
+    with b.loop("j", 0, ctx.mp.nt, 2, kind="unroll") as j:
+        r4 = b.alloc("r4_", "uint32", (4,))
+        if op.k_inner:
+            at = _tile_at(ctx, "b", op, buf,
+                          w["wn0"] + j * 8 + tx.mod(lane, 8) + tx.div(lane, 16) * 8,
+                          kk + tx.mod(tx.div(lane, 8), 2) * 8)
+            b.evaluate(tx.call("ldmatrix_x4", Addr(r4.name, ()), at))
+        else:
+            at = _tile_at(ctx, "b", op, buf, w["wn0"] + j * 8 + tx.div(lane, 16) * 8,
+                          kk + tx.mod(lane, 8) + tx.mod(tx.div(lane, 8), 2) * 8)
+            b.evaluate(tx.call("ldmatrix_x4_trans", Addr(r4.name, ()), at))
+        for n, (jj, h) in enumerate(((j, 0), (j, 1), (j + 1, 0), (j + 1, 1))):
+            b.store(bfr, (jj, h), Load(r4.name, (tx.const(n),), "uint32"))
 
 
-def _tf32_fragments(e: Emitter, ctx: _Context, which: str, op: Operand, count: int,
-                    rows: int) -> None:
+def _tf32_fragments(b: Builder, ctx, which: str, op: Operand, count: int, buf, kk, w,
+                    frag: Buffer) -> None:
     """tf32 fragments by scalar loads: A (16x8) a0 = A[g][q], a1 = A[g+8][q], a2 = A[g][q+4],
     a3 = A[g+8][q+4]; B (8x8) b0 = B[q][g], b1 = B[q+4][g]."""
-    base = "wm0 + i * 16" if which == "a" else "wn0 + i * 8"
-    target = "af" if which == "a" else "bf"
-    with e.block():
-        e.line("#pragma unroll")
-        with e.block(f"for (int i = 0; i < {count}; ++i)"):
-            if which == "a":
-                places = [("g", "q"), ("g + 8", "q"), ("g", "q + 4"), ("g + 8", "q + 4")]
-            else:
-                places = [("g", "q"), ("g", "q + 4")]
-            for n, (mn, k) in enumerate(places):
-                at = _tile_at(ctx, which, op, f"{base} + {mn}", f"kk + {k}")
-                e.line(f"{target}[i][{n}] = tk_to_tf32({at});")
+    g, q = w["g"], w["q"]
+    with b.loop("i", 0, count, kind="unroll") as i:
+        base = w["wm0"] + i * 16 if which == "a" else w["wn0"] + i * 8
+        if which == "a":
+            places = [(g, q), (g + 8, q), (g, q + 4), (g + 8, q + 4)]
+        else:
+            places = [(g, q), (g, q + 4)]
+        for n, (mn, k) in enumerate(places):
+            at = _tile_at(ctx, which, op, buf, base + mn, kk + k)
+            value = Load(at.buffer, at.index, ctx.bufs[which].dtype)
+            b.store(frag, (i, n), tx.call("to_tf32", value))
 
 
-def _emit_epilogue(e: Emitter, ctx: _Context, plan: GroupPlan, module) -> None:
+def _epilogue(b: Builder, ctx: _Context, plan: GroupPlan, module, w: dict[str, Var],
+              acc: Buffer) -> None:
     """Each accumulator element back to the output's axes, scaled, through the chain."""
     mp, p = ctx.mp, ctx.p
     c = mp.contraction
     axes = [a for a, _ in p.spatial]
-    vars_ = [avar(a) for a in axes]
-    pe = PointEmitter(module, e, plan.stages[0], vars_, global_resolver)
-    e.comment("epilogue: accumulators to the output's axes, through the chain")
-    with ExitStack() as loops:
-        for var, n in (("i", mp.mt), ("j", mp.nt), ("r", 4)):
-            e.line("#pragma unroll")
-            loops.enter_context(e.block(f"for (int {var} = 0; {var} < {n}; ++{var})"))
-        e.line("const int row = wm0 + i * 16 + g + 8 * (r >> 1);")
-        e.line("const int col = wn0 + j * 8 + 2 * q + (r & 1);")
-        code = _axis_code(e, ctx, c.m_axes, "row", "m", lambda a: ctx.origins[a])
-        code.update(_axis_code(e, ctx, c.n_axes, "col", "n", lambda a: ctx.origins[a]))
+    b.comment("epilogue: accumulators to the output's axes, through the chain")
+    with _unrolled(b, [("i", mp.mt), ("j", mp.nt), ("r", 4)]) as (i, j, r):
+        row = b.let("row", w["wm0"] + i * 16 + w["g"] + tx.binary(">>", r, 1) * 8)
+        col = b.let("col", w["wn0"] + j * 8 + w["q"] * 2 + tx.binary("&", r, 1))
+        code = _axis_values(c.m_axes, row, ctx.group_sizes(c.m_axes), lambda a: ctx.origins[a])
+        code.update(_axis_values(c.n_axes, col, ctx.group_sizes(c.n_axes),
+                                 lambda a: ctx.origins[a]))
         code.update({a: ctx.origins[a] for a in c.batch_axes})
-        for a, v in zip(axes, vars_):
-            e.line(f"const {ctx.idx_t} {v} = {code[a]};")
-        bounds = [f"{avar(a)} < {n}" for a, n in p.spatial if n % ctx.size[a]]
-        value = "acc[i][j][r]" if c.scale == 1.0 else \
-            f"acc[i][j][r] * {literal(c.scale, 'f')}"
-        with e.blocks([f"if ({' && '.join(bounds)})"] if bounds else []):
-            pe.epilogue(pe.main_value(p, (value, "f")),
-                        store_sink(module, e, plan.stored, vars_))
+        vars_ = [b.let(avar(a), code[a], ctx.idx_t) for a in axes]
+        pb = PointBuilder(module, b, plan.stages[0], vars_, global_resolver)
+        bounds = tx.and_(*(tx.lt(v, n) for v, (a, n) in zip(vars_, p.spatial)
+                           if n % ctx.size[a]))
+        value = Load(acc.name, (i, j, r), "float32")
+        if c.scale != 1.0:
+            value = tx.mul(value, literal(c.scale, "f"))
+        with b.if_(bounds):
+            pb.epilogue(pb.main_value(p, (value, "f")),
+                        store_sink(module, b, plan.stored, vars_))
 
+
+__all__ = ["mma_kernel"]

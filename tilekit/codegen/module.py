@@ -31,7 +31,7 @@ from typing import Any
 
 from tilekit.codegen.flash import FlashError, flash_kernel
 from tilekit.codegen.fused import FusionError, fused_kernel
-from tilekit.codegen.helpers import HELPERS_NAME, helpers_sha256
+from tilekit.codegen.helpers import helpers_record
 from tilekit.codegen.kernel import GeneratedKernel, c_name, default_kernel, tiled_kernel
 from tilekit.codegen.nvcc import check_arch
 from tilekit.codegen.opaque import opaque_kernel
@@ -66,9 +66,12 @@ def smem_limit(profile) -> int:
     return int(profile.smem_per_block) if profile is not None else STATIC_SMEM_LIMIT
 
 
-def generate(module: Module, profile=None, arch: str | None = None) -> CodegenResult:
-    """Generate every kernel of `module`; see the module docstring."""
-    target = Target.of(profile, recorded_precision(module))
+def generate(module: Module, profile=None, arch: str | None = None, target: str = "cuda"
+             ) -> CodegenResult:
+    """Generate every kernel of `module` for `target` (cuda | cpu); see the module
+    docstring."""
+    kind = target
+    target = Target.of(profile, recorded_precision(module), kind)
     check_groups(module, profile)   # tk-weld's groups (a region's too) are one kernel as recorded
     kernels = module.kernels or default_kernels(module.ops)
     planned = module
@@ -84,7 +87,7 @@ def generate(module: Module, profile=None, arch: str | None = None) -> CodegenRe
     for k, kernel in enumerate(kernels):
         where = f"kernels[{k}] ({kernel.name})"
         if any(ops_by_name[n].kind == "control" for n in kernel.ops):
-            code = _control_group(module, kernel, profile, arch, where)
+            code = _control_group(module, kernel, profile, arch, where, kind)
             generated.extend(code.kernels)
             made_of[kernel.name] = list(code.kernels)
             notes.extend(code.notes)
@@ -115,7 +118,10 @@ def generate(module: Module, profile=None, arch: str | None = None) -> CodegenRe
         launches[kernel.name] = Launch(
             tuple(g.entry for g in made), one and one.grid, one and one.block,
             one and one.smem_bytes, one and one.shape, split).record()
-    if planned.program is not None:  # persistent segments become one kernel each
+    if planned.program is not None and kind == "cpu":
+        notes.append("program: tk-ram's persistent segments run as their kernels, one after "
+                     "another, on the CPU target (the variants it chose are kept)")
+    elif planned.program is not None:  # persistent segments become one kernel each
         generated, entry_of = compose(planned, made_of, profile)
         for g in generated:
             if g.shape == "program":
@@ -123,25 +129,28 @@ def generate(module: Module, profile=None, arch: str | None = None) -> CodegenRe
                     launches[name] = Launch((g.entry,), g.grid, g.block, g.smem_bytes,
                                             g.shape).record()
     out_kernels = tuple(replace(kn, launch=launches[kn.name]) for kn in kernels)
-    the_arch = target_arch(arch, profile)
+    the_arch = target_arch(arch, profile) if kind == "cuda" else "cpu"
     if control:
         from tilekit.codegen.control import check_entries_unique
         check_entries_unique(generated)
-    section = CodegenSection(the_arch, {"file": HELPERS_NAME, "sha256": helpers_sha256()},
-                             tuple(g.record() for g in generated), tuple(notes),
-                             extra={"control": control} if control else {})
+    extra: dict[str, Any] = {"target": kind} if kind != "cuda" else {}
+    if control:
+        extra["control"] = control
+    section = CodegenSection(the_arch, helpers_record(kind),
+                             tuple(g.record() for g in generated), tuple(notes), extra=extra)
     result = replace(planned, kernels=out_kernels, codegen=section.record())
     return CodegenResult(result, tuple(generated), tuple(notes))
 
 
-def _control_group(module: Module, kernel: Kernel, profile, arch: str | None, where: str):
+def _control_group(module: Module, kernel: Kernel, profile, arch: str | None, where: str,
+                   kind: str):
     """A kernel group holding a control op (tilekit.codegen.control)."""
     from tilekit.codegen.control import control_code
 
     if len(kernel.ops) != 1:
         raise TilekitError("a control op shares its kernel group with other ops", where,
                            "a control op is a kernel group of its own")
-    return control_code(module, kernel, generate, profile, arch, where)
+    return control_code(module, kernel, generate, profile, arch, where, kind)
 
 
 def target_arch(arch: str | None, profile=None) -> str:
@@ -166,22 +175,26 @@ class CodegenRun:
 
 
 def run_codegen(module: Module, profile=None, arch: str | None = None,
-                compile: bool = False) -> CodegenRun:
+                compile: bool = False, target: str = "cuda") -> CodegenRun:
     """The codegen stage: `generate`, with `compile` also `compile_module`, recorded through
-    `tilekit.ir.stages.run_stage` (options: arch, compile, hw)."""
-    the_arch = target_arch(arch, profile)
+    `tilekit.ir.stages.run_stage` (options: arch, compile, hw, target)."""
+    the_arch = target_arch(arch, profile) if target == "cuda" else None
     done: dict[str, Any] = {}
 
     def work(m: Module) -> Module:
-        result = generate(m, profile, the_arch)
+        result = generate(m, profile, the_arch, target)
         done["result"] = result
         if not compile:
             return result.module
+        if target == "cpu":
+            return compile_cpu(result)
         report = compile_module(result, the_arch, profile)
         done["problems"] = report.problems
         return report.module
 
-    options: dict[str, Any] = {"arch": the_arch, "compile": bool(compile)}
+    options: dict[str, Any] = {"arch": the_arch or "cpu", "compile": bool(compile)}
+    if target != "cuda":
+        options["target"] = target
     if profile is not None:
         options["hw"] = profile.name
     out = run_stage(module, "codegen", work, options)
@@ -205,7 +218,7 @@ def _one_group(module: Module, kernel: Kernel, name: str, tensor_readers, target
     plan = plan_group(module, kernel, name, tensor_readers)
     entry = _unique_entry(name, used)
     if isinstance(plan, OpaquePlan):
-        g = opaque_kernel(module, plan, entry)
+        g = opaque_kernel(module, plan, entry, target)
     elif len(plan.stages) == 1:
         g = _single_stage(module, plan, entry, target, notes, where)
     elif isinstance(plan.kernel.tile, dict) and plan.kernel.tile.get("flash"):
@@ -215,12 +228,12 @@ def _one_group(module: Module, kernel: Kernel, name: str, tensor_readers, target
         index = module.op_index()
         att = match(module, structure(module, [index[o] for o in plan.kernel.ops]))
         g = flash_kernel(module, plan, entry, _kernel_tile(plan, where),
-                         int(plan.kernel.tile["flash"]["step"]), att)
+                         int(plan.kernel.tile["flash"]["step"]), att, target)
     else:
         # A group's own tile (kernels[].tile) is tk-weld's fusion decision; without one the
         # fused shape picks its default tile.
         tile = _kernel_tile(plan, where)
-        g = fused_kernel(module, plan, entry, tile, target.smem_limit)
+        g = fused_kernel(module, plan, entry, tile, target)
     if isinstance(plan, GroupPlan) and plan.inlined:
         g = replace(g, schedule={**g.schedule, "inlined": list(plan.inlined)})
     if group is not None:
@@ -255,12 +268,12 @@ def _single_stage(module: Module, plan: GroupPlan, entry: str, target: Target, n
     if decision.note and decision.shape != "default":
         notes.append(f"{where}: {decision.note}")
     if decision.shape == "mma":
-        return mma_kernel(module, plan, entry, decision)
+        return mma_kernel(module, plan, entry, decision, target)
     if decision.shape == "staged":
-        return staged_kernel(module, plan, entry, decision)
+        return staged_kernel(module, plan, entry, decision, target)
     if decision.shape == "tiled":
-        return tiled_kernel(module, plan, entry, decision.tile)
-    g = default_kernel(module, plan, entry)
+        return tiled_kernel(module, plan, entry, decision.tile, target)
+    g = default_kernel(module, plan, entry, target)
     if decision.note:
         g = replace(g, schedule={**g.schedule, "tile_ignored": decision.note})
     return g
@@ -275,9 +288,9 @@ GENERIC_LIMITS = {"max_regs_per_thread": 255, "regs_per_block": 65536,
 
 def unit_source(kernels) -> str:
     """All kernels of a module as one translation unit (one nvcc call per module)."""
-    from tilekit.codegen.kernel import unit_text
+    from tilekit.tile.cuda import unit_text
 
-    return unit_text([k.body for k in kernels], [k.shape for k in kernels],
+    return unit_text([k.body for k in kernels], [k.defines for k in kernels],
                      any(k.uses_half for k in kernels))
 
 
@@ -301,6 +314,20 @@ def canonical_body(kernel: GeneratedKernel) -> str:
     for i, name in sorted(enumerate(kernel.args), key=lambda p: -len(p[1])):
         text = re.sub(rf"(?<![A-Za-z0-9]){re.escape(name)}(?![A-Za-z0-9])", f"@{i}", text)
     return text
+
+
+def compile_cpu(result: CodegenResult) -> Module:
+    """Build the CPU kernels with the C++ compiler (cached: tk-run loads the same library)
+    and record the compiler in `codegen.compiled`."""
+    from tilekit.codegen.cxx import CXX_FLAGS, build, compiler_version, find_cxx
+    from tilekit.codegen.cxx import unit_source as cpu_unit
+
+    section = CodegenSection.read(result.module.codegen)
+    build(cpu_unit(section.kernels))
+    cxx = find_cxx() or "c++"
+    section = replace(section, compiled={"target": "cpu", "cxx": compiler_version(cxx),
+                                         "flags": " ".join(CXX_FLAGS)})
+    return replace(result.module, codegen=section.record())
 
 
 def compile_module(result: CodegenResult, arch: str | None = None, profile=None

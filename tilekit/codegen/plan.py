@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping
 
-from tilekit.codegen.cexpr import storage
+from tilekit.codegen.values import storage
 from tilekit.errors import UnsupportedError
 from tilekit.expr import index_map
 from tilekit.expr.analysis import Analysis, IndexMap
@@ -211,7 +211,7 @@ def _pad_node(pad: str | None, dtype: str) -> Node:
     value = PAD_VALUES.get(pad, 0.0) if pad is not None else 0.0
     kind = storage(dtype).kind
     if kind == "i" and math.isinf(value):
-        from tilekit.codegen.cexpr import _INT_LIMITS
+        from tilekit.codegen.values import _INT_LIMITS
         lo, hi = _INT_LIMITS[dtype]
         return Num(lo if value < 0 else hi)
     if kind == "b":

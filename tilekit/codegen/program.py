@@ -30,23 +30,23 @@ co-residency needs; `--compile` checks the grid against the ptxas resources agai
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from typing import Any, Mapping
 
-from tilekit.codegen.emitter import check_line, comment_text
-from tilekit.codegen.kernel import GeneratedKernel
-from tilekit.codegen.persistent import (Params, body_call, body_functions, fits_block,
-                                        smem_declaration)
+from tilekit.codegen.kernel import GeneratedKernel, generated
+from tilekit.codegen.persistent import Params, call, fits_block
 from tilekit.errors import TilekitError
 from tilekit.ir.model import Module, default_kernels
 from tilekit.ir.payloads import OpTile
 from tilekit.ir.program import TASK, Program, Segment, read_program
-from tilekit.schedule.defaults import STATIC_SMEM_LIMIT
+from tilekit.tile import expr as tx
+from tilekit.tile.build import Builder
+from tilekit.tile.expr import BLOCK, Addr, Expr, Load
+from tilekit.tile.nodes import Buffer, Continue, Evaluate, Kernel, Switch, Table, While
 
 _HINT = "the program does not match the kernels codegen makes: re-run tk-ram after the stages " \
         "before it"
-#: Items per line of the generated tables.
-_PER_LINE = 8
 
 
 def program_module(module: Module) -> Module:
@@ -116,14 +116,6 @@ def _member(program: Program, group: str, i: int, by_group, seg: Segment, where:
     return g
 
 
-def _table(name: str, values: list[int]) -> list[str]:
-    lines = [f"__device__ const int {name}[{len(values)}] = {{"]
-    for k in range(0, len(values), _PER_LINE):
-        lines.append("  " + ", ".join(str(v) for v in values[k:k + _PER_LINE]) + ",")
-    lines.append("};")
-    return lines
-
-
 def _program_kernel(module: Module, program: Program, s: int, seg: Segment,
                     members: list[GeneratedKernel], profile) -> GeneratedKernel:
     entry = f"tk_program_{s}"
@@ -137,60 +129,53 @@ def _program_kernel(module: Module, program: Program, s: int, seg: Segment,
     params = Params(module.tensors)
     for g in members:
         params.use_body(g)
-    smem = max(g.spec.smem_bytes for g in members)
+    counters = Buffer("tk_counters", "global", "uint32", (len(seg.operators),),
+                      access="write", comment="progress counters")
     # Blocks each SM must hold for the grid to be co-resident: ptxas fits the registers to it.
     # Without a profile there is no SM count: no bound (the launch-time check still guards).
     per_sm = max(1, -(-seg.veus // profile.sm_count)) if profile is not None else 1
-    lines = [f"// program segment {s}: {len(members)} operators as rTasks on {seg.veus} vEUs "
-             f"of {seg.threads} threads",
-             "// " + comment_text(f"co-residency at planning: {seg.residency}")]
-    lines.append(body_functions(members, seg.threads).rstrip("\n"))
-    lines += _table(f"{entry}_items", items) + _table(f"{entry}_start", start)
-    counters = "unsigned* __restrict__ tk_counters"
-    lines += [f'extern "C" __global__ void __launch_bounds__({seg.threads}, {per_sm})',
-              f"{entry}({', '.join(params.declarations() + [counters])}) {{",
-              f"  {smem_declaration(smem)}",
+    items_t = Table(f"{entry}_items", tuple(items))
+    start_t = Table(f"{entry}_start", tuple(start))
+    b = Builder()
 
-        f"  for (int i = {entry}_start[blockIdx.x]; i < {entry}_start[blockIdx.x + 1]; ++i) {{",
-        f"    const int op = {entry}_items[3 * i];",
-        f"    const int first = {entry}_items[3 * i + 1];",
-        f"    const int count = {entry}_items[3 * i + 2];",
-        "    if (count == 0) {  // a wait: until operator op has finished first rTasks",
-        "      if (threadIdx.x == 0) {",
-        "        while (tk_ld_acquire(&tk_counters[op]) < (unsigned)first) tk_spin();",
-        "      }",
-        "      __syncthreads();",
-        "      continue;",
-        "    }",
-        "    for (int b = first; b < first + count; ++b) {",
-        "      switch (op) {"]
-    for k, g in enumerate(members):
-        lines.append(f"        case {k}: {body_call(g, 'b', seg.threads)} break;"
-                     f"  // {comment_text(g.group)}")
-    lines += [
-        "      }",
-        "      __syncthreads();  // the next body reuses shared memory",
-        "    }",
-        "    if (threadIdx.x == 0) {  // release: the block's stores before the count",
-        "      __threadfence();",
-        "      atomicAdd(&tk_counters[op], (unsigned)count);",
-        "    }",
-        "  }",
-        "}"]
-    body = "\n".join(lines) + "\n"
-    for line in body.splitlines():
-        check_line(line)
+    def table(t: Table, at) -> Expr:
+        return Load(t.name, (tx.as_expr(at),), "int32")
+
+    with b.loop("i", table(start_t, BLOCK), table(start_t, BLOCK + 1)) as i:
+        op = b.let("op", table(items_t, i * 3))
+        first = b.let("first", table(items_t, i * 3 + 1))
+        count = b.let("count", table(items_t, i * 3 + 2))
+        with b.if_(tx.eq(count, 0)):    # a wait: until operator op has finished first rTasks
+            with b.threads(seg.threads) as tid:
+                with b.if_(tx.eq(tid, 0)):
+                    done = tx.call("ld_acquire", Addr(counters.name, (op,)))
+                    b.emit(While(tx.lt(done, tx.cast("uint32", first)),
+                                 Evaluate(tx.call("spin"))))
+            b.barrier()
+            b.emit(Continue())
+        with b.loop("blk", first, first + count) as blk:
+            b.emit(Switch(op, tuple((k, call(g, blk, tx.const(math.prod(g.grid))))
+                                    for k, g in enumerate(members))))
+            b.barrier()     # the next body reuses shared memory
+        with b.threads(seg.threads) as tid:
+            with b.if_(tx.eq(tid, 0)):  # release: the block's stores before the count
+                b.evaluate(tx.call("threadfence"))
+                b.evaluate(tx.call("atomic_add", Addr(counters.name, (op,)),
+                                   tx.cast("uint32", count)))
+    kernel = Kernel(entry, params.buffers() + (counters,), (), b.build(), seg.threads,
+                    seg.veus, per_sm,
+                    (f"program segment {s}: {len(members)} operators as rTasks on {seg.veus} "
+                     f"vEUs of {seg.threads} threads",
+                     f"co-residency at planning: {seg.residency}"),
+                    calls=tuple(g.program for g in members), tables=(items_t, start_t),
+                    counters=len(seg.operators))
     ops = tuple(op for g in members for op in g.ops)
     schedule = {"segment": s, "veus": seg.veus, "threads": seg.threads,
                 "operators": [g.group for g in members], "min_blocks_per_sm": per_sm,
                 "residency": seg.residency}
-    return GeneratedKernel(
-        name=f"program_{s}", group=f"program_{s}", entry=entry, ops=ops, shape="program",
-        schedule=schedule, grid=(seg.veus, 1, 1), block=(seg.threads, 1, 1),
-        smem_bytes=smem if smem > STATIC_SMEM_LIMIT else 0, smem_planned=max(smem, 16),
-        args=tuple(params.order), writes=params.writes(), body=body,
-        uses_half=any(g.uses_half for g in members), coresident=True,
-        counters=len(seg.operators))
+    return generated(kernel, name=f"program_{s}", group=f"program_{s}", ops=ops,
+                     shape="program", schedule=schedule, args=tuple(params.order),
+                     writes=params.writes(), coresident=True)
 
 
 def coresident_problems(name: str, threads: int, registers: int, smem: int, grid: int,

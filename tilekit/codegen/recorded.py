@@ -65,16 +65,23 @@ def check_recorded_kernels(module: Module, ir_path: str | None = None) -> None:
     recorded = codegen.get("kernels")
     if not isinstance(recorded, list) or not all(isinstance(k, Mapping) for k in recorded):
         raise TilekitError("has no list of kernel records", "codegen.kernels", _HINT)
+    target = codegen.get("target", "cuda")
+    if target not in ("cuda", "cpu"):
+        raise TilekitError(f"unknown target {excerpt(target, 30)}", "codegen.target",
+                           "re-run tk-codegen (--target cuda or cpu)")
     arch = codegen.get("arch")
     if not isinstance(arch, str):
         raise TilekitError("has no arch", "codegen.arch", _HINT)
-    check_arch(arch, "codegen.arch")
+    if target == "cuda":
+        check_arch(arch, "codegen.arch")
+    else:
+        arch = None
     bare = replace(module, codegen=None,
                    kernels=tuple(replace(k, launch=None) for k in module.kernels))
     have = [{key: k.get(key) for key in COMPARED} for k in recorded]
     first_difference = None
     for profile in _candidate_profiles(module, ir_path):
-        made = generate(bare, profile, arch).module
+        made = generate(bare, profile, arch, target).module
         want = [{key: k.get(key) for key in COMPARED} for k in made.codegen["kernels"]]
         if have != want:
             first_difference = first_difference or _difference(have, want)

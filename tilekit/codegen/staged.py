@@ -5,14 +5,15 @@ For a block tile (`block` per spatial axis) and a reduction step (`step` per red
 every read `X[map(axes)]` touches a box of X whose size is fixed (affine maps): per dimension
 `sum(|coef| * (len - 1)) + 1`, halo included. Per step the block
 
-1. loads each read's box into a shared buffer (all threads, coalesced along the innermost
-   dimension; `float4` loads where the box rows are provably 16-byte aligned and whole, see
-   `vector_width`), out-of-range elements replaced by the op's pad value;
-2. `__syncthreads()`;
+1. copies each read's box into a shared buffer (a `Copy` tile operation: all threads,
+   coalesced along the innermost dimension; 16-byte vector accesses where the vector-width
+   pass proves them, tilekit.tile.passes.copies), out-of-range elements replaced by the op's
+   pad value;
+2. meets at a barrier;
 3. for every reduction point of the step: loads each read's values for the thread's register
    tile into a small fragment array (one shared load per distinct value), then folds the body
    into every accumulator of the register tile;
-4. `__syncthreads()` before the next step overwrites the buffers.
+4. meets at a barrier before the next step overwrites the buffers.
 
 Boundary tiles: a partial last step runs a shorter loop (only when the step does not divide the
 extent), output points outside the tensor are computed on padding and never stored.
@@ -23,19 +24,22 @@ from __future__ import annotations
 import math
 from contextlib import ExitStack
 from dataclasses import dataclass
-from typing import Mapping
 
-from tilekit.codegen.cexpr import (IDENTITY, KIND_CTYPE, ValueCompiler, combine, linear,
-                                   load_value, storage, stored_pad)
-from tilekit.codegen.emitter import Emitter
-from tilekit.codegen.kernel import (GeneratedKernel, PointEmitter, _ll_if, _tile_text, avar,
-                                    block_origins, c_name, decompose, global_resolver,
-                                    finish, group_signature, index_type, needs_check, new_kernel,
-                                    register_loops, store_sink, strides, thread_coords, tvar)
+from tilekit.codegen.kernel import (GeneratedKernel, PointBuilder, avar, block_origins, c_name,
+                                    finish, fold_into, global_resolver, group_signature,
+                                    index_type, needs_check, register_loops, slot, store_sink,
+                                    strides, thread_coords, tile_text, tvar)
 from tilekit.codegen.plan import GroupPlan, OpPlan, Read
+from tilekit.codegen.values import (ValueCompiler, identity, load_value, storage_kind,
+                                    stored_pad)
 from tilekit.ir.payloads import Tile
 from tilekit.schedule.defaults import STATIC_SMEM_LIMIT
-from tilekit.schedule.shape import ITEMSIZE, KernelShape, OpFacts, facts_of
+from tilekit.schedule.shape import KernelShape, OpFacts, Target, facts_of
+from tilekit.tile import expr as tx
+from tilekit.tile.build import Builder, SharedMemory
+from tilekit.tile.expr import KIND_DTYPE, Expr, Load, Var
+from tilekit.tile.nodes import Buffer, Copy
+
 
 @dataclass(frozen=True)
 class Box:
@@ -43,24 +47,9 @@ class Box:
     and the Read that loads it (its padding)."""
 
     read: Read
-    buffer: str
+    buffer: Buffer
     extents: tuple[int, ...]           # per tensor dimension
     adjust: tuple[int, ...]            # local index of the tile's first point, per dimension
-
-    @property
-    def volume(self) -> int:
-        return math.prod(self.extents)
-
-    def local_terms(self) -> tuple[dict[str, int], int]:
-        """Shared-memory offset as {axis: coefficient} over local axis coordinates + const."""
-        st = strides(self.extents)
-        coefs: dict[str, int] = {}
-        const = 0
-        for m, s, adj in zip(self.read.maps, st, self.adjust):
-            const += adj * s
-            for a, c in m.terms:
-                coefs[a] = coefs.get(a, 0) + c * s
-        return coefs, const
 
 
 def op_facts(p: OpPlan) -> OpFacts:
@@ -72,27 +61,8 @@ def read_key(r) -> tuple:
     return (r.tensor, tuple(str(m) for m in r.maps))
 
 
-def vector_width(box: Box, lengths: Mapping[str, int]) -> int:
-    """4 when the box can be loaded with float4: float32, innermost box extent a multiple of
-    4, the box's first column at a multiple of 4 for every block and step position, and the
-    tensor's rows a multiple of 4 long (so a 4-wide chunk is wholly in or out of range and
-    16-byte aligned, given 16-byte-aligned tensor bases)."""
-    r = box.read
-    if r.dtype != "float32" or not r.shape:
-        return 1
-    m = r.maps[-1]
-    if box.extents[-1] % 4 or r.shape[-1] % 4:
-        return 1
-    first = m.const - box.adjust[-1]
-    if first % 4:
-        return 1
-    if any((c * lengths[a]) % 4 for a, c in m.terms):
-        return 1
-    return 4
-
-
-def staged_kernel(module, plan: GroupPlan, entry: str, decision: KernelShape
-                  ) -> GeneratedKernel:
+def staged_kernel(module, plan: GroupPlan, entry: str, decision: KernelShape,
+                  target: Target) -> GeneratedKernel:
     stage = plan.stages[0]
     p = stage.main
     tile = decision.tile
@@ -101,202 +71,189 @@ def staged_kernel(module, plan: GroupPlan, entry: str, decision: KernelShape
     axes = [a for a, _ in p.spatial]
     extents = [n for _, n in p.spatial]
     raxes = [a for a, _ in p.reduction]
-    threads_per_axis = [b // t for b, t in zip(tile.block, tile.thread)]
+    threads_per_axis = [s // t for s, t in zip(tile.block, tile.thread)]
     threads = tile.threads
     grid = math.prod(tile.grid(tuple(extents)))
-    lengths = {a: b for (a, _), b in zip(p.spatial, tile.block)}
-    lengths.update({a: s for (a, _), s in zip(p.reduction, tile.step)})
     first_read = {}
     for r in p.read_list():
         first_read.setdefault(read_key(r), r)
+    smem = SharedMemory()
     boxes: dict[tuple, Box] = {}
     for sb in decision.staged:
         key = sb.read.key
-        boxes[key] = Box(first_read[key], f"s_{c_name(sb.read.tensor)}_{len(boxes)}",
-                         sb.extents, sb.adjust)
-    total = decision.smem_bytes
-    kb = new_kernel(entry, sig, threads,
-                    [f"staged: {_tile_text(tile, p)}",
-                     f"shared memory: {total} bytes "
-                     f"({'dynamic' if total > STATIC_SMEM_LIMIT else 'static'})"],
-                    register_tile=True)
-    e = kb.body
-    vars_ = [avar(a) for a in axes]
-    for b in boxes.values():
+        r = first_read[key]
         # Staged in the tensor's own storage type (half stays 2 bytes), converted to the
         # compute kind when a thread reads it into its fragment.
-        kb.shared(b.buffer, storage(b.read.dtype).ctype, b.volume, ITEMSIZE[b.read.dtype],
-                  f"{b.read.tensor} box {list(b.extents)}")
-    e.line("const int tid = threadIdx.x;")
-    origins = block_origins(e, axes, extents, tile.block, idx_t)
-    thread_vars = thread_coords(e, axes, threads_per_axis)
-    pe = PointEmitter(module, e, stage, vars_, global_resolver)
-    kind = pe.acc_kind(p)
+        buf = smem.carve(f"s_{c_name(sb.read.tensor)}_{len(boxes)}", r.dtype, sb.extents,
+                         f"{r.tensor} box {list(sb.extents)}")
+        boxes[key] = Box(r, buf, sb.extents, sb.adjust)
+    total = decision.smem_bytes
+    b = Builder()
+    origins = block_origins(b, axes, extents, tile.block, idx_t)
+    pb_kind = PointBuilder(module, b, stage, [Var(avar(a), idx_t) for a in axes],
+                           global_resolver)
+    kind = pb_kind.acc_kind(p)
     npoints = math.prod(tile.thread)
-    e.line(f"{KIND_CTYPE[kind]} acc[{npoints}];")
-    e.line("#pragma unroll")
-    e.line(f"for (int k = 0; k < {npoints}; ++k) acc[k] = {IDENTITY[p.assign][kind]};")
+    acc = b.alloc("acc", KIND_DTYPE[kind], (npoints,), "the thread's register tile")
+    with b.threads(threads) as tid:
+        with b.loop("k", 0, npoints, kind="unroll") as k:
+            b.store(acc, (k,), identity(p.assign, kind))
+    copies: list[Copy] = []
     # Step loops over the reduction axes (chunk origins q_<axis>).
     with ExitStack() as steps:
+        q: dict[str, Expr] = {}
         for (a, n), s in zip(p.reduction, tile.step):
-            q = f"q_{c_name(a)}"
             if s >= n:  # one step covers the axis
-                e.line(f"const int {q} = 0;")
+                q[a] = tx.const(0)
                 continue
-            steps.enter_context(e.block(f"for (int {q} = 0; {q} < {n}; {q} += {s})"))
-        e.line("__syncthreads();  // the previous step's buffers are no longer read")
-        base = {a: o for a, o in zip(axes, origins)}
-        base.update({a: f"q_{c_name(a)}" for a in raxes})
+            q[a] = steps.enter_context(b.loop(f"q_{c_name(a)}", 0, n, s))
+        b.barrier()     # the previous step's buffers are no longer read
+        base = dict(zip(axes, origins))
+        base.update(q)
         ranges = _padded_ranges(p, tile)
-        for b in boxes.values():
-            _emit_load(e, b, base, ranges, threads, idx_t, lengths)
-        e.line("__syncthreads();")
-        _emit_compute(e, p, tile, boxes, thread_vars, threads_per_axis, kind, module)
-    _emit_epilogue(e, module, plan, pe, tile, origins, thread_vars, idx_t, kind)
+        for box in boxes.values():
+            copy = _copy(b, box, base, ranges, idx_t)
+            copies.append(copy)
+            b.emit(copy)
+        b.barrier()
+        with b.threads(threads) as tid:
+            thread_vars = thread_coords(b, tid, axes, threads_per_axis)
+            _compute(b, p, tile, boxes, thread_vars, threads_per_axis, kind, module, acc, q)
+    with b.threads(threads) as tid:
+        _epilogue(b, module, plan, tile, origins, tid, idx_t, kind, acc)
     sched = tile.describe(tuple(axes), tuple(raxes))
-    sched["smem_buffers"] = [{"tensor": b.read.tensor, "box": list(b.extents)}
-                             for b in boxes.values()]
-    sched["vectorized"] = sorted(b.read.tensor for b in boxes.values()
-                                 if vector_width(b, lengths) == 4)
-    kernel = finish(kb, plan, "staged", sched, grid, sig)
-    assert kernel.smem_planned == total, "the builder and the shape decision disagree"
+    sched["smem_buffers"] = [{"tensor": box.read.tensor, "box": list(box.extents)}
+                             for box in boxes.values()]
+    kernel_body = b.build()
+    sched["vectorized"] = _vectorized(copies, smem, sig, kernel_body, threads, grid)
+    kernel = finish(plan, entry, sig, kernel_body, shape="staged", schedule=sched,
+                    threads=threads, grid=grid, shared=smem.all(), register_tile=True,
+                    target=target, comments=[f"staged: {tile_text(tile, p)}",
+                              f"shared memory: {total} bytes "
+                              f"({'dynamic' if total > STATIC_SMEM_LIMIT else 'static'})"])
+    assert kernel.smem_planned == total, "the program and the shape decision disagree"
     return kernel
 
 
-def _emit_epilogue(e: Emitter, module, plan: GroupPlan, pe: PointEmitter, tile: Tile,
-                   origins: list[str], thread_vars: list[str], idx_t: str, kind: str) -> None:
-    """Every point of the register tile, in range, through the chain to memory."""
-    p = plan.stages[0].main
-    axes = [a for a, _ in p.spatial]
-    extents = [n for _, n in p.spatial]
-    vars_ = [avar(a) for a in axes]
-    threads_per_axis = [b // t for b, t in zip(tile.block, tile.thread)]
-    bounds = " && ".join(f"{v} < {n}" for v, n, bl in zip(vars_, extents, tile.block)
-                         if n % bl)
-    with register_loops(e, axes, tile.thread):
-        for v, o, w, a, t, across in zip(vars_, origins, thread_vars, axes, tile.thread,
-                                         threads_per_axis):
-            j = f" + j_{c_name(a)} * {across}" if t > 1 else ""
-            e.line(f"const {idx_t} {v} = {o} + {w}{j};")
-        slot = _slot(axes, tile.thread, axes)
-        with e.blocks([f"if ({bounds})"] if bounds else []):
-            pe.epilogue(pe.main_value(p, (f"acc[{slot}]", kind)),
-                        store_sink(module, e, plan.stored, vars_))
+def _vectorized(copies: list[Copy], smem: SharedMemory, sig, body, threads: int,
+                grid: int) -> list[str]:
+    """Tensors whose box copies move 16 bytes per access (the vector-width pass's proof)."""
+    from tilekit.tile.nodes import Kernel
+    from tilekit.tile.passes.copies import Divisibility, vector_width
+
+    k = Kernel("probe", sig.params(), smem.all(), body, threads, grid)
+    div = Divisibility(k)
+    by_buffer = {c.dst: c for c in copies}
+    names = {b.name: b.comment.split(" box ")[0] for b in smem.all()}
+    return sorted(names[c.dst] for c in by_buffer.values() if vector_width(c, k, div) == 4)
+
+
+def _copy(b: Builder, box: Box, base: dict[str, Expr], ranges, idx_t: str) -> Copy:
+    """The copy of one box of this step: its origin per dimension (block-level values),
+    the source offset and validity per element."""
+    r = box.read
+    b.comment(f"stage {r.tensor}[{', '.join(str(m) for m in r.maps)}]: box "
+              f"{list(box.extents)}")
+    los = []
+    for m, adj in zip(r.maps, box.adjust):
+        terms = [(c, base[a]) for a, c in m.terms]
+        los.append(b.let("lo_", tx.linear(terms, m.const - adj, idx_t), idx_t))
+    local = tuple(b.var("l_") for _ in box.extents)
+    g = [tx.add(lo, loc) for lo, loc in zip(los, local)]
+    need = needs_check(r, ranges)
+    valid = tx.and_(*(tx.call("in_range", x, tx.as_expr(dim, x.dtype))
+                      for x, dim, n in zip(g, r.shape, need) if n))
+    offset = tx.linear(zip(strides(r.shape), g), 0, idx_t) if g else tx.const(0, idx_t)
+    return Copy(box.buffer.name, (), local, tvar(r.tensor), offset, valid,
+                stored_pad(r.pad, r.dtype))
 
 
 def _padded_ranges(p: OpPlan, tile: Tile) -> dict[str, tuple[int, int]]:
     """Axis ranges covered by whole tiles and steps (boxes of boundary tiles overhang)."""
     out = {}
-    for (a, n), b in zip(p.spatial, tile.block):
-        out[a] = (0, -(-n // b) * b - 1)
+    for (a, n), s in zip(p.spatial, tile.block):
+        out[a] = (0, -(-n // s) * s - 1)
     for (a, n), s in zip(p.reduction, tile.step):
         out[a] = (0, -(-n // s) * s - 1)
     return out
 
 
-def _emit_load(e: Emitter, b: Box, base: dict[str, str], ranges, threads: int, idx_t: str,
-               lengths: dict[str, int]) -> None:
-    """All threads copy one box from global to shared memory."""
-    r = b.read
-    nd = len(b.extents)
-    width = vector_width(b, lengths)
-    e.comment(f"stage {r.tensor}[{', '.join(str(m) for m in r.maps)}]: box {list(b.extents)}"
-              + (" (float4 loads)" if width == 4 else ""))
-    with e.block():
-        los = []
-        for d, (m, adj) in enumerate(zip(r.maps, b.adjust)):
-            lo = e.tmp("lo")
-            terms = [(c, base[a]) for a, c in m.terms]
-            e.line(f"const {idx_t} {lo} = {linear(terms, m.const - adj)};")
-            los.append(lo)
-        need = needs_check(r, ranges)
-        st = strides(r.shape)
-        pad = stored_pad(r.pad, r.dtype)
-        ext = list(b.extents)
-        if width == 4:
-            ext[-1] //= 4
-        count = math.prod(ext)
-        with e.block(f"for (int i = threadIdx.x; i < {count}; i += {threads})"):
-            locs = [e.tmp("l") for _ in range(nd)]
-            decompose(e, "i", ext, locs, "int")
-            gs = []
-            for d in range(nd):
-                g = e.tmp("g")
-                scale = 4 if (width == 4 and d == nd - 1) else 1
-                loc = f"{scale} * {locs[d]}" if scale != 1 else locs[d]
-                e.line(f"const {idx_t} {g} = {los[d]} + {loc};")
-                gs.append(g)
-            checks = [f"tk_in({g}, {dim})" for g, dim, n in zip(gs, r.shape, need) if n]
-            offset = linear(zip(st, gs)) if gs else "0"
-            if width == 4:
-                value = f"*reinterpret_cast<const float4*>(&{tvar(r.tensor)}[{offset}])"
-                fill = f"make_float4({pad}, {pad}, {pad}, {pad})"
-                load = f"({' && '.join(checks)} ? {value} : {fill})" if checks else value
-                e.line(f"*reinterpret_cast<float4*>(&{b.buffer}[4 * i]) = {load};")
-            else:
-                value = f"{tvar(r.tensor)}[{offset}]"
-                load = f"({' && '.join(checks)} ? {value} : {pad})" if checks else value
-                e.line(f"{b.buffer}[i] = {load};")
-
-
-def _slot(axes: list[str], thread: tuple[int, ...], over: list[str]) -> str:
-    """Flat index over the register-tile loop variables of the axes in `over`."""
-    sizes = [t for a, t in zip(axes, thread) if a in over]
-    names = [a for a in axes if a in over]
-    terms = []
-    for k, (a, t) in enumerate(zip(names, sizes)):
-        if t > 1:
-            terms.append((math.prod(sizes[k + 1:]), f"j_{c_name(a)}"))
-    return linear(terms)
-
-
-def _emit_compute(e: Emitter, p: OpPlan, tile: Tile, boxes: dict[tuple, Box],
-                  thread_vars: list[str], threads_per_axis: list[int], kind: str, module) -> None:
+def _compute(b: Builder, p: OpPlan, tile: Tile, boxes: dict[tuple, Box], thread_vars,
+             threads_per_axis: list[int], kind: str, module, acc: Buffer, q) -> None:
     axes = [a for a, _ in p.spatial]
     thread = dict(zip(axes, tile.thread))
     thread_var = dict(zip(axes, thread_vars))
     threads_along = dict(zip(axes, threads_per_axis))
+    local: dict[str, Expr] = {}
     with ExitStack() as reduction_loops:
         last = len(p.reduction) - 1
         for k, ((a, n), s) in enumerate(zip(p.reduction, tile.step)):
-            r = avar(a)
-            q = f"q_{c_name(a)}"
             if n % s:
-                bound = f"({n} - {q} < {s} ? {n} - {q} : {s})"
+                rest = tx.sub(n, q[a])
+                bound = tx.select(tx.lt(rest, s), rest, tx.const(s))
+                loop_kind = "serial"
             else:
-                bound = str(s)
-                if s <= 32 and k == last:  # unroll the innermost loop only: code size
-                    e.line("#pragma unroll")
-            reduction_loops.enter_context(e.block(f"for (int {r} = 0; {r} < {bound}; ++{r})"))
+                bound = tx.const(s)
+                loop_kind = "unroll" if s <= 32 and k == last else "serial"  # code size
+            local[a] = reduction_loops.enter_context(b.loop(avar(a), 0, bound, kind=loop_kind))
         # Fragments: each buffer's values for the thread's register tile at this point.
-        fragments: dict[tuple, tuple[str, list[str]]] = {}
-        for key, b in boxes.items():
-            coefs, const = b.local_terms()
-            dep = [a for a in axes if coefs.get(a)]
+        fragments: dict[tuple, tuple[Buffer, list[str]]] = {}
+        for key, box in boxes.items():
+            dep = [a for a in axes if any(a == x for m in box.read.maps for x, _ in m.terms)]
+            dep = [a for a in dep if _coef_any(box, a)]
             size = math.prod(thread[a] for a in dep)
-            name = f"f_{c_name(b.read.tensor)}_{len(fragments)}"
-            ctype = KIND_CTYPE[storage(b.read.dtype).kind]
-            e.line(f"{ctype} {name}[{size}];")
-            with register_loops(e, dep, [thread[a] for a in dep]):
-                terms: list[tuple[int, str]] = []
-                for a, c in sorted(coefs.items(), key=lambda ac: (ac[0] not in axes, ac[0])):
-                    if a in axes:
-                        terms.append((c, thread_var[a]))
-                        if thread[a] > 1:
-                            terms.append((c * threads_along[a], f"j_{c_name(a)}"))
-                    else:
-                        terms.append((c, avar(a)))
-                e.line(f"{name}[{_slot(axes, tile.thread, dep)}] = "
-                       f"{load_value(f'{b.buffer}[{linear(terms, const)}]', b.read.dtype)};")
-            fragments[key] = (name, dep)
+            frag = b.alloc(f"f_{c_name(box.read.tensor)}_{len(fragments)}",
+                           KIND_DTYPE[storage_kind(box.read.dtype)], (size,))
+            with register_loops(b, dep, [thread[a] for a in dep]) as j:
+                coord = {a: thread_var[a] + j[a] * threads_along[a] if thread[a] > 1
+                         else thread_var[a] for a in dep}
+                coord.update(local)
+                index = []
+                for m, adj in zip(box.read.maps, box.adjust):
+                    terms = [(c, coord[a]) for a, c in m.terms if a in coord]
+                    index.append(tx.linear(terms, adj))
+                value = load_value(Load(box.buffer.name, tuple(index), box.buffer.dtype),
+                                   box.read.dtype)
+                b.store(frag, (slot(dep, [thread[a] for a in dep], j),), value)
+            fragments[key] = (frag, dep)
 
-        def read(node) -> str:
-            r = p.read(node)
-            name, dep = fragments[read_key(r)]
-            return f"{name}[{_slot(axes, tile.thread, dep)}]"
+        def read(j):
+            def reader(node) -> Expr:
+                r = p.read(node)
+                frag, dep = fragments[read_key(r)]
+                return Load(frag.name, (slot(dep, [thread[a] for a in dep], j),), frag.dtype)
+            return reader
 
         # Fold the body into every accumulator of the register tile.
-        with register_loops(e, axes, tile.thread):
-            comp = ValueCompiler({}, lambda t: storage(module.tensors[t].dtype).kind, read)
-            e.line(combine(p.assign, f"acc[{_slot(axes, tile.thread, axes)}]",
-                           _ll_if(comp.emit(p.body, kind), kind)))
+        with register_loops(b, axes, tile.thread) as j:
+            comp = ValueCompiler({}, lambda t: storage_kind(module.tensors[t].dtype), read(j))
+            fold_into(b, (acc, (slot(axes, list(tile.thread), j),)), p.assign,
+                      tx.cast(acc.dtype, comp.emit(p.body, kind)))
+
+
+def _coef_any(box: Box, axis: str) -> bool:
+    return any(c for m in box.read.maps for a, c in m.terms if a == axis)
+
+
+def _epilogue(b: Builder, module, plan: GroupPlan, tile: Tile, origins, tid, idx_t: str,
+              kind: str, acc: Buffer) -> None:
+    """Every point of the register tile, in range, through the chain to memory."""
+    p = plan.stages[0].main
+    axes = [a for a, _ in p.spatial]
+    extents = [n for _, n in p.spatial]
+    threads_per_axis = [s // t for s, t in zip(tile.block, tile.thread)]
+    thread_vars = thread_coords(b, tid, axes, threads_per_axis)
+    with register_loops(b, axes, tile.thread) as j:
+        vars_ = [b.let(avar(a), o + w + j[a] * across if t > 1 else o + w, idx_t)
+                 for a, o, w, t, across in zip(axes, origins, thread_vars, tile.thread,
+                                               threads_per_axis)]
+        pb = PointBuilder(module, b, plan.stages[0], vars_, global_resolver)
+        bounds = tx.and_(*(tx.lt(v, n) for v, n, s in zip(vars_, extents, tile.block)
+                           if n % s))
+        with b.if_(bounds):
+            value = Load(acc.name, (slot(axes, list(tile.thread), j),), acc.dtype)
+            pb.epilogue(pb.main_value(p, (value, kind)),
+                        store_sink(module, b, plan.stored, vars_))
+
+
+__all__ = ["op_facts", "read_key", "staged_kernel"]

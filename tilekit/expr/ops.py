@@ -136,7 +136,7 @@ def _cast(dtype: str) -> Callable:
 class Function:
     """A function callable in a body.
 
-    `family` decides the C result kind (tilekit.codegen.cexpr): "math" promotes to float,
+    `family` decides the compute kind in kernels (tilekit.codegen.values): "math" promotes to float,
     "signed" keeps the argument's kind (ints stay ints), "predicate" gives bool, "cast" the
     named dtype, "binary" joins the arguments' kinds, "select" joins its two values.
     """

@@ -4,7 +4,7 @@ Every name that can reach generated code, a file name or an archive member (tens
 kernel and model names, axis names, opaque types) is an **identifier**: ASCII letters,
 digits and `_`, not starting with a digit, at most `MAX_NAME_LENGTH` characters. The verifier
 checks every name field against it; the code generators print names only through it (and
-comment text only through `tilekit.codegen.emitter.comment_text`); files and archive members
+comment text only through `tilekit.tile.emit.comment_text`); files and archive members
 are named `<identifier>.<suffix>`. The length bound keeps the longest file name tk-codegen
 makes from two names (`tk_<kernel>__<op>_<n>.cu`) under the 255 bytes a file name may have.
 

@@ -43,13 +43,38 @@ class Backend:
     trace: Runner | None = None
 
 
-def backend(module: Module, device: str = "cpu", mode: str = "whole") -> Backend:
+def default_mode(module: Module, device: str) -> str:
+    """The mode a run takes when none is given: the compiled kernels when the module has
+    CPU code (tk-codegen --target cpu), else the reference executor's whole ops."""
+    from tilekit.runtime.compiled import is_cpu_code
+
+    return "compiled" if device == "cpu" and is_cpu_code(module) else "whole"
+
+
+def backend(module: Module, device: str = "cpu", mode: str | None = None,
+            threads: int | None = None) -> Backend:
     """Prepare `module` for `device` ("cpu" or "cuda"); refuses what that device cannot run.
 
-    `mode` is the CPU execution mode ("whole", or one added with `register_mode`); the CUDA
-    runtime runs the generated kernels and has no modes, so any other mode is refused there.
+    `mode` is the CPU execution mode: "compiled" (the module's C++ kernels: the default when
+    it has them), "whole" (the NumPy reference executor, the default otherwise), or one
+    added with `register_mode` ("tiled", "program"); the CUDA runtime runs the generated
+    kernels and has no modes, so any other mode is refused there. `threads`: the compiled
+    code's threads (default: OpenMP's, every core).
     """
     from tilekit.runtime.bench import cpu_description
+
+    mode = mode or default_mode(module, device)
+    if device == "cpu" and mode == "compiled":
+        from tilekit.runtime.compiled import CpuProgram, is_cpu_code
+        if not is_cpu_code(module):
+            raise TilekitError("the IR has no CPU kernels", "--mode compiled",
+                               "run tk-codegen --target cpu first, or use another --mode")
+        compiled = CpuProgram(module, threads)
+        from tilekit.runtime.bench import cpu_model
+        return Backend("cpu", f"cpu ({cpu_model()}), compiled, {compiled.threads} "
+                       f"thread{'s' if compiled.threads != 1 else ''}",
+                       compiled.run, trace=lambda i, w: (compiled.run(i, w),
+                                                         compiled.tensors())[1])
 
     if device == "cpu" and mode == "program":  # tk-ram's plan, task by task (runtime.program)
         from tilekit.runtime.bench import cpu_description

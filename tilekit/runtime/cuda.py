@@ -385,20 +385,22 @@ def unit_source(kernels: "tuple[KernelRecord, ...]") -> str:
     kernel needs it), then every kernel's body.
 
     A record's source is its own preamble (a pure function of the record:
-    `tilekit.codegen.kernel.kernel_preamble`) followed by its body; a source that does not start with
+    `tilekit.tile.cuda.file_preamble`) followed by its body; a source that does not start with
     that preamble was not written by this tilekit and is refused.
     """
-    from tilekit.codegen.kernel import kernel_preamble, shape_defines, unit_text
+    from tilekit.codegen.kernel import shape_defines
+    from tilekit.tile.cuda import file_preamble, unit_text
 
     bodies = []
     for k in kernels:
-        head = kernel_preamble(k.name, k.ops, k.shape, k.uses_half, shape_defines(k.shape))
+        head = file_preamble(k.name, k.ops, k.shape, k.uses_half, shape_defines(k.shape))
         if not k.source.startswith(head):
             raise TilekitError(f"the source of kernel {k.entry} does not start with the "
                                "preamble tk-codegen writes", "codegen.kernels",
                                "re-run tk-codegen with this tilekit")
         bodies.append(k.source[len(head):])
-    return unit_text(bodies, [k.shape for k in kernels], any(k.uses_half for k in kernels))
+    return unit_text(bodies, [shape_defines(k.shape) for k in kernels],
+                     any(k.uses_half for k in kernels))
 
 
 def _major(version: str) -> int | None:

@@ -10,7 +10,7 @@ several kernels on blocks of one size. A body may run on a block of another size
   the block's threads (`if (threadIdx.x < t)`); with warp collectives (a default kernel with
   lanes) only when it covers whole warps (`t % 32 == 0`);
 - it has more threads than the block, a multiple, and its threads never exchange values: each
-  thread of the block stands in for several (`tilekit.codegen.builder`'s thread-strided form).
+  thread of the block stands in for several (the CUDA printer's thread-strided form, tilekit.tile.cuda).
 
 `shared_block` picks the block: the threads of the bodies with barriers (they must agree),
 else the largest body's; `runs_on` says why one body cannot run on a given block.

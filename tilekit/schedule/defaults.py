@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import math
 
+from tilekit.tile.nodes import STATIC_SMEM_LIMIT
+
 #: Threads per block of the default schedule (and of opaque ops' fixed schedule).
 DEFAULT_THREADS = 256
 #: The default schedule's grid cap; a grid-stride loop covers the rest.
 MAX_DEFAULT_GRID = 65535
-#: Static shared memory a kernel may declare without opting in (every NVIDIA arch).
-STATIC_SMEM_LIMIT = 48 * 1024
 WARP = 32
 #: Lane groups: a reduction whose innermost reduction axis is contiguous in memory and at
 #: least this long is split over up to 32 lanes (warp shuffles combine the partial results).

@@ -30,6 +30,7 @@ from typing import Sequence
 
 from tilekit.expr.analysis import index_map
 from tilekit.expr.ast import Access, Binary, Call, Node, Num
+from tilekit.tile.passes.layout import conflict_free_pad
 
 #: Instruction per compute type: (name, m, n, k, profile dtype key, element bytes in smem).
 MMA = {
@@ -39,8 +40,6 @@ MMA = {
 }
 #: Precision settings of fp32 contractions: "fp32" (CUDA cores) or "tf32" (tensor cores).
 PRECISIONS = ("fp32", "tf32")
-#: Row padding of every shared tile (bytes): consecutive rows start 4 banks apart.
-ROW_PAD_BYTES = 16
 WARP = 32
 
 
@@ -187,8 +186,9 @@ class MmaPlan:
         mn = self.bm if operand is self.contraction.a else self.bn
         return (mn, self.bk) if operand.k_inner else (self.bk, mn)
 
-    def row_pad(self) -> int:
-        return ROW_PAD_BYTES // self.instruction[5]
+    def row_pad(self, operand: Operand) -> int:
+        """Elements of padding per row of an operand's tile (the layout pass's rule)."""
+        return conflict_free_pad(self.tile_shape(operand)[1], self.instruction[5])
 
     def record(self) -> dict:
         c = self.contraction
@@ -241,9 +241,9 @@ def mma_plan(c: Contraction, spatial, reduction, block: Sequence[int], step: Seq
     wm, wn = min(fits, key=lambda s: (abs(math.log2((bm / s[0]) / (bn / s[1]))), s))
     a_async = _async_ok(c.a, c, size, extent, extents_of(c.a.index), item)
     b_async = _async_ok(c.b, c, size, extent, extents_of(c.b.index), item)
-    pad = ROW_PAD_BYTES // item
-    per_stage = sum(rows * (length + pad) * item for rows, length in (
-        (bm, bk) if c.a.k_inner else (bk, bm), (bn, bk) if c.b.k_inner else (bk, bn)))
+    per_stage = sum(rows * (length + conflict_free_pad(length, item)) * item
+                    for rows, length in ((bm, bk) if c.a.k_inner else (bk, bm),
+                                         (bn, bk) if c.b.k_inner else (bk, bn)))
     stages = 3 if (a_async or b_async) and 3 * per_stage <= smem_limit else 2
     if stages * per_stage > smem_limit:
         return f"{stages} stages of {per_stage} bytes do not fit {smem_limit} bytes"

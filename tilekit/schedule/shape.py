@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from tilekit.expr.ast import Access, Axis, Call, Node, children, walk
 from tilekit.expr.box import Span, map_box
 from tilekit.ir.payloads import Tile
+from tilekit.tile.nodes import SMEM_ALIGN
 from tilekit.schedule.defaults import (DEFAULT_THREADS, LANE_MIN_EXTENT, STATIC_SMEM_LIMIT,
                                        WARP, default_grid, lane_count)
 from tilekit.schedule.mma import Contraction, MmaPlan, compute_type, contraction, mma_plan, offered
@@ -49,7 +50,6 @@ STREAM_RATIO = 8
 ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int64": 8, "int32": 4,
             "int16": 2, "int8": 1, "uint8": 1, "bool": 1}
 #: Every shared buffer starts on a 16-byte boundary (vector loads, `cp.async`).
-SMEM_ALIGN = 16
 
 
 def buffer_bytes(count: int, dtype: str) -> int:
@@ -272,24 +272,38 @@ class KernelShape:
         return out
 
 
-def default_shape(facts: OpFacts) -> KernelShape:
-    lanes = facts.lanes if facts.reduction else 1
+def default_shape(facts: OpFacts, lanes_allowed: bool = True) -> KernelShape:
+    lanes = facts.lanes if facts.reduction and lanes_allowed else 1
     return KernelShape("default", None, DEFAULT_THREADS, lanes)
+
+
+#: Kinds of code a target runs: CUDA on NVIDIA GPUs, C++ on CPUs.
+TARGET_KINDS = ("cuda", "cpu")
 
 
 @dataclass(frozen=True)
 class Target:
     """What the decision may use: the per-block shared memory, the tensor-core compute types
-    the profile offers (tilekit.schedule.mma.offered) and the fp32 precision setting."""
+    the profile offers (tilekit.schedule.mma.offered), the fp32 precision setting, and the
+    kind of code: a CPU runs a block's threads one after another, so its kernels use no warp
+    collectives (no lane groups, no tensor cores)."""
 
     smem_limit: int
     mma: frozenset[str] = frozenset()
     precision: str = "fp32"
+    kind: str = "cuda"
+
+    @property
+    def lanes(self) -> bool:
+        """Lane groups combined by warp shuffles."""
+        return self.kind == "cuda"
 
     @staticmethod
-    def of(profile, precision: str = "fp32") -> "Target":
-        return Target(int(profile.smem_per_block) if profile is not None else STATIC_SMEM_LIMIT,
-                      offered(profile), precision)
+    def of(profile, precision: str = "fp32", kind: str = "cuda") -> "Target":
+        limit = int(profile.smem_per_block) if profile is not None else STATIC_SMEM_LIMIT
+        if kind == "cpu":
+            return Target(limit, frozenset(), precision, "cpu")
+        return Target(limit, offered(profile), precision, kind)
 
 
 def mma_shape(facts: OpFacts, tile: Tile, target: Target) -> KernelShape | str:
@@ -315,12 +329,12 @@ def decide(facts: OpFacts, tile: Tile | None, target: Target | int) -> KernelSha
         target = Target(int(target))
     smem_limit = target.smem_limit
     if tile is None:
-        return default_shape(facts)
+        return default_shape(facts, target.lanes)
     tensor = mma_shape(facts, tile, target)
     if not isinstance(tensor, str):
         return tensor
     why = reuse_reason(facts, tile)
-    if why is not None and facts.lanes >= WARP:
+    if why is not None and facts.lanes >= WARP and target.lanes:
         return KernelShape("default", None, DEFAULT_THREADS, facts.lanes,
                            note="reduction over a contiguous axis without reuse: lanes")
     if why is None:
@@ -343,7 +357,7 @@ def default_blocks(facts: OpFacts, shape: KernelShape) -> int:
     return default_grid(points, DEFAULT_THREADS // max(shape.lanes, 1))
 
 
-__all__ = ["ITEMSIZE", "KernelShape", "LANE_MIN_EXTENT", "MIN_REUSE", "OpFacts", "ReadFacts",
+__all__ = ["ITEMSIZE", "KernelShape", "TARGET_KINDS", "Target", "LANE_MIN_EXTENT", "MIN_REUSE", "OpFacts", "ReadFacts",
            "STREAM_RATIO",
            "StagedBox", "analysis_facts", "buffer_bytes", "decide", "facts_of",
            "fit_steps", "reuse_reason", "staged_boxes"]

@@ -1,15 +1,14 @@
-"""A small indented-buffer emitter for C/CUDA text, with named temporaries.
+"""The printers' indented text buffer, and the check every printed line passes.
 
-Kernel generators write lines through an `Emitter` instead of concatenating strings: the
-emitter owns indentation (`with e.block("for (...)"):` opens and closes a brace) and hands out
-temporary names that never collide within one kernel (`e.tmp("acc")` -> `acc0`, `acc1`, ...).
-Output is a pure function of the calls made, so the same IR gives the same bytes.
+The printers (`tilekit.tile.cuda`, `tilekit.tile.cpp`) write lines through an `Emitter`: it
+owns indentation (`with e.block("for (...)"):` opens and closes a brace). Output is a pure
+function of the calls made, so the same program gives the same bytes.
 
-Names and comments: generated code prints names only as identifiers (`tilekit.ir.names`;
-the kernel shapes build theirs with `c_name`), and any text derived from names or
-expressions that goes into a comment passes through `comment_text`. Every line the emitter
-takes is checked (`check_line`): printable ASCII, no trailing backslash, and a comment part
-that `comment_text` leaves unchanged, so no input can end a comment early or add a line.
+Names and comments: printed code holds names only as identifiers (the tile verifier checks
+every buffer and variable name), and any text derived from names or expressions that goes
+into a comment passes through `comment_text`. Every line the emitter takes is checked
+(`check_line`): printable ASCII, no trailing backslash, and a comment part that
+`comment_text` leaves unchanged, so no input can end a comment early or add a line.
 """
 
 from __future__ import annotations

@@ -1,0 +1,124 @@
+"""Building the CPU target's kernels: one translation unit, the system C++ compiler, a cache.
+
+`build(source)` compiles a unit of CPU kernels (`unit_source` of a `codegen` section's
+records) into a shared library with `g++ -O3 -march=native -fopenmp -shared` (any `$CXX` that
+takes those flags) and caches it under `$TILEKIT_CACHE/cpu/<key>/`; the key covers the source,
+the headers, the compiler, its flags and the machine (`-march=native` makes code for the CPU
+in hand). A refused unit is kept in `cpu/failed-<key>/` and the error prints the command that
+reproduces it. tk-codegen --target cpu --compile builds it; tk-run --device cpu loads it.
+
+Why the system compiler and not LLVM through a Python binding: g++ is on every machine this
+project supports (the CUDA emulation needs it already), it vectorises the inner loops of the
+printed C++ and brings OpenMP; an LLVM binding would be a new dependency for no gain here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+from tilekit.errors import TilekitError, UnsupportedError
+from tilekit.ir.payloads import KernelRecord
+
+
+def find_cxx() -> str | None:
+    return os.environ.get("CXX") or shutil.which("g++") or shutil.which("clang++")
+
+
+#: How every CPU library is built (with `-march=native`: for the CPU in hand).
+CXX_FLAGS = ("-O3", "-std=c++17", "-march=native", "-fopenmp", "-fPIC", "-shared", "-w")
+#: What the runtime adds to the unit: a way to set the number of OpenMP threads.
+RUNTIME_TAIL = """
+#include <omp.h>
+extern "C" void tk_set_threads(int n) { omp_set_num_threads(n > 0 ? n : 1); }
+extern "C" int tk_get_threads() { return omp_get_max_threads(); }
+"""
+
+
+def unit_source(kernels: tuple[KernelRecord, ...]) -> str:
+    """The recorded kernels as one translation unit; a source that does not start with the
+    preamble tk-codegen writes for its record was not written by this tilekit."""
+    from tilekit.tile.cpp import file_preamble, unit_text
+
+    bodies = []
+    for k in kernels:
+        head = file_preamble(k.name, k.ops, k.shape)
+        if not k.source.startswith(head):
+            raise TilekitError(f"the source of kernel {k.entry} does not start with the "
+                               "preamble tk-codegen writes", "codegen.kernels",
+                               "re-run tk-codegen --target cpu with this tilekit")
+        bodies.append(k.source[len(head):])
+    return unit_text(bodies) + RUNTIME_TAIL
+
+
+def _machine() -> str:
+    """What `-march=native` depends on: the architecture and the CPU's feature flags."""
+    flags = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features", "model name")):
+                flags += line + "\n"
+                if line.startswith(("flags", "Features")):
+                    break
+    except OSError:
+        pass
+    return platform.machine() + "\n" + flags
+
+
+def compiler_version(cxx: str) -> str:
+    try:
+        out = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30)
+        return out.stdout.splitlines()[0] if out.stdout else cxx
+    except (OSError, subprocess.SubprocessError):
+        return cxx
+
+
+def build(source: str) -> Path:
+    """The shared library of `source` (cached by content, compiler, flags and machine)."""
+    from tilekit.codegen.helpers import CPU_HEADERS
+    from tilekit.codegen.nvcc import cache_dir
+
+    cxx = find_cxx()
+    if cxx is None:
+        raise UnsupportedError("no C++ compiler (g++ or clang++) to build the CPU kernels",
+                               "--device cpu", "install g++, or set CXX")
+    headers = {p.name: p.read_text() for p in CPU_HEADERS}
+    key = hashlib.sha256("\0".join([source, *headers.values(), compiler_version(cxx),
+                                    " ".join(CXX_FLAGS), _machine()]).encode()
+                         ).hexdigest()[:32]
+    final = cache_dir() / "cpu" / key
+    lib = final / "module.so"
+    if lib.exists():
+        return lib
+    final.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=final.parent))
+    try:
+        (work / "unit.cpp").write_text(source)
+        for name, text in headers.items():
+            (work / name).write_text(text)
+        argv = [cxx, *CXX_FLAGS, "-I", ".", "unit.cpp", "-o", "module.so"]
+        proc = subprocess.run(argv, cwd=work, capture_output=True, text=True)
+        if proc.returncode != 0:
+            keep = final.parent / f"failed-{key}"
+            shutil.rmtree(keep, ignore_errors=True)
+            os.replace(work, keep)
+            raise TilekitError(f"the C++ compiler refused the generated kernels: "
+                               f"{proc.stderr.strip()[:1500]}", str(keep),
+                               f"reproduce with: cd {keep} && {' '.join(argv)}")
+        try:
+            os.replace(work, final)
+        except OSError:          # another process built it first
+            shutil.rmtree(work, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    return lib
+
+
+__all__ = ["CXX_FLAGS", "RUNTIME_TAIL", "build", "compiler_version", "find_cxx",
+           "unit_source"]

@@ -1,0 +1,140 @@
+"""Compiled CPU code: a module's C++ kernels (`tk-codegen --target cpu`) run in this process.
+
+`CpuProgram(module)` checks the recorded kernels against a fresh generation (as the CUDA
+runtime does: recorded sources are input), builds them into a shared library
+(tilekit.codegen.cxx: the system C++ compiler, cached) and loads it with ctypes. A run binds
+inputs and weights into NumPy buffers, calls the kernels in order (each runs its grid's
+blocks over the cores with OpenMP) and returns the outputs; control ops run as the generated
+code says: a device loop inside the library, a host-placed one driven from here like the
+CUDA runtime drives it (tilekit.runtime.cuda_control).
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any, Mapping
+
+import numpy as np
+
+from tilekit.codegen.cxx import build, unit_source
+from tilekit.expr.ops import numpy_dtype
+from tilekit.ir.control import all_tensors
+from tilekit.ir.graph import control_records
+from tilekit.ir.model import Module
+from tilekit.ir.payloads import CodegenSection
+
+
+def is_cpu_code(module: Module) -> bool:
+    """Does the module carry kernels generated for the CPU target?"""
+    return bool(module.codegen) and (module.codegen or {}).get("target") == "cpu"
+
+class HostBuffer(np.ndarray):
+    """A NumPy array with the buffer methods the host-driven control steps use
+    (tilekit.runtime.cuda_control: `get`, `set`, `fill`, item assignment)."""
+
+    def get(self) -> np.ndarray:
+        return np.asarray(self)
+
+    def set(self, value) -> None:
+        self[...] = np.asarray(value).reshape(self.shape)
+
+
+class _Launch:
+    """One kernel call: the library function and the buffers it takes, in order."""
+
+    def __init__(self, fn, args: tuple[str, ...]) -> None:
+        self.fn, self.args = fn, args
+
+    def __call__(self, buffers: Mapping[str, np.ndarray]) -> None:
+        self.fn(*[buffers[a].ctypes.data for a in self.args])
+
+
+class CpuProgram:
+    """A module's compiled CPU kernels loaded in this process, with their buffers."""
+
+    def __init__(self, module: Module, threads: int | None = None) -> None:
+        from tilekit.codegen.recorded import check_recorded_kernels
+        from tilekit.runtime.cpu import check_runnable
+
+        check_runnable(module, "the compiled CPU runtime", control=True)
+        check_recorded_kernels(module)
+        section = CodegenSection.read(module.codegen)
+        self.lib = ctypes.CDLL(str(build(unit_source(section.kernels))))
+        if threads is not None:
+            self.lib.tk_set_threads(int(threads))
+        self.threads = int(self.lib.tk_get_threads())
+        declared = all_tensors(module)
+        self.buffers: dict[str, np.ndarray] = {}
+        self.launches: list[_Launch] = []
+        written: set[str] = set()
+        for k in section.kernels:
+            for name in k.args:
+                self._allocate(name, declared)
+            fn = getattr(self.lib, k.entry)
+            fn.restype = None
+            fn.argtypes = [ctypes.c_void_p] * len(k.args)
+            self.launches.append(_Launch(fn, k.args))
+            written.update(k.writes)
+        self.outputs = tuple(module.outputs)
+        self.inputs = tuple(module.inputs)
+        self.weight_names = tuple(n for n, t in module.tensors.items() if t.role == "weight")
+        self.counts = {"launches": 0, "syncs": 0}
+        self.steps = None
+        self.trims: dict[str, str] = {}
+        records = control_records(module)
+        if records:
+            self._control(module, section, declared, written)
+        self.passthrough = tuple(o for o in module.outputs if o not in written)
+
+    def _allocate(self, name: str, declared) -> None:
+        if name not in self.buffers:
+            t = declared[name]
+            self.buffers[name] = np.zeros(tuple(t.shape), numpy_dtype(t.dtype)).view(HostBuffer)
+
+    def _control(self, module: Module, section: CodegenSection, declared, written) -> None:
+        from tilekit.ir.control import walk
+        from tilekit.runtime.control import kept_counts
+        from tilekit.runtime.cuda_control import build_steps
+
+        for _, rec, _ in walk(module):
+            names = [*rec.explicit_reads(), *rec.writes()]
+            for region in rec.regions:
+                names += [*region.inputs, *region.outputs]
+            for name in names:
+                self._allocate(name, declared)
+        for rec in control_records(module).values():
+            written.update(rec.writes())
+        by_group: dict[str, list[Any]] = {}
+        for k, launch in zip(section.kernels, self.launches):
+            by_group.setdefault(k.group, []).append(launch)
+        self.steps = build_steps(module, section.extra.get("control", {}), by_group)
+        self.trims = kept_counts(module)
+
+    def run(self, inputs: Mapping[str, np.ndarray], weights: Mapping[str, np.ndarray]
+            ) -> dict[str, np.ndarray]:
+        for name in self.weight_names + self.inputs:
+            if name in self.buffers:
+                source = inputs[name] if name in inputs else weights[name]
+                self.buffers[name].set(source)
+        if self.steps is not None:
+            from tilekit.runtime.cuda_control import run_steps
+            run_steps(self, self.steps)
+        else:
+            for launch in self.launches:
+                launch(self.buffers)
+        out = {}
+        for name in self.outputs:
+            if name in self.passthrough:
+                out[name] = np.array(inputs[name] if name in inputs else weights[name])
+            else:
+                out[name] = np.array(self.buffers[name])
+        for name, count in self.trims.items():
+            out[name] = out[name][:int(np.asarray(self.buffers[count]).reshape(-1)[0])]
+        return out
+
+    def tensors(self) -> dict[str, np.ndarray]:
+        """Every tensor a kernel reads or writes, as the last run left it."""
+        return {name: np.array(b) for name, b in self.buffers.items()}
+
+
+__all__ = ["CpuProgram", "HostBuffer", "is_cpu_code"]

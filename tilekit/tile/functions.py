@@ -1,0 +1,137 @@
+"""The functions a tile program may call, as data: result types, NumPy semantics, properties.
+
+One record per function, read by the verifier (arity), the interpreter (the NumPy
+implementation and, for warp collectives and intrinsics, their own semantics in
+`tilekit.tile.interp`) and the printers (each target has its own spelling table:
+`tilekit.tile.cuda.SPELLING`, `tilekit.tile.cpp.SPELLING`). An unknown name is an error that
+lists the known ones.
+
+Families:
+
+- `math`: float functions of float arguments (`exp`, `tanh`, ...), the result in the
+  argument's float type (float32 or float64);
+- `same`: the argument's type (`max`, `min`, `abs`, `sign`, `floordiv`, `floormod`);
+- `predicate`: bool (`isnan`, `isinf`, `in_range`);
+- `warp`: a reduction across the lanes of a lane group, by warp shuffles (every lane of the
+  warp calls it); the second argument is the group's width, a constant;
+- `intrinsic`: an instruction with effects (copies, barriers of its own, tensor-core
+  instructions, atomics): a statement (`Evaluate`) or a value with effects, never moved.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from tilekit.errors import InternalError
+
+
+@dataclass(frozen=True)
+class Function:
+    name: str
+    arity: int
+    family: str
+    result: str | None = None       # a fixed result dtype (None: by family)
+    gpu_only: bool = False          # no CPU spelling: a CPU program never calls it
+
+
+def _math(*names: str) -> tuple[Function, ...]:
+    return tuple(Function(n, 1, "math") for n in names)
+
+
+FUNCTIONS: dict[str, Function] = {f.name: f for f in (
+    *_math("exp", "log", "tanh", "erf", "sqrt", "rsqrt", "sigmoid", "floor", "ceil", "rint",
+           "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh",
+           "atanh"),
+    Function("pow", 2, "math"), Function("fmod", 2, "math"),
+    Function("max", 2, "same"), Function("min", 2, "same"),
+    Function("abs", 1, "same"), Function("sign", 1, "same"),
+    Function("floordiv", 2, "same"), Function("floormod", 2, "same"),
+    Function("isnan", 1, "predicate"), Function("isinf", 1, "predicate"),
+    # 0 <= i < n (one unsigned compare)
+    Function("in_range", 2, "predicate"),
+    Function("warp_sum", 2, "warp", gpu_only=True), Function("warp_prod", 2, "warp", gpu_only=True),
+    Function("warp_max", 2, "warp", gpu_only=True), Function("warp_min", 2, "warp", gpu_only=True),
+    # tensor cores and asynchronous copies (sm_80+): runtime.cuh's helpers
+    Function("ldmatrix_x4", 2, "intrinsic", "int32", True),
+    Function("ldmatrix_x4_trans", 2, "intrinsic", "int32", True),
+    Function("mma_m16n8k16_f16", 3, "intrinsic", "int32", True),
+    Function("mma_m16n8k16_bf16", 3, "intrinsic", "int32", True),
+    Function("mma_m16n8k8_tf32", 3, "intrinsic", "int32", True),
+    Function("to_tf32", 1, "intrinsic", "uint32", True),
+    Function("pack16", 2, "intrinsic", "uint32", True),
+    Function("cp_async16", 3, "intrinsic", "int32", True),
+    Function("cp_async_commit", 0, "intrinsic", "int32", True),
+    Function("cp_async_wait", 1, "intrinsic", "int32", True),
+    # blocks that wait on each other (progress counters, grid barriers)
+    Function("ld_acquire", 1, "intrinsic", "uint32", True),
+    Function("spin", 0, "intrinsic", "int32", True),
+    Function("atomic_add", 2, "intrinsic", "uint32", True),
+    Function("threadfence", 0, "intrinsic", "int32", True),
+    Function("grid_sync", 0, "intrinsic", "int32", True),
+)}
+
+#: Calls every lane of a warp must make together (never in divergent code).
+WARP_COLLECTIVES = frozenset(n for n, f in FUNCTIONS.items() if f.family == "warp") | {
+    "ldmatrix_x4", "ldmatrix_x4_trans", "mma_m16n8k16_f16", "mma_m16n8k16_bf16",
+    "mma_m16n8k8_tf32"}
+
+#: Reduction assignment -> its warp reducer.
+WARP_REDUCERS = {"+=": "warp_sum", "*=": "warp_prod", "max=": "warp_max", "min=": "warp_min"}
+
+
+def function(name: str) -> Function:
+    try:
+        return FUNCTIONS[name]
+    except KeyError:
+        raise InternalError(f"tile program calls unknown function {name!r} "
+                            f"(known: {', '.join(sorted(FUNCTIONS))})") from None
+
+
+def _sigmoid(x):
+    e = np.exp(-np.abs(x))
+    return np.where(x >= 0, 1 / (1 + e), e / (1 + e)).astype(x.dtype)
+
+
+def _erf(x):
+    from tilekit.expr.ops import FUNCTIONS as EXPR_FUNCTIONS
+    return np.asarray(EXPR_FUNCTIONS["erf"].numpy(x)).astype(x.dtype)
+
+
+def _nan_max(a, b):
+    return np.where(np.isnan(a) | (a > b), a, b) if a.dtype.kind == "f" else np.maximum(a, b)
+
+
+def _nan_min(a, b):
+    return np.where(np.isnan(a) | (a < b), a, b) if a.dtype.kind == "f" else np.minimum(a, b)
+
+
+def _floordiv(a, b):
+    if a.dtype.kind in "iu":
+        return np.floor_divide(a, np.where(b == 0, 1, b))
+    return np.floor(a / b)
+
+
+def _floormod(a, b):
+    if a.dtype.kind in "iu":
+        return np.mod(a, np.where(b == 0, 1, b))
+    return np.mod(a, b)
+
+
+def _sign(x):
+    return np.sign(x).astype(x.dtype)
+
+
+#: NumPy semantics of the pure functions (the interpreter's; float32 stays float32).
+NUMPY = {
+    "exp": np.exp, "log": np.log, "tanh": np.tanh, "erf": _erf, "sqrt": np.sqrt,
+    "rsqrt": lambda x: (1 / np.sqrt(x)).astype(x.dtype), "sigmoid": _sigmoid,
+    "floor": np.floor, "ceil": np.ceil, "rint": np.rint, "sin": np.sin, "cos": np.cos,
+    "tan": np.tan, "asin": np.arcsin, "acos": np.arccos, "atan": np.arctan, "sinh": np.sinh,
+    "cosh": np.cosh, "asinh": np.arcsinh, "acosh": np.arccosh, "atanh": np.arctanh,
+    "pow": np.power, "fmod": np.fmod, "max": _nan_max, "min": _nan_min, "abs": np.abs,
+    "sign": _sign, "floordiv": _floordiv, "floormod": _floormod, "isnan": np.isnan,
+    "isinf": np.isinf,
+    "in_range": lambda i, n: (i >= 0) & (i < n),
+}
