@@ -163,12 +163,25 @@ class OutputSet:
             raise TilekitError(f"cannot write: {describe_os_error(exc)}", staged.where) from None
         _TEMPS.add(tmp)
         staged.temp = tmp
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the usual mode
-        return os.fdopen(fd, "w+b")  # readable too: a writer may hash what it wrote
+        try:
+            os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the usual mode
+            return os.fdopen(fd, "w+b")  # readable too: a writer may hash what it wrote
+        except BaseException as exc:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+            self._discard(staged)
+            if isinstance(exc, OSError):
+                raise TilekitError(f"cannot write: {describe_os_error(exc)}",
+                                   staged.where) from None
+            raise
 
     @contextlib.contextmanager
     def open(self, path: str, where: str, follow_links: bool = True) -> Iterator[BinaryIO]:
-        """A binary handle whose data becomes `path` at commit (binary: never a terminal)."""
+        """A binary handle whose data becomes `path` at commit (binary: never a terminal).
+
+        Whatever fails while the data is written (the disk fills up, EIO, an exception of
+        the writer), the temporary file is removed: closing a buffered file flushes it and
+        can fail again, so the handle is closed quietly before the file is removed."""
         staged = self._classify(path, where, follow_links)
         if staged.kind == "stdout":
             self._refuse_terminal(where)
@@ -177,13 +190,13 @@ class OutputSet:
             with _os_errors(where):
                 yield handle
                 handle.flush()
+                if staged.kind == "file":
+                    handle.close()  # flushes what is left: ENOSPC may come only here
         except BaseException:
-            handle.close()
+            _close_quietly(handle)
             self._discard(staged)
             raise
-        if staged.kind == "file":
-            handle.close()
-        else:
+        if staged.kind != "file":
             staged.spool = handle
         self._staged.append(staged)
 
@@ -195,10 +208,13 @@ class OutputSet:
             self._refuse_terminal(where)
         if staged.kind == "file":
             payload = data.encode("utf-8") if isinstance(data, str) else data
+            fh = self._stage_file(staged)
             try:
-                with self._stage_file(staged) as fh, _os_errors(where):
+                with _os_errors(where):
                     fh.write(payload)
+                    fh.close()
             except BaseException:
+                _close_quietly(fh)
                 self._discard(staged)
                 raise
         else:
@@ -255,6 +271,13 @@ class OutputSet:
         if staged.spool is not None:
             staged.spool.close()
             staged.spool = None
+
+
+def _close_quietly(handle: IO[bytes]) -> None:
+    """Close `handle` after a failure; a second failure (the flush on close) is the first
+    one's consequence and is dropped (the descriptor is closed either way)."""
+    with contextlib.suppress(OSError, ValueError):
+        handle.close()
 
 
 @contextlib.contextmanager
