@@ -8,7 +8,9 @@ not staged twice), so a bad `-o` fails before anything is written. By kind of ta
   folder, renamed over the target at commit;
 - **stdout, a FIFO or a character device** (`/dev/null`, a terminal, `/dev/stdout`): never
   replaced; the data is kept (in memory or an anonymous temporary file) and streamed to it at
-  commit, after every file;
+  commit, after every file; so is any name that reaches `/dev/` or `/proc/` through links
+  (a link to `/dev/stdout` when stdout is redirected to a file: that file is written in
+  place, the shell's descriptor keeps pointing at it);
 - a **symlink** is followed: what it points to is replaced or streamed to, the link stays;
   except for files whose names the command chose itself (the sources of `--emit-dir`, the
   default weights sidecar), where a link is refused: a link planted in a shared folder must
@@ -71,6 +73,26 @@ def remove_temporaries() -> None:
         with contextlib.suppress(OSError):
             os.unlink(path)
         _TEMPS.discard(path)
+
+
+def _reaches_stream_folder(path: str) -> bool:
+    """Whether `path` or a symlink on the way to its target lies in `/dev/` or `/proc/`:
+    `/dev/stdout`, a link to it, a link to a link to it, `devices/stdout` with `devices` a
+    link to `/dev`. Such a name stands for a descriptor of the process (`/proc/self/fd/1`)
+    and is written in place: renaming a new file over the one it reaches would leave the
+    shell's redirect writing into a deleted file."""
+    current = path
+    for _ in range(40):  # the kernel follows at most 40 links in one path
+        folder = os.path.realpath(os.path.dirname(current) or ".")
+        located = os.path.join(folder, os.path.basename(current))
+        if located.startswith(_STREAM_FOLDERS):
+            return True
+        try:
+            target = os.readlink(located)
+        except OSError:  # not a link (or gone): the chain ends here
+            return False
+        current = target if os.path.isabs(target) else os.path.join(folder, target)
+    return False
 
 
 def _umask() -> int:
@@ -137,8 +159,7 @@ class OutputSet:
         elif stat.S_ISDIR(st.st_mode):
             raise TilekitError("is a directory", where, "give a file name")
         elif stat.S_ISFIFO(st.st_mode) or stat.S_ISCHR(st.st_mode) or (
-                stat.S_ISREG(st.st_mode)
-                and os.path.abspath(path).startswith(_STREAM_FOLDERS)):
+                stat.S_ISREG(st.st_mode) and _reaches_stream_folder(path)):
             staged = _Staged(path, where, "stream", path, identity=(st.st_dev, st.st_ino))
         elif stat.S_ISREG(st.st_mode):
             staged = _Staged(path, where, "file", os.path.realpath(path),
