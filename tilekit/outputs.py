@@ -10,7 +10,8 @@ not staged twice), so a bad `-o` fails before anything is written. By kind of ta
   replaced; the data is kept (in memory or an anonymous temporary file) and streamed to it at
   commit, after every file; so is any name that reaches `/dev/` or `/proc/` through links
   (a link to `/dev/stdout` when stdout is redirected to a file: that file is written in
-  place, the shell's descriptor keeps pointing at it);
+  place, the shell's descriptor keeps pointing at it); a FIFO waits for a reader at most
+  `TILEKIT_MAX_FIFO_WAIT` seconds (`_open_stream`);
 - a **symlink** is followed: what it points to is replaced or streamed to, the link stays;
   except for files whose names the command chose itself (the sources of `--emit-dir`, the
   default weights sidecar), where a link is refused: a link planted in a shared folder must
@@ -29,6 +30,7 @@ a new one is removed. Temporary files are removed on every failure; `remove_temp
 from __future__ import annotations
 
 import contextlib
+import errno
 import io
 import os
 import shutil
@@ -36,10 +38,12 @@ import signal
 import stat
 import sys
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, BinaryIO, Iterable, Iterator
 
+from tilekit import limits
 from tilekit.errors import TilekitError
 from tilekit.fileio import check_not_input, check_path, describe_os_error, note_input
 
@@ -370,12 +374,42 @@ def _write_stream(staged: _Staged) -> None:
             raise TilekitError(f"cannot write to stdout: {what}", where,
                                "redirect stdout, or pass -o FILE") from None
         return
-    with _os_errors(where), open(staged.real, "wb") as fh:
+    with _os_errors(where), _open_stream(staged.real, where) as fh:
         for piece in staged.data:
             fh.write(piece.encode("utf-8") if isinstance(piece, str) else piece)
         if staged.spool is not None:
             staged.spool.seek(0)
             shutil.copyfileobj(staged.spool, fh)
+
+
+def _open_stream(path: str, where: str) -> BinaryIO:
+    """`path` (a FIFO, a character device, a descriptor's name) opened for writing. A FIFO
+    is opened without blocking, retried until a reader has opened it, at most
+    `limits.FIFO_WAIT` seconds: `-o FIFO` with no reader would otherwise block forever (a
+    FIFO planted in an `--emit-dir` folder too). Once open, writes block as usual while the
+    reader catches up."""
+    try:
+        is_fifo = stat.S_ISFIFO(os.stat(path).st_mode)
+    except OSError:
+        is_fifo = False
+    if not is_fifo:
+        return open(path, "wb")
+    wait = limits.FIFO_WAIT.value
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
+            break
+        except OSError as exc:
+            if exc.errno != errno.ENXIO:  # ENXIO: no process has the FIFO open for reading
+                raise
+            if time.monotonic() >= deadline:
+                raise TilekitError(f"no reader opened the FIFO within {wait:,} s", where,
+                                   "start the reader first (e.g. 'cat FIFO &'), or wait "
+                                   f"longer with {limits.FIFO_WAIT.env}=SECONDS") from None
+            time.sleep(0.02)
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "wb")
 
 
 @contextlib.contextmanager

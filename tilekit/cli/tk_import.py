@@ -108,7 +108,7 @@ def main(model, output, fmt, weights_path, shape_flags, lenient, dtype, max_trip
         raise TilekitError(f"unknown dtype {excerpt(dtype)}", "--dtype",
                            f"choose one of {', '.join(IMPORT_DTYPES)}")
     shapes = parse_shapes(shape_flags)
-    data, shown = read_bytes(model, limits.MODEL_BYTES, "ONNX model")
+    data, shown = read_bytes(model, limits.MODEL_BYTES, "ONNX model", form="protobuf")
     model_path = None if model == "-" else model
     proto = load_model_bytes(data, shown,
                              folder=None if model_path is None else str(Path(model).parent))
