@@ -28,7 +28,7 @@ from typing import Callable, Iterator
 
 import click
 
-from tilekit import IR_VERSION, __version__
+from tilekit import IR_VERSION, __version__, limits
 from tilekit.errors import (EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_SIGINT, EXIT_SIGTERM,
                             TilekitError, safe_line)
 from tilekit.fileio import command_inputs, read_input_text, same_file  # noqa: F401
@@ -115,6 +115,15 @@ def tk_command(tool: str, **settings) -> Callable:
                 print_error(tool, "terminated" if exc.signum == signal.SIGTERM else
                             f"terminated ({signal.Signals(exc.signum).name})")
                 return EXIT_SIGTERM if exc.signum == signal.SIGTERM else 128 + exc.signum
+            except MemoryError:
+                # An allocation no budget foresaw failed: the input asked for more memory
+                # than the process may use (bad input, exit 2), never a traceback.
+                remove_temporaries()
+                print_error(tool, f"memory ran out; lower {limits.TOTAL_BYTES.env} (or "
+                                  f"{limits.TENSOR_ELEMENTS.env}) below the memory this "
+                                  "process may use, so that an input this large is refused "
+                                  "before it allocates, or give the process more memory")
+                return EXIT_BAD_INPUT
             except Exception as exc:  # noqa: BLE001 - the one place internal errors are mapped
                 if debug:
                     traceback.print_exc()
