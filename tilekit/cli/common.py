@@ -6,7 +6,7 @@ everything common lives here:
 - input positional or `-`/stdin; `-o FILE` written atomically, never over an input
   (`tilekit.outputs`); the files a command reads are recorded while it runs
   (`tilekit.fileio.command_inputs`);
-- `--format yaml|json`, `--version`, `--quiet`, `--debug`;
+- `--format yaml|json` (default: from the `-o` suffix), `--version`, `--quiet`, `--debug`;
 - errors as one line on stderr: `tk-roll: error: <where>: <what>; <hint>`, exit 2 for bad input
   (`TilekitError` and click usage errors), exit 1 for an internal error; a traceback only with
   `--debug`;
@@ -204,8 +204,24 @@ def output_option(fn: Callable) -> Callable:
 
 
 def format_option(fn: Callable) -> Callable:
+    """`--format yaml|json`; without it the format follows the `-o` suffix (`.json` JSON,
+    `.yaml`/`.yml` YAML), and is YAML for any other name and for stdout."""
+    @functools.wraps(fn)
+    def with_format(*args, **kwargs):
+        if kwargs.get("fmt") is None:
+            kwargs["fmt"] = output_format(kwargs.get("output"))
+        return fn(*args, **kwargs)
+
     return click.option("--format", "fmt", type=click.Choice(["yaml", "json"]), default=None,
-                        help="Output format (default: yaml).")(fn)
+                        help="Output format (default: from the -o suffix, .json or "
+                             ".yaml/.yml; yaml otherwise).")(with_format)
+
+
+def output_format(output: str | None) -> str | None:
+    """The format an output name asks for: "json" for `.json`, "yaml" for `.yaml`/`.yml`,
+    None (the command's default, YAML) otherwise."""
+    suffix = os.path.splitext(output or "")[1].lower()
+    return {".json": "json", ".yaml": "yaml", ".yml": "yaml"}.get(suffix)
 
 
 def hw_option(required: bool = True) -> Callable:
