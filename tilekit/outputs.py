@@ -246,6 +246,20 @@ class OutputSet:
             staged.data.append(data)
         self._staged.append(staged)
 
+    def retarget(self, path: str, new: str, where: str, follow_links: bool = True) -> None:
+        """Make the staged file `path` become `new` at commit instead: a name in the same
+        folder (the temporary file stays where it is), checked like any output."""
+        staged = next((s for s in self._staged if s.path == path and s.kind == "file"), None)
+        if staged is None:
+            raise ValueError(f"{path!r} is not a staged file")
+        target = self._classify(new, where, follow_links)
+        if target.kind != "file" or os.path.dirname(target.real) != os.path.dirname(
+                staged.real):
+            raise TilekitError("is not a regular file in the folder of the file it replaces",
+                               where, "remove it, or choose the file with --weights")
+        staged.path, staged.where, staged.real = new, where, target.real
+        staged.identity = target.identity
+
     @staticmethod
     def _refuse_terminal(where: str) -> None:
         if sys.stdout is not None and sys.stdout.isatty():
