@@ -17,7 +17,6 @@ from __future__ import annotations
 import resource
 
 import numpy as np
-import pytest
 
 from hostile_support import assert_refused, run, spawn, write_doc
 

@@ -6,8 +6,9 @@
 The IR goes to stdout (or `-o OUT`); the weights go to `<OUT stem>.weights.npz` beside OUT, or
 `<model stem>.weights.npz` in the current directory when the IR goes to stdout (`--weights`
 overrides); a default name that holds other weights is never replaced (another IR may name
-it): the weights then go to `<stem>.<sha256[:12]>.weights.npz` (`unshared_weights_path`). Paths in the IR are relative to the IR's folder (the current directory for
-stdout). See docs/import.md.
+it): the weights then go to `<stem>.<sha256[:12]>.weights.npz` (`unshared_weights_path`).
+Paths in the IR are relative to the IR's folder (the current directory for stdout). See
+docs/import.md.
 """
 
 from __future__ import annotations
