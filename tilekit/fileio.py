@@ -17,8 +17,10 @@ Writing lives in `tilekit.outputs` (staged, atomic, all outputs of a command tog
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import os
+import re
 import stat
 import sys
 from pathlib import Path
@@ -61,27 +63,36 @@ def describe_os_error(exc: OSError) -> str:
 
 # -- reading -----------------------------------------------------------------------------
 
-def read_stream(fh: BinaryIO, limit: limits.Limit, where: str) -> bytes:
-    """Everything `fh` holds, read in blocks; a `LimitError` once it passes `limit`."""
+def read_stream(fh: BinaryIO, limit: limits.Limit, where: str,
+                check: "StartCheck | None" = None) -> bytes:
+    """Everything `fh` holds, read in blocks; a `LimitError` once it passes `limit`, and the
+    error of `check` as soon as the bytes read so far cannot start the expected form."""
     budget = limit.value
     chunks: list[bytes] = []
     size = 0
     while True:
         block = fh.read(min(_BLOCK, budget + 1 - size))
         if not block:
+            if check is not None:
+                check.end()
             return b"".join(chunks)
         chunks.append(block)
         size += len(block)
+        if check is not None:
+            check.feed(block[:max(0, budget - size + len(block))])
         if size > budget:
             raise limit.error("the input", where)
 
 
 def read_bytes(path: str, limit: limits.Limit = limits.INPUT_BYTES,
-               what: str = "input") -> tuple[bytes, str]:
+               what: str = "input", form: str | None = None) -> tuple[bytes, str]:
     """The bytes of `path` (`-` is stdin) and its display name, within `limit`.
 
     A directory, a missing file, or stdin on a terminal is bad input; a FIFO or a device is
     read like a file, up to the budget. The file is noted as an input of the command.
+    `form` ("text" for YAML/JSON documents, "protobuf" for ONNX models) refuses the input
+    from its first bytes when they cannot start that form (`/dev/zero`, `/dev/urandom`, an
+    endless stream of junk), instead of reading it to the budget first.
     """
     if path == "-":
         if sys.stdin is None or sys.stdin.isatty():
@@ -89,7 +100,8 @@ def read_bytes(path: str, limit: limits.Limit = limits.INPUT_BYTES,
                                "pass a file or pipe one in, e.g. 'tk-import m.onnx | ...'")
         _note_stdin()
         try:
-            return read_stream(sys.stdin.buffer, limit, "<stdin>"), "<stdin>"
+            return read_stream(sys.stdin.buffer, limit, "<stdin>",
+                               start_check(form, "<stdin>", what, limit)), "<stdin>"
         except OSError as exc:
             raise TilekitError(f"cannot read: {describe_os_error(exc)}", "<stdin>") from None
     check_path(path)
@@ -106,7 +118,7 @@ def read_bytes(path: str, limit: limits.Limit = limits.INPUT_BYTES,
     note_input(path)
     try:
         with open(path, "rb") as fh:
-            return read_stream(fh, limit, path), path
+            return read_stream(fh, limit, path, start_check(form, path, what, limit)), path
     except OSError as exc:
         raise TilekitError(f"cannot read: {describe_os_error(exc)}", path) from None
 
@@ -117,7 +129,7 @@ def _article(what: str) -> str:
 
 def read_input_text(path: str, what: str = "IR") -> tuple[str, str]:
     """Read the whole input as text. Returns (text, display name). Empty input is bad input."""
-    data, name = read_bytes(path, limits.INPUT_BYTES, what)
+    data, name = read_bytes(path, limits.INPUT_BYTES, what, form="text")
     if not data.strip():
         raise TilekitError(f"empty input, expected a tile {what} document", name,
                            "did the command before this one in the pipe fail?")
@@ -126,6 +138,147 @@ def read_input_text(path: str, what: str = "IR") -> tuple[str, str]:
     except UnicodeDecodeError as exc:
         raise TilekitError(f"not UTF-8 text (byte {exc.start})", name,
                            f"expected a YAML or JSON tile {what} document") from None
+
+
+# -- the first bytes of an input ---------------------------------------------------------
+
+class StartCheck:
+    """Looks at an input as its blocks arrive (`feed`, then `end`) and raises a located
+    `TilekitError` as soon as the bytes cannot be the expected form."""
+
+    def feed(self, block: bytes) -> None:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def end(self) -> None:
+        """The input ended (an incomplete end is left to the real parser to report)."""
+
+
+def start_check(form: str | None, where: str, what: str, limit: limits.Limit
+                ) -> StartCheck | None:
+    if form == "text":
+        return TextStart(where, what)
+    if form == "protobuf":
+        return ProtobufStart(where, what, limit)
+    return None
+
+
+#: C0 controls that neither YAML nor JSON text may hold (tab, LF and CR are whitespace).
+_CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f]")
+
+
+class TextStart(StartCheck):
+    """A YAML or JSON document: UTF-8 text without control characters, checked block by
+    block (so `/dev/zero` or `/dev/urandom` is refused after one block, not 256 MiB)."""
+
+    def __init__(self, where: str, what: str):
+        self.where, self.what = where, what
+        self.decoder = codecs.getincrementaldecoder("utf-8")()
+        self.offset = 0  # bytes fed before the current block
+
+    def feed(self, block: bytes, final: bool = False) -> None:
+        pending = len(self.decoder.getstate()[0])
+        try:
+            text = self.decoder.decode(block, final)
+        except UnicodeDecodeError as exc:
+            raise TilekitError(f"not UTF-8 text (byte {self.offset - pending + exc.start})",
+                               self.where, f"expected a YAML or JSON tile {self.what} "
+                               "document") from None
+        bad = _CONTROL.search(text)
+        if bad:
+            raise TilekitError(f"holds the control character {bad.group()!r}, which YAML "
+                               "and JSON text cannot", self.where,
+                               f"expected a YAML or JSON tile {self.what} document")
+        self.offset += len(block)
+
+    def end(self) -> None:
+        self.feed(b"", final=True)
+
+
+#: The fields of ONNX's ModelProto (onnx.proto) and their wire types: 0 varint, 2 bytes.
+_MODEL_FIELDS = {1: 0, 2: 2, 3: 2, 4: 2, 5: 0, 6: 2, 7: 2, 8: 2, 14: 2, 20: 2, 25: 2, 26: 2}
+#: Field numbers a newer ONNX may add (they come in order; ModelProto is at 26).
+_MODEL_FIELDS_UP_TO = 64
+
+
+class ProtobufStart(StartCheck):
+    """An ONNX model (a protobuf `ModelProto`): its top-level fields are walked as the bytes
+    arrive. A known field must have its wire type, an unknown one (a newer ONNX's) a field
+    number up to 64 and a wire type protobuf knows (ONNX has no groups); a varint is at
+    most 10 bytes; a length-delimited field must fit within the model size budget. Zeros
+    fail at byte 0, text at its first character, random bytes within a few fields."""
+
+    def __init__(self, where: str, what: str, limit: limits.Limit):
+        self.where, self.what, self.limit = where, what, limit
+        self.tail = b""   # an incomplete tag, varint or length from the previous block
+        self.pos = 0      # stream offset of tail[0]
+        self.skip = 0     # payload bytes of the current field still to pass
+        self.head = b""   # the first bytes, to say when the input looks like text
+
+    def feed(self, block: bytes) -> None:
+        if len(self.head) < 16:
+            self.head += block[:16 - len(self.head)]
+        data = self.tail + block
+        i = min(self.skip, len(data))
+        self.skip -= i
+        while i < len(data) and not self.skip:
+            start = i
+            tag, i = _varint(data, i)
+            if tag is None:
+                i = start
+                break
+            field, wire = tag >> 3, tag & 7
+            if not (_MODEL_FIELDS.get(field) == wire or (
+                    field not in _MODEL_FIELDS and 0 < field <= _MODEL_FIELDS_UP_TO
+                    and wire in (0, 1, 2, 5))):
+                self._refuse(start, data[start])
+            if wire == 0:
+                value, i = _varint(data, i)
+                if value is None:
+                    i = start
+                    break
+                if value >= 1 << 64:
+                    self._refuse(start, data[start])
+            elif wire == 2:
+                length, i = _varint(data, i)
+                if length is None:
+                    i = start
+                    break
+                if self.pos + i + length > self.limit.value:
+                    raise self.limit.error(f"a field at byte {self.pos + start:,} declaring "
+                                           f"{length:,} bytes", self.where)
+                self.skip = length
+            else:
+                self.skip = 8 if wire == 1 else 4
+            passed = min(self.skip, len(data) - i)
+            i += passed
+            self.skip -= passed
+        self.tail = data[i:]
+        self.pos += i
+        if len(self.tail) > 20:  # a tag and a length are 20 bytes at most
+            self._refuse(self.pos, self.tail[0])
+
+    def _refuse(self, offset: int, byte: int) -> None:
+        text = self.head[:max(1, min(16, offset + 1))]
+        looks = " (it looks like text)" if all(0x20 <= b < 0x7f or b in b"\t\n\r"
+                                               for b in text) else ""
+        raise TilekitError(f"not an ONNX model: byte {offset:,} (0x{byte:02x}) cannot start "
+                           f"a field of one{looks}", self.where,
+                           "pass the .onnx file exported from your framework")
+
+
+def _varint(data: bytes, i: int) -> tuple[int | None, int]:
+    """(value, next index) of the varint at `data[i:]`; (None, i) if it is incomplete. A
+    varint running past 10 bytes is not one: its value is returned as 2^70, too large for
+    any tag, length or 64-bit value, so the caller refuses it."""
+    value = shift = 0
+    for j in range(i, min(len(data), i + 10)):
+        value |= (data[j] & 0x7F) << shift
+        shift += 7
+        if not data[j] & 0x80:
+            return value, j + 1
+    if len(data) - i >= 10:
+        return 1 << 70, i + 10
+    return None, i
 
 
 def regular_file(path: str | Path, where: str | None, limit: limits.Limit) -> os.stat_result:

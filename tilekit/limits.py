@@ -12,6 +12,8 @@ bound. Each `Limit` below guards one kind of work and is checked *before* that w
 | `EXPR_CHARS`, `EXPR_DEPTH` | one tensor expression: characters and syntax-tree depth |
 | `TENSOR_ELEMENTS` | one tensor, one axis extent, one op's reduction domain |
 | `TOTAL_BYTES` | what one import writes (weights) and what one run allocates (every tensor) |
+| `TILE_STEPS` | reduction steps the tiled CPU mode runs one by one, per op |
+| `FIFO_WAIT` | seconds an output FIFO waits for a reader (`tilekit.outputs`) |
 
 Each has an environment variable that raises (or lowers) it, read once per process; a value
 may carry a binary suffix (`TILEKIT_MAX_TOTAL_BYTES=64G`). A broken value is bad input. A
@@ -93,9 +95,14 @@ LOOP_TRIPS = Limit("loop iterations", "TILEKIT_MAX_LOOP_TRIPS", 10_000_000, "ite
 TOTAL_BYTES = Limit("total size", "TILEKIT_MAX_TOTAL_BYTES", 8 * 2**30, "bytes")
 #: rTasks of a tk-ram program, all operators together (DenseNet-121 has 435,863).
 RTASKS = Limit("rTask count", "TILEKIT_MAX_RTASKS", 2**24, "rTasks")
+#: Reduction steps `tk-run --mode tiled` runs one evaluation at a time, per op (blocks x steps;
+#: steps it can vectorise exactly do not count: tilekit.runtime.tiled).
+TILE_STEPS = Limit("tile steps", "TILEKIT_MAX_TILE_STEPS", 100_000, "evaluations")
+#: How long an output FIFO may wait for a reader before the command gives up on it.
+FIFO_WAIT = Limit("FIFO wait", "TILEKIT_MAX_FIFO_WAIT", 10, "seconds")
 
 ALL = (INPUT_BYTES, MODEL_BYTES, PROFILE_BYTES, NESTING, EXPR_CHARS, EXPR_DEPTH,
-       TENSOR_ELEMENTS, TOTAL_BYTES, LOOP_TRIPS, RTASKS)
+       TENSOR_ELEMENTS, TOTAL_BYTES, LOOP_TRIPS, RTASKS, TILE_STEPS, FIFO_WAIT)
 
 
 #: The most dimensions a tensor may have (fixed: every kernel and executor loops over ranks).

@@ -8,7 +8,10 @@ not staged twice), so a bad `-o` fails before anything is written. By kind of ta
   folder, renamed over the target at commit;
 - **stdout, a FIFO or a character device** (`/dev/null`, a terminal, `/dev/stdout`): never
   replaced; the data is kept (in memory or an anonymous temporary file) and streamed to it at
-  commit, after every file;
+  commit, after every file; so is any name that reaches `/dev/` or `/proc/` through links
+  (a link to `/dev/stdout` when stdout is redirected to a file: that file is written in
+  place, the shell's descriptor keeps pointing at it); a FIFO waits for a reader at most
+  `TILEKIT_MAX_FIFO_WAIT` seconds (`_open_stream`);
 - a **symlink** is followed: what it points to is replaced or streamed to, the link stays;
   except for files whose names the command chose itself (the sources of `--emit-dir`, the
   default weights sidecar), where a link is refused: a link planted in a shared folder must
@@ -27,6 +30,7 @@ a new one is removed. Temporary files are removed on every failure; `remove_temp
 from __future__ import annotations
 
 import contextlib
+import errno
 import io
 import os
 import shutil
@@ -34,10 +38,12 @@ import signal
 import stat
 import sys
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, BinaryIO, Iterable, Iterator
 
+from tilekit import limits
 from tilekit.errors import TilekitError
 from tilekit.fileio import check_not_input, check_path, describe_os_error, note_input
 
@@ -71,6 +77,26 @@ def remove_temporaries() -> None:
         with contextlib.suppress(OSError):
             os.unlink(path)
         _TEMPS.discard(path)
+
+
+def _reaches_stream_folder(path: str) -> bool:
+    """Whether `path` or a symlink on the way to its target lies in `/dev/` or `/proc/`:
+    `/dev/stdout`, a link to it, a link to a link to it, `devices/stdout` with `devices` a
+    link to `/dev`. Such a name stands for a descriptor of the process (`/proc/self/fd/1`)
+    and is written in place: renaming a new file over the one it reaches would leave the
+    shell's redirect writing into a deleted file."""
+    current = path
+    for _ in range(40):  # the kernel follows at most 40 links in one path
+        folder = os.path.realpath(os.path.dirname(current) or ".")
+        located = os.path.join(folder, os.path.basename(current))
+        if located.startswith(_STREAM_FOLDERS):
+            return True
+        try:
+            target = os.readlink(located)
+        except OSError:  # not a link (or gone): the chain ends here
+            return False
+        current = target if os.path.isabs(target) else os.path.join(folder, target)
+    return False
 
 
 def _umask() -> int:
@@ -137,8 +163,7 @@ class OutputSet:
         elif stat.S_ISDIR(st.st_mode):
             raise TilekitError("is a directory", where, "give a file name")
         elif stat.S_ISFIFO(st.st_mode) or stat.S_ISCHR(st.st_mode) or (
-                stat.S_ISREG(st.st_mode)
-                and os.path.abspath(path).startswith(_STREAM_FOLDERS)):
+                stat.S_ISREG(st.st_mode) and _reaches_stream_folder(path)):
             staged = _Staged(path, where, "stream", path, identity=(st.st_dev, st.st_ino))
         elif stat.S_ISREG(st.st_mode):
             staged = _Staged(path, where, "file", os.path.realpath(path),
@@ -163,12 +188,25 @@ class OutputSet:
             raise TilekitError(f"cannot write: {describe_os_error(exc)}", staged.where) from None
         _TEMPS.add(tmp)
         staged.temp = tmp
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the usual mode
-        return os.fdopen(fd, "w+b")  # readable too: a writer may hash what it wrote
+        try:
+            os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the usual mode
+            return os.fdopen(fd, "w+b")  # readable too: a writer may hash what it wrote
+        except BaseException as exc:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+            self._discard(staged)
+            if isinstance(exc, OSError):
+                raise TilekitError(f"cannot write: {describe_os_error(exc)}",
+                                   staged.where) from None
+            raise
 
     @contextlib.contextmanager
     def open(self, path: str, where: str, follow_links: bool = True) -> Iterator[BinaryIO]:
-        """A binary handle whose data becomes `path` at commit (binary: never a terminal)."""
+        """A binary handle whose data becomes `path` at commit (binary: never a terminal).
+
+        Whatever fails while the data is written (the disk fills up, EIO, an exception of
+        the writer), the temporary file is removed: closing a buffered file flushes it and
+        can fail again, so the handle is closed quietly before the file is removed."""
         staged = self._classify(path, where, follow_links)
         if staged.kind == "stdout":
             self._refuse_terminal(where)
@@ -177,13 +215,13 @@ class OutputSet:
             with _os_errors(where):
                 yield handle
                 handle.flush()
+                if staged.kind == "file":
+                    handle.close()  # flushes what is left: ENOSPC may come only here
         except BaseException:
-            handle.close()
+            _close_quietly(handle)
             self._discard(staged)
             raise
-        if staged.kind == "file":
-            handle.close()
-        else:
+        if staged.kind != "file":
             staged.spool = handle
         self._staged.append(staged)
 
@@ -195,15 +233,32 @@ class OutputSet:
             self._refuse_terminal(where)
         if staged.kind == "file":
             payload = data.encode("utf-8") if isinstance(data, str) else data
+            fh = self._stage_file(staged)
             try:
-                with self._stage_file(staged) as fh, _os_errors(where):
+                with _os_errors(where):
                     fh.write(payload)
+                    fh.close()
             except BaseException:
+                _close_quietly(fh)
                 self._discard(staged)
                 raise
         else:
             staged.data.append(data)
         self._staged.append(staged)
+
+    def retarget(self, path: str, new: str, where: str, follow_links: bool = True) -> None:
+        """Make the staged file `path` become `new` at commit instead: a name in the same
+        folder (the temporary file stays where it is), checked like any output."""
+        staged = next((s for s in self._staged if s.path == path and s.kind == "file"), None)
+        if staged is None:
+            raise ValueError(f"{path!r} is not a staged file")
+        target = self._classify(new, where, follow_links)
+        if target.kind != "file" or os.path.dirname(target.real) != os.path.dirname(
+                staged.real):
+            raise TilekitError("is not a regular file in the folder of the file it replaces",
+                               where, "remove it, or choose the file with --weights")
+        staged.path, staged.where, staged.real = new, where, target.real
+        staged.identity = target.identity
 
     @staticmethod
     def _refuse_terminal(where: str) -> None:
@@ -255,6 +310,13 @@ class OutputSet:
         if staged.spool is not None:
             staged.spool.close()
             staged.spool = None
+
+
+def _close_quietly(handle: IO[bytes]) -> None:
+    """Close `handle` after a failure; a second failure (the flush on close) is the first
+    one's consequence and is dropped (the descriptor is closed either way)."""
+    with contextlib.suppress(OSError, ValueError):
+        handle.close()
 
 
 @contextlib.contextmanager
@@ -326,12 +388,42 @@ def _write_stream(staged: _Staged) -> None:
             raise TilekitError(f"cannot write to stdout: {what}", where,
                                "redirect stdout, or pass -o FILE") from None
         return
-    with _os_errors(where), open(staged.real, "wb") as fh:
+    with _os_errors(where), _open_stream(staged.real, where) as fh:
         for piece in staged.data:
             fh.write(piece.encode("utf-8") if isinstance(piece, str) else piece)
         if staged.spool is not None:
             staged.spool.seek(0)
             shutil.copyfileobj(staged.spool, fh)
+
+
+def _open_stream(path: str, where: str) -> BinaryIO:
+    """`path` (a FIFO, a character device, a descriptor's name) opened for writing. A FIFO
+    is opened without blocking, retried until a reader has opened it, at most
+    `limits.FIFO_WAIT` seconds: `-o FIFO` with no reader would otherwise block forever (a
+    FIFO planted in an `--emit-dir` folder too). Once open, writes block as usual while the
+    reader catches up."""
+    try:
+        is_fifo = stat.S_ISFIFO(os.stat(path).st_mode)
+    except OSError:
+        is_fifo = False
+    if not is_fifo:
+        return open(path, "wb")
+    wait = limits.FIFO_WAIT.value
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
+            break
+        except OSError as exc:
+            if exc.errno != errno.ENXIO:  # ENXIO: no process has the FIFO open for reading
+                raise
+            if time.monotonic() >= deadline:
+                raise TilekitError(f"no reader opened the FIFO within {wait:,} s", where,
+                                   "start the reader first (e.g. 'cat FIFO &'), or wait "
+                                   f"longer with {limits.FIFO_WAIT.env}=SECONDS") from None
+            time.sleep(0.02)
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "wb")
 
 
 @contextlib.contextmanager

@@ -60,8 +60,10 @@ def test_import_over_a_pair_fails_in_commit(tmp_path, old_pair, monkeypatch, fai
     before = [p.read_bytes() for p in old_pair]
     model = tiny_onnx(tmp_path / "new.onnx", size=9)
     _failing_replace(monkeypatch, fail_on)
-    assert_refused(run("tk-import", model, "-o", old_pair[0]), "tk-import",
-                   "No space left on device")
+    # --weights: the pair is replaced as asked (a default name holding other weights would
+    # be left alone: test_sidecars.py)
+    assert_refused(run("tk-import", model, "-o", old_pair[0], "--weights", old_pair[1]),
+                   "tk-import", "No space left on device")
     assert [p.read_bytes() for p in old_pair] == before
     assert _pair_consistent(*old_pair) and temporaries(tmp_path) == []
 
@@ -206,8 +208,8 @@ SIGNAL_CASES = [(signal.SIGTERM, 143, 0.05), (signal.SIGINT, 130, 0.2),
 def test_signals_during_import_keep_the_pair(tmp_path, old_pair, signum, code, delay):
     model = _big_model(tmp_path / "big.onnx")
     proc = subprocess.Popen([sys.executable, str(BIN / "tk-import"), str(model), "-o",
-                             str(old_pair[0])], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            cwd=tmp_path)
+                             str(old_pair[0]), "--weights", str(old_pair[1])],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path)
     proc.folder = tmp_path
     _started(proc, ".m.weights.npz.")
     time.sleep(delay)
@@ -253,13 +255,13 @@ def test_signal_during_a_run_leaves_no_temporary(tmp_path, signum, code):
     ("tk-roll", ["{ir}", "--hw", "h100", "-o", "{out}"], "out.yaml"),
     ("tk-codegen", ["{ir}", "-o", "{out}"], "out.yaml"),
     ("tk-run", ["{ir}", "--seed", "0", "-o", "{out}"], "out.yaml"),
-    ("tk-import", ["{model}", "-o", "{out}"], "out.yaml"),
-    ("tk-import", ["{model}", "-o", "{out}"], "out.weights.npz"),
+    ("tk-import", ["{model}", "-o", "{out}", "--weights", "{weights}"], "out.yaml"),
+    ("tk-import", ["{model}", "-o", "{out}", "--weights", "{weights}"], "out.weights.npz"),
 ])
 def test_every_writer_survives_a_failed_rename(tmp_path, monkeypatch, error, tool, args,
                                                target):
     names = {"ir": write_mlp(tmp_path), "model": tiny_onnx(tmp_path / "m.onnx"),
-             "out": tmp_path / "out.yaml"}
+             "out": tmp_path / "out.yaml", "weights": tmp_path / "out.weights.npz"}
     for name in ("out.yaml", "out.weights.npz"):
         (tmp_path / name).write_bytes(b"old " + name.encode())
     _failing_replace(monkeypatch, target, error)

@@ -141,18 +141,40 @@ def test_block_device_is_refused(tmp_path, writer):
     assert stat.S_ISBLK(os.lstat(disk).st_mode)
 
 
+def _dev_stdout_named(tmp_path, how: str) -> str:
+    """`/dev/stdout` itself, or a name that reaches it through links: a link, a chain of two
+    links, a link to the folder /dev."""
+    if how == "direct":
+        return "/dev/stdout"
+    if how == "link":
+        os.symlink("/dev/stdout", tmp_path / "out.link")
+        return str(tmp_path / "out.link")
+    if how == "chain":
+        os.symlink("/dev/stdout", tmp_path / "hop2")
+        os.symlink("hop2", tmp_path / "hop1")
+        return str(tmp_path / "hop1")
+    os.symlink("/dev", tmp_path / "devices")
+    return str(tmp_path / "devices" / "stdout")
+
+
+@pytest.mark.parametrize("how", ["direct", "link", "chain", "folder_link"])
 @pytest.mark.parametrize("tool, args", [("tk-roll", ["--hw", "h100"]), ("tk-codegen", []),
                                         ("tk-run", ["--seed", "0"])])
-def test_dev_stdout_streams_to_a_file_redirect(tmp_path, tool, args):
+def test_dev_stdout_streams_to_a_file_redirect(tmp_path, tool, args, how):
     """`-o /dev/stdout` with stdout redirected to a file: the file is written, not replaced
-    (the shell's descriptor keeps pointing at the same inode)."""
+    (the shell's descriptor keeps pointing at the same inode); the same when -o names a
+    symlink that leads to /dev/stdout (it wrote a new file over the redirect's, so the shell
+    went on writing into a deleted one)."""
     ir = write_mlp(tmp_path)
+    target = _dev_stdout_named(tmp_path, how)
     out = tmp_path / "captured"
     with open(out, "wb") as fh:
         inode = os.fstat(fh.fileno()).st_ino
-        proc = spawn(tool, ir, *args, "-o", "/dev/stdout", stdout=fh, stderr=None)
+        proc = spawn(tool, ir, *args, "-o", target, stdout=fh, stderr=None)
+        assert os.fstat(fh.fileno()).st_nlink == 1  # not deleted
     assert proc.returncode == 0
     assert out.stat().st_ino == inode and out.stat().st_size > 0
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
 
 
 def test_dev_stdout_streams_to_a_pipe(tmp_path):

@@ -6,7 +6,7 @@ everything common lives here:
 - input positional or `-`/stdin; `-o FILE` written atomically, never over an input
   (`tilekit.outputs`); the files a command reads are recorded while it runs
   (`tilekit.fileio.command_inputs`);
-- `--format yaml|json`, `--version`, `--quiet`, `--debug`;
+- `--format yaml|json` (default: from the `-o` suffix), `--version`, `--quiet`, `--debug`;
 - errors as one line on stderr: `tk-roll: error: <where>: <what>; <hint>`, exit 2 for bad input
   (`TilekitError` and click usage errors), exit 1 for an internal error; a traceback only with
   `--debug`;
@@ -28,7 +28,7 @@ from typing import Callable, Iterator
 
 import click
 
-from tilekit import IR_VERSION, __version__
+from tilekit import IR_VERSION, __version__, limits
 from tilekit.errors import (EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_SIGINT, EXIT_SIGTERM,
                             TilekitError, safe_line)
 from tilekit.fileio import command_inputs, read_input_text, same_file  # noqa: F401
@@ -115,6 +115,15 @@ def tk_command(tool: str, **settings) -> Callable:
                 print_error(tool, "terminated" if exc.signum == signal.SIGTERM else
                             f"terminated ({signal.Signals(exc.signum).name})")
                 return EXIT_SIGTERM if exc.signum == signal.SIGTERM else 128 + exc.signum
+            except MemoryError:
+                # An allocation no budget foresaw failed: the input asked for more memory
+                # than the process may use (bad input, exit 2), never a traceback.
+                remove_temporaries()
+                print_error(tool, f"memory ran out; lower {limits.TOTAL_BYTES.env} (or "
+                                  f"{limits.TENSOR_ELEMENTS.env}) below the memory this "
+                                  "process may use, so that an input this large is refused "
+                                  "before it allocates, or give the process more memory")
+                return EXIT_BAD_INPUT
             except Exception as exc:  # noqa: BLE001 - the one place internal errors are mapped
                 if debug:
                     traceback.print_exc()
@@ -195,8 +204,24 @@ def output_option(fn: Callable) -> Callable:
 
 
 def format_option(fn: Callable) -> Callable:
+    """`--format yaml|json`; without it the format follows the `-o` suffix (`.json` JSON,
+    `.yaml`/`.yml` YAML), and is YAML for any other name and for stdout."""
+    @functools.wraps(fn)
+    def with_format(*args, **kwargs):
+        if kwargs.get("fmt") is None:
+            kwargs["fmt"] = output_format(kwargs.get("output"))
+        return fn(*args, **kwargs)
+
     return click.option("--format", "fmt", type=click.Choice(["yaml", "json"]), default=None,
-                        help="Output format (default: yaml).")(fn)
+                        help="Output format (default: from the -o suffix, .json or "
+                             ".yaml/.yml; yaml otherwise).")(with_format)
+
+
+def output_format(output: str | None) -> str | None:
+    """The format an output name asks for: "json" for `.json`, "yaml" for `.yaml`/`.yml`,
+    None (the command's default, YAML) otherwise."""
+    suffix = os.path.splitext(output or "")[1].lower()
+    return {".json": "json", ".yaml": "yaml", ".yml": "yaml"}.get(suffix)
 
 
 def hw_option(required: bool = True) -> Callable:

@@ -5,14 +5,17 @@
 
 The IR goes to stdout (or `-o OUT`); the weights go to `<OUT stem>.weights.npz` beside OUT, or
 `<model stem>.weights.npz` in the current directory when the IR goes to stdout (`--weights`
-overrides). Paths in the IR are relative to the IR's folder (the current directory for
-stdout). See docs/import.md.
+overrides); a default name that holds other weights is never replaced (another IR may name
+it): the weights then go to `<stem>.<sha256[:12]>.weights.npz` (`unshared_weights_path`).
+Paths in the IR are relative to the IR's folder (the current directory for stdout). See
+docs/import.md.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import stat
 from pathlib import Path
 
 import click
@@ -55,6 +58,26 @@ def default_weights_path(output: str, model_path: str | None) -> str:
         return str(out.with_name(f"{out.stem}.weights.npz"))
     stem = Path(model_path).stem if model_path else "model"
     return f"{stem}.weights.npz"
+
+
+def unshared_weights_path(weights_path: str, digest: str) -> str:
+    """Where default-named weights with sha256 `digest` go: the default name, unless a regular
+    file there holds other weights. Another IR may name that file (an import with another
+    --dtype, the stages rolled from an earlier import), and replacing it would break that IR
+    with a checksum mismatch; then the name carries the first 12 hex digits of the new
+    weights' sha256 (`m.weights.npz` -> `m.3fa9c2d17b0e.weights.npz`). Two IRs share a
+    sidecar only when its bytes are theirs."""
+    from tilekit.runtime.io import sha256_file
+
+    try:
+        st = os.stat(weights_path)
+    except OSError:
+        return weights_path
+    if not stat.S_ISREG(st.st_mode) or sha256_file(Path(weights_path)) == digest:
+        return weights_path
+    name = Path(weights_path).name
+    stem = name[:-len(".weights.npz")] if name.endswith(".weights.npz") else Path(name).stem
+    return str(Path(weights_path).with_name(f"{stem}.{digest[:12]}.weights.npz"))
 
 
 def check_output_paths(out, output: str, weights_path: str, follow_links: bool = True) -> None:
@@ -108,7 +131,7 @@ def main(model, output, fmt, weights_path, shape_flags, lenient, dtype, max_trip
         raise TilekitError(f"unknown dtype {excerpt(dtype)}", "--dtype",
                            f"choose one of {', '.join(IMPORT_DTYPES)}")
     shapes = parse_shapes(shape_flags)
-    data, shown = read_bytes(model, limits.MODEL_BYTES, "ONNX model")
+    data, shown = read_bytes(model, limits.MODEL_BYTES, "ONNX model", form="protobuf")
     model_path = None if model == "-" else model
     proto = load_model_bytes(data, shown,
                              folder=None if model_path is None else str(Path(model).parent))
@@ -141,9 +164,31 @@ def main(model, output, fmt, weights_path, shape_flags, lenient, dtype, max_trip
                                 onnx_path=model_path,
                                 onnx_sha256=hashlib.sha256(data).hexdigest(),
                                 options=options, outputs=out, follow_links=named_weights)
+        moved = None
+        if not named_weights and imported.module.weights:
+            imported, moved = _keep_sidecars_apart(out, imported, weights_path)
         write_module(imported.module, output, fmt or "yaml", outputs=out)
         out.commit()
+    if moved and not quiet:
+        warn(TOOL, f"{weights_path} holds other weights (another IR may name it): the weights "
+                   f"went to {moved}; pass --weights FILE to choose the file")
     return 0
+
+
+def _keep_sidecars_apart(out, imported, weights_path: str):
+    """(the import, None), or with its default-named sidecar staged under
+    `unshared_weights_path` instead: (the import naming it, that path)."""
+    from dataclasses import replace
+    from pathlib import PurePosixPath
+
+    ref = imported.module.weights
+    chosen = unshared_weights_path(weights_path, ref["sha256"])
+    if chosen == weights_path:
+        return imported, None
+    out.retarget(weights_path, chosen, f"--weights {chosen}", follow_links=False)
+    file = str(PurePosixPath(ref["file"]).with_name(Path(chosen).name))
+    module = replace(imported.module, weights={**ref, "file": file})
+    return replace(imported, module=module), chosen
 
 
 def _opset(proto) -> int:

@@ -6,7 +6,8 @@ entry function, registers, static shared memory, stack, and spill stores/loads.
 
 Results are cached in `$TILEKIT_CACHE` (default `~/.cache/tilekit`), under `nvcc/<key>/`, where
 the key hashes the source, runtime.cuh, the arch, the flags and nvcc's version; a cache entry is
-written to a temporary folder and renamed, so parallel test workers never see half of one.
+written to a temporary folder and renamed, so parallel test workers never see half of one; a
+compile that ends any other way (Ctrl-C, SIGTERM, an error) removes its folder.
 A failing compile raises `CompileError` with the exact command that reproduces it (its input
 file is kept in the cache folder for that purpose).
 """
@@ -164,37 +165,42 @@ def compile_unit(source: str, arch: str, *, helpers_dir: Path | None = None,
                              final / "unit.cubin", data["command"], cached=True)
     final.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=final.parent))
-    (work / "unit.cu").write_text(source, encoding="utf-8")
-    (work / "runtime.cuh").write_text(helpers, encoding="utf-8")
-    argv = [nvcc, *NVCC_FLAGS[:1], f"-arch={arch}", *NVCC_FLAGS[1:], *extra_flags,
-            "-o", "unit.cubin", "unit.cu"]
+    # The build folder is renamed into the cache (or to failed-<key>) when nvcc is done;
+    # whatever ends the compile before that (Ctrl-C, SIGTERM, an error) removes it.
     try:
-        proc = subprocess.run(argv, cwd=work, capture_output=True, text=True, timeout=600)
-    except subprocess.TimeoutExpired:
-        raise CompileError("nvcc ran for more than 600 s", "--compile") from None
-    log = proc.stdout + proc.stderr
-    (work / "ptxas.log").write_text(log, encoding="utf-8")
-    if proc.returncode != 0:
-        # Keep the inputs where the message says, so the command reproduces the failure.
-        failed = cache_dir() / "nvcc" / f"failed-{key}"
-        shutil.rmtree(failed, ignore_errors=True)
-        os.replace(work, failed)
-        command = f"cd {shlex.quote(str(failed))} && {shlex.join([Path(nvcc).name] + argv[1:])}"
-        errors = [ln for ln in log.splitlines() if "error" in ln.lower()][:5]
-        if re.search(r"unsupported gpu architecture|not defined for option 'gpu-architecture'",
-                     log, re.I):
-            raise TilekitError(f"nvcc {nvcc_version(nvcc)} does not support {arch}", "--arch",
-                               "choose an arch this CUDA toolkit knows (nvcc --list-gpu-arch)")
-        raise CompileError(f"nvcc failed for {arch} (exit {proc.returncode}): "
-                           + " | ".join(errors or log.strip().splitlines()[-3:]),
-                           "--compile", f"reproduce with: {command}")
-    resources = parse_ptxas(log)
-    command = shlex.join([Path(nvcc).name] + argv[1:])
-    (work / "ptxas.json").write_text(json.dumps(
-        {"command": command, "resources": {k: v.record() for k, v in resources.items()}},
-        indent=1, sort_keys=True))
-    try:
-        os.replace(work, final)
-    except OSError:  # another worker got there first: theirs is identical
+        (work / "unit.cu").write_text(source, encoding="utf-8")
+        (work / "runtime.cuh").write_text(helpers, encoding="utf-8")
+        argv = [nvcc, *NVCC_FLAGS[:1], f"-arch={arch}", *NVCC_FLAGS[1:], *extra_flags,
+                "-o", "unit.cubin", "unit.cu"]
+        try:
+            proc = subprocess.run(argv, cwd=work, capture_output=True, text=True, timeout=600)
+        except subprocess.TimeoutExpired:
+            raise CompileError("nvcc ran for more than 600 s", "--compile") from None
+        log = proc.stdout + proc.stderr
+        (work / "ptxas.log").write_text(log, encoding="utf-8")
+        if proc.returncode != 0:
+            # Keep the inputs where the message says, so the command reproduces the failure.
+            failed = cache_dir() / "nvcc" / f"failed-{key}"
+            shutil.rmtree(failed, ignore_errors=True)
+            os.replace(work, failed)
+            command = f"cd {shlex.quote(str(failed))} && {shlex.join([Path(nvcc).name] + argv[1:])}"
+            errors = [ln for ln in log.splitlines() if "error" in ln.lower()][:5]
+            if re.search(r"unsupported gpu architecture|not defined for option 'gpu-architecture'",
+                         log, re.I):
+                raise TilekitError(f"nvcc {nvcc_version(nvcc)} does not support {arch}", "--arch",
+                                   "choose an arch this CUDA toolkit knows (nvcc --list-gpu-arch)")
+            raise CompileError(f"nvcc failed for {arch} (exit {proc.returncode}): "
+                               + " | ".join(errors or log.strip().splitlines()[-3:]),
+                               "--compile", f"reproduce with: {command}")
+        resources = parse_ptxas(log)
+        command = shlex.join([Path(nvcc).name] + argv[1:])
+        (work / "ptxas.json").write_text(json.dumps(
+            {"command": command, "resources": {k: v.record() for k, v in resources.items()}},
+            indent=1, sort_keys=True))
+        try:
+            os.replace(work, final)
+        except OSError:  # another worker got there first: theirs is identical
+            shutil.rmtree(work, ignore_errors=True)
+        return CompileResult(arch, resources, final / "unit.cubin", command, cached=False)
+    finally:
         shutil.rmtree(work, ignore_errors=True)
-    return CompileResult(arch, resources, final / "unit.cubin", command, cached=False)

@@ -298,9 +298,12 @@ class ShapeFolding:
 
     def _infer(self, model: onnx.ModelProto) -> None:
         inferred = None
+        data_prop = _data_prop_bounded(model)
         try:
             inferred = onnx.shape_inference.infer_shapes(model, check_type=True,
-                                                         strict_mode=True, data_prop=True)
+                                                         strict_mode=True, data_prop=data_prop)
+        except MemoryError:
+            raise
         except Exception as exc:  # noqa: BLE001 - refused, or lenient inference below
             self.strict_failure = _first_line(exc)[:300]
             if not self.lenient and _declared_shapes_contradict(model):
@@ -312,7 +315,9 @@ class ShapeFolding:
             self.warnings.append(f"strict shape inference failed ({self.strict_failure}); "
                                  "using lenient inference")
             try:
-                inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
+                inferred = onnx.shape_inference.infer_shapes(model, data_prop=data_prop)
+            except MemoryError:
+                raise
             except Exception as exc2:  # noqa: BLE001
                 raise TilekitError(f"ONNX shape inference failed: {_first_line(exc2)}",
                                    "model", "check the model with onnx.checker") from None
@@ -394,6 +399,12 @@ class ShapeFolding:
             results = evaluate(node, inputs, self.opset)
         except limits.LimitError as exc:
             raise limits.LimitError(exc.what, self._node_where(node), exc.hint) from None
+        except MemoryError:
+            raise limits.LimitError(
+                f"memory ran out folding {node.op_type} (the constants folded so far: "
+                f"{self._folded_bytes:,} bytes)", self._node_where(node),
+                f"lower {limits.TOTAL_BYTES.env} below the memory this process may use, so "
+                "that such a model is refused before it allocates") from None
         except Exception:  # noqa: BLE001 - an op the evaluators cannot fold is converted
             return None
         for array in results:
@@ -418,6 +429,13 @@ class ShapeFolding:
             raise limits.TENSOR_ELEMENTS.error(f"the folded value of {node.op_type} "
                                                f"({max(sizes):,} elements)",
                                                self._node_where(node))
+        # Its bytes join the constants folded so far, checked before the fold allocates.
+        itemsize = max((helper.tensor_dtype_to_np_dtype(t[1]).itemsize
+                        for t in (self.types.get(n) for n in node.output)
+                        if t is not None and t[1] in ONNX_DTYPES), default=4)
+        limits.TOTAL_BYTES.check(self._folded_bytes + max(sizes) * itemsize,
+                                 self._node_where(node),
+                                 f"the constants folded so far with {node.op_type}'s value")
 
     def _static_shape(self, name: str) -> tuple[int, ...] | None:
         if name in self.consts:
@@ -460,6 +478,46 @@ class ShapeFolding:
         out = helper.make_model(graph, opset_imports=list(model.opset_import))
         out.ir_version = max(model.ir_version, 4)
         return out
+
+
+#: Ops whose ONNX data propagation (shape values carried through the graph) builds one shape
+#: entry per element of a 1-D tensor, tens of bytes each.
+_PROPAGATING = frozenset({"Add", "Sub", "Mul", "Div", "Cast", "Concat", "Gather", "Shape",
+                          "Size", "Slice", "Squeeze", "Unsqueeze"})
+#: 1-D tensors longer than this never carry a shape (rank <= 64): see `_data_prop_bounded`.
+_MAX_PROPAGATED = 4096
+#: Ops whose output length can be known only through data propagation and be huge.
+_GROWING = frozenset({"ConstantOfShape", "Expand", "Tile", "Range"})
+
+
+def _data_prop_bounded(model: onnx.ModelProto) -> bool:
+    """Whether ONNX's data propagation may run on `model`: no op that propagates touches a
+    1-D tensor longer than `_MAX_PROPAGATED`, known or possibly grown from values. A
+    200-byte model whose ConstantOfShape makes 2^28 floats for a Mul made it allocate
+    gigabytes (std::bad_alloc, or a SIGSEGV under a memory limit). Without it, ONNX's
+    inference still runs, and folding gives the shapes it would have propagated."""
+    try:
+        plain = onnx.shape_inference.infer_shapes(model)
+    except Exception:  # noqa: BLE001 - the real call reports it
+        return False
+    g = plain.graph
+    lengths: dict[str, int | None] = {t.name: (t.dims[0] if len(t.dims) == 1 else 0)
+                                      for t in g.initializer}
+    for vi in (*g.input, *g.value_info, *g.output):
+        typ = type_of(vi)
+        if typ is not None and typ[0] is not None and len(typ[0]) == 1:
+            lengths[vi.name] = typ[0][0]
+    grown = {o for n in g.node if n.op_type in _GROWING for o in n.output}
+    for node in g.node:
+        if node.op_type not in _PROPAGATING:
+            continue
+        for name in (*node.input, *node.output):
+            if name not in lengths:
+                continue
+            n = lengths[name]
+            if (n is None and name in grown) or (n is not None and n > _MAX_PROPAGATED):
+                return False
+    return True
 
 
 def _declared_shapes_contradict(model: onnx.ModelProto) -> bool:

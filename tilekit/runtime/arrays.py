@@ -17,6 +17,7 @@ Members nobody asked for are never read.
 
 from __future__ import annotations
 
+import warnings
 import zipfile
 import zlib
 from pathlib import Path
@@ -31,6 +32,9 @@ from tilekit.fileio import regular_file
 #: The largest `.npy` header accepted (numpy's own default limit).
 MAX_HEADER = 10_000
 _NPY_MAGIC = b"\x93NUMPY"
+#: dtype kinds an array may have: bool, integers, floats, complex, and raw 2-byte values
+#: (how ml_dtypes saves bfloat16); dates, strings and Python objects are refused.
+_NUMERIC_KINDS = frozenset("biufcV")
 _READ_BLOCK = 1 << 24
 
 #: `expect(name, shape, dtype, where)`: raise (located at `where`) unless an array of that
@@ -38,23 +42,51 @@ _READ_BLOCK = 1 << 24
 Expect = Callable[[str, tuple[int, ...], np.dtype, str], None]
 
 
-def _header(fh: BinaryIO, where: str) -> tuple[tuple[int, ...], bool, np.dtype]:
-    fmt = np.lib.format
+def _header(fh: BinaryIO, where: str, shown: str
+            ) -> tuple[tuple[int, ...], bool, np.dtype]:
+    """Shape, Fortran order and dtype from a `.npy` header; `shown` names the file (and the
+    member) in messages. numpy parses the header's Python literal (tokenize, ast): whatever
+    it raises on a malformed one (ValueError, SyntaxError, tokenize's TokenError,
+    RecursionError, ...) is bad input, never an internal error."""
     try:
-        version = fmt.read_magic(fh)
-        if version == (1, 0):
-            shape, fortran, dtype = fmt.read_array_header_1_0(fh, max_header_size=MAX_HEADER)
-        elif version in ((2, 0), (3, 0)):
-            shape, fortran, dtype = fmt.read_array_header_2_0(fh, max_header_size=MAX_HEADER)
-        else:
-            raise ValueError(f"unsupported .npy version {version}")
-    except (ValueError, OSError, EOFError, SyntaxError, zipfile.BadZipFile, zlib.error) as exc:
-        raise TilekitError(f"cannot read as .npy: {excerpt(str(exc), 80, quote=False)}",
-                           where, "expected an array written by numpy.save") from None
-    if dtype.hasobject or dtype.fields is not None or dtype.subdtype is not None:
-        raise TilekitError(f"holds {excerpt(str(dtype), 60, quote=False)} data, not plain "
-                           "numbers", where, "tilekit reads numeric arrays only")
-    return tuple(int(d) for d in shape), bool(fortran), dtype
+        with warnings.catch_warnings():  # the literal's own warnings (bad escapes) are noise
+            warnings.simplefilter("ignore")
+            shape, fortran, dtype = _parse_header(fh)
+    except Exception as exc:  # noqa: BLE001 - numpy's parser of an untrusted header
+        raise TilekitError(f"cannot read {shown} as .npy: "
+                           f"{excerpt(_reason(exc), 80, quote=False)}", where,
+                           "expected an array written by numpy.save") from None
+    if (dtype.hasobject or dtype.fields is not None or dtype.subdtype is not None
+            or dtype.kind not in _NUMERIC_KINDS or (dtype.kind == "V" and dtype.itemsize != 2)):
+        raise TilekitError(f"{shown} holds {excerpt(str(dtype), 60, quote=False)} data, not "
+                           "plain numbers", where, "tilekit reads numeric arrays only")
+    return shape, bool(fortran), dtype
+
+
+def _parse_header(fh: BinaryIO) -> tuple[tuple[int, ...], bool, np.dtype]:
+    fmt = np.lib.format
+    version = fmt.read_magic(fh)
+    if version == (1, 0):
+        shape, fortran, dtype = fmt.read_array_header_1_0(fh, max_header_size=MAX_HEADER)
+    elif version in ((2, 0), (3, 0)):
+        shape, fortran, dtype = fmt.read_array_header_2_0(fh, max_header_size=MAX_HEADER)
+    else:
+        raise ValueError(f"unsupported .npy version {version}")
+    shape = tuple(int(d) for d in shape)
+    if any(d < 0 for d in shape):
+        raise ValueError(f"negative dimension in shape {shape[:8]}")
+    return shape, fortran, np.dtype(dtype)
+
+
+def _reason(exc: BaseException) -> str:
+    """One line for a parse failure: the exception's first line (TokenError's message is a
+    tuple), or its type."""
+    text = str(exc.args[0]) if exc.args else ""
+    return text.splitlines()[0] if text.strip() else type(exc).__name__
+
+
+def _shown(path: str | Path) -> str:
+    return f"'{excerpt(str(path), 200, quote=False)}'"
 
 
 def _data(fh: BinaryIO, shape: tuple[int, ...], fortran: bool, dtype: np.dtype,
@@ -91,7 +123,7 @@ def read_npy(path: str | Path, where: str, name: str, expect: Expect) -> np.ndar
                                    "archive, not one array", where,
                                    "use --inputs FILE.npz for an archive")
             fh.seek(0)
-            shape, fortran, dtype = _header(fh, where)
+            shape, fortran, dtype = _header(fh, where, _shown(path))
             expect(name, shape, dtype, where)
             return _data(fh, shape, fortran, dtype, where)
     except OSError as exc:
@@ -149,7 +181,8 @@ def read_npz(path: str | Path, where: str, names: Iterable[str],
                     continue
                 member_where = f"{where}: member {excerpt(info.filename)}"
                 with zf.open(info) as fh:
-                    shape, fortran, dtype = _header(fh, member_where)
+                    shape, fortran, dtype = _header(
+                        fh, member_where, f"{_shown(path)} member {excerpt(info.filename)}")
                     expect(name, shape, dtype, member_where)
                     size = dtype.itemsize * int(np.prod(shape, dtype=np.int64))
                     header = fh.tell()
