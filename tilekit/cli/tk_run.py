@@ -21,6 +21,9 @@ TOOL = "tk-run"
 EXIT_CHECK_FAILED = 1
 
 
+#: The seed of the random inputs when no input is given at all (docs/run.md, "Inputs").
+DEFAULT_SEED = 0
+
 #: Timed or warm-up runs one command may ask for (a larger count is a typo, not a benchmark).
 MAX_RUNS = 100_000
 
@@ -29,17 +32,20 @@ MAX_RUNS = 100_000
 @input_argument
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
               help="Where to run: the CPU reference executor, or the CUDA runtime.")
-@click.option("--mode", default="whole", show_default=True, metavar="MODE",
-              help="CPU execution mode: 'whole' ops, or a mode added by a stage ('tiled': op "
-                   "tiles; 'program': tk-ram's rTasks in their planned order); --device cuda "
-                   "runs the generated kernels and takes no other mode.")
+@click.option("--mode", default=None, metavar="MODE",
+              help="CPU execution mode: 'whole' ops (the default), or a mode added by a stage "
+                   "('tiled': op tiles; 'program': tk-ram's rTasks in their planned order). "
+                   "With --check and no --mode, the mode of the IR's stages (program after "
+                   "tk-ram, tiled after tk-roll/tk-weld). --device cuda runs the generated "
+                   "kernels and takes no other mode.")
 @click.option("--input", "input_flags", multiple=True, metavar="NAME=@FILE.npy|NAME=V,V,..",
               help="One input: an .npy file, or comma-separated values (one value fills the "
                    "tensor). Repeatable; overrides --inputs.")
 @click.option("--inputs", "inputs_npz", metavar="FILE.npz",
               help="Inputs from an .npz archive keyed by input name.")
 @click.option("--seed", type=click.IntRange(min=0), default=None, metavar="N",
-              help="Random values for inputs not given (normal floats, ints in [0,8), bools).")
+              help="Random values for inputs not given (normal floats, ints in [0,8), bools); "
+                   f"with no input given at all, seed {DEFAULT_SEED} is the default.")
 @click.option("--allow-nan", is_flag=True, help="Accept NaN and infinities in inputs.")
 @click.option("-o", "--output", "output", default=None, metavar="FILE.npz",
               help="Write the outputs to an .npz archive ('-' for stdout).")
@@ -65,7 +71,7 @@ def main(input, device, mode, input_flags, inputs_npz, seed, allow_nan, output, 
     """Run the tile IR module IR (a file, or '-'/nothing for stdin)."""
     from tilekit.runtime import backend
     from tilekit.runtime.bench import peak_rss_bytes, time_runs
-    from tilekit.runtime.check import compare_outputs, reference_outputs
+    from tilekit.runtime.check import compare_outputs, reference_outputs, staged_mode
     from tilekit.fileio import note_input
     from tilekit.outputs import OutputSet
     from tilekit.runtime.io import (base_dir, check_inputs, check_run_budget, describe,
@@ -78,6 +84,12 @@ def main(input, device, mode, input_flags, inputs_npz, seed, allow_nan, output, 
         warn(TOOL, "--report profiles the CPU executor only; ignored with --device cuda")
     module = read_stage_input(input)  # notes the IR and the files it names as inputs
     check_run_budget(module, input)
+    chosen = None  # the mode --check picked from the stages, when --mode was not given
+    if mode is None:
+        mode = "whole"
+        if device == "cpu" and (check or check_tensors):
+            chosen = staged_mode(module)
+            mode = chosen.mode
     folder = base_dir(input)
     for path in input_files(input_flags, inputs_npz):
         note_input(path)
@@ -88,11 +100,20 @@ def main(input, device, mode, input_flags, inputs_npz, seed, allow_nan, output, 
     weights = load_weights(module, folder)
     if check and (module.source or {}).get("onnx"):  # a bad reference model fails before the run
         resolve_sidecar(module.source, "onnx", folder, "source", limits.MODEL_BYTES)
+    seed_given = seed is not None
+    if seed is None and not input_flags and inputs_npz is None and module.inputs:
+        seed = DEFAULT_SEED  # nothing given: random inputs, said once, deterministic
+        if not quiet:
+            click.echo(f"{TOOL}: inputs: random, seed {seed} (give --seed N or "
+                       "--input/--inputs)", err=True)
     inputs = gather_inputs(module, input_flags, inputs_npz, seed)
-    check_inputs(module, inputs, allow_nan=allow_nan, seed_given=seed is not None)
+    check_inputs(module, inputs, allow_nan=allow_nan, seed_given=seed_given)
 
     echo = _Echo(to_stderr=output == "-")
     profile: list[tuple[str, float]] = []
+    if report and device == "cpu" and mode == "program":
+        warn(TOOL, "--report profiles ops in the whole and tiled modes; not in program mode")
+        report = False
     if report and device == "cpu":
         from tilekit.runtime.cpu import prepare
         outputs = prepare(module).run(inputs, weights, mode=mode,
@@ -112,9 +133,13 @@ def main(input, device, mode, input_flags, inputs_npz, seed, allow_nan, output, 
     status = EXIT_OK
     if check:
         reference = reference_outputs(module, inputs, weights, folder)
-        label = device if device != "cpu" or mode == "whole" else f"cpu ({mode} mode)"
-        echo(f"check: {label} against {reference.description}: pass when rel_l2 <= rtol "
-             "or max_abs <= atol")
+        echo(f"check: {_run_label(device, mode, chosen)} against {reference.description}: "
+             "pass when rel_l2 <= rtol or max_abs <= atol")
+        if device == "cpu" and mode == "whole" and not (module.source or {}).get("onnx"):
+            echo("check: note: the run and the reference are the same executor (whole ops): "
+                 "this shows the module runs, not that a schedule is right"
+                 + ("; the stages' mode is --mode " + staged_mode(module).mode
+                    if staged_mode(module).mode != "whole" else ""))
         results = compare_outputs(module, outputs, reference.outputs, rtol, atol,
                                   reference.tolerances)
         for result in results:
@@ -136,6 +161,16 @@ def main(input, device, mode, input_flags, inputs_npz, seed, allow_nan, output, 
     if report and not quiet:
         _print_report(echo, module, profile, peak)
     return status
+
+
+def _run_label(device: str, mode: str, chosen) -> str:
+    """What ran, for the check line: `cpu (tiled mode: tk-roll's tiles, ...)`."""
+    if device != "cpu":
+        return device
+    if chosen is not None:
+        return (f"cpu ({mode} mode, the IR's stages: {chosen.why})" if mode != "whole"
+                else "cpu (whole ops)")
+    return "cpu (whole ops)" if mode == "whole" else f"cpu ({mode} mode)"
 
 
 #: At most this many differing tensors are listed by --check-tensors (the first ones matter).

@@ -267,6 +267,29 @@ def cpu_reference(module: Module, inputs: Mapping[str, np.ndarray],
                      run_module(module, inputs, weights, mode="whole"))
 
 
+@dataclass(frozen=True)
+class CheckedMode:
+    """The CPU execution mode `tk-run --check` runs when `--mode` is not given, and why."""
+
+    mode: str
+    why: str
+
+
+def staged_mode(module: Module) -> CheckedMode:
+    """The mode that runs what the module's stages made: tk-ram's `program` rTask by rTask
+    ("program"), tk-roll's tiles or tk-weld's groups tile by tile ("tiled"), else whole ops.
+    `tk-run --check` without `--mode` checks this mode, so that a check after the stages
+    checks their schedule and not the whole-op evaluation the reference also runs."""
+    stages = set(module.stage_names())
+    if module.program is not None:
+        return CheckedMode("program", "tk-ram's program, rTask by rTask")
+    if "weld" in stages:
+        return CheckedMode("tiled", "tk-weld's groups, tile by tile")
+    if "roll" in stages:
+        return CheckedMode("tiled", "tk-roll's tiles, block by block")
+    return CheckedMode("whole", "whole ops")
+
+
 def reference_outputs(module: Module, inputs: Mapping[str, np.ndarray],
                       weights: Mapping[str, np.ndarray], folder: Path) -> Reference:
     """onnxruntime on the source model when the IR names one, else the CPU executor."""
