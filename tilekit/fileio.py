@@ -115,9 +115,32 @@ def _article(what: str) -> str:
     return f"an {what}" if what[:1].lower() in "aeiou" else f"a {what}"
 
 
+def _onnx_model(head: bytes, name: str) -> bool:
+    """Whether an input looks like an ONNX model: named `.onnx`, or starting as a serialised
+    ModelProto does (field 1, `ir_version`, a varint: byte 0x08, which no YAML or JSON text
+    may start with)."""
+    return name.lower().endswith(".onnx") or head[:1] == b"\x08"
+
+
+def _not_onnx(head: bytes, name: str, what: str) -> None:
+    if what == "IR" and _onnx_model(head, name):
+        model = name if name != "<stdin>" else "MODEL.onnx"
+        raise TilekitError(f"{name} is an ONNX model, not tile IR: run tk-import {model} "
+                           "first")
+
+
 def read_input_text(path: str, what: str = "IR") -> tuple[str, str]:
-    """Read the whole input as text. Returns (text, display name). Empty input is bad input."""
+    """Read the whole input as text. Returns (text, display name). Empty input is bad input;
+    an ONNX model given where the IR is expected says to import it first (checked on the
+    first bytes of a file, before its size)."""
+    if path != "-":
+        try:
+            with open(path, "rb") as fh:
+                _not_onnx(fh.read(1) if os.path.isfile(path) else b"", path, what)
+        except OSError:
+            pass  # read_bytes reports it
     data, name = read_bytes(path, limits.INPUT_BYTES, what)
+    _not_onnx(data[:1], name, what)
     if not data.strip():
         raise TilekitError(f"empty input, expected a tile {what} document", name,
                            "did the command before this one in the pipe fail?")

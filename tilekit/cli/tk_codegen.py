@@ -67,6 +67,8 @@ def main(input, output, fmt, hw, arch, emit_dir, compile_, strict, quiet, debug)
     elif module.hardware:
         from tilekit.hw import load_recorded_profile
         profile = load_recorded_profile(module.hardware, input if input != "-" else None)
+    if profile is not None and arch is None:
+        no_cuda_arch(profile, "--hw" if hw else "hardware")
     result = run_codegen(module, profile, arch, compile=compile_)
     if not quiet:
         for note in result.notes:
@@ -96,6 +98,27 @@ def main(input, output, fmt, hw, arch, emit_dir, compile_, strict, quiet, debug)
                 Path(emit_dir).rmdir()
         raise
     return 0
+
+
+def no_cuda_arch(profile, where: str) -> None:
+    """Refuse a profile with no CUDA arch (an IPU-like machine) before generating: say what it
+    is and what to do, rather than what an `sm_XY` looks like."""
+    from tilekit.hw.profile import compute_capability
+
+    if compute_capability(profile.arch) is not None:
+        return
+    try:
+        from tilekit.hw import list_profiles
+        nvidia = [p.name for p in list_profiles() if compute_capability(p.arch) is not None]
+    except TilekitError:
+        nvidia = []
+    names = f" ({', '.join(nvidia)})" if nvidia else ""
+    raise TilekitError(f"hardware profile '{profile.name}' ({profile.vendor} {profile.arch}, "
+                       f"{profile.kind}) has no CUDA arch, and tk-codegen generates CUDA for "
+                       "NVIDIA GPUs", where,
+                       f"pass --hw with an NVIDIA profile{names}, after tk-roll --hw with the "
+                       "same one so that the tiles fit it; or --arch sm_XY to generate for "
+                       "that arch within this profile's limits")
 
 
 def stage_sources(files, kernels, folder: Path) -> None:
