@@ -129,7 +129,8 @@ def test_bench_output(mlp):
     assert proc.returncode == 0, text(proc)
     line = text(proc, "stdout").splitlines()[-1]
     assert re.match(r"bench: 5 runs after 2 warm-up on cpu \(.+, \d+ threads?\): "
-                    r"median [\d.]+ ms, min [\d.]+ ms, max [\d.]+ ms$", line), line
+                    r"median [\d.]+ ms, p90 [\d.]+ ms, min [\d.]+ ms, max [\d.]+ ms, "
+                    r"stddev [\d.]+ ms$", line), line
 
 
 def test_report(mlp):
