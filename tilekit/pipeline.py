@@ -95,9 +95,15 @@ def _grind(module: Module, ctx: Context) -> Module:
 
 
 def _ram(module: Module, ctx: Context) -> Module:
+    from dataclasses import replace
+
     from tilekit.ram import ram_module
-    return ram_module(module, ctx.profile, str(ctx.option("policy", "wavefront")),
-                      hardware=ctx.profile.name)
+    planned = ram_module(module, ctx.profile, str(ctx.option("policy", "wavefront")),
+                         hardware=ctx.profile.name)
+    if module.hardware is None:  # the first stage that needs a profile records it (as tk-ram)
+        planned = replace(planned, hardware=ctx.hardware or ctx.profile.name,
+                          hardware_sha256=ctx.profile.content_hash)
+    return planned
 
 
 def _codegen(module: Module, ctx: Context) -> Module:

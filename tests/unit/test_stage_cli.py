@@ -205,3 +205,31 @@ def test_progress_only_on_a_terminal(monkeypatch):
     with phases.step("work", "working") as advance:
         advance()
     assert set(phases.seconds()) == {"work", "total"}
+
+
+# -- the recorded profile's content hash, checked by every stage that loads it --------------
+
+@pytest.mark.parametrize("command", ["tk_weld", "tk_grind", "tk_ram", "tk_codegen"])
+def test_a_stage_refuses_a_profile_of_other_figures_under_the_recorded_name(
+        command, tmp_path, monkeypatch):
+    from tilekit.hw import ENV_VAR, builtin_dir
+    monkeypatch.delenv(ENV_VAR, raising=False)
+    monkeypatch.chdir(tmp_path)
+    assert invoke("tk_roll", "--hw", "h100", MLP, "-o", "r.yaml").exit_code == 0
+    folder = tmp_path / "profiles"
+    folder.mkdir()
+    (folder / "mine.yaml").write_text((builtin_dir() / "h100.yaml").read_text().replace(
+        "value: 3.35, unit: TB/s", "value: 2.0, unit: TB/s"))
+    monkeypatch.setenv(ENV_VAR, str(folder))
+    result = CliRunner().invoke(importlib.import_module(f"tilekit.cli.{command}").main,
+                                ["r.yaml", "-o", "out.yaml"])
+    assert result.exit_code == 2
+    line, = result.stderr.splitlines()
+    assert "r.yaml was made with a 'h100' profile of other figures" in line
+    assert "than profiles/mine.yaml" in line and "pass --hw " in line
+    assert not (tmp_path / "out.yaml").exists()
+    # --hw names the profile explicitly: the stage runs for it
+    result = CliRunner().invoke(importlib.import_module(f"tilekit.cli.{command}").main,
+                                ["r.yaml", "--hw", str(builtin_dir() / "h100.yaml"), "-o",
+                                 "out.yaml"])
+    assert result.exit_code == 0, result.stderr

@@ -221,14 +221,15 @@ def read_stage_input(path: str):
 def module_profile(hw: str | None, module, input: str, output: str):
     """(profile, the name or path the output records) from `--hw`, else the module's recorded
     `hardware` (a recorded path is relative to the input's folder: re-recorded for the
-    output's), else a bad-input error."""
+    output's; a recorded content hash must match the profile found), else a bad-input
+    error."""
     from tilekit.hw import load_profile, load_recorded_profile, recorded_profile
 
     if hw:
         profile = load_profile(hw)
         return profile, recorded_profile(hw, profile, output)
     if module.hardware:
-        profile = load_recorded_profile(module.hardware, input)
+        profile = load_recorded_profile(module.hardware, input, module.hardware_sha256)
         return profile, recorded_profile(os.path.abspath(profile.origin), profile, output)
     raise TilekitError("no hardware profile", "--hw",
                        "pass --hw NAME|PATH (e.g. --hw h100); 'tk-hw list' shows the names")

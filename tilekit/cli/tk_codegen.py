@@ -77,7 +77,8 @@ def main(input, output, fmt, hw, arch, emit_dir, compile_, strict, report, repor
             profile = load_profile(hw)
         elif module.hardware:
             from tilekit.hw import load_recorded_profile
-            profile = load_recorded_profile(module.hardware, input if input != "-" else None)
+            profile = load_recorded_profile(module.hardware, input if input != "-" else None,
+                                            module.hardware_sha256)
         if profile is not None and arch is None:
             no_cuda_arch(profile, "--hw" if hw else "hardware")
     label = (f"generating and compiling {module.model}'s {len(module.kernels) or len(module.ops)}"

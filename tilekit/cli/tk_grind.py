@@ -46,7 +46,7 @@ def main(input, output, fmt, hw, place, report, report_format, time_passes, quie
         if hw:
             profile = load_profile(hw)
         elif module.hardware:
-            profile = load_recorded_profile(module.hardware, input)
+            profile = load_recorded_profile(module.hardware, input, module.hardware_sha256)
         else:
             raise TilekitError("no hardware profile", "--hw",
                                "pass --hw NAME|PATH, or run tk-roll --hw first (it records one)")

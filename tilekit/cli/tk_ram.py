@@ -56,7 +56,7 @@ def main(input, output, fmt, hw, policy, svg, report, report_format, time_passes
             profile = load_profile(hw)
             hardware = recorded_profile(hw, profile, output)
         elif module.hardware:
-            profile = load_recorded_profile(module.hardware, input)
+            profile = load_recorded_profile(module.hardware, input, module.hardware_sha256)
             hardware = recorded_profile(os.path.abspath(profile.origin), profile, output)
         else:
             raise TilekitError("no hardware profile", "--hw",
@@ -66,7 +66,8 @@ def main(input, output, fmt, hw, policy, svg, report, report_format, time_passes
         planned = ram_module(module, profile, policy, hardware=profile.name)
         if module.hardware is None:  # the first stage that needs a profile records it
             from dataclasses import replace
-            planned = replace(planned, hardware=hardware)
+            planned = replace(planned, hardware=hardware,
+                              hardware_sha256=profile.content_hash)
         program = parse_program(planned.program)
     warn_dropped(TOOL, module, planned)
     with OutputSet() as files:

@@ -5,7 +5,9 @@ threads, smem_bytes, regs, estimate, candidates); each `opaque` op a fixed sched
 per output element, blocks of `OPAQUE_THREADS`) with an estimate from the bytes it moves; each
 kernel an `estimate` (for a group of several ops, the group's: intermediates it keeps on chip
 cost no DRAM traffic); a group's own tile (`kernels[].tile`) is tk-weld's to choose. The module
-records `hardware: <profile name or path>` and the stage `roll` with its options; re-rolling
+records `hardware: {name: <profile name or path>, sha256: <its content hash>}` (later stages
+refuse a profile of other figures under that name) and the stage `roll` with its options;
+re-rolling
 drops what the old tiles decided (`tilekit.ir.stages.INVALIDATES`: group tiles, the rTask
 program, kernel launches, generated code), recorded as the stage option `dropped`.
 
@@ -109,7 +111,8 @@ def _roll(module: Module, profile, top_k: int, hardware: str | None,
     # What the old tiles decided (launch figures, generated code) was dropped by run_stage.
     kernels = tuple(roll_kernel(module, k, rolled, profile)
                     for k in (module.kernels or default_kernels(module.ops)))
-    out = replace(module, ops=tuple(ops), kernels=kernels, hardware=hardware or profile.name)
+    out = replace(module, ops=tuple(ops), kernels=kernels, hardware=hardware or profile.name,
+                  hardware_sha256=profile.content_hash)
     return with_control(out, records) if records else out
 
 
