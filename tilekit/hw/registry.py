@@ -4,7 +4,11 @@ Folders searched, first match wins: each folder of `$TILEKIT_HWPROFILES` (separa
 `os.pathsep`), then the repository's `hwprofiles/` (found relative to the package). A name
 matches a file's stem, its `name:` or one of its `aliases:`, ignoring case; a stem match
 wins over an alias in the same folder. An argument that
-contains a path separator or ends in `.yaml`/`.yml` is a path, never a name.
+contains a path separator or ends in `.yaml`/`.yml` is a path, never a name. Names and
+aliases are read, and folders listed, only from files that look like profiles
+(`looks_like_profile`: a folder may also hold tile IR documents); a file's stem always names
+it. An IR records the profile with its content hash, and `load_recorded_profile` refuses a
+profile of other figures found under the recorded name.
 
 A profile file is read only when it is a regular file of at most `limits.PROFILE_BYTES`
 (checked before reading; `/dev/zero`, a FIFO or a huge file is refused), whether it was
@@ -77,12 +81,15 @@ def display_path(path: Path) -> str:
     return str(path) if rel.startswith("..") else rel
 
 
+def _yaml_files(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.iterdir() if p.suffix in SUFFIXES and p.is_file())
+
+
 def _files(folder: Path) -> list[Path]:
     """The profile files of a search folder: `.yaml`/`.yml` files that look like profiles
     (`looks_like_profile`), so that a folder also holding tile IR documents or other YAML
-    (`TILEKIT_HWPROFILES=$PWD`) can be searched."""
-    return sorted(p for p in folder.iterdir()
-                  if p.suffix in SUFFIXES and p.is_file() and looks_like_profile(p))
+    (`TILEKIT_HWPROFILES=$PWD`) can be searched and listed."""
+    return [p for p in _yaml_files(folder) if looks_like_profile(p)]
 
 
 #: How much of a file `looks_like_profile` reads: a profile's top-level keys come early.
@@ -95,7 +102,8 @@ _IR_KEY = re.compile(r"^tilekit[ \t]*:", re.M)
 def looks_like_profile(path: Path) -> bool:
     """Whether a YAML file in a search folder is a hardware profile, from its first 64 KiB:
     a top-level key only profiles have and no `tilekit:` key (a tile IR document). A broken
-    profile still has them, so loading it by name reports what is wrong."""
+    profile still has them, so listing or loading it reports what is wrong; a file named by
+    its stem (`--hw big` for big.yaml) is loaded whatever it looks like."""
     try:
         st = path.stat()
     except OSError:
@@ -140,11 +148,11 @@ def resolve(name: str) -> Path:
     """The file a bare profile name or alias stands for; errors list the known names."""
     wanted = name.lower()
     for folder in profile_dirs():
-        files = _files(folder)
-        by_stem = [p for p in files if p.stem.lower() == wanted]
+        # a file named exactly is meant, profile-like or not (loading it says what is wrong)
+        by_stem = [p for p in _yaml_files(folder) if p.stem.lower() == wanted]
         if len(by_stem) == 1:  # the common case, without reading every file's aliases
             return by_stem[0]
-        matches = [p for p in files if wanted in _names(p)]
+        matches = [p for p in _files(folder) if wanted in _names(p)]
         if len(matches) == 1:
             return matches[0]
         if len(matches) > 1:
