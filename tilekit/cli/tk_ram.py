@@ -75,7 +75,7 @@ def main(input, output, fmt, hw, policy, svg, report, report_format, time_passes
         if svg is not None:
             with phases.step("svg"):
                 from tilekit.ram.svg import render
-                files.put(svg, render(program, module.model), f"--svg {svg}")
+                files.put(svg, render(program, planned), f"--svg {svg}")
         with phases.step("write"):
             write_module(rebase_files(planned, module, input, output), output, fmt,
                          outputs=files)
