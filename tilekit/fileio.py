@@ -137,7 +137,7 @@ def read_input_text(path: str, what: str = "IR") -> tuple[str, str]:
         try:
             with open(path, "rb") as fh:
                 _not_onnx(fh.read(1) if os.path.isfile(path) else b"", path, what)
-        except OSError:
+        except (OSError, ValueError):  # a path with a NUL byte raises ValueError
             pass  # read_bytes reports it
     data, name = read_bytes(path, limits.INPUT_BYTES, what)
     _not_onnx(data[:1], name, what)
