@@ -134,11 +134,14 @@ def read_input_text(path: str, what: str = "IR") -> tuple[str, str]:
     an ONNX model given where the IR is expected says to import it first (checked on the
     first bytes of a file, before its size)."""
     if path != "-":
+        head = b""
         try:
-            with open(path, "rb") as fh:
-                _not_onnx(fh.read(1) if os.path.isfile(path) else b"", path, what)
+            if os.path.isfile(path):  # never opens a FIFO or a device to peek
+                with open(path, "rb") as fh:
+                    head = fh.read(1)
         except (OSError, ValueError):  # a path with a NUL byte raises ValueError
             pass  # read_bytes reports it
+        _not_onnx(head, path, what)
     data, name = read_bytes(path, limits.INPUT_BYTES, what)
     _not_onnx(data[:1], name, what)
     if not data.strip():
