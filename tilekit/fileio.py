@@ -134,14 +134,15 @@ def read_input_text(path: str, what: str = "IR") -> tuple[str, str]:
     an ONNX model given where the IR is expected says to import it first (checked on the
     first bytes of a file, before its size)."""
     if path != "-":
-        head = b""
+        head = None
         try:
             if os.path.isfile(path):  # never opens a FIFO or a device to peek
                 with open(path, "rb") as fh:
                     head = fh.read(1)
         except (OSError, ValueError):  # a path with a NUL byte raises ValueError
-            pass  # read_bytes reports it
-        _not_onnx(head, path, what)
+            pass  # read_bytes reports it, as it reports a missing file
+        if head is not None:
+            _not_onnx(head, path, what)
     data, name = read_bytes(path, limits.INPUT_BYTES, what)
     _not_onnx(data[:1], name, what)
     if not data.strip():
