@@ -11,7 +11,11 @@ everything common lives here:
   (`TilekitError` and click usage errors), exit 1 for an internal error; a traceback only with
   `--debug`;
 - SIGINT, SIGTERM and SIGHUP: temporary files removed, one line `tool: error: interrupted`
-  (`terminated`), exit 130 (143, 129), no traceback.
+  (`terminated`), exit 130 (143, 129), no traceback;
+- reports (`--report-format text|json`: a table, or one JSON document on one line), the
+  phases of a command (`Phases`: wall times for `--time-passes`, and a transient progress
+  display on stderr only when it is a terminal, NO_COLOR unset and not `--quiet`), and the
+  one warning line when a stage dropped derived sections (`warn_dropped`).
 """
 
 from __future__ import annotations
@@ -341,7 +345,7 @@ class Phases:
     is timed (for `--time-passes`) and, on a terminal, shows a transient spinner with the
     label and the elapsed time on stderr (with `total`, a bar that `advance()` moves).
 
-    `report()` is the `--time-passes` line (or the figures for a JSON report)."""
+    `line()` is the `--time-passes` line, `seconds()` the figures of a JSON report."""
 
     def __init__(self, tool: str, quiet: bool = False, time_passes: bool = False):
         import time
@@ -399,8 +403,8 @@ def _progress(label: str, total: int | None):
         yield lambda: progress.advance(task)
 
 
-def emit_report(tool: str, fmt: str | None, text: Callable[[], None], data: Callable[[], dict],
-                 phases: Phases | None = None) -> None:
+def emit_report(tool: str, fmt: str | None, text: Callable[[], None],
+                data: Callable[[], dict], phases: Phases | None = None) -> None:
     """A stage command's report on stderr: `text()` prints the table; with `fmt` "json",
     `data()` is written as one JSON line instead, with `time_s` (the phases' wall times)
     when `--time-passes` asked for them (the only fields that vary between runs)."""
