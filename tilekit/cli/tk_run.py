@@ -2,7 +2,10 @@
 
 tk-run is the sink of a pipe, so its results (per-output summaries, check lines, timings,
 the report) go to stdout, unless `-o -` sends the outputs archive there, in which case they go
-to stderr. Errors always go to stderr. Exit codes: 0 success, 1 check mismatch or internal
+to stderr; `--report-format json` gathers them into one JSON document there. Errors, notes and
+warnings always go to stderr. With no input given, the inputs are random from seed 0 (said on
+stderr); `--check` without `--mode` runs the mode the IR's stages made
+(`tilekit.runtime.check.staged_mode`). Exit codes: 0 success, 1 check mismatch or internal
 error, 2 bad input. See docs/run.md.
 """
 

@@ -13,7 +13,8 @@ then left out of the metric). Integer and bool outputs must match exactly. A sha
 always fails.
 
 References: onnxruntime on the module's source model (`module.source`, checksum verified)
-when there is one, otherwise the CPU reference executor in "whole" mode.
+when there is one, otherwise the CPU reference executor in "whole" mode. What is checked
+against it by default is the mode the module's stages made (`staged_mode`).
 """
 
 from __future__ import annotations
