@@ -127,8 +127,34 @@ def _article(what: str) -> str:
     return f"an {what}" if what[:1].lower() in "aeiou" else f"a {what}"
 
 
+def _onnx_model(head: bytes, name: str) -> bool:
+    """Whether an input looks like an ONNX model: named `.onnx`, or starting as a serialised
+    ModelProto does (field 1, `ir_version`, a varint: byte 0x08, which no YAML or JSON text
+    may start with)."""
+    return name.lower().endswith(".onnx") or head[:1] == b"\x08"
+
+
+def _not_onnx(head: bytes, name: str, what: str) -> None:
+    if what == "IR" and _onnx_model(head, name):
+        model = name if name != "<stdin>" else "MODEL.onnx"
+        raise TilekitError(f"{name} is an ONNX model, not tile IR: run tk-import {model} "
+                           "first")
+
+
 def read_input_text(path: str, what: str = "IR") -> tuple[str, str]:
-    """Read the whole input as text. Returns (text, display name). Empty input is bad input."""
+    """Read the whole input as text. Returns (text, display name). Empty input is bad input;
+    an ONNX model given where the IR is expected says to import it first (checked on the
+    first bytes of a file, before its size, and of stdin as they arrive)."""
+    if path != "-":
+        head = None
+        try:
+            if os.path.isfile(path):  # never opens a FIFO or a device to peek
+                with open(path, "rb") as fh:
+                    head = fh.read(1)
+        except (OSError, ValueError):  # a path with a NUL byte raises ValueError
+            pass  # read_bytes reports it, as it reports a missing file
+        if head is not None:
+            _not_onnx(head, path, what)
     data, name = read_bytes(path, limits.INPUT_BYTES, what, form="text")
     if not data.strip():
         raise TilekitError(f"empty input, expected a tile {what} document", name,
@@ -176,6 +202,8 @@ class TextStart(StartCheck):
         self.offset = 0  # bytes fed before the current block
 
     def feed(self, block: bytes, final: bool = False) -> None:
+        if self.offset == 0 and block:     # a model given where the IR is expected
+            _not_onnx(block[:1], self.where, self.what)
         pending = len(self.decoder.getstate()[0])
         try:
             text = self.decoder.decode(block, final)

@@ -20,6 +20,7 @@ weights (`tilekit.onnx`), so it has a different signature by nature.
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import os
 from dataclasses import dataclass, field
@@ -67,6 +68,8 @@ class Pass:
     requires: tuple[str, ...] = ("import",)
     produces: tuple[str, ...] = ()
     needs_profile: bool = False
+    #: The `Context` options the pass reads (`compile(..., top_k=4)`), with their meaning.
+    options: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def invalidates(self) -> tuple[str, ...]:
@@ -92,9 +95,15 @@ def _grind(module: Module, ctx: Context) -> Module:
 
 
 def _ram(module: Module, ctx: Context) -> Module:
+    from dataclasses import replace
+
     from tilekit.ram import ram_module
-    return ram_module(module, ctx.profile, str(ctx.option("policy", "wavefront")),
-                      hardware=ctx.profile.name)
+    planned = ram_module(module, ctx.profile, str(ctx.option("policy", "wavefront")),
+                         hardware=ctx.profile.name)
+    if module.hardware is None:  # the first stage that needs a profile records it (as tk-ram)
+        planned = replace(planned, hardware=ctx.hardware or ctx.profile.name,
+                          hardware_sha256=ctx.profile.content_hash)
+    return planned
 
 
 def _codegen(module: Module, ctx: Context) -> Module:
@@ -106,18 +115,51 @@ def _codegen(module: Module, ctx: Context) -> Module:
 #: The registered passes, in pipeline order (DESIGN.md: roll | weld | grind | ram | codegen).
 PASSES: dict[str, Pass] = {p.name: p for p in (
     Pass("roll", _roll, "Roller's tiles per op and the micro performance model's estimates",
-         produces=("ops[*].tile", "kernels[*].estimate", "hardware"), needs_profile=True),
+         produces=("ops[*].tile", "kernels[*].estimate", "hardware"), needs_profile=True,
+         options={"top_k": "keep the K best tiles per op (tk-roll --top-k; default 1)",
+                  "precision": "'fp32' (default) or 'tf32' for fp32 contractions "
+                               "(tk-roll --precision)"}),
     Pass("weld", _weld, "Welder's kernel groups: intermediates kept on chip, levels per edge "
          "(reads a rolled module, or rolls what is unrolled)",
-         produces=("kernels", "kernels[*].tile", "kernels[*].estimate"), needs_profile=True),
+         produces=("kernels", "kernels[*].tile", "kernels[*].estimate"), needs_profile=True,
+         options={"top_k": "keep the K best tiles per group (tk-weld --top-k; default 1)",
+                  "max_group": "at most N ops per group (tk-weld --max-group; default 16)",
+                  "no_fuse": "op names that stay kernels of their own (tk-weld --no-fuse)"}),
     Pass("grind", _grind, "Cocktailer's placement of each control op: a device loop or "
          "branch in one cooperative kernel, or the host", produces=("control[*].grind",),
-         needs_profile=True),
+         needs_profile=True,
+         options={"place": "'auto' (default), 'host' or 'device' (tk-grind --place)"}),
     Pass("ram", _ram, "Rammer's rTasks packed onto virtual execution units: the program",
-         produces=("program",), needs_profile=True),
+         produces=("program",), needs_profile=True,
+         options={"policy": "'wavefront' (default) or 'serial' (tk-ram --policy)"}),
     Pass("codegen", _codegen, "CUDA C++ per kernel group and its launch",
-         produces=("codegen", "kernels[*].launch")),
+         produces=("codegen", "kernels[*].launch"),
+         options={"arch": "the target arch, e.g. 'sm_80' (tk-codegen --arch; default the "
+                          "profile's)",
+                  "compile": "True: compile every kernel with nvcc and record ptxas' "
+                             "resources (tk-codegen --compile)"}),
 )}
+
+
+def check_options(passes: Sequence[str | Pass], options: Mapping[str, Any]) -> None:
+    """Refuse an option that none of `passes` reads (a misspelt `topk=4` would otherwise be
+    ignored without a word), naming the pass that does read it, or listing the known ones."""
+    chosen = [get(p) if isinstance(p, str) else p for p in passes]
+    read = {key for p in chosen for key in p.options}
+    for key in options:
+        if key in read:
+            continue
+        owners = [p.name for p in PASSES.values() if key in p.options]
+        if owners:
+            raise TilekitError(f"option '{key}' is read by the {' and '.join(owners)} pass, "
+                               f"which is not in passes", key,
+                               f"add '{owners[0]}' to passes, or drop the option")
+        known = sorted(read) or ["none"]
+        close = difflib.get_close_matches(key, sorted(read), n=1)
+        hint = f"did you mean '{close[0]}'? " if close else ""
+        raise TilekitError(f"unknown option '{key}'", key,
+                           f"{hint}the options of passes {', '.join(p.name for p in chosen)}: "
+                           f"{', '.join(known)}")
 
 
 def register(p: Pass) -> None:
@@ -159,10 +201,29 @@ def run(module: Module, passes: Sequence[str | Pass], ctx: Context | None = None
 
 @dataclass(frozen=True)
 class Compiled:
-    """A model through the pipeline in one process: the module and its weights."""
+    """A model through the pipeline in one process: the module, its weights, and where they
+    would be written (`ir_path`, `weights_path`: the module records the weights sidecar and
+    the source model relative to `ir_path`'s folder)."""
 
     module: Module
     weights: Mapping[str, np.ndarray]
+    ir_path: str = "model.tk.yaml"
+    weights_path: str = "model.tk.weights.npz"
+
+    def save(self, fmt: str | None = None) -> None:
+        """Write the IR to `ir_path` and the weights sidecar to `weights_path`, together or
+        not at all (the same files as `tk-import MODEL -o IR_PATH | ...` writes); `fmt` is
+        "yaml" (default) or "json". `tk-run IR_PATH --check` then runs it."""
+        from tilekit.ir import write_module
+        from tilekit.onnx import stage_weights
+        from tilekit.outputs import OutputSet
+
+        with OutputSet() as files:
+            files.check(self.ir_path, self.ir_path)
+            if self.weights:
+                stage_weights(files, self.weights_path, self.weights)
+            write_module(self.module, self.ir_path, fmt, outputs=files)
+            files.commit()
 
 
 def compile(model: str | os.PathLike, passes: Sequence[str | Pass] = ("roll", "codegen"),
@@ -171,16 +232,43 @@ def compile(model: str | os.PathLike, passes: Sequence[str | Pass] = ("roll", "c
             **options: Any) -> Compiled:
     """Import the ONNX file `model` and run `passes` on it, with no files in between.
 
-    `ir_path` and `weights_path` are where the IR and its weights sidecar would be written
-    (the IR records paths relative to its own folder; nothing is written here): with the same
-    paths, `tilekit.ir.dumps(compiled.module)` equals the bytes of
-    `tk-import MODEL -o WEIGHTS_STEM.yaml && tk-roll --hw HW ... | tk-codegen ...`.
-    `dtype` is tk-import's `--dtype`. `options` are the passes' options (`top_k=10`,
-    `compile=True`, `arch="sm_80"`).
+        compiled = tilekit.compile("m.onnx", ["roll", "weld", "codegen"], hw="h100",
+                                   top_k=4, ir_path="m.tk.yaml")
+        compiled.save()        # m.tk.yaml and m.tk.weights.npz; then `tk-run m.tk.yaml`
+
+    `passes`, in this order when several are given (each is optional):
+
+    - "roll": Roller's tiles per op (tk-roll); needs `hw`;
+    - "weld": Welder's fused kernel groups (tk-weld); needs `hw`;
+    - "grind": control ops placed on the device or the host (tk-grind); needs `hw`;
+    - "ram": Rammer's program of rTasks on execution units (tk-ram); needs `hw`;
+    - "codegen": CUDA C++ per kernel and its launch (tk-codegen).
+
+    `hw` is a hardware profile's name (`tk-hw list`) or a path to its YAML file. `options`
+    are the passes' options, each read by the passes named in brackets:
+
+    - `top_k=K` (roll, weld): keep the K best tiles per op or group (default 1);
+    - `precision="tf32"` (roll): fp32 contractions on TF32 tensor cores (default "fp32");
+    - `max_group=N` (weld): at most N ops per group (default 16);
+    - `no_fuse=("op", ...)` (weld): ops that stay kernels of their own;
+    - `place="host"|"device"` (grind): force the placement (default "auto");
+    - `policy="serial"` (ram): one operator at a time (default "wavefront");
+    - `arch="sm_80"` (codegen): the target arch (default the profile's);
+    - `compile=True` (codegen): compile every kernel with nvcc, record ptxas' resources.
+
+    An option that none of `passes` reads is an error (`TilekitError`, listing the ones they
+    do), as is an unknown pass. `dtype` is tk-import's `--dtype` ("float16", "bfloat16").
+
+    `ir_path` and `weights_path` (default: next to `ir_path`, `<stem>.weights.npz`) are where
+    `Compiled.save` writes the IR and its weights (the IR records paths relative to its own
+    folder; nothing is written before `save`): with the same paths, `tilekit.ir.dumps(
+    compiled.module)` equals the bytes of `tk-import MODEL -o IR_PATH && tk-roll --hw HW
+    IR_PATH | ...` (tests/unit/test_pipeline.py).
     """
     from tilekit.onnx import attach_files, import_model, load_model
     from tilekit.onnx.precision import import_options, to_precision
 
+    check_options(passes, options)
     path = Path(model)
     proto = load_model(str(path))
     imported = to_precision(import_model(proto, name=path.stem), dtype)
@@ -193,4 +281,4 @@ def compile(model: str | os.PathLike, passes: Sequence[str | Pass] = ("roll", "c
                             onnx_sha256=hashlib.sha256(path.read_bytes()).hexdigest(),
                             options={"opset": opset, **import_options(dtype)}, write=False)
     module = run(imported.module, passes, Context.for_hw(hw, **options))
-    return Compiled(module, dict(imported.weights))
+    return Compiled(module, dict(imported.weights), str(ir_path), str(weights))

@@ -93,10 +93,14 @@ def test_profile_folder_with_traps_still_lists_and_resolves(traps, monkeypatch):
     (traps / "big.yaml").unlink()
     monkeypatch.setenv("TILEKIT_HWPROFILES", str(traps))
     assert run("tk-hw", "show", "h100").exit_code == 0  # shipped names still resolve
-    # the traps are no profiles: listing skips devices and FIFOs, and reports bad files
+    # the traps are no profiles: listing skips devices, FIFOs and YAML without profile keys
     result = run("tk-hw", "list")
-    assert result.exit_code == 2 and "Traceback" not in result.stderr
-    assert "TOPSECRETTOPSECRETTOPSECRETTOPSECRET" not in result.stderr
+    assert result.exit_code == 0 and "Traceback" not in result.stderr
+    assert "TOPSECRET" not in result.stdout + result.stderr
+    assert "secret" not in result.stdout and "passwd" not in result.stdout
+    # a trap named by its stem is loaded as a profile and refused without quoting it
+    result = run("tk-hw", "show", "secret")
+    assert result.exit_code == 2 and "TOPSECRET" not in result.stderr
 
 
 def test_huge_profile_in_a_folder_is_refused_not_read(traps, monkeypatch):
@@ -117,7 +121,7 @@ def test_profile_path_recorded_by_roll_still_resolves(tmp_path):
     rolled = tmp_path / "out" / "r.yaml"
     rolled.parent.mkdir()
     assert run("tk-roll", ir, "--hw", profile, "-o", rolled).exit_code == 0
-    assert "hardware: ../prof/mygpu.yaml" in rolled.read_text()
+    assert "hardware:\n  name: ../prof/mygpu.yaml\n  sha256: " in rolled.read_text()
     result = run("tk-codegen", rolled, "-o", tmp_path / "c.yaml")
     assert result.exit_code == 0, result.stderr
 

@@ -85,8 +85,9 @@ def test_tk_roll_protects_a_recorded_profile_path(setup):
     # the profile is h100's under another file name, which its name `h100` finds in the
     # shipped folder, so tk-roll recorded a name; record the path as a hand-made IR may
     text = (folder / "r.yaml").read_text()
-    (folder / "r.yaml").write_text(text.replace("hardware: h100", "hardware: prof.yaml"))
-    assert "hardware: prof.yaml" in (folder / "r.yaml").read_text()
+    (folder / "r.yaml").write_text(text.replace("hardware:\n  name: h100\n",
+                                                "hardware:\n  name: prof.yaml\n"))
+    assert "hardware:\n  name: prof.yaml\n" in (folder / "r.yaml").read_text()
     before = paths["profile"].read_bytes()
     assert_refused(run("tk-codegen", folder / "r.yaml", "-o", paths["profile"]), "tk-codegen",
                    "refusing to overwrite")

@@ -164,6 +164,83 @@ def test_ambiguous_alias_is_an_error_naming_both(tmp_path, monkeypatch):
         load_profile("a100-sxm")
 
 
+# -- profile identity: copies, content hashes, folders shared with other YAML -------------------
+
+def _copy_keeping_the_name(folder, stem="mine"):
+    text = (builtin_dir() / "h100.yaml").read_text()
+    path = folder / f"{stem}.yaml"
+    path.write_text(text.replace("value: 3.35, unit: TB/s", "value: 2.0, unit: TB/s"))
+    return path
+
+
+def test_a_search_folder_may_hold_ir_documents_and_other_yaml(tmp_path, monkeypatch):
+    (tmp_path / "m.yaml").write_text("tilekit: 1\nmodel: m\ninputs: []\n")
+    (tmp_path / "compose.yml").write_text("services:\n  web: {image: x}\n")
+    (tmp_path / "v100x.yaml").write_text((builtin_dir() / "v100.yaml").read_text()
+                                         .replace("name: v100", "name: v100x")
+                                         .replace("aliases: [v100-sxm2, v100-sxm2-32gb, V100]",
+                                                  "aliases: []"))
+    monkeypatch.setenv(ENV_VAR, str(tmp_path))
+    assert profile_names() == ["a100", "h100", "ipu", "rtx4090", "v100", "v100x"]
+    assert {p.name for p in list_profiles()} >= {"v100x", "h100"}
+    from tilekit.hw.registry import listing, looks_like_profile
+    assert not looks_like_profile(tmp_path / "m.yaml")
+    assert [e.profile.name for e in listing()].count("v100x") == 1
+
+
+def test_listing_marks_a_copy_that_shadows_a_shipped_name(tmp_path, monkeypatch):
+    from tilekit.hw.registry import listing
+    mine = _copy_keeping_the_name(tmp_path)
+    monkeypatch.setenv(ENV_VAR, str(tmp_path))
+    h100 = [e for e in listing() if e.profile.name == "h100"]
+    assert [e.path.name for e in h100] == ["mine.yaml", "h100.yaml"]
+    assert h100[0].shadowed_by is None and not h100[0].shipped
+    assert h100[1].shipped and h100[1].file() == "<shipped>/h100.yaml"
+    assert h100[1].shadowed_by.resolve() == mine.resolve()
+
+
+def test_a_recorded_hash_refuses_a_profile_of_other_figures(tmp_path, monkeypatch):
+    from tilekit.hw import load_recorded_profile
+    shipped = load_profile("h100")
+    _copy_keeping_the_name(tmp_path)
+    # without the copy on the search path the recorded hash matches
+    assert load_recorded_profile("h100", None, shipped.content_hash) is shipped
+    monkeypatch.setenv(ENV_VAR, str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    ir = tmp_path / "m.rolled.yaml"
+    with pytest.raises(ProfileError) as err:
+        load_recorded_profile("h100", str(ir), shipped.content_hash)
+    text = err.value.message()
+    assert text.startswith(f"hardware: m.rolled.yaml was made with a 'h100' profile of other "
+                           f"figures (sha256 {shipped.content_hash[:12]}) than mine.yaml")
+    assert f"pass --hw {builtin_dir() / 'h100.yaml'}" in text  # the file it was made with
+    assert "re-run tk-roll --hw h100" in text
+    # the old plain-name form (no hash) is read as before, without a check
+    assert load_recorded_profile("h100", str(ir)).dram_bandwidth == 2.0e12
+
+
+def test_the_ir_records_the_hash_and_reads_the_plain_name(tmp_path):
+    from tilekit.ir import dumps, loads
+    from tilekit.roll import roll_module
+    text = ("tilekit: 1\nmodel: m\nhardware: h100\nstages: [{name: import}]\ninputs: [x]\n"
+            "outputs: [y]\ntensors:\n  x: {shape: [4], dtype: float32, role: input}\n"
+            "  y: {shape: [4], dtype: float32, role: output}\n"
+            "ops:\n  - {name: id, expr: 'y[i] = x[i]'}\n")
+    old = loads(text)
+    assert old.hardware == "h100" and old.hardware_sha256 is None
+    rolled = roll_module(old, load_profile("h100"))
+    assert rolled.hardware_sha256 == load_profile("h100").content_hash
+    again = loads(dumps(rolled))
+    assert (again.hardware, again.hardware_sha256) == ("h100", rolled.hardware_sha256)
+    assert f"hardware:\n  name: h100\n  sha256: {rolled.hardware_sha256}\n" in dumps(rolled)
+    from tilekit.errors import IRError
+    from tilekit.ir.verify import verify
+    with pytest.raises(IRError, match="hardware.sha256"):
+        verify(loads(text.replace("hardware: h100", "hardware: {name: h100, sha256: abc}")))
+    with pytest.raises(IRError, match="hardware"):
+        loads(text.replace("hardware: h100", "hardware: {name: h100}"))
+
+
 # -- variants: more SMs, more bandwidth ----------------------------------------------------------
 
 def test_variants_are_representable_and_checked():

@@ -91,3 +91,41 @@ def onnx_models_module():
     return Module(model="m", tensors={"x": Tensor((4,), "float32", "input"),
                                       "y": Tensor((4,), "float32", "output")},
                   ops=(Op("id", "y[i] = x[i]"),), inputs=("x",), outputs=("y",))
+
+
+# -- compile's options, docstring and saved result ---------------------------------------
+
+def test_compile_refuses_an_option_no_pass_reads(tmp_path):
+    path = tmp_path / "m.onnx"
+    onnx.save(onnx_models.mobilenet_block(), str(path))
+    with pytest.raises(TilekitError) as err:
+        tilekit.compile(path, ["roll"], hw="h100", topk=3)
+    assert "unknown option 'topk'" in err.value.message()
+    assert "did you mean 'top_k'?" in err.value.message()
+    assert "precision, top_k" in err.value.message()
+    with pytest.raises(TilekitError, match="read by the ram pass, which is not in passes"):
+        tilekit.compile(path, ["roll"], hw="h100", policy="serial")
+
+
+def test_every_pass_option_is_read_and_documented():
+    doc = pipeline.compile.__doc__
+    for name, p in pipeline.PASSES.items():
+        assert f'"{name}"' in doc, name
+        for option in p.options:
+            assert f"`{option}=" in doc, option
+    pipeline.check_options(list(pipeline.PASSES), {o: None for p in pipeline.PASSES.values()
+                                                    for o in p.options})
+
+
+def test_compiled_save_writes_what_tk_run_runs(tmp_path, monkeypatch):
+    onnx.save(onnx_models.mobilenet_block(), str(tmp_path / "m.onnx"))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "out").mkdir()
+    compiled = tilekit.compile("m.onnx", ["roll", "weld"], hw="h100", ir_path="out/m.tk.yaml")
+    assert not (tmp_path / "out" / "m.tk.yaml").exists()
+    compiled.save()
+    assert (tmp_path / "out" / "m.tk.yaml").read_text() == dumps(compiled.module)
+    assert (tmp_path / "out" / "m.tk.weights.npz").is_file()
+    proc = run_pipe("tk-run out/m.tk.yaml --seed 0 --check --quiet", tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "check: pass" in proc.stdout

@@ -100,7 +100,7 @@ def test_plans_are_deterministic(resnext):
     bare = replace(resnext.module, program=None)
     first = plan_module(bare, profile).record()
     assert plan_module(bare, profile).record() == first
-    assert render(parse_program(first), "m") == render(parse_program(first), "m")
+    assert render(parse_program(first), bare) == render(parse_program(first), bare)
 
 
 def test_wavefront_beats_serial_and_per_op_kernels(resnext, nasnet):
@@ -297,24 +297,69 @@ def test_flat_ranges_cover_exactly_once():
 # -- the picture --------------------------------------------------------------------------------
 
 def test_svg_structure(resnext):
-    program = read_program(resnext.module)
-    text = render(program, "resnext_block")
-    assert text.startswith("<svg") and text.rstrip().endswith("</svg>")
-    from tilekit.ram.timeline import simulate
-    boxes = sum(len(s.boxes) for s in simulate(program).segments)
     import xml.etree.ElementTree as ET
+    from tilekit.ram.svg import KINDS
+    from tilekit.ram.timeline import simulate
+
+    program = read_program(resnext.module)
+    text = render(program, resnext.module)
+    assert text == render(program, resnext.module)  # deterministic bytes
+    assert text.startswith("<svg") and text.rstrip().endswith("</svg>")
     root = ET.fromstring(text)  # well-formed: opens in a browser
     ns = "{http://www.w3.org/2000/svg}"
-    paths = {cls: [p for p in root.iter(f"{ns}path") if p.get("class") == cls]
-             for cls in ("rtasks", "barriers")}
-    assert sum(p.get("d").count("M") for p in paths["rtasks"]) == boxes
-    assert len({p.get("fill") for p in paths["rtasks"]}) > 1  # coloured by operator
+    timeline = simulate(program)
+    boxes = [b for s in timeline.segments for b in s.boxes]
+    # every rTask box is drawn, with its operator, rTasks, vEU and times on hover
+    rects = [r for r in root.iter(f"{ns}rect") if r.get("class") == "rtask"]
+    assert len(rects) == len(boxes)
+    titles = [r.find(f"{ns}title").text for r in rects]
+    first = boxes[0]
+    op = program.operators[first.op]
+    assert any(t.startswith(f"{op.kernel} (") and f"on vEU {first.veu}," in t for t in titles)
+    # every vEU is a row: the lowest box of the widest segment is inside the plot
+    most = max(s.veus for s in program.segments)
+    assert max(b.veu for b in boxes) == most - 1
+    # the colours drawn are the key's
+    drawn = {r.get("fill") for r in rects}
+    keyed = {c for dark, light, _ in KINDS.values() for c in (dark, light)}
+    assert drawn <= keyed and len(drawn) > 1
+    assert "rTasks coloured by operator kind" in text
+    # barriers as before: one tick per wait
     waits = sum(1 for seg in program.segments for items in seg.lists for it in items
                 if it.kind == WAIT)
-    assert waits > 0 and sum(p.get("d").count("M") for p in paths["barriers"]) == waits
+    ticks = [p for p in root.iter(f"{ns}path") if p.get("class") == "barriers"]
+    assert waits > 0 and sum(p.get("d").count("M") for p in ticks) == waits
+    # segments labelled, the axis ticked, the estimates in the (wrapped) subtitle
+    labels = [t for t in root.iter(f"{ns}text") if t.get("class") == "segment-label"]
+    assert labels and labels[0].text == "S0"
+    assert len([p for p in root.iter(f"{ns}path") if p.get("class") == "segment"]) == \
+        len(program.segments)
     est = program.estimate
-    assert f"makespan {est['makespan_us']} us" in text
-    assert f"serial makespan {est['serial_us']} us" in text
+    flat = " ".join(t.text or "" for t in root.iter(f"{ns}text"))
+    assert f"makespan {est['makespan_us']} us" in flat
+    assert f"serial policy {est['serial_us']} us" in flat
+    assert all(len(t.text or "") < 200 for t in root.iter(f"{ns}text"))
+    numbers = [t.text for t in root.iter(f"{ns}text") if t.get("font-size") == "10"
+               and (t.text or "").replace(".", "").isdigit()]
+    assert len(numbers) >= 3  # tick labels on the time axis
+
+
+def test_svg_of_a_large_program_titles_operators(resnext, monkeypatch):
+    """Beyond PER_TASK_TITLES boxes, one shape per operator and segment carries the hover."""
+    import tilekit.ram.svg as svg
+    monkeypatch.setattr(svg, "PER_TASK_TITLES", 10)
+    text = svg.render(read_program(resnext.module), resnext.module)
+    assert 'class="rtask"' not in text and 'class="rtasks"' in text
+    assert " rTasks, " in text
+
+
+def test_svg_breaks_the_axis_at_launches_longer_than_the_work():
+    from tilekit.ram.svg import _layout
+    broken, gaps, widths = _layout([0.5, 0.1, 2.0], 4.0, 1000)
+    assert broken and len(set(gaps)) == 1 and abs(sum(gaps) + sum(widths) - 1000) < 1e-6
+    assert abs(widths[0] / 0.5 - widths[2] / 2.0) < 1e-9  # one scale for the segments
+    broken, gaps, widths = _layout([100.0, 300.0], 4.0, 1000)
+    assert not broken and abs(gaps[0] / 4.0 - widths[1] / 300.0) < 1e-9  # launches to scale
 
 
 def test_variant_choice_follows_the_wave():

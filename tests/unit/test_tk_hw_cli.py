@@ -169,3 +169,24 @@ def test_no_color_on_a_terminal_gives_the_plain_table(monkeypatch):
     assert not tk_hw._stdout_is_terminal()
     monkeypatch.delenv("NO_COLOR")
     assert tk_hw._stdout_is_terminal()
+
+
+def test_validate_warns_when_the_name_is_not_the_file_name(tmp_path):
+    text = (REPO / "hwprofiles" / "h100.yaml").read_text()
+    (tmp_path / "mine.yaml").write_text(text)
+    result = CliRunner().invoke(main, ["validate", str(tmp_path / "mine.yaml")])
+    assert result.exit_code == 0
+    assert result.stdout == f"ok: {tmp_path / 'mine.yaml'}\n"
+    assert result.stderr.startswith("tk-hw: warning: ") and "name 'h100' differs from the " \
+        "file name 'mine': --hw h100 may load another file" in result.stderr
+    (tmp_path / "h100.yaml").write_text(text)
+    assert CliRunner().invoke(main, ["validate", str(tmp_path / "h100.yaml")]).stderr == ""
+
+
+def test_list_skips_ir_documents_in_a_search_folder(tmp_path, monkeypatch):
+    (tmp_path / "m.yaml").write_text((REPO / "tests" / "golden" / "roll_mlp_h100" /
+                                      "mlp.yaml").read_text())
+    monkeypatch.setenv(ENV_VAR, str(tmp_path))
+    result = CliRunner().invoke(main, ["list"])
+    assert result.exit_code == 0, result.output
+    assert "<shipped>/h100.yaml" in result.stdout and "m.yaml" not in result.stdout

@@ -129,7 +129,8 @@ def test_bench_output(mlp):
     assert proc.returncode == 0, text(proc)
     line = text(proc, "stdout").splitlines()[-1]
     assert re.match(r"bench: 5 runs after 2 warm-up on cpu \(.+, \d+ threads?\): "
-                    r"median [\d.]+ ms, min [\d.]+ ms, max [\d.]+ ms$", line), line
+                    r"median [\d.]+ ms, p90 [\d.]+ ms, min [\d.]+ ms, max [\d.]+ ms, "
+                    r"stddev [\d.]+ ms$", line), line
 
 
 def test_report(mlp):
@@ -146,6 +147,32 @@ def test_check_without_source_uses_cpu_reference(mlp):
     out = text(proc, "stdout")
     assert "against the CPU reference executor" in out and "check: pass" in out
     assert re.search(r"^  y: max_abs 0  rel_l2 0  pass \(rtol 1e-05, atol 1e-06\)$", out, re.M)
+    # the run and the reference are the same executor: said, not left to the reader
+    assert "check: cpu (whole ops) against the CPU reference executor" in out
+    assert "check: note: the run and the reference are the same executor (whole ops)" in out
+
+
+def test_check_after_a_stage_runs_the_mode_the_stage_made(tmp_path):
+    """Without --mode, --check runs the IR's stages' mode (tiled after tk-roll) and says so;
+    an explicit --mode whole is what it says, with the note naming the stages' mode."""
+    ir = install("softmax.yaml", tmp_path)
+    ir.write_text(ir.read_text().replace("inputs: [x, mask]",
+                                         "stages: [{name: import}]\ninputs: [x, mask]"))
+    rolled = tmp_path / "rolled.yaml"
+    proc = subprocess.run([sys.executable, str(ROOT / "bin" / "tk-roll"), "--hw", "h100",
+                           str(ir), "-o", str(rolled)], capture_output=True, timeout=120)
+    assert proc.returncode == 0, text(proc)
+    out = text(tk_run(rolled, "--check"), "stdout")
+    assert ("check: cpu (tiled mode, the IR's stages: tk-roll's tiles, block by block) "
+            "against the CPU reference executor") in out
+    assert "check: note" not in out and "check: pass (2 outputs)" in out
+    out = text(tk_run(rolled, "--check", "--mode", "whole"), "stdout")
+    assert "check: cpu (whole ops) against" in out
+    assert "check: note: the run and the reference are the same executor (whole ops): this " \
+           "shows the module runs, not that a schedule is right; the stages' mode is --mode " \
+           "tiled" in out
+    # without --check the default stays whole ops (the fast one)
+    assert "check" not in text(tk_run(rolled), "stdout")
 
 
 # -- --check against onnxruntime ---------------------------------------------------------
@@ -204,8 +231,18 @@ def test_unknown_input_name(mlp):
     assert_one_line_error(tk_run(mlp, "--input", "z=1"), "unknown input 'z'", "inputs are: x")
 
 
-def test_missing_input_suggests_seed(mlp):
-    assert_one_line_error(tk_run(mlp), "no value for input(s) x", "--seed")
+def test_no_input_given_means_random_inputs_from_seed_0_said_on_stderr(mlp):
+    proc = tk_run(mlp)
+    assert proc.returncode == 0, text(proc)
+    assert text(proc) == "tk-run: inputs: random, seed 0 (give --seed N or --input/--inputs)\n"
+    seeded = tk_run(mlp, "--seed", 0)
+    assert text(seeded) == "" and seeded.stdout == proc.stdout
+    assert text(tk_run(mlp, "--quiet")) == ""
+
+
+def test_a_missing_input_when_others_are_given_suggests_seed(tmp_path):
+    ir = install("softmax.yaml", tmp_path)
+    assert_one_line_error(tk_run(ir, "--input", "x=1"), "no value for input(s)", "--seed")
 
 
 def test_shape_mismatch(mlp, tmp_path):

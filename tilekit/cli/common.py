@@ -11,7 +11,11 @@ everything common lives here:
   (`TilekitError` and click usage errors), exit 1 for an internal error; a traceback only with
   `--debug`;
 - SIGINT, SIGTERM and SIGHUP: temporary files removed, one line `tool: error: interrupted`
-  (`terminated`), exit 130 (143, 129), no traceback.
+  (`terminated`), exit 130 (143, 129), no traceback;
+- reports (`--report-format text|json`: a table, or one JSON document on one line), the
+  phases of a command (`Phases`: wall times for `--time-passes`, and a transient progress
+  display on stderr only when it is a terminal, NO_COLOR unset and not `--quiet`), and the
+  one warning line when a stage dropped derived sections (`warn_dropped`).
 """
 
 from __future__ import annotations
@@ -246,14 +250,15 @@ def read_stage_input(path: str):
 def module_profile(hw: str | None, module, input: str, output: str):
     """(profile, the name or path the output records) from `--hw`, else the module's recorded
     `hardware` (a recorded path is relative to the input's folder: re-recorded for the
-    output's), else a bad-input error."""
+    output's; a recorded content hash must match the profile found), else a bad-input
+    error."""
     from tilekit.hw import load_profile, load_recorded_profile, recorded_profile
 
     if hw:
         profile = load_profile(hw)
         return profile, recorded_profile(hw, profile, output)
     if module.hardware:
-        profile = load_recorded_profile(module.hardware, input)
+        profile = load_recorded_profile(module.hardware, input, module.hardware_sha256)
         return profile, recorded_profile(os.path.abspath(profile.origin), profile, output)
     raise TilekitError("no hardware profile", "--hw",
                        "pass --hw NAME|PATH (e.g. --hw h100); 'tk-hw list' shows the names")
@@ -313,3 +318,146 @@ def print_table(title: str, columns, rows) -> None:
     widths = [max(len(r[i]) for r in [columns, *rows]) for i in range(len(columns))]
     for row in [columns, *rows]:
         click.echo("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip(), err=True)
+
+
+# -- reports, phases and progress --------------------------------------------------------
+
+REPORT_FORMATS = ("text", "json")
+
+
+def report_format_option(fn: Callable) -> Callable:
+    """`--report-format text|json`: the report as text (the default) or as one JSON document
+    on one line (json implies the report)."""
+    return click.option("--report-format", "report_format", type=click.Choice(REPORT_FORMATS),
+                        default=None,
+                        help="The report as a table (text, the default) or as one JSON "
+                             "document on one line (json; implies --report). Where the "
+                             "report goes: stderr for stage commands.")(fn)
+
+
+def time_passes_option(fn: Callable) -> Callable:
+    """`--time-passes`: the wall time of each phase of the command on stderr."""
+    return click.option("--time-passes", "time_passes", is_flag=True,
+                        help="Print the wall time of each phase (read, the pass, write, ...) "
+                             "on stderr.")(fn)
+
+
+def json_line(data) -> str:
+    """One JSON document on one line: keys in the order built, no NaN (a float that is not
+    finite is written as a string)."""
+    import json
+
+    def clean(value):
+        if isinstance(value, float) and not math.isfinite(value):
+            return str(value)
+        if isinstance(value, dict):
+            return {str(k): clean(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [clean(v) for v in value]
+        return value
+
+    return json.dumps(clean(data), allow_nan=False)
+
+
+def progress_shown(quiet: bool) -> bool:
+    """A progress display may be drawn: stderr is a terminal, NO_COLOR unset, not --quiet.
+    Never in pipes, files or tests, so no output ever carries it."""
+    return not quiet and stderr_is_terminal()
+
+
+class Phases:
+    """The phases of one command run: each `with phases.step("roll", "rolling 179 ops"):`
+    is timed (for `--time-passes`) and, on a terminal, shows a transient spinner with the
+    label and the elapsed time on stderr (with `total`, a bar that `advance()` moves).
+
+    `line()` is the `--time-passes` line, `seconds()` the figures of a JSON report."""
+
+    def __init__(self, tool: str, quiet: bool = False, time_passes: bool = False):
+        import time
+        self.tool = tool
+        self.show = progress_shown(quiet)
+        self.time_passes = time_passes
+        self.times: dict[str, float] = {}
+        self._clock = time.perf_counter
+        self._start = self._clock()
+
+    @contextlib.contextmanager
+    def step(self, name: str, label: str | None = None, total: int | None = None):
+        """Time phase `name`; yield a function that advances a bar of `total` steps."""
+        start = self._clock()
+        try:
+            if self.show and label:
+                with _progress(f"{self.tool}: {label}", total) as advance:
+                    yield advance
+            else:
+                yield lambda: None
+        finally:
+            self.times[name] = self.times.get(name, 0.0) + self._clock() - start
+
+    def seconds(self) -> dict[str, float]:
+        """Each phase's wall time and the total since the command started, in seconds."""
+        total = self._clock() - self._start
+        return {**{k: round(v, 6) for k, v in self.times.items()}, "total": round(total, 6)}
+
+    def line(self) -> str:
+        times = self.seconds()
+        total = times.pop("total")
+        parts = ", ".join(f"{name} {t:.3f} s" for name, t in times.items())
+        return f"{self.tool}: time: {parts}; total {total:.3f} s"
+
+    def print(self) -> None:
+        """The `--time-passes` line on stderr, when asked for."""
+        if self.time_passes:
+            click.echo(self.line(), err=True)
+
+
+@contextlib.contextmanager
+def _progress(label: str, total: int | None):
+    """A transient rich progress display on stderr: spinner, label, elapsed time (and a bar
+    when `total` is known). Gone from the terminal when the step ends."""
+    from rich.console import Console
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn,
+                               TextColumn, TimeElapsedColumn)
+
+    columns = [SpinnerColumn(), TextColumn("{task.description}")]
+    if total:
+        columns += [BarColumn(), MofNCompleteColumn()]
+    columns.append(TimeElapsedColumn())
+    with Progress(*columns, console=Console(stderr=True), transient=True) as progress:
+        task = progress.add_task(label, total=total)
+        yield lambda: progress.advance(task)
+
+
+def emit_report(tool: str, fmt: str | None, text: Callable[[], None],
+                data: Callable[[], dict], phases: Phases | None = None) -> None:
+    """A stage command's report on stderr: `text()` prints the table; with `fmt` "json",
+    `data()` is written as one JSON line instead, with `time_s` (the phases' wall times)
+    when `--time-passes` asked for them (the only fields that vary between runs)."""
+    if fmt == "json":
+        doc = {"tool": tool, **data()}
+        if phases is not None and phases.time_passes:
+            doc["time_s"] = phases.seconds()
+        click.echo(json_line(doc), err=True)
+        return
+    text()
+
+
+#: The command that makes each derived section again (the names of tilekit.ir.stages.SECTIONS).
+REMADE_BY = {"kernels[*].tile": "tk-weld", "control[*].grind": "tk-grind", "program": "tk-ram",
+             "codegen": "tk-codegen", "kernels[*].launch": "tk-codegen"}
+
+
+def warn_dropped(tool: str, before, after) -> None:
+    """One warning line when the stages this command ran dropped derived sections (a stage
+    run out of order: tk-roll after tk-ram drops the program), naming them and the commands
+    that make them again (`tilekit.ir.stages` records them as the stage option `dropped`)."""
+    dropped: list[str] = []
+    for stage in after.stages[len(before.stages):]:
+        for name in (stage.get("options") or {}).get("dropped", ()):
+            if name not in dropped:
+                dropped.append(name)
+    if not dropped:
+        return
+    again = list(dict.fromkeys(REMADE_BY.get(name, name) for name in dropped))
+    warn(tool, f"dropped {', '.join(dropped)}: made from what this stage changes; run "
+               f"{', '.join(again)} again after it")

@@ -18,8 +18,10 @@ from pathlib import Path
 
 import click
 
-from tilekit.cli.common import (format_option, input_argument, output_option, read_stage_input,
-                                tk_command, warn)
+from tilekit.cli.common import (Phases, emit_report, format_option, input_argument,
+                                output_option, print_table, read_stage_input,
+                                report_format_option, time_passes_option, tk_command, warn,
+                                warn_dropped)
 from tilekit.errors import TilekitError
 from tilekit.fileio import check_path
 from tilekit.outputs import OutputSet
@@ -51,7 +53,13 @@ TOOL = "tk-codegen"
 @click.option("--strict", is_flag=True,
               help="With --compile: a kernel that spills or exceeds the profile's limits is an "
                    "error, not a warning.")
-def main(input, output, fmt, hw, target, arch, emit_dir, compile_, strict, quiet, debug):
+@click.option("--report", is_flag=True,
+              help="Print a table of the kernels (shape, grid, block, shared memory; with "
+                   "--compile ptxas' resources) on stderr.")
+@report_format_option
+@time_passes_option
+def main(input, output, fmt, hw, target, arch, emit_dir, compile_, strict, report,
+         report_format, time_passes, quiet, debug):
     """Generate kernels for the tile IR module IR (a file, or '-'/nothing for stdin)."""
     from tilekit.codegen.module import run_codegen
     from tilekit.codegen.nvcc import check_arch
@@ -73,15 +81,26 @@ def main(input, output, fmt, hw, target, arch, emit_dir, compile_, strict, quiet
     if emit_dir and Path(emit_dir).exists() and not Path(emit_dir).is_dir():
         raise TilekitError("exists and is not a folder", f"--emit-dir {emit_dir}",
                            "give a folder name")
-    module = read_stage_input(input)
-    profile = None
-    if hw:
-        from tilekit.hw import load_profile
-        profile = load_profile(hw)
-    elif module.hardware:
-        from tilekit.hw import load_recorded_profile
-        profile = load_recorded_profile(module.hardware, input if input != "-" else None)
-    result = run_codegen(module, profile, arch, compile=compile_, target=target)
+    phases = Phases(TOOL, quiet, time_passes)
+    with phases.step("read"):
+        module = read_stage_input(input)
+    with phases.step("profile"):
+        profile = None
+        if hw:
+            from tilekit.hw import load_profile
+            profile = load_profile(hw)
+        elif module.hardware:
+            from tilekit.hw import load_recorded_profile
+            profile = load_recorded_profile(module.hardware, input if input != "-" else None,
+                                            module.hardware_sha256)
+        if profile is not None and arch is None and target == "cuda":
+            no_cuda_arch(profile, "--hw" if hw else "hardware")
+    tool = "nvcc" if target == "cuda" else "the C++ compiler"
+    label = (f"generating and compiling {module.model}'s {len(module.kernels) or len(module.ops)}"
+             f" kernels with {tool}" if compile_ else None)  # generating alone takes a moment
+    with phases.step("codegen", label):
+        result = run_codegen(module, profile, arch, compile=compile_, target=target)
+    warn_dropped(TOOL, module, result.module)
     if not quiet:
         for note in result.notes:
             warn(TOOL, note)
@@ -98,7 +117,7 @@ def main(input, output, fmt, hw, target, arch, emit_dir, compile_, strict, quiet
     # no output may be a file this command read (the input IR, its sidecars, the profile).
     created = emit_dir is not None and not Path(emit_dir).exists()
     try:
-        with OutputSet() as files:
+        with OutputSet() as files, phases.step("write"):
             files.check(output, f"-o {output}" if output != "-" else "-o")
             if emit_dir is not None:
                 stage_sources(files, result.kernels, Path(emit_dir), target)
@@ -109,7 +128,66 @@ def main(input, output, fmt, hw, target, arch, emit_dir, compile_, strict, quiet
             with contextlib.suppress(OSError):
                 Path(emit_dir).rmdir()
         raise
+    report = (report or report_format == "json") and not quiet
+    if report:
+        emit_report(TOOL, report_format, lambda: print_table(*report_table(result)),
+                    lambda: report_data(result), phases)
+    if not (report and report_format == "json"):
+        phases.print()
     return 0
+
+
+#: The launch figures the kernel table shows first (a kernel's other launch keys follow in
+#: the JSON report).
+_LAUNCH = ("shape", "grid", "block", "smem_bytes")
+
+
+def report_data(result) -> dict:
+    """What tk-codegen made, as data: the arch, each kernel group's launch record (with
+    --compile, ptxas' resources as recorded), the notes and the problems. The kernel IR
+    being rebuilt will give this report more to say; its form stays one JSON document."""
+    module = result.module
+    section = module.codegen or {}
+    return {"model": module.model, "hardware": module.hardware, "arch": section.get("arch"),
+            "kernels": [{"kernel": k.name, "ops": list(k.ops), **dict(k.launch or {})}
+                        for k in module.kernels],
+            "notes": list(result.notes), "problems": list(result.problems)}
+
+
+def report_table(result) -> tuple[str, tuple[str, ...], list[tuple[str, ...]]]:
+    data = report_data(result)
+    rows = []
+    for k in data["kernels"]:
+        extra = {key: v for key, v in k.items() if key not in ("kernel", "ops", "entries",
+                                                                *_LAUNCH)}
+        rows.append((k["kernel"], str(len(k["ops"])), str(k.get("shape", "")),
+                     "x".join(map(str, k.get("grid", []))),
+                     "x".join(map(str, k.get("block", []))), str(k.get("smem_bytes", "")),
+                     " ".join(f"{key} {v}" for key, v in extra.items())))
+    title = (f"tk-codegen: {data['model']} for {data['arch']}: {len(rows)} kernel groups, "
+             f"{len(data['notes'])} notes, {len(data['problems'])} problems")
+    return title, ("kernel", "ops", "shape", "grid", "block", "smem", "other"), rows
+
+
+def no_cuda_arch(profile, where: str) -> None:
+    """Refuse a profile with no CUDA arch (an IPU-like machine) before generating: say what it
+    is and what to do, rather than what an `sm_XY` looks like."""
+    from tilekit.hw.profile import compute_capability
+
+    if compute_capability(profile.arch) is not None:
+        return
+    try:
+        from tilekit.hw import list_profiles
+        nvidia = [p.name for p in list_profiles() if compute_capability(p.arch) is not None]
+    except TilekitError:
+        nvidia = []
+    names = f" ({', '.join(nvidia)})" if nvidia else ""
+    raise TilekitError(f"hardware profile '{profile.name}' ({profile.vendor} {profile.arch}, "
+                       f"{profile.kind}) has no CUDA arch, and tk-codegen generates CUDA for "
+                       "NVIDIA GPUs", where,
+                       f"pass --hw with an NVIDIA profile{names}, after tk-roll --hw with the "
+                       "same one so that the tiles fit it; or --arch sm_XY to generate for "
+                       "that arch within this profile's limits")
 
 
 def stage_sources(files, kernels, folder: Path, target: str = "cuda") -> None:

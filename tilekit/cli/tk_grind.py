@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import click
 
-from tilekit.cli.common import (format_option, hw_option, input_argument, output_option,
-                                print_table, read_stage_input, tk_command)
+from tilekit.cli.common import (Phases, emit_report, format_option, hw_option, input_argument,
+                                output_option, print_table, read_stage_input,
+                                report_format_option, time_passes_option, tk_command,
+                                warn_dropped)
 from tilekit.errors import TilekitError
 
 TOOL = "tk-grind"
@@ -28,29 +30,59 @@ TOOL = "tk-grind"
                                       "placement (device only where it can be made).")
 @click.option("--report", is_flag=True,
               help="Print a table of control ops, placements and estimates on stderr.")
-def main(input, output, fmt, hw, place, report, quiet, debug):
+@report_format_option
+@time_passes_option
+def main(input, output, fmt, hw, place, report, report_format, time_passes, quiet, debug):
     """Place every control op of the tile IR module IR (a file, or '-'/nothing for stdin)."""
-    from tilekit.grind.plan import REPORT_COLUMNS, grind_module, report_rows
+    from tilekit.grind.plan import grind_module
     from tilekit.hw import load_profile, load_recorded_profile
     from tilekit.ir import write_module
     from tilekit.ir.codec import rebase_files
 
-    module = read_stage_input(input)
-    if hw:
-        profile = load_profile(hw)
-    elif module.hardware:
-        profile = load_recorded_profile(module.hardware, input)
-    else:
-        raise TilekitError("no hardware profile", "--hw",
-                           "pass --hw NAME|PATH, or run tk-roll --hw first (it records one)")
-    ground = grind_module(module, profile, place)
-    write_module(rebase_files(ground, module, input, output), output, fmt)
-    if report and not quiet:
-        rows = report_rows(ground)
-        title = (f"tk-grind: {ground.model} on {profile.name}: {len(rows)} control op(s), "
+    phases = Phases(TOOL, quiet, time_passes)
+    with phases.step("read"):
+        module = read_stage_input(input)
+    with phases.step("profile"):
+        if hw:
+            profile = load_profile(hw)
+        elif module.hardware:
+            profile = load_recorded_profile(module.hardware, input, module.hardware_sha256)
+        else:
+            raise TilekitError("no hardware profile", "--hw",
+                               "pass --hw NAME|PATH, or run tk-roll --hw first (it records one)")
+    with phases.step("grind", f"placing {module.model}'s control ops for {profile.name}"):
+        ground = grind_module(module, profile, place)
+    warn_dropped(TOOL, module, ground)
+    with phases.step("write"):
+        write_module(rebase_files(ground, module, input, output), output, fmt)
+    report = (report or report_format == "json") and not quiet
+    if report:
+        print_report(ground, profile, report_format, phases)
+    if not (report and report_format == "json"):
+        phases.print()
+    return 0
+
+
+def print_report(module, profile, report_format: str | None = None,
+                 phases: Phases | None = None) -> None:
+    """One row per control op on stderr (tilekit.grind.plan.report_rows), or one JSON line."""
+    from tilekit.grind.plan import REPORT_COLUMNS, report_rows
+    from tilekit.ir.control import walk
+
+    def text() -> None:
+        rows = report_rows(module)
+        title = (f"tk-grind: {module.model} on {profile.name}: {len(rows)} control op(s), "
                  f"{sum(r[2] == 'device' for r in rows)} on the device")
         print_table(title, REPORT_COLUMNS, rows)
-    return 0
+
+    def data() -> dict:
+        return {"model": module.model, "hardware": profile.name,
+                "control": [{"op": path, "kind": rec.kind, "run": (rec.grind or {}).get("run"),
+                             "why": (rec.grind or {}).get("why"),
+                             "estimate": (rec.grind or {}).get("estimate", {})}
+                            for path, rec, _ in walk(module)]}
+
+    emit_report(TOOL, report_format, text, data, phases)
 
 
 if __name__ == "__main__":  # pragma: no cover

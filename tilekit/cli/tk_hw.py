@@ -23,7 +23,7 @@ from tilekit.cli.common import (TkGroup, output_option, print_error, stderr_is_t
                                 write_output)
 from tilekit.errors import EXIT_BAD_INPUT, ProfileError, TilekitError
 from tilekit.fileio import read_bytes
-from tilekit.hw import list_profiles, load_profile
+from tilekit.hw import load_profile
 from tilekit.hw.describe import SUMMARY_COLUMNS, figure_rows, identity_rows, summary_row
 from tilekit.hw.registry import display_path, is_path, read_profile_text, resolve
 
@@ -75,9 +75,24 @@ def main(ctx: click.Context, debug: bool) -> None:
 
 @tk_command(TOOL)
 def list_command(quiet: bool, debug: bool) -> int:
-    """One line per known profile: name, arch, kind, SMs, DRAM bandwidth, FP32 peak."""
-    rows = [summary_row(p) for p in list_profiles()]
-    _print_table(SUMMARY_COLUMNS, rows)
+    """One line per profile file: name, arch, kind, SMs, DRAM bandwidth, FP32 peak, file,
+    aliases. A file whose name another file answers to first is marked, with a note."""
+    from tilekit.hw.registry import display_path, listing
+
+    entries = listing()
+    rows = []
+    for e in entries:
+        name, arch, kind, sms, dram, fp32, aliases = summary_row(e.profile)
+        marked = f"{name} (shadowed)" if e.shadowed_by is not None else name
+        rows.append((marked, arch, kind, sms, dram, fp32, e.file(), aliases))
+    columns = (*SUMMARY_COLUMNS[:-1], "FILE", SUMMARY_COLUMNS[-1])
+    _print_table(columns, rows)
+    for e in entries:
+        if e.shadowed_by is not None:
+            winner = next((w.file() for w in entries if w.path == e.shadowed_by),
+                          display_path(e.shadowed_by))
+            click.echo(f"note: '{e.profile.name}' names {winner} and {e.file()}; --hw "
+                       f"{e.profile.name} loads {winner} (pass a path for the other)")
     return 0
 
 
@@ -108,7 +123,8 @@ def show_command(profile: str, as_json: bool, quiet: bool, debug: bool) -> int:
 def validate_command(files: tuple[str, ...], quiet: bool, debug: bool) -> int:
     """Check profiles: "ok: FILE" on stdout per good file, one error line per bad one (exit 2).
 
-    FILE may be `-` (stdin) or a profile name.
+    FILE may be `-` (stdin) or a profile name. A profile whose name differs from its file's
+    stem gets a warning on stderr (another file may answer to that name first).
     """
     status = 0
     for name in files:
@@ -121,7 +137,12 @@ def validate_command(files: tuple[str, ...], quiet: bool, debug: bool) -> int:
                     raise ProfileError(f"not UTF-8 text (byte {exc.start})", origin) from None
                 read_profile_text(text, origin)
             else:
-                load_profile(name)
+                profile = load_profile(name)
+                path = Path(name) if is_path(name) else resolve(name)
+                if profile.name.lower() != path.stem.lower():
+                    warn(TOOL, f"{display_path(path)}: name '{profile.name}' differs from the "
+                               f"file name '{path.stem}': --hw {profile.name} may load another "
+                               f"file ('tk-hw list' shows which); make them the same")
         except TilekitError as exc:
             # Every bad file gets its line, so one run reports them all.
             print_error(TOOL, exc.message())

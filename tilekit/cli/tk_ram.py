@@ -6,8 +6,8 @@
 
 The pass is `tilekit.ram.ram_module`; the program format and its verifier are
 `tilekit.ir.program` (docs/ram.md). `--svg` draws the plan (vEUs x estimated time);
-`--report` prints its figures on stderr; `--hw` with a distributed profile (ipu) also reports
-the exchange volume between vEUs that the plan implies.
+`--report` prints its figures on stderr (`--report-format json`: one JSON line); `--hw` with a
+distributed profile (ipu) also reports the exchange volume between vEUs that the plan implies.
 """
 
 from __future__ import annotations
@@ -16,8 +16,10 @@ import os
 
 import click
 
-from tilekit.cli.common import (format_option, hw_option, input_argument, output_option,
-                                read_stage_input, stderr_is_terminal, tk_command)
+from tilekit.cli.common import (Phases, emit_report, format_option, hw_option, input_argument,
+                                output_option, read_stage_input, report_format_option,
+                                stderr_is_terminal, time_passes_option, tk_command,
+                                warn_dropped)
 from tilekit.errors import TilekitError
 from tilekit.outputs import OutputSet
 
@@ -36,7 +38,9 @@ TOOL = "tk-ram"
 @click.option("--svg", "svg", metavar="FILE", default=None,
               help="Also draw the plan: vEUs x estimated time, rTasks coloured by operator.")
 @click.option("--report", is_flag=True, help="Print the plan's figures on stderr.")
-def main(input, output, fmt, hw, policy, svg, report, quiet, debug):
+@report_format_option
+@time_passes_option
+def main(input, output, fmt, hw, policy, svg, report, report_format, time_passes, quiet, debug):
     """Plan the rTasks of the tile IR module IR (a file, or '-'/nothing for stdin)."""
     from tilekit.hw import load_profile, load_recorded_profile, recorded_profile
     from tilekit.ir import write_module
@@ -44,30 +48,44 @@ def main(input, output, fmt, hw, policy, svg, report, quiet, debug):
     from tilekit.ir.program import parse_program
     from tilekit.ram import ram_module
 
-    module = read_stage_input(input)
-    if hw:
-        profile = load_profile(hw)
-        hardware = recorded_profile(hw, profile, output)
-    elif module.hardware:
-        profile = load_recorded_profile(module.hardware, input)
-        hardware = recorded_profile(os.path.abspath(profile.origin), profile, output)
-    else:
-        raise TilekitError("no hardware profile", "--hw",
-                           "pass --hw NAME|PATH (e.g. --hw h100), or run tk-roll first")
-    planned = ram_module(module, profile, policy, hardware=profile.name)
-    if module.hardware is None:  # the first stage that needs a profile records it
-        from dataclasses import replace
-        planned = replace(planned, hardware=hardware)
-    program = parse_program(planned.program)
+    phases = Phases(TOOL, quiet, time_passes)
+    with phases.step("read"):
+        module = read_stage_input(input)
+    with phases.step("profile"):
+        if hw:
+            profile = load_profile(hw)
+            hardware = recorded_profile(hw, profile, output)
+        elif module.hardware:
+            profile = load_recorded_profile(module.hardware, input, module.hardware_sha256)
+            hardware = recorded_profile(os.path.abspath(profile.origin), profile, output)
+        else:
+            raise TilekitError("no hardware profile", "--hw",
+                               "pass --hw NAME|PATH (e.g. --hw h100), or run tk-roll first")
+    with phases.step("ram", f"planning {module.model}'s rTasks ({policy}) for "
+                            f"{profile.name}"):
+        planned = ram_module(module, profile, policy, hardware=profile.name)
+        if module.hardware is None:  # the first stage that needs a profile records it
+            from dataclasses import replace
+            planned = replace(planned, hardware=hardware,
+                              hardware_sha256=profile.content_hash)
+        program = parse_program(planned.program)
+    warn_dropped(TOOL, module, planned)
     with OutputSet() as files:
         files.check(output, f"-o {output}" if output != "-" else "-o")
         if svg is not None:
-            from tilekit.ram.svg import render
-            files.put(svg, render(program, module.model), f"--svg {svg}")
-        write_module(rebase_files(planned, module, input, output), output, fmt, outputs=files)
-        files.commit()
-    if report and not quiet:
-        print_report(planned, program, profile)
+            with phases.step("svg"):
+                from tilekit.ram.svg import render
+                files.put(svg, render(program, planned), f"--svg {svg}")
+        with phases.step("write"):
+            write_module(rebase_files(planned, module, input, output), output, fmt,
+                         outputs=files)
+            files.commit()
+    report = (report or report_format == "json") and not quiet
+    if report:
+        emit_report(TOOL, report_format, lambda: print_report(planned, program, profile),
+                    lambda: report_data(planned, program, profile), phases)
+    if not (report and report_format == "json"):
+        phases.print()
     return 0
 
 
@@ -76,7 +94,9 @@ def report_lines(module, program, profile) -> list[str]:
     lines = [f"tk-ram: {module.model} on {program.hardware} ({program.policy}): "
              f"{program.tasks} rTasks of {len(program.operators)} operators, "
              f"{est['segments']} segments ({est['persistent_segments']} persistent, "
-             f"{est['packed_operators']} operators packed), up to {est['max_veus']} vEUs",
+             f"{est['packed_operators']} operators packed), "
+             + (f"up to {est['max_veus']} vEUs" if est['max_veus'] else
+                "no vEUs (every operator runs as a kernel of its own)"),
              f"  estimated makespan {est['makespan_us']} us; serial policy "
              f"{est['serial_us']} us; one kernel per operator {est['per_op_kernels_us']} us "
              f"({est['per_op_launches']} launches of {program.launch_us} us: "
@@ -94,6 +114,24 @@ def report_lines(module, program, profile) -> list[str]:
         lines.append(f"  exchange between vEUs (tiles) the plan implies: "
                      f"{volume.bytes} bytes ({volume.describe()})")
     return lines
+
+
+def report_data(module, program, profile) -> dict:
+    """The plan's figures as data (tk-ram --report-format json)."""
+    data = {"model": module.model, "hardware": program.hardware, "policy": program.policy,
+            "rtasks": program.tasks, "operators": len(program.operators),
+            "estimate": dict(program.estimate),
+            "launch": {"us": program.launch_us, "source": program.launch_source},
+            "variants": sum(1 for o in program.operators if o.variant),
+            "segments": [{"kind": seg.kind, "operators": len(seg.operators),
+                          **({"veus": seg.veus, "threads": seg.threads,
+                              "residency": seg.residency} if seg.kind == "persistent" else {})}
+                         for seg in program.segments]}
+    if profile.kind == "distributed":
+        from tilekit.ram.exchange import exchange_volume
+        volume = exchange_volume(module, program)
+        data["exchange_bytes"] = volume.bytes
+    return data
 
 
 def print_report(module, program, profile) -> None:

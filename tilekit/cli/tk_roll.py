@@ -4,15 +4,18 @@
     tk-roll m.yaml --hw v100 --top-k 10 -o m.rolled.yaml --report
 
 The pass is `tilekit.roll.roll_module`; the tile contract it writes is docs/roll.md. `--report`
-prints one row per op (tiles per level, grid, estimate, bound) on stderr only.
+prints one row per op (tiles per level, grid, estimate, bound) on stderr only
+(`tilekit.roll.schedule.report_rows`); `--report-format json` prints it as one JSON line.
 """
 
 from __future__ import annotations
 
 import click
 
-from tilekit.cli.common import (format_option, hw_option, input_argument, output_option,
-                                module_profile, print_table, tk_command, top_k_option)
+from tilekit.cli.common import (Phases, emit_report, format_option, hw_option, input_argument,
+                                module_profile, output_option, print_table, read_stage_input,
+                                report_format_option, time_passes_option, tk_command,
+                                top_k_option, warn_dropped)
 
 TOOL = "tk-roll"
 
@@ -30,49 +33,44 @@ TOOL = "tk-roll"
                    "use tensor cores whenever the profile has them.")
 @click.option("--report", is_flag=True,
               help="Print a table of ops, tiles, grids and estimates on stderr.")
-def main(input, output, fmt, hw, top_k, precision, report, quiet, debug):
+@report_format_option
+@time_passes_option
+def main(input, output, fmt, hw, top_k, precision, report, report_format, time_passes, quiet,
+         debug):
     """Tile every op of the tile IR module IR (a file, or '-'/nothing for stdin)."""
-    from tilekit.ir import read_module, write_module
+    from tilekit.ir import write_module
     from tilekit.ir.codec import rebase_files
     from tilekit.roll.schedule import roll_module
 
-    module = read_module(input)
-    profile, hardware = module_profile(hw, module, input, output)
-    rolled = roll_module(module, profile, top_k, hardware=hardware, precision=precision)
-    # read_module noted the IR and the files it names: -o never overwrites any of them
-    write_module(rebase_files(rolled, module, input, output), output, fmt)
-    if report and not quiet:
-        print_report(rolled)
+    phases = Phases(TOOL, quiet, time_passes)
+    with phases.step("read"):
+        module = read_stage_input(input)
+    with phases.step("profile"):
+        profile, hardware = module_profile(hw, module, input, output)
+    with phases.step("roll", f"rolling {module.model}: {len(module.ops)} ops for "
+                             f"{profile.name}"):
+        rolled = roll_module(module, profile, top_k, hardware=hardware, precision=precision)
+    warn_dropped(TOOL, module, rolled)
+    with phases.step("write"):
+        # read_stage_input noted the IR and the files it names: -o never overwrites them
+        write_module(rebase_files(rolled, module, input, output), output, fmt)
+    report = (report or report_format == "json") and not quiet
+    if report:
+        print_report(rolled, report_format, phases)
+    if not (report and report_format == "json"):
+        phases.print()
     return 0
 
 
-def _sizes(sizes: dict) -> str:
-    return " ".join(f"{a}{s}" for a, s in sizes.items()) or "-"
+def print_report(module, report_format: str | None = None, phases: Phases | None = None
+                 ) -> None:
+    """The report on stderr: a table (rich on a terminal, aligned plain text otherwise), or
+    one JSON line."""
+    from tilekit.roll.schedule import REPORT_COLUMNS, report_data, report_rows, report_title
 
-
-def report_rows(module) -> list[tuple[str, ...]]:
-    """One row per op: name, thread tile, block tile, reduction step, grid, time, bound."""
-    rows = []
-    for op in module.ops:
-        t = op.tile or {}
-        est = t.get("estimate", {})
-        rows.append((op.name, _sizes(t.get("thread", {})), _sizes(t.get("block", {})),
-                     _sizes(t.get("step", {})), str(t.get("blocks", "")),
-                     f"{est.get('time_us', 0):g}", str(est.get("bound", ""))))
-    return rows
-
-
-REPORT_COLUMNS = ("op", "thread", "block", "step", "blocks", "time_us", "bound")
-
-
-def print_report(module) -> None:
-    """The report table on stderr: rich on a terminal, aligned plain text otherwise."""
-    from tilekit.roll.schedule import module_estimate
-
-    total = module_estimate(module)
-    title = (f"tk-roll: {module.model} on {module.hardware}: {len(module.ops)} ops, "
-             f"{total['kernels']} kernels, estimated {total['time_us']:g} us")
-    print_table(title, REPORT_COLUMNS, report_rows(module))
+    emit_report(TOOL, report_format,
+                lambda: print_table(report_title(module), REPORT_COLUMNS, report_rows(module)),
+                lambda: report_data(module), phases)
 
 
 if __name__ == "__main__":  # pragma: no cover

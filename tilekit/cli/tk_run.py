@@ -2,7 +2,10 @@
 
 tk-run is the sink of a pipe, so its results (per-output summaries, check lines, timings,
 the report) go to stdout, unless `-o -` sends the outputs archive there, in which case they go
-to stderr. Errors always go to stderr. Exit codes: 0 success, 1 check mismatch or internal
+to stderr; `--report-format json` gathers them into one JSON document there. Errors, notes and
+warnings always go to stderr. With no input given, the inputs are random from seed 0 (said on
+stderr); `--check` without `--mode` runs the mode the IR's stages made
+(`tilekit.runtime.check.staged_mode`). Exit codes: 0 success, 1 check mismatch or internal
 error, 2 bad input. See docs/run.md.
 """
 
@@ -11,8 +14,9 @@ from __future__ import annotations
 import click
 import numpy as np
 
-from tilekit.cli.common import (FINITE, input_argument, read_stage_input, stderr_is_terminal,
-                                stdout_is_terminal, tk_command, warn)
+from tilekit.cli.common import (FINITE, REPORT_FORMATS, Phases, input_argument, json_line,
+                                read_stage_input, stderr_is_terminal, stdout_is_terminal,
+                                time_passes_option, tk_command, warn)
 from tilekit import limits
 from tilekit.errors import EXIT_OK
 
@@ -20,6 +24,9 @@ TOOL = "tk-run"
 #: `--check` found a mismatch (bad input is 2, as for every tool).
 EXIT_CHECK_FAILED = 1
 
+
+#: The seed of the random inputs when no input is given at all (docs/run.md, "Inputs").
+DEFAULT_SEED = 0
 
 #: Timed or warm-up runs one command may ask for (a larger count is a typo, not a benchmark).
 MAX_RUNS = 100_000
@@ -33,8 +40,11 @@ MAX_RUNS = 100_000
               help="CPU execution mode: 'compiled' (the IR's C++ kernels from tk-codegen "
                    "--target cpu; the default when it has them), 'whole' (the NumPy reference "
                    "executor, whole ops; the default otherwise), or a mode added by a stage "
-                   "('tiled': op tiles; 'program': tk-ram's rTasks in their planned order); "
-                   "--device cuda runs the generated kernels and takes no other mode.")
+                   "('tiled': op tiles; 'program': tk-ram's rTasks in their planned order). "
+                   "With --check and no --mode, the mode of the IR's stages (compiled after "
+                   "tk-codegen --target cpu, program after tk-ram, tiled after "
+                   "tk-roll/tk-weld). --device cuda runs the generated kernels and takes no "
+                   "other mode.")
 @click.option("--threads", type=click.IntRange(min=1, max=4096), default=None, metavar="N",
               help="Threads of the compiled CPU code (default: every core).")
 @click.option("--input", "input_flags", multiple=True, metavar="NAME=@FILE.npy|NAME=V,V,..",
@@ -43,7 +53,8 @@ MAX_RUNS = 100_000
 @click.option("--inputs", "inputs_npz", metavar="FILE.npz",
               help="Inputs from an .npz archive keyed by input name.")
 @click.option("--seed", type=click.IntRange(min=0), default=None, metavar="N",
-              help="Random values for inputs not given (normal floats, ints in [0,8), bools).")
+              help="Random values for inputs not given (normal floats, ints in [0,8), bools); "
+                   f"with no input given at all, seed {DEFAULT_SEED} is the default.")
 @click.option("--allow-nan", is_flag=True, help="Accept NaN and infinities in inputs.")
 @click.option("-o", "--output", "output", default=None, metavar="FILE.npz",
               help="Write the outputs to an .npz archive ('-' for stdout).")
@@ -60,136 +71,252 @@ MAX_RUNS = 100_000
                    "the first one is where an error starts.")
 @click.option("--bench", type=click.IntRange(min=1, max=MAX_RUNS), default=None, metavar="N",
               help=f"Time N runs (at most {MAX_RUNS}) after the warm-up; print "
-                   "median/min/max and the device.")
+                   "median (p50), p90, min, max, stddev and the device.")
 @click.option("--warmup", type=click.IntRange(min=0, max=MAX_RUNS), default=1,
               show_default=True, metavar="K", help="Untimed runs before --bench.")
 @click.option("--report", is_flag=True, help="Print a per-op time profile and peak memory.")
+@click.option("--report-format", "report_format", type=click.Choice(REPORT_FORMATS),
+              default="text", show_default=True,
+              help="The results (output summaries, check, bench, report) as lines of text, or "
+                   "as one JSON document on one line (json), where the text would go.")
+@time_passes_option
 def main(input, device, mode, threads, input_flags, inputs_npz, seed, allow_nan, output, check,
-         rtol, atol, check_tensors, bench, warmup, report, quiet, debug):
+         rtol, atol, check_tensors, bench, warmup, report, report_format, time_passes, quiet,
+         debug):
     """Run the tile IR module IR (a file, or '-'/nothing for stdin)."""
     from tilekit.runtime import backend, default_mode
-    from tilekit.runtime.bench import peak_rss_bytes, time_runs
-    from tilekit.runtime.check import compare_outputs, reference_outputs
+    from tilekit.runtime.bench import peak_rss_bytes
+    from tilekit.runtime.check import staged_mode
     from tilekit.fileio import note_input
     from tilekit.outputs import OutputSet
-    from tilekit.runtime.io import (base_dir, check_inputs, check_run_budget, describe,
-                                    gather_inputs, input_files, load_weights, npz_bytes,
-                                    resolve_sidecar)
+    from tilekit.runtime.io import (base_dir, check_inputs, check_run_budget, gather_inputs,
+                                    input_files, load_weights, npz_bytes, resolve_sidecar)
 
     if (rtol is not None or atol is not None) and not (check or check_tensors):
         warn(TOOL, "--rtol/--atol have no effect without --check or --check-tensors")
     if report and device != "cpu":
         warn(TOOL, "--report profiles the CPU executor only; ignored with --device cuda")
-    module = read_stage_input(input)  # notes the IR and the files it names as inputs
-    check_run_budget(module, input)
+    phases = Phases(TOOL, quiet, time_passes)
+    with phases.step("read"):
+        module = read_stage_input(input)  # notes the IR and the files it names as inputs
+        check_run_budget(module, input)
+    chosen = None  # the mode --check picked from the stages, when --mode was not given
+    if mode is None:
+        mode = default_mode(module, device)
+        if device == "cpu" and (check or check_tensors):
+            chosen = staged_mode(module)
+            mode = chosen.mode
     folder = base_dir(input)
     for path in input_files(input_flags, inputs_npz):
         note_input(path)
     out = OutputSet()
     if output is not None:  # -o never overwrites what this run reads: checked before work
         out.check(output, f"-o {output}" if output != "-" else "-o")
-    mode = mode or default_mode(module, device)
-    if threads is not None and mode != "compiled":
-        warn(TOOL, "--threads sets the compiled CPU code's threads; ignored in this mode")
-    if report and mode == "compiled":
-        warn(TOOL, "--report profiles the reference executor's ops; ignored for compiled code")
-        report = False
-    runner = backend(module, device, mode, threads)  # refuses what it cannot run, early
-    weights = load_weights(module, folder)
-    if check and (module.source or {}).get("onnx"):  # a bad reference model fails before the run
-        resolve_sidecar(module.source, "onnx", folder, "source", limits.MODEL_BYTES)
-    inputs = gather_inputs(module, input_flags, inputs_npz, seed)
-    check_inputs(module, inputs, allow_nan=allow_nan, seed_given=seed is not None)
+    with phases.step("prepare"):
+        if threads is not None and mode != "compiled":
+            warn(TOOL, "--threads sets the compiled CPU code's threads; ignored in this mode")
+        runner = backend(module, device, mode, threads)  # refuses what it cannot run, early
+        weights = load_weights(module, folder)
+        if check and (module.source or {}).get("onnx"):  # a bad reference fails before the run
+            resolve_sidecar(module.source, "onnx", folder, "source", limits.MODEL_BYTES)
+        seed_given = seed is not None
+        if seed is None and not input_flags and inputs_npz is None and module.inputs:
+            seed = DEFAULT_SEED  # nothing given: random inputs, said once, deterministic
+            if not quiet:
+                click.echo(f"{TOOL}: inputs: random, seed {seed} (give --seed N or "
+                           "--input/--inputs)", err=True)
+        inputs = gather_inputs(module, input_flags, inputs_npz, seed)
+        check_inputs(module, inputs, allow_nan=allow_nan, seed_given=seed_given)
 
-    echo = _Echo(to_stderr=output == "-")
+    results = _Results(to_stderr=output == "-", json=report_format == "json")
+    results.put("model", module.model)
+    results.put("device", runner.description)
+    if device == "cpu":
+        results.put("mode", mode)
+    # seed: the random inputs' seed (None: every input given); default_seed: none was given
+    results.put("inputs", {"seed": seed, "default_seed": seed is not None and not seed_given})
     profile: list[tuple[str, float]] = []
-    if report and device == "cpu":
-        from tilekit.runtime.cpu import prepare
-        outputs = prepare(module).run(inputs, weights, mode=mode,
-                                      on_step=lambda s, t: profile.append((s.op.name, t)))
-    else:
-        outputs = runner.run(inputs, weights)
+    if report and device == "cpu" and mode in ("program", "compiled"):
+        warn(TOOL, f"--report profiles ops in the whole and tiled modes; not in {mode} mode")
+        report = False
+    with phases.step("run", f"running {module.model} ({device}"
+                            f"{', ' + mode + ' mode' if mode != 'whole' else ''})"):
+        if report and device == "cpu":
+            from tilekit.runtime.cpu import prepare
+            outputs = prepare(module).run(inputs, weights, mode=mode,
+                                          on_step=lambda s, t: profile.append((s.op.name, t)))
+        else:
+            outputs = runner.run(inputs, weights)
     peak = peak_rss_bytes()  # before --check loads a reference runtime into this process
 
     if output is not None:
-        with out:
+        with out, phases.step("write"):
             out.put(output, npz_bytes(outputs), f"-o {output}" if output != "-" else "-o")
             out.commit()
     if not quiet:
+        results.put("outputs", {name: _summary(array) for name, array in outputs.items()})
         for name, array in outputs.items():
-            echo(f"{name}: {describe(array)}{_stats(array)}")
+            results.line(f"{name}: {_describe(array)}{_stats(array)}")
 
     status = EXIT_OK
     if check:
-        reference = reference_outputs(module, inputs, weights, folder)
-        label = device if device != "cpu" or mode == "whole" else f"cpu ({mode} mode)"
-        echo(f"check: {label} against {reference.description}: pass when rel_l2 <= rtol "
-             "or max_abs <= atol")
-        results = compare_outputs(module, outputs, reference.outputs, rtol, atol,
-                                  reference.tolerances)
-        for result in results:
-            echo(f"  {result.line()}")
-        failed = [r.name for r in results if not r.passed]
-        if failed:
-            echo(f"check: FAIL ({len(failed)} of {len(results)} outputs differ)")
-            status = EXIT_CHECK_FAILED
-        else:
-            echo(f"check: pass ({len(results)} output{'s' if len(results) != 1 else ''})")
-    if check_tensors and _check_tensors(echo, module, runner, inputs, weights, rtol, atol):
-        status = EXIT_CHECK_FAILED
+        with phases.step("check", "checking against the reference"):
+            if not _check(results, module, device, mode, chosen, outputs, inputs, weights,
+                          folder, rtol, atol):
+                status = EXIT_CHECK_FAILED
+    if check_tensors:
+        with phases.step("check-tensors", "checking every tensor"):
+            if _check_tensors(results, module, runner, inputs, weights, rtol, atol):
+                status = EXIT_CHECK_FAILED
     if bench is not None:
-        if runner.bench is not None:
-            timing = runner.bench(inputs, weights, bench, warmup)
-        else:
-            timing = time_runs(lambda: runner.run(inputs, weights), bench, warmup)
-        echo(timing.line(runner.description))
+        with phases.step("bench", f"timing {bench} runs after {warmup} warm-up",
+                         total=bench + warmup) as advance:
+            timing = _bench(runner, inputs, weights, bench, warmup, advance)
+        results.put("bench", timing.record(runner.description, _threads(device)))
+        results.line(timing.line(runner.description))
     if report and not quiet:
-        _print_report(echo, module, profile, peak)
+        _print_report(results, module, profile, peak)
+    if time_passes and results.json:
+        results.put("time_s", phases.seconds())
+    results.finish()
+    if not results.json:
+        phases.print()
     return status
+
+
+def _bench(runner, inputs, weights, runs: int, warmup: int, advance):
+    """The runner's own timing (CUDA events) when it has one, else the wall clock around
+    whole runs with `advance` (the progress bar) after each."""
+    from tilekit.runtime.bench import time_runs
+
+    if runner.bench is not None:
+        return runner.bench(inputs, weights, runs, warmup)
+    return time_runs(lambda: runner.run(inputs, weights), runs, warmup, on_run=advance)
+
+
+def _threads(device: str) -> int | None:
+    from tilekit.runtime.bench import cpu_threads
+    return cpu_threads() if device == "cpu" else None
+
+
+def _check(results, module, device, mode, chosen, outputs, inputs, weights, folder, rtol,
+           atol) -> bool:
+    """--check: the lines (or the JSON entry); True when every output passes."""
+    from tilekit.runtime.check import compare_outputs, reference_outputs, staged_mode
+
+    reference = reference_outputs(module, inputs, weights, folder)
+    label = _run_label(device, mode, chosen)
+    results.line(f"check: {label} against {reference.description}: pass when rel_l2 <= rtol "
+                 "or max_abs <= atol")
+    note = None
+    if device == "cpu" and mode == "whole" and not (module.source or {}).get("onnx"):
+        staged = staged_mode(module).mode
+        note = ("the run and the reference are the same executor (whole ops): this shows the "
+                "module runs, not that a schedule is right"
+                + (f"; the stages' mode is --mode {staged}" if staged != "whole" else ""))
+        results.line(f"check: note: {note}")
+    compared = compare_outputs(module, outputs, reference.outputs, rtol, atol,
+                               reference.tolerances)
+    for result in compared:
+        results.line(f"  {result.line()}")
+    failed = [r.name for r in compared if not r.passed]
+    if failed:
+        results.line(f"check: FAIL ({len(failed)} of {len(compared)} outputs differ)")
+    else:
+        results.line(f"check: pass ({len(compared)} output{'s' if len(compared) != 1 else ''})")
+    results.put("check", {"run": label, "reference": reference.description,
+                          "passed": not failed, **({"note": note} if note else {}),
+                          "outputs": [_comparison(r) for r in compared]})
+    return not failed
+
+
+def _comparison(c) -> dict:
+    out = {"name": c.name, "max_abs": c.max_abs, "rel_l2": c.rel_l2, "rtol": c.rtol,
+           "atol": c.atol, "passed": c.passed}
+    if c.note:
+        out["note"] = c.note
+    return out
+
+
+class _Results:
+    """tk-run's results: lines of text to stdout (stderr when stdout carries the outputs
+    archive), or, with `json`, the same results gathered into one JSON document printed
+    there at the end (`finish`)."""
+
+    def __init__(self, to_stderr: bool, json: bool = False):
+        self.to_stderr = to_stderr
+        self.json = json
+        self.doc: dict = {"tool": TOOL}
+
+    def line(self, text: str) -> None:
+        if not self.json:
+            click.echo(text, err=self.to_stderr)
+
+    def put(self, key: str, value) -> None:
+        self.doc[key] = value
+
+    def finish(self) -> None:
+        if self.json:
+            click.echo(json_line(self.doc), err=self.to_stderr)
+
+
+def _run_label(device: str, mode: str, chosen) -> str:
+    """What ran, for the check line: `cpu (tiled mode: tk-roll's tiles, ...)`."""
+    if device != "cpu":
+        return device
+    if chosen is not None:
+        return (f"cpu ({mode} mode, the IR's stages: {chosen.why})" if mode != "whole"
+                else "cpu (whole ops)")
+    return "cpu (whole ops)" if mode == "whole" else f"cpu ({mode} mode)"
 
 
 #: At most this many differing tensors are listed by --check-tensors (the first ones matter).
 _LISTED_TENSORS = 20
 
 
-def _check_tensors(echo, module, runner, inputs, weights, rtol, atol) -> bool:
-    """Print the per-tensor comparison; True when some tensor differs."""
+def _check_tensors(results: "_Results", module, runner, inputs, weights, rtol, atol) -> bool:
+    """The per-tensor comparison (lines, or the JSON entry); True when some tensor differs."""
     from tilekit.runtime.check import compare_tensors
 
-    results = compare_tensors(module, runner.trace(inputs, weights), inputs, weights, rtol,
-                              atol)
-    failed = [r for r in results if not r.comparison.passed]
-    echo(f"check-tensors: {len(results)} computed tensors against the CPU reference executor "
-         f"(whole ops), in op order: {len(failed)} differ")
+    compared = compare_tensors(module, runner.trace(inputs, weights), inputs, weights, rtol,
+                               atol)
+    failed = [r for r in compared if not r.comparison.passed]
+    results.line(f"check-tensors: {len(compared)} computed tensors against the CPU reference "
+                 f"executor (whole ops), in op order: {len(failed)} differ")
     for result in failed[:_LISTED_TENSORS]:
-        echo(f"  {result.line()}")
+        results.line(f"  {result.line()}")
     if len(failed) > _LISTED_TENSORS:
-        echo(f"  ... and {len(failed) - _LISTED_TENSORS} more")
-    worst = sorted(results, key=lambda r: -r.comparison.rel_l2)[:3]
+        results.line(f"  ... and {len(failed) - _LISTED_TENSORS} more")
+    worst = sorted(compared, key=lambda r: -r.comparison.rel_l2)[:3]
     if worst and not failed:
-        echo("  largest: " + "; ".join(f"{r.comparison.name} rel_l2 {r.comparison.rel_l2:.3g}"
-                                       for r in worst))
+        results.line("  largest: " + "; ".join(
+            f"{r.comparison.name} rel_l2 {r.comparison.rel_l2:.3g}" for r in worst))
+    results.put("check_tensors", {
+        "computed": len(compared), "passed": not failed,
+        "differ": [{"index": r.index, "op": r.op, **_comparison(r.comparison)}
+                   for r in failed]})
     return bool(failed)
 
 
-class _Echo:
-    """Result lines to stdout, or to stderr when stdout carries the outputs archive."""
-
-    def __init__(self, to_stderr: bool):
-        self.to_stderr = to_stderr
-
-    def __call__(self, line: str) -> None:
-        click.echo(line, err=self.to_stderr)
+def _describe(array: np.ndarray) -> str:
+    from tilekit.runtime.io import describe
+    return describe(array)
 
 
-def _stats(array: np.ndarray) -> str:
+def _finite(array: np.ndarray):
+    """(float64 values, finite mask) of `array`, or None when it is not numeric."""
     try:
         values = array.astype(np.float64, copy=False)
     except (TypeError, ValueError):
+        return None
+    return values, np.isfinite(values)
+
+
+def _stats(array: np.ndarray) -> str:
+    got = _finite(array)
+    if got is None or got[0].size == 0:
         return ""
-    if values.size == 0:
-        return ""
-    finite = np.isfinite(values)
+    values, finite = got
     note = "" if finite.all() else f"  ({int(values.size - finite.sum())} non-finite)"
     if not finite.any():
         return note
@@ -198,13 +325,34 @@ def _stats(array: np.ndarray) -> str:
             f"{note}")
 
 
-def _print_report(echo: _Echo, module, profile: list[tuple[str, float]], peak: int) -> None:
+def _summary(array: np.ndarray) -> dict:
+    """An output as data: dtype, shape and (numeric, over the finite values) min/max/mean."""
+    out = {"dtype": str(array.dtype), "shape": list(array.shape)}
+    got = _finite(array)
+    if got is None or got[0].size == 0:
+        return out
+    values, finite = got
+    out["non_finite"] = int(values.size - finite.sum())
+    if finite.any():
+        kept = values[finite]
+        out.update(min=float(kept.min()), max=float(kept.max()), mean=float(kept.mean()))
+    return out
+
+
+def _print_report(results: _Results, module, profile: list[tuple[str, float]],
+                  peak: int) -> None:
     total = sum(t for _, t in profile) or 1e-12
     slowest = sorted(profile, key=lambda p: -p[1])[:10]
+    results.put("report", {"ops": len(module.ops), "ms_in_ops": round(total * 1e3, 6),
+                           "peak_memory_bytes": peak,
+                           "slowest": [{"op": name, "ms": round(t * 1e3, 6),
+                                        "share": round(t / total, 6)} for name, t in slowest]})
+    if results.json:
+        return
     rows = [(name, f"{t * 1e3:.3f}", f"{100 * t / total:.1f}%") for name, t in slowest]
     heading = (f"report: {module.model}: {len(module.ops)} ops, "
                f"{total * 1e3:.3f} ms in ops, peak memory {peak / 2**20:.1f} MiB")
-    if stderr_is_terminal() if echo.to_stderr else stdout_is_terminal():
+    if stderr_is_terminal() if results.to_stderr else stdout_is_terminal():
         from rich.console import Console
         from rich.table import Table
 
@@ -213,15 +361,15 @@ def _print_report(echo: _Echo, module, profile: list[tuple[str, float]], peak: i
             table.add_column(column, justify="left" if column == "op" else "right")
         for row in rows:
             table.add_row(*row)
-        Console(stderr=echo.to_stderr).print(table)
+        Console(stderr=results.to_stderr).print(table)
         return
-    echo(heading)
+    results.line(heading)
     if not rows:
         return
     width = max(len(r[0]) for r in rows)
-    echo(f"  {'op':<{width}}  {'ms':>10}  {'share':>6}")
+    results.line(f"  {'op':<{width}}  {'ms':>10}  {'share':>6}")
     for name, ms, share in rows:
-        echo(f"  {name:<{width}}  {ms:>10}  {share:>6}")
+        results.line(f"  {name:<{width}}  {ms:>10}  {share:>6}")
 
 
 if __name__ == "__main__":  # pragma: no cover

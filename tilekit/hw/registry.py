@@ -4,7 +4,11 @@ Folders searched, first match wins: each folder of `$TILEKIT_HWPROFILES` (separa
 `os.pathsep`), then the repository's `hwprofiles/` (found relative to the package). A name
 matches a file's stem, its `name:` or one of its `aliases:`, ignoring case; a stem match
 wins over an alias in the same folder. An argument that
-contains a path separator or ends in `.yaml`/`.yml` is a path, never a name.
+contains a path separator or ends in `.yaml`/`.yml` is a path, never a name. Names and
+aliases are read, and folders listed, only from files that look like profiles
+(`looks_like_profile`: a folder may also hold tile IR documents); a file's stem always names
+it. An IR records the profile with its content hash, and `load_recorded_profile` refuses a
+profile of other figures found under the recorded name.
 
 A profile file is read only when it is a regular file of at most `limits.PROFILE_BYTES`
 (checked before reading; `/dev/zero`, a FIFO or a huge file is refused), whether it was
@@ -22,6 +26,8 @@ from __future__ import annotations
 import difflib
 import functools
 import os
+import re
+from dataclasses import dataclass
 from pathlib import Path
 
 from tilekit import limits
@@ -75,8 +81,44 @@ def display_path(path: Path) -> str:
     return str(path) if rel.startswith("..") else rel
 
 
-def _files(folder: Path) -> list[Path]:
+def _yaml_files(folder: Path) -> list[Path]:
     return sorted(p for p in folder.iterdir() if p.suffix in SUFFIXES and p.is_file())
+
+
+def _files(folder: Path) -> list[Path]:
+    """The profile files of a search folder: `.yaml`/`.yml` files that look like profiles
+    (`looks_like_profile`), so that a folder also holding tile IR documents or other YAML
+    (`TILEKIT_HWPROFILES=$PWD`) can be searched and listed."""
+    return [p for p in _yaml_files(folder) if looks_like_profile(p)]
+
+
+#: How much of a file `looks_like_profile` reads: a profile's top-level keys come early.
+_SNIFF_BYTES = 64 * 1024
+#: Top-level keys only a hardware profile has (tilekit.hw.schema); an IR has `tilekit:`.
+_PROFILE_KEY = re.compile(r"^(schema|arch|parallelism|memory|compute)[ \t]*:", re.M)
+_IR_KEY = re.compile(r"^tilekit[ \t]*:", re.M)
+
+
+def looks_like_profile(path: Path) -> bool:
+    """Whether a YAML file in a search folder is a hardware profile, from its first 64 KiB:
+    a top-level key only profiles have and no `tilekit:` key (a tile IR document). A broken
+    profile still has them, so listing or loading it reports what is wrong; a file named by
+    its stem (`--hw big` for big.yaml) is loaded whatever it looks like."""
+    try:
+        st = path.stat()
+    except OSError:
+        return False
+    return _sniff(str(path), st.st_mtime_ns, st.st_size)
+
+
+@functools.lru_cache(maxsize=1024)
+def _sniff(path: str, mtime_ns: int, size: int) -> bool:
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(_SNIFF_BYTES).decode("utf-8", "replace")
+    except OSError:
+        return False
+    return bool(_PROFILE_KEY.search(head)) and not _IR_KEY.search(head)
 
 
 @functools.lru_cache(maxsize=256)
@@ -106,11 +148,11 @@ def resolve(name: str) -> Path:
     """The file a bare profile name or alias stands for; errors list the known names."""
     wanted = name.lower()
     for folder in profile_dirs():
-        files = _files(folder)
-        by_stem = [p for p in files if p.stem.lower() == wanted]
+        # a file named exactly is meant, profile-like or not (loading it says what is wrong)
+        by_stem = [p for p in _yaml_files(folder) if p.stem.lower() == wanted]
         if len(by_stem) == 1:  # the common case, without reading every file's aliases
             return by_stem[0]
-        matches = [p for p in files if wanted in _names(p)]
+        matches = [p for p in _files(folder) if wanted in _names(p)]
         if len(matches) == 1:
             return matches[0]
         if len(matches) > 1:
@@ -208,10 +250,15 @@ def recorded_profile(given: str, profile: Profile, ir_output: str | None) -> str
     return rel if is_path(rel) else f"./{rel}"
 
 
-def load_recorded_profile(hardware: str, ir_path: str | None) -> Profile:
+def load_recorded_profile(hardware: str, ir_path: str | None,
+                          sha256: str | None = None) -> Profile:
     """The profile an IR document's `hardware` names: a name, or a relative path to a
     `.yaml`/`.yml` file from the IR file's folder (the working directory when the IR came
-    through stdin); see `recorded_profile` and the module docstring."""
+    through stdin); see `recorded_profile` and the module docstring.
+
+    With `sha256` (the IR's `hardware.sha256`), the profile found must have that content
+    hash: a profile of other figures under the same name (a copy that kept `name: h100`
+    in `$TILEKIT_HWPROFILES`, an edited file) is refused, naming both files and the fix."""
     from tilekit.ir.names import hardware_problem
 
     problem = hardware_problem(hardware)
@@ -219,15 +266,50 @@ def load_recorded_profile(hardware: str, ir_path: str | None) -> Profile:
         raise ProfileError(problem, "hardware", "a profile name (tk-hw list), or a relative "
                            "path to a profile's .yaml file; or pass --hw")
     if not is_path(hardware):
-        return load_profile(hardware)
-    path = _ir_folder(ir_path) / hardware
-    if not path.exists():
-        raise ProfileError(f"hardware profile file '{hardware}' not found (looked in "
-                           f"{display_path(path.parent)})", "hardware",
-                           "paths in the IR are relative to the IR file's folder, or to "
-                           "the current directory when the IR comes through stdin; or "
-                           "pass --hw")
-    return read_profile_file(display_path(path), "hardware")
+        profile = load_profile(hardware)
+    else:
+        path = _ir_folder(ir_path) / hardware
+        if not path.exists():
+            raise ProfileError(f"hardware profile file '{hardware}' not found (looked in "
+                               f"{display_path(path.parent)})", "hardware",
+                               "paths in the IR are relative to the IR file's folder, or to "
+                               "the current directory when the IR comes through stdin; or "
+                               "pass --hw")
+        profile = read_profile_file(display_path(path), "hardware")
+    if sha256 is not None and profile.content_hash != sha256:
+        raise _other_figures(hardware, profile, sha256, ir_path)
+    return profile
+
+
+def _other_figures(hardware: str, profile: Profile, sha256: str,
+                   ir_path: str | None) -> ProfileError:
+    """The error for a recorded profile whose figures changed: the IR, the file loaded now,
+    and the file it was made with when a search folder still holds it."""
+    ir = "the IR" if not ir_path or ir_path in ("-", "<stdin>") else display_path(Path(ir_path))
+    made_with = [p for p in _all_files() if _content_hash(p) == sha256]
+    loaded = display_path(Path(profile.origin)) if profile.origin else hardware
+    what = (f"{ir} was made with a '{hardware}' profile of other figures (sha256 "
+            f"{sha256[:12]}) than {loaded} (sha256 {profile.content_hash[:12]})")
+    if made_with:
+        hint = (f"it was made with {display_path(made_with[0])}: pass --hw "
+                f"{display_path(made_with[0])}; or re-run tk-roll --hw {hardware} to tile for "
+                f"{loaded}")
+    else:
+        hint = (f"pass --hw with the profile file it was made with, or re-run tk-roll --hw "
+                f"{hardware} to tile for {loaded}")
+    return ProfileError(what, "hardware", hint)
+
+
+def _content_hash(path: Path) -> str | None:
+    try:
+        return read_profile_file(path).content_hash
+    except TilekitError:
+        return None
+
+
+def _all_files() -> list[Path]:
+    """Every profile file of the search folders, in search order (shadowed ones too)."""
+    return [p for folder in profile_dirs() for p in _files(folder)]
 
 
 def profile_names() -> list[str]:
@@ -251,3 +333,38 @@ def list_profiles() -> tuple[Profile, ...]:
             chosen.setdefault(p.stem, p)
     profiles = [read_profile_file(display_path(p)) for p in chosen.values()]
     return tuple(sorted(profiles, key=lambda prof: prof.name))
+
+
+@dataclass(frozen=True)
+class Listed:
+    """One profile file as `tk-hw list` shows it: the profile, its file, whether it ships
+    with tilekit, and (when another file answers to its name first) the file `--hw NAME`
+    loads instead."""
+
+    profile: Profile
+    path: Path
+    shipped: bool
+    shadowed_by: Path | None = None
+
+    def file(self) -> str:
+        """The file for people: `<shipped>/h100.yaml` for a shipped one (the same on every
+        machine), else relative to the working directory when inside it."""
+        return f"<shipped>/{self.path.name}" if self.shipped else display_path(self.path)
+
+
+def listing() -> tuple[Listed, ...]:
+    """Every profile file of the search folders (validated; a broken one is an error), shadowed
+    ones too, sorted by name then search order: a file whose name resolves to another file
+    (a copy in `$TILEKIT_HWPROFILES` that kept `name: h100`) is marked with that file."""
+    shipped = builtin_dir().resolve() if builtin_dir().is_dir() else None
+    entries = []
+    for order, path in enumerate(_all_files()):
+        profile = read_profile_file(display_path(path))
+        try:
+            found = resolve(profile.name)
+        except ProfileError:
+            found = path
+        shadow = None if found.resolve() == path.resolve() else found
+        entries.append((profile.name.lower(), order,
+                        Listed(profile, path, path.resolve().parent == shipped, shadow)))
+    return tuple(e for _, _, e in sorted(entries, key=lambda e: (e[0], e[1])))

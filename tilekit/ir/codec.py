@@ -24,8 +24,8 @@ from tilekit import IR_VERSION, textdoc
 from tilekit.fileio import read_input_text
 from tilekit.outputs import write_output
 from tilekit.errors import IRError
-from tilekit.ir.keys import (MODULE_KEYS, MODULE_REQUIRED, STAGE_KEYS, WEIGHTS_KEYS, key_path,
-                             type_name, where)
+from tilekit.ir.keys import (HARDWARE_KEYS, MODULE_KEYS, MODULE_REQUIRED, STAGE_KEYS,
+                             WEIGHTS_KEYS, key_path, type_name, where)
 from tilekit.limits import LimitError
 from tilekit.ir.model import Module
 from tilekit.ir.parts import (_FlowDict, _FlowList, _kernel_doc, _known_first, _op_doc,
@@ -133,7 +133,8 @@ class _Decoder(_Reader):
                 for i, k in enumerate(self.list_(kernels, "kernels", "'kernels'"))),
             source=doc.get("source"),
             weights=self.weights(doc.get("weights")),
-            hardware=doc.get("hardware"),
+            hardware=self.hardware(doc.get("hardware"))[0],
+            hardware_sha256=self.hardware(doc.get("hardware"))[1],
             stages=() if stages is None else tuple(
                 self.stage(s, f"stages[{i}]")
                 for i, s in enumerate(self.list_(stages, "stages", "'stages'"))),
@@ -146,6 +147,14 @@ class _Decoder(_Reader):
         self.mapping(value, path, "a stage entry")
         self.keys(value, path, STAGE_KEYS, ("name",))
         return value
+
+    def hardware(self, value: Any) -> tuple[Any, Any]:
+        """(name, sha256) of `hardware`: a profile name or path, or `{name, sha256}` (the
+        profile's content hash, checked by the stages that load it)."""
+        if not isinstance(value, Mapping):
+            return value, None
+        self.keys(value, "hardware", HARDWARE_KEYS, HARDWARE_KEYS)
+        return value["name"], value["sha256"]
 
     def weights(self, value: Any) -> Mapping[str, Any] | None:
         if value is None:
@@ -201,7 +210,9 @@ def to_document(module: Module) -> dict[str, Any]:
     _put(doc, "source", None if module.source is None else _payload(module.source))
     _put(doc, "weights", None if module.weights is None else
          _known_first(module.weights, WEIGHTS_KEYS))
-    _put(doc, "hardware", module.hardware)
+    _put(doc, "hardware", {"name": module.hardware, "sha256": module.hardware_sha256}
+         if module.hardware is not None and module.hardware_sha256 is not None
+         else module.hardware)
     _put(doc, "stages", [_stage_doc(s) for s in module.stages], default=[])
     doc["inputs"] = _FlowList(module.inputs)
     doc["outputs"] = _FlowList(module.outputs)

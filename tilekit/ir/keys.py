@@ -28,6 +28,8 @@ OP_KEYS = ("name", "expr", "kind", "pad", "axes", "opaque", "origin", "tile")
 KERNEL_KEYS = ("name", "ops", "tile", "estimate", "launch")
 STAGE_KEYS = ("name", "options")
 WEIGHTS_KEYS = ("file", "sha256")
+#: `hardware: {name, sha256}`: the profile and its content hash (`hardware: NAME` also reads).
+HARDWARE_KEYS = ("name", "sha256")
 OPAQUE_KEYS = ("type", "inputs", "outputs", "attrs")
 
 

@@ -94,6 +94,9 @@ class Module:
     program: Mapping[str, Any] | None = None
     control: Mapping[str, Any] | None = None
     codegen: Mapping[str, Any] | None = None
+    #: The content hash (`Profile.content_hash`) of the profile `hardware` names, as the
+    #: stage that recorded it loaded it; written as `hardware: {name, sha256}`.
+    hardware_sha256: str | None = None
 
     # -- lookups (derived, never stored) -------------------------------------------------
     def op(self, name: str) -> Op:

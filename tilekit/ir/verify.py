@@ -18,7 +18,7 @@ import re
 from typing import Any, Mapping
 
 from tilekit import limits
-from tilekit.errors import ExprError, IRError, TilekitError
+from tilekit.errors import ExprError, IRError, TilekitError, excerpt
 from tilekit.ir.graph import op_analysis
 from tilekit.ir.keys import (OPAQUE_KEYS, STAGE_KEYS, WEIGHTS_KEYS, key_path, key_problem,
                              type_name, where)
@@ -130,11 +130,18 @@ class _Verifier:
             self.relative_path(m.source["onnx"], "source.onnx", "the source model")
         self.weights()
         if m.hardware is not None:
-            self.string(m.hardware, "hardware", "'hardware'")
+            at = "hardware" if m.hardware_sha256 is None else "hardware.name"
+            self.string(m.hardware, at, "'hardware'")
             problem = hardware_problem(m.hardware)
             if problem is not None:
-                raise self.fail("hardware", problem, "a profile name (tk-hw list), or a "
+                raise self.fail(at, problem, "a profile name (tk-hw list), or a "
                                 "relative path to a profile's .yaml file")
+        if m.hardware_sha256 is not None:
+            digest = m.hardware_sha256
+            if m.hardware is None or not isinstance(digest, str) or not SHA256.match(digest):
+                raise self.fail("hardware.sha256", f"not a SHA-256 digest: {excerpt(digest)}",
+                                "64 lowercase hex digits: the profile's content hash, as "
+                                "tk-hw show prints it under 'identity'")
         self.stages()
         self.tensors()
         self.interface()

@@ -5,7 +5,9 @@ threads, smem_bytes, regs, estimate, candidates); each `opaque` op a fixed sched
 per output element, blocks of `OPAQUE_THREADS`) with an estimate from the bytes it moves; each
 kernel an `estimate` (for a group of several ops, the group's: intermediates it keeps on chip
 cost no DRAM traffic); a group's own tile (`kernels[].tile`) is tk-weld's to choose. The module
-records `hardware: <profile name or path>` and the stage `roll` with its options; re-rolling
+records `hardware: {name: <profile name or path>, sha256: <its content hash>}` (later stages
+refuse a profile of other figures under that name) and the stage `roll` with its options;
+re-rolling
 drops what the old tiles decided (`tilekit.ir.stages.INVALIDATES`: group tiles, the rTask
 program, kernel launches, generated code), recorded as the stage option `dropped`.
 
@@ -109,7 +111,8 @@ def _roll(module: Module, profile, top_k: int, hardware: str | None,
     # What the old tiles decided (launch figures, generated code) was dropped by run_stage.
     kernels = tuple(roll_kernel(module, k, rolled, profile)
                     for k in (module.kernels or default_kernels(module.ops)))
-    out = replace(module, ops=tuple(ops), kernels=kernels, hardware=hardware or profile.name)
+    out = replace(module, ops=tuple(ops), kernels=kernels, hardware=hardware or profile.name,
+                  hardware_sha256=profile.content_hash)
     return with_control(out, records) if records else out
 
 
@@ -192,18 +195,101 @@ def tensor_bytes(module: Module, names) -> int:
     return sum(module.tensors[n].size * ITEMSIZE.get(module.tensors[n].dtype, 4) for n in names)
 
 
+# -- the report (tk-roll --report) -----------------------------------------------------------
+
+REPORT_COLUMNS = ("op", "thread", "block", "step", "blocks", "time_us", "bound")
+
+
+def _sizes(sizes: Mapping[str, int]) -> str:
+    return " ".join(f"{a}{s}" for a, s in sizes.items()) or "-"
+
+
+def _control_regions(module: Module, name: str):
+    rec = control_records(module)[name]
+    return [(f"{name}.{rname}", region_module(module.tensors, region, name))
+            for rname, region in zip(rec.region_names(), rec.regions)]
+
+
+def report_rows(module: Module, full: bool = False) -> list[tuple]:
+    """One row per op: name, thread tile, block tile, reduction step, grid, time, bound (text
+    cells; with `full`, data for the JSON report). A control op is not a kernel of its own:
+    its regions' ops are listed instead, named `op.region/name`, so that the rows add up to
+    `module_estimate`'s total when every kernel is one op."""
+    rows: list[tuple] = []
+    _rows(module, "", full, rows)
+    return rows
+
+
+def _rows(module: Module, prefix: str, full: bool, rows: list) -> None:
+    for op in module.ops:
+        if op.kind == "control":
+            for name, region in _control_regions(module, op.name):
+                _rows(region, f"{prefix}{name}/", full, rows)
+            continue
+        t = op.tile or {}
+        est = t.get("estimate", {})
+        if full:
+            rows.append((prefix + op.name, dict(t.get("thread", {})), dict(t.get("block", {})),
+                         dict(t.get("step", {})), t.get("blocks"), est.get("time_us", 0),
+                         est.get("bound")))
+            continue
+        rows.append((prefix + op.name, _sizes(t.get("thread", {})), _sizes(t.get("block", {})),
+                     _sizes(t.get("step", {})), str(t.get("blocks", "")),
+                     f"{est.get('time_us', 0):g}", str(est.get("bound", ""))))
+
+
+def report_title(module: Module) -> str:
+    """`tk-roll: m on h100: 19 ops, 19 kernels, estimated 82.71 us` (and why the rows do
+    not add up to the total when kernels hold several ops)."""
+    total = module_estimate(module)
+    title = (f"tk-roll: {module.model} on {module.hardware}: {total['ops']} ops, "
+             f"{total['kernels']} kernels, estimated {total['time_us']:g} us")
+    if total["ops"] != total["kernels"]:
+        title += (" (kernels of several ops keep their intermediates on chip: the total is "
+                  "the kernels' estimates, below the sum of the ops' rows)")
+    if any(op.kind == "control" for op in module.ops):
+        title += "; control ops: one run of each region (tk-grind prices the iterations)"
+    return title
+
+
+def report_data(module: Module) -> dict[str, Any]:
+    """The report as data (tk-roll --report-format json)."""
+    return {"model": module.model, "hardware": module.hardware,
+            "estimate": module_estimate(module),
+            "ops": [dict(zip(("op", "thread", "block", "step", "blocks", "time_us", "bound"),
+                             row)) for row in report_rows(module, full=True)]}
+
+
 def module_estimate(module: Module) -> dict[str, Any]:
-    """Totals over the kernels of a rolled module: kernels run one after another."""
+    """Totals over the kernels of a rolled module: kernels run one after another, a control
+    op's kernel as one run of each of its regions' kernels (as tk-roll estimates it, and as
+    the regions' kernels are counted)."""
     time_us = flops = dram = 0.0
     bounds: dict[str, int] = {}
-    for kernel in module.kernels:
-        est = kernel.estimate or {}
-        time_us += float(est.get("time_us", 0.0))
-        flops += float(est.get("flops", 0.0))
-        dram += float(est.get("dram_bytes", 0.0))
-        bound = est.get("bound")
-        if bound:
-            bounds[bound] = bounds.get(bound, 0) + 1
+    kernels = ops = 0
+    for m in _flat(module):
+        ops += sum(op.kind != "control" for op in m.ops)
+        kinds = {op.name: op.kind for op in m.ops}
+        for kernel in m.kernels:
+            if len(kernel.ops) == 1 and kinds.get(kernel.ops[0]) == "control":
+                continue  # counted through its regions
+            kernels += 1
+            est = kernel.estimate or {}
+            time_us += float(est.get("time_us", 0.0))
+            flops += float(est.get("flops", 0.0))
+            dram += float(est.get("dram_bytes", 0.0))
+            bound = est.get("bound")
+            if bound:
+                bounds[bound] = bounds.get(bound, 0) + 1
     return {"time_us": round_sig(time_us), "flops": round_sig(flops),
-            "dram_bytes": round_sig(dram), "kernels": len(module.kernels),
+            "dram_bytes": round_sig(dram), "kernels": kernels, "ops": ops,
             "bounds": dict(sorted(bounds.items()))}
+
+
+def _flat(module: Module):
+    """The module and every control op's regions as modules, nested ones too."""
+    yield module
+    for op in module.ops:
+        if op.kind == "control":
+            for _, region in _control_regions(module, op.name):
+                yield from _flat(region)

@@ -1,7 +1,8 @@
 """Timing runs and naming the machine they ran on.
 
 A benchmark number means nothing without the device: every report carries the CPU model
-(from /proc/cpuinfo) and the number of threads the process may use.
+(from /proc/cpuinfo) and the number of threads the process may use. A `Timing` gives the
+median (p50), the 90th percentile, min, max and the sample standard deviation of its runs.
 """
 
 from __future__ import annotations
@@ -39,16 +40,45 @@ class Timing:
     def max(self) -> float:
         return max(self.seconds)
 
+    @property
+    def p90(self) -> float:
+        """The 90th percentile, interpolated between the sorted runs (numpy's default
+        'linear' method; the one run for a single run)."""
+        if len(self.seconds) == 1:
+            return self.seconds[0]
+        return statistics.quantiles(self.seconds, n=10, method="inclusive")[8]
+
+    @property
+    def stddev(self) -> float:
+        """The sample standard deviation of the runs (0 for a single run)."""
+        return statistics.stdev(self.seconds) if len(self.seconds) > 1 else 0.0
+
     def line(self, device: str) -> str:
         n = len(self.seconds)
         how = f" ({self.method})" if self.method else ""
         return (f"bench: {n} run{'s' if n != 1 else ''} after {self.warmup} warm-up on "
-                f"{device}{how}: median {self.median * 1e3:.3f} ms, min {self.min * 1e3:.3f} ms, "
-                f"max {self.max * 1e3:.3f} ms")
+                f"{device}{how}: median {self.median * 1e3:.3f} ms, p90 "
+                f"{self.p90 * 1e3:.3f} ms, min {self.min * 1e3:.3f} ms, max "
+                f"{self.max * 1e3:.3f} ms, stddev {self.stddev * 1e3:.3f} ms")
+
+    def record(self, device: str, threads: int | None = None) -> dict:
+        """The timing as data (tk-run --report-format json): milliseconds, the runs in order,
+        the device and, on the CPU, the threads the process may use."""
+        ms = lambda s: round(s * 1e3, 6)  # noqa: E731 - a unit, named once
+        out = {"runs": len(self.seconds), "warmup": self.warmup, "device": device,
+               "method": self.method or "wall clock, whole runs",
+               "p50_ms": ms(self.median), "p90_ms": ms(self.p90), "min_ms": ms(self.min),
+               "max_ms": ms(self.max), "stddev_ms": ms(self.stddev),
+               "times_ms": [ms(s) for s in self.seconds]}
+        if threads is not None:
+            out["threads"] = threads
+        return out
 
 
-def time_runs(fn: Callable[[], object], runs: int, warmup: int = 1) -> Timing:
-    """Call `fn` `warmup` times untimed, then `runs` times timed (`time.perf_counter`).
+def time_runs(fn: Callable[[], object], runs: int, warmup: int = 1,
+              on_run: Callable[[], None] | None = None) -> Timing:
+    """Call `fn` `warmup` times untimed, then `runs` times timed (`time.perf_counter`);
+    `on_run` (a progress display) is called after each call, outside the timed span.
 
     `fn` must finish its work before returning (a GPU runner synchronises).
     """
@@ -56,11 +86,15 @@ def time_runs(fn: Callable[[], object], runs: int, warmup: int = 1) -> Timing:
         raise ValueError("runs must be at least 1")
     for _ in range(warmup):
         fn()
+        if on_run is not None:
+            on_run()
     seconds = []
     for _ in range(runs):
         start = time.perf_counter()
         fn()
         seconds.append(time.perf_counter() - start)
+        if on_run is not None:
+            on_run()
     return Timing(tuple(seconds), warmup)
 
 

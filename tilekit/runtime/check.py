@@ -13,7 +13,8 @@ then left out of the metric). Integer and bool outputs must match exactly. A sha
 always fails.
 
 References: onnxruntime on the module's source model (`module.source`, checksum verified)
-when there is one, otherwise the CPU reference executor in "whole" mode.
+when there is one, otherwise the CPU reference executor in "whole" mode. What is checked
+against it by default is the mode the module's stages made (`staged_mode`).
 """
 
 from __future__ import annotations
@@ -265,6 +266,34 @@ def cpu_reference(module: Module, inputs: Mapping[str, np.ndarray],
     from tilekit.runtime.cpu import run_module
     return Reference("the CPU reference executor (whole ops; the IR has no source model)",
                      run_module(module, inputs, weights, mode="whole"))
+
+
+@dataclass(frozen=True)
+class CheckedMode:
+    """The CPU execution mode `tk-run --check` runs when `--mode` is not given, and why."""
+
+    mode: str
+    why: str
+
+
+def staged_mode(module: Module) -> CheckedMode:
+    """The mode that runs what the module's stages made: the compiled CPU kernels
+    ("compiled"), tk-ram's `program` rTask by rTask ("program"), tk-roll's tiles or tk-weld's
+    groups tile by tile ("tiled"), else whole ops.
+    `tk-run --check` without `--mode` checks this mode, so that a check after the stages
+    checks their schedule and not the whole-op evaluation the reference also runs."""
+    from tilekit.runtime.compiled import is_cpu_code
+
+    stages = set(module.stage_names())
+    if is_cpu_code(module):
+        return CheckedMode("compiled", "the compiled CPU kernels (tk-codegen --target cpu)")
+    if module.program is not None:
+        return CheckedMode("program", "tk-ram's program, rTask by rTask")
+    if "weld" in stages:
+        return CheckedMode("tiled", "tk-weld's groups, tile by tile")
+    if "roll" in stages:
+        return CheckedMode("tiled", "tk-roll's tiles, block by block")
+    return CheckedMode("whole", "whole ops")
 
 
 def reference_outputs(module: Module, inputs: Mapping[str, np.ndarray],

@@ -181,7 +181,8 @@ def weld_module(module: Module, profile, top_k: int = 1, max_group: int = DEFAUL
     # Tiles rolled for another profile (or none) are rolled again for this one.
     if "roll" not in module.stage_names() \
             or any(op.tile is None for op in module.ops if op.kind != "control") \
-            or (hardware is not None and module.hardware != hardware):
+            or (hardware is not None and module.hardware != hardware) \
+            or module.hardware_sha256 not in (None, profile.content_hash):
         from tilekit.roll.schedule import roll_module
         module = roll_module(module, profile, top_k, hardware=hardware)
     options: dict[str, Any] = {"top_k": top_k, "max_group": max_group}
