@@ -112,7 +112,7 @@ def _codegen(module: Module, ctx: Context) -> Module:
                        compile=bool(ctx.option("compile", False))).module
 
 
-#: The registered passes, in pipeline order (DESIGN.md: roll | weld | grind | ram | codegen).
+#: The registered passes, in pipeline order (docs/architecture.md: roll | weld | grind | ram | codegen).
 PASSES: dict[str, Pass] = {p.name: p for p in (
     Pass("roll", _roll, "Roller's tiles per op and the micro performance model's estimates",
          produces=("ops[*].tile", "kernels[*].estimate", "hardware"), needs_profile=True,

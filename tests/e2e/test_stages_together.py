@@ -1,5 +1,5 @@
-"""The three optimising stages in one pipe, as DESIGN.md orders them: roll | weld | grind | ram
-| codegen. Each stage's own suite checks it alone (test_weld_models.py, test_ram_pipelines.py,
+"""The three optimising stages in one pipe, in the pipeline's order (tilekit/pipeline.py): roll
+| weld | grind | ram | codegen. Each stage's own suite checks it alone (test_weld_models.py, test_ram_pipelines.py,
 test_grind.py); this one checks that each reads what the stage before it wrote:
 
 - tk-weld's groups packed by tk-ram, run rTask by rTask on the CPU against onnxruntime, and

@@ -51,20 +51,20 @@ def test_shipped_profile_validates_and_every_figure_has_a_source(path):
     assert 0 < p.achievable.dram <= 1 and 0 < p.achievable.compute <= 1
 
 
-# DESIGN.md section 4's table, checked against what the files say.
-DESIGN_TABLE = {
+# The published figures (datasheets, whitepapers), checked against what the files say.
+PUBLISHED = {
     #          arch    SMs  smem/SM  opt-in    L2       DRAM B/s  FP32    tensor fp16
     "h100":    ("sm_90", 132, 228 * KiB, 227 * KiB, 50 * MiB, 3.35e12, 66.9e12, 989.4e12),
     "a100":    ("sm_80", 108, 164 * KiB, 163 * KiB, 40 * MiB, 2.039e12, 19.5e12, 312e12),
     "v100":    ("sm_70", 80, 96 * KiB, 96 * KiB, 6 * MiB, 0.9e12, 15.7e12, 125e12),
-    # DESIGN.md's ~330 TFLOP/s is with FP16 accumulation; the profile records FP32 accumulate.
+    # The often quoted ~330 TFLOP/s is with FP16 accumulation; the profile records FP32 accumulate.
     "rtx4090": ("sm_89", 128, 100 * KiB, 99 * KiB, 72 * MiB, 1.008e12, 82.6e12, 165.2e12),
 }
 
 
-@pytest.mark.parametrize("name", DESIGN_TABLE)
+@pytest.mark.parametrize("name", PUBLISHED)
 def test_published_figures(name):
-    arch, sms, smem_sm, optin, l2, dram, fp32, fp16_tc = DESIGN_TABLE[name]
+    arch, sms, smem_sm, optin, l2, dram, fp32, fp16_tc = PUBLISHED[name]
     p = load_profile(name)
     assert (p.arch, p.sm_count, p.smem_per_sm, p.smem_per_block) == (arch, sms, smem_sm, optin)
     assert p.smem_per_block_static == 48 * KiB
@@ -80,7 +80,7 @@ def test_h100_details():
     assert p.features.tma and p.features.clusters and p.features.async_copy
     assert p.smem_banks == 32 and p.smem_bank_bytes == 4
     assert p.smem_bandwidth == pytest.approx(128 * 1.98e9 * 132)
-    assert p.achievable.dram == pytest.approx(3.0 / 3.35, abs=0.01)  # DESIGN.md's measurement
+    assert p.achievable.dram == pytest.approx(3.0 / 3.35, abs=0.01)  # measured on this project's H100
     assert p.source("achievable.dram").startswith("measured:")
     assert "datasheet" in p.source("memory[dram].bandwidth")
     assert [lv.name for lv in p.memory_levels] == ["registers", "shared", "l2", "dram"]

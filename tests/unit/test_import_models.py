@@ -5,7 +5,6 @@ weights)."""
 from __future__ import annotations
 
 import sys
-import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -76,15 +75,15 @@ def test_bundled_model_imports(name):
             assert imported.weights[name_].shape == t.shape
 
 
-def test_resnet50_import_under_two_seconds(tmp_path):
-    start = time.perf_counter()
+def test_resnet50_import_folds_batch_norms_and_writes_weights(tmp_path):
+    """ResNet-50 imported with its weights written (the time it takes is a benchmark:
+    tests/bench/test_import_bench.py)."""
     model = load_model(str(LIGHT / "light_resnet50.onnx"))
     imported = import_model(model, name="resnet50")
     attach_files(imported, ir_folder=str(tmp_path), weights_path=str(tmp_path / "w.npz"),
                  onnx_path=str(LIGHT / "light_resnet50.onnx"), onnx_sha256="0" * 64,
                  options={})
-    elapsed = time.perf_counter() - start
-    assert elapsed < 2.0, f"ResNet-50 import took {elapsed:.2f} s"
+    assert (tmp_path / "w.npz").stat().st_size > 90e6  # 98 MB of weights, not inline
     # 53 Conv + 53 BN folded: one conv and one bias add per Conv, nothing left of BN.
     convs = [op for op in imported.module.ops if op.expr and "_conv[" in op.expr.split("=")[0]]
     assert len(convs) == 53

@@ -1,4 +1,4 @@
-"""Roller: tiles constructed, not searched (DESIGN.md section 3; docs/roll.md).
+"""Roller: tiles constructed, not searched (Roller, OSDI'22; docs/roll.md).
 
 - `tilekit.roll.problem`: an expr op reduced to its iteration space and footprints (`Problem`);
 - `tilekit.roll.rtile`: rTiles, alignment and the padding-waste rule;

@@ -1,6 +1,6 @@
 """Roller's tile construction: scale-up from the smallest aligned tile, then scale-out.
 
-Tiles are constructed, not searched (DESIGN.md section 3):
+Tiles are constructed, not searched (Roller, OSDI'22; docs/roll.md):
 
 1. **Register level** (ops with a reduction): start from a 1-element thread tile; repeatedly
    grow the spatial axis with the best reuse gain (shared-memory bytes read per output per
