@@ -109,7 +109,8 @@ def _ram(module: Module, ctx: Context) -> Module:
 def _codegen(module: Module, ctx: Context) -> Module:
     from tilekit.codegen.module import run_codegen
     return run_codegen(module, ctx.profile, ctx.arch,
-                       compile=bool(ctx.option("compile", False))).module
+                       compile=bool(ctx.option("compile", False)),
+                       target=str(ctx.option("target", "cuda"))).module
 
 
 #: The registered passes, in pipeline order (docs/architecture.md: roll | weld | grind | ram | codegen).
@@ -132,12 +133,14 @@ PASSES: dict[str, Pass] = {p.name: p for p in (
     Pass("ram", _ram, "Rammer's rTasks packed onto virtual execution units: the program",
          produces=("program",), needs_profile=True,
          options={"policy": "'wavefront' (default) or 'serial' (tk-ram --policy)"}),
-    Pass("codegen", _codegen, "CUDA C++ per kernel group and its launch",
+    Pass("codegen", _codegen, "a tile program per kernel group, printed as CUDA C++ or as "
+         "C++ for CPUs, and its launch",
          produces=("codegen", "kernels[*].launch"),
-         options={"arch": "the target arch, e.g. 'sm_80' (tk-codegen --arch; default the "
+         options={"target": "'cuda' (default) or 'cpu' (tk-codegen --target)",
+                  "arch": "the CUDA arch, e.g. 'sm_80' (tk-codegen --arch; default the "
                           "profile's)",
-                  "compile": "True: compile every kernel with nvcc and record ptxas' "
-                             "resources (tk-codegen --compile)"}),
+                  "compile": "True: compile every kernel (nvcc, recording ptxas' resources; "
+                             "the C++ compiler for the CPU) (tk-codegen --compile)"}),
 )}
 
 
@@ -242,7 +245,8 @@ def compile(model: str | os.PathLike, passes: Sequence[str | Pass] = ("roll", "c
     - "weld": Welder's fused kernel groups (tk-weld); needs `hw`;
     - "grind": control ops placed on the device or the host (tk-grind); needs `hw`;
     - "ram": Rammer's program of rTasks on execution units (tk-ram); needs `hw`;
-    - "codegen": CUDA C++ per kernel and its launch (tk-codegen).
+    - "codegen": a tile program per kernel, printed as CUDA C++ or as C++ for CPUs, and its
+      launch (tk-codegen).
 
     `hw` is a hardware profile's name (`tk-hw list`) or a path to its YAML file. `options`
     are the passes' options, each read by the passes named in brackets:
@@ -253,8 +257,9 @@ def compile(model: str | os.PathLike, passes: Sequence[str | Pass] = ("roll", "c
     - `no_fuse=("op", ...)` (weld): ops that stay kernels of their own;
     - `place="host"|"device"` (grind): force the placement (default "auto");
     - `policy="serial"` (ram): one operator at a time (default "wavefront");
-    - `arch="sm_80"` (codegen): the target arch (default the profile's);
-    - `compile=True` (codegen): compile every kernel with nvcc, record ptxas' resources.
+    - `target="cpu"` (codegen): C++ for CPUs, run by `tk-run --device cpu` (default "cuda");
+    - `arch="sm_80"` (codegen): the CUDA arch (default the profile's);
+    - `compile=True` (codegen): compile every kernel (nvcc: record ptxas' resources).
 
     An option that none of `passes` reads is an error (`TilekitError`, listing the ones they
     do), as is an unknown pass. `dtype` is tk-import's `--dtype` ("float16", "bfloat16").

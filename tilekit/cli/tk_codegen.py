@@ -144,29 +144,48 @@ _LAUNCH = ("shape", "grid", "block", "smem_bytes")
 
 def report_data(result) -> dict:
     """What tk-codegen made, as data: the arch, each kernel group's launch record (with
-    --compile, ptxas' resources as recorded), the notes and the problems. The kernel IR
-    being rebuilt will give this report more to say; its form stays one JSON document."""
+    --compile, ptxas' resources as recorded), the notes and the problems; for CUDA, each
+    generated kernel's counters from the tile interpreter on sampled blocks (coalescing, bank
+    conflicts, work per unit: tilekit.codegen.report)."""
+    from tilekit.codegen.report import kernel_reports
+
     module = result.module
     section = module.codegen or {}
-    return {"model": module.model, "hardware": module.hardware, "arch": section.get("arch"),
+    data = {"model": module.model, "hardware": module.hardware, "arch": section.get("arch"),
+            "target": section.get("target", "cuda"),
             "kernels": [{"kernel": k.name, "ops": list(k.ops), **dict(k.launch or {})}
                         for k in module.kernels],
             "notes": list(result.notes), "problems": list(result.problems)}
+    if data["target"] == "cuda":
+        data["counters"] = kernel_reports(result.kernels)
+    return data
 
 
 def report_table(result) -> tuple[str, tuple[str, ...], list[tuple[str, ...]]]:
     data = report_data(result)
+    counters = data.get("counters", {})
+    entries = {k.entry: k.name for k in result.kernels}
     rows = []
     for k in data["kernels"]:
         extra = {key: v for key, v in k.items() if key not in ("kernel", "ops", "entries",
                                                                 *_LAUNCH)}
+        first = next((entries[e] for e in k.get("entries", ()) if e in entries), None)
+        c = counters.get(first, {}) if first else {}
         rows.append((k["kernel"], str(len(k["ops"])), str(k.get("shape", "")),
                      "x".join(map(str, k.get("grid", []))),
                      "x".join(map(str, k.get("block", []))), str(k.get("smem_bytes", "")),
+                     _fraction(c.get("coalescing")), _fraction(c.get("bank_conflict_degree")),
                      " ".join(f"{key} {v}" for key, v in extra.items())))
     title = (f"tk-codegen: {data['model']} for {data['arch']}: {len(rows)} kernel groups, "
-             f"{len(data['notes'])} notes, {len(data['problems'])} problems")
-    return title, ("kernel", "ops", "shape", "grid", "block", "smem", "other"), rows
+             f"{len(data['notes'])} notes, {len(data['problems'])} problems"
+             + ("; coalescing (1.0 best) and bank-conflict degree (1.0 best) from the tile "
+                "interpreter on each kernel's first and last blocks" if counters else ""))
+    return title, ("kernel", "ops", "shape", "grid", "block", "smem", "coalesced",
+                   "conflicts", "other"), rows
+
+
+def _fraction(value) -> str:
+    return "" if value is None else f"{value:.2f}"
 
 
 def no_cuda_arch(profile, where: str) -> None:
@@ -209,11 +228,17 @@ def stage_sources(files, kernels, folder: Path, target: str = "cuda") -> None:
     for path in headers:
         files.put(str(folder / path.name), path.read_text(encoding="utf-8"),
                   f"{where}: {path.name}", follow_links=False)
+    from tilekit.tile.text import format_kernel
+
     suffix = ".cpp" if target == "cpu" else ".cu"
     for k in kernels:
         if not IDENTIFIER.match(k.entry) or len(k.entry) > 250:  # a bug if ever true
             raise RuntimeError(f"kernel entry {k.entry[:60]!r}... is not a file name")
         files.put(str(folder / f"{k.entry}{suffix}"), k.source, f"{where}: {k.entry}{suffix}",
+                  follow_links=False)
+        text = ("# the tile program as built\n" + format_kernel(k.built or k.program)
+                + f"\n# lowered for {target}\n" + format_kernel(k.program))
+        files.put(str(folder / f"{k.entry}.tile"), text, f"{where}: {k.entry}.tile",
                   follow_links=False)
 
 

@@ -1,20 +1,23 @@
-"""CUDA code generation: one kernel per kernel group, from tensor expressions and tiles.
+"""Code generation: a tile program per kernel group, from tensor expressions and tiles,
+printed for CUDA or for CPUs.
 
     from tilekit.codegen import generate
-    result = generate(module, profile)        # CodegenResult: .module (with `codegen`), .kernels
+    result = generate(module, profile)          # CodegenResult: .module (with `codegen`), .kernels
+    result = generate(module, target="cpu")     # C++ for CPUs
 
-Modules: `module` (the pass), `plan` (a group's stages, chains, inlining), `builder` (the
-kernel builder: parameters, block index, shared-memory base, one allocator), the kernel
-shapes `kernel` (shared pieces; `default` and `tiled`), `staged` (shared-memory
-contractions), `mma` (tensor-core contractions), `fused` (multi-stage groups), `flash`
-(welded attention with online softmax) and `opaque` (CUDA implementations of opaque ops);
-`cexpr` (expressions to C), `emitter` (the indented buffer, lines checked), `persistent`
-(what persistent kernels share), `program` (tk-ram's persistent programs), `control`
-(tk-grind's device loops and branches), `recorded` (recorded kernels checked against a fresh
-generation before they run), `helpers` (runtime.cuh, the device helpers, and its hash),
-`nvcc` (compile, ptxas resources, cache), `emulate` (the generated kernels run on the CPU).
-The schedule decisions codegen shares with the cost model are in `tilekit.schedule`.
-Layout of the IR section and kernel shapes: docs/codegen.md.
+Modules: `module` (the pass), `plan` (a group's stages, chains, inlining), `values` (tensor
+expressions to tile-program expressions: kinds, casts, padding, index maps), the kernel
+shapes, each building a tile program (tilekit.tile): `kernel` (shared pieces; `default` and
+`tiled`), `staged` (contractions with boxes copied to shared memory), `mma` (tensor-core
+contractions, pipelined), `fused` (multi-stage groups), `flash` (welded attention with online
+softmax) and `opaque` (kernels of opaque ops); `persistent` (what persistent kernels share),
+`program` (tk-ram's persistent programs), `control` (tk-grind's device loops and branches),
+`recorded` (recorded kernels checked against a fresh generation before they run), `report`
+(each kernel's counters from the tile interpreter), `helpers` (runtime.cuh, runtime_cpu.h
+and their hashes), `nvcc` (compile, ptxas resources, cache), `cxx` (the CPU target's build:
+the system C++ compiler, cache), `emulate` (the generated CUDA run on the CPU). The schedule
+decisions codegen shares with the cost model are in `tilekit.schedule`. Layout of the IR
+section and kernel shapes: docs/codegen.md.
 """
 
 from tilekit.codegen.module import (CodegenResult, CompileReport, compile_module, generate,

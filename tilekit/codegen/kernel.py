@@ -68,6 +68,7 @@ class GeneratedKernel:
     writes: tuple[str, ...]
     body: str                     # the printed kernel (after the file's preamble)
     program: Kernel               # the tile program it was printed from (lowered)
+    built: Kernel | None = None   # the same program as its builder made it (before lowering)
     target: str = "cuda"          # cuda | cpu: which printer wrote `body`
     uses_half: bool = False
     notes: tuple[str, ...] = ()
@@ -111,6 +112,8 @@ def generated(program: Kernel, *, name: str, group: str, ops: tuple[str, ...], s
     from tilekit.tile.passes import lower_for_cpu, lower_for_cuda
     from tilekit.tile.verify import verify
 
+    verify(program, lowered=False)
+    built = program
     program = lower_for_cpu(program) if target == "cpu" else lower_for_cuda(program)
     verify(program)
     if target == "cuda" and cuda.defines(program) != shape_defines(shape):
@@ -125,7 +128,8 @@ def generated(program: Kernel, *, name: str, group: str, ops: tuple[str, ...], s
         name=name, group=group, entry=program.name, ops=ops, shape=shape, schedule=schedule,
         grid=(program.grid, 1, 1), block=(program.threads, 1, 1),
         smem_bytes=smem if dynamic else 0, smem_planned=smem, args=args, writes=writes,
-        body=text, program=program, target=target, uses_half=cuda.uses_half(program),
+        body=text, program=program, built=built, target=target,
+        uses_half=cuda.uses_half(program),
         coresident=coresident and target == "cuda", counters=program.counters)
 
 

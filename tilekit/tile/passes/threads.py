@@ -32,7 +32,10 @@ def shared_locals(k: Kernel) -> set[str]:
 
 
 def serialize_threads(k: Kernel) -> Kernel:
-    """`k` with every thread region a serial loop over its threads (module docstring)."""
+    """`k` with every thread region a serial loop over its threads (module docstring); a
+    kernel without regions (serialized already) is returned as it is."""
+    if not any(isinstance(s, Threads) for s in walk(k.body)):
+        return k
     for s in walk(k.body):
         for e in exprs(s):
             _check_serial(e, k)
@@ -47,8 +50,8 @@ def serialize_threads(k: Kernel) -> Kernel:
         return rewrite
 
     def visit(s: Stmt) -> Stmt:
-        if isinstance(s, Barrier):
-            return Seq(())
+        if isinstance(s, Seq) and any(isinstance(x, Barrier) for x in s.body):
+            return replace(s, body=tuple(x for x in s.body if not isinstance(x, Barrier)))
         if isinstance(s, Alloc) and s.buffer.name in expand:
             b = s.buffer
             return Alloc(replace(b, shape=(threads,) + b.shape))
@@ -58,7 +61,10 @@ def serialize_threads(k: Kernel) -> Kernel:
                 body = _per_thread(body, s.var, expand, index(s.var))
             return For(s.var, tx.const(0), tx.const(s.count), body)
         return s
-    return replace(k, body=transform(k.body, visit))
+    body = transform(k.body, visit)
+    # a barrier that is a loop's or a branch's whole body: nothing left
+    body = transform(body, lambda s: Seq(()) if isinstance(s, Barrier) else s)
+    return replace(k, body=body)
 
 
 def _per_thread(body: Stmt, var: Var, expand: set[str], rewrite) -> Stmt:

@@ -1,0 +1,38 @@
+"""docs/codegen.md's worked example is what tk-codegen prints: every block marked
+`<!-- excerpt: FILE -->` is found, line for line, in that file of the example regenerated."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+EXCERPT = re.compile(r"^<!--\s*excerpt:\s*(\S+)\s*-->$")
+
+
+def excerpts(text: str) -> list[tuple[str, str]]:
+    lines = text.splitlines()
+    out = []
+    for i, line in enumerate(lines):
+        m = EXCERPT.match(line.strip())
+        if m:
+            assert lines[i + 1].startswith("```"), f"line {i + 2}: an excerpt is a code block"
+            end = next(j for j in range(i + 2, len(lines)) if lines[j].startswith("```"))
+            out.append((m.group(1), "\n".join(lines[i + 2:end])))
+    return out
+
+
+def test_the_worked_example_is_current(tmp_path):
+    tk = Path(sys.executable).parent / "tk-codegen"
+    model = ROOT / "tests" / "data" / "codegen" / "matmul_bias_relu.yaml"
+    for target in ("cuda", "cpu"):
+        proc = subprocess.run([str(tk), str(model), "--target", target, "--emit-dir",
+                               str(tmp_path / target), "-o", str(tmp_path / f"{target}.yaml")],
+                              capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr
+    found = excerpts((ROOT / "docs" / "codegen.md").read_text(encoding="utf-8"))
+    assert len(found) >= 5
+    for name, block in found:
+        assert block in (tmp_path / name).read_text(), f"{name}: not found:\n{block}"
