@@ -329,12 +329,16 @@ class ShapeFolding:
 
     # -- folding -------------------------------------------------------------------------
     def _fold_until_static(self, model: onnx.ModelProto) -> None:
-        for _ in range(_MAX_ROUNDS):
+        rounds = 0
+        while rounds < _MAX_ROUNDS:
             self._fold()
+            inlined = self._inline_constant_ifs()
             missing = self._missing_shapes()
-            if not missing:
+            if not missing and not inlined:
                 return
             self._infer(self._partially_folded(model))
+            if not inlined:  # an inlined branch is new graph: its rounds start afresh
+                rounds += 1
         missing = self._missing_shapes()
         if missing:
             from tilekit.onnx.converters import lookup
@@ -348,15 +352,19 @@ class ShapeFolding:
                         f"'{node.name or f'{node.op_type}_{index}'}'",
                         "tilekit needs static shapes; such an op is only importable when its "
                         "inputs are constants (it is then folded)")
-                if lookup(node.op_type) is None:
-                    raise self._unsupported_op(index, node)
+            unconvertible = [i for i, node in enumerate(self.nodes) if i not in self.folded
+                             and lookup(node.op_type) is None
+                             and node.op_type not in ("Shape", "Size")]
+            for index, _ in missing:
+                if lookup(self.nodes[index].op_type) is None:
+                    raise self._unsupported_op(index, self.nodes[index], unconvertible)
             index, name = missing[0]
             node = self.nodes[index]
             raise TilekitError(
                 f"the shape of '{name}' (output of {node.op_type} node {index} "
                 f"'{node.name or f'{node.op_type}_{index}'}') is not static after shape "
-                "inference", "model",
-                "give every graph input a static shape with --shape NAME=d0,d1,...")
+                "inference: a dimension is dynamic", "model",
+                self._dynamic_hint(*_shape_arguments(node)))
 
     def _fold(self) -> None:
         for index, node in enumerate(self.nodes):
@@ -455,11 +463,45 @@ class ShapeFolding:
             else:
                 inputs.append(helper.make_tensor_value_info(
                     name, helper.np_dtype_to_tensor_dtype(array.dtype), list(array.shape)))
-        graph = helper.make_graph(keep, g.name or "g", inputs, list(g.output), inits,
-                                  value_info=list(g.value_info))
+        graph = helper.make_graph(keep, g.name or "g", inputs,
+                                  [_open_dims(vi) for vi in g.output], inits,
+                                  value_info=[_open_dims(vi) for vi in g.value_info])
         out = helper.make_model(graph, opset_imports=list(model.opset_import))
         out.ir_version = max(model.ir_version, 4)
         return out
+
+
+#: The inputs that decide an op's output shape (by their values), where not all do.
+_SHAPE_ARGUMENTS = {"If": (0,), "Loop": (0, 1), "Reshape": (1,), "Expand": (1,), "Tile": (1,),
+                    "ConstantOfShape": (0,), "Slice": (1, 2, 3, 4), "Pad": (1,),
+                    "Resize": (1, 2, 3), "Upsample": (1,), "TopK": (1,), "OneHot": (1,),
+                    "Split": (1,), "Squeeze": (1,), "Unsqueeze": (1,), "CenterCropPad": (1,)}
+
+
+def _shape_arguments(node: NodeProto) -> list[str]:
+    """The inputs of `node` whose values decide its output shape (an If's condition,
+    Reshape's target, all of Range's)."""
+    positions = _SHAPE_ARGUMENTS.get(node.op_type)
+    return [n for i, n in enumerate(node.input)
+            if n and (positions is None or i in positions)]
+
+
+def _open_dims(vi: onnx.ValueInfoProto) -> onnx.ValueInfoProto:
+    """A declared output or value_info with its symbolic and non-positive dimensions
+    (`batch`, `-1`, exported for a dynamic batch) made unknown: once the graph inputs have
+    static shapes, such a dimension claims nothing that inference could contradict. Static
+    dimensions stay, so a real contradiction is still found."""
+    if not vi.type.HasField("tensor_type") or not vi.type.tensor_type.HasField("shape"):
+        return vi
+    dims = vi.type.tensor_type.shape.dim
+    if all(d.HasField("dim_value") and d.dim_value > 0 for d in dims):
+        return vi
+    out = onnx.ValueInfoProto()
+    out.CopyFrom(vi)
+    for d in out.type.tensor_type.shape.dim:
+        if not (d.HasField("dim_value") and d.dim_value > 0):
+            d.Clear()
+    return out
 
 
 def _declared_shapes_contradict(model: onnx.ModelProto) -> bool:

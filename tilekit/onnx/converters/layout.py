@@ -385,3 +385,16 @@ def one_hot(ctx: NodeContext) -> None:
     else:
         off, on = ctx.access(values, ["0"]), ctx.access(values, ["1"])
     ctx.assign(out, ax, "=", f"select({idx} == {a} || {idx} + {depth} == {a}, {on}, {off})")
+
+
+@converter("Range", summary="y[i] = start + i*delta (folded at import when its inputs are "
+                            "constants)")
+def range_(ctx: NodeContext) -> None:
+    # Constant inputs fold before conversion; here the length is static (from inference)
+    # and start or delta is computed at run time.
+    start, delta, out = ctx.input(0), ctx.input(2), ctx.output(0)
+    for i, v in ((0, start), (1, ctx.input(1)), (2, delta)):
+        if v.size != 1:
+            raise ctx.unsupported(f"input {i} has {v.size} elements", "Range takes scalars")
+    ctx.assign(out, ["i"], "=", f"{ctx.read(start, ['i'], out.shape)} + "
+                                f"i * {ctx.read(delta, ['i'], out.shape)}")
