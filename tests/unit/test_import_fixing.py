@@ -264,3 +264,46 @@ def test_random_weights_flag_makes_check_meaningful(tmp_path):
     out = np.load(tmp_path / "out.npz")
     probs = out[out.files[0]]           # softmax over 1000 classes: not a uniform output
     assert float(np.std(probs)) > 0.01 * float(np.mean(probs))
+
+
+# -- folding what dynamic exports compute from shapes -------------------------------------
+
+def test_gather_elements_over_a_long_axis_folds():
+    """BERT's position ids as the dynamo exporter writes them: GatherElements of a constant
+    [1, 64] (onnx's reference implementation fails beyond 32 choices)."""
+    table = numpy_helper.from_array(np.arange(64, dtype=np.int64).reshape(1, 64) * 3, "table")
+    idx = numpy_helper.from_array(np.arange(16, dtype=np.int64).reshape(1, 16)[:, ::-1]
+                                  .copy() - 20, "idx")
+    nodes = [helper.make_node("GatherElements", ["table", "idx"], ["g"], axis=1),
+             helper.make_node("Cast", ["g"], ["gf"], to=F),
+             helper.make_node("Add", ["x", "gf"], ["y"])]
+    model = _model(nodes, [helper.make_tensor_value_info("x", F, [1, 16])],
+                   [helper.make_tensor_value_info("y", F, [1, 16])], [table, idx])
+    imported = check_against_onnxruntime(model)
+    assert len(imported.module.ops) == 1   # the gather folded into a weight
+
+
+def test_a_folded_value_declared_with_open_dims_keeps_its_shape():
+    """A dynamic export declares shape arithmetic with symbolic dims (value_info
+    [s0, 2]); once folded the value's own shape counts (GatherND's output depends on it)."""
+    nodes = [helper.make_node("Shape", ["x"], ["s"]),
+             helper.make_node("Slice", ["s", "zero", "one"], ["n"]),
+             helper.make_node("Range", ["zero_s", "n_s", "one_s"], ["r"]),
+             helper.make_node("Max", ["r", "r"], ["rm"]),   # no data propagation through Max
+             helper.make_node("Unsqueeze", ["rm", "axis"], ["idx"]),
+             helper.make_node("GatherND", ["x", "idx"], ["y"])]
+    nodes.insert(2, helper.make_node("Squeeze", ["n"], ["n_s"]))
+    inits = [numpy_helper.from_array(np.array([0], np.int64), "zero"),
+             numpy_helper.from_array(np.array([1], np.int64), "one"),
+             numpy_helper.from_array(np.int64(0), "zero_s"),
+             numpy_helper.from_array(np.int64(1), "one_s"),
+             numpy_helper.from_array(np.array([1], np.int64), "axis")]
+    model = _model(nodes, [helper.make_tensor_value_info("x", F, ["N", 5])],
+                   [helper.make_tensor_value_info("y", F, ["N", 5])], inits)
+    model.graph.value_info.append(helper.make_tensor_value_info("idx", I64, ["N", 1]))
+    imported = import_model(model, shapes={"x": [3, 5]})
+    x = np.random.default_rng(2).standard_normal((3, 5)).astype(np.float32)
+    (got,) = run_imported(imported, {"x": x})
+    np.testing.assert_array_equal(got, x)
+    with pytest.raises(TilekitError, match=r"--shape x=1,5"):    # without the shape
+        import_model(model)

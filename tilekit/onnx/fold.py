@@ -14,6 +14,7 @@ read has a static shape.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -141,7 +142,16 @@ def _transpose(node, ins, attrs, opset):
     return [np.transpose(ins[0], attrs.get("perm"))]
 
 
+def _gather_elements(node, ins, attrs, opset):
+    # onnx.reference's GatherElements fails on an axis longer than 32 (numpy.choose).
+    x, idx = np.asarray(ins[0]), np.asarray(ins[1]).astype(np.int64)
+    axis = attrs.get("axis", 0) % max(x.ndim, 1)
+    idx = np.where(idx < 0, idx + x.shape[axis], idx)
+    return [np.take_along_axis(x, idx, axis=axis)]
+
+
 FAST: dict[str, Callable] = {
+    "GatherElements": _gather_elements,
     "Constant": _constant, "ConstantOfShape": _constant_of_shape, "Unsqueeze": _unsqueeze,
     "Squeeze": _squeeze, "Reshape": _reshape, "Gather": _gather, "Concat": _concat,
     "Cast": _cast, "Add": _binary(np.add), "Sub": _binary(np.subtract),
@@ -186,14 +196,20 @@ def _product(dims) -> int:
 
 
 def evaluate(node: NodeProto, inputs: Arrays, opset: int) -> list[np.ndarray]:
-    """The outputs of `node` on constant `inputs` (None for an absent optional input)."""
+    """The outputs of `node` on constant `inputs` (None for an absent optional input).
+
+    Floating-point warnings are silenced: a model may compute values it then discards (T5's
+    relative-position buckets take log(0) and cast -inf to int64, then select the other
+    branch), and the import says nothing about them, as onnxruntime does not."""
     attrs = attributes(node)
     fast = FAST.get(node.op_type)
-    if fast is not None:
-        result = fast(node, inputs, attrs, opset)
-        if result is not None:
-            return [np.asarray(r) for r in result]
-    return _reference(node, inputs, opset)
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        if fast is not None:
+            result = fast(node, inputs, attrs, opset)
+            if result is not None:
+                return [np.asarray(r) for r in result]
+        return _reference(node, inputs, opset)
 
 
 def _reference(node: NodeProto, inputs: Arrays, opset: int) -> list[np.ndarray]:
@@ -211,7 +227,6 @@ def _reference(node: NodeProto, inputs: Arrays, opset: int) -> list[np.ndarray]:
 
 # -- whole-graph shapes ------------------------------------------------------------------
 
-#: ONNX element types the tile IR can hold.
 #: Ops whose output shape depends on input values: importable only when folded.
 _DATA_DEPENDENT_SHAPES = frozenset({"NonZero", "Unique", "NonMaxSuppression", "Compress",
                                     "StringSplit", "RandomNormalLike"})
@@ -364,7 +379,7 @@ class ShapeFolding:
                 f"the shape of '{name}' (output of {node.op_type} node {index} "
                 f"'{node.name or f'{node.op_type}_{index}'}') is not static after shape "
                 "inference: a dimension is dynamic", "model",
-                self._dynamic_hint(*_shape_arguments(node)))
+                self._dynamic_hint(*_shape_arguments(node, self._static_shape)))
 
     def _fold(self) -> None:
         for index, node in enumerate(self.nodes):
@@ -463,9 +478,12 @@ class ShapeFolding:
             else:
                 inputs.append(helper.make_tensor_value_info(
                     name, helper.np_dtype_to_tensor_dtype(array.dtype), list(array.shape)))
+        # A folded value's own shape is exact; the model's declaration of it (open dims for
+        # a dynamic export) would take precedence in inference and hide it.
         graph = helper.make_graph(keep, g.name or "g", inputs,
                                   [_open_dims(vi) for vi in g.output], inits,
-                                  value_info=[_open_dims(vi) for vi in g.value_info])
+                                  value_info=[_open_dims(vi) for vi in g.value_info
+                                              if vi.name not in self.consts])
         out = helper.make_model(graph, opset_imports=list(model.opset_import))
         out.ir_version = max(model.ir_version, 4)
         return out
@@ -475,15 +493,20 @@ class ShapeFolding:
 _SHAPE_ARGUMENTS = {"If": (0,), "Loop": (0, 1), "Reshape": (1,), "Expand": (1,), "Tile": (1,),
                     "ConstantOfShape": (0,), "Slice": (1, 2, 3, 4), "Pad": (1,),
                     "Resize": (1, 2, 3), "Upsample": (1,), "TopK": (1,), "OneHot": (1,),
-                    "Split": (1,), "Squeeze": (1,), "Unsqueeze": (1,), "CenterCropPad": (1,)}
+                    "Split": (1,), "Squeeze": (1,), "Unsqueeze": (1,), "CenterCropPad": (1,),
+                    **{f"Reduce{k}": (1,) for k in ("Sum", "Mean", "Max", "Min", "Prod", "L1",
+                                                    "L2", "SumSquare", "LogSum",
+                                                    "LogSumExp")}}
 
 
-def _shape_arguments(node: NodeProto) -> list[str]:
-    """The inputs of `node` whose values decide its output shape (an If's condition,
-    Reshape's target, all of Range's)."""
+def _shape_arguments(node: NodeProto, static_shape: Callable) -> list[str]:
+    """The inputs of `node` that make its output shape unknown: those whose values decide
+    it (an If's condition, Reshape's target, all of Range's), else those whose own shapes
+    are unknown (`static_shape(name)` is None)."""
     positions = _SHAPE_ARGUMENTS.get(node.op_type)
-    return [n for i, n in enumerate(node.input)
-            if n and (positions is None or i in positions)]
+    if positions is None and node.op_type != "Range":
+        return [n for n in node.input if n and static_shape(n) is None]
+    return [n for i, n in enumerate(node.input) if n and (positions is None or i in positions)]
 
 
 def _open_dims(vi: onnx.ValueInfoProto) -> onnx.ValueInfoProto:
