@@ -136,6 +136,14 @@ def test_value_and_shape_on_one_input_is_refused():
         import_model(sample_rate_model(), values={"sr": [1]}, shapes={"sr": [1]})
 
 
+def test_one_value_fills_a_static_shape():
+    model = _model([helper.make_node("Cast", ["m"], ["y"], to=F)],
+                   [helper.make_tensor_value_info("m", I64, [1, 4])],
+                   [helper.make_tensor_value_info("y", F, [1, 4])])
+    (got,) = run_imported(import_model(model, values={"m": [1]}), {})
+    np.testing.assert_array_equal(got, np.ones((1, 4), np.float32))
+
+
 def test_value_fills_an_open_dimension():
     model = _model([helper.make_node("ReduceSum", ["v"], ["y"], keepdims=0)],
                    [helper.make_tensor_value_info("v", F, ["K"])],

@@ -671,8 +671,9 @@ class Importer(ShapeFolding):
 
 
 def fixed_array(raw: Sequence[float], dims, dtype: str, name: str, where: str) -> np.ndarray:
-    """The values of `--value NAME=...` as an array of the input's declared dtype and shape
-    (open dimensions: from the count of values when one is open, else refused)."""
+    """The values of `--value NAME=...` as an array of the input's declared dtype and shape:
+    one value per element, or one value for every element of a static shape; one open
+    dimension takes its size from the count of values (more are refused)."""
     from tilekit.expr.ops import numpy_dtype
 
     values = np.asarray(list(raw), dtype=np.float64)
@@ -700,6 +701,9 @@ def fixed_array(raw: Sequence[float], dims, dtype: str, name: str, where: str) -
             shape = tuple(int(d) for d in full)
         elif not open_dims and values.size == known:
             shape = tuple(int(d) for d in dims)
+        elif not open_dims and values.size == 1:      # one value fills the declared shape
+            shape = tuple(int(d) for d in dims)
+            values = np.full(shape, values.reshape(-1)[0])
         else:
             shown = "[" + ", ".join("?" if n is None or n <= 0 else str(n) for n in dims) + "]"
             raise TilekitError(f"{values.size} values do not fill '{name}' of shape {shown}",
