@@ -315,3 +315,21 @@ def test_a_folded_value_declared_with_open_dims_keeps_its_shape():
     np.testing.assert_array_equal(got, x)
     with pytest.raises(TilekitError, match=r"--shape x=1,5"):    # without the shape
         import_model(model)
+
+
+def test_random_weights_reach_loop_bodies():
+    """The LSTM's weights are initializers of its Loop body: randomised too, and the
+    import still matches onnxruntime on the randomised model."""
+    from models import control_models
+
+    def body_weights(model):
+        (loop,) = [n for n in model.graph.node if n.op_type == "Loop"]
+        body = next(a.g for a in loop.attribute if a.name == "body")
+        return {t.name: numpy_helper.to_array(t) for t in body.initializer
+                if t.data_type == TensorProto.FLOAT}
+
+    model = control_models.lstm_loop()
+    random = randomize(model, 5)
+    before, after = body_weights(model), body_weights(random)
+    assert before and all(not np.array_equal(before[n], after[n]) for n in before)
+    check_against_onnxruntime(random, control_models.feeds("lstm_loop", random))

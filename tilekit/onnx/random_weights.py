@@ -7,7 +7,8 @@ whose weights are random, deterministically:
 
 - what is a weight: a float initializer (or a float `ConstantOfShape` fill of a constant
   shape, how the light models store theirs; it becomes an initializer) of two or more
-  elements. Integer and bool tensors (shapes, indices, masks) and one-element constants
+  elements that some node reads, in the main graph or in a Loop, If or Scan body (whose
+  own initializers count too). Integer and bool tensors (shapes, indices, masks) and one-element constants
   (epsilons, exponents, scale factors) are never touched, and neither is a tensor that some
   node reads in a role that is not a weight: Resize's roi/scales, Clip's bounds, Pad's
   value, Pow's exponent, Range, a shape;
@@ -49,7 +50,13 @@ def randomize(model: onnx.ModelProto, seed: int) -> onnx.ModelProto:
     """A copy of `model` whose weights are seeded random values (see the module doc)."""
     out = onnx.ModelProto()
     out.CopyFrom(model)
-    graph = out.graph
+    _randomize_graph(out.graph, seed)
+    return out
+
+
+def _randomize_graph(graph: onnx.GraphProto, seed: int) -> None:
+    """`graph`'s weights randomised in place, then those of its Loop/If/Scan bodies (a body
+    may hold its weights as its own initializers)."""
     roles = _roles(graph)
     inits = {t.name: t for t in graph.initializer}
     for name, tensor in inits.items():
@@ -73,7 +80,10 @@ def randomize(model: onnx.ModelProto, seed: int) -> onnx.ModelProto:
     if len(kept) != len(graph.node):
         del graph.node[:]
         graph.node.extend(kept)
-    return out
+    for node in graph.node:
+        for attr in node.attribute:
+            for sub in [attr.g] if attr.type == onnx.AttributeProto.GRAPH else attr.graphs:
+                _randomize_graph(sub, seed)
 
 
 def _tensor(values: np.ndarray, dtype, name: str) -> onnx.TensorProto:
@@ -83,12 +93,19 @@ def _tensor(values: np.ndarray, dtype, name: str) -> onnx.TensorProto:
 
 def _roles(graph: onnx.GraphProto) -> dict[str, set[tuple[str, int]]]:
     """For each tensor name: the (op type, input position) pairs that read it (transB of a
-    Gemm recorded as position -1 when set)."""
+    Gemm recorded as position -1 when set; a read inside a Loop/If/Scan body, position -2)."""
+    from tilekit.onnx.subgraph import graph_free_names
+
     roles: dict[str, set[tuple[str, int]]] = {}
     for node in graph.node:
         for i, name in enumerate(node.input):
             if name:
                 roles.setdefault(name, set()).add((node.op_type, i))
+        for attr in node.attribute:
+            subs = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)
+            for sub in subs:
+                for name in graph_free_names(sub):
+                    roles.setdefault(name, set()).add((node.op_type, -2))
         if node.op_type == "Gemm" and len(node.input) > 1:
             trans = next((a.i for a in node.attribute if a.name == "transB"), 0)
             if trans:
