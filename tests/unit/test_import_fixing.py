@@ -189,6 +189,26 @@ def test_every_unsupported_op_type_is_named_with_counts():
     assert "node 0 'Hardmax_0'" in text and "\n" not in text
 
 
+def test_every_sequence_op_and_foreign_op_is_named_too():
+    nodes = [helper.make_node("SplitToSequence", ["x"], ["s"]),
+             helper.make_node("SequenceAt", ["s", "zero"], ["a"]),
+             helper.make_node("SequenceAt", ["s", "zero"], ["y"])]
+    model = _model(nodes, [helper.make_tensor_value_info("x", F, [2, 3])],
+                   [helper.make_tensor_value_info("y", F, [1, 3])],
+                   [numpy_helper.from_array(np.int64(0), "zero")])
+    with pytest.raises(UnsupportedError, match="SequenceAt x2, SplitToSequence x1"):
+        import_model(model)
+    nodes = [helper.make_node("FusedMatMul", ["x", "x"], ["a"], domain="com.microsoft"),
+             helper.make_node("Gelu", ["a"], ["b"], domain="com.microsoft"),
+             helper.make_node("FusedMatMul", ["b", "b"], ["y"], domain="com.microsoft")]
+    model = _model(nodes, [helper.make_tensor_value_info("x", F, [3, 3])],
+                   [helper.make_tensor_value_info("y", F, [3, 3])])
+    model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    with pytest.raises(UnsupportedError, match=r"3 such nodes: com.microsoft::FusedMatMul x2, "
+                                               r"com.microsoft::Gelu x1"):
+        import_model(model)
+
+
 def test_a_shape_that_cannot_fold_says_a_dimension_is_dynamic():
     nodes = [helper.make_node("NonZero", ["x"], ["nz"]), helper.make_node("Shape", ["nz"], ["s"]),
              helper.make_node("Cast", ["s"], ["y"], to=F)]

@@ -215,14 +215,25 @@ class Importer(ShapeFolding):
         op types without a converter that never fold (sequences, control flow, strings)."""
         from tilekit.onnx.converters import lookup
 
-        for index, node in enumerate(self.nodes):
-            if node.domain not in _STANDARD_DOMAINS:
-                raise UnsupportedError(
-                    f"op {node.domain}::{node.op_type} is from a non-standard domain",
-                    f"node {index} '{node.name or f'{node.op_type}_{index}'}'",
-                    "only the standard ONNX operator set (domain '' / ai.onnx) is imported")
-            if node.op_type in fold.NOT_FOLDABLE and lookup(node.op_type) is None:
-                raise self._unsupported_op(index, node)
+        foreign = [i for i, node in enumerate(self.nodes)
+                   if node.domain not in _STANDARD_DOMAINS]
+        if foreign:
+            index, node = foreign[0], self.nodes[foreign[0]]
+            counts: dict[str, int] = {}
+            for i in foreign:
+                key = f"{self.nodes[i].domain}::{self.nodes[i].op_type}"
+                counts[key] = counts.get(key, 0) + 1
+            what = f"op {node.domain}::{node.op_type} is from a non-standard domain"
+            if len(foreign) > 1:
+                what += (f" ({len(foreign)} such nodes: " +
+                         ", ".join(f"{k} x{n}" for k, n in sorted(counts.items())) + ")")
+            raise UnsupportedError(
+                what, f"node {index} '{node.name or f'{node.op_type}_{index}'}'",
+                "only the standard ONNX operator set (domain '' / ai.onnx) is imported")
+        never = [i for i, node in enumerate(self.nodes)
+                 if node.op_type in fold.NOT_FOLDABLE and lookup(node.op_type) is None]
+        if never:
+            raise self._unsupported_op(never[0], self.nodes[never[0]], never)
 
     def _unsupported_op(self, index: int, node: onnx.NodeProto,
                         others: Sequence[int] = ()) -> UnsupportedError:
