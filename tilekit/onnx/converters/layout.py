@@ -212,31 +212,21 @@ def slice_(ctx: NodeContext) -> None:
     ctx.assign(out, ax, "=", ctx.access(x, idx))
 
 
-@converter("Gather", summary="constant indices: a constant index or an arithmetic "
-                             "progression; otherwise opaque Gather")
+@converter("Gather", summary="constant indices affine in their position (a constant, an "
+                             "arithmetic progression, a grid): an index map; otherwise opaque "
+                             "Gather")
 def gather(ctx: NodeContext) -> None:
     x, ind, out = ctx.input(0), ctx.input(1), ctx.output(0)
     axis = ctx.axis("axis", 0, x.rank)
-    if ind.const is None:
-        ctx.opaque("Gather", [x, ind], [out], {"axis": axis})
-        return
-    values = ind.const.astype(np.int64).reshape(-1) % x.shape[axis] if ind.size else \
-        np.zeros(0, np.int64)
-    progression = ind.rank <= 1 and ind.size >= 1 and (
-        ind.size == 1 or np.all(np.diff(values) == values[1] - values[0]))
-    if not progression:
-        ctx.opaque("Gather", [x, ind], [out], {"axis": axis})
-        return
     ax = text.axes(out.rank)
-    idx = ax[:axis]
-    if ind.rank == 0:
-        idx = idx + [str(int(values[0]))]
-        rest = ax[axis:]
-    else:
-        step = int(values[1] - values[0]) if ind.size > 1 else 0
-        idx = idx + [text.term([(ax[axis], step)], int(values[0]))]
-        rest = ax[axis + 1:]
-    ctx.assign(out, ax, "=", ctx.access(x, idx + rest))
+    index = None
+    if ind.const is not None and ind.size >= 1:
+        values = ind.const.astype(np.int64) % x.shape[axis]
+        index = text.affine_index(values, ax[axis:axis + ind.rank])
+    if index is None:
+        ctx.opaque("Gather", [x, ind], [out], {"axis": axis})
+        return
+    ctx.assign(out, ax, "=", ctx.access(x, ax[:axis] + [index] + ax[axis + ind.rank:]))
 
 
 # -- padding -----------------------------------------------------------------------------

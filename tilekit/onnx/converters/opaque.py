@@ -20,10 +20,42 @@ def gather_elements(ctx: NodeContext) -> None:
     ctx.opaque("GatherElements", [x, ind], [out], {"axis": ctx.axis("axis", 0, x.rank)})
 
 
-@converter("GatherND", summary="opaque GatherND")
+@converter("GatherND", summary="constant indices affine in their position: an index map; "
+                               "otherwise opaque GatherND")
 def gather_nd(ctx: NodeContext) -> None:
-    ctx.opaque("GatherND", ctx.inputs(), [ctx.output(0)],
-               {"batch_dims": ctx.attr("batch_dims", 0)})
+    # The dynamo exporter reads an attention mask at constant (batch, key) index grids:
+    # as an index map it is a statement later stages can fuse and CUDA can run.
+    x, ind, out = ctx.input(0), ctx.input(1), ctx.output(0)
+    batch = int(ctx.attr("batch_dims", 0))
+    reads = _gather_nd_indices(x, ind, out, batch)
+    if reads is None:
+        ctx.opaque("GatherND", ctx.inputs(), [out], {"batch_dims": batch})
+        return
+    ctx.assign(out, text.axes(out.rank), "=", ctx.access(x, reads))
+
+
+def _gather_nd_indices(x, ind, out, batch: int) -> list[str] | None:
+    """The index of `x` read at each output point when GatherND's constant indices are
+    affine in their position, else None."""
+    if ind.const is None or ind.rank < 1 or not 0 <= batch < ind.rank:
+        return None
+    k = ind.shape[-1]
+    if not 1 <= k <= x.rank - batch or ind.size == 0:
+        return None
+    ax = text.axes(out.rank)
+    grid = ax[:ind.rank - 1]
+    values = ind.const.astype(np.int64)
+    reads = list(ax[:batch])
+    for c in range(k):
+        size = x.shape[batch + c]
+        component = values[..., c]
+        if component.min() < -size or component.max() >= size:
+            return None        # out of range: the opaque op reports it at run time
+        index = text.affine_index(component % size, grid)
+        if index is None:
+            return None
+        reads.append(index)
+    return reads + ax[ind.rank - 1:]
 
 
 @converter("ScatterND", summary="opaque ScatterND")
