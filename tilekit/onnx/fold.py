@@ -8,8 +8,9 @@ of them (ResNet-50's weights are 239 ConstantOfShape fills); anything else goes 
 folds.
 
 `ShapeFolding` (a base of `tilekit.onnx.importer.Importer`) applies it to a whole graph:
-`--shape` overrides, ONNX shape inference and folding, repeated until every tensor that is
-read has a static shape.
+`--shape` overrides, ONNX shape inference and folding (an `If` on a folded condition
+replaced by its branch), repeated until every tensor that is read has a static shape;
+declared dimensions that are symbolic or -1 are left open for inference.
 """
 
 from __future__ import annotations
@@ -253,9 +254,10 @@ class ShapeFolding:
 
     A base of `Importer`, whose state it reads and fills: `model`, `graph`, `nodes`,
     `input_names`, `graph_outputs`, `shape_overrides`, `opset`, `lenient` (read); `types`,
-    `consts`, `strict_failure`,
-    `folded`, `warnings` (filled); `_unsupported_op(index, node)` makes the error for a node
-    without a converter.
+    `consts`, `strict_failure`, `folded`, `warnings` (filled). The importer supplies
+    `_inline_constant_ifs()` (an If whose condition folded becomes its branch: new nodes,
+    more rounds), `_unsupported_op(index, node, others)` (the error for nodes without a
+    converter) and `_dynamic_hint(*names)` (which inputs to fix when a shape stays open).
     """
 
     def _static_inputs(self) -> onnx.ModelProto:

@@ -3,11 +3,14 @@
 The order of work, each step relying on the one before:
 
 1. refuse what cannot be static: foreign op domains, graph inputs with symbolic dimensions
-   (unless `--shape NAME=d0,d1,...` overrides them);
+   (unless `--shape NAME=d0,d1,...` overrides them); inputs fixed by `--value` become
+   constants;
 2. run ONNX shape inference (strict, data propagation on) so every tensor has a static shape;
 3. fold constants: initializers, Constant, ConstantOfShape, Shape/Size of static tensors and any
-   node whose inputs are all constants. Folding can reveal shapes (a Reshape whose target is
-   computed), so inference and folding repeat until nothing changes;
+   node whose inputs are all constants; an If whose condition folded becomes its branch.
+   Folding can reveal shapes (a Reshape whose target is computed), so inference and folding
+   repeat until nothing changes; then every node left must have a converter (all that do
+   not are named in one error);
 4. name every ONNX tensor once, in graph order (`tilekit.onnx.names`), before any converter
    runs, so that a name never depends on how an earlier op was decomposed;
 5. convert the remaining nodes in graph order through the converter registry
