@@ -58,7 +58,11 @@ def shape_test_model() -> onnx.ModelProto:
                  "then", helper.make_node("Mul", ["x", "two"], ["t"]), "t", [1, 4]),
                  else_branch=_branch("else", helper.make_node("Concat", ["x", "x"], ["e"],
                                                               axis=0), "e", ["M", 4])),
-             helper.make_node("Relu", ["y"], ["out"])]
+             helper.make_node("Relu", ["y"], ["r"]),
+             # a Shape of the If's output: before the If folded, its shape was unknown
+             # and this Shape was reported as an unsupported op
+             helper.make_node("Shape", ["y"], ["ys"]),
+             helper.make_node("Reshape", ["r", "ys"], ["out"])]
     inits = [numpy_helper.from_array(np.int64(0), "zero"),
              numpy_helper.from_array(np.int64(1), "one"),
              numpy_helper.from_array(np.float32(2), "two")]
