@@ -319,3 +319,13 @@ def test_scatter_reductions_16_and_18(reduction):
     check_against_onnxruntime(single_node_model(
         "ScatterND", [("x", F, [2, 3]), "i", "u"], [("y", F, [2, 3])], opset=opset,
         initializers=inits, reduction=reduction))
+
+
+@pytest.mark.parametrize("shape,axes,out", [([3, 6], None, [3, 6]), ([2, 7], None, [2, 7]),
+                                            ([8], [-1], [4, 8]), ([1], [0], [1, 5])])
+def test_center_crop_pad_18(shape, axes, out):
+    """CenterCropPad (new in 18): crop or zero-pad each axis around its centre."""
+    extra = {"axes": axes} if axes is not None else {}
+    check_against_onnxruntime(single_node_model(
+        "CenterCropPad", [("x", F, [4, 5]), "shape"], [("y", F, out)], opset=18,
+        initializers=[_i64("shape", shape)], **extra))

@@ -388,3 +388,23 @@ def range_(ctx: NodeContext) -> None:
             raise ctx.unsupported(f"input {i} has {v.size} elements", "Range takes scalars")
     ctx.assign(out, ["i"], "=", f"{ctx.read(start, ['i'], out.shape)} + "
                                 f"i * {ctx.read(delta, ['i'], out.shape)}")
+
+
+@converter("CenterCropPad", summary="y[i] = x[i + offset] (pad '0'): a centred crop or zero "
+                                    "pad per axis")
+def center_crop_pad(ctx: NodeContext) -> None:
+    # Opset 18. Per axis: crop from (n - s) // 2, or pad (s - n) // 2 zeros before.
+    x, out = ctx.input(0), ctx.output(0)
+    sizes = [int(v) for v in ctx.require_const(1, "shape").reshape(-1)]
+    axes = ctx.axes_in(ctx.attr("axes"), x.rank) if ctx.attr("axes") is not None \
+        else list(range(x.rank))
+    if len(sizes) != len(axes):
+        raise ctx.unsupported(f"{len(sizes)} sizes for {len(axes)} axes")
+    ax = text.axes(out.rank)
+    idx, padded = list(ax), False
+    for a, size in zip(axes, sizes):
+        n = x.shape[a]
+        offset = (n - size) // 2 if size <= n else -((size - n) // 2)
+        padded = padded or size > n
+        idx[a] = text.term([(ax[a], 1)], offset)
+    ctx.assign(out, ax, "=", ctx.access(x, idx), pad="0" if padded else None)
