@@ -27,6 +27,17 @@ separate environment (made here with Python 3.11):
 
 The corpus in the repository was made with exactly those versions (recorded in the
 manifest). Deterministic: seeds fixed, one thread, the same versions give the same files.
+
+With these versions both exporters succeed on every model (`failures` in the manifest is
+empty). What it took:
+- the decoders (GPT-2, Llama, Mistral, Qwen2) are given the attention mask: without one,
+  transformers 5 looks for packed sequences with `torch.diff`, and the TorchScript exporter
+  fails with "Exporting the operator 'aten::diff' to ONNX opset version 17 is not supported";
+- every model is wrapped in a module whose forward takes one positional parameter per input
+  (passing GPT-2's mask second by position would make it `past_key_values`, and
+  torch.export matches `dynamic_shapes` to forward's own parameters, not to `*args`);
+- Whisper's special token ids are set inside the small vocabulary (its defaults, 50256 and
+  up, fail "Padding_idx must be within num_embeddings").
 """
 
 from __future__ import annotations
