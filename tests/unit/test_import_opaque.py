@@ -119,3 +119,33 @@ def test_upsample_by_fractional_scales():
     check_against_onnxruntime(single_node_model(
         "Upsample", [("x", F, [1, 1, 5, 4]), "sc"], [("y", F, [1, 1, 7, 8])], opset=9,
         initializers=[_f32("sc", [1, 1, 1.5, 2])], mode="nearest"))
+
+
+@pytest.mark.parametrize("indices,affine", [
+    (np.array([[0, 1, 2], [1, 2, 3]]), True),           # a grid: i + j
+    (np.array([[-1, -2], [-3, -4]]), True),             # negative: wraps to 4 - 2i - j
+    (np.array([[0, 2], [1, 0]]), False),                # not affine: stays opaque
+])
+def test_gather_constant_index_grid(indices, affine):
+    model = single_node_model("Gather", [("x", F, [2, 5, 3]), "i"], [("y", F, [2, 2, 2, 3])]
+                              if indices.shape == (2, 2) else [("y", F, [2, 2, 3, 3])],
+                              axis=1, initializers=[numpy_helper.from_array(
+                                  indices.astype(np.int64), "i")])
+    imported = check_against_onnxruntime(model)
+    assert (imported.module.ops[0].kind == "expr") == affine
+
+
+@pytest.mark.parametrize("batch_dims,indices,out,affine", [
+    # the attention-mask read of dynamo exports: (batch 0, key j) for every j
+    (0, np.stack([np.zeros((1, 4), np.int64), np.arange(4).reshape(1, 4)], -1), [1, 4],
+     True),
+    (0, np.array([[[1], [0]]]), [1, 2, 4], True),       # whole rows, reversed
+    (1, np.array([[[3], [1]], [[0], [2]]]), [2, 2], False),
+    (1, np.array([[[0], [2]], [[1], [3]]]), [2, 2], True),
+])
+def test_gather_nd_constant_affine_indices_are_an_index_map(batch_dims, indices, out, affine):
+    model = single_node_model("GatherND", [("x", F, [2, 4]), "i"], [("y", F, out)],
+                              batch_dims=batch_dims, initializers=[numpy_helper.from_array(
+                                  indices.astype(np.int64), "i")])
+    imported = check_against_onnxruntime(model)
+    assert (imported.module.ops[0].kind == "expr") == affine, imported.module.ops[0]

@@ -1,6 +1,7 @@
 """tk-import: an ONNX model becomes a tile-IR document and a weights sidecar.
 
     tk-import MODEL.onnx [-o OUT] [--weights FILE] [--format yaml|json] [--shape NAME=D0,D1,..]
+              [--value NAME=V0,V1,..] [--random-weights SEED] [--dtype float16|bf16|...]
               [--max-trips N]
 
 The IR goes to stdout (or `-o OUT`); the weights go to `<OUT stem>.weights.npz` beside OUT, or
@@ -45,6 +46,39 @@ def parse_shapes(flags: tuple[str, ...]) -> dict[str, list[int]]:
         limits.elements(values, "--shape", f"the shape of '{excerpt(name, quote=False)}'")
         shapes[name] = values
     return shapes
+
+
+#: The most values one `--value` may give ("a scalar or a small list").
+MAX_VALUES = 4096
+
+
+def parse_values(flags: tuple[str, ...]) -> dict[str, list[int | float]]:
+    """`--value NAME=V0,V1,...` flags as {name: numbers} (ints where written as whole
+    numbers), each input named once."""
+    values: dict[str, list[int | float]] = {}
+    for flag in flags:
+        name, eq, text = flag.partition("=")
+        name = name.strip()
+        numbers: list[int | float] = []
+        try:
+            items = [t.strip() for t in text.split(",")]
+            if len(items) > MAX_VALUES or any(len(t) > 40 for t in items):
+                raise ValueError
+            for t in items:
+                number = float(t)
+                numbers.append(int(number) if number.is_integer() and "." not in t
+                               and "e" not in t.lower() and abs(number) < 2 ** 63 else number)
+        except ValueError:
+            numbers = []
+        if not eq or not name or not numbers:
+            raise TilekitError(f"cannot read '{excerpt(flag, 60, quote=False)}'", "--value",
+                               "write NAME=V or NAME=V0,V1,... with at most "
+                               f"{MAX_VALUES} numbers, e.g. --value sr=16000")
+        if name in values:
+            raise TilekitError(f"'{excerpt(name, quote=False)}' is given twice", "--value",
+                               "fix each input once")
+        values[name] = numbers
+    return values
 
 
 def default_weights_path(output: str, model_path: str | None) -> str:
@@ -105,15 +139,27 @@ def check_output_paths(out, output: str, weights_path: str, follow_links: bool =
               help="Import a model that ONNX's strict shape inference refuses, with lenient "
                    "inference (trusting its declared shapes); without it such a model is "
                    "refused as malformed.")
+@click.option("--value", "value_flags", multiple=True, metavar="NAME=V0,V1,...",
+              help="Fix a graph input to a constant (repeatable): a scalar or a small "
+                   "comma-separated list, in the input's declared type and shape. It stops "
+                   "being an input and what depends on it folds, e.g. an If on a sample "
+                   "rate: --value sr=16000.")
+@click.option("--random-weights", "random_weights", type=click.IntRange(min=0), default=None,
+              metavar="SEED", help="Replace the model's float weights with seeded random "
+                                   "values (normal / sqrt(fan_in); positive where a variance "
+                                   "or divisor needs it), so that --check compares real "
+                                   "arithmetic; tk-run --check runs the source model with the "
+                                   "same values. Integer tensors are untouched.")
 @click.option("--dtype", default="float32", show_default=True, metavar="DTYPE",
               help="Store the model's float32 tensors and weights as float16 or bfloat16 "
-                   "(arithmetic stays float32, rounded once on store; docs/import.md).")
+                   "(also fp16, bf16, fp32, half; arithmetic stays float32, rounded once on "
+                   "store; docs/import.md).")
 @click.option("--max-trips", "max_trips", type=click.IntRange(min=1), default=None,
               metavar="N", help="Bound the scan outputs of loops whose trip count is known "
                                 "only at run time (they get N rows and a run-time count).")
 @click.option("--list-ops", is_flag=True, help="Print the supported ONNX op types and exit.")
-def main(model, output, fmt, weights_path, shape_flags, lenient, dtype, max_trips, list_ops,
-         quiet, debug):
+def main(model, output, fmt, weights_path, shape_flags, lenient, value_flags, random_weights,
+         dtype, max_trips, list_ops, quiet, debug):
     """Import the ONNX model MODEL.onnx (a file, or '-'/nothing for stdin) as tile IR."""
     from tilekit.ir.codec import write_module
     from tilekit.onnx import attach_files, import_model, load_model_bytes
@@ -125,12 +171,11 @@ def main(model, output, fmt, weights_path, shape_flags, lenient, dtype, max_trip
         for op_type in supported_op_types():
             click.echo(f"{op_type:<28} {CONVERTERS[op_type].summary}")
         return 0
-    from tilekit.onnx.precision import IMPORT_DTYPES, import_options, to_precision
+    from tilekit.onnx.precision import canonical_dtype, import_options, to_precision
 
-    if dtype not in IMPORT_DTYPES:
-        raise TilekitError(f"unknown dtype {excerpt(dtype)}", "--dtype",
-                           f"choose one of {', '.join(IMPORT_DTYPES)}")
+    dtype = canonical_dtype(dtype)
     shapes = parse_shapes(shape_flags)
+    values = parse_values(value_flags)
     data, shown = read_bytes(model, limits.MODEL_BYTES, "ONNX model", form="protobuf")
     model_path = None if model == "-" else model
     proto = load_model_bytes(data, shown,
@@ -143,7 +188,9 @@ def main(model, output, fmt, weights_path, shape_flags, lenient, dtype, max_trip
         check_output_paths(out, output, weights_path, named_weights)
         try:
             imported = to_precision(import_model(proto, name=name, shapes=shapes,
-                                                 lenient=lenient, max_trips=max_trips),
+                                                 lenient=lenient, max_trips=max_trips,
+                                                 values=values,
+                                                 random_weights=random_weights),
                                     dtype)
         except TilekitError as exc:
             where = f"{shown}: {exc.where}" if exc.where else shown
@@ -155,6 +202,10 @@ def main(model, output, fmt, weights_path, shape_flags, lenient, dtype, max_trip
         options = {"opset": _opset(proto)}
         if shapes:
             options["shapes"] = {k: v for k, v in sorted(shapes.items())}
+        if values:
+            options["values"] = {k: v for k, v in sorted(values.items())}
+        if random_weights is not None:
+            options["random_weights"] = random_weights
         if lenient:
             options["lenient_shapes"] = True
         options.update(import_options(dtype))

@@ -4,7 +4,10 @@
   corrupt or non-ONNX file);
 - `import_model(model, name=, shapes=)`: the conversion itself (`tilekit.onnx.importer`);
 - `attach_files(imported, ...)`: write the deterministic weights `.npz` and record `weights`,
-  `source` and the `import` stage in the module (what `tk-import` does around the conversion).
+  `source` and the `import` stage in the module (what `tk-import` does around the conversion);
+- `reference_source(model, options)`: the source model as the import saw it, for a check
+  against onnxruntime: its weights randomised as `--random-weights` did, and the values of
+  the inputs that `--value` fixed.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from tilekit.onnx.importer import Imported, import_model
 from tilekit.outputs import OutputSet
 
 __all__ = ["Imported", "import_model", "load_model", "load_model_bytes", "write_weights",
-           "stage_weights", "attach_files"]
+           "stage_weights", "attach_files", "reference_source"]
 
 
 def load_model(path: str):
@@ -209,3 +212,32 @@ def attach_files(imported: Imported, *, ir_folder: str, weights_path: str,
     module = replace(module, source=source, weights=weights_ref)
     module = module.with_stage("import", **dict(options))
     return Imported(module, imported.weights, imported.warnings)
+
+
+def reference_source(model, options: Mapping[str, Any]):
+    """(the ONNX model as the import converted it, {input name: fixed value}) from the
+    import stage's `options`: `random_weights` gives the model the same random weights,
+    `values` the arrays `--value` fixed (the inputs onnxruntime must be fed besides the
+    IR's own). Raises TilekitError when a recorded value no longer fits the model."""
+    from tilekit.onnx.fold import type_of
+    from tilekit.onnx.dtypes import ONNX_DTYPES
+    from tilekit.onnx.importer import fixed_array
+    from tilekit.onnx.names import sanitize
+
+    seed = options.get("random_weights")
+    if seed is not None:
+        from tilekit.onnx.random_weights import randomize
+
+        model = randomize(model, int(seed))
+    feeds: dict[str, np.ndarray] = {}
+    inputs = {vi.name: vi for vi in model.graph.input}
+    by_sanitized = {sanitize(n): n for n in inputs}
+    for key, raw in sorted((options.get("values") or {}).items()):
+        name = key if key in inputs else by_sanitized.get(key)
+        typ = type_of(inputs[name]) if name is not None else None
+        if typ is None or typ[1] not in ONNX_DTYPES:
+            raise TilekitError(f"the import fixed input '{key}', which the source model does "
+                               "not have", "source", "re-run tk-import")
+        feeds[name] = fixed_array(raw, typ[0], ONNX_DTYPES[typ[1]], name,
+                                  f"--value {key}")
+    return model, feeds

@@ -8,12 +8,14 @@ of them (ResNet-50's weights are 239 ConstantOfShape fills); anything else goes 
 folds.
 
 `ShapeFolding` (a base of `tilekit.onnx.importer.Importer`) applies it to a whole graph:
-`--shape` overrides, ONNX shape inference and folding, repeated until every tensor that is
-read has a static shape.
+`--shape` overrides, ONNX shape inference and folding (an `If` on a folded condition
+replaced by its branch), repeated until every tensor that is read has a static shape;
+declared dimensions that are symbolic or -1 are left open for inference.
 """
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -141,7 +143,16 @@ def _transpose(node, ins, attrs, opset):
     return [np.transpose(ins[0], attrs.get("perm"))]
 
 
+def _gather_elements(node, ins, attrs, opset):
+    # onnx.reference's GatherElements fails on an axis longer than 32 (numpy.choose).
+    x, idx = np.asarray(ins[0]), np.asarray(ins[1]).astype(np.int64)
+    axis = attrs.get("axis", 0) % max(x.ndim, 1)
+    idx = np.where(idx < 0, idx + x.shape[axis], idx)
+    return [np.take_along_axis(x, idx, axis=axis)]
+
+
 FAST: dict[str, Callable] = {
+    "GatherElements": _gather_elements,
     "Constant": _constant, "ConstantOfShape": _constant_of_shape, "Unsqueeze": _unsqueeze,
     "Squeeze": _squeeze, "Reshape": _reshape, "Gather": _gather, "Concat": _concat,
     "Cast": _cast, "Add": _binary(np.add), "Sub": _binary(np.subtract),
@@ -186,14 +197,20 @@ def _product(dims) -> int:
 
 
 def evaluate(node: NodeProto, inputs: Arrays, opset: int) -> list[np.ndarray]:
-    """The outputs of `node` on constant `inputs` (None for an absent optional input)."""
+    """The outputs of `node` on constant `inputs` (None for an absent optional input).
+
+    Floating-point warnings are silenced: a model may compute values it then discards (T5's
+    relative-position buckets take log(0) and cast -inf to int64, then select the other
+    branch), and the import says nothing about them, as onnxruntime does not."""
     attrs = attributes(node)
     fast = FAST.get(node.op_type)
-    if fast is not None:
-        result = fast(node, inputs, attrs, opset)
-        if result is not None:
-            return [np.asarray(r) for r in result]
-    return _reference(node, inputs, opset)
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        if fast is not None:
+            result = fast(node, inputs, attrs, opset)
+            if result is not None:
+                return [np.asarray(r) for r in result]
+        return _reference(node, inputs, opset)
 
 
 def _reference(node: NodeProto, inputs: Arrays, opset: int) -> list[np.ndarray]:
@@ -211,7 +228,6 @@ def _reference(node: NodeProto, inputs: Arrays, opset: int) -> list[np.ndarray]:
 
 # -- whole-graph shapes ------------------------------------------------------------------
 
-#: ONNX element types the tile IR can hold.
 #: Ops whose output shape depends on input values: importable only when folded.
 _DATA_DEPENDENT_SHAPES = frozenset({"NonZero", "Unique", "NonMaxSuppression", "Compress",
                                     "StringSplit", "RandomNormalLike"})
@@ -238,9 +254,10 @@ class ShapeFolding:
 
     A base of `Importer`, whose state it reads and fills: `model`, `graph`, `nodes`,
     `input_names`, `graph_outputs`, `shape_overrides`, `opset`, `lenient` (read); `types`,
-    `consts`, `strict_failure`,
-    `folded`, `warnings` (filled); `_unsupported_op(index, node)` makes the error for a node
-    without a converter.
+    `consts`, `strict_failure`, `folded`, `warnings` (filled). The importer supplies
+    `_inline_constant_ifs()` (an If whose condition folded becomes its branch: new nodes,
+    more rounds), `_unsupported_op(index, node, others)` (the error for nodes without a
+    converter) and `_dynamic_hint(*names)` (which inputs to fix when a shape stays open).
     """
 
     def _static_inputs(self) -> onnx.ModelProto:
@@ -334,12 +351,16 @@ class ShapeFolding:
 
     # -- folding -------------------------------------------------------------------------
     def _fold_until_static(self, model: onnx.ModelProto) -> None:
-        for _ in range(_MAX_ROUNDS):
+        rounds = 0
+        while rounds < _MAX_ROUNDS:
             self._fold()
+            inlined = self._inline_constant_ifs()
             missing = self._missing_shapes()
-            if not missing:
+            if not missing and not inlined:
                 return
             self._infer(self._partially_folded(model))
+            if not inlined:  # an inlined branch is new graph: its rounds start afresh
+                rounds += 1
         missing = self._missing_shapes()
         if missing:
             from tilekit.onnx.converters import lookup
@@ -353,15 +374,19 @@ class ShapeFolding:
                         f"'{node.name or f'{node.op_type}_{index}'}'",
                         "tilekit needs static shapes; such an op is only importable when its "
                         "inputs are constants (it is then folded)")
-                if lookup(node.op_type) is None:
-                    raise self._unsupported_op(index, node)
+            unconvertible = [i for i, node in enumerate(self.nodes) if i not in self.folded
+                             and lookup(node.op_type) is None
+                             and node.op_type not in ("Shape", "Size")]
+            for index, _ in missing:
+                if lookup(self.nodes[index].op_type) is None:
+                    raise self._unsupported_op(index, self.nodes[index], unconvertible)
             index, name = missing[0]
             node = self.nodes[index]
             raise TilekitError(
                 f"the shape of '{name}' (output of {node.op_type} node {index} "
                 f"'{node.name or f'{node.op_type}_{index}'}') is not static after shape "
-                "inference", "model",
-                "give every graph input a static shape with --shape NAME=d0,d1,...")
+                "inference: a dimension is dynamic", "model",
+                self._dynamic_hint(*_shape_arguments(node, self._static_shape)))
 
     def _fold(self) -> None:
         for index, node in enumerate(self.nodes):
@@ -473,8 +498,12 @@ class ShapeFolding:
             else:
                 inputs.append(helper.make_tensor_value_info(
                     name, helper.np_dtype_to_tensor_dtype(array.dtype), list(array.shape)))
-        graph = helper.make_graph(keep, g.name or "g", inputs, list(g.output), inits,
-                                  value_info=list(g.value_info))
+        # A folded value's own shape is exact; the model's declaration of it (open dims for
+        # a dynamic export) would take precedence in inference and hide it.
+        graph = helper.make_graph(keep, g.name or "g", inputs,
+                                  [_open_dims(vi) for vi in g.output], inits,
+                                  value_info=[_open_dims(vi) for vi in g.value_info
+                                              if vi.name not in self.consts])
         out = helper.make_model(graph, opset_imports=list(model.opset_import))
         out.ir_version = max(model.ir_version, 4)
         return out
@@ -518,6 +547,44 @@ def _data_prop_bounded(model: onnx.ModelProto) -> bool:
             if (n is None and name in grown) or (n is not None and n > _MAX_PROPAGATED):
                 return False
     return True
+
+
+#: The inputs that decide an op's output shape (by their values), where not all do.
+_SHAPE_ARGUMENTS = {"If": (0,), "Loop": (0, 1), "Reshape": (1,), "Expand": (1,), "Tile": (1,),
+                    "ConstantOfShape": (0,), "Slice": (1, 2, 3, 4), "Pad": (1,),
+                    "Resize": (1, 2, 3), "Upsample": (1,), "TopK": (1,), "OneHot": (1,),
+                    "Split": (1,), "Squeeze": (1,), "Unsqueeze": (1,), "CenterCropPad": (1,),
+                    **{f"Reduce{k}": (1,) for k in ("Sum", "Mean", "Max", "Min", "Prod", "L1",
+                                                    "L2", "SumSquare", "LogSum",
+                                                    "LogSumExp")}}
+
+
+def _shape_arguments(node: NodeProto, static_shape: Callable) -> list[str]:
+    """The inputs of `node` that make its output shape unknown: those whose values decide
+    it (an If's condition, Reshape's target, all of Range's), else those whose own shapes
+    are unknown (`static_shape(name)` is None)."""
+    positions = _SHAPE_ARGUMENTS.get(node.op_type)
+    if positions is None and node.op_type != "Range":
+        return [n for n in node.input if n and static_shape(n) is None]
+    return [n for i, n in enumerate(node.input) if n and (positions is None or i in positions)]
+
+
+def _open_dims(vi: onnx.ValueInfoProto) -> onnx.ValueInfoProto:
+    """A declared output or value_info with its symbolic and non-positive dimensions
+    (`batch`, `-1`, exported for a dynamic batch) made unknown: once the graph inputs have
+    static shapes, such a dimension claims nothing that inference could contradict. Static
+    dimensions stay, so a real contradiction is still found."""
+    if not vi.type.HasField("tensor_type") or not vi.type.tensor_type.HasField("shape"):
+        return vi
+    dims = vi.type.tensor_type.shape.dim
+    if all(d.HasField("dim_value") and d.dim_value > 0 for d in dims):
+        return vi
+    out = onnx.ValueInfoProto()
+    out.CopyFrom(vi)
+    for d in out.type.tensor_type.shape.dim:
+        if not (d.HasField("dim_value") and d.dim_value > 0):
+            d.Clear()
+    return out
 
 
 def _declared_shapes_contradict(model: onnx.ModelProto) -> bool:

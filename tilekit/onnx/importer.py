@@ -3,11 +3,14 @@
 The order of work, each step relying on the one before:
 
 1. refuse what cannot be static: foreign op domains, graph inputs with symbolic dimensions
-   (unless `--shape NAME=d0,d1,...` overrides them);
+   (unless `--shape NAME=d0,d1,...` overrides them); inputs fixed by `--value` become
+   constants;
 2. run ONNX shape inference (strict, data propagation on) so every tensor has a static shape;
 3. fold constants: initializers, Constant, ConstantOfShape, Shape/Size of static tensors and any
-   node whose inputs are all constants. Folding can reveal shapes (a Reshape whose target is
-   computed), so inference and folding repeat until nothing changes;
+   node whose inputs are all constants; an If whose condition folded becomes its branch.
+   Folding can reveal shapes (a Reshape whose target is computed), so inference and folding
+   repeat until nothing changes; then every node left must have a converter (all that do
+   not are named in one error);
 4. name every ONNX tensor once, in graph order (`tilekit.onnx.names`), before any converter
    runs, so that a name never depends on how an earlier op was decomposed;
 5. convert the remaining nodes in graph order through the converter registry
@@ -37,7 +40,7 @@ from tilekit.ir.graph import op_tensors
 from tilekit.ir.model import Module, Op, Tensor, default_kernels
 from tilekit.onnx import fold, text
 from tilekit.onnx.dtypes import ONNX_DTYPES, elem_type_name
-from tilekit.onnx.fold import ShapeFolding
+from tilekit.onnx.fold import ShapeFolding, type_of
 from tilekit.onnx.context import NodeContext, Value
 from tilekit.onnx.names import NameTable, sanitize
 
@@ -65,13 +68,22 @@ class Imported:
 
 def import_model(model: onnx.ModelProto, *, name: str = "model",
                  shapes: Mapping[str, Sequence[int]] | None = None,
-                 lenient: bool = False, max_trips: int | None = None) -> Imported:
+                 lenient: bool = False, max_trips: int | None = None,
+                 values: Mapping[str, Sequence[float]] | None = None,
+                 random_weights: int | None = None) -> Imported:
     """Convert an ONNX model to a tile-IR module. `shapes` overrides graph-input shapes
     (keyed by ONNX name or by its sanitised form). A model that ONNX's strict shape
     inference refuses is bad input, unless `lenient` (then lenient inference, a warning).
     `max_trips` bounds the scan outputs of loops whose trip count is known at run time only
-    (docs/grind.md)."""
-    return Importer(model, name, shapes or {}, lenient, max_trips=max_trips).run()
+    (docs/grind.md). `values` fixes graph inputs to constants (`--value NAME=V0,V1,...`:
+    the input is no longer an input, its value folds). `random_weights` replaces the weights
+    with seeded random values first (`tilekit.onnx.random_weights`)."""
+    if random_weights is not None:
+        from tilekit.onnx.random_weights import randomize
+
+        model = randomize(model, random_weights)
+    return Importer(model, name, shapes or {}, lenient, max_trips=max_trips,
+                    values=values or {}).run()
 
 
 def _opset_of(model: onnx.ModelProto) -> int:
@@ -88,8 +100,10 @@ class Importer(ShapeFolding):
     """One import: mutable while it runs, producing an immutable `Imported`."""
 
     def __init__(self, model: onnx.ModelProto, name: str, shapes: Mapping[str, Sequence[int]],
-                 lenient: bool = False, max_trips: int | None = None):
+                 lenient: bool = False, max_trips: int | None = None,
+                 values: Mapping[str, Sequence[float]] | None = None):
         self.model = model
+        self.fixed_values = dict(values or {})
         self.max_trips = max_trips
         #: Control records (tilekit.ir.control) of the control ops converted, by op name.
         self.control: dict[str, Any] = {}
@@ -135,9 +149,11 @@ class Importer(ShapeFolding):
                                  f"tested with opsets {TESTED_OPSETS[0]}..{TESTED_OPSETS[1]}")
         for init in self.graph.initializer:
             self.consts[init.name] = self._initializer(init)
+        self._fix_values()
         model = self._static_inputs()
         self._infer(self._partially_folded(model))
         self._fold_until_static(model)
+        self._check_convertible()
         self._claim_names()
         self._convert()
         self._finish_outputs()
@@ -202,23 +218,130 @@ class Importer(ShapeFolding):
         op types without a converter that never fold (sequences, control flow, strings)."""
         from tilekit.onnx.converters import lookup
 
-        for index, node in enumerate(self.nodes):
-            if node.domain not in _STANDARD_DOMAINS:
-                raise UnsupportedError(
-                    f"op {node.domain}::{node.op_type} is from a non-standard domain",
-                    f"node {index} '{node.name or f'{node.op_type}_{index}'}'",
-                    "only the standard ONNX operator set (domain '' / ai.onnx) is imported")
-            if node.op_type in fold.NOT_FOLDABLE and lookup(node.op_type) is None:
-                raise self._unsupported_op(index, node)
+        foreign = [i for i, node in enumerate(self.nodes)
+                   if node.domain not in _STANDARD_DOMAINS]
+        if foreign:
+            index, node = foreign[0], self.nodes[foreign[0]]
+            counts: dict[str, int] = {}
+            for i in foreign:
+                key = f"{self.nodes[i].domain}::{self.nodes[i].op_type}"
+                counts[key] = counts.get(key, 0) + 1
+            what = f"op {node.domain}::{node.op_type} is from a non-standard domain"
+            if len(foreign) > 1:
+                what += (f" ({len(foreign)} such nodes: " +
+                         ", ".join(f"{k} x{n}" for k, n in sorted(counts.items())) + ")")
+            raise UnsupportedError(
+                what, f"node {index} '{node.name or f'{node.op_type}_{index}'}'",
+                "only the standard ONNX operator set (domain '' / ai.onnx) is imported")
+        never = [i for i, node in enumerate(self.nodes)
+                 if node.op_type in fold.NOT_FOLDABLE and lookup(node.op_type) is None]
+        if never:
+            raise self._unsupported_op(never[0], self.nodes[never[0]], never)
 
-    def _unsupported_op(self, index: int, node: onnx.NodeProto) -> UnsupportedError:
+    def _unsupported_op(self, index: int, node: onnx.NodeProto,
+                        others: Sequence[int] = ()) -> UnsupportedError:
+        """The error for node `index`, whose op type has no converter; `others` are the
+        indices of every node that cannot be converted (all named, with counts)."""
         from tilekit.onnx.converters import supported_op_types
 
+        if node.op_type in ("Shape", "Size"):
+            return self._dynamic_shape_op(index, node)
         known = supported_op_types()
+        counts: dict[str, int] = {}
+        for i in others or [index]:
+            counts[self.nodes[i].op_type] = counts.get(self.nodes[i].op_type, 0) + 1
+        if len(counts) == 1 and counts.get(node.op_type) == 1:
+            what = f"op type '{node.op_type}' (opset {self.opset}) is not supported"
+        else:
+            listed = ", ".join(f"{op} x{n}" for op, n in sorted(counts.items()))
+            what = (f"{sum(counts.values())} nodes of {len(counts)} op types are not "
+                    f"supported (opset {self.opset}): {listed}; the first is "
+                    f"'{node.op_type}'")
         return UnsupportedError(
-            f"op type '{node.op_type}' (opset {self.opset}) is not supported",
-            f"node {index} '{node.name or f'{node.op_type}_{index}'}'",
+            what, f"node {index} '{node.name or f'{node.op_type}_{index}'}'",
             f"supported op types ({len(known)}): {_trimmed(known)}")
+
+    def _dynamic_shape_op(self, index: int, node: onnx.NodeProto) -> UnsupportedError:
+        """A Shape or Size that did not fold: its input's shape is not known at import."""
+        name = node.input[0] if node.input else ""
+        typ = self.types.get(name)
+        shown = "unknown rank" if typ is None or typ[0] is None else \
+            "[" + ", ".join("?" if d is None else str(d) for d in typ[0]) + "]"
+        return UnsupportedError(
+            f"{node.op_type} of '{excerpt(name, quote=False)}' cannot be computed at import: "
+            f"that tensor has a dynamic dimension ({shown})",
+            f"node {index} '{node.name or f'{node.op_type}_{index}'}'",
+            self._dynamic_hint(name))
+
+    def _dynamic_hint(self, *names: str) -> str:
+        """How to make `names` static: the graph inputs whose values they depend on (fix
+        them with --value), else give inputs static shapes."""
+        found = {s for name in names for s in self.value_inputs(name)}
+        sources = [n for n in self.input_names if n in found]
+        if sources:
+            listed = ", ".join(f"'{s}'" for s in sources[:4])
+            return (f"it depends on the value of graph input {listed}: fix it at import with "
+                    f"--value {sources[0]}=V (or give every input a static shape with --shape)")
+        return "give every graph input a static shape with --shape NAME=d0,d1,..."
+
+    def value_inputs(self, name: str) -> list[str]:
+        """The graph inputs whose *values* (not only shapes) tensor `name` depends on, in
+        graph order: walks producers back, stopping at Shape and Size (those read shapes)."""
+        producer = {o: n for n in self.nodes for o in n.output if o}
+        found: set[str] = set()
+        seen: set[str] = set()
+        stack = [name]
+        while stack:
+            current = stack.pop()
+            if current in seen or current in self.consts:
+                continue
+            seen.add(current)
+            if current in self.input_names:
+                found.add(current)
+                continue
+            node = producer.get(current)
+            if node is None or node.op_type in ("Shape", "Size"):
+                continue
+            stack.extend(node_reads(node))
+        return [n for n in self.input_names if n in found]
+
+    def _check_convertible(self) -> None:
+        """After folding: every node left has a converter; otherwise one error that names
+        every op type that has none, with counts."""
+        from tilekit.onnx.converters import lookup
+
+        left = [i for i, node in enumerate(self.nodes)
+                if i not in self.folded and lookup(node.op_type) is None]
+        if left:
+            raise self._unsupported_op(left[0], self.nodes[left[0]], left)
+
+    def _fix_values(self) -> None:
+        """`--value NAME=V0,V1,...`: each named graph input becomes a constant of its
+        declared element type and shape (a dimension the model leaves open takes the count
+        of values), so what depends on it folds (an If on a sample rate)."""
+        if not self.fixed_values:
+            return
+        by_sanitized = {sanitize(n): n for n in self.input_names}
+        declared = {vi.name: vi for vi in self.graph.input}
+        overrides = set(self.shape_overrides) | {by_sanitized.get(k, k)
+                                                 for k in self.shape_overrides}
+        for key, raw in self.fixed_values.items():
+            name = key if key in self.input_names else by_sanitized.get(key)
+            where = f"--value {excerpt(key, quote=False)}"
+            if name is None:
+                raise TilekitError(f"--value names '{excerpt(key, quote=False)}', which is not "
+                                   "a graph input", where,
+                                   f"graph inputs: {', '.join(self.input_names[:8])}")
+            if name in overrides or key in overrides:
+                raise TilekitError(f"'{name}' is given both --value and --shape", where,
+                                   "a fixed value has its own shape: drop the --shape")
+            typ = type_of(declared[name])
+            if typ is None or typ[1] not in ONNX_DTYPES:
+                raise TilekitError(f"graph input '{name}' is not a tensor of a supported type",
+                                   where, "only numeric tensor inputs can be fixed")
+            dims, elem = typ
+            self.consts[name] = fixed_array(raw, dims, ONNX_DTYPES[elem], name, where)
+            self.input_names.remove(name)
 
     def _initializer(self, init: onnx.TensorProto) -> np.ndarray:
         if init.data_type not in ONNX_DTYPES:
@@ -417,6 +540,44 @@ class Importer(ShapeFolding):
         self.ops.append(Op(name=name, kind="control", origin=ctx.origin))
 
     # -- control flow: shapes that ONNX inference leaves open ---------------------------
+    def _inline_constant_ifs(self) -> bool:
+        """Replace every `If` whose condition folded to a constant by the branch it takes
+        (its nodes spliced into the graph, its outputs copied to the If's by Identity
+        nodes), so shape tests and fixed input values (`--value`) select a branch at
+        import. Returns whether any If was inlined."""
+        from tilekit.onnx.subgraph import inline_branch
+
+        taken = None
+        new_nodes: list[onnx.NodeProto] = []
+        new_index: dict[int, int] = {}
+        for index, node in enumerate(self.nodes):
+            cond = node.input[0] if node.op_type == "If" and node.input else ""
+            if index not in self.folded and cond in self.consts \
+                    and np.asarray(self.consts[cond]).size == 1:
+                if taken is None:
+                    taken = self._defined_names()
+                branch = "then_branch" if bool(np.asarray(self.consts[cond]).reshape(-1)[0]) \
+                    else "else_branch"
+                graph = next(a.g for a in node.attribute if a.name == branch)
+                nodes, consts = inline_branch(graph, node, taken)
+                self.consts.update(consts)
+                new_nodes.extend(nodes)
+                continue
+            new_index[index] = len(new_nodes)
+            new_nodes.append(node)
+        if taken is None:
+            return False
+        self.folded = {new_index[i] for i in self.folded if i in new_index}
+        self.nodes = new_nodes
+        self._read_anywhere = {n for node in self.nodes for n in node_reads(node)} | set(
+            self.graph_outputs)
+        return True
+
+    def _defined_names(self) -> set[str]:
+        """Every name the main graph defines (inputs, initializers, node outputs, constants)."""
+        names = {vi.name for vi in self.graph.input} | {t.name for t in self.graph.initializer}
+        return names | {o for n in self.nodes for o in n.output if o} | set(self.consts)
+
     def _fold(self) -> None:
         super()._fold()
         from tilekit.onnx.subgraph import fix_control_shapes
@@ -521,6 +682,48 @@ class Importer(ShapeFolding):
                         source=source or None, control=control or None)
         self._verify_built(module)
         return Imported(module, weights, tuple(self.warnings))
+
+
+def fixed_array(raw: Sequence[float], dims, dtype: str, name: str, where: str) -> np.ndarray:
+    """The values of `--value NAME=...` as an array of the input's declared dtype and shape:
+    one value per element, or one value for every element of a static shape; one open
+    dimension takes its size from the count of values (more are refused)."""
+    from tilekit.expr.ops import numpy_dtype
+
+    values = np.asarray(list(raw), dtype=np.float64)
+    np_dtype = numpy_dtype(dtype)
+    if np_dtype.kind in "iub" and not np.all(values == np.round(values)):
+        raise TilekitError(f"'{name}' holds {dtype}, and the values are not all whole "
+                           "numbers", where, f"give whole numbers, e.g. {where}=16000")
+    if np_dtype.kind in "iu":
+        info = np.iinfo(np_dtype)
+        if values.size and (values.min() < info.min or values.max() > info.max):
+            raise TilekitError(f"a value is out of the range of {dtype}", where,
+                               f"give values in [{info.min}, {info.max}]")
+    if dims is None:
+        shape: tuple[int, ...] = (values.size,) if values.size != 1 else ()
+    else:
+        open_dims = [d for d, n in enumerate(dims) if n is None or n <= 0]
+        known = int(np.prod([n for n in dims if n is not None and n > 0], dtype=np.int64))
+        if len(open_dims) > 1:
+            raise TilekitError(f"'{name}' has {len(open_dims)} open dimensions; a value fixes "
+                               "at most one", where, "give the input a static shape in the "
+                               "model, or fix another input")
+        if open_dims and known and values.size % known == 0:
+            full = list(dims)
+            full[open_dims[0]] = values.size // known
+            shape = tuple(int(d) for d in full)
+        elif not open_dims and values.size == known:
+            shape = tuple(int(d) for d in dims)
+        elif not open_dims and values.size == 1:      # one value fills the declared shape
+            shape = tuple(int(d) for d in dims)
+            values = np.full(shape, values.reshape(-1)[0])
+        else:
+            shown = "[" + ", ".join("?" if n is None or n <= 0 else str(n) for n in dims) + "]"
+            raise TilekitError(f"{values.size} values do not fill '{name}' of shape {shown}",
+                               where, "give one value per element, comma-separated")
+    with np.errstate(all="ignore"):
+        return values.astype(np_dtype).reshape(shape)
 
 
 #: Inputs whose length is the rank of an output (ONNX shape inference builds that shape).

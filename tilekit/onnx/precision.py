@@ -26,7 +26,7 @@ from typing import Mapping
 
 import numpy as np
 
-from tilekit.errors import TilekitError
+from tilekit.errors import TilekitError, excerpt
 from tilekit.expr.ast import Access, Binary, Call, Node, Unary, format_statement
 from tilekit.expr.ops import HALF_DTYPES, numpy_dtype
 from tilekit.expr.parser import parse
@@ -36,13 +36,28 @@ from tilekit.onnx.importer import Imported
 
 #: What `--dtype` accepts; float32 is the identity.
 IMPORT_DTYPES = ("float32",) + HALF_DTYPES
+#: Other spellings `--dtype` accepts (tk-roll's `--precision` and the hardware profiles
+#: say fp16 / bf16 / fp32), each meaning one of IMPORT_DTYPES.
+DTYPE_ALIASES = {"fp32": "float32", "f32": "float32", "float": "float32",
+                 "fp16": "float16", "f16": "float16", "half": "float16",
+                 "bf16": "bfloat16"}
+
+
+def canonical_dtype(dtype: str) -> str:
+    """`dtype` as one of IMPORT_DTYPES (aliases resolved, case ignored); refused otherwise."""
+    key = str(dtype).strip().lower()
+    key = DTYPE_ALIASES.get(key, key)
+    if key not in IMPORT_DTYPES:
+        shown = ", ".join(IMPORT_DTYPES + tuple(DTYPE_ALIASES))
+        raise TilekitError(f"unknown dtype '{excerpt(str(dtype), 40, quote=False)}'",
+                           "--dtype", f"choose one of {shown}")
+    return key
 
 
 def to_precision(imported: Imported, dtype: str) -> Imported:
-    """`imported` with its float32 tensors, weights and casts in `dtype` (module docstring)."""
-    if dtype not in IMPORT_DTYPES:
-        raise TilekitError(f"unknown dtype '{dtype}'", "--dtype",
-                           f"choose one of {', '.join(IMPORT_DTYPES)}")
+    """`imported` with its float32 tensors, weights and casts in `dtype` (module docstring;
+    the aliases of `canonical_dtype` accepted)."""
+    dtype = canonical_dtype(dtype)
     if dtype == "float32":
         return imported
     module = imported.module
@@ -93,4 +108,5 @@ def _cast_array(array: np.ndarray, dtype: str) -> np.ndarray:
 
 def import_options(dtype: str) -> Mapping[str, str]:
     """What the import stage records for `--dtype` (nothing for float32)."""
+    dtype = canonical_dtype(dtype)
     return {} if dtype == "float32" else {"dtype": dtype, "accumulate": "float32"}

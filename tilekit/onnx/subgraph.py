@@ -200,3 +200,58 @@ def _fix(imp, name: str, shape, elem: int) -> None:
     imp.control_shapes[name] = (shape, elem)
 
 
+
+
+def inline_branch(graph: onnx.GraphProto, node: onnx.NodeProto, taken: set[str]
+                  ) -> tuple[list[onnx.NodeProto], dict[str, np.ndarray]]:
+    """The nodes that replace `If` node `node` whose condition is known: the branch `graph`'s
+    nodes, then one Identity per If output copying the branch's output to it. Names the
+    branch defines that are already `taken` in the enclosing graph are renamed (in nested
+    bodies too); `taken` gains every name defined here. Returns (nodes, the branch's
+    initializers as constants by their new names)."""
+    local = [o for n in graph.node for o in n.output if o] + [t.name for t in graph.initializer]
+    renamed: dict[str, str] = {}
+    for name in local:
+        new = name
+        k = 0
+        while new in taken:
+            k += 1
+            new = f"{name}__{k}"
+        renamed[name] = new
+        taken.add(new)
+    consts = {renamed[t.name]: numpy_helper.to_array(t) for t in graph.initializer}
+    nodes = []
+    for inner in graph.node:
+        clone = onnx.NodeProto()
+        clone.CopyFrom(inner)
+        _rename_io(clone, renamed)
+        nodes.append(clone)
+    label = node.name or "If"
+    for i, (out, branch_out) in enumerate(zip(node.output, graph.output)):
+        if out:
+            nodes.append(helper.make_node("Identity", [renamed.get(branch_out.name,
+                                                                   branch_out.name)],
+                                          [out], name=f"{label}_out{i}"))
+    return nodes, consts
+
+
+def _rename_io(node: onnx.NodeProto, renamed: dict[str, str]) -> None:
+    """Rename `node`'s inputs and outputs by `renamed`, and the names its subgraphs read
+    from outside themselves (a name a subgraph defines itself shadows the outer one)."""
+    if not renamed:
+        return
+    for i, name in enumerate(node.input):
+        node.input[i] = renamed.get(name, name)
+    for i, name in enumerate(node.output):
+        node.output[i] = renamed.get(name, name)
+    for attr in node.attribute:
+        subs = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)
+        for sub in subs:
+            own = {i.name for i in sub.input} | {t.name for t in sub.initializer}
+            own |= {o for n in sub.node for o in n.output if o}
+            inner = {k: v for k, v in renamed.items() if k not in own}
+            for n in sub.node:
+                _rename_io(n, inner)
+            for out in sub.output:
+                if out.name in inner:
+                    out.name = inner[out.name]

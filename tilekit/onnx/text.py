@@ -70,6 +70,27 @@ def term(parts: Sequence[tuple[str, int]], const: int = 0) -> str:
     return text
 
 
+def affine_index(values: np.ndarray, axes: Sequence[str]) -> str | None:
+    """`values` (integers over a grid, one grid dimension per name in `axes`) as an affine
+    index `c + sum(coef * axis)` when it is exactly one, else None: constant indices of a
+    gather that an index map can read instead (`idx[i, j] = 3 + j` -> `j + 3`)."""
+    values = np.asarray(values, dtype=np.int64)
+    if values.ndim != len(axes) or values.size == 0:
+        return None
+    base = int(values.reshape(-1)[0])
+    coefs = []
+    for d, n in enumerate(values.shape):
+        at = [0] * values.ndim
+        if n > 1:
+            at[d] = 1
+        coefs.append(int(values[tuple(at)]) - base)
+    grid = np.indices(values.shape, dtype=np.int64)
+    predicted = base + sum(c * g for c, g in zip(coefs, grid))
+    if not np.array_equal(predicted, values):
+        return None
+    return term(list(zip(axes, coefs)), base)
+
+
 def access(name: str, indices: Sequence[str]) -> str:
     return f"{name}[{', '.join(indices)}]"
 

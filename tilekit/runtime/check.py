@@ -202,10 +202,12 @@ def onnxruntime_reference(module: Module, inputs: Mapping[str, np.ndarray],
         raise TilekitError("--check needs onnxruntime to run the source model, and it is not "
                            "installed", "--check",
                            "pip install onnxruntime (or pip install -e '.[test]')") from None
+    # What the import changed in the source (--random-weights, --value), done again here.
+    source, fixed = _imported_source(module, path)
     options = ort.SessionOptions()
     options.log_severity_level = 4  # fatal only: a failure is reported as one line below
     try:
-        session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        session = ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
     except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own exception types
         raise TilekitError(f"onnxruntime cannot load '{path.name}': "
                            f"{excerpt(str(exc), 200, quote=False)}", "source.onnx",
@@ -221,6 +223,7 @@ def onnxruntime_reference(module: Module, inputs: Mapping[str, np.ndarray],
                                f"input of '{path.name}'", "source",
                                "the IR does not match its source model: re-run tk-import")
         feed[onnx_name] = _as_source_type(inputs[ir_name], types.get(onnx_name))
+    feed.update({k: v for k, v in fixed.items() if k in model_inputs})
     missing = sorted(set(out_names.values()) - model_outputs)
     if missing:
         raise TilekitError(f"outputs {missing} are not outputs of '{path.name}'", "source",
@@ -237,6 +240,21 @@ def onnxruntime_reference(module: Module, inputs: Mapping[str, np.ndarray],
         f" (float32; the IR is in {half})" if half else ""),
         {ir: np.asarray(r) for ir, r in zip(out_names, results)},
         SOURCE_TOLERANCES if half else DEFAULT_TOLERANCES)
+
+
+def _imported_source(module: Module, path: Path) -> tuple[str | bytes, dict[str, np.ndarray]]:
+    """The source model for onnxruntime (its path, or its bytes with the random weights
+    `tk-import --random-weights` gave it) and the inputs `--value` fixed."""
+    options = next((stage.get("options") or {} for stage in module.stages
+                    if stage.get("name") == "import"), {})
+    if options.get("random_weights") is None and not options.get("values"):
+        return str(path), {}
+    from tilekit.onnx import load_model, reference_source
+
+    model, fixed = reference_source(load_model(str(path)), options)
+    if options.get("random_weights") is None:
+        return str(path), fixed
+    return model.SerializeToString(), fixed
 
 
 #: onnxruntime's input type names for the float types a half module's inputs may stand for.

@@ -119,10 +119,15 @@ def if_(ctx: NodeContext) -> None:
     for i, (a, b) in enumerate(zip(then.outputs, else_.outputs)):
         ta, tb = then.tensors[a], else_.tensors[b]
         if ta.shape != tb.shape or ta.dtype != tb.dtype:
+            sources = ctx._imp.value_inputs(ctx.node.input[0])
+            hint = ("tilekit needs static shapes: both branches must agree, or the condition "
+                    "must be known at import")
+            if sources:
+                hint = (f"the condition depends on the value of graph input '{sources[0]}': "
+                        f"fix it at import with --value {sources[0]}=V so the branch folds")
             raise ctx.unsupported(
                 f"output {i} is {ta.dtype}{list(ta.shape)} in then_branch and "
-                f"{tb.dtype}{list(tb.shape)} in else_branch",
-                "tilekit needs static shapes: both branches must agree")
+                f"{tb.dtype}{list(tb.shape)} in else_branch", hint)
         outputs.append(_out_value(ctx, i, ta.shape, ta.dtype))
     record = ControlOp(name="", kind="if", regions=(then, else_),
                        outputs=tuple(v.name for v in outputs), cond=ctx.name_of(cond))

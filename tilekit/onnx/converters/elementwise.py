@@ -320,7 +320,8 @@ def quantize_linear(ctx: NodeContext) -> None:
     x, scale, zero = ctx.input(0), ctx.input(1), ctx.input(2)
     out = ctx.output(0)
     axis = ctx.attr("axis", 1)
-    ctx.attr("saturate")
+    ctx.attr("saturate")      # float8 outputs only: none of the types below
+    ctx.attr("output_dtype")  # opset 21: the output's type, which inference already gives
     if ctx.attr("block_size", 0) or out.dtype not in _INT_RANGE:
         raise ctx.unsupported(f"quantising to {out.dtype} or blocked quantisation")
     lo, hi = _INT_RANGE[out.dtype]

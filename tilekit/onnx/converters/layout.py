@@ -212,31 +212,21 @@ def slice_(ctx: NodeContext) -> None:
     ctx.assign(out, ax, "=", ctx.access(x, idx))
 
 
-@converter("Gather", summary="constant indices: a constant index or an arithmetic "
-                             "progression; otherwise opaque Gather")
+@converter("Gather", summary="constant indices affine in their position (a constant, an "
+                             "arithmetic progression, a grid): an index map; otherwise opaque "
+                             "Gather")
 def gather(ctx: NodeContext) -> None:
     x, ind, out = ctx.input(0), ctx.input(1), ctx.output(0)
     axis = ctx.axis("axis", 0, x.rank)
-    if ind.const is None:
-        ctx.opaque("Gather", [x, ind], [out], {"axis": axis})
-        return
-    values = ind.const.astype(np.int64).reshape(-1) % x.shape[axis] if ind.size else \
-        np.zeros(0, np.int64)
-    progression = ind.rank <= 1 and ind.size >= 1 and (
-        ind.size == 1 or np.all(np.diff(values) == values[1] - values[0]))
-    if not progression:
-        ctx.opaque("Gather", [x, ind], [out], {"axis": axis})
-        return
     ax = text.axes(out.rank)
-    idx = ax[:axis]
-    if ind.rank == 0:
-        idx = idx + [str(int(values[0]))]
-        rest = ax[axis:]
-    else:
-        step = int(values[1] - values[0]) if ind.size > 1 else 0
-        idx = idx + [text.term([(ax[axis], step)], int(values[0]))]
-        rest = ax[axis + 1:]
-    ctx.assign(out, ax, "=", ctx.access(x, idx + rest))
+    index = None
+    if ind.const is not None and ind.size >= 1:
+        values = ind.const.astype(np.int64) % x.shape[axis]
+        index = text.affine_index(values, ax[axis:axis + ind.rank])
+    if index is None:
+        ctx.opaque("Gather", [x, ind], [out], {"axis": axis})
+        return
+    ctx.assign(out, ax, "=", ctx.access(x, ax[:axis] + [index] + ax[axis + ind.rank:]))
 
 
 # -- padding -----------------------------------------------------------------------------
@@ -385,3 +375,36 @@ def one_hot(ctx: NodeContext) -> None:
     else:
         off, on = ctx.access(values, ["0"]), ctx.access(values, ["1"])
     ctx.assign(out, ax, "=", f"select({idx} == {a} || {idx} + {depth} == {a}, {on}, {off})")
+
+
+@converter("Range", summary="y[i] = start + i*delta (folded at import when its inputs are "
+                            "constants)")
+def range_(ctx: NodeContext) -> None:
+    # Constant inputs fold before conversion; here the length is static (from inference)
+    # and start or delta is computed at run time.
+    start, delta, out = ctx.input(0), ctx.input(2), ctx.output(0)
+    for i, v in ((0, start), (1, ctx.input(1)), (2, delta)):
+        if v.size != 1:
+            raise ctx.unsupported(f"input {i} has {v.size} elements", "Range takes scalars")
+    ctx.assign(out, ["i"], "=", f"{ctx.read(start, ['i'], out.shape)} + "
+                                f"i * {ctx.read(delta, ['i'], out.shape)}")
+
+
+@converter("CenterCropPad", summary="y[i] = x[i + offset] (pad '0'): a centred crop or zero "
+                                    "pad per axis")
+def center_crop_pad(ctx: NodeContext) -> None:
+    # Opset 18. Per axis: crop from (n - s) // 2, or pad (s - n) // 2 zeros before.
+    x, out = ctx.input(0), ctx.output(0)
+    sizes = [int(v) for v in ctx.require_const(1, "shape").reshape(-1)]
+    axes = ctx.axes_in(ctx.attr("axes"), x.rank) if ctx.attr("axes") is not None \
+        else list(range(x.rank))
+    if len(sizes) != len(axes):
+        raise ctx.unsupported(f"{len(sizes)} sizes for {len(axes)} axes")
+    ax = text.axes(out.rank)
+    idx, padded = list(ax), False
+    for a, size in zip(axes, sizes):
+        n = x.shape[a]
+        offset = (n - size) // 2 if size <= n else -((size - n) // 2)
+        padded = padded or size > n
+        idx[a] = text.term([(ax[a], 1)], offset)
+    ctx.assign(out, ax, "=", ctx.access(x, idx), pad="0" if padded else None)

@@ -20,10 +20,42 @@ def gather_elements(ctx: NodeContext) -> None:
     ctx.opaque("GatherElements", [x, ind], [out], {"axis": ctx.axis("axis", 0, x.rank)})
 
 
-@converter("GatherND", summary="opaque GatherND")
+@converter("GatherND", summary="constant indices affine in their position: an index map; "
+                               "otherwise opaque GatherND")
 def gather_nd(ctx: NodeContext) -> None:
-    ctx.opaque("GatherND", ctx.inputs(), [ctx.output(0)],
-               {"batch_dims": ctx.attr("batch_dims", 0)})
+    # The dynamo exporter reads an attention mask at constant (batch, key) index grids:
+    # as an index map it is a statement later stages can fuse and CUDA can run.
+    x, ind, out = ctx.input(0), ctx.input(1), ctx.output(0)
+    batch = int(ctx.attr("batch_dims", 0))
+    reads = _gather_nd_indices(x, ind, out, batch)
+    if reads is None:
+        ctx.opaque("GatherND", ctx.inputs(), [out], {"batch_dims": batch})
+        return
+    ctx.assign(out, text.axes(out.rank), "=", ctx.access(x, reads))
+
+
+def _gather_nd_indices(x, ind, out, batch: int) -> list[str] | None:
+    """The index of `x` read at each output point when GatherND's constant indices are
+    affine in their position, else None."""
+    if ind.const is None or ind.rank < 1 or not 0 <= batch < ind.rank:
+        return None
+    k = ind.shape[-1]
+    if not 1 <= k <= x.rank - batch or ind.size == 0:
+        return None
+    ax = text.axes(out.rank)
+    grid = ax[:ind.rank - 1]
+    values = ind.const.astype(np.int64)
+    reads = list(ax[:batch])
+    for c in range(k):
+        size = x.shape[batch + c]
+        component = values[..., c]
+        if component.min() < -size or component.max() >= size:
+            return None        # out of range: the opaque op reports it at run time
+        index = text.affine_index(component % size, grid)
+        if index is None:
+            return None
+        reads.append(index)
+    return reads + ax[ind.rank - 1:]
 
 
 @converter("ScatterND", summary="opaque ScatterND")
@@ -114,20 +146,58 @@ def resize(ctx: NodeContext) -> None:
     for i in range(1, 4):
         if ctx.has_input(i) and ctx.const(i) is None:
             raise ctx.unsupported(f"input {i} (roi/scales/sizes) must be constant")
-    if ctx.attr("antialias", 0) or ctx.attr("keep_aspect_ratio_policy", "stretch") != "stretch":
-        raise ctx.unsupported("antialias / keep_aspect_ratio_policy")
-    ctx.attr("axes")
+    if ctx.flag("antialias", 0):
+        raise ctx.unsupported("antialias=1 (opset 18) is not supported")
     if ctx.opset < 11:
         # Resize-10 resamples like Upsample: asymmetric coordinates, nearest by flooring.
         _resize(ctx, ctx.attr("mode", "nearest"), "asymmetric", "floor",
                 _scales(ctx, ctx.const(1)))
         return
+    rank = ctx.input(0).rank
+    # Opset 18: `axes` says which dimensions scales / sizes give (the others keep size 1.0).
+    axes = ctx.axes_in(ctx.attr("axes"), rank) if ctx.attr("axes") is not None \
+        else list(range(rank))
     sizes = ctx.const(3) if ctx.has_input(3) else None
-    given = None if sizes is not None and np.asarray(sizes).size else \
-        _scales(ctx, ctx.const(2) if ctx.has_input(2) else None)
+    if sizes is not None and np.asarray(sizes).size:
+        given = _policy_scales(ctx, [int(v) for v in np.asarray(sizes).reshape(-1)], axes)
+    else:
+        raw = ctx.const(2) if ctx.has_input(2) else None
+        given = None if raw is None or not np.asarray(raw).size else \
+            _scales(ctx, _full_rank(ctx, np.asarray(raw, np.float64).reshape(-1), axes, 1.0))
     _resize(ctx, ctx.attr("mode", "nearest"),
             ctx.attr("coordinate_transformation_mode", "half_pixel"),
             ctx.attr("nearest_mode", "round_prefer_floor"), given)
+
+
+def _full_rank(ctx: NodeContext, values, axes: list[int], fill: float) -> list[float]:
+    """Per-axis values given for `axes` (opset 18) spread over every dimension."""
+    if len(values) != len(axes):
+        raise ctx.unsupported(f"{len(values)} scales or sizes for {len(axes)} axes")
+    full = [fill] * ctx.input(0).rank
+    for a, v in zip(axes, values):
+        full[a] = float(v)
+    return full
+
+
+def _policy_scales(ctx: NodeContext, sizes: list[int], axes: list[int]) -> list[float] | None:
+    """Sizes given: None (the output shape maps coordinates, as before opset 18), or under
+    `keep_aspect_ratio_policy` (opset 18) the one scale of the policy, which maps the
+    coordinates: the output is round(scale * input) on `axes`."""
+    policy = ctx.attr("keep_aspect_ratio_policy", "stretch")
+    if policy == "stretch":
+        return None
+    if policy not in ("not_larger", "not_smaller"):
+        raise ctx.unsupported(f"keep_aspect_ratio_policy='{policy}'")
+    x = ctx.input(0)
+    ratios = [s / x.shape[a] for s, a in zip(sizes, axes)]
+    scale = min(ratios) if policy == "not_larger" else max(ratios)
+    scales = _full_rank(ctx, [scale] * len(axes), axes, 1.0)
+    floor = [int(np.floor(n * s)) for n, s in zip(x.shape, scales)]
+    if floor != list(ctx.output(0).shape):
+        raise ctx.unsupported(f"keep_aspect_ratio_policy='{policy}' rounds to "
+                              f"{list(ctx.output(0).shape)}, which the scale {scale:g} does not "
+                              "give by flooring", "give the output sizes without the policy")
+    return _scales(ctx, scales)
 
 
 @converter("Upsample", summary="like Resize with asymmetric coordinates and floor rounding")

@@ -63,7 +63,8 @@ def keep_indices(rank: int, reduced: Sequence[int], ax: Sequence[str]) -> list[s
 
 
 def _axes_arg(ctx: NodeContext, rank: int, input_since: int) -> list[int] | None:
-    """The reduced axes (normalised, sorted); None when all are reduced."""
+    """The reduced axes (normalised, sorted); None when none are given (an absent or empty
+    list: every axis, or none at all under `noop_with_empty_axes`, see `_noop`)."""
     if ctx.opset >= input_since:
         if not ctx.has_input(1):
             axes = None
@@ -76,6 +77,13 @@ def _axes_arg(ctx: NodeContext, rank: int, input_since: int) -> list[int] | None
     if axes is None:
         return None
     return sorted(ctx.axes_in(axes, rank)) if rank else []
+
+
+def _noop(ctx: NodeContext, input_since: int) -> bool:
+    """`noop_with_empty_axes` (from the opset where the axes became an input: 13 for
+    ReduceSum, 18 for the others). Read whether or not the axes are given: exporters write
+    it explicitly (`noop_with_empty_axes=0` on RMSNorm's ReduceMean at opset 18)."""
+    return ctx.opset >= input_since and bool(ctx.flag("noop_with_empty_axes", 0))
 
 
 _REDUCE = {
@@ -100,8 +108,9 @@ def _reduce(op_type: str):
         x, out = ctx.input(0), ctx.output(0)
         keepdims = bool(ctx.flag("keepdims", 1))
         axes = _axes_arg(ctx, x.rank, since)
+        noop = _noop(ctx, since)
         if axes is None:
-            if ctx.attr("noop_with_empty_axes", 0):
+            if noop:
                 ctx.copy(0, x)
                 return
             axes = list(range(x.rank))
@@ -133,8 +142,9 @@ def reduce_log_sum_exp(ctx: NodeContext) -> None:
     x, out = ctx.input(0), ctx.output(0)
     keepdims = bool(ctx.flag("keepdims", 1))
     axes = _axes_arg(ctx, x.rank, 18)
+    noop = _noop(ctx, 18)
     if axes is None:
-        if ctx.attr("noop_with_empty_axes", 0):
+        if noop:
             ctx.copy(0, x)
             return
         axes = list(range(x.rank))
