@@ -36,3 +36,17 @@ def test_the_worked_example_is_current(tmp_path):
     assert len(found) >= 5
     for name, block in found:
         assert block in (tmp_path / name).read_text(), f"{name}: not found:\n{block}"
+
+
+def test_the_opaque_table_of_the_import_doc_is_current():
+    from tilekit.codegen.opaque import OPAQUE_KERNELS
+    from tilekit.opaque import known
+
+    text = (ROOT / "docs" / "import.md").read_text(encoding="utf-8")
+    table = text[text.index("<!-- opaque-cuda: the list"):text.index("<!-- opaque-cuda: end")]
+    rows = {line.split("|")[1].strip(): line.split("|")[3].strip()
+            for line in table.splitlines() if line.startswith("| ") and "---" not in line
+            and not line.startswith("| opaque type")}
+    assert set(rows) == set(known())
+    for name, kernel in rows.items():
+        assert kernel.startswith("yes") == (name in OPAQUE_KERNELS), name
