@@ -1,6 +1,10 @@
 """One engine on one model in a fresh process: latency and peak memory, as JSON on stdout.
 
-    python tests/bench/cpu_engines.py --engine tilekit|onnxruntime --model M.onnx --runs N
+    python tests/bench/cpu_engines.py --engine ENGINE --model M.onnx --runs N
+
+Engines: `tilekit` (the NumPy reference executor, whole ops), `compiled` (tk-codegen --target
+cpu on the default schedules, run by the compiled CPU runtime), `compiled-rolled` (the same
+after tk-roll --hw h100: the GPU's tiles, as the CPU target runs them today), `onnxruntime`.
 
 Peak memory is only comparable between processes that did nothing else, so each engine runs
 alone here; `test_cpu_bench.py` starts one process per engine and model, alternating engines
@@ -59,6 +63,26 @@ def tilekit_runner(path: Path, feeds: dict[str, np.ndarray], threads: int):
     return lambda: program.run(ir_inputs, weights)
 
 
+def compiled_runner(path: Path, feeds: dict[str, np.ndarray], threads: int,
+                    rolled: bool = False):
+    from tilekit.codegen import generate
+    from tilekit.hw import load_profile
+    from tilekit.onnx import import_model, load_model
+    from tilekit.roll.schedule import roll_module
+    from tilekit.runtime.compiled import CpuProgram
+
+    imported = import_model(load_model(str(path)))
+    module = imported.module
+    if rolled:
+        module = roll_module(module, load_profile("h100"))
+    module = generate(module, target="cpu").module
+    weights = {k: np.ascontiguousarray(v) for k, v in imported.weights.items()}
+    renamed = (module.source or {}).get("inputs", {})
+    ir_inputs = {ir: feeds[renamed.get(ir, ir)] for ir in module.inputs}
+    program = CpuProgram(module, threads)
+    return lambda: program.run(ir_inputs, weights)
+
+
 def onnxruntime_runner(path: Path, feeds: dict[str, np.ndarray], threads: int):
     import onnxruntime as ort
 
@@ -71,7 +95,8 @@ def onnxruntime_runner(path: Path, feeds: dict[str, np.ndarray], threads: int):
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--engine", choices=["tilekit", "onnxruntime"], required=True)
+    parser.add_argument("--engine", choices=["tilekit", "compiled", "compiled-rolled",
+                                             "onnxruntime"], required=True)
     parser.add_argument("--model", required=True)
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
@@ -79,8 +104,10 @@ def main() -> None:
     path = Path(args.model)
     feeds = feeds_for(onnx.load(str(path), load_external_data=False), seed=0)
     base = rss_mib()
-    runner = (tilekit_runner if args.engine == "tilekit" else onnxruntime_runner)(
-        path, feeds, args.threads)
+    make = {"tilekit": tilekit_runner, "compiled": compiled_runner,
+            "compiled-rolled": lambda *a: compiled_runner(*a, rolled=True),
+            "onnxruntime": onnxruntime_runner}[args.engine]
+    runner = make(path, feeds, args.threads)
     runner()  # warm-up
     times = []
     for _ in range(args.runs):

@@ -1,9 +1,12 @@
-"""tk-run's CPU executor against onnxruntime: latency and peak memory, side by side.
+"""tilekit on the CPU against onnxruntime: latency and peak memory, side by side.
 
-Run with `make bench` (not part of `make test`). For each model, engines alternate in fresh
-processes (tilekit, onnxruntime, tilekit, ...) `ROUNDS` times; each process times `RUNS` runs
-after a warm-up. Reported: the ratio of medians (tilekit / onnxruntime; < 1 means tilekit is
-faster) and the ratio of peak resident memory. Results go to tests/bench/results/cpu.json.
+Run with `make bench` (not part of `make test`). Engines (tests/bench/cpu_engines.py): the
+NumPy reference executor (`tilekit`), the compiled CPU code on the default schedules
+(`compiled`: tk-codegen --target cpu) and after tk-roll (`compiled-rolled`), and
+onnxruntime, all with the same threads. For each model, engines alternate in fresh processes
+`ROUNDS` times; each process times `RUNS` runs after a warm-up. Reported: each engine's
+median, the ratio of medians to onnxruntime's (< 1 means tilekit is faster) and peak resident
+memory. Results go to tests/bench/results/cpu.json.
 """
 
 from __future__ import annotations
@@ -41,6 +44,10 @@ def build(name: str, folder: Path) -> Path:
         model = onnx_models.bert_encoder_layer(batch=1, seq=128, hidden=768, heads=12, ffn=3072)
     elif name == "mobilenet_block":
         model = onnx_models.mobilenet_block(channels=32, expand=6, size=56, classes=1000)
+    elif name == "gpt_block":
+        model = onnx_models.gpt_block(batch=1, seq=128, hidden=768, heads=12)
+    elif name == "lstm":
+        model = onnx_models.lstm_model(seq=32, batch=1, inputs=256, hidden=512)
     else:
         raise KeyError(name)
     onnx.save(model, str(path))
@@ -54,31 +61,30 @@ def measure(engine: str, model: Path) -> dict:
     return json.loads(out.stdout)
 
 
-@pytest.mark.parametrize("name", ["resnet50", "bert_layer", "mobilenet_block"])
+ENGINES = ("tilekit", "compiled", "compiled-rolled", "onnxruntime")
+
+
+@pytest.mark.parametrize("name", ["resnet50", "bert_layer", "gpt_block", "mobilenet_block",
+                                  "lstm"])
 def test_cpu_latency_and_memory_against_onnxruntime(name, tmp_path):
     model = build(name, tmp_path)
-    runs = {"tilekit": [], "onnxruntime": []}
-    peak = {"tilekit": [], "onnxruntime": []}
+    runs = {e: [] for e in ENGINES}
+    peak = {e: [] for e in ENGINES}
     for _ in range(ROUNDS):
-        for engine in ("tilekit", "onnxruntime"):
+        for engine in ENGINES:
             result = measure(engine, model)
             runs[engine].extend(result["times_ms"])
             peak[engine].append(result["peak_rss_mib"])
     median = {e: statistics.median(t) for e, t in runs.items()}
     mem = {e: max(p) for e, p in peak.items()}
-    row = {
-        "model": name,
-        "tilekit_median_ms": round(median["tilekit"], 2),
-        "onnxruntime_median_ms": round(median["onnxruntime"], 2),
-        "latency_ratio": round(median["tilekit"] / median["onnxruntime"], 2),
-        "tilekit_peak_rss_mib": round(mem["tilekit"], 1),
-        "onnxruntime_peak_rss_mib": round(mem["onnxruntime"], 1),
-        "memory_ratio": round(mem["tilekit"] / mem["onnxruntime"], 2),
-    }
-    print(f"\n{name}: tilekit {row['tilekit_median_ms']} ms vs onnxruntime "
-          f"{row['onnxruntime_median_ms']} ms (x{row['latency_ratio']}); peak RSS "
-          f"{row['tilekit_peak_rss_mib']} vs {row['onnxruntime_peak_rss_mib']} MiB "
-          f"(x{row['memory_ratio']})")
+    row = {"model": name}
+    for e in ENGINES:
+        key = e.replace("-", "_")
+        row[f"{key}_median_ms"] = round(median[e], 3)
+        row[f"{key}_peak_rss_mib"] = round(mem[e], 1)
+        if e != "onnxruntime":
+            row[f"{key}_latency_ratio"] = round(median[e] / median["onnxruntime"], 2)
+    print(f"\n{name}: " + "; ".join(f"{e} {median[e]:.2f} ms" for e in ENGINES))
     record(row)
 
 

@@ -97,7 +97,7 @@ def test_products_depend_on_the_profile_by_name_or_path(tmp_path):
     a100 = make(tmp_path, "HW=a100", target("a100"))
     assert a100.returncode == 0, a100.stderr
     assert commands_run(a100) == ["tk-roll", "tk-weld"]
-    assert "hardware: a100" in (build / "a100" / "tiny.rolled.yaml").read_text()
+    assert "hardware:\n  name: a100\n" in (build / "a100" / "tiny.rolled.yaml").read_text()
     assert digests(build / "h100") == h100
 
     # A path: the stem names the folder; touching the file rebuilds nothing, changing a figure

@@ -56,7 +56,8 @@ def test_emit_dir(tmp_path):
     proc = tk_codegen(DATA / "gather.yaml", "--emit-dir", tmp_path / "cu", "-o", tmp_path / "o.yaml")
     assert proc.returncode == 0, proc.stderr.decode()
     names = sorted(p.name for p in (tmp_path / "cu").iterdir())
-    assert names == ["runtime.cuh", "tk_k_lookup.cu", "tk_k_scale.cu"]
+    assert names == ["runtime.cuh", "tk_k_lookup.cu", "tk_k_lookup.tile", "tk_k_scale.cu",
+                     "tk_k_scale.tile"]
     assert (tmp_path / "cu" / "tk_k_lookup.cu").read_text().count('#include "runtime.cuh"') == 1
 
 

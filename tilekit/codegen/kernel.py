@@ -112,7 +112,6 @@ def generated(program: Kernel, *, name: str, group: str, ops: tuple[str, ...], s
     from tilekit.tile.passes import lower_for_cpu, lower_for_cuda
     from tilekit.tile.verify import verify
 
-    verify(program, lowered=False)
     built = program
     program = lower_for_cpu(program) if target == "cpu" else lower_for_cuda(program)
     verify(program)

@@ -70,7 +70,7 @@ def launch_bound_regs(profile, threads: int, per_sm: int) -> int:
     return min(profile.max_regs_per_thread, regs // 8 * 8)
 
 
-def blocks_per_sm(profile, threads: int, regs: int, per_sm: int) -> int:
+def launch_bound_blocks(profile, threads: int, regs: int, per_sm: int) -> int:
     """`per_sm` lowered until ptxas can give each thread `regs` registers at it (>= 1)."""
     while per_sm > 1 and launch_bound_regs(profile, threads, per_sm) < regs:
         per_sm -= 1
@@ -267,7 +267,7 @@ def plan(module: Module, profile, policy: str = "wavefront", hardware: str | Non
         else:
             slot = common_residency(profile, [(threads, program_regs(ops[i].best),
                                                ops[i].best.smem_bytes) for i in members])
-            per_sm = blocks_per_sm(profile, threads, slot.registers, slot.per_sm)
+            per_sm = launch_bound_blocks(profile, threads, slot.registers, slot.per_sm)
             veus, why = per_sm * profile.sm_count, slot.why()
             if per_sm < slot.per_sm:
                 why += (f"; {per_sm} block(s)/SM so that ptxas can give {slot.registers} "

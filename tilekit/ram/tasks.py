@@ -43,18 +43,11 @@ from tilekit.roll.cost import estimate_bytes, registers_per_thread
 from tilekit.roll.problem import problem_from_analysis
 from tilekit.roll.schedule import tensor_bytes
 from tilekit.schedule.block import BARRIER_SHAPES
-from tilekit.schedule.defaults import DEFAULT_THREADS, WARP, default_grid
+from tilekit.schedule.defaults import (DEFAULT_REGS, DEFAULT_THREADS, FUSED_REGS, WARP,
+                                       default_grid)
 from tilekit.schedule.mma import recorded_precision
 from tilekit.schedule.shape import Target, align_smem, analysis_facts, decide, default_blocks
 
-#: Registers per thread assumed for a fused group's body (ptxas is asked only at codegen):
-#: the welded kernels of the bundled models use 24-56 (tk-codegen --compile, sm_90, BERT, GPT,
-#: MLP-Mixer and MobileNet blocks). A program's launch bounds make ptxas fit what
-#: co-residency leaves; `tk-codegen --compile` reports a body that would spill.
-FUSED_REGS = 64
-#: Registers assumed for a default-shape or opaque body when nothing better is known (ptxas
-#: gives the grid-stride kernels of the model zoo 16-40; codegen re-checks with ptxas').
-DEFAULT_REGS = 40
 
 
 # -- where each rTask writes ------------------------------------------------------------------

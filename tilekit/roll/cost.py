@@ -61,8 +61,9 @@ import numpy as np
 from tilekit.hw.profile import Profile
 from tilekit.ir.payloads import BOUNDS, Estimate
 from tilekit.roll.problem import Problem, walks_reduction
-from tilekit.schedule.defaults import DEFAULT_THREADS, WARP, default_grid
+from tilekit.schedule.defaults import DEFAULT_REGS, DEFAULT_THREADS, WARP, default_grid
 from tilekit.schedule.mma import MMA, compute_type, mma_plan, offered
+from tilekit.schedule.residency import blocks_per_sm
 from tilekit.schedule.shape import MIN_REUSE, SMEM_ALIGN, STREAM_RATIO
 
 #: Registers a thread spends beyond its tile (addresses, loop counters, predicates).
@@ -277,43 +278,20 @@ def cost_tiles(problem: Problem, m: Machine, block: np.ndarray, thread: np.ndarr
 
     regs = registers_per_thread(problem, thread, staged, ptxas=not m.distributed)
     regs = np.where(tc.on, tc.regs, regs)
-    occ = _occupancy(m, g, regs, smem_tile)
-    # Times. Compute and shared memory are per-SM resources: a partial wave or an SM short of
-    # warps leaves them idle. The global level is device-wide, so it is not quantised by
-    # waves: its traffic (L2 or exchange to the SMs) is bounded by what the busiest SM can
-    # pull through its port (its share of that bandwidth), and the compulsory bytes by DRAM.
-    sm_busy = occ.eff * occ.saturation
-    peak = np.where(tc.on, tc.peak, m.peak)
-    t_compute = g.work / peak / occ.lanes / sm_busy
-    t_smem = smem_traffic / m.smem_bw / occ.lanes / sm_busy
-    busiest = -(-g.blocks // m.hw.sm_count) * (loads + stores) / (occ.lanes * occ.saturation)
-    if m.distributed:
-        t_traffic = dram_bytes / m.exchange_bw
-        t_global = np.maximum(t_traffic, busiest / (m.exchange_bw / m.hw.sm_count))
-    else:
-        unique = float(_unique_bytes(problem))
-        reload_bw = m.l2_bw if unique <= m.hw.l2_bytes else m.dram_bw
-        t_traffic = dram_bytes / reload_bw
-        t_global = np.maximum(np.maximum(unique / m.dram_bw, t_traffic),
-                              busiest / (m.l2_bw / m.hw.sm_count))
-    # A staged kernel loads a step's boxes, waits at a barrier, computes, waits again: within
-    # a block the loads' round trip is not overlapped, only by the other blocks resident on
-    # its SM. Each SM runs ceil(blocks / (SMs x resident)) rounds of nsteps such waits.
-    # (tensor-core kernels pipeline their steps with cp.async: no such term.)
-    t_latency = np.where(staged, -(-g.blocks // (m.hw.sm_count * occ.resident)) * g.nsteps
-                         * m.step_latency, 0.0)
-    terms = np.stack([t_compute, t_smem, t_global])
-    busy = terms.max(axis=0) + t_latency
-    bound = np.where(m.launch_s > busy, BOUNDS.index("launch"),
-                     np.where(t_latency > terms.max(axis=0), BOUNDS.index("latency"),
-                              terms.argmax(axis=0)))
-    costs = TileCosts(time_s=busy + m.launch_s, flops=g.flops, dram_bytes=dram_bytes,
+    # tensor-core kernels pipeline their steps with cp.async: no staging latency
+    work = Work(flops=g.work, peak=np.where(tc.on, tc.peak, m.peak),
+                smem_traffic=smem_traffic, block_bytes=(loads + stores).astype(np.float64),
+                traffic=dram_bytes, unique=float(_unique_bytes(problem)), blocks=g.blocks,
+                threads=g.threads, registers=regs, smem_bytes=smem_tile,
+                latency_steps=np.where(staged, g.nsteps, 0))
+    p = predict(m, work)
+    costs = TileCosts(time_s=p.time_s, flops=g.flops, dram_bytes=dram_bytes,
                       smem_bytes=smem_traffic, smem_tile=smem_tile, box_bytes=box_bytes,
                       staged=staged, lanes_default=lanes_default, regs=regs,
-                      threads=g.threads, blocks=g.blocks, blocks_per_sm=occ.per_sm,
-                      waves=occ.waves, wave_eff=occ.eff, bound=bound, valid=occ.valid,
-                      t_compute=t_compute, t_smem=t_smem, t_global=t_global,
-                      t_traffic=t_traffic, t_latency=t_latency)
+                      threads=g.threads, blocks=g.blocks, blocks_per_sm=p.per_sm,
+                      waves=p.waves, wave_eff=p.eff, bound=p.bound, valid=p.valid,
+                      t_compute=p.t_compute, t_smem=p.t_smem, t_global=p.t_global,
+                      t_traffic=p.t_traffic, t_latency=p.t_latency)
     if lanes_default.any():
         _as_lane_kernels(problem, m, costs, lanes_default)
     return costs
@@ -440,38 +418,90 @@ def _global_traffic(problem: Problem, g: _Grid, txn: int) -> tuple[np.ndarray, n
 
 
 @dataclass
-class _Occupancy:
-    per_sm: np.ndarray
+class Work:
+    """What a kernel does, the figures the time formula prices (arrays: one per candidate,
+    or scalars). tk-roll derives them from a tile (`cost_tiles`), tk-weld from a fused
+    group's regions (tilekit.weld.model), an opaque op from its bytes (`estimate_bytes`), a
+    tile program from the interpreter's counters (tilekit.codegen.report): one formula
+    (`predict`) prices them all."""
+
+    flops: object              # floating-point work the blocks execute (padding included)
+    peak: object               # FLOP/s of the unit that executes it (SIMT or tensor cores)
+    smem_traffic: object       # shared-memory bytes moved
+    block_bytes: object        # global bytes one block moves (the busiest SM's port)
+    traffic: object            # global bytes all blocks move (re-reads included)
+    unique: float              # compulsory bytes: every tensor once (from DRAM)
+    blocks: object
+    threads: object
+    registers: object
+    smem_bytes: object         # shared memory per block (occupancy)
+    latency_steps: object      # round trips a block waits for in sequence (staged steps)
+
+
+@dataclass
+class Prediction:
+    time_s: np.ndarray
+    bound: np.ndarray          # index into BOUNDS
+    t_compute: np.ndarray
+    t_smem: np.ndarray
+    t_global: np.ndarray
+    t_traffic: np.ndarray
+    t_latency: np.ndarray
+    per_sm: np.ndarray         # blocks an SM holds (tilekit.schedule.residency)
     valid: np.ndarray
     eff: np.ndarray
     waves: np.ndarray
-    saturation: np.ndarray
-    lanes: np.ndarray
-    resident: np.ndarray    # blocks on one SM at once (a grid under a wave spreads first)
+    resident: np.ndarray
 
 
-def _occupancy(m: Machine, g: _Grid, regs: np.ndarray, smem_tile: np.ndarray) -> _Occupancy:
-    """Blocks per SM (threads, registers, shared memory, the per-SM limit), validity, waves,
-    saturation. A block whose threads do not fill whole warps leaves lanes idle: every kind of
-    work is issued per warp, so each time is divided by the fraction of lanes used."""
-    warps = -(-g.threads // m.hw.warp_size)
-    lanes = g.threads / (warps * m.hw.warp_size)
-    by_threads = m.hw.max_threads_per_sm // (warps * m.hw.warp_size)
-    by_regs = m.hw.regs_per_sm // (regs * warps * m.hw.warp_size)
-    by_smem = np.where(smem_tile > 0, m.hw.smem_per_sm // np.maximum(smem_tile, 1),
-                       m.hw.max_blocks_per_sm)
-    per_sm = np.minimum(np.minimum(by_threads, by_regs),
-                        np.minimum(by_smem, m.hw.max_blocks_per_sm))
-    valid = ((g.threads <= m.hw.max_threads_per_block) & (regs <= m.hw.max_regs_per_thread)
-             & (regs * g.threads <= m.hw.regs_per_block) & (smem_tile <= m.hw.smem_per_block)
-             & (per_sm >= 1))
+def predict(m: Machine, w: Work) -> Prediction:
+    """The micro performance model (module docstring): occupancy from the one occupancy
+    function (tilekit.schedule.residency.blocks_per_sm), waves, saturation and idle lanes,
+    then `max(compute, shared memory, global) + staging latency + launch`."""
+    threads = np.asarray(w.threads, dtype=np.int64)
+    blocks = np.asarray(w.blocks, dtype=np.int64)
+    per_sm, _ = blocks_per_sm(m.hw, threads, w.registers, w.smem_bytes)
+    valid = per_sm >= 1
+    warps = -(-threads // m.hw.warp_size)
+    # A block whose threads do not fill whole warps leaves lanes idle: every kind of work
+    # is issued per warp, so each time is divided by the fraction of lanes used.
+    lanes = threads / (warps * m.hw.warp_size)
     # A grid smaller than one full wave spreads over the SMs first, so only `resident`
     # blocks share an SM; the SM is saturated once it holds `SATURATING_WARPS`.
-    resident = np.minimum(np.maximum(per_sm, 1), -(-g.blocks // m.hw.sm_count))
-    eff, waves = wave_efficiency(g.blocks, m.hw.sm_count * resident)
+    resident = np.minimum(np.maximum(per_sm, 1), -(-blocks // m.hw.sm_count))
+    eff, waves = wave_efficiency(blocks, m.hw.sm_count * resident)
     saturation = np.minimum(1.0, warps * resident / min(SATURATING_WARPS,
                                                           m.hw.max_warps_per_sm))
-    return _Occupancy(per_sm, valid, eff, waves, saturation, lanes, resident)
+    # Compute and shared memory are per-SM resources: a partial wave or an SM short of
+    # warps leaves them idle. The global level is device-wide, so it is not quantised by
+    # waves: its traffic (L2 or exchange to the SMs) is bounded by what the busiest SM can
+    # pull through its port (its share of that bandwidth), and the compulsory bytes by DRAM.
+    sm_busy = eff * saturation
+    t_compute = np.asarray(w.flops, dtype=np.float64) / w.peak / lanes / sm_busy
+    t_smem = np.asarray(w.smem_traffic, dtype=np.float64) / m.smem_bw / lanes / sm_busy
+    busiest = -(-blocks // m.hw.sm_count) * np.asarray(w.block_bytes, dtype=np.float64) / (
+        lanes * saturation)
+    traffic = np.asarray(w.traffic, dtype=np.float64)
+    if m.distributed:
+        t_traffic = traffic / m.exchange_bw
+        t_global = np.maximum(t_traffic, busiest / (m.exchange_bw / m.hw.sm_count))
+    else:
+        reload_bw = m.l2_bw if w.unique <= m.hw.l2_bytes else m.dram_bw
+        t_traffic = traffic / reload_bw
+        t_global = np.maximum(np.maximum(w.unique / m.dram_bw, t_traffic),
+                              busiest / (m.l2_bw / m.hw.sm_count))
+    # A staged kernel loads a step's boxes, waits at a barrier, computes, waits again: within
+    # a block the loads' round trip is not overlapped, only by the other blocks resident on
+    # its SM. Each SM runs ceil(blocks / (SMs x resident)) rounds of such waits.
+    t_latency = -(-blocks // (m.hw.sm_count * resident)) * np.asarray(
+        w.latency_steps, dtype=np.float64) * m.step_latency
+    terms = np.stack(np.broadcast_arrays(t_compute, t_smem, t_global))
+    top = terms.max(axis=0)
+    busy = top + t_latency
+    bound = np.where(m.launch_s > busy, BOUNDS.index("launch"),
+                     np.where(t_latency > top, BOUNDS.index("latency"), terms.argmax(axis=0)))
+    return Prediction(busy + m.launch_s, bound, t_compute, t_smem, t_global, t_traffic,
+                      t_latency, per_sm, valid, eff, waves, resident)
 
 
 def _as_lane_kernels(problem: Problem, m: Machine, costs: TileCosts, where: np.ndarray
@@ -480,30 +510,24 @@ def _as_lane_kernels(problem: Problem, m: Machine, costs: TileCosts, where: np.n
     tile set aside): every output point's row read once and coalesced, `DEFAULT_THREADS`
     threads per block, a grid-stride loop of `default_grid` blocks, no shared memory."""
     lanes = min(problem.lanes, WARP)
-    points_per_block = DEFAULT_THREADS // lanes
-    blocks = default_grid(problem.output_points, points_per_block)
-    per_sm = max(1, min(m.hw.max_blocks_per_sm, m.hw.max_threads_per_sm // DEFAULT_THREADS))
-    resident = min(per_sm, -(-blocks // m.hw.sm_count))
-    eff, waves = wave_efficiency(blocks, m.hw.sm_count * resident)
+    blocks = default_grid(problem.output_points, DEFAULT_THREADS // lanes)
     moved = float(_unique_bytes(problem))
     work = float(problem.output_points) * problem.reduction_points * problem.flops_per_point
-    t_compute = work / m.peak / float(eff)
-    t_global = moved / (m.exchange_bw if m.distributed else m.dram_bw)
-    busy = max(t_compute, t_global)
-    costs.time_s[where] = busy + m.launch_s
+    p = predict(m, Work(flops=work, peak=m.peak, smem_traffic=0.0, block_bytes=moved / blocks,
+                        traffic=moved, unique=moved, blocks=blocks, threads=DEFAULT_THREADS,
+                        registers=DEFAULT_REGS, smem_bytes=0, latency_steps=0))
+    costs.time_s[where] = float(p.time_s)
     costs.t_latency[where] = 0.0
-    costs.t_compute[where] = t_compute
+    costs.t_compute[where] = float(p.t_compute)
     costs.t_smem[where] = 0.0
-    costs.t_global[where] = t_global
+    costs.t_global[where] = float(p.t_global)
     costs.dram_bytes[where] = moved
     costs.smem_bytes[where] = 0.0
     costs.threads[where] = DEFAULT_THREADS
     costs.blocks[where] = blocks
-    costs.waves[where] = float(waves)
-    costs.wave_eff[where] = float(eff)
-    costs.bound[where] = (BOUNDS.index("launch") if m.launch_s > busy else
-                          BOUNDS.index("compute") if t_compute >= t_global
-                          else BOUNDS.index("dram"))
+    costs.waves[where] = float(p.waves)
+    costs.wave_eff[where] = float(p.eff)
+    costs.bound[where] = int(p.bound)
 
 
 @lru_cache(maxsize=1024)
@@ -532,21 +556,23 @@ def limit_broken(problem: Problem, m: Machine, costs: TileCosts, k: int) -> str:
 def estimate_bytes(profile, read_bytes: int, write_bytes: int, threads: int = 256,
                    elements: int = 1) -> Estimate:
     """Estimate of an op known only by the bytes it moves (opaque ops): one thread per output
-    element in blocks of `threads`, bound by DRAM (the exchange on a distributed machine) or by
-    the busiest SM's port, as in `cost_tiles`."""
+    element in blocks of `threads`, bound by the global memory level (`predict`)."""
     m = machine(profile)
     blocks = max(1, -(-elements // threads))
-    per_sm = max(1, min(m.hw.max_blocks_per_sm, m.hw.max_threads_per_sm // max(threads, 1)))
-    eff, waves = wave_efficiency(blocks, m.hw.sm_count * min(per_sm, -(-blocks // m.hw.sm_count)))
     moved = float(read_bytes + write_bytes)
-    port_bw = (m.exchange_bw if m.distributed else m.l2_bw) / m.hw.sm_count
-    busiest = -(-blocks // m.hw.sm_count) * moved / blocks
-    bw = m.exchange_bw if m.distributed else m.dram_bw
-    busy = max(moved / bw, busiest / port_bw)
-    bound = "launch" if m.launch_s > busy else "dram"
-    return Estimate(time_us=(busy + m.launch_s) * 1e6, flops=0.0, dram_bytes=moved,
-                    smem_bytes=0.0, bound=bound, waves=int(waves),
-                    wave_efficiency=float(eff))
+    p = predict(m, Work(flops=0.0, peak=m.peak, smem_traffic=0.0, block_bytes=moved / blocks,
+                        traffic=moved, unique=moved, blocks=blocks, threads=threads,
+                        registers=DEFAULT_REGS, smem_bytes=0, latency_steps=0))
+    return prediction_estimate(p, 0.0, moved, 0.0)
+
+
+def prediction_estimate(p: Prediction, flops: float, dram_bytes: float, smem_bytes: float
+                        ) -> Estimate:
+    """A one-kernel `Prediction` as the IR's `Estimate`."""
+    return Estimate(time_us=float(p.time_s) * 1e6, flops=float(flops),
+                    dram_bytes=float(dram_bytes), smem_bytes=float(smem_bytes),
+                    bound=BOUNDS[int(p.bound)], waves=int(p.waves),
+                    wave_efficiency=float(p.eff), latency_us=float(p.t_latency) * 1e6)
 
 
 def combine_estimates(profile, parts: Sequence[Estimate], saved_dram_bytes: float = 0.0,

@@ -19,6 +19,15 @@ DEFAULT_THREADS = 256
 #: The default schedule's grid cap; a grid-stride loop covers the rest.
 MAX_DEFAULT_GRID = 65535
 WARP = 32
+#: Registers per thread assumed for a fused group's body (ptxas is asked only at codegen):
+#: the welded kernels of the bundled models use 24-56 (tk-codegen --compile, sm_90, BERT, GPT,
+#: MLP-Mixer and MobileNet blocks). tk-weld prices its groups and tk-ram plans its slots with
+#: it; a program's launch bounds make ptxas fit what co-residency leaves, and `tk-codegen
+#: --compile` reports a body that would spill.
+FUSED_REGS = 64
+#: Registers assumed for a default-shape or opaque kernel when nothing better is known (ptxas
+#: gives the grid-stride kernels of the model zoo 16-40; codegen re-checks with ptxas').
+DEFAULT_REGS = 40
 #: Lane groups: a reduction whose innermost reduction axis is contiguous in memory and at
 #: least this long is split over up to 32 lanes (warp shuffles combine the partial results).
 LANE_MIN_EXTENT = 16

@@ -1,4 +1,7 @@
-"""Co-residency: how many blocks of a kernel body an SM holds at once, and why.
+"""Occupancy and co-residency: how many blocks of a kernel an SM holds at once, and why.
+
+`blocks_per_sm` is the one occupancy function: the cost model reads it for every candidate
+(waves, saturation, latency hiding), and the co-residency bound below is the same figure.
 
 A persistent program (tk-ram) or a device loop (tk-grind) launches a grid whose blocks wait on
 each other (progress counters, grid barriers). That is correct only when every block of the
@@ -21,6 +24,8 @@ The computation follows the CUDA occupancy rules for sm_80/sm_90, on the conserv
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+import numpy as np
 
 #: Registers are allocated per warp in units of this many (sm_50 and later).
 REGISTER_UNIT = 256
@@ -53,6 +58,40 @@ class Residency:
                 f"{self.registers} registers/thread, {self.smem_bytes} B shared memory)")
 
 
+#: The resources in the order `blocks_per_sm` reports the one that bounds a kernel.
+LIMITS = ("threads", "registers", "shared memory", "blocks per SM")
+
+
+def blocks_per_sm(profile, threads, registers, smem_bytes):
+    """Blocks of a kernel with these resources one SM holds at once, and the index in
+    `LIMITS` of the resource that bounds it: **the one occupancy function**, which the cost
+    model (every candidate tile of tk-roll, tk-weld's groups, tk-ram's slots), tk-grind's
+    placements and the co-residency checks all use. Arrays (one value per candidate) or
+    scalars; a kernel over a per-block limit holds 0."""
+    threads = np.asarray(threads, dtype=np.int64)
+    registers = np.asarray(registers, dtype=np.int64)
+    smem_bytes = np.asarray(smem_bytes, dtype=np.int64)
+    warp = profile.warp_size
+    # CUDA's allocation granules; a distributed machine (no warps, no runtime reserve)
+    # allocates exactly what a block asks for
+    cuda = profile.kind == "simt"
+    reg_unit, smem_unit, reserved = ((REGISTER_UNIT, SMEM_UNIT, SMEM_RESERVED) if cuda
+                                     else (1, 1, 0))
+    warps = -(-np.maximum(threads, 1) // warp)
+    per_warp_regs = -(-np.maximum(registers, 1) * warp // reg_unit) * reg_unit
+    smem = -(-smem_bytes // smem_unit) * smem_unit
+    by_threads = np.where(threads <= profile.max_threads_per_block,
+                          profile.max_threads_per_sm // (warps * warp), 0)
+    by_regs = np.where((registers <= profile.max_regs_per_thread)
+                       & (registers * threads <= profile.regs_per_block),
+                       (profile.regs_per_sm // per_warp_regs) // warps, 0)
+    by_smem = np.where(smem_bytes <= profile.smem_per_block,
+                       profile.smem_per_sm // np.maximum(smem + reserved, 1), 0)
+    bounds = np.stack(np.broadcast_arrays(by_threads, by_regs, by_smem,
+                                          np.asarray(profile.max_blocks_per_sm)))
+    return np.maximum(bounds.min(axis=0), 0), bounds.argmin(axis=0)
+
+
 def residency(profile, threads: int, registers: int, smem_bytes: int) -> Residency:
     """The co-residency of a body with these resources on `profile` (a `tilekit.hw.Profile`).
 
@@ -63,22 +102,8 @@ def residency(profile, threads: int, registers: int, smem_bytes: int) -> Residen
     if threads < 1 or registers < 0 or smem_bytes < 0:
         raise ValueError(f"bad resources: {threads} threads, {registers} registers, "
                          f"{smem_bytes} B")
-    warp = profile.warp_size
-    warps = -(-threads // warp)
-    per_warp_regs = -(-max(registers, 1) * warp // REGISTER_UNIT) * REGISTER_UNIT
-    smem = -(-smem_bytes // SMEM_UNIT) * SMEM_UNIT
-    bounds = {
-        "threads": profile.max_threads_per_sm // (warps * warp)
-        if threads <= profile.max_threads_per_block else 0,
-        "registers": (profile.regs_per_sm // per_warp_regs) // warps
-        if registers <= profile.max_regs_per_thread
-        and registers * threads <= profile.regs_per_block else 0,
-        "shared memory": profile.smem_per_sm // (smem + SMEM_RESERVED)
-        if smem_bytes <= profile.smem_per_block else 0,
-        "blocks per SM": profile.max_blocks_per_sm,
-    }
-    limited_by = min(bounds, key=lambda k: (bounds[k], list(bounds).index(k)))
-    return Residency(per_sm=max(0, bounds[limited_by]), limited_by=limited_by,
+    per_sm, limit = blocks_per_sm(profile, threads, registers, smem_bytes)
+    return Residency(per_sm=int(per_sm), limited_by=LIMITS[int(limit)],
                      sm_count=profile.sm_count, threads=threads, registers=registers,
                      smem_bytes=smem_bytes)
 

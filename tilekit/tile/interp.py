@@ -101,6 +101,9 @@ class Counters:
     sfu: int = 0                 # special-function calls
     tensor_flops: int = 0        # tensor-core operations (2 x M x N x K per mma)
     int_ops: int = 0
+    #: barriers a block met right after staging global data into shared memory with
+    #: ordinary loads (a round trip it waits for; cp.async pipelines overlap theirs)
+    stage_waits: int = 0
 
     def site(self, node, buffer: Buffer, kind: str) -> Site:
         key = (id(node), kind)
@@ -120,7 +123,7 @@ class Counters:
                 "shared_ideal_wavefronts": ideal_w,
                 "bank_conflict_degree": round(waves / ideal_w, 4) if ideal_w else 1.0,
                 "flops": self.flops, "sfu": self.sfu, "tensor_flops": self.tensor_flops,
-                "int_ops": self.int_ops}
+                "int_ops": self.int_ops, "stage_waits": self.stage_waits}
 
 
 class _Break(Exception):
@@ -182,6 +185,8 @@ class _Frame:
             n = b.elements
             self.arrays[b.name] = smem[b.offset:b.offset + b.nbytes].view(np_dtype(b.dtype))[:n]
         self.counters = interp.counters
+        self.staged = False          # a global -> shared copy since the last barrier
+        self.asynchronous = False    # the kernel stages with cp.async
 
     # -- statements -----------------------------------------------------------------------
     def stmt(self, s: Stmt, env: dict, mask) -> None:
@@ -232,7 +237,11 @@ class _Frame:
             self.stmt(s.body, region, active)
         elif kind is CallBody:
             self.call_body(s, env)
-        elif kind in (Barrier, Comment):
+        elif kind is Barrier:
+            if self.staged and not self.asynchronous:
+                self.counters.stage_waits += 1
+            self.staged = False
+        elif kind is Comment:
             pass
         elif kind is Break:
             raise _Break()
@@ -401,6 +410,8 @@ class _Frame:
             return
         flat = np.broadcast_to(flat, mask.shape)
         self.count(s, b, "store", flat, mask, s.lanes)
+        if b.scope == "shared" and _reads_global(s.value, self.buffers):
+            self.staged = True
         t = np.nonzero(mask)[0]
         if s.lanes > 1:
             v = np.broadcast_to(np.asarray(value), (self.threads, s.lanes))
@@ -468,9 +479,12 @@ class _Frame:
                 np_dtype(e.dtype).type(0)
             b = self.expr(e.other, env, base & ~cm) if (base & ~cm).any() else \
                 np_dtype(e.dtype).type(0)
-            if np.ndim(a) == 2 or np.ndim(b) == 2:     # float4 lanes
-                return np.where(np.asarray(cm)[:, None], np.broadcast_to(a, (self.threads, 4)),
-                                np.broadcast_to(b, (self.threads, 4)))
+            if e.dtype == "float4":     # 4 lanes per thread
+                def lanes4(v):
+                    v = np.asarray(v, np.float32)
+                    return np.broadcast_to(v if v.ndim else np.full(4, v), (self.threads, 4))
+                return np.where(np.broadcast_to(cm, (self.threads,))[:, None], lanes4(a),
+                                lanes4(b))
             return np.where(cm, a, b).astype(np_dtype(e.dtype))
         if kind is Call:
             return self.call(e, env, mask)
@@ -580,6 +594,7 @@ class _Frame:
         if fn in ("cp_async_commit", "cp_async_wait", "threadfence", "spin", "grid_sync"):
             return np.int32(0)
         if fn == "cp_async16":
+            self.asynchronous = True
             dst, src, valid = e.args
             db, doff = self.address(dst, env, mask)
             sb, soff = self.address(src, env, mask)
@@ -705,6 +720,11 @@ class _Frame:
                 acc[2] += C[g + 8, 2 * q]
                 acc[3] += C[g + 8, 2 * q + 1]
         return np.int32(0)
+
+
+def _reads_global(e: Expr, buffers) -> bool:
+    from tilekit.tile.expr import loads
+    return any(buffers[x.buffer].scope == "global" for x in loads(e) if x.buffer in buffers)
 
 
 def _halves(regs, half: str):

@@ -12,7 +12,8 @@ the kernel the group becomes.
   reads its non-shared operands from the memory system at every reduction point (the fused
   shape does not stage them), served by L2; shared buffers are written once and read per
   point; DRAM moves the box of each external tensor the members read (the bounding box over
-  its readers, once, times the worst reader's recompute: halos) and each stored result once. Time is the largest of those over its bandwidth, plus one launch.
+  its readers, once, times the worst reader's recompute: halos) and each stored result once,
+  priced by the one formula, `tilekit.roll.cost.predict` (as a candidate tile of tk-roll).
 
 Both are estimates, never measurements; docs/weld.md lists what the model cannot see.
 """
@@ -27,8 +28,9 @@ from tilekit.expr.analysis import input_box
 from tilekit.ir.graph import graph, per_module
 from tilekit.ir.model import Module
 from tilekit.ir.payloads import Estimate
-from tilekit.roll.cost import combine_estimates, machine, wave_efficiency
+from tilekit.roll.cost import Work, combine_estimates, machine, predict, prediction_estimate
 from tilekit.roll.problem import ITEMSIZE
+from tilekit.schedule.defaults import FUSED_REGS
 from tilekit.roll.schedule import tensor_bytes as total_bytes
 from tilekit.weld.structure import Propagation, Structure
 
@@ -136,7 +138,6 @@ def group_estimate(module: Module, s: Structure, prop: Propagation | None, profi
 def _fused(module, s: Structure, prop: Propagation, profile, parts, threads, smem) -> Estimate:
     g = graph(module)
     m = machine(profile, module.tensors[g.nodes[s.members[-1]].writes[0]].dtype)
-    hw = m.hw
     written = {g.nodes[i].writes[0]: k for k, i in enumerate(s.members)}
     shared = {e.tensor for e in s.shared}
     flops = dram = l2 = smem_traffic = 0.0
@@ -154,29 +155,24 @@ def _fused(module, s: Structure, prop: Propagation, profile, parts, threads, sme
             rereads[t] = max(rereads.get(t, 1.0), min(factor, prop.blocks))
             if a.reduction and s.roles[k] == "stage":
                 l2 += prop.work[k] * ITEMSIZE.get(module.tensors[t].dtype, 4)
+    unique = 0.0
     for t, nbytes in external_bytes(module, s.members).items():
         dram += nbytes * rereads[t]
+        unique += nbytes
     for e in s.shared:
         smem_traffic += tensor_bytes(module, e.tensor)
     for t in s.stored:
         dram += tensor_bytes(module, t)
-    per_sm = max(1, min(hw.max_blocks_per_sm, hw.max_threads_per_sm // max(threads, 1),
-                        hw.smem_per_sm // smem if smem else hw.max_blocks_per_sm))
-    resident = min(per_sm, -(-prop.blocks // hw.sm_count))
-    eff, waves = wave_efficiency(prop.blocks, hw.sm_count * resident)
-    eff = float(eff)
-    t_compute = flops / m.peak / eff
-    t_smem = smem_traffic / m.smem_bw / eff
-    t_l2 = l2 / m.l2_bw
-    t_dram = dram / (m.exchange_bw if m.distributed else m.dram_bw)
-    times = {"compute": t_compute, "smem": max(t_smem, t_l2), "dram": t_dram}
-    bound = max(times, key=times.get)
-    busy = times[bound]
-    if m.launch_s > busy:
-        bound = "launch"
-    return Estimate(time_us=(busy + m.launch_s) * 1e6, flops=flops, dram_bytes=dram,
-                    smem_bytes=float(smem_traffic), bound=bound, waves=int(waves),
-                    wave_efficiency=eff)
+        unique += tensor_bytes(module, t)
+    # The one formula (tilekit.roll.cost.predict): compute over the waves, shared buffers
+    # at the shared-memory bandwidth, global traffic (the boxes with their halo re-reads and
+    # the operands a reducing stage reads per point, served by L2) against the compulsory
+    # bytes from DRAM and the busiest SM's port.
+    p = predict(m, Work(flops=flops, peak=m.peak, smem_traffic=smem_traffic,
+                        block_bytes=(dram + l2) / max(prop.blocks, 1), traffic=dram + l2,
+                        unique=unique, blocks=prop.blocks, threads=threads,
+                        registers=FUSED_REGS, smem_bytes=smem, latency_steps=0))
+    return prediction_estimate(p, flops, dram, smem_traffic)
 
 
 def gain_us(module: Module, members: Sequence[int], estimate: Estimate) -> float:
