@@ -130,8 +130,8 @@ def main(input, output, fmt, hw, target, arch, emit_dir, compile_, strict, repor
         raise
     report = (report or report_format == "json") and not quiet
     if report:
-        emit_report(TOOL, report_format, lambda: print_table(*report_table(result)),
-                    lambda: report_data(result), phases)
+        emit_report(TOOL, report_format, lambda: print_table(*report_table(result, profile)),
+                    lambda: report_data(result, profile), phases)
     if not (report and report_format == "json"):
         phases.print()
     return 0
@@ -142,7 +142,7 @@ def main(input, output, fmt, hw, target, arch, emit_dir, compile_, strict, repor
 _LAUNCH = ("shape", "grid", "block", "smem_bytes")
 
 
-def report_data(result) -> dict:
+def report_data(result, profile=None) -> dict:
     """What tk-codegen made, as data: the arch, each kernel group's launch record (with
     --compile, ptxas' resources as recorded), the notes and the problems; for CUDA, each
     generated kernel's counters from the tile interpreter on sampled blocks (coalescing, bank
@@ -157,12 +157,15 @@ def report_data(result) -> dict:
                         for k in module.kernels],
             "notes": list(result.notes), "problems": list(result.problems)}
     if data["target"] == "cuda":
-        data["counters"] = kernel_reports(result.kernels)
+        compiled = {k.get("entry"): (k.get("resources") or {}).get("registers")
+                    for k in section.get("kernels", ())}
+        data["counters"] = kernel_reports(result.kernels, profile,
+                                          {e: r for e, r in compiled.items() if r})
     return data
 
 
-def report_table(result) -> tuple[str, tuple[str, ...], list[tuple[str, ...]]]:
-    data = report_data(result)
+def report_table(result, profile=None) -> tuple[str, tuple[str, ...], list[tuple[str, ...]]]:
+    data = report_data(result, profile)
     counters = data.get("counters", {})
     entries = {k.entry: k.name for k in result.kernels}
     rows = []
@@ -175,13 +178,14 @@ def report_table(result) -> tuple[str, tuple[str, ...], list[tuple[str, ...]]]:
                      "x".join(map(str, k.get("grid", []))),
                      "x".join(map(str, k.get("block", []))), str(k.get("smem_bytes", "")),
                      _fraction(c.get("coalescing")), _fraction(c.get("bank_conflict_degree")),
+                     _fraction((c.get("estimate") or {}).get("time_us")),
                      " ".join(f"{key} {v}" for key, v in extra.items())))
     title = (f"tk-codegen: {data['model']} for {data['arch']}: {len(rows)} kernel groups, "
              f"{len(data['notes'])} notes, {len(data['problems'])} problems"
              + ("; coalescing (1.0 best) and bank-conflict degree (1.0 best) from the tile "
                 "interpreter on each kernel's first and last blocks" if counters else ""))
     return title, ("kernel", "ops", "shape", "grid", "block", "smem", "coalesced",
-                   "conflicts", "other"), rows
+                   "conflicts", "est_us", "other"), rows
 
 
 def _fraction(value) -> str:
