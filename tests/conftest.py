@@ -50,3 +50,13 @@ def update_goldens(request: pytest.FixtureRequest) -> bool:
 @pytest.fixture
 def repo_root() -> Path:
     return REPO
+
+
+@pytest.fixture
+def cxx_cache(monkeypatch, tmp_path_factory):
+    """Compiled CPU kernels cached under the session's temporary folder (unless the caller
+    set TILEKIT_CACHE), shared by the tests of one run and never the user's cache."""
+    import os
+    if "TILEKIT_CACHE" not in os.environ:
+        monkeypatch.setenv("TILEKIT_CACHE", str(tmp_path_factory.getbasetemp().parent /
+                                                "tk-cache"))

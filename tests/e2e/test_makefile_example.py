@@ -109,7 +109,7 @@ def test_products_depend_on_the_profile_by_name_or_path(tmp_path):
     by_path = make(tmp_path, "HW=profiles/mine.yaml", target("mine"))
     assert by_path.returncode == 0, by_path.stderr
     assert commands_run(by_path) == ["tk-roll", "tk-weld"]
-    assert "hardware: ../../profiles/mine.yaml" in \
+    assert "hardware:\n  name: ../../profiles/mine.yaml\n" in \
         (build / "mine" / "tiny.rolled.yaml").read_text()
     os.utime(mine)
     assert commands_run(make(tmp_path, "HW=profiles/mine.yaml", target("mine"))) == []

@@ -201,6 +201,21 @@ def test_control_models_through_every_stage_compile(name, folder):
     run_ok(pipe, folder)
 
 
+needs_cxx = pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None,
+                               reason="no C++ compiler for the CPU target")
+
+
+@needs_cxx
+@pytest.mark.parametrize("name", by_model(sorted(DENSE) + sorted(control_models.MODELS)))
+def test_every_stage_then_compiled_cpu_code(name, folder):
+    """Rolled, welded, ground and rammed, then C++ for the CPU: the compiled kernels equal
+    onnxruntime (tk-run runs the compiled code by default and checks it)."""
+    ir = welded(folder, name)
+    pipe = (f"tk-grind {ir.name} | tk-ram | tk-codegen --target cpu | "
+            "tk-run --seed 0 --threads 2 --check")
+    assert_checked(run_pipe(pipe, folder), pipe)
+
+
 def test_half_precision_through_weld_and_ram(folder):
     model = onnx_file(folder, "bert_encoder_layer")
     pipe = (f"tk-import {model.name} --dtype float16 -o bert16.yaml && tk-roll --hw h100 "

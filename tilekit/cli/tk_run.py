@@ -74,7 +74,8 @@ MAX_RUNS = 100_000
                    "median (p50), p90, min, max, stddev and the device.")
 @click.option("--warmup", type=click.IntRange(min=0, max=MAX_RUNS), default=1,
               show_default=True, metavar="K", help="Untimed runs before --bench.")
-@click.option("--report", is_flag=True, help="Print a per-op time profile and peak memory.")
+@click.option("--report", is_flag=True, help="Print a time profile (per op; per kernel call for compiled "
+              "code) and peak memory.")
 @click.option("--report-format", "report_format", type=click.Choice(REPORT_FORMATS),
               default="text", show_default=True,
               help="The results (output summaries, check, bench, report) as lines of text, or "
@@ -136,12 +137,17 @@ def main(input, device, mode, threads, input_flags, inputs_npz, seed, allow_nan,
     # seed: the random inputs' seed (None: every input given); default_seed: none was given
     results.put("inputs", {"seed": seed, "default_seed": seed is not None and not seed_given})
     profile: list[tuple[str, float]] = []
-    if report and device == "cpu" and mode in ("program", "compiled"):
-        warn(TOOL, f"--report profiles ops in the whole and tiled modes; not in {mode} mode")
+    if report and device == "cpu" and mode == "program":
+        warn(TOOL, f"--report profiles ops in the whole and tiled modes and kernels in the "
+                   f"compiled mode; not in {mode} mode")
         report = False
     with phases.step("run", f"running {module.model} ({device}"
                             f"{', ' + mode + ' mode' if mode != 'whole' else ''})"):
-        if report and device == "cpu":
+        if report and runner.profile is not None:
+            for _ in range(warmup):  # compiled code: first touches of memory are not its time
+                runner.run(inputs, weights)
+            outputs, profile = runner.profile(inputs, weights)
+        elif report and device == "cpu":
             from tilekit.runtime.cpu import prepare
             outputs = prepare(module).run(inputs, weights, mode=mode,
                                           on_step=lambda s, t: profile.append((s.op.name, t)))
@@ -175,7 +181,7 @@ def main(input, device, mode, threads, input_flags, inputs_npz, seed, allow_nan,
         results.put("bench", timing.record(runner.description, _threads(device)))
         results.line(timing.line(runner.description))
     if report and not quiet:
-        _print_report(results, module, profile, peak)
+        _print_report(results, module, profile, peak, "kernel" if mode == "compiled" else "op")
     if time_passes and results.json:
         results.put("time_s", phases.seconds())
     results.finish()
@@ -340,25 +346,27 @@ def _summary(array: np.ndarray) -> dict:
 
 
 def _print_report(results: _Results, module, profile: list[tuple[str, float]],
-                  peak: int) -> None:
+                  peak: int, unit: str = "op") -> None:
+    """The slowest ops (or, for compiled code, kernel calls) of one profiled run."""
     total = sum(t for _, t in profile) or 1e-12
     slowest = sorted(profile, key=lambda p: -p[1])[:10]
-    results.put("report", {"ops": len(module.ops), "ms_in_ops": round(total * 1e3, 6),
+    results.put("report", {"ops": len(module.ops), f"ms_in_{unit}s": round(total * 1e3, 6),
                            "peak_memory_bytes": peak,
-                           "slowest": [{"op": name, "ms": round(t * 1e3, 6),
+                           "slowest": [{unit: name, "ms": round(t * 1e3, 6),
                                         "share": round(t / total, 6)} for name, t in slowest]})
     if results.json:
         return
     rows = [(name, f"{t * 1e3:.3f}", f"{100 * t / total:.1f}%") for name, t in slowest]
-    heading = (f"report: {module.model}: {len(module.ops)} ops, "
-               f"{total * 1e3:.3f} ms in ops, peak memory {peak / 2**20:.1f} MiB")
+    calls = f", {len(profile)} kernel calls" if unit == "kernel" else ""
+    heading = (f"report: {module.model}: {len(module.ops)} ops{calls}, "
+               f"{total * 1e3:.3f} ms in {unit}s, peak memory {peak / 2**20:.1f} MiB")
     if stderr_is_terminal() if results.to_stderr else stdout_is_terminal():
         from rich.console import Console
         from rich.table import Table
 
         table = Table(title=heading, title_justify="left")
-        for column in ("op", "ms", "share"):
-            table.add_column(column, justify="left" if column == "op" else "right")
+        for column in (unit, "ms", "share"):
+            table.add_column(column, justify="left" if column == unit else "right")
         for row in rows:
             table.add_row(*row)
         Console(stderr=results.to_stderr).print(table)
@@ -367,7 +375,7 @@ def _print_report(results: _Results, module, profile: list[tuple[str, float]],
     if not rows:
         return
     width = max(len(r[0]) for r in rows)
-    results.line(f"  {'op':<{width}}  {'ms':>10}  {'share':>6}")
+    results.line(f"  {unit:<{width}}  {'ms':>10}  {'share':>6}")
     for name, ms, share in rows:
         results.line(f"  {name:<{width}}  {ms:>10}  {share:>6}")
 

@@ -16,6 +16,8 @@ which `tilekit.tile.cuda` prints:
 - `fused` (`tilekit.codegen.fused`) and `flash` (`tilekit.codegen.flash`): a group of several
   stages sharing one output tile, with intermediates in shared memory.
 - `opaque:<type>` (`tilekit.codegen.opaque`): a registered implementation of an opaque op.
+- `cpu_gemm` and `cpu_loops` (`tilekit.codegen.cpu`): the CPU target's one-stage groups,
+  packed panels and a register-tile micro-kernel, or loop nests in vector lanes.
 
 Every shape applies its stage's elementwise chain in the epilogue (values in registers) and
 stores only what leaves the group. Names in the programs: tensors `t_<name>`, axes

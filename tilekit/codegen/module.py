@@ -5,13 +5,15 @@ is then written into the IR) it plans stages (`tilekit.codegen.plan`), picks a k
 generates the CUDA C++ and records how to launch it. Shape choice, in order:
 
 1. one opaque op: its registered CUDA implementation (`tilekit.codegen.opaque`);
-2. one stage with a tile (the main op's tile from tk-roll, else the kernel's tile):
+2. one stage on the CPU target: `cpu_gemm` or `cpu_loops` (`tilekit.codegen.cpu`, tiles from
+   the CPU's registers and caches; a GPU tile is set aside and recorded as `tile_ignored`);
+3. one stage with a tile (the main op's tile from tk-roll, else the kernel's tile):
    the shape `tilekit.schedule.shape.decide` picks, the decision tk-roll's cost model also
    reads: `staged` when the op reduces with reuse; `default` with a warp per point for a
    reduction without reuse over a long contiguous axis (the tile is set aside:
    `schedule.tile_ignored`); else `tiled`;
-3. one stage without a tile: `default`;
-4. several stages: `flash` when tk-weld's group tile says so (attention with its key axis
+4. one stage without a tile: `default`;
+5. several stages: `flash` when tk-weld's group tile says so (attention with its key axis
    split, `tilekit.codegen.flash`), else `fused` (kernel.tile when tk-weld wrote it, else the
    fused default tile). A welded module's groups are checked first (`tilekit.weld.verify`).
 
@@ -29,6 +31,7 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any
 
+from tilekit.codegen.cpu import cpu_kernel
 from tilekit.codegen.flash import FlashError, flash_kernel
 from tilekit.codegen.fused import FusionError, fused_kernel
 from tilekit.codegen.helpers import helpers_record
@@ -47,6 +50,10 @@ from tilekit.errors import TilekitError
 from tilekit.ir.model import Kernel, Module, default_kernels
 from tilekit.ir.stages import run_stage
 from tilekit.weld.verify import check_groups
+
+#: Why a one-stage group's tile from tk-roll or tk-weld is not used on the CPU target.
+CPU_TILE_NOTE = ("the CPU target tiles one-stage groups from the CPU's registers and caches "
+                 "(tilekit.schedule.cpu), not from the GPU tile")
 
 #: Arch recorded when neither --arch nor a hardware profile names one.
 DEFAULT_ARCH = "sm_90"
@@ -264,6 +271,11 @@ def _single_stage(module: Module, plan: GroupPlan, entry: str, target: Target, n
                          "roll")
     if tile is None:
         tile = _kernel_tile(plan, where)
+    if target.kind == "cpu":
+        g = cpu_kernel(module, plan, entry, target.cpu, target)
+        if tile is not None:
+            g = replace(g, schedule={**g.schedule, "tile_ignored": CPU_TILE_NOTE})
+        return g
     decision = decide(op_facts(main), tile, target)
     if decision.note and decision.shape != "default":
         notes.append(f"{where}: {decision.note}")

@@ -41,6 +41,9 @@ class Backend:
     #: `(inputs, weights) -> every tensor the run computed` (intermediates included), for
     #: `tk-run --check-tensors`.
     trace: Runner | None = None
+    #: `(inputs, weights) -> (outputs, [(kernel, seconds)])`: one run with each kernel call
+    #: timed (the compiled CPU code), for `tk-run --report`.
+    profile: Callable[..., Any] | None = None
 
 
 def default_mode(module: Module, device: str) -> str:
@@ -74,7 +77,8 @@ def backend(module: Module, device: str = "cpu", mode: str | None = None,
         return Backend("cpu", f"cpu ({cpu_model()}), compiled, {compiled.threads} "
                        f"thread{'s' if compiled.threads != 1 else ''}",
                        compiled.run, trace=lambda i, w: (compiled.run(i, w),
-                                                         compiled.tensors())[1])
+                                                         compiled.tensors())[1],
+                       profile=compiled.profile)
 
     if device == "cpu" and mode == "program":  # tk-ram's plan, task by task (runtime.program)
         from tilekit.runtime.bench import cpu_description

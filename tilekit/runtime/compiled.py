@@ -12,6 +12,7 @@ CUDA runtime drives it (tilekit.runtime.cuda_control).
 from __future__ import annotations
 
 import ctypes
+import time
 from typing import Any, Mapping
 
 import numpy as np
@@ -42,11 +43,19 @@ class HostBuffer(np.ndarray):
 class _Launch:
     """One kernel call: the library function and the buffers it takes, in order."""
 
-    def __init__(self, fn, args: tuple[str, ...]) -> None:
-        self.fn, self.args = fn, args
+    def __init__(self, fn, args: tuple[str, ...], name: str) -> None:
+        self.fn, self.args, self.name = fn, args, name
+        #: (kernel, seconds) of each call while profiling (CpuProgram.profile), else None
+        self.timings: list[tuple[str, float]] | None = None
 
     def __call__(self, buffers: Mapping[str, np.ndarray]) -> None:
-        self.fn(*[buffers[a].ctypes.data for a in self.args])
+        pointers = [buffers[a].ctypes.data for a in self.args]
+        if self.timings is None:
+            self.fn(*pointers)
+            return
+        start = time.perf_counter()
+        self.fn(*pointers)
+        self.timings.append((self.name, time.perf_counter() - start))
 
 
 class CpuProgram:
@@ -73,7 +82,7 @@ class CpuProgram:
             fn = getattr(self.lib, k.entry)
             fn.restype = None
             fn.argtypes = [ctypes.c_void_p] * len(k.args)
-            self.launches.append(_Launch(fn, k.args))
+            self.launches.append(_Launch(fn, k.args, k.name))
             written.update(k.writes)
         self.outputs = tuple(module.outputs)
         self.inputs = tuple(module.inputs)
@@ -85,6 +94,8 @@ class CpuProgram:
         if records:
             self._control(module, section, declared, written)
         self.passthrough = tuple(o for o in module.outputs if o not in written)
+        self.bound: dict[str, Any] = {}     # weight -> the array last copied into its buffer
+        self.written = frozenset(written)   # buffers a kernel writes: re-bound every run
 
     def _allocate(self, name: str, declared) -> None:
         if name not in self.buffers:
@@ -112,10 +123,12 @@ class CpuProgram:
 
     def run(self, inputs: Mapping[str, np.ndarray], weights: Mapping[str, np.ndarray]
             ) -> dict[str, np.ndarray]:
-        for name in self.weight_names + self.inputs:
+        for name in self.inputs:
             if name in self.buffers:
-                source = inputs[name] if name in inputs else weights[name]
-                self.buffers[name].set(source)
+                self.buffers[name].set(inputs[name] if name in inputs else weights[name])
+        for name in self.weight_names:
+            if name in self.buffers and name not in inputs:
+                self._bind_weight(name, weights[name])
         if self.steps is not None:
             from tilekit.runtime.cuda_control import run_steps
             run_steps(self, self.steps)
@@ -131,6 +144,28 @@ class CpuProgram:
         for name, count in self.trims.items():
             out[name] = out[name][:int(np.asarray(self.buffers[count]).reshape(-1)[0])]
         return out
+
+    def _bind_weight(self, name: str, value) -> None:
+        """Copy a weight into its buffer unless this very array was copied last time (a run
+        per request must not copy a model's weights every time). An array changed in place
+        between runs is the same object: pass a new array to re-bind it."""
+        if self.bound.get(name) is value and name not in self.written:
+            return
+        self.buffers[name].set(value)
+        self.bound[name] = value
+
+    def profile(self, inputs: Mapping[str, np.ndarray], weights: Mapping[str, np.ndarray]
+                ) -> tuple[dict[str, np.ndarray], list[tuple[str, float]]]:
+        """One run with each kernel call timed: (outputs, [(kernel, seconds)] in call
+        order; a kernel inside a loop is listed per call)."""
+        timings: list[tuple[str, float]] = []
+        for launch in self.launches:
+            launch.timings = timings
+        try:
+            return self.run(inputs, weights), timings
+        finally:
+            for launch in self.launches:
+                launch.timings = None
 
     def tensors(self) -> dict[str, np.ndarray]:
         """Every tensor a kernel reads or writes, as the last run left it."""

@@ -36,6 +36,7 @@ from tilekit.ir.payloads import Tile
 from tilekit.tile.nodes import SMEM_ALIGN
 from tilekit.schedule.defaults import (DEFAULT_THREADS, LANE_MIN_EXTENT, STATIC_SMEM_LIMIT,
                                        WARP, default_grid, lane_count)
+from tilekit.schedule.cpu import CpuTiles, cpu_tiles
 from tilekit.schedule.mma import Contraction, MmaPlan, compute_type, contraction, mma_plan, offered
 
 #: A read is worth staging when each element of its box is used this many times per step.
@@ -292,6 +293,7 @@ class Target:
     mma: frozenset[str] = frozenset()
     precision: str = "fp32"
     kind: str = "cuda"
+    cpu: CpuTiles | None = None     # the CPU kernels' tiles (kind cpu)
 
     @property
     def lanes(self) -> bool:
@@ -302,7 +304,7 @@ class Target:
     def of(profile, precision: str = "fp32", kind: str = "cuda") -> "Target":
         limit = int(profile.smem_per_block) if profile is not None else STATIC_SMEM_LIMIT
         if kind == "cpu":
-            return Target(limit, frozenset(), precision, "cpu")
+            return Target(limit, frozenset(), precision, "cpu", cpu_tiles(profile))
         return Target(limit, offered(profile), precision, kind)
 
 

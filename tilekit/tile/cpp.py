@@ -32,11 +32,14 @@ from tilekit import __version__
 from tilekit.errors import InternalError
 from tilekit.tile.cstyle import CStyle
 from tilekit.tile.emit import INDENT, Emitter, check_line, comment_text
-from tilekit.tile.expr import BLOCK, NBLOCKS, Call
+from tilekit.tile.expr import BLOCK, NBLOCKS, Call, Const
 from tilekit.tile.nodes import Barrier, Buffer, CallBody, Kernel, Threads
 
 SMEM = "tk_smem"
 HELPERS = "runtime_cpu.h"
+#: Block memory above this many bytes comes from each thread's arena (runtime_cpu.h
+#: tk_block_memory), not the stack: a worker thread's stack may be as small as 2 MiB.
+STACK_BLOCK_MEMORY = 32 * 1024
 
 
 class CppPrinter(CStyle):
@@ -52,9 +55,16 @@ class CppPrinter(CStyle):
     def unroll_pragma(self, e: Emitter) -> None:
         pass        # -O3 unrolls constant trip counts by itself
 
+    def simd_pragma(self, e: Emitter) -> None:
+        e.line("#pragma omp simd")
+
     def intrinsic(self, e: Call, args: list[str]) -> str:
         if e.fn == "grid_sync":
             return "(void)0"
+        if e.fn == "gemm_micro":
+            mr, nr = e.args[0], e.args[1]
+            assert isinstance(mr, Const) and isinstance(nr, Const)
+            return f"tk_gemm_micro<{mr.value}, {nr.value}>({', '.join(args[2:])})"
         raise InternalError(f"{e.fn} reached the C++ printer (no CPU form)")
 
     def s_Threads(self, s: Threads, e: Emitter) -> None:
@@ -92,13 +102,23 @@ def entry_function(k: Kernel) -> str:
     p = CppPrinter(k)
     e = Emitter()
     smem = max(k.smem_bytes, 16)
+    args = [b.name for b in k.params] + ["tk_b", str(k.grid), SMEM]
     with e.block(f'extern "C" void {k.name}({", ".join(_params(k, p))})'):
-        if k.grid > 1:
-            e.line("#pragma omp parallel for schedule(static)")
-        with e.block(f"for (int tk_b = 0; tk_b < {k.grid}; ++tk_b)"):
-            e.line(f"alignas(64) unsigned char {SMEM}[{smem}];")
-            args = [b.name for b in k.params] + ["tk_b", str(k.grid), SMEM]
-            e.line(f"{k.name}_body({', '.join(args)});")
+        if smem > STACK_BLOCK_MEMORY:  # each thread's arena, taken once per call
+            if k.grid > 1:
+                e.line("#pragma omp parallel")
+            with e.block():
+                e.line(f"unsigned char* {SMEM} = tk_block_memory({smem});")
+                if k.grid > 1:
+                    e.line("#pragma omp for schedule(static)")
+                with e.block(f"for (int tk_b = 0; tk_b < {k.grid}; ++tk_b)"):
+                    e.line(f"{k.name}_body({', '.join(args)});")
+        else:
+            if k.grid > 1:
+                e.line("#pragma omp parallel for schedule(static)")
+            with e.block(f"for (int tk_b = 0; tk_b < {k.grid}; ++tk_b)"):
+                e.line(f"alignas(64) unsigned char {SMEM}[{smem}];")
+                e.line(f"{k.name}_body({', '.join(args)});")
     return e.text()
 
 

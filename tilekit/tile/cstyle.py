@@ -276,6 +276,8 @@ class CStyle:
             raise InternalError(f"a {s.kind} loop reached the printer (lower it first)")
         if s.kind == "unroll":
             self.unroll_pragma(e)
+        elif s.kind == "simd":
+            self.simd_pragma(e)
         v = s.var
         step = ("++" + v.name) if isinstance(s.step, Const) and s.step.value == 1 else \
             f"{v.name} += {self.expr(s.step)}"
@@ -286,6 +288,10 @@ class CStyle:
 
     def unroll_pragma(self, e: Emitter) -> None:
         e.line("#pragma unroll")
+
+    def simd_pragma(self, e: Emitter) -> None:
+        """A `simd` loop: its iterations are independent (each writes its own elements), so
+        the compiler may run them in vector lanes. Nothing to say on a GPU."""
 
     def s_While(self, s: While, e: Emitter) -> None:
         with e.block(f"while ({self.expr(s.cond)})"):

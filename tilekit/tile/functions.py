@@ -34,6 +34,7 @@ class Function:
     family: str
     result: str | None = None       # a fixed result dtype (None: by family)
     gpu_only: bool = False          # no CPU spelling: a CPU program never calls it
+    cpu_only: bool = False          # no GPU spelling: a CUDA program never calls it
 
 
 def _math(*names: str) -> tuple[Function, ...]:
@@ -70,6 +71,9 @@ FUNCTIONS: dict[str, Function] = {f.name: f for f in (
     Function("atomic_add", 2, "intrinsic", "uint32", True),
     Function("threadfence", 0, "intrinsic", "int32", True),
     Function("grid_sync", 0, "intrinsic", "int32", True),
+    # the CPU's register-tile GEMM step (runtime_cpu.h tk_gemm_micro): gemm_micro(MR, NR,
+    # &a_panel, &b_panel, kc, &c, ldc, accumulate) with MR and NR constants
+    Function("gemm_micro", 8, "intrinsic", "int32", cpu_only=True),
 )}
 
 #: Calls every lane of a warp must make together (never in divergent code).

@@ -35,7 +35,7 @@ from typing import Iterator
 from tilekit.tile.expr import ITEMSIZE, Const, Expr, Var, as_expr, linear
 
 SCOPES = ("global", "shared", "local")
-LOOP_KINDS = ("serial", "unroll", "parallel", "pipelined")
+LOOP_KINDS = ("serial", "unroll", "parallel", "pipelined", "simd")
 #: Every shared buffer starts at a multiple of this many bytes.
 SMEM_ALIGN = 16
 #: Static shared memory a CUDA kernel may declare without opting in (every NVIDIA arch).

@@ -1,0 +1,210 @@
+"""The CPU target's own kernels (tilekit.codegen.cpu): packed-panel GEMMs and loop nests in
+vector lanes, their tiles (tilekit.schedule.cpu), and their results against the reference on
+ragged shapes, convolutions with padding and strides, batched and scaled products, and
+reductions over contiguous and strided axes."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto as T, helper as h, numpy_helper as nh
+
+from tilekit.codegen import generate
+from tilekit.codegen.cxx import find_cxx
+from tilekit.hw import load_profile
+from tilekit.onnx import import_model
+from tilekit.runtime.compiled import CpuProgram
+from tilekit.runtime.cpu import run_module
+from tilekit.schedule.cpu import (HOST_DEFAULTS, CpuMachine, CpuTiles, cpu_tiles, gemm_blocks,
+                                  rows_per_block)
+from tilekit.tile import cpp, cuda
+from tilekit.tile import expr as tx
+from tilekit.tile.nodes import Evaluate, Kernel
+
+needs_cxx = pytest.mark.skipif(find_cxx() is None, reason="no C++ compiler")
+pytestmark = pytest.mark.usefixtures("cxx_cache")
+
+
+
+
+# -- tiles ---------------------------------------------------------------------------------
+
+def test_tiles_follow_registers_and_caches():
+    avx2 = cpu_tiles()
+    assert (avx2.mr, avx2.nr, avx2.kc) == (6, 16, 256)      # 12 + 2 + 1 of 16 registers
+    assert avx2.mc % avx2.mr == 0 and avx2.nc % avx2.nr == 0
+    assert avx2.mc * avx2.kc * 4 <= HOST_DEFAULTS.l2_bytes // 4
+    assert avx2.kc * avx2.nc * 4 <= HOST_DEFAULTS.l2_bytes // 2
+    avx512 = CpuMachine("avx512", 8, 16, 32, 48 * 1024, 2 * 1024 * 1024)
+    t = _tiles(avx512)
+    assert (t.mr, t.nr) == (14, 32)                          # 28 + 2 + 1 of 32 registers
+    assert t.kc * t.nr * 4 <= avx512.l1_bytes // 2
+    neon = CpuMachine("neon", 4, 4, 32, 64 * 1024, 1024 * 1024)
+    n = _tiles(neon)
+    assert (n.mr, n.nr) == (6, 16)                           # 24 + 4 + 1 of 32 registers
+
+
+def _tiles(machine: CpuMachine) -> CpuTiles:
+    import tilekit.schedule.cpu as cpu
+
+    original = cpu.machine_of
+    try:
+        cpu.machine_of = lambda profile: machine
+        return cpu_tiles(object())
+    finally:
+        cpu.machine_of = original
+
+
+def test_gemm_blocks_are_even_and_enough_for_the_cores():
+    t = cpu_tiles()
+    g = gemm_blocks(t, 128, 2304, 768, 1)
+    assert g.m_blocks == 2 and g.mc == 66                   # not 126 and 2
+    assert g.kc * g.k_steps >= 768 and g.kc % 16 == 0 or g.k_steps == 1
+    small = gemm_blocks(t, 8, 8, 8, 1)
+    assert small.mc == 6 and small.nc == 16 and small.k_steps == 1
+    assert small.m_blocks * small.n_blocks == 2             # as many as the problem has
+    wide = gemm_blocks(t, 64, 3136, 576, 1)
+    assert wide.m_blocks * wide.n_blocks >= t.machine.cores * t.blocks_per_core
+
+
+def test_rows_per_block():
+    t = cpu_tiles()
+    assert rows_per_block(1, 100, t) == 1
+    per = rows_per_block(1000, 4, t)
+    assert -(-1000 // per) >= t.machine.cores * t.blocks_per_core
+    assert rows_per_block(10, 10 ** 6, t) == 1
+
+
+def test_a_gpu_profile_gives_the_host_defaults():
+    assert cpu_tiles(load_profile("h100")).machine == HOST_DEFAULTS
+
+
+# -- the micro-kernel intrinsic ------------------------------------------------------------
+
+def test_gemm_micro_prints_for_cpus_only():
+    call = tx.call("gemm_micro", tx.const(6), tx.const(16), tx.const(0), tx.const(0),
+                   tx.const(8), tx.const(0), tx.const(16), tx.const(0))
+    k = Kernel("k", (), (), Evaluate(call), 1, 1)
+    assert "tk_gemm_micro<6, 16>(0, 0, 8, 0, 16, 0)" in cpp.kernel_text(k)
+    with pytest.raises(Exception, match="gemm_micro"):
+        cuda.kernel_text(k)
+
+
+# -- one model of every kind ---------------------------------------------------------------
+
+def _model() -> onnx.ModelProto:
+    rng = np.random.default_rng(1)
+
+    def w(name, *shape):
+        return nh.from_array(rng.standard_normal(shape).astype(np.float32), name)
+
+    vi = h.make_tensor_value_info
+    nodes = [
+        # a ragged GEMM whose M is two axes (2 x 7), K not a multiple of 16; bias then ReLU
+        h.make_node("MatMul", ["a", "wb"], ["mm"]),
+        h.make_node("Add", ["mm", "bias19"], ["mmb"]),
+        h.make_node("Relu", ["mmb"], ["mm_out"]),
+        # K over several steps of the cache tile
+        h.make_node("MatMul", ["long", "wlong"], ["long_out"]),
+        # batched: both reads use the batch axes (attention scores)
+        h.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
+        h.make_node("MatMul", ["q", "kt"], ["scores"]),
+        # Gemm with transB and alpha: a scaled product with B stored [n][k]
+        h.make_node("Gemm", ["g", "wg", "bias19"], ["gemm_out"], transB=1, alpha=0.5),
+        # a padded, strided convolution (im2col through tables) and a 1x1 one (row-major)
+        h.make_node("Conv", ["x", "wc", "bc"], ["conv_out"], pads=[1, 1, 1, 1],
+                    strides=[2, 2]),
+        h.make_node("Conv", ["x", "w1"], ["conv1_out"]),
+        # depthwise (no GEMM view: an accumulator row over the output's width)
+        h.make_node("Conv", ["x", "wd"], ["dw_out"], group=3, pads=[1, 1, 1, 1]),
+        # reductions: over channels (strided) and over the last axis (contiguous)
+        h.make_node("ReduceSum", ["x", "axes1"], ["rsum"], keepdims=1),
+        h.make_node("Softmax", ["long"], ["soft"], axis=-1),
+        h.make_node("ReduceMax", ["x", "axes3"], ["rmax"], keepdims=0),
+    ]
+    inputs = [vi("a", T.FLOAT, [2, 7, 33]), vi("long", T.FLOAT, [5, 600]),
+              vi("q", T.FLOAT, [2, 3, 5, 8]), vi("k", T.FLOAT, [2, 3, 9, 8]),
+              vi("g", T.FLOAT, [7, 33]), vi("x", T.FLOAT, [2, 3, 11, 13])]
+    outputs = [vi(n, T.FLOAT, None) for n in ("mm_out", "long_out", "scores", "gemm_out",
+                                              "conv_out", "conv1_out", "dw_out", "rsum",
+                                              "soft", "rmax")]
+    inits = [w("wb", 33, 19), w("bias19", 19), w("wlong", 600, 40), w("wg", 19, 33),
+             w("wc", 5, 3, 3, 3), w("bc", 5), w("w1", 4, 3, 1, 1), w("wd", 3, 1, 3, 3),
+             nh.from_array(np.array([1], np.int64), "axes1"),
+             nh.from_array(np.array([3], np.int64), "axes3")]
+    graph = h.make_graph(nodes, "kinds", inputs, outputs, inits)
+    return h.make_model(graph, opset_imports=[h.make_opsetid("", 18)])
+
+
+@pytest.fixture(scope="module")
+def kinds():
+    imported = import_model(_model())
+    module = imported.module
+    generated = generate(module, target="cpu").module
+    return module, generated, imported.weights
+
+
+def _shapes(generated) -> dict[str, tuple[str, dict]]:
+    return {op: (k["shape"], k["schedule"]) for k in generated.codegen["kernels"]
+            for op in k["ops"]}
+
+
+def _op_of(module, output: str) -> str:
+    from tilekit.ir.graph import op_tensors
+
+    return next(op.name for op in module.ops if output in op_tensors(op)[1])
+
+
+def test_each_op_gets_its_cpu_shape(kinds):
+    module, generated, _ = kinds
+    shapes = _shapes(generated)
+    for out in ("mm", "long_out", "scores", "gemm_out_mm", "conv_out_conv", "conv1_out"):
+        assert shapes[_op_of(module, out)][0] == "cpu_gemm", out
+    conv = shapes[_op_of(module, "conv_out_conv")][1]["gemm"]
+    assert conv["m"] == ["f"] and conv["n"] == ["n", "h", "w"]   # B: the pixels, im2col
+    scores = shapes[_op_of(module, "scores")][1]["gemm"]
+    assert len(scores["batch"]) == 2
+    loops = {out: shapes[_op_of(module, out)]
+             for out in ("dw_out", "rsum", "rmax", "soft_max", "mm_out")}
+    assert all(s == "cpu_loops" for s, _ in loops.values())
+    assert loops["dw_out"][1]["reduction"] == "accumulator row"
+    assert loops["rsum"][1]["reduction"] == "accumulator row"
+    assert loops["rmax"][1]["reduction"] == "accumulator row"     # 13 points: too short
+    assert loops["soft_max"][1]["reduction"] == "lane partials"   # 600 contiguous points
+    assert loops["mm_out"][1]["reduction"] == "pointwise"
+
+
+@needs_cxx
+def test_each_kind_equals_the_reference(kinds):
+    module, generated, weights = kinds
+    rng = np.random.default_rng(0)
+    inputs = {n: rng.standard_normal(module.tensors[n].shape).astype(np.float32)
+              for n in module.inputs}
+    want = run_module(module, inputs, weights)
+    for threads in (1, 2):
+        got = CpuProgram(generated, threads).run(inputs, weights)
+        for out in module.outputs:
+            np.testing.assert_allclose(got[out], want[out], rtol=2e-5, atol=2e-5,
+                                       err_msg=f"{out}, {threads} thread(s)")
+
+
+@needs_cxx
+def test_a_long_sum_is_as_accurate_as_blocked_summation():
+    """A dot product of 8192 terms summed in blocks of the cache tile (runtime_cpu.h): its
+    error against float64 stays near a blocked sum's, far below one sequential sum's."""
+    vi = h.make_tensor_value_info
+    k = 8192
+    graph = h.make_graph([h.make_node("MatMul", ["x", "w"], ["y"])], "long",
+                         [vi("x", T.FLOAT, [6, k])], [vi("y", T.FLOAT, None)],
+                         [nh.from_array(np.abs(np.random.default_rng(2).standard_normal(
+                             (k, 16))).astype(np.float32), "w")])
+    imported = import_model(h.make_model(graph, opset_imports=[h.make_opsetid("", 18)]))
+    module = generate(imported.module, target="cpu").module
+    x = np.abs(np.random.default_rng(3).standard_normal((6, k))).astype(np.float32)
+    got = CpuProgram(module, 1).run({"x": x}, imported.weights)["y"].astype(np.float64)
+    exact = x.astype(np.float64) @ imported.weights["w"].astype(np.float64)
+    err = np.abs(got - exact).max() / np.abs(exact).max()
+    # positive terms: a sequential float32 sum of 8192 drifts to ~1e-5; blocks of 256 stay
+    # within a few 1e-7
+    assert err < 2e-6, err

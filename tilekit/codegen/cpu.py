@@ -1,0 +1,462 @@
+"""CPU kernels as tile programs: loop nests in vector lanes, and contractions by packed panels.
+
+Two kernel shapes for `tk-codegen --target cpu` (tiles from `tilekit.schedule.cpu`); every
+block of the grid is a unit of parallel work (the C++ printer runs the blocks over the cores
+with OpenMP), and a block is one thread of the CPU, so neither shape has thread regions.
+
+`cpu_loops` (any one-stage group that is not a contraction below): the output's rows (every
+spatial axis but the vector axis) in blocks of about `block_work` operations; per row,
+
+- no reduction: one `simd` loop over the vector axis (the last spatial axis) computing each
+  point and its epilogue;
+- a reduction whose innermost axis walks a read's contiguous dimension for at least `nr`
+  points (softmax's sums, layer norm's means, a matrix-vector product with rows of weights):
+  per point, `nr` partial accumulators filled by a `simd` loop over that axis, folded at the
+  end;
+- any other reduction (over channels of NCHW, a depthwise convolution's window, a
+  matrix-vector product with columns of weights): an accumulator row of up to
+  `vector_chunk` points of the vector axis, the reduction loops outside and a `simd` loop over
+  the row inside, then the epilogue in a `simd` loop.
+
+`cpu_gemm` (a float32 contraction, `tilekit.schedule.mma.contraction`: matmul, batched matmul,
+Gemm, convolution as an implicit GEMM), the BLIS algorithm: a block owns `mc x nc` outputs of
+the GEMM view (`M` the axes of one read, `N` the other's, with the output's contiguous axis in
+`N`); per `kc` step it packs its A panel (`mc x kc`, micro-panels of `mr` rows) and B panel
+(`kc x nc`, micro-panels of `nr` columns) into block memory, reading each element through
+the operand's index maps (a convolution's window and padding included), and runs the
+register-tile micro-kernel (`gemm_micro`, runtime_cpu.h) on every `mr x nr` tile into an
+`mc x nc` output tile. The epilogue maps each output of the tile back to the op's axes,
+scales it and runs the stage's elementwise chain (bias, activation, residual) before the
+store. Because the maps are affine, an element's offset is a part over the M (or N) axes plus
+a part over the K axes: the block tabulates the first once per block and the second once per
+step, so packing costs a load and an add per element.
+"""
+
+from __future__ import annotations
+
+import math
+from contextlib import ExitStack
+
+from tilekit.codegen.kernel import (GeneratedKernel, PointBuilder, avar, c_name, contiguous_reduction,
+                                    decompose, finish, global_resolver, group_signature,
+                                    index_type, needs_check, store_sink, strides, tvar)
+from tilekit.codegen.plan import GroupPlan, OpPlan, Read
+from tilekit.codegen.staged import op_facts, read_key
+from tilekit.codegen.values import (accumulator_kind, combine, identity, literal, pad_literal)
+from tilekit.schedule.cpu import CpuTiles, gemm_blocks, rows_per_block
+from tilekit.schedule.mma import Contraction
+from tilekit.schedule.shape import Target
+from tilekit.tile import expr as tx
+from tilekit.tile.build import Builder, SharedMemory
+from tilekit.tile.expr import BLOCK, KIND_DTYPE, Addr, Expr, Load, Var
+
+
+def cpu_kernel(module, plan: GroupPlan, entry: str, tiles: CpuTiles, target: Target
+               ) -> GeneratedKernel:
+    """The CPU kernel of a one-stage group: `cpu_gemm` for a float32 contraction whose output
+    is contiguous along an M or N axis, else `cpu_loops`."""
+    main = plan.stages[0].main
+    c = op_facts(main).contraction
+    if not isinstance(c, str) and c.dtype == "float32" and gemm_roles(c, main) is not None:
+        return gemm_kernel(module, plan, entry, tiles, target, c)
+    return loops_kernel(module, plan, entry, tiles, target)
+
+
+# -- loop nests --------------------------------------------------------------------------
+
+def loops_kernel(module, plan: GroupPlan, entry: str, tiles: CpuTiles, target: Target
+                 ) -> GeneratedKernel:
+    stage = plan.stages[0]
+    p = stage.main
+    sig = group_signature(module, plan)
+    idx_t = index_type(module, sig.args)
+    axes = [a for a, _ in p.spatial]
+    extents = [n for _, n in p.spatial]
+    reduce_size = math.prod(n for _, n in p.reduction) if p.reduces else 1
+    # Lane partials need a long contiguous innermost reduction (a depthwise window's 3
+    # points would all be the tail): otherwise the output's last axis takes the lanes.
+    lanes_red = p.reduces and contiguous_reduction(p) and (
+        p.reduction[-1][1] >= tiles.nr or not axes or extents[-1] == 1)
+    vec = None if lanes_red or not axes else len(axes) - 1
+    row_axes = [a for k, a in enumerate(axes) if k != vec]
+    row_extents = [n for k, n in enumerate(extents) if k != vec]
+    rows = math.prod(row_extents)
+    vlen = extents[vec] if vec is not None else 1
+    per = rows_per_block(rows, vlen * reduce_size, tiles)
+    grid = -(-rows // per)
+    mode = ("lane partials" if lanes_red else "accumulator row" if p.reduces
+            else "pointwise") if vec is not None or lanes_red else "scalar"
+    b = Builder()
+    first = b.let("r0", tx.mul(tx.cast(idx_t, BLOCK), per), idx_t)
+    stop = b.let("r1", tx.call("min", tx.add(first, per), tx.const(rows, idx_t)), idx_t)
+    with b.loop("r", first, stop, dtype=idx_t) as r:
+        row_vars = decompose(b, r, row_extents, [avar(a) for a in row_axes], idx_t)
+        at = dict(zip(row_axes, row_vars))
+        if vec is None:
+            _point(b, module, plan, [at[a] for a in axes], tiles, lanes_red)
+        elif not p.reduces:
+            with b.loop(avar(axes[vec]), 0, vlen, kind="simd", dtype=idx_t) as v:
+                at[axes[vec]] = v
+                _point(b, module, plan, [at[a] for a in axes], tiles, False)
+        else:
+            _accumulator_row(b, module, plan, axes, at, vec, vlen, tiles, idx_t)
+    sched = {"source": "cpu", "rows": rows, "rows_per_block": per, "reduction": mode,
+             "vector_axis": axes[vec] if vec is not None else None}
+    return finish(plan, entry, sig, b.build(), shape="cpu_loops", schedule=sched, threads=1,
+                  grid=grid, target=target,
+                  comments=[f"cpu loops: {rows} rows in blocks of {per}, "
+                            + (f"vector axis {axes[vec]} ({vlen})" if vec is not None
+                               else "no vector axis") + f", reduction: {mode}"])
+
+
+def _point(b: Builder, module, plan: GroupPlan, vars_: list[Expr], tiles: CpuTiles,
+           lane_partials: bool) -> None:
+    """One output point: its reduction (scalar or in lane partials), epilogue and stores."""
+    stage = plan.stages[0]
+    p = stage.main
+    pb = PointBuilder(module, b, stage, vars_, global_resolver)
+    sink = store_sink(module, b, plan.stored, vars_)
+    if not p.reduces:
+        pb.epilogue(None, sink)
+        return
+    kind = pb.acc_kind(p)
+    dtype = KIND_DTYPE[kind]
+    if not lane_partials:
+        acc = b.decl("acc_", dtype, identity(p.assign, kind))
+        pb.reduction_loops(p, acc, kind)
+        pb.epilogue(pb.main_value(p, (acc, kind)), sink)
+        return
+    lanes = tiles.nr
+    part = b.alloc("part", dtype, (lanes,), "partial accumulators, one per vector lane")
+    with b.loop("l", 0, lanes, kind="simd") as l_:
+        b.store(part, (l_,), identity(p.assign, kind))
+    code = pb.axis_code(p)
+    comp = pb.compiler(p, code)
+    *outer, (inner, n) = p.reduction
+    with ExitStack() as loops:
+        for a, extent in outer:
+            code[a] = loops.enter_context(b.loop(avar(a), 0, extent))
+        whole = n // lanes * lanes
+        with b.loop("kb", 0, whole, lanes) as kb:
+            with b.loop("l", 0, lanes, kind="simd") as l_:
+                code[inner] = b.let(avar(inner), tx.add(kb, l_))
+                value = comp.emit(p.body, kind)
+                b.store(part, (l_,), combine(p.assign, Load(part.name, (l_,), dtype),
+                                             tx.cast(dtype, value)))
+        if whole < n:
+            with b.loop(avar(inner), whole, n) as k:
+                code[inner] = k
+                value = comp.emit(p.body, kind)
+                b.store(part, (tx.sub(k, whole),),
+                        combine(p.assign, Load(part.name, (tx.sub(k, whole),), dtype),
+                                tx.cast(dtype, value)))
+    acc = b.decl("acc_", dtype, Load(part.name, (tx.const(0),), dtype))
+    with b.loop("l", 1, lanes) as l_:
+        b.assign(acc, combine(p.assign, acc, Load(part.name, (l_,), dtype)))
+    pb.epilogue(pb.main_value(p, (acc, kind)), sink)
+
+
+def _accumulator_row(b: Builder, module, plan: GroupPlan, axes, at: dict, vec: int, vlen: int,
+                     tiles: CpuTiles, idx_t: str) -> None:
+    """A reduction vectorised over the output's vector axis: an accumulator row of up to
+    `vector_chunk` points, the reduction loops outside the lanes."""
+    stage = plan.stages[0]
+    p = stage.main
+    chunk = min(vlen, tiles.vector_chunk)
+    probe = PointBuilder(module, b, stage, [at.get(a, tx.const(0)) for a in axes],
+                         global_resolver)
+    kind = probe.acc_kind(p)
+    dtype = KIND_DTYPE[kind]
+    row = b.alloc("accrow", dtype, (chunk,), "accumulators of a row of the vector axis")
+    va = axes[vec]
+    with b.loop("j0", 0, vlen, chunk, dtype=idx_t) as j0:
+        count = b.let("jn", tx.call("min", tx.const(chunk, idx_t), tx.sub(vlen, j0)), idx_t)
+        with b.loop("jj", 0, count, kind="simd", dtype=idx_t) as jj:
+            b.store(row, (jj,), identity(p.assign, kind))
+        code = {}
+        with ExitStack() as loops:
+            for a, extent in p.reduction:
+                code[a] = loops.enter_context(b.loop(avar(a), 0, extent))
+            with b.loop("jj", 0, count, kind="simd", dtype=idx_t) as jj:
+                v = b.let(avar(va), tx.add(j0, jj), idx_t)
+                vars_ = [v if a == va else at[a] for a in axes]
+                pb = PointBuilder(module, b, stage, vars_, global_resolver)
+                comp = pb.compiler(p, pb.axis_code(p, code))
+                value = comp.emit(p.body, kind)
+                b.store(row, (jj,), combine(p.assign, Load(row.name, (jj,), dtype),
+                                            tx.cast(dtype, value)))
+        with b.loop("jj", 0, count, kind="simd", dtype=idx_t) as jj:
+            v = b.let(avar(va), tx.add(j0, jj), idx_t)
+            vars_ = [v if a == va else at[a] for a in axes]
+            pb = PointBuilder(module, b, stage, vars_, global_resolver)
+            sink = store_sink(module, b, plan.stored, vars_)
+            pb.epilogue(pb.main_value(p, (Load(row.name, (jj,), dtype), kind)), sink)
+
+
+# -- contractions ------------------------------------------------------------------------
+
+def gemm_roles(c: Contraction, p: OpPlan) -> tuple[str, str] | None:
+    """Which read is A (its axes are the GEMM's M) and which is B (N, the micro-kernel's
+    vector direction): B holds the output's innermost axis, so that a row of the output tile
+    is contiguous in the output. None when that axis is a batch axis (no GEMM view pays)."""
+    last = p.spatial[-1][0]
+    if last in c.n_axes:
+        return ("a", "b")
+    if last in c.m_axes:
+        return ("b", "a")
+    return None
+
+
+class _Operand:
+    """One packed operand: its read, the axes of its M or N group and the panel buffer."""
+
+    def __init__(self, read: Read, group: tuple[str, ...], k_axes: tuple[str, ...]):
+        self.read = read
+        self.group = group
+        self.k_axes = k_axes
+
+
+def gemm_kernel(module, plan: GroupPlan, entry: str, tiles: CpuTiles, target: Target,
+                c: Contraction) -> GeneratedKernel:
+    stage = plan.stages[0]
+    p = stage.main
+    sig = group_signature(module, plan)
+    idx_t = index_type(module, sig.args)
+    extent = dict(p.spatial) | dict(p.reduction)
+    reads = {read_key(r): r for r in p.read_list()}
+    facts_reads = list(reads.values())
+    a_role, b_role = gemm_roles(c, p)
+    ops = {"a": c.a, "b": c.b}
+    opa, opb = ops[a_role], ops[b_role]
+    m_axes = opa.mn_axes
+    n_axes = opb.mn_axes
+    A = _Operand(facts_reads[opa.index], m_axes, c.k_axes)
+    B = _Operand(facts_reads[opb.index], n_axes, c.k_axes)
+    M = math.prod(extent[a] for a in m_axes)
+    N = math.prod(extent[a] for a in n_axes)
+    K = math.prod(extent[a] for a in c.k_axes)
+    batch = math.prod(extent[a] for a in c.batch_axes)
+    g = gemm_blocks(tiles, M, N, K, batch)
+    mr, nr = tiles.mr, tiles.nr
+    mc_p, nc_p = -(-g.mc // mr) * mr, -(-g.nc // nr) * nr
+    smem = SharedMemory()
+    ap = smem.carve("s_a", "float32", (mc_p // mr, g.kc, mr),
+                    f"{A.read.tensor}: A panel, {mc_p // mr} micro-panels of {g.kc}x{mr}")
+    bp = smem.carve("s_b", "float32", (nc_p // nr, g.kc, nr),
+                    f"{B.read.tensor}: B panel, {nc_p // nr} micro-panels of {g.kc}x{nr}")
+    ct = smem.carve("s_c", "float32", (mc_p, nc_p), "the block's output tile")
+    b = Builder()
+    counts = [extent[a] for a in c.batch_axes] + [g.m_blocks, g.n_blocks]
+    names = [f"{avar(a)}_" for a in c.batch_axes] + ["mb", "nb"]
+    coords = decompose(b, BLOCK, counts, names, "int32")
+    batch_at = dict(zip(c.batch_axes, coords[:len(c.batch_axes)]))
+    m0 = b.let("m0", tx.mul(coords[-2], g.mc), idx_t)
+    n0 = b.let("n0", tx.mul(coords[-1], g.nc), idx_t)
+    mcount = b.let("mc", tx.call("min", tx.const(g.mc, idx_t), tx.sub(M, m0)), idx_t)
+    ncount = b.let("nc", tx.call("min", tx.const(g.nc, idx_t), tx.sub(N, n0)), idx_t)
+    a_side = _side(b, "a", A.read, m_axes, m0, mcount, mc_p, mc_p, extent, batch_at, idx_t)
+    b_side = _side(b, "b", B.read, n_axes, n0, ncount, nc_p, nc_p, extent, batch_at, idx_t)
+    with b.loop("ks", 0, g.k_steps) as ks:
+        k0 = b.let("k0", tx.mul(ks, g.kc), idx_t)
+        kcount = b.let("kc", tx.call("min", tx.const(g.kc, idx_t), tx.sub(K, k0)), idx_t)
+        a_k = _k_side(b, "a", A.read, c.k_axes, k0, kcount, g.kc, extent, idx_t)
+        b_k = _k_side(b, "b", B.read, c.k_axes, k0, kcount, g.kc, extent, idx_t)
+        b.comment(f"pack A: {A.read.tensor} into micro-panels of {mr} rows")
+        _pack(b, A.read, ap, mr, mc_p, mcount, kcount, a_side, a_k, idx_t)
+        b.comment(f"pack B: {B.read.tensor} into micro-panels of {nr} columns")
+        _pack(b, B.read, bp, nr, nc_p, ncount, kcount, b_side, b_k, idx_t)
+        with b.loop("jr", 0, tx.div(tx.add(ncount, nr - 1), nr)) as jr:
+            with b.loop("ir", 0, tx.div(tx.add(mcount, mr - 1), mr)) as ir:
+                b.evaluate(tx.call("gemm_micro", tx.const(mr), tx.const(nr),
+                                   Addr(ap.name, (ir, tx.const(0), tx.const(0))),
+                                   Addr(bp.name, (jr, tx.const(0), tx.const(0))),
+                                   tx.cast("int32", kcount),
+                                   Addr(ct.name, (tx.mul(ir, mr), tx.mul(jr, nr))),
+                                   tx.const(nc_p), tx.cast("int32", tx.gt(ks, 0))))
+    _gemm_epilogue(b, module, plan, c, m_axes, n_axes, batch_at, m0, n0, mcount, ncount, ct,
+                   extent, idx_t)
+    sched = {"source": "cpu", "gemm": {"m": list(m_axes), "n": list(n_axes),
+                                       "batch": list(c.batch_axes), "k": list(c.k_axes),
+                                       "blocks": [g.mc, g.nc, g.kc],
+                                       "micro": [mr, nr]}}
+    grid = batch * g.m_blocks * g.n_blocks
+    return finish(plan, entry, sig, b.build(), shape="cpu_gemm", schedule=sched, threads=1,
+                  grid=grid, shared=smem.all(), target=target,
+                  comments=[f"cpu gemm: {M}x{N}x{K} (M {', '.join(m_axes)}; N "
+                            f"{', '.join(n_axes)}; K {', '.join(c.k_axes)})"
+                            + (f" x {batch} batch" if batch > 1 else "")
+                            + f", blocks {g.mc}x{g.nc}, steps of {g.kc}, micro-tiles "
+                            f"{mr}x{nr}"])
+
+
+class _Side:
+    """One side of an operand's element offsets: its M or N group (points `origin + l`, the
+    batch axes and the map constants folded in) or a step's K points (`k0 + kk`). The offset
+    part is `coef * (origin + l) + base` when the side's axes are laid out row-major in the
+    tensor (a matmul's rows, a 1x1 convolution's pixels, a convolution's weights over C, KH,
+    KW), else a table filled once; each dimension that can leave the tensor has a table of
+    its index part."""
+
+    def __init__(self, origin: Expr, coef: int | None, base: Expr, offsets, dims: dict):
+        self.origin, self.coef, self.base = origin, coef, base
+        self.offsets, self.dims = offsets, dims
+
+    def offset(self, local: Expr, idx_t: str) -> Expr:
+        if self.coef is None:
+            return Load(self.offsets.name, (local,), idx_t)
+        return tx.add(tx.mul(tx.add(self.origin, local), self.coef), self.base)
+
+    def dim(self, d: int, local: Expr, idx_t: str) -> Expr:
+        return Load(self.dims[d].name, (local,), idx_t)
+
+
+def _parts(read: Read, axes: tuple[str, ...]) -> tuple[dict[str, int], list[dict]]:
+    """The read's flat-offset coefficients over `axes`, and per dimension its index map's
+    coefficients over them."""
+    st = strides(read.shape)
+    flat: dict[str, int] = {}
+    per_dim = []
+    for m, s in zip(read.maps, st):
+        terms = {a: cf for a, cf in m.terms if a in axes}
+        per_dim.append(terms)
+        for a, cf in terms.items():
+            flat[a] = flat.get(a, 0) + cf * s
+    return flat, per_dim
+
+
+def _row_major(axes: tuple[str, ...], flat: dict[str, int], extent: dict) -> int | None:
+    """c when the offset over `axes` is c x (their row-major flat index), else None."""
+    live = [a for a in axes if extent[a] > 1]
+    if not live:
+        return 0
+    c = flat.get(live[-1], 0)
+    step = c
+    for a in reversed(live):
+        if flat.get(a, 0) != step:
+            return None
+        step *= extent[a]
+    return c
+
+
+def _checked_dims(read: Read, extent: dict) -> list[int]:
+    ranges = {a: (0, n - 1) for a, n in extent.items()}
+    return [d for d, need in enumerate(needs_check(read, ranges)) if need]
+
+
+def _side(b: Builder, name: str, read: Read, axes: tuple[str, ...], origin: Var, count: Expr,
+          size: int, fill: Expr, extent: dict, fixed: dict, idx_t: str) -> _Side:
+    """The side's tables, filled for local indices below `fill` (points past `count` read
+    point 0's, never used). `fixed` are block-level axis values (the batch axes)."""
+    flat, per_dim = _parts(read, axes)
+    fixed_flat, fixed_dims = _parts(read, tuple(fixed))
+    st = strides(read.shape)
+    checked = _checked_dims(read, extent)
+    coef = _row_major(axes, flat, extent)
+    const = tx.linear([(cf, fixed[a]) for a, cf in fixed_flat.items()],
+                      sum(m.const * s for m, s in zip(read.maps, st)), idx_t)
+    offsets = None if coef is not None else b.alloc(
+        f"{name}_off", idx_t, (size,), f"{read.tensor}: offset part over {', '.join(axes)}")
+    dims = {d: b.alloc(f"{name}_d{d}", idx_t, (size,),
+                       f"{read.tensor}: dimension {d}'s index part over {', '.join(axes)}")
+            for d in checked}
+    if offsets is not None or dims:
+        with b.loop("l", 0, fill, dtype=idx_t) as l_:
+            point = b.let("g_", tx.select(tx.lt(l_, count), tx.add(origin, l_),
+                                          tx.const(0, idx_t)), idx_t)
+            values = _axis_values(b, axes, point, extent, idx_t)
+            if offsets is not None:
+                b.store(offsets, (l_,), tx.add(tx.linear(
+                    [(cf, values[a]) for a, cf in flat.items()], 0, idx_t), const))
+            for d in checked:
+                m = read.maps[d]
+                b.store(dims[d], (l_,), tx.linear(
+                    [(cf, values[a]) for a, cf in per_dim[d].items()]
+                    + [(cf, fixed[a]) for a, cf in fixed_dims[d].items()], m.const, idx_t))
+    return _Side(origin, coef, const, offsets, dims)
+
+
+def _k_side(b: Builder, name: str, read: Read, k_axes: tuple[str, ...], k0: Var, count: Var,
+            size: int, extent: dict, idx_t: str) -> _Side:
+    """A step's K side: no constant (the group side holds it), the dimension parts of the K
+    axes alone."""
+    flat, per_dim = _parts(read, k_axes)
+    checked = _checked_dims(read, extent)
+    coef = _row_major(k_axes, flat, extent)
+    offsets = None if coef is not None else b.alloc(
+        f"{name}_koff", idx_t, (size,), f"{read.tensor}: offset part over "
+        f"{', '.join(k_axes)} in this step")
+    dims = {d: b.alloc(f"{name}_kd{d}", idx_t, (size,)) for d in checked}
+    if offsets is not None or dims:
+        with b.loop("kk", 0, count, dtype=idx_t) as kk:
+            values = _axis_values(b, k_axes, tx.add(k0, kk), extent, idx_t)
+            if offsets is not None:
+                b.store(offsets, (kk,), tx.linear([(cf, values[a]) for a, cf in flat.items()],
+                                                  0, idx_t))
+            for d in checked:
+                b.store(dims[d], (kk,), tx.linear(
+                    [(cf, values[a]) for a, cf in per_dim[d].items()], 0, idx_t))
+    return _Side(k0, coef, tx.const(0, idx_t), offsets, dims)
+
+
+def _axis_values(b: Builder, axes: tuple[str, ...], flat: Expr, extent: dict, idx_t: str
+                 ) -> dict[str, Expr]:
+    """The axes of a group at a flat row-major index."""
+    vars_ = decompose(b, flat, [extent[a] for a in axes], [f"{avar(a)}_" for a in axes],
+                      idx_t)
+    return dict(zip(axes, vars_))
+
+
+def _pack(b: Builder, read: Read, panel, width: int, size: int, count: Var, kcount: Var,
+          group: _Side, ks: _Side, idx_t: str) -> None:
+    """panel[l / width][kk][l % width] = the operand at group point l and step point kk (its
+    pad value outside the tensor, 0 past the GEMM). The innermost loop walks the side that
+    is contiguous in the tensor (vector loads), K when only K is, and the loop around it
+    walks the next-closest elements (a row of B in one sweep, not a column of slabs)."""
+    pad = pad_literal(read.pad, read.dtype)
+    if ks.coef == 1 and group.coef != 1:     # rows of K: each row read once, in order
+        order = [("pp", size // width), ("i", width), ("kk", kcount)]
+    elif group.coef == 1:                     # rows of the group: a step's row in one sweep
+        order = [("kk", kcount), ("pp", size // width), ("i", width)]
+    else:
+        order = [("pp", size // width), ("kk", kcount), ("i", width)]
+    with ExitStack() as loops:
+        at = {}
+        for n, (name, stop) in enumerate(order):
+            kind = "simd" if n == len(order) - 1 else "serial"
+            at[name] = loops.enter_context(b.loop(name, 0, stop, kind=kind, dtype=idx_t))
+        pp, i, kk = at["pp"], at["i"], at["kk"]
+        lidx = tx.add(tx.mul(pp, width), i)
+        checks = [tx.lt(lidx, count)]
+        for d in ks.dims:
+            index = tx.add(group.dim(d, lidx, idx_t), ks.dim(d, kk, idx_t))
+            checks.append(tx.call("in_range", index, tx.as_expr(read.shape[d], idx_t)))
+        offset = tx.add(group.offset(lidx, idx_t), ks.offset(kk, idx_t))
+        valid = b.let("ok_", tx.and_(*checks))
+        safe = tx.select(valid, offset, tx.const(0, idx_t))
+        value = tx.select(valid, Load(tvar(read.tensor), (safe,), read.dtype), pad)
+        b.store(panel, (pp, kk, i), value)
+
+
+def _gemm_epilogue(b: Builder, module, plan: GroupPlan, c: Contraction, m_axes, n_axes,
+                   batch_at: dict, m0: Var, n0: Var, mcount: Var, ncount: Var, ct, extent,
+                   idx_t: str) -> None:
+    """Each output of the tile back to the op's axes, scaled, through the chain."""
+    stage = plan.stages[0]
+    p = stage.main
+    axes = [a for a, _ in p.spatial]
+    b.comment("epilogue: the output tile to the op's axes, through the chain")
+    with b.loop("i", 0, mcount, dtype=idx_t) as i:
+        mv = _axis_values(b, m_axes, tx.add(m0, i), extent, idx_t)
+        with b.loop("j", 0, ncount, kind="simd", dtype=idx_t) as j:
+            nv = _axis_values(b, n_axes, tx.add(n0, j), extent, idx_t)
+            code = {**batch_at, **mv, **nv}
+            vars_ = [b.let(avar(a), code[a], idx_t) for a in axes]
+            pb = PointBuilder(module, b, stage, vars_, global_resolver)
+            value = Load(ct.name, (i, j), "float32")
+            if c.scale != 1.0:
+                value = tx.mul(value, literal(c.scale, "f"))
+            pb.epilogue(pb.main_value(p, (value, "f")),
+                        store_sink(module, b, plan.stored, vars_))
+
+
+__all__ = ["cpu_kernel", "gemm_kernel", "gemm_roles", "loops_kernel"]
