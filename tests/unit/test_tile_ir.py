@@ -95,7 +95,7 @@ def test_the_cpp_printer_runs_threads_one_after_another():
     assert "static inline void k_body(" in text
     assert "float acc[64][2];" in text                     # one copy per thread
     assert "for (int tid = 0; tid < 64; ++tid) {" in text
-    assert "acc[tid][i] = expf(t_x[base + tid]);" in text
+    assert "acc[tid][i] = tk_expf(t_x[base + tid]);" in text     # runtime_cpu.h's exp
     assert "__syncthreads" not in text and "threadIdx" not in text
     assert "#pragma omp parallel for schedule(static)" in text
     with pytest.raises(InternalError, match="serialize"):

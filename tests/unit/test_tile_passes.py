@@ -13,6 +13,7 @@ from tilekit.tile.nodes import (Alloc, Barrier, Buffer, Comment, Copy, Evaluate,
 from tilekit.tile.passes import lower_for_cpu, lower_for_cuda
 from tilekit.tile.passes.barriers import drop_redundant_barriers
 from tilekit.tile.passes.copies import Divisibility, affine, lower_copies, vectorize
+from tilekit.tile.passes.guards import split_guards
 from tilekit.tile.passes.layout import conflict_free_pad, pad_shared_rows
 from tilekit.tile.passes.pipeline import pipeline
 from tilekit.tile.passes.threads import serialize_threads
@@ -214,6 +215,37 @@ def test_serialize_threads_refuses_warp_collectives():
         "warp_sum", tx.const(1.0), tx.const(32))))
     with pytest.raises(InternalError, match="no serial form"):
         serialize_threads(kernel(body, threads=64))
+
+
+def test_split_guards_takes_the_padding_checks_out_of_the_interior():
+    j, j0, kw = Var("j", I), Var("j0", I), Var("kw", I)
+    w = Var("w", I)
+
+    def body(guard: bool):
+        x = tx.add(tx.add(w, kw), -1)                          # w + kw - 1, w = j0 + j
+        value = Load("t_x", (x,), "float32")
+        if guard:
+            value = tx.select(tx.call("in_range", x, tx.const(56)), value, tx.const(0.0))
+        return seq(Let(w, tx.add(j0, j)), Store("t_y", (j,), value))
+
+    loop = For(j, tx.const(0), tx.const(64), body(True), kind="simd")
+    prog = seq(Let(j0, BLOCK), For(kw, tx.const(0), tx.const(3), loop))
+    out = split_guards(kernel(prog))
+    lo, hi = Var("j_lo0", I), Var("j_hi0", I)
+    rest = tx.linear([(1, j0), (1, kw)], -1)
+    lo_e = tx.call("min", tx.call("max", tx.neg(rest), tx.const(0)), tx.const(64))
+    hi_e = tx.call("max", tx.call("min", tx.sub(tx.const(56), rest), tx.const(64)), lo)
+    assert out.body == seq(Let(j0, BLOCK), For(kw, tx.const(0), tx.const(3), Seq((
+        Let(lo, lo_e), Let(hi, hi_e),
+        For(j, tx.const(0), lo, body(True)),
+        For(j, lo, hi, body(False), kind="simd"),
+        For(j, hi, tx.const(64), body(True))))))
+    assert split_guards(out) == out                 # idempotent: the interior has no guard
+    # a guard on a value the body computes otherwise stays
+    other = For(j, tx.const(0), tx.const(64), seq(
+        Store("t_y", (j,), tx.select(tx.call("in_range", tx.mul(j, 2), tx.const(56)),
+                                     tx.const(1.0), tx.const(0.0)))), kind="simd")
+    assert split_guards(kernel(other)).body == other
 
 
 def test_pipelines_verify_and_are_idempotent():

@@ -54,12 +54,25 @@ from tilekit.tile.expr import BLOCK, KIND_DTYPE, Addr, Expr, Load, Var
 def cpu_kernel(module, plan: GroupPlan, entry: str, tiles: CpuTiles, target: Target
                ) -> GeneratedKernel:
     """The CPU kernel of a one-stage group: `cpu_gemm` for a float32 contraction whose output
-    is contiguous along an M or N axis, else `cpu_loops`."""
+    is contiguous along an M or N axis and whose operands are each reused at least
+    `GEMM_MIN_REUSE` times, else `cpu_loops` (a matrix-vector product streams its matrix once:
+    packing it would read and write it twice more)."""
     main = plan.stages[0].main
     c = op_facts(main).contraction
-    if not isinstance(c, str) and c.dtype == "float32" and gemm_roles(c, main) is not None:
+    if not isinstance(c, str) and c.dtype == "float32" and gemm_roles(c, main) is not None \
+            and _reuse(c, main) >= GEMM_MIN_REUSE:
         return gemm_kernel(module, plan, entry, tiles, target, c)
     return loops_kernel(module, plan, entry, tiles, target)
+
+
+#: Uses of each operand element below which packing costs more than it saves.
+GEMM_MIN_REUSE = 4
+
+
+def _reuse(c: Contraction, p: OpPlan) -> int:
+    """How many times the less-reused operand's elements are used: min(M, N)."""
+    extent = dict(p.spatial)
+    return min(math.prod(extent[a] for a in c.m_axes), math.prod(extent[a] for a in c.n_axes))
 
 
 # -- loop nests --------------------------------------------------------------------------
@@ -236,7 +249,7 @@ def gemm_kernel(module, plan: GroupPlan, entry: str, tiles: CpuTiles, target: Ta
     N = math.prod(extent[a] for a in n_axes)
     K = math.prod(extent[a] for a in c.k_axes)
     batch = math.prod(extent[a] for a in c.batch_axes)
-    g = gemm_blocks(tiles, M, N, K, batch)
+    g = gemm_blocks(tiles, M, N, K, batch, extent[n_axes[-1]] if len(n_axes) > 1 else 1)
     mr, nr = tiles.mr, tiles.nr
     mc_p, nc_p = -(-g.mc // mr) * mr, -(-g.nc // nr) * nr
     smem = SharedMemory()
@@ -274,7 +287,7 @@ def gemm_kernel(module, plan: GroupPlan, entry: str, tiles: CpuTiles, target: Ta
                                    Addr(ct.name, (tx.mul(ir, mr), tx.mul(jr, nr))),
                                    tx.const(nc_p), tx.cast("int32", tx.gt(ks, 0))))
     _gemm_epilogue(b, module, plan, c, m_axes, n_axes, batch_at, m0, n0, mcount, ncount, ct,
-                   extent, idx_t)
+                   extent, g.n_row, idx_t)
     sched = {"source": "cpu", "gemm": {"m": list(m_axes), "n": list(n_axes),
                                        "batch": list(c.batch_axes), "k": list(c.k_axes),
                                        "blocks": [g.mc, g.nc, g.kc],
@@ -439,24 +452,36 @@ def _pack(b: Builder, read: Read, panel, width: int, size: int, count: Var, kcou
 
 def _gemm_epilogue(b: Builder, module, plan: GroupPlan, c: Contraction, m_axes, n_axes,
                    batch_at: dict, m0: Var, n0: Var, mcount: Var, ncount: Var, ct, extent,
-                   idx_t: str) -> None:
-    """Each output of the tile back to the op's axes, scaled, through the chain."""
+                   n_row: int, idx_t: str) -> None:
+    """Each output of the tile back to the op's axes, scaled, through the chain. When the
+    block holds whole rows of the output's contiguous axis (`n_row`), the other N axes are
+    found once per row and the row is one `simd` loop of contiguous stores; else every point
+    finds its N axes."""
     stage = plan.stages[0]
     p = stage.main
     axes = [a for a, _ in p.spatial]
     b.comment("epilogue: the output tile to the op's axes, through the chain")
+
+    def point(i: Expr, j: Expr, at: dict) -> None:
+        code = {**batch_at, **at}
+        vars_ = [b.let(avar(a), code[a], idx_t) for a in axes]
+        pb = PointBuilder(module, b, stage, vars_, global_resolver)
+        value = Load(ct.name, (i, j), "float32")
+        if c.scale != 1.0:
+            value = tx.mul(value, literal(c.scale, "f"))
+        pb.epilogue(pb.main_value(p, (value, "f")), store_sink(module, b, plan.stored, vars_))
+
     with b.loop("i", 0, mcount, dtype=idx_t) as i:
         mv = _axis_values(b, m_axes, tx.add(m0, i), extent, idx_t)
-        with b.loop("j", 0, ncount, kind="simd", dtype=idx_t) as j:
-            nv = _axis_values(b, n_axes, tx.add(n0, j), extent, idx_t)
-            code = {**batch_at, **mv, **nv}
-            vars_ = [b.let(avar(a), code[a], idx_t) for a in axes]
-            pb = PointBuilder(module, b, stage, vars_, global_resolver)
-            value = Load(ct.name, (i, j), "float32")
-            if c.scale != 1.0:
-                value = tx.mul(value, literal(c.scale, "f"))
-            pb.epilogue(pb.main_value(p, (value, "f")),
-                        store_sink(module, b, plan.stored, vars_))
+        if n_row > 1:
+            with b.loop("row", 0, tx.div(ncount, n_row), dtype=idx_t) as row:
+                outer = _axis_values(b, n_axes[:-1], tx.add(tx.div(n0, n_row), row), extent,
+                                     idx_t)
+                with b.loop("w", 0, n_row, kind="simd", dtype=idx_t) as w:
+                    point(i, tx.add(tx.mul(row, n_row), w), {**mv, **outer, n_axes[-1]: w})
+        else:
+            with b.loop("j", 0, ncount, kind="simd", dtype=idx_t) as j:
+                point(i, j, {**mv, **_axis_values(b, n_axes, tx.add(n0, j), extent, idx_t)})
 
 
 __all__ = ["cpu_kernel", "gemm_kernel", "gemm_roles", "loops_kernel"]

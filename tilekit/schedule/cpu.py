@@ -108,15 +108,22 @@ class GemmBlocks:
     m_blocks: int
     n_blocks: int
     k_steps: int
+    n_row: int = 1                  # nc is a whole number of rows of this many points
 
 
-def gemm_blocks(tiles: CpuTiles, m: int, n: int, k: int, batch: int) -> GemmBlocks:
+def gemm_blocks(tiles: CpuTiles, m: int, n: int, k: int, batch: int, n_row: int = 1
+                ) -> GemmBlocks:
     """The cache tiles shrunk to the problem (never past a micro-tile) and, while there are
     fewer blocks than `blocks_per_core` per core, halved: N first (the B panel is re-packed
-    per block of M), then M."""
+    per block of M), then M. Blocks are even (128 rows in blocks of at most 126 are two of
+    66, not 126 and 2). With `n_row` > 1 (the extent of the output's contiguous axis, when N
+    has more axes: a convolution's pixels) and a row fitting the N tile, `nc` is a whole
+    number of rows, so that a block's outputs are whole rows of the output."""
     mr, nr = tiles.mr, tiles.nr
+    n_step = n_row if 1 < n_row <= tiles.nc and n % n_row == 0 else 1
+    unit = nr if n_step == 1 else n_step
     mc = min(tiles.mc, -(-m // mr) * mr)
-    nc = min(tiles.nc, -(-n // nr) * nr)
+    nc = min(max(tiles.nc // unit, 1) * unit, -(-n // unit) * unit)
     kc = min(tiles.kc, k)
     want = tiles.machine.cores * tiles.blocks_per_core
 
@@ -124,19 +131,18 @@ def gemm_blocks(tiles: CpuTiles, m: int, n: int, k: int, batch: int) -> GemmBloc
         return batch * -(-m // mc_) * -(-n // nc_)
 
     while count(mc, nc) < want:
-        if nc > nr and nc >= mc:
-            nc = max(nr, (nc // 2) // nr * nr)
+        if nc > unit and nc >= mc:
+            nc = max(unit, (nc // 2) // unit * unit)
         elif mc > mr:
             mc = max(mr, (mc // 2) // mr * mr)
-        elif nc > nr:
-            nc = max(nr, (nc // 2) // nr * nr)
+        elif nc > unit:
+            nc = max(unit, (nc // 2) // unit * unit)
         else:
             break
-    # Even blocks: 128 rows in blocks of at most 126 are two of 66, not 126 and 2.
     mc = -(-(-(-m // -(-m // mc))) // mr) * mr
-    nc = -(-(-(-n // -(-n // nc))) // nr) * nr
+    nc = -(-(-(-n // -(-n // nc))) // unit) * unit
     kc = -(-k // -(-k // kc))
-    return GemmBlocks(mc, nc, kc, -(-m // mc), -(-n // nc), -(-k // kc))
+    return GemmBlocks(mc, nc, kc, -(-m // mc), -(-n // nc), -(-k // kc), n_step)
 
 
 def rows_per_block(rows: int, work_per_row: int, tiles: CpuTiles) -> int:

@@ -49,6 +49,8 @@ class CStyle:
         "float64": "double", "float4": "float4", "ptr": "void*"}
     #: Calls spelled by the target itself (intrinsics), name -> C function.
     INTRINSICS: Mapping[str, str] = {}
+    #: float32 math functions the target spells with its own helpers (else libm's).
+    FLOAT_MATH: Mapping[str, str] = {}
 
     def __init__(self, kernel: Kernel) -> None:
         self.kernel = kernel
@@ -172,6 +174,8 @@ class CStyle:
         args = [self.expr(a) for a in e.args]
         f = function(fn)
         if f.family == "math":
+            if e.dtype == "float32" and fn in self.FLOAT_MATH:
+                return f"{self.FLOAT_MATH[fn]}({', '.join(args)})"
             spelled = MATH.get(fn)
             if spelled is None and fn == "sigmoid":
                 spelled = "tk_sigmoid"

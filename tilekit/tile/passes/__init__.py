@@ -14,6 +14,7 @@ from dataclasses import replace
 from tilekit.tile.nodes import Kernel
 from tilekit.tile.passes.barriers import drop_redundant_barriers
 from tilekit.tile.passes.copies import lower_copies, vectorize
+from tilekit.tile.passes.guards import split_guards
 from tilekit.tile.passes.layout import pad_shared_rows
 from tilekit.tile.passes.pipeline import pipeline
 from tilekit.tile.passes.threads import serialize_threads
@@ -34,6 +35,7 @@ CPU_PIPELINE = (
     pipeline,           # (no CPU program pipelines today: a no-op kept for one form)
     lower_copies,       # copies to thread regions, one element per access
     serialize_threads,  # after every pass that makes regions: regions become serial loops
+    split_guards,       # last: guarded vector loops (padding) split around their interior
 )
 
 

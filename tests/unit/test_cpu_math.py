@@ -1,0 +1,63 @@
+"""runtime_cpu.h's exp, tanh, erf and sigmoid (straight-line code the compiler runs in vector
+lanes) against float64 over a sweep of float32 inputs, specials included, through the real
+pipeline: an ONNX model of the four ops, compiled for the CPU."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from onnx import TensorProto as T, helper as h
+
+from tilekit.codegen import generate
+from tilekit.codegen.cxx import find_cxx
+from tilekit.onnx import import_model
+from tilekit.runtime.compiled import CpuProgram
+
+pytestmark = [pytest.mark.skipif(find_cxx() is None, reason="no C++ compiler"),
+              pytest.mark.usefixtures("cxx_cache")]
+
+#: Relative error allowed against float64: a few float32 ulps (2^-23 is 1.2e-7).
+BOUND = 3e-7
+
+
+def _sweep() -> np.ndarray:
+    grid = [np.linspace(-100, 100, 20001), np.linspace(-6, 6, 24001),
+            np.geomspace(1e-30, 1e3, 4001), -np.geomspace(1e-30, 1e3, 4001),
+            [np.inf, -np.inf, np.nan, 0.0, -0.0, 88.7, 88.8, -87.3, -87.4, -104.0]]
+    return np.concatenate([np.asarray(g, np.float64) for g in grid]).astype(np.float32)
+
+
+def test_math_functions_are_accurate_in_vector_lanes():
+    x = _sweep()
+    vi = h.make_tensor_value_info
+    ops = {"Exp": np.exp, "Tanh": np.tanh, "Erf": np.vectorize(math.erf, otypes=[float]),
+           "Sigmoid": lambda v: 1.0 / (1.0 + np.exp(-v))}
+    nodes = [h.make_node(op, ["x"], [op.lower()]) for op in ops]
+    graph = h.make_graph(nodes, "math", [vi("x", T.FLOAT, [len(x)])],
+                         [vi(op.lower(), T.FLOAT, None) for op in ops])
+    imported = import_model(h.make_model(graph, opset_imports=[h.make_opsetid("", 18)]))
+    module = generate(imported.module, target="cpu").module
+    sources = "".join(k["source"] for k in module.codegen["kernels"])
+    assert all(f"tk_{op.lower()}f(" in sources for op in ops)
+    got = CpuProgram(module, 1).run({"x": x}, imported.weights)
+    x64 = x.astype(np.float64)
+    finite = np.isfinite(x64)
+    for op, ref_fn in ops.items():
+        with np.errstate(over="ignore", invalid="ignore"):
+            ref = np.full_like(x64, np.nan)
+            ref[finite] = ref_fn(x64[finite])
+            ref[x64 == np.inf] = {"Exp": np.inf, "Tanh": 1, "Erf": 1, "Sigmoid": 1}[op]
+            ref[x64 == -np.inf] = {"Exp": 0, "Tanh": -1, "Erf": -1, "Sigmoid": 0}[op]
+        out = got[op.lower()].astype(np.float64)
+        with np.errstate(over="ignore"):
+            want32 = ref.astype(np.float32).astype(np.float64)
+        normal = np.isfinite(want32) & (np.abs(want32) > 1e-37)
+        rel = np.abs(out[normal] - ref[normal]) / np.abs(ref[normal])
+        assert rel.max() < BOUND, (op, rel.max(), x[normal][rel.argmax()])
+        special = ~normal
+        same = (out[special] == want32[special]) | (np.isnan(out[special])
+                                                    & np.isnan(want32[special]))
+        tiny = (np.abs(want32[special]) <= 1e-37) & (np.abs(out[special]) <= 1e-37)
+        assert np.all(same | tiny), (op, x[special][~(same | tiny)])
