@@ -105,9 +105,17 @@ def generate(module: Module, profile=None, arch: str | None = None, target: str 
                 one and one.smem_bytes, one and one.shape, None).record()
             continue
         try:
-            made = [_one_group(module, kernel, kernel.name, tensor_readers, target, notes,
-                               used, where)]
-            split = None
+            runs = _cpu_stage_runs(module, kernel, tensor_readers) if kind == "cpu" else None
+            if runs is not None:
+                split = CPU_STAGES_NOTE
+                made = [_one_group(module, Kernel(name=f"{kernel.name}__s{n}", ops=run),
+                                   f"{kernel.name}__s{n}", tensor_readers, target, notes,
+                                   used, where, group=kernel.name)
+                        for n, run in enumerate(runs)]
+            else:
+                made = [_one_group(module, kernel, kernel.name, tensor_readers, target, notes,
+                                   used, where)]
+                split = None
         except (GroupSplit, FusionError, FlashError) as exc:
             split = str(exc)
             notes.append(f"{where}: split into one kernel per op: {split}")
@@ -147,6 +155,50 @@ def generate(module: Module, profile=None, arch: str | None = None, target: str 
                              tuple(g.record() for g in generated), tuple(notes), extra=extra)
     result = replace(planned, kernels=out_kernels, codegen=section.record())
     return CodegenResult(result, tuple(generated), tuple(notes))
+
+
+#: Why a multi-stage group is several kernels on the CPU target.
+CPU_STAGES_NOTE = ("the CPU target runs a multi-stage group stage by stage (one kernel per "
+                   "stage with its chain; intermediates between stages, and producers a "
+                   "reduction reads, through memory)")
+
+
+def _cpu_one_kernel(plan) -> bool:
+    """One CPU kernel: one stage, and no producer inlined into a reduction (a CPU kernel
+    would recompute it at every reduction point: an exponential per multiply-add of the
+    attention's second product; a GPU kernel computes it once into its staged tile)."""
+    return isinstance(plan, GroupPlan) and len(plan.stages) == 1 and not (
+        plan.stages[0].main.reduces and plan.inlined)
+
+
+def _cpu_stage_runs(module: Module, kernel: Kernel, tensor_readers
+                    ) -> list[tuple[str, ...]] | None:
+    """A group that is not one CPU kernel (`_cpu_one_kernel`) cut into runs of its ops that
+    each are, in order; None for a group that is one already (or not an expression group)."""
+    if len(kernel.ops) < 2:
+        return None
+    try:
+        whole = plan_group(module, kernel, kernel.name, tensor_readers)
+    except GroupSplit:
+        return None
+    if not isinstance(whole, GroupPlan) or _cpu_one_kernel(whole):
+        return None
+    runs: list[tuple[str, ...]] = []
+    current: tuple[str, ...] = ()
+    for op in kernel.ops:
+        grown = current + (op,)
+        try:
+            one = _cpu_one_kernel(plan_group(module, Kernel(name=kernel.name, ops=grown),
+                                             kernel.name, tensor_readers))
+        except GroupSplit:
+            one = False
+        if one or not current:
+            current = grown
+        else:
+            runs.append(current)
+            current = (op,)
+    runs.append(current)
+    return runs
 
 
 def _control_group(module: Module, kernel: Kernel, profile, arch: str | None, where: str,
