@@ -80,6 +80,9 @@ def harness_source(module: Module) -> str:
         if k.counters:  # a program's progress counters: a zeroed workspace per launch
             lines.append(f"  std::vector<unsigned> counters_{index}({k.counters}, 0u);")
             ptrs.append(f"counters_{index}.data()")
+        for j, m in enumerate(k.tensor_maps):  # TMA descriptors, in the emulation's encoding
+            lines.extend(_tensor_map_lines(f"tm_{index}_{j}", m, declared))
+            ptrs.append(f"tm_{index}_{j}")
         call = f"[&] {{ {k.entry}({', '.join(ptrs)}); }}"
         if k.coresident:  # its blocks wait on each other: all resident, never sampled
             lines.append(f"  if (only < 0) tk_emul::launch_concurrent({grid}, {k.threads}, "
@@ -101,6 +104,20 @@ def harness_source(module: Module) -> str:
 
 def _c(name: str) -> str:
     return tvar(name)[2:]
+
+
+def _tensor_map_lines(var: str, m, declared) -> list[str]:
+    """`var`: the emulation's tensor map of a kernel record's descriptor (host_emul.h's
+    tk_emul_tensor_map over the tensor's buffer; strides[0] is the element size)."""
+    item = np.dtype(_np_dtype(declared[m["tensor"]].dtype)).itemsize
+    def arr(ctype, name, values):
+        return f"  const {ctype} {var}_{name}[] = {{{', '.join(str(int(v)) for v in values)}}};"
+    return [arr("unsigned long long", "dims", m["dims"]),
+            arr("unsigned long long", "strides", [item, *m["strides"]]),
+            arr("unsigned", "box", m["box"]),
+            f"  const tk_tensor_map {var} = tk_emul_tensor_map(buf_{_c(m['tensor'])}.data(), "
+            f"{item}, {len(m['dims'])}, {var}_dims, {var}_strides, {var}_box, "
+            f"{int(m['swizzle'])});"]
 
 
 def _np_dtype(dtype: str) -> str:

@@ -76,6 +76,9 @@ class GeneratedKernel:
     #: cooperatively or checked co-resident, never more blocks than fit.
     coresident: bool = False
     counters: int = 0             # words of the progress-counter workspace it takes last
+    #: TMA descriptors the host builds before the launch (after the other arguments): one
+    #: mapping per `tilekit.tile.nodes.TensorMap`, naming its tensor
+    tensor_maps: tuple[Mapping, ...] = ()
 
     @property
     def defines(self) -> tuple[str, ...]:
@@ -94,7 +97,8 @@ class GeneratedKernel:
         return KernelRecord(self.name, self.group, self.entry, self.ops, self.shape,
                             dict(self.schedule), self.grid, self.block, self.smem_bytes,
                             self.args, self.writes, self.source, self.uses_half,
-                            coresident=self.coresident, counters=self.counters)
+                            coresident=self.coresident, counters=self.counters,
+                            tensor_maps=self.tensor_maps)
 
 
 def shape_defines(shape: str) -> tuple[str, ...]:
@@ -129,7 +133,18 @@ def generated(program: Kernel, *, name: str, group: str, ops: tuple[str, ...], s
         smem_bytes=smem if dynamic else 0, smem_planned=smem, args=args, writes=writes,
         body=text, program=program, built=built, target=target,
         uses_half=cuda.uses_half(program),
-        coresident=coresident and target == "cuda", counters=program.counters)
+        coresident=coresident and target == "cuda", counters=program.counters,
+        tensor_maps=tensor_map_records(program, args))
+
+
+def tensor_map_records(program: Kernel, args: tuple[str, ...]) -> tuple[dict, ...]:
+    """The launch plan's entry of each TMA descriptor: the tensor (by its IR name, the
+    argument of the same parameter position), element type, dimensions innermost first,
+    byte strides of the outer ones, box and swizzle (what cuTensorMapEncodeTiled takes)."""
+    tensor_of = {b.name: t for b, t in zip(program.params, args)}
+    return tuple({"name": m.name, "tensor": tensor_of[m.buffer], "dtype": m.dtype,
+                  "dims": list(m.dims), "strides": list(m.strides), "box": list(m.box),
+                  "swizzle": m.swizzle} for m in program.tensor_maps)
 
 
 def c_name(name: str) -> str:

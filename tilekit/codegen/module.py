@@ -42,6 +42,7 @@ from tilekit.schedule.defaults import STATIC_SMEM_LIMIT
 from tilekit.schedule.mma import recorded_precision
 from tilekit.schedule.shape import Target, decide
 from tilekit.codegen.mma import mma_kernel
+from tilekit.codegen.wgmma import wgmma_kernel
 from tilekit.codegen.staged import op_facts, staged_kernel
 from tilekit.errors import TilekitError
 from tilekit.ir.model import Kernel, Module, default_kernels
@@ -71,7 +72,13 @@ def generate(module: Module, profile=None, arch: str | None = None, target: str 
     """Generate every kernel of `module` for `target` (cuda | cpu); see the module
     docstring."""
     kind = target
-    target = Target.of(profile, recorded_precision(module), kind)
+    the_arch = target_arch(arch, profile) if kind == "cuda" else "cpu"
+    target = Target.of(profile, recorded_precision(module), kind,
+                       the_arch if kind == "cuda" else None)
+    if module.program is not None or kind != "cuda":
+        # tk-ram composes kernel bodies into persistent blocks; a wgmma body (warp roles,
+        # TMA descriptors as kernel parameters) does not compose: mma.sync there
+        target = replace(target, wgmma=frozenset())
     check_groups(module, profile)   # tk-weld's groups (a region's too) are one kernel as recorded
     kernels = module.kernels or default_kernels(module.ops)
     planned = module
@@ -129,7 +136,11 @@ def generate(module: Module, profile=None, arch: str | None = None, target: str 
                     launches[name] = Launch((g.entry,), g.grid, g.block, g.smem_bytes,
                                             g.shape).record()
     out_kernels = tuple(replace(kn, launch=launches[kn.name]) for kn in kernels)
-    the_arch = target_arch(arch, profile) if kind == "cuda" else "cpu"
+    if the_arch == "sm_90" and any(g.shape == "wgmma" for g in generated):
+        # wgmma and setmaxnreg exist only in sm_90a code: the module is built for it
+        the_arch = "sm_90a"
+        notes.append("codegen: wgmma kernels need the sm_90a target; the module is built for "
+                     "sm_90a (Hopper GPUs run it)")
     if control:
         from tilekit.codegen.control import check_entries_unique
         check_entries_unique(generated)
@@ -188,7 +199,7 @@ def run_codegen(module: Module, profile=None, arch: str | None = None,
             return result.module
         if target == "cpu":
             return compile_cpu(result)
-        report = compile_module(result, the_arch, profile)
+        report = compile_module(result, None, profile)   # codegen.arch (sm_90a for wgmma)
         done["problems"] = report.problems
         return report.module
 
@@ -269,6 +280,8 @@ def _single_stage(module: Module, plan: GroupPlan, entry: str, target: Target, n
         notes.append(f"{where}: {decision.note}")
     if decision.shape == "mma":
         return mma_kernel(module, plan, entry, decision, target)
+    if decision.shape == "wgmma":
+        return wgmma_kernel(module, plan, entry, decision, target)
     if decision.shape == "staged":
         return staged_kernel(module, plan, entry, decision, target)
     if decision.shape == "tiled":

@@ -533,6 +533,10 @@ class KernelRecord:
     # Words (uint32) of a workspace passed after `args`, zeroed before every launch: the
     # per-operator progress counters of a tk-ram program (docs/ram.md).
     counters: int = 0
+    # TMA descriptors passed by value after those (sm_90): per descriptor its tensor, dtype,
+    # dimensions innermost first, byte strides of the outer ones, box and swizzle; the host
+    # encodes them before the launch (docs/codegen.md, "The Hopper kernel").
+    tensor_maps: tuple[Mapping[str, Any], ...] = ()
 
     @property
     def threads(self) -> int:
@@ -551,6 +555,8 @@ class KernelRecord:
             out["coresident"] = True
         if self.counters:
             out["workspace"] = {"counters": int(self.counters)}
+        if self.tensor_maps:
+            out["tensor_maps"] = [dict(m) for m in self.tensor_maps]
         return out
 
     @staticmethod
@@ -568,13 +574,27 @@ class KernelRecord:
                 resources=dict(p["resources"]) if p.get("resources") else None,
                 coresident=bool(p.get("coresident", False)),
                 counters=read_int((p.get("workspace") or {}).get("counters", 0),
-                              f"{where}.workspace.counters"))
+                              f"{where}.workspace.counters"),
+                tensor_maps=_tensor_maps(p.get("tensor_maps") or (), where))
         except KeyError as exc:
             raise IRError(f"a codegen kernel needs '{exc.args[0]}'", where,
                           "re-run tk-codegen") from None
         except (TypeError, ValueError) as exc:
             raise IRError(f"malformed codegen kernel ({exc})", where,
                           "re-run tk-codegen") from None
+
+
+def _tensor_maps(value: Any, where: str) -> tuple[dict[str, Any], ...]:
+    """A kernel's `tensor_maps`: each names a tensor of its `args` (checked by the caller
+    against a fresh generation, tilekit.codegen.recorded) with integer lists."""
+    out = []
+    for k, m in enumerate(value):
+        m = read_mapping(m, f"{where}.tensor_maps[{k}]", "a tensor map")
+        out.append({"name": str(m["name"]), "tensor": str(m["tensor"]),
+                    "dtype": str(m["dtype"]), "dims": [int(x) for x in m["dims"]],
+                    "strides": [int(x) for x in m["strides"]],
+                    "box": [int(x) for x in m["box"]], "swizzle": int(m["swizzle"])})
+    return tuple(out)
 
 
 def _dim3(value: Any) -> tuple[int, int, int]:

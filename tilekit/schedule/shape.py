@@ -3,6 +3,9 @@
 Given an op (its axes, its distinct reads, three facts about its body) and a tile, which
 kernel runs it, with which threads and which shared memory:
 
+- `wgmma`: on Hopper (sm_90), an fp16/bf16 contraction of two plain strided operands whose
+  tile is one or two consumer warpgroups of 64-row wgmma instructions by one instruction's N
+  with steps of 64 (`tilekit.schedule.mma.wgmma_plan`): TMA, mbarriers, wgmma;
 - `mma`: a contraction (a sum of products of two reads: matmul, batched matmul, convolution
   as implicit GEMM) whose compute type has an `mma.sync` instruction on the profile (fp16,
   bf16; fp32 only with the explicit precision `tf32`) and whose tile maps onto whole warps of
@@ -36,7 +39,8 @@ from tilekit.ir.payloads import Tile
 from tilekit.tile.nodes import SMEM_ALIGN
 from tilekit.schedule.defaults import (DEFAULT_THREADS, LANE_MIN_EXTENT, STATIC_SMEM_LIMIT,
                                        WARP, default_grid, lane_count)
-from tilekit.schedule.mma import Contraction, MmaPlan, compute_type, contraction, mma_plan, offered
+from tilekit.schedule.mma import (Contraction, MmaPlan, WgmmaPlan, compute_type, contraction,
+                                  mma_plan, offered, wgmma_offered, wgmma_plan)
 
 #: A read is worth staging when each element of its box is used this many times per step.
 MIN_REUSE = 2
@@ -250,11 +254,14 @@ class KernelShape:
     staged: tuple[StagedBox, ...] = ()
     note: str = ""                    # why the tile was set aside or changed
     mma: MmaPlan | None = None
+    wgmma: WgmmaPlan | None = None
 
     @property
     def smem_bytes(self) -> int:
         if self.mma is not None:
             return self.mma.smem_bytes
+        if self.wgmma is not None:
+            return self.wgmma.smem_bytes
         return sum(b.bytes for b in self.staged)
 
     def record(self) -> dict:
@@ -262,6 +269,8 @@ class KernelShape:
         out = {"shape": self.shape, "threads": self.threads, "smem_bytes": self.smem_bytes}
         if self.mma is not None:
             out["mma"] = self.mma.record()
+        if self.wgmma is not None:
+            out["wgmma"] = self.wgmma.record()
         if self.lanes > 1:
             out["lanes"] = self.lanes
         if self.staged:
@@ -292,6 +301,8 @@ class Target:
     mma: frozenset[str] = frozenset()
     precision: str = "fp32"
     kind: str = "cuda"
+    #: the compute types that run on wgmma (Hopper: tilekit.schedule.mma.wgmma_offered)
+    wgmma: frozenset[str] = frozenset()
 
     @property
     def lanes(self) -> bool:
@@ -299,11 +310,14 @@ class Target:
         return self.kind == "cuda"
 
     @staticmethod
-    def of(profile, precision: str = "fp32", kind: str = "cuda") -> "Target":
+    def of(profile, precision: str = "fp32", kind: str = "cuda", arch: str | None = None
+           ) -> "Target":
+        """The target of `profile` (its arch, or `arch` when codegen is asked for another:
+        wgmma needs an sm_90 family arch)."""
         limit = int(profile.smem_per_block) if profile is not None else STATIC_SMEM_LIMIT
         if kind == "cpu":
             return Target(limit, frozenset(), precision, "cpu")
-        return Target(limit, offered(profile), precision, kind)
+        return Target(limit, offered(profile), precision, kind, wgmma_offered(profile, arch))
 
 
 def mma_shape(facts: OpFacts, tile: Tile, target: Target) -> KernelShape | str:
@@ -312,6 +326,12 @@ def mma_shape(facts: OpFacts, tile: Tile, target: Target) -> KernelShape | str:
     if isinstance(c, str):
         return c
     compute = compute_type(c.dtype, target.precision)
+    if compute is not None and compute in target.wgmma:
+        hopper = wgmma_plan(c, facts.spatial, facts.reduction, tile.block, tile.step,
+                            tile.threads, compute, target.smem_limit,
+                            lambda i: facts.reads[i].shape)
+        if not isinstance(hopper, str):
+            return KernelShape("wgmma", tile, hopper.threads, wgmma=hopper)
     if compute is None or compute not in target.mma:
         return f"no tensor-core instruction for {c.dtype} at precision {target.precision}"
     plan = mma_plan(c, facts.spatial, facts.reduction, tile.block, tile.step, tile.threads,
