@@ -347,7 +347,8 @@ def wgmma_plan(c: Contraction, spatial, reduction, block: Sequence[int], step: S
     if any(size[a] != 1 for a in c.batch_axes):
         return "a batch axis has a block of more than 1"
     bm, bn, bk = size[c.m_axes[0]], size[c.n_axes[0]], size[c.k_axes[0]]
-    if bk != WGMMA_BK:
+    k_extent = dict(reduction)[c.k_axes[0]]
+    if bk != WGMMA_BK and not bk == k_extent < WGMMA_BK:   # a short K is one (padded) step
         return f"the reduction step is {bk}, not {WGMMA_BK}"
     if threads % WARPGROUP or threads // WARPGROUP not in (1, 2):
         return f"{threads} threads are not one or two consumer warpgroups"
@@ -363,7 +364,7 @@ def wgmma_plan(c: Contraction, spatial, reduction, block: Sequence[int], step: S
     if not fits:
         return (f"{WGMMA_STAGES[0]} stages of {(bm + bn) * bk * item} bytes do not fit "
                 f"{smem_limit} bytes")
-    return WgmmaPlan(c, compute, bm, bn, bk, consumers, fits[0],
+    return WgmmaPlan(c, compute, bm, bn, WGMMA_BK, consumers, fits[0],
                      wgmma_smem(bm, bn, fits[0], item))
 
 
