@@ -211,7 +211,9 @@ def _task_us(busy: float, est: Estimate) -> float:
 def operators(module: Module, profile) -> tuple[ROperator, ...]:
     """Every kernel group of `module` as an rOperator (module.kernels order)."""
     launch, _ = launch_us(profile)
-    target = Target.of(profile, recorded_precision(module))
+    # bodies composed into persistent blocks run mma.sync, never wgmma (warp roles and TMA
+    # descriptors do not compose): codegen generates a program's operators so
+    target = replace(Target.of(profile, recorded_precision(module)), wgmma=frozenset())
     dtypes = {n: t.dtype for n, t in module.tensors.items()}
     out = []
     for k, kernel in enumerate(module.kernels or default_kernels(module.ops)):

@@ -62,7 +62,8 @@ from tilekit.hw.profile import Profile
 from tilekit.ir.payloads import BOUNDS, Estimate
 from tilekit.roll.problem import Problem, walks_reduction
 from tilekit.schedule.defaults import DEFAULT_REGS, DEFAULT_THREADS, WARP, default_grid
-from tilekit.schedule.mma import MMA, compute_type, mma_plan, offered
+from tilekit.schedule.mma import (MMA, WGMMA, compute_type, mma_plan, offered, wgmma_offered,
+                                  wgmma_plan)
 from tilekit.schedule.residency import blocks_per_sm
 from tilekit.schedule.shape import MIN_REUSE, SMEM_ALIGN, STREAM_RATIO
 
@@ -82,6 +83,17 @@ STAGED_BASE = 60
 #: its loads issued ahead of use: about this many registers more (88-93 against 16-24).
 LOOP_PREFETCH = 64
 LONG_LOOP = 64
+#: On a machine with wgmma, the share of the achievable tensor-core rate that the mma.sync
+#: kernel reaches. Measured: fp16 4096^3 through the mma.sync kernel ran at 272 TFLOP/s on
+#: this project's H100 SXM (docs/codegen.md), 0.34 of 0.81 x 989.4 TFLOP/s (the profile's
+#: achievable rate, measured with cuBLAS's wgmma kernels).
+MMA_SYNC_SHARE = 0.34
+#: Registers of a wgmma kernel's threads: with two consumers, what __launch_bounds__(384, 1)
+#: gives every thread at launch (65536 / 384, rounded down to 8; setmaxnreg moves them from
+#: the producer to the consumers); with one, the accumulators and this much more (ptxas
+#: 13.0, sm_90a: 128 accumulators took 168 registers).
+WGMMA_TWO_CONSUMER_REGS = 168
+WGMMA_BASE_REGS = 40
 
 
 @dataclass(frozen=True, eq=False)
@@ -108,6 +120,8 @@ class Machine:
     #: the fp32 precision setting ("tf32" lets fp32 contractions use them).
     mma_offered: frozenset = frozenset()
     precision: str = "fp32"
+    #: The compute types it runs on wgmma (Hopper; tilekit.schedule.mma.wgmma_offered).
+    wgmma_offered: frozenset = frozenset()
 
     @property
     def distributed(self) -> bool:
@@ -149,7 +163,8 @@ def _make_machine(profile, dtype: str, precision: str = "fp32") -> Machine:
         peak=profile.peak_flops(key) * a.compute,
         launch_s=float(profile.launch_overhead or 0.0),
         step_latency=float(profile.dram_latency or 0.0),
-        mma_offered=offered(profile), precision=precision)
+        mma_offered=offered(profile), precision=precision,
+        wgmma_offered=wgmma_offered(profile))
 
 
 def wave_efficiency(blocks, slots):
@@ -278,17 +293,19 @@ def cost_tiles(problem: Problem, m: Machine, block: np.ndarray, thread: np.ndarr
 
     regs = registers_per_thread(problem, thread, staged, ptxas=not m.distributed)
     regs = np.where(tc.on, tc.regs, regs)
-    # tensor-core kernels pipeline their steps with cp.async: no staging latency
+    # a wgmma kernel adds its producer warpgroup to the tile's (consumer) threads
+    threads = np.where(tc.threads > 0, tc.threads, g.threads)
+    # tensor-core kernels pipeline their steps (cp.async, TMA): no staging latency
     work = Work(flops=g.work, peak=np.where(tc.on, tc.peak, m.peak),
                 smem_traffic=smem_traffic, block_bytes=(loads + stores).astype(np.float64),
                 traffic=dram_bytes, unique=float(_unique_bytes(problem)), blocks=g.blocks,
-                threads=g.threads, registers=regs, smem_bytes=smem_tile,
+                threads=threads, registers=regs, smem_bytes=smem_tile,
                 latency_steps=np.where(staged, g.nsteps, 0))
     p = predict(m, work)
     costs = TileCosts(time_s=p.time_s, flops=g.flops, dram_bytes=dram_bytes,
                       smem_bytes=smem_traffic, smem_tile=smem_tile, box_bytes=box_bytes,
                       staged=staged, lanes_default=lanes_default, regs=regs,
-                      threads=g.threads, blocks=g.blocks, blocks_per_sm=p.per_sm,
+                      threads=threads, blocks=g.blocks, blocks_per_sm=p.per_sm,
                       waves=p.waves, wave_eff=p.eff, bound=p.bound, valid=p.valid,
                       t_compute=p.t_compute, t_smem=p.t_smem, t_global=p.t_global,
                       t_traffic=p.t_traffic, t_latency=p.t_latency)
@@ -330,7 +347,8 @@ class _TensorCores:
     smem: np.ndarray
     step_traffic: np.ndarray
     regs: np.ndarray
-    peak: float = 0.0
+    peak: np.ndarray | float = 0.0
+    threads: np.ndarray | int = 0     # a wgmma kernel's threads (0: the tile's)
 
 
 def tensor_compute(problem: Problem, m: Machine) -> str | None:
@@ -350,10 +368,28 @@ def _tensor_core_plans(problem: Problem, m: Machine, g: _Grid) -> _TensorCores:
     if compute is None:
         return out
     c = problem.contraction
-    out.peak = m.hw.achievable_flops(MMA[compute][4], tensor_core=True)
+    peak = m.hw.achievable_flops(MMA[compute][4], tensor_core=True)
+    hopper = compute in m.wgmma_offered
+    out.peak = np.full(n, peak * (MMA_SYNC_SHARE if hopper else 1.0))
+    out.threads = np.zeros(n, dtype=np.int64)
     shapes = [tuple(d.size for d in op.dims) for op in problem.operands]
     item = MMA[compute][5]
     for k in range(n):
+        if hopper:   # the shared decision (tilekit.schedule.shape.mma_shape): wgmma first
+            plan = wgmma_plan(c, problem.spatial, problem.reduction, tuple(g.block[:, k]),
+                              tuple(g.step[:, k]), int(g.threads[k]), compute,
+                              m.hw.smem_per_block, lambda i: shapes[i])
+            if not isinstance(plan, str):
+                w = WGMMA[compute][2]
+                out.on[k], out.smem[k], out.peak[k] = True, plan.smem_bytes, peak
+                out.threads[k] = plan.threads
+                # TMA writes each tile once; each consumer reads its A rows and all of B
+                out.step_traffic[k] = float((2 * plan.bm + (1 + plan.consumers) * plan.bn)
+                                            * plan.bk * w)
+                acc = plan.mt * plan.bn // 2
+                out.regs[k] = WGMMA_TWO_CONSUMER_REGS if plan.consumers == 2 else \
+                    -(-(acc + WGMMA_BASE_REGS) // REG_GRANULE) * REG_GRANULE
+                continue
         plan = mma_plan(c, problem.spatial, problem.reduction, tuple(g.block[:, k]),
                         tuple(g.step[:, k]), int(g.threads[k]), compute,
                         m.hw.smem_per_block, lambda i: shapes[i])
