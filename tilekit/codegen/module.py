@@ -40,7 +40,7 @@ from tilekit.codegen.program import compose, coresident_problems, program_module
 from tilekit.ir.payloads import CodegenSection, Launch, Tile, read_tile
 from tilekit.schedule.defaults import STATIC_SMEM_LIMIT
 from tilekit.schedule.mma import recorded_precision
-from tilekit.schedule.shape import Target, decide
+from tilekit.schedule.shape import Target, decide, kept_default
 from tilekit.codegen.mma import mma_kernel
 from tilekit.codegen.wgmma import wgmma_kernel
 from tilekit.codegen.staged import op_facts, staged_kernel
@@ -270,7 +270,8 @@ def _single_stage(module: Module, plan: GroupPlan, entry: str, target: Target, n
     # The main op's own tile first: a chain only adds an epilogue, so the tile chosen for the
     # main op's work is the right one.
     tile = None
-    if main.op.tile is not None:
+    if main.op.tile is not None and not kept_default(main.op.tile):
+        # (tk-roll may have kept the default schedule over its best tile: kept_default)
         tile = read_tile(main.op.tile, main.spatial, main.reduction, f"{main.where}.tile",
                          "roll")
     if tile is None:

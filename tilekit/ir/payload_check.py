@@ -52,8 +52,9 @@ def _check_op_tile(payload: Any, a, where: str) -> None:
     for key in ("smem_bytes", "regs"):
         if payload.get(key) is not None:
             read_int(payload[key], f"{where}.{key}")
-    if payload.get("estimate") is not None:
-        Estimate.read(payload["estimate"], f"{where}.estimate")
+    for key in ("estimate", "rolled_estimate"):
+        if payload.get(key) is not None:
+            Estimate.read(payload[key], f"{where}.{key}")
     cands = payload.get("candidates")
     for k, c in enumerate(read_list(cands, f"{where}.candidates", "'candidates'")
                           if cands is not None else ()):

@@ -276,6 +276,9 @@ class OpTile:
     #: The kernel this tile becomes (tilekit.schedule.shape.KernelShape.record()): what the
     #: cost model priced and what codegen generates.
     kernel: Mapping[str, Any] | None = None
+    #: When tk-roll kept the default schedule (its estimate, `estimate`, beat every tile's):
+    #: the best tile's estimate; `kernel` is then the default shape and `tile` the best tile.
+    rolled_estimate: Estimate | None = None
 
     @property
     def blocks(self) -> int:
@@ -288,8 +291,10 @@ class OpTile:
                     "regs": int(self.regs)})
         if self.kernel is not None:
             out["kernel"] = dict(self.kernel)
-        out.update({"estimate": self.estimate.record(),
-                    "candidates": [{**c.tile.sizes(self.spatial, self.reduction),
+        out["estimate"] = self.estimate.record()
+        if self.rolled_estimate is not None:
+            out["rolled_estimate"] = self.rolled_estimate.record()
+        out.update({"candidates": [{**c.tile.sizes(self.spatial, self.reduction),
                                     "estimate": c.estimate.record()}
                                    for c in self.candidates]})
         return out
@@ -311,7 +316,9 @@ class OpTile:
                       read_int(p.get("smem_bytes", 0), f"{where}.smem_bytes"),
                       read_int(p.get("regs", 0), f"{where}.regs"),
                       Estimate.read(p.get("estimate"), f"{where}.estimate"), candidates,
-                      dict(p["kernel"]) if isinstance(p.get("kernel"), Mapping) else None)
+                      dict(p["kernel"]) if isinstance(p.get("kernel"), Mapping) else None,
+                      Estimate.read(p["rolled_estimate"], f"{where}.rolled_estimate")
+                      if p.get("rolled_estimate") is not None else None)
 
 
 # -- a weld group's tile ------------------------------------------------------------------

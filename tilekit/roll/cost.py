@@ -566,6 +566,44 @@ def _as_lane_kernels(problem: Problem, m: Machine, costs: TileCosts, where: np.n
     costs.bound[where] = int(p.bound)
 
 
+def default_estimate(problem: Problem, m: Machine) -> Estimate:
+    """The model's estimate of the op's default schedule (what codegen runs without a tile,
+    tilekit.schedule.shape.default_shape): `DEFAULT_THREADS` threads per block over a
+    grid-stride loop, one output point per thread, or per lane group for a reduction over a
+    long contiguous axis. Every point reads its whole reduction footprint of each operand
+    (re-reads served by the cache level that holds the tensors), per element: with lanes,
+    coalesced along the lanes' axis, a sector otherwise; without, coalesced when consecutive
+    points (the innermost output axis) read consecutive elements, broadcast to the warp when
+    they read the same one, a sector otherwise."""
+    lanes = min(problem.lanes, WARP) if problem.has_reduction and not m.distributed else 1
+    blocks = default_grid(problem.output_points, DEFAULT_THREADS // lanes)
+    moved = float(_unique_bytes(problem))
+    points = float(problem.output_points)
+    ns = problem.n_spatial
+    unit = np.array([1] * ns + list(problem.extents[ns:]), dtype=np.int64).reshape(-1, 1)
+    txn = float(m.transaction_bytes)
+    traffic = points * problem.out_itemsize
+    for op, reduced in zip(problem.operands, problem.reduced):
+        per_point = float(op.footprint(unit)[0])
+        last = op.dims[-1] if op.dims else None
+        if lanes > 1:
+            coalesced = walks_reduction(problem, op) or not reduced
+            per = op.itemsize if coalesced else max(op.itemsize, txn)
+        elif ns == 0 or ns - 1 not in op.axes_used:
+            per = op.itemsize / WARP              # the same element for the whole warp
+        elif last is not None and last.affine and abs(last.coefs[ns - 1]) == 1:
+            per = op.itemsize
+        else:
+            per = max(op.itemsize, txn)
+        traffic += points * per_point * per
+    traffic = max(traffic, moved)
+    work = points * problem.reduction_points * problem.flops_per_point
+    p = predict(m, Work(flops=work, peak=m.peak, smem_traffic=0.0, block_bytes=traffic / blocks,
+                        traffic=traffic, unique=moved, blocks=blocks, threads=DEFAULT_THREADS,
+                        registers=DEFAULT_REGS, smem_bytes=0, latency_steps=0))
+    return prediction_estimate(p, work, traffic, 0.0)
+
+
 @lru_cache(maxsize=1024)
 def _unique_bytes(problem: Problem) -> int:
     """Compulsory bytes: every input box the op reads and its output, once."""

@@ -33,6 +33,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Mapping
+
 from tilekit.expr.ast import Access, Axis, Call, Node, children, walk
 from tilekit.expr.box import Span, map_box
 from tilekit.ir.payloads import Tile
@@ -371,6 +373,13 @@ def decide(facts: OpFacts, tile: Tile | None, target: Target | int) -> KernelSha
     return KernelShape("tiled", tile, tile.threads)
 
 
+def kept_default(op_tile) -> bool:
+    """tk-roll kept the default schedule for the op whose `tile` this is: the model estimated
+    it faster than every tile (`tile.rolled_estimate` holds the best tile's estimate), so
+    codegen and tk-ram run the default shape, not the tile's."""
+    return isinstance(op_tile, Mapping) and op_tile.get("rolled_estimate") is not None
+
+
 def default_blocks(facts: OpFacts, shape: KernelShape) -> int:
     """Blocks of a default-shape kernel (grid-stride loop)."""
     points = math.prod(e for _, e in facts.spatial)
@@ -379,5 +388,5 @@ def default_blocks(facts: OpFacts, shape: KernelShape) -> int:
 
 __all__ = ["ITEMSIZE", "KernelShape", "TARGET_KINDS", "Target", "LANE_MIN_EXTENT", "MIN_REUSE", "OpFacts", "ReadFacts",
            "STREAM_RATIO",
-           "StagedBox", "analysis_facts", "buffer_bytes", "decide", "facts_of",
-           "fit_steps", "reuse_reason", "staged_boxes"]
+           "StagedBox", "analysis_facts", "buffer_bytes", "decide", "default_shape", "facts_of",
+           "fit_steps", "kept_default", "reuse_reason", "staged_boxes"]
