@@ -392,3 +392,56 @@ def test_wgmma_kernels_compile_for_sm90a_with_hgmma_in_the_loop_and_no_local_mem
         assert loops_with(sass, "UTMALDG") >= 1, "no TMA load inside a loop"
         assert not re.search(r"\b(LDL|STL)\b", sass), "local memory in the SASS"
         assert "USETMAXREG" in sass if consumers == 2 else True
+
+
+# -- split-K ----------------------------------------------------------------------------------
+
+@needs_cxx
+def test_split_k_adds_the_slices_in_order_and_runs_the_chain():
+    """A long reduction cut into slices: the partial-sum kernel (a block per tile and slice,
+    a ragged last slice) and the reduction kernel (slices added in order, then bias + ReLU)
+    emulate the reference."""
+    module = gemm(100, 136, 1000, "float16", "mk", "kn", (64, 64), 1, bias_relu=True)
+    module = replace(module, ops=(replace(module.ops[0], tile={**module.ops[0].tile,
+                                                               "split_k": 3}),
+                                  module.ops[1]))
+    result = generate(module, H100)
+    first, second = result.kernels
+    assert (first.shape, second.shape) == ("wgmma", "splitk_reduce")
+    assert first.schedule["wgmma"]["split_k"]["slices"] == 3
+    assert first.schedule["wgmma"]["split_k"]["steps"] == 6       # 16 steps: 6, 6, 4
+    assert first.grid[0] == 2 * 3 * 3 and first.writes == ("k0__partials",)
+    assert first.scratch == second.scratch == {"k0__partials": 3 * 100 * 136}
+    assert second.args == ("k0__partials", "bias", "y")
+    assert result.module.kernels[0].launch["entries"] == [first.entry, second.entry]
+    v = values(module)
+    want = reference(module, v)
+    assert rel_err(emulate(result.module, v, {})["y"], want) < 1e-5
+
+
+def test_the_roll_splits_long_reductions_with_small_outputs():
+    from tilekit.roll.schedule import roll_module
+
+    long = roll_module(replace(gemm(256, 256, 16384, "float16"), ops=(
+        replace(gemm(256, 256, 16384, "float16").ops[0], tile=None),)), H100, top_k=2)
+    tile = long.ops[0].tile
+    assert tile["split_k"] >= 2 and tile["kernel"]["wgmma"]["split_k"]["slices"] == \
+        tile["split_k"]
+    # priced below the best unsplit tile (the runner-up)
+    assert tile["estimate"]["time_us"] < tile["candidates"][0]["estimate"]["time_us"]
+    big = roll_module(replace(gemm(4096, 4096, 4096, "float16"), ops=(
+        replace(gemm(4096, 4096, 4096, "float16").ops[0], tile=None),)), H100)
+    assert "split_k" not in big.ops[0].tile                  # enough output tiles already
+    kernels = generate(long, H100).kernels
+    assert [k.shape for k in kernels] == ["wgmma", "splitk_reduce"]
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
+def test_split_k_kernels_compile_without_spills():
+    from tilekit.codegen import compile_module
+    module = gemm(256, 256, 4096, "bfloat16", "mk", "nk", (64, 128), 1)
+    module = replace(module, ops=(replace(module.ops[0], tile={**module.ops[0].tile,
+                                                               "split_k": 8}),))
+    report = compile_module(generate(module, H100), None, H100)
+    assert not report.problems, report.problems
+    assert [k["shape"] for k in report.module.codegen["kernels"]] == ["wgmma", "splitk_reduce"]

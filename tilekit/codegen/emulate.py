@@ -44,7 +44,7 @@ def harness_source(module: Module) -> str:
     """A C++ main() that loads tensors from `<dir>/<name>.bin`, launches every kernel in
     order and writes every tensor a kernel wrote back to `<dir>/<name>.out`."""
     kernels = CodegenSection.read(module.codegen).kernels
-    declared = all_tensors(module)
+    declared = with_scratch(module, kernels)
     tensors: list[str] = []
     for k in kernels:
         for t in k.args:
@@ -104,6 +104,16 @@ def harness_source(module: Module) -> str:
 
 def _c(name: str) -> str:
     return tvar(name)[2:]
+
+
+def with_scratch(module: Module, kernels) -> dict:
+    """The module's tensors and the kernels' scratch buffers (split-K partial sums: float32,
+    no tensor of the module), by name."""
+    from tilekit.ir.model import Tensor
+    out = dict(all_tensors(module))
+    for k in kernels:
+        out.update({name: Tensor((int(n),), "float32") for name, n in k.scratch.items()})
+    return out
 
 
 def _tensor_map_lines(var: str, m, declared) -> list[str]:
@@ -207,7 +217,7 @@ def emulate(module: Module, inputs: Mapping[str, np.ndarray],
     values = {**weights, **inputs}
     kernels = CodegenSection.read(module.codegen).kernels
     seeds = CONCURRENT_SEEDS if any(k.coresident for k in kernels) else (None,)
-    declared = all_tensors(module)
+    declared = with_scratch(module, kernels)
     with tempfile.TemporaryDirectory(prefix="tk-emul-") as tmp:
         for t in sorted({t for k in kernels for t in k.args}):
             tensor = declared[t]

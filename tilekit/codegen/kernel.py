@@ -79,6 +79,9 @@ class GeneratedKernel:
     #: TMA descriptors the host builds before the launch (after the other arguments): one
     #: mapping per `tilekit.tile.nodes.TensorMap`, naming its tensor
     tensor_maps: tuple[Mapping, ...] = ()
+    #: scratch buffers among `args` that are no tensor of the module (split-K's partial
+    #: sums): name -> float32 elements, allocated by the launcher for the group's kernels
+    scratch: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def defines(self) -> tuple[str, ...]:
@@ -98,7 +101,7 @@ class GeneratedKernel:
                             dict(self.schedule), self.grid, self.block, self.smem_bytes,
                             self.args, self.writes, self.source, self.uses_half,
                             coresident=self.coresident, counters=self.counters,
-                            tensor_maps=self.tensor_maps)
+                            tensor_maps=self.tensor_maps, scratch=dict(self.scratch))
 
 
 def shape_defines(shape: str) -> tuple[str, ...]:
@@ -533,13 +536,14 @@ def _reduce_at_point(pb: PointBuilder, p: OpPlan) -> tuple[Expr, str]:
 # -- shape: tiled ------------------------------------------------------------------------
 
 def block_origins(b: Builder, axes: list[str], extents: list[int], block: tuple[int, ...],
-                  idx_t: str) -> list[Var]:
-    """Declare `o_<axis>` (this block's tile origin) from the block index, innermost axis
-    fastest."""
+                  idx_t: str, index: Expr | None = None) -> list[Var]:
+    """Declare `o_<axis>` (this block's tile origin) from the block index (or `index`: the
+    tile a block of a split grid owns), innermost axis fastest."""
     grid = [-(-n // s) for n, s in zip(extents, block)]
     if not axes:
         return []
-    tiles = decompose(b, tx.cast(idx_t, BLOCK), grid, ["b_"] * len(axes), idx_t)
+    tiles = decompose(b, tx.cast(idx_t, BLOCK if index is None else index), grid,
+                      ["b_"] * len(axes), idx_t)
     return [b.let(f"o_{c_name(a)}", tx.mul(t, s), idx_t) for a, t, s in zip(axes, tiles, block)]
 
 

@@ -34,9 +34,13 @@ from __future__ import annotations
 
 import math
 
-from tilekit.codegen.kernel import (GeneratedKernel, PointBuilder, avar, block_origins, c_name,
-                                    generated, global_resolver, group_signature, index_type,
-                                    store_sink, tvar, tile_text)
+from dataclasses import replace
+
+from tilekit.codegen.kernel import (GeneratedKernel, PointBuilder, Signature, avar,
+                                    block_origins, decompose, generated, global_resolver,
+                                    grid_stride_end, group_signature, index_type, store_sink,
+                                    tvar, tile_text)
+from tilekit.schedule.defaults import DEFAULT_THREADS, default_grid
 from tilekit.codegen.plan import GroupPlan, Read
 from tilekit.codegen.staged import read_key
 from tilekit.codegen.values import literal
@@ -45,7 +49,7 @@ from tilekit.schedule.mma import (SWIZZLE_ALIGN, WARPGROUP, WGMMA, WGMMA_M, Oper
 from tilekit.schedule.shape import KernelShape, Target
 from tilekit.tile import expr as tx
 from tilekit.tile.build import Builder, SharedMemory
-from tilekit.tile.expr import ITEMSIZE, Addr, Expr, Load, Var
+from tilekit.tile.expr import BLOCK, ITEMSIZE, NBLOCKS, Addr, Expr, Load, Var
 from tilekit.tile.nodes import Buffer, Kernel, Layout, TensorMap
 
 #: Bytes of one swizzle row (a K-major tile row, an M/N-major strip row) and of the 8-row
@@ -56,27 +60,65 @@ SWIZZLE_GROUP = 1024
 UNUSED_LBO = 16
 
 
-def wgmma_kernel(module, plan: GroupPlan, entry: str, decision: KernelShape, target: Target
-                 ) -> GeneratedKernel:
+def wgmma_kernels(module, plan: GroupPlan, entry: str, decision: KernelShape, target: Target,
+                  reduce_entry=None) -> list[GeneratedKernel]:
+    """The group's kernels: one, or with split-K (`WgmmaPlan.split` > 1) the partial-sum
+    kernel and the kernel that adds the slices in order and runs the chain (`reduce_entry()`
+    names its entry)."""
+    wp = decision.wgmma
+    if wp.split == 1:
+        return [wgmma_kernel(module, plan, entry, decision, target)]
+    scratch = f"{plan.name}__partials"
+    first = wgmma_kernel(module, plan, entry, decision, target, scratch)
+    return [first, split_reduce_kernel(module, plan, reduce_entry(), wp, scratch, target)]
+
+
+def wgmma_kernel(module, plan: GroupPlan, entry: str, decision: KernelShape, target: Target,
+                 scratch: str | None = None) -> GeneratedKernel:
+    """The wgmma kernel (module docstring); with `scratch` (split-K) each block owns a tile
+    and a slice of the reduction and stores its fp32 partial sums there, slice-major."""
     p = plan.stages[0].main
     wp = decision.wgmma
     c = wp.contraction
     tile = decision.tile
-    sig = group_signature(module, plan)
-    idx_t = index_type(module, sig.args)
     axes = [a for a, _ in p.spatial]
     extents = [n for _, n in p.spatial]
     reads = list({read_key(r): r for r in p.read_list()}.values())
     ops = {"a": (c.a, reads[c.a.index]), "b": (c.b, reads[c.b.index])}
+    if scratch is None:
+        sig = group_signature(module, plan)
+        params, args, writes = sig.params(), sig.args, tuple(sig.writes)
+    else:
+        sig = Signature(module)
+        for _, read in ops.values():
+            sig.read(read.tensor)
+        points = math.prod(extents)
+        params = sig.params() + (Buffer(tvar(scratch), "global", "float32",
+                                        (wp.split * points,), access="write",
+                                        comment=f"{wp.split} slices of partial sums"),)
+        args, writes = sig.args + (scratch,), (scratch,)
+    idx_t = index_type(module, sig.args)
     smem = SharedMemory()
     bufs = {w: _stage_buffer(smem, wp, w, op, read) for w, (op, read) in ops.items()}
     bars = smem.carve("s_bar", "int64", (2 * wp.stages,),
                       f"mbarriers: full[{wp.stages}] then empty[{wp.stages}]")
     maps = {w: _tensor_map(w, op, read, wp, c) for w, (op, read) in ops.items()}
     b = Builder()
-    origins = dict(zip(axes, block_origins(b, axes, extents, tile.block, idx_t)))
-    nsteps = -(-dict(p.reduction)[c.k_axes[0]] // wp.bk)
+    tiles = math.prod(tile.grid(tuple(extents)))
+    total = -(-dict(p.reduction)[c.k_axes[0]] // wp.bk)
+    if scratch is None:
+        origins = dict(zip(axes, block_origins(b, axes, extents, tile.block, idx_t)))
+        nsteps, k_first, slice_ = tx.const(total), tx.const(0), None
+    else:
+        b.comment(f"split-K: block = slice x {tiles} + tile; slice s adds reduction steps "
+                  f"[s x {wp.steps_per_split}, (s + 1) x {wp.steps_per_split})")
+        slice_ = b.let("sk", tx.div(BLOCK, tiles))
+        origins = dict(zip(axes, block_origins(b, axes, extents, tile.block, idx_t,
+                                               tx.mod(BLOCK, tiles))))
+        k_first = b.let("kf", tx.mul(slice_, wp.steps_per_split))
+        nsteps = b.let("nk", tx.call("min", wp.steps_per_split, tx.sub(total, k_first)))
     g = _Gen(b, module, plan, wp, ops, bufs, bars, maps, origins, nsteps, idx_t)
+    g.k_first, g.scratch, g.slice = k_first, scratch, slice_
     g.init_barriers()
     with b.threads(wp.threads) as tid:
         wg = b.let("wg", tx.div(tid, WARPGROUP))
@@ -87,8 +129,7 @@ def wgmma_kernel(module, plan: GroupPlan, entry: str, decision: KernelShape, tar
     sched = tile.describe(tuple(axes), tuple(a for a, _ in p.reduction))
     sched["wgmma"] = wp.record()
     name = WGMMA[wp.compute][0]
-    program = Kernel(entry, sig.params(), smem.all(), b.build(), wp.threads,
-                     math.prod(tile.grid(tuple(extents))), 1, (
+    program = Kernel(entry, params, smem.all(), b.build(), wp.threads, tiles * wp.split, 1, (
                          f"wgmma: wgmma.mma_async.m64n{wp.bn}k16.f32.{name} on a "
                          f"{wp.bm}x{wp.bn}x{wp.bk} block GEMM, a producer warpgroup (TMA) and "
                          f"{wp.consumers} consumer warpgroup(s) of {wp.mt} instruction(s) "
@@ -98,9 +139,59 @@ def wgmma_kernel(module, plan: GroupPlan, entry: str, decision: KernelShape, tar
                      tensor_maps=(maps["a"], maps["b"]), smem_align=SWIZZLE_ALIGN)
     kernel = generated(program, name=plan.name, group=plan.kernel.name,
                        ops=tuple(plan.kernel.ops), shape="wgmma", schedule=sched,
-                       args=sig.args, writes=tuple(sig.writes), target=target.kind)
+                       args=args, writes=writes, target=target.kind)
     assert kernel.smem_planned == wp.smem_bytes, "the program and the wgmma plan disagree"
+    if scratch is not None:
+        kernel = replace(kernel, scratch={scratch: wp.split * math.prod(extents)})
     return kernel
+
+
+def split_reduce_kernel(module, plan: GroupPlan, entry: str, wp: WgmmaPlan, scratch: str,
+                        target: Target) -> GeneratedKernel:
+    """Split-K's second kernel: per output point (grid-stride, `DEFAULT_THREADS` threads) the
+    slices' partial sums added in slice order (the same result on every run), scaled, then
+    the stage's chain to memory."""
+    stage = plan.stages[0]
+    p = stage.main
+    axes = [a for a, _ in p.spatial]
+    extents = [n for _, n in p.spatial]
+    points = math.prod(extents)
+    sig = Signature(module)
+    produced = set(stage.outputs)
+    for q in stage.chain:
+        for r in q.read_list():
+            if r.tensor not in produced:
+                sig.read(r.tensor)
+    for t in stage.outputs:
+        if t in plan.stored:
+            sig.write(t)
+    part = Buffer(tvar(scratch), "global", "float32", (wp.split * points,),
+                  comment=f"{wp.split} slices of partial sums")
+    threads = DEFAULT_THREADS
+    grid = default_grid(points, threads)
+    idx_t = index_type(module, sig.args, grid_stride_end(points, grid, threads))
+    b = Builder()
+    with b.threads(threads) as tid:
+        start = tx.cast(idx_t, BLOCK) * threads + tid
+        with b.loop("p", start, points, tx.cast(idx_t, NBLOCKS) * threads, dtype=idx_t) as pt:
+            vars_ = decompose(b, pt, extents, [avar(a) for a in axes], idx_t)
+            total = b.decl("sum_", "float32", tx.const(0.0))
+            with b.loop("sl", 0, wp.split) as sl:
+                b.assign(total, tx.add(total, Load(part.name, (
+                    tx.add(tx.mul(tx.cast(idx_t, sl), points), pt),), "float32")))
+            value = total if wp.contraction.scale == 1.0 else \
+                tx.mul(total, literal(wp.contraction.scale, "f"))
+            pb = PointBuilder(module, b, stage, vars_, global_resolver)
+            pb.epilogue(pb.main_value(p, (value, "f")),
+                        store_sink(module, b, plan.stored, vars_))
+    program = Kernel(entry, (part,) + sig.params(), (), b.build(), threads, grid, None, (
+        f"split-K reduction: {wp.split} slices of partial sums added in order, then the "
+        "chain",))
+    kernel = generated(program, name=f"{plan.name}__splitk", group=plan.kernel.name,
+                       ops=tuple(plan.kernel.ops), shape="splitk_reduce",
+                       schedule={"split_k": wp.split, "threads": threads},
+                       args=(scratch,) + sig.args, writes=tuple(sig.writes), target=target.kind)
+    return replace(kernel, scratch={scratch: wp.split * points})
 
 
 def _stage_buffer(smem: SharedMemory, wp: WgmmaPlan, which: str, op: Operand, read: Read
@@ -147,6 +238,9 @@ class _Gen:
         self.b, self.module, self.plan, self.wp = b, module, plan, wp
         self.ops, self.bufs, self.bars, self.maps = ops, bufs, bars, maps
         self.origins, self.nsteps, self.idx_t = origins, nsteps, idx_t
+        self.k_first: Expr = tx.const(0)     # split-K: this block's first step
+        self.scratch: str | None = None      # split-K: the partial sums' buffer
+        self.slice: Expr | None = None
 
     def full(self, stage: Expr) -> Addr:
         return Addr(self.bars.name, (stage,))
@@ -182,7 +276,7 @@ class _Gen:
                 stage, parity = self._step(s, "p")
                 b.evaluate(tx.call("mbar_wait", self.empty(stage), tx.binary("^", parity, 1)))
                 b.evaluate(tx.call("mbar_expect_tx", self.full(stage), wp.stage_bytes))
-                k0 = b.let("pk0", tx.mul(s, wp.bk))
+                k0 = b.let("pk0", tx.mul(tx.add(self.k_first, s), wp.bk))
                 for which in ("a", "b"):
                     self._copies(which, stage, k0)
 
@@ -281,11 +375,20 @@ class _Gen:
                 bounds = tx.and_(*(tx.lt(x, n) for x, (a, n) in zip(vars_, p.spatial)
                                    if n % size[a]))
                 value = Load(acc.name, (i, v), "float32")
-                if c.scale != 1.0:
-                    value = tx.mul(value, literal(c.scale, "f"))
-                with b.if_(bounds):
-                    pb.epilogue(pb.main_value(p, (value, "f")),
-                                store_sink(module, b, self.plan.stored, vars_))
+                if self.scratch is not None:     # split-K: the slice's partial sum
+                    strides = [math.prod(n for _, n in p.spatial[k + 1:])
+                               for k in range(len(vars_))]
+                    at = tx.add(tx.mul(tx.cast(self.idx_t, self.slice),
+                                       math.prod(n for _, n in p.spatial)),
+                                tx.linear(zip(strides, vars_), 0, self.idx_t))
+                    with b.if_(bounds):
+                        b.store(tvar(self.scratch), (at,), value)
+                else:
+                    if c.scale != 1.0:
+                        value = tx.mul(value, literal(c.scale, "f"))
+                    with b.if_(bounds):
+                        pb.epilogue(pb.main_value(p, (value, "f")),
+                                    store_sink(module, b, self.plan.stored, vars_))
 
     def plan_tile_block(self) -> tuple[int, ...]:
         c, wp = self.wp.contraction, self.wp
@@ -294,4 +397,4 @@ class _Gen:
                      for a, _ in p.spatial)
 
 
-__all__ = ["wgmma_kernel"]
+__all__ = ["split_reduce_kernel", "wgmma_kernel", "wgmma_kernels"]

@@ -279,6 +279,8 @@ class OpTile:
     #: When tk-roll kept the default schedule (its estimate, `estimate`, beat every tile's):
     #: the best tile's estimate; `kernel` is then the default shape and `tile` the best tile.
     rolled_estimate: Estimate | None = None
+    #: split-K slices of a contraction's reduction (1: none; tilekit.schedule.mma.split_steps)
+    split_k: int = 1
 
     @property
     def blocks(self) -> int:
@@ -289,6 +291,8 @@ class OpTile:
         out.update({"grid": dict(zip(self.spatial, self.grid)), "blocks": self.blocks,
                     "threads": self.tile.threads, "smem_bytes": int(self.smem_bytes),
                     "regs": int(self.regs)})
+        if self.split_k > 1:
+            out["split_k"] = int(self.split_k)
         if self.kernel is not None:
             out["kernel"] = dict(self.kernel)
         out["estimate"] = self.estimate.record()
@@ -318,7 +322,17 @@ class OpTile:
                       Estimate.read(p.get("estimate"), f"{where}.estimate"), candidates,
                       dict(p["kernel"]) if isinstance(p.get("kernel"), Mapping) else None,
                       Estimate.read(p["rolled_estimate"], f"{where}.rolled_estimate")
-                      if p.get("rolled_estimate") is not None else None)
+                      if p.get("rolled_estimate") is not None else None,
+                      read_split_k(p, where))
+
+
+def read_split_k(payload: Mapping[str, Any], where: str) -> int:
+    """An op tile's `split_k` (1 when absent): a positive integer."""
+    value = read_int(payload.get("split_k", 1), f"{where}.split_k")
+    if value < 1:
+        raise IRError(f"split_k must be at least 1, got {value}", f"{where}.split_k",
+                      "re-run tk-roll")
+    return value
 
 
 # -- a weld group's tile ------------------------------------------------------------------
@@ -544,6 +558,9 @@ class KernelRecord:
     # dimensions innermost first, byte strides of the outer ones, box and swizzle; the host
     # encodes them before the launch (docs/codegen.md, "The Hopper kernel").
     tensor_maps: tuple[Mapping[str, Any], ...] = ()
+    # Buffers among `args` that are no tensor of the module: name -> float32 elements (a
+    # split-K group's partial sums, written by its first kernel and read by its second).
+    scratch: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def threads(self) -> int:
@@ -564,6 +581,8 @@ class KernelRecord:
             out["workspace"] = {"counters": int(self.counters)}
         if self.tensor_maps:
             out["tensor_maps"] = [dict(m) for m in self.tensor_maps]
+        if self.scratch:
+            out["scratch"] = {k: int(v) for k, v in self.scratch.items()}
         return out
 
     @staticmethod
@@ -582,7 +601,9 @@ class KernelRecord:
                 coresident=bool(p.get("coresident", False)),
                 counters=read_int((p.get("workspace") or {}).get("counters", 0),
                               f"{where}.workspace.counters"),
-                tensor_maps=_tensor_maps(p.get("tensor_maps") or (), where))
+                tensor_maps=_tensor_maps(p.get("tensor_maps") or (), where),
+                scratch={str(k): read_int(v, f"{where}.scratch.{k}")
+                         for k, v in (p.get("scratch") or {}).items()})
         except KeyError as exc:
             raise IRError(f"a codegen kernel needs '{exc.args[0]}'", where,
                           "re-run tk-codegen") from None

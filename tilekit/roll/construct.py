@@ -56,6 +56,7 @@ class Candidate:
     regs: int
     threads: int
     blocks: int
+    split: int = 1          # split-K slices (a wgmma tile's; tilekit.roll.cost.split_k_estimate)
 
 
 def roll_problem(problem: Problem, profile, top_k: int = 1, precision: str = "fp32"
@@ -74,7 +75,43 @@ def roll_problem(problem: Problem, profile, top_k: int = 1, precision: str = "fp
     for c in ranked:
         for tile in grow_steps(problem, m, bsizes, c.tile):
             seen.setdefault(tile, None)
-    return rank(problem, m, list(seen), top_k)
+    ranked = rank(problem, m, list(seen), top_k)
+    split = best_split_k(problem, m, tiles)
+    if split is not None and round_sig(split.estimate.time_us, 6) < round_sig(
+            ranked[0].estimate.time_us, 6):
+        ranked = [split] + ranked[:max(1, top_k) - 1]   # only the pick is split
+    return ranked
+
+
+def best_split_k(problem: Problem, m: Machine, tiles: list[RTile]) -> Candidate | None:
+    """The fastest split-K candidate of a contraction on wgmma (Hopper), or None: each wgmma
+    tile among `tiles` whose output tiles leave SMs idle, with each factor of `SPLIT_K`
+    (slices of the reduction in blocks of their own, partial sums added by a second kernel in
+    slice order: deterministic)."""
+    from tilekit.roll.cost import split_k_estimate
+    from tilekit.schedule.mma import SPLIT_K, wgmma_plan
+
+    compute = tensor_compute(problem, m)
+    if compute is None or compute not in m.wgmma_offered:
+        return None
+    shapes = [tuple(d.size for d in op.dims) for op in problem.operands]
+    best = None
+    for tile in tiles:
+        plan = wgmma_plan(problem.contraction, problem.spatial, problem.reduction, tile.block,
+                          tile.step, tile.threads(), compute, m.hw.smem_per_block,
+                          lambda i: shapes[i])
+        blocks = math.prod(tile.grid(problem))
+        if isinstance(plan, str) or blocks >= m.hw.sm_count:
+            continue
+        for factor in SPLIT_K:
+            est, slices = split_k_estimate(problem, m, tile.block, tile.thread, tile.step,
+                                           factor)
+            if slices < 2 or not est.time_us < np.inf:
+                continue
+            if best is None or round_sig(est.time_us, 6) < round_sig(best.estimate.time_us, 6):
+                best = Candidate(tile, est, plan.smem_bytes, 0, plan.threads, blocks * slices,
+                                 slices)
+    return best
 
 
 def construct_tiles(problem: Problem, profile, m: Machine | None = None) -> list[RTile]:

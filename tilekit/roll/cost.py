@@ -260,10 +260,11 @@ def as_columns(rows, n: int) -> np.ndarray:
 
 
 def cost_tiles(problem: Problem, m: Machine, block: np.ndarray, thread: np.ndarray,
-               step: np.ndarray) -> TileCosts:
+               step: np.ndarray, unique: float | None = None) -> TileCosts:
     """Cost candidates given as columns: `block` and `thread` are (n_spatial, n) int arrays,
     `step` is (n_reduction, n). The phases, in order: the shared shape decision, the global
-    traffic, the shared-memory traffic, occupancy, then the times."""
+    traffic, the shared-memory traffic, occupancy, then the times. `unique`: the compulsory
+    bytes when they are not the problem's own (a split-K slice problem's)."""
     ns = problem.n_spatial
     n = max(np.shape(block)[1] if ns else 1, np.shape(step)[1] if len(step) else 1)
     if not (np.shape(block) == np.shape(thread) == (ns, n) and np.shape(step)[0] == len(
@@ -298,7 +299,8 @@ def cost_tiles(problem: Problem, m: Machine, block: np.ndarray, thread: np.ndarr
     # tensor-core kernels pipeline their steps (cp.async, TMA): no staging latency
     work = Work(flops=g.work, peak=np.where(tc.on, tc.peak, m.peak),
                 smem_traffic=smem_traffic, block_bytes=(loads + stores).astype(np.float64),
-                traffic=dram_bytes, unique=float(_unique_bytes(problem)), blocks=g.blocks,
+                traffic=dram_bytes, blocks=g.blocks,
+                unique=float(_unique_bytes(problem) if unique is None else unique),
                 threads=threads, registers=regs, smem_bytes=smem_tile,
                 latency_steps=np.where(staged, g.nsteps, 0))
     p = predict(m, work)
@@ -564,6 +566,54 @@ def _as_lane_kernels(problem: Problem, m: Machine, costs: TileCosts, where: np.n
     costs.waves[where] = float(p.waves)
     costs.wave_eff[where] = float(p.eff)
     costs.bound[where] = int(p.bound)
+
+
+#: The slice axis of a split-K problem (outermost spatial axis, extent = slices).
+SLICE_AXIS = "split_k_slice"
+
+
+def split_problem(problem: Problem, split: int) -> tuple[Problem, int]:
+    """A contraction's split-K partial-sum kernel as a problem of its own: an outer spatial
+    axis of the slices (no operand reads it), the K axis cut to one slice's steps (in
+    WGMMA_BK), fp32 outputs (the partial sums); and the number of slices."""
+    from dataclasses import replace
+    from tilekit.schedule.mma import WGMMA_BK, split_steps
+
+    k = problem.axes.index(problem.contraction.k_axes[0])
+    slices, per = split_steps(problem.extents[k], split)
+    extents = list(problem.extents)
+    extents[k] = min(per * WGMMA_BK, extents[k])
+    operands = tuple(replace(op, dims=tuple(replace(d, coefs=(0,) + d.coefs) for d in op.dims),
+                             axis_names=(SLICE_AXIS,) + op.axis_names)
+                     for op in problem.operands)
+    return replace(problem, axes=(SLICE_AXIS,) + problem.axes, extents=(slices, *extents),
+                   n_spatial=problem.n_spatial + 1, operands=operands, out_itemsize=4), slices
+
+
+def split_k_estimate(problem: Problem, m: Machine, block, thread, step, split: int
+                     ) -> tuple[Estimate, int]:
+    """A split-K contraction's estimate: the partial-sum kernel (the tile over the slice
+    problem, `split_problem`: a block per output tile and slice, each slice's share of the
+    reduction; every operand still read once, the partials written) plus the reduction
+    kernel (the slices' partials read, the output written, one thread per point); and its
+    slices."""
+    sp, slices = split_problem(problem, split)
+    col = lambda xs: np.asarray(xs, dtype=np.int64).reshape(-1, 1)   # noqa: E731
+    points = problem.output_points
+    partials = 4.0 * slices * points
+    costs = cost_tiles(sp, m, col((1, *block)), col((1, *thread)), col(step),
+                       unique=float(_unique_bytes(problem)) + partials)
+    first = costs.estimate(0)
+    if not costs.valid[0]:
+        return Estimate(time_us=np.inf, flops=first.flops, dram_bytes=0.0, smem_bytes=0.0,
+                        bound="compute", waves=1, wave_efficiency=1.0), slices
+    second = estimate_bytes(m.hw, int(partials), points * problem.out_itemsize,
+                            DEFAULT_THREADS, points)
+    return Estimate(time_us=first.time_us + second.time_us, flops=first.flops,
+                    dram_bytes=first.dram_bytes + second.dram_bytes,
+                    smem_bytes=first.smem_bytes, bound=first.bound, waves=first.waves,
+                    wave_efficiency=first.wave_efficiency,
+                    latency_us=first.latency_us), slices
 
 
 def default_estimate(problem: Problem, m: Machine) -> Estimate:

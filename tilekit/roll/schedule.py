@@ -163,7 +163,7 @@ def tile_record(problem: Problem, candidates: list[Candidate], facts: OpFacts,
     def tile(c: Candidate) -> Tile:
         return Tile(c.tile.block, c.tile.thread, c.tile.step)
 
-    kernel = decide(facts, tile(best), target)
+    kernel = decide(facts, tile(best), target, best.split)
     estimate, rolled = best.estimate, None
     if (default is not None and kernel.shape != "default"
             and round_sig(default.time_us, 6) < round_sig(best.estimate.time_us, 6)):
@@ -174,7 +174,7 @@ def tile_record(problem: Problem, candidates: list[Candidate], facts: OpFacts,
                     tuple(a for a, _ in problem.reduction), best.tile.grid(problem),
                     best.smem_bytes, best.regs, estimate,
                     tuple(TileChoice(tile(c), c.estimate) for c in candidates[1:]),
-                    kernel.record(), rolled)
+                    kernel.record(), rolled, best.split if kernel.shape == "wgmma" else 1)
     return RolledOp(record.record(), estimate)
 
 

@@ -170,7 +170,8 @@ class CudaProgram:
         self.bfloat16 = frozenset(n for n, t in module.tensors.items() if t.dtype == "bfloat16")
         self.launches: list[Launch] = []
         written: set[str] = set()
-        declared = all_tensors(module)
+        from tilekit.codegen.emulate import with_scratch
+        declared = with_scratch(module, section.kernels)    # split-K partial sums too
         for k in section.kernels:
             self._allocate(k.args, declared)
             raw = self._cooperative(section) if k.coresident else self.raw

@@ -253,6 +253,11 @@ class WgmmaPlan:
     consumers: int
     stages: int
     smem_bytes: int
+    #: split-K: the reduction cut into `split` slices of `steps_per_split` steps, a block per
+    #: output tile and slice writing fp32 partial sums; a second kernel adds them in slice
+    #: order (deterministic) and runs the chain (1: no split)
+    split: int = 1
+    steps_per_split: int = 0
 
     @property
     def threads(self) -> int:
@@ -283,13 +288,17 @@ class WgmmaPlan:
 
     def record(self) -> dict:
         c = self.contraction
-        return {"instruction": f"wgmma.mma_async.m64n{self.bn}k16.f32."
-                               f"{WGMMA[self.compute][0]}",
-                "warpgroups": {"producer": 1, "consumers": self.consumers},
-                "block_gemm": [self.bm, self.bn, self.bk], "stages": self.stages,
-                "layout": {"a": "mk" if c.a.k_inner else "km",
-                           "b": "nk" if c.b.k_inner else "kn"},
-                "tma": ["a", "b"], "swizzle": 128}
+        out = {"instruction": f"wgmma.mma_async.m64n{self.bn}k16.f32."
+                              f"{WGMMA[self.compute][0]}",
+               "warpgroups": {"producer": 1, "consumers": self.consumers},
+               "block_gemm": [self.bm, self.bn, self.bk], "stages": self.stages,
+               "layout": {"a": "mk" if c.a.k_inner else "km",
+                          "b": "nk" if c.b.k_inner else "kn"},
+               "tma": ["a", "b"], "swizzle": 128}
+        if self.split > 1:
+            out["split_k"] = {"slices": self.split, "steps": self.steps_per_split,
+                              "reduce": "a second kernel, slices added in order"}
+        return out
 
 
 def wgmma_offered(profile, arch: str | None = None) -> frozenset[str]:
@@ -331,12 +340,26 @@ def wgmma_smem(bm: int, bn: int, stages: int, item: int = 2) -> int:
     return stages * (bm + bn) * WGMMA_BK * item + 16 * stages + (SWIZZLE_ALIGN - 16)
 
 
+#: Split-K factors tk-roll tries for contractions whose output tiles leave SMs idle.
+SPLIT_K = (2, 4, 8, 16, 32)
+
+
+def split_steps(k_extent: int, split: int) -> tuple[int, int]:
+    """(slices, steps per slice) of a split-K over `k_extent` reduction points in steps of
+    `WGMMA_BK`: every slice has at least one step (fewer slices when `split` asks more)."""
+    steps = -(-k_extent // WGMMA_BK)
+    per = -(-steps // max(1, split))
+    return -(-steps // per), per
+
+
 def wgmma_plan(c: Contraction, spatial, reduction, block: Sequence[int], step: Sequence[int],
-               threads: int, compute: str, smem_limit: int, extents_of) -> WgmmaPlan | str:
+               threads: int, compute: str, smem_limit: int, extents_of, split: int = 1
+               ) -> WgmmaPlan | str:
     """The Hopper plan of this tile, or why it has none: the tile's threads are its
     consumer warpgroups (128 or 256; the producer warpgroup is added), its block a whole
     number of 64-row instructions per consumer by one instruction's N (64, 128 or 256), its
-    step 64 along the one K axis, both operands loaded by TMA (`tma_operand`)."""
+    step 64 along the one K axis, both operands loaded by TMA (`tma_operand`); `split`:
+    split-K slices (`split_steps`)."""
     item = WGMMA[compute][2]
     size = {a: b for (a, _), b in zip(spatial, block)}
     size.update({a: s for (a, _), s in zip(reduction, step)})
@@ -364,8 +387,9 @@ def wgmma_plan(c: Contraction, spatial, reduction, block: Sequence[int], step: S
     if not fits:
         return (f"{WGMMA_STAGES[0]} stages of {(bm + bn) * bk * item} bytes do not fit "
                 f"{smem_limit} bytes")
+    slices, per = split_steps(k_extent, split)
     return WgmmaPlan(c, compute, bm, bn, WGMMA_BK, consumers, fits[0],
-                     wgmma_smem(bm, bn, fits[0], item))
+                     wgmma_smem(bm, bn, fits[0], item), slices, per)
 
 
 def compute_type(dtype: str, precision: str) -> str | None:

@@ -322,8 +322,10 @@ class Target:
         return Target(limit, offered(profile), precision, kind, wgmma_offered(profile, arch))
 
 
-def mma_shape(facts: OpFacts, tile: Tile, target: Target) -> KernelShape | str:
-    """The `mma` shape of this tile, or why not."""
+def mma_shape(facts: OpFacts, tile: Tile, target: Target, split_k: int = 1
+              ) -> KernelShape | str:
+    """The `wgmma` or `mma` shape of this tile, or why neither (`split_k`: the split-K slices
+    tk-roll chose, wgmma only)."""
     c = facts.contraction
     if isinstance(c, str):
         return c
@@ -331,7 +333,7 @@ def mma_shape(facts: OpFacts, tile: Tile, target: Target) -> KernelShape | str:
     if compute is not None and compute in target.wgmma:
         hopper = wgmma_plan(c, facts.spatial, facts.reduction, tile.block, tile.step,
                             tile.threads, compute, target.smem_limit,
-                            lambda i: facts.reads[i].shape)
+                            lambda i: facts.reads[i].shape, split_k)
         if not isinstance(hopper, str):
             return KernelShape("wgmma", tile, hopper.threads, wgmma=hopper)
     if compute is None or compute not in target.mma:
@@ -343,16 +345,18 @@ def mma_shape(facts: OpFacts, tile: Tile, target: Target) -> KernelShape | str:
     return KernelShape("mma", tile, tile.threads, mma=plan)
 
 
-def decide(facts: OpFacts, tile: Tile | None, target: Target | int) -> KernelShape:
+def decide(facts: OpFacts, tile: Tile | None, target: Target | int, split_k: int = 1
+           ) -> KernelShape:
     """The kernel shape of an op with `tile` (None: no stage chose one) for `target` (a
-    `Target`, or just a shared-memory limit: no tensor cores); the rules in order are the
-    module docstring's."""
+    `Target`, or just a shared-memory limit: no tensor cores), `split_k` the split-K slices
+    tk-roll chose (`tile.split_k`: a wgmma tile's only); the rules in order are the module
+    docstring's."""
     if not isinstance(target, Target):
         target = Target(int(target))
     smem_limit = target.smem_limit
     if tile is None:
         return default_shape(facts, target.lanes)
-    tensor = mma_shape(facts, tile, target)
+    tensor = mma_shape(facts, tile, target, split_k)
     if not isinstance(tensor, str):
         return tensor
     why = reuse_reason(facts, tile)
