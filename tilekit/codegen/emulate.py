@@ -9,8 +9,10 @@ once, so progress counters and grid barriers run as written, and deadlocks and a
 fence before a counter signal abort) and returns the module's outputs. Index maps, padding, boundary tiles,
 shared-memory staging, barriers between stages and lane-group reductions all run as written;
 what it cannot show is timing, coalescing, bank conflicts, or races that only the hardware's
-scheduling exposes. float16/bfloat16 kernels are not emulated (their CUDA types are device
-headers).
+scheduling exposes. Half types are host_types.h's (IEEE rounding); tensor-core intrinsics,
+TMA copies, mbarriers and wgmma follow their documented layouts (host_emul.h); a kernel's TMA
+descriptors are built by the harness from its record (`tensor_maps`) in the emulation's own
+encoding, and split-K scratch buffers (`scratch`) are allocated like tensors.
 
 Binaries are cached next to nvcc's (`$TILEKIT_CACHE/emul/<key>`). A fiber switch costs about
 a microsecond: keep fixtures small (thousands of blocks with many barriers take seconds).
