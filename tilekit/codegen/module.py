@@ -280,7 +280,7 @@ def _single_stage(module: Module, plan: GroupPlan, entry: str, target: Target, n
         tile = read_tile(main.op.tile, main.spatial, main.reduction, f"{main.where}.tile",
                          "roll")
         split_k = read_split_k(main.op.tile, f"{main.where}.tile")
-    if tile is None:
+    if tile is None and not kept_default(main.op.tile):
         tile = _kernel_tile(plan, where)
     decision = decide(op_facts(main), tile, target, split_k)
     if decision.note and decision.shape != "default":

@@ -214,7 +214,7 @@ template <int N> TK_DEVICE void tk_cp_async_wait() {
 // cuTensorMapEncodeTiled fills its bytes on the host; tilekit/runtime/cuda.py). The emulation
 // (host_emul.h) has its own encoding.
 #if !defined(TK_HOST_EMUL)
-struct __align__(64) tk_tensor_map {
+struct __align__(128) tk_tensor_map {
   unsigned char bytes[128];
 };
 // The shared-memory base rounded up to A bytes (a 128-byte swizzle repeats every 1024 bytes:

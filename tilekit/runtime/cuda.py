@@ -446,8 +446,8 @@ TMA_SWIZZLE = {0: 0, 32: 1, 64: 2, 128: 3}
 #: CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
 #: CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE (elements outside the tensor read as zeros).
 TMA_INTERLEAVE_NONE, TMA_L2_PROMOTION_256B, TMA_OOB_FILL_ZEROS = 0, 3, 0
-#: sizeof(CUtensorMap) and its alignment.
-TENSOR_MAP_BYTES, TENSOR_MAP_ALIGN = 128, 64
+#: sizeof(CUtensorMap) and its alignment (cuda.h: alignas(128) since CUDA 13).
+TENSOR_MAP_BYTES, TENSOR_MAP_ALIGN = 128, 128
 
 
 @dataclass(frozen=True)
@@ -505,7 +505,7 @@ def encode_tensor_map(args: TensorMapArgs, address: int, driver=None) -> bytes:
     encode = driver.cuTensorMapEncodeTiled
     encode.restype = ctypes.c_int
     raw = (ctypes.c_uint8 * (TENSOR_MAP_BYTES + TENSOR_MAP_ALIGN))()
-    start = (-ctypes.addressof(raw)) % TENSOR_MAP_ALIGN   # CUtensorMap is 64-byte aligned
+    start = (-ctypes.addressof(raw)) % TENSOR_MAP_ALIGN   # alignas(128) in CUDA 13
     out = ctypes.byref(raw, start)
     u64, u32 = ctypes.c_uint64, ctypes.c_uint32
     rc = encode(out, ctypes.c_int(args.data_type), u32(args.rank), ctypes.c_void_p(address),
