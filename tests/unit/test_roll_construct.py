@@ -125,7 +125,8 @@ def test_small_problems_scale_out_to_fill_the_sms():
     # shrinks blocks until the grid has at least one block per SM.
     tile = tile_of("h100", "resnet50_l4_3x3_512")
     assert tile["blocks"] >= 128
-    assert tile["estimate"]["wave_efficiency"] > 0.9
+    # the tile's own estimate (the op may keep the default schedule: rolled_estimate)
+    assert tile.get("rolled_estimate", tile["estimate"])["wave_efficiency"] > 0.9
 
 
 def test_reduction_steps_follow_the_coalescing_rule():

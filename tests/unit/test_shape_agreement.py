@@ -45,8 +45,8 @@ def agreement_problems(module, result) -> list[str]:
             got["staged"] = [{"tensor": b["tensor"], "box": b["box"]}
                              for b in g.schedule["smem_buffers"]]
             got["step"] = list(g.schedule["step"].values())
-        if g.shape == "mma":
-            got["mma"] = g.schedule["mma"]
+        if g.shape in ("mma", "wgmma"):
+            got[g.shape] = g.schedule[g.shape]
         if g.shape == "default" and g.schedule.get("lanes", 1) > 1:
             got["lanes"] = g.schedule["lanes"]
         if want != got:
@@ -63,8 +63,9 @@ def test_roll_and_codegen_agree_on_the_suite(hw):
     problems = [p for _, module, result in suite for p in agreement_problems(module, result)]
     assert not problems, "\n".join(problems[:20])
     shapes = {g.shape for _, _, r in suite for g in r.kernels}
-    # the suite exercises every decision (its fp16 GEMMs run on tensor cores)
-    assert {"mma", "staged", "tiled", "default"} <= shapes
+    # the suite exercises every decision (its fp16 GEMMs run on tensor cores: wgmma on H100)
+    assert {"staged", "tiled", "default"} <= shapes
+    assert ("wgmma" if hw == "h100" else "mma") in shapes
 
 
 def test_float16_is_staged_in_two_bytes():

@@ -9,9 +9,11 @@ Modules: `module` (the pass), `plan` (a group's stages, chains, inlining), `valu
 expressions to tile-program expressions: kinds, casts, padding, index maps), the kernel
 shapes, each building a tile program (tilekit.tile): `kernel` (shared pieces; `default` and
 `tiled`), `staged` (contractions with boxes copied to shared memory), `mma` (tensor-core
-contractions, pipelined), `fused` (multi-stage groups), `flash` (welded attention with online
-softmax) and `opaque` (kernels of opaque ops); `cpu` (the CPU target's kernels: packed
-GEMM panels around a register-tile micro-kernel, and loop nests in vector lanes); `persistent` (what persistent kernels share),
+contractions, pipelined), `wgmma` (Hopper contractions: TMA, mbarriers, warp roles, wgmma;
+split-K), `fused` (multi-stage groups), `flash` (welded attention with online softmax) and
+`opaque` (kernels of opaque ops); `cpu` (the CPU target's kernels: packed GEMM panels around
+a register-tile micro-kernel, and loop nests in vector lanes); `persistent` (what persistent
+kernels share),
 `program` (tk-ram's persistent programs), `control` (tk-grind's device loops and branches),
 `recorded` (recorded kernels checked against a fresh generation before they run), `report`
 (each kernel's counters from the tile interpreter), `helpers` (runtime.cuh, runtime_cpu.h

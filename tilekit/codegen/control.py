@@ -102,6 +102,9 @@ def device_kernel(module: Module, kernel: KernelGroup, rec: ControlOp,
     bodies = [g for side in regions for g in side]
     if not bodies:
         return "its regions hold no kernels"
+    if any(g.program.tensor_maps for g in bodies):
+        return ("a region kernel is a wgmma kernel (TMA descriptors as kernel parameters, warp "
+                "roles), which does not compose into a persistent kernel")
     threads = block_threads(bodies)
     if isinstance(threads, str):
         return threads

@@ -9,8 +9,10 @@ once, so progress counters and grid barriers run as written, and deadlocks and a
 fence before a counter signal abort) and returns the module's outputs. Index maps, padding, boundary tiles,
 shared-memory staging, barriers between stages and lane-group reductions all run as written;
 what it cannot show is timing, coalescing, bank conflicts, or races that only the hardware's
-scheduling exposes. float16/bfloat16 kernels are not emulated (their CUDA types are device
-headers).
+scheduling exposes. Half types are host_types.h's (IEEE rounding); tensor-core intrinsics,
+TMA copies, mbarriers and wgmma follow their documented layouts (host_emul.h); a kernel's TMA
+descriptors are built by the harness from its record (`tensor_maps`) in the emulation's own
+encoding, and split-K scratch buffers (`scratch`) are allocated like tensors.
 
 Binaries are cached next to nvcc's (`$TILEKIT_CACHE/emul/<key>`). A fiber switch costs about
 a microsecond: keep fixtures small (thousands of blocks with many barriers take seconds).
@@ -44,7 +46,7 @@ def harness_source(module: Module) -> str:
     """A C++ main() that loads tensors from `<dir>/<name>.bin`, launches every kernel in
     order and writes every tensor a kernel wrote back to `<dir>/<name>.out`."""
     kernels = CodegenSection.read(module.codegen).kernels
-    declared = all_tensors(module)
+    declared = with_scratch(module, kernels)
     tensors: list[str] = []
     for k in kernels:
         for t in k.args:
@@ -80,6 +82,9 @@ def harness_source(module: Module) -> str:
         if k.counters:  # a program's progress counters: a zeroed workspace per launch
             lines.append(f"  std::vector<unsigned> counters_{index}({k.counters}, 0u);")
             ptrs.append(f"counters_{index}.data()")
+        for j, m in enumerate(k.tensor_maps):  # TMA descriptors, in the emulation's encoding
+            lines.extend(_tensor_map_lines(f"tm_{index}_{j}", m, declared))
+            ptrs.append(f"tm_{index}_{j}")
         call = f"[&] {{ {k.entry}({', '.join(ptrs)}); }}"
         if k.coresident:  # its blocks wait on each other: all resident, never sampled
             lines.append(f"  if (only < 0) tk_emul::launch_concurrent({grid}, {k.threads}, "
@@ -101,6 +106,30 @@ def harness_source(module: Module) -> str:
 
 def _c(name: str) -> str:
     return tvar(name)[2:]
+
+
+def with_scratch(module: Module, kernels) -> dict:
+    """The module's tensors and the kernels' scratch buffers (split-K partial sums: float32,
+    no tensor of the module), by name."""
+    from tilekit.ir.model import Tensor
+    out = dict(all_tensors(module))
+    for k in kernels:
+        out.update({name: Tensor((int(n),), "float32") for name, n in k.scratch.items()})
+    return out
+
+
+def _tensor_map_lines(var: str, m, declared) -> list[str]:
+    """`var`: the emulation's tensor map of a kernel record's descriptor (host_emul.h's
+    tk_emul_tensor_map over the tensor's buffer; strides[0] is the element size)."""
+    item = np.dtype(_np_dtype(declared[m["tensor"]].dtype)).itemsize
+    def arr(ctype, name, values):
+        return f"  const {ctype} {var}_{name}[] = {{{', '.join(str(int(v)) for v in values)}}};"
+    return [arr("unsigned long long", "dims", m["dims"]),
+            arr("unsigned long long", "strides", [item, *m["strides"]]),
+            arr("unsigned", "box", m["box"]),
+            f"  const tk_tensor_map {var} = tk_emul_tensor_map(buf_{_c(m['tensor'])}.data(), "
+            f"{item}, {len(m['dims'])}, {var}_dims, {var}_strides, {var}_box, "
+            f"{int(m['swizzle'])});"]
 
 
 def _np_dtype(dtype: str) -> str:
@@ -190,7 +219,7 @@ def emulate(module: Module, inputs: Mapping[str, np.ndarray],
     values = {**weights, **inputs}
     kernels = CodegenSection.read(module.codegen).kernels
     seeds = CONCURRENT_SEEDS if any(k.coresident for k in kernels) else (None,)
-    declared = all_tensors(module)
+    declared = with_scratch(module, kernels)
     with tempfile.TemporaryDirectory(prefix="tk-emul-") as tmp:
         for t in sorted({t for k in kernels for t in k.args}):
             tensor = declared[t]

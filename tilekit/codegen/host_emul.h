@@ -58,6 +58,7 @@ inline dim3 threadIdx, blockIdx, blockDim, gridDim;
 #define __global__
 #define __shared__ static
 #define __launch_bounds__(...)
+#define __grid_constant__
 #define __align__(n) __attribute__((aligned(n)))
 #define __forceinline__ inline
 #include "host_types.h"
@@ -87,6 +88,7 @@ struct Block {
   alignas(8) unsigned char exchange[kMaxThreads][8];
   alignas(16) unsigned frag[kMaxThreads][8];
   const void* rows[kMaxThreads];
+  unsigned wgmma_done[kMaxThreads / 128];  // wgmma batches each warpgroup has executed
 };
 
 struct Stack {  // reserved, not touched: a page is committed only when a fiber uses it
@@ -104,12 +106,21 @@ struct Stack {  // reserved, not touched: a page is committed only when a fiber 
   Stack& operator=(const Stack&) = delete;
 };
 
+// One wgmma a thread issued, not yet executed (wgmma runs at the wait that retires it).
+struct WgmmaOp {
+  float* d;
+  int n, kind, ta, tb;
+  unsigned long long a, b;
+};
+
 struct Fiber {
   ucontext_t ctx;
   std::unique_ptr<Stack> stack;
   unsigned block = 0, thread = 0, slot = 0;
   Wait wait = Wait::kRun;
   bool fenced = false;
+  std::vector<WgmmaOp> wgmma_open;                 // issued since the last commit
+  std::vector<std::vector<WgmmaOp>> wgmma_groups;  // committed, oldest first (never removed)
 };
 
 inline ucontext_t scheduler;
@@ -137,6 +148,8 @@ inline void reset(Fiber& f) {
   if (!f.stack) f.stack = std::make_unique<Stack>();
   f.wait = Wait::kRun;
   f.fenced = false;
+  f.wgmma_open.clear();
+  f.wgmma_groups.clear();
   getcontext(&f.ctx);
   f.ctx.uc_stack.ss_sp = f.stack->base;
   f.ctx.uc_stack.ss_size = kStack;
@@ -292,6 +305,7 @@ void launch(unsigned grid, unsigned block, F body, const unsigned* ids = nullptr
       f.block = b, f.thread = t, f.slot = 0;
       reset(f);
     }
+    for (unsigned& w : slots[0]->wgmma_done) w = 0;
     run(1, block);
   }
 }
@@ -306,6 +320,7 @@ void launch_concurrent(unsigned grid, unsigned block, F body) {
       f.block = b, f.thread = t, f.slot = b;
       reset(f);
     }
+    for (unsigned& w : slots[b]->wgmma_done) w = 0;
   }
   run(grid, block);
 }
@@ -499,3 +514,240 @@ inline void tk_cp_async16(void* smem, const void* gmem, bool valid) {
 }
 inline void tk_cp_async_commit() {}
 template <int N> inline void tk_cp_async_wait() {}
+
+// -- Hopper: mbarriers, TMA, wgmma ----------------------------------------------------------
+// Shared addresses are offsets from the block's shared memory (the device's shared window),
+// so alignment and the 128-byte swizzle (an XOR of address bits 4-6 with bits 7-9) are
+// computed as the hardware computes them, whatever the host allocation's address.
+//
+// An mbarrier's 8 bytes hold its state: pending arrivals (bits 0-19), expected arrivals
+// (20-39), pending transaction bytes (40-62, two's complement) and the parity of the phase in
+// progress (63). A TMA copy is complete when it is issued: its bytes land and complete on the
+// barrier at once. A wait gives way (a spin point) until the phase of the other parity has
+// completed, so a consumer that waits for data no producer announced deadlocks (exit 5). A
+// barrier that receives more arrivals than it expects, or more bytes than were announced,
+// aborts (exit 7). wgmma is a warpgroup's collective: a committed batch runs, for all 128
+// threads of the warpgroup at once, when the last of them commits it (before that none can
+// have passed the wait for it), reading shared memory then through its descriptors (only
+// 128-byte swizzled 16-bit operands are emulated: anything else aborts, exit 7); a thread's
+// wgmma_wait gives way until its warpgroup has run all but the newest N of the batches it
+// committed, so accumulators read before the wait hold their old values and a warpgroup of
+// which one thread never issues the batch deadlocks.
+struct tk_tensor_map {  // the emulation's encoding (the device's: the driver's 128 bytes)
+  const unsigned char* base;
+  unsigned rank, elem, swizzle;
+  unsigned long long dims[5], strides[5];  // strides in bytes; strides[0] = elem
+  unsigned box[5];
+};
+
+namespace tk_emul {
+[[noreturn]] inline void fail(const char* what) {
+  std::fprintf(stderr, "tk_emul: block %u thread %u: %s\n", fibers[current].block,
+               fibers[current].thread, what);
+  die(7);
+}
+inline unsigned char* smem_base() { return reinterpret_cast<unsigned char*>(block().smem.data()); }
+inline unsigned long long shared_addr(const void* p) {
+  const unsigned char* c = static_cast<const unsigned char*>(p);
+  if (c < smem_base() || c >= smem_base() + block().smem.size() * sizeof(float4))
+    fail("a shared-memory operand outside the block's shared memory");
+  return (unsigned long long)(c - smem_base());
+}
+inline unsigned long long swizzle128(unsigned long long a) { return a ^ (((a >> 7) & 7u) << 4); }
+
+struct MBar {
+  unsigned pending, expected, phase;
+  long long tx;
+};
+inline MBar mbar_read(const void* bar) {
+  if (shared_addr(bar) % 8) fail("an mbarrier not 8-byte aligned");
+  unsigned long long w;
+  std::memcpy(&w, bar, 8);
+  long long tx = (long long)((w >> 40) & 0x7fffffull);
+  if (tx & 0x400000) tx -= 0x800000;
+  return MBar{(unsigned)(w & 0xfffffu), (unsigned)((w >> 20) & 0xfffffu), (unsigned)(w >> 63), tx};
+}
+inline void mbar_write(void* bar, MBar m) {
+  if (m.pending == 0 && m.tx == 0) {  // the phase completes; the next one starts
+    m.phase ^= 1u;
+    m.pending = m.expected;
+  }
+  const unsigned long long w = (unsigned long long)m.pending | ((unsigned long long)m.expected << 20) |
+      (((unsigned long long)m.tx & 0x7fffffull) << 40) | ((unsigned long long)m.phase << 63);
+  std::memcpy(bar, &w, 8);
+}
+inline void mbar_arrive(void* bar, long long bytes) {
+  MBar m = mbar_read(bar);
+  if (m.pending == 0) fail("an mbarrier arrival beyond the expected count");
+  m.pending -= 1;
+  m.tx += bytes;
+  mbar_write(bar, m);
+}
+inline void mbar_complete_tx(void* bar, long long bytes) {
+  MBar m = mbar_read(bar);
+  m.tx -= bytes;
+  if (m.tx < 0) fail("more bytes completed on an mbarrier than expect_tx announced");
+  mbar_write(bar, m);
+}
+
+// A box of the map's tensor at coordinates c into shared memory at dst: element i of box row r
+// (rows: the box's outer dimensions, row-major) at dst + r * row bytes + i * elem, swizzled;
+// zeros outside the tensor.
+inline void tma_load(void* dst, const tk_tensor_map& m, void* bar, const int* c) {
+  const unsigned long long start = shared_addr(dst);
+  if (start % 128) fail("a TMA destination not 128-byte aligned");
+  if (m.swizzle != 0 && m.swizzle != 128) fail("a TMA swizzle other than 128 bytes");
+  const unsigned long long row_bytes = (unsigned long long)m.box[0] * m.elem;
+  if (m.swizzle == 128 && row_bytes > 128) fail("a 128-byte swizzled box row over 128 bytes");
+  unsigned long long rows = 1;
+  for (unsigned d = 1; d < m.rank; ++d) rows *= m.box[d];
+  for (unsigned long long r = 0; r < rows; ++r) {
+    long long at[5] = {0, 0, 0, 0, 0};
+    unsigned long long rest = r;
+    bool inside = true;
+    unsigned long long offset = 0;
+    for (unsigned d = 1; d < m.rank; ++d) {
+      at[d] = c[d] + (long long)(rest % m.box[d]);
+      rest /= m.box[d];
+      inside = inside && at[d] >= 0 && at[d] < (long long)m.dims[d];
+      offset += (unsigned long long)at[d] * m.strides[d];
+    }
+    for (unsigned i = 0; i < m.box[0]; ++i) {
+      const long long x = c[0] + (long long)i;
+      unsigned long long a = start + r * row_bytes + (unsigned long long)i * m.elem;
+      if (m.swizzle == 128) a = swizzle128(a);
+      unsigned char* out = smem_base() + a;
+      if (inside && x >= 0 && x < (long long)m.dims[0]) {
+        std::memcpy(out, m.base + offset + (unsigned long long)x * m.elem, m.elem);
+      } else {
+        std::memset(out, 0, m.elem);
+      }
+    }
+  }
+  mbar_complete_tx(bar, (long long)(rows * row_bytes));
+}
+
+// Element (mn, k) of a 16-bit operand through its descriptor (the canonical layouts of the PTX
+// ISA, "Shared Memory Matrix Layout", 128-byte swizzle): K-major, rows of mn 128 bytes apart,
+// groups of 8 rows SBO apart, k contiguous; MN-major (transposed), mn contiguous in rows of 64,
+// 64-element groups LBO apart, rows of k 128 bytes apart, groups of 8 k SBO apart.
+inline unsigned short desc_element(unsigned long long desc, int trans, unsigned mn, unsigned k) {
+  if ((desc >> 62) != 1) fail("a wgmma descriptor without the 128-byte swizzle mode");
+  if (((desc >> 49) & 7u) != 0) fail("a wgmma descriptor with a base offset");
+  const unsigned long long start = (desc & 0x3fffu) << 4, lbo = ((desc >> 16) & 0x3fffu) << 4,
+                           sbo = ((desc >> 32) & 0x3fffu) << 4;
+  unsigned long long a;
+  if (trans) {
+    a = start + (mn / 64) * lbo + ((mn / 8) % 8) * 16 + (mn % 8) * 2 + (k / 8) * sbo + (k % 8) * 128;
+  } else {
+    a = start + (mn / 8) * sbo + (mn % 8) * 128 + (k / 8) * 16 + (k % 8) * 2;
+  }
+  a = swizzle128(a);
+  if (a + 2 > block().smem.size() * sizeof(float4)) fail("a wgmma operand outside shared memory");
+  unsigned short v;
+  std::memcpy(&v, smem_base() + a, 2);
+  return v;
+}
+// D (64 x N) += A (64 x 16) B (16 x N) for this thread's N/2 accumulators (the layout of
+// runtime.cuh's tk_wgmma).
+inline void wgmma_run(const WgmmaOp& op) {
+  const unsigned t = fibers[current].thread % 128, warp = t / 32, lane = t % 32;
+  const bool bf = op.kind == 1;
+  for (int i = 0; i < op.n / 2; ++i) {
+    const unsigned row = 16 * warp + lane / 4 + 8 * ((i / 2) % 2);
+    const unsigned col = 8 * (i / 4) + 2 * (lane % 4) + i % 2;
+    float sum = 0.0f;
+    for (unsigned k = 0; k < 16; ++k) {
+      sum += lo16(desc_element(op.a, op.ta, row, k), bf) * lo16(desc_element(op.b, op.tb, col, k), bf);
+    }
+    op.d[i] += sum;
+  }
+}
+}  // namespace tk_emul
+
+template <int A> inline unsigned char* tk_align_smem(unsigned char* p) {
+  return p + ((A - (tk_emul::shared_addr(p) & (A - 1))) & (A - 1));
+}
+inline void tk_mbar_init(void* bar, unsigned count) {
+  tk_emul::shared_addr(bar);
+  const unsigned long long w = (unsigned long long)count | ((unsigned long long)count << 20);
+  std::memcpy(bar, &w, 8);
+}
+inline void tk_mbar_fence_init() {}
+inline void tk_mbar_expect_tx(void* bar, unsigned bytes) { tk_emul::mbar_arrive(bar, bytes); }
+inline void tk_mbar_arrive(void* bar) { tk_emul::mbar_arrive(bar, 0); }
+inline void tk_mbar_wait(void* bar, unsigned parity) {
+  while (tk_emul::mbar_read(bar).phase == (parity & 1u)) tk_emul::give_way(tk_emul::Wait::kSpin);
+}
+inline void tk_tma_load_1d(void* dst, const tk_tensor_map& m, void* bar, int c0) {
+  const int c[5] = {c0, 0, 0, 0, 0};
+  tk_emul::tma_load(dst, m, bar, c);
+}
+inline void tk_tma_load_2d(void* dst, const tk_tensor_map& m, void* bar, int c0, int c1) {
+  const int c[5] = {c0, c1, 0, 0, 0};
+  tk_emul::tma_load(dst, m, bar, c);
+}
+inline void tk_tma_load_3d(void* dst, const tk_tensor_map& m, void* bar, int c0, int c1, int c2) {
+  const int c[5] = {c0, c1, c2, 0, 0};
+  tk_emul::tma_load(dst, m, bar, c);
+}
+inline void tk_tma_load_4d(void* dst, const tk_tensor_map& m, void* bar, int c0, int c1, int c2,
+                           int c3) {
+  const int c[5] = {c0, c1, c2, c3, 0};
+  tk_emul::tma_load(dst, m, bar, c);
+}
+inline void tk_tma_load_5d(void* dst, const tk_tensor_map& m, void* bar, int c0, int c1, int c2,
+                           int c3, int c4) {
+  const int c[5] = {c0, c1, c2, c3, c4};
+  tk_emul::tma_load(dst, m, bar, c);
+}
+inline unsigned long long tk_wgmma_desc(const void* p, unsigned lbo, unsigned sbo) {
+  return ((tk_emul::shared_addr(p) & 0x3FFFFu) >> 4) |
+         ((unsigned long long)((lbo & 0x3FFFFu) >> 4) << 16) |
+         ((unsigned long long)((sbo & 0x3FFFFu) >> 4) << 32) | (1ull << 62);
+}
+template <int R, int C> inline void tk_wgmma_fence(float (&)[R][C]) {}
+inline void tk_wgmma_commit() {
+  using namespace tk_emul;
+  Fiber& f = fibers[current];
+  f.wgmma_groups.push_back(std::move(f.wgmma_open));
+  f.wgmma_open.clear();
+  // Run every batch that all 128 threads of this warpgroup have committed, oldest first.
+  const unsigned first = current - f.thread % 128, wg = f.thread / 128;
+  if (f.thread - f.thread % 128 + 128 > blockDim.x) fail("wgmma by a partial warpgroup");
+  unsigned& done = block().wgmma_done[wg];
+  for (;;) {
+    for (unsigned t = 0; t < 128; ++t) {
+      if (fibers[first + t].wgmma_groups.size() <= done) return;
+    }
+    for (unsigned t = 0; t < 128; ++t) {
+      const unsigned keep = current;
+      current = first + t;  // wgmma_run reads the thread's position from `current`
+      for (const WgmmaOp& op : fibers[first + t].wgmma_groups[done]) wgmma_run(op);
+      current = keep;
+    }
+    ++done;
+  }
+}
+template <int N, int R, int C> inline void tk_wgmma_wait(float (&)[R][C]) {
+  using namespace tk_emul;
+  const Fiber& f = fibers[current];
+  while (block().wgmma_done[f.thread / 128] + N < f.wgmma_groups.size()) give_way(Wait::kSpin);
+}
+template <int R> inline void tk_setmaxnreg_inc() {}
+template <int R> inline void tk_setmaxnreg_dec() {}
+template <int N, int KIND, int TA, int TB>
+inline void tk_wgmma(float (&d)[N / 2], unsigned long long a, unsigned long long b) {
+  tk_emul::fibers[tk_emul::current].wgmma_open.push_back(tk_emul::WgmmaOp{d, N, KIND, TA, TB, a, b});
+}
+// The emulation's tensor map (the harness builds one per TMA descriptor of a launch).
+inline tk_tensor_map tk_emul_tensor_map(const void* base, unsigned elem, unsigned rank,
+                                        const unsigned long long* dims,
+                                        const unsigned long long* strides, const unsigned* box,
+                                        unsigned swizzle) {
+  tk_tensor_map m{};
+  m.base = static_cast<const unsigned char*>(base);
+  m.rank = rank, m.elem = elem, m.swizzle = swizzle;
+  for (unsigned d = 0; d < rank; ++d) m.dims[d] = dims[d], m.strides[d] = strides[d], m.box[d] = box[d];
+  return m;
+}

@@ -78,6 +78,12 @@ class GeneratedKernel:
     #: cooperatively or checked co-resident, never more blocks than fit.
     coresident: bool = False
     counters: int = 0             # words of the progress-counter workspace it takes last
+    #: TMA descriptors the host builds before the launch (after the other arguments): one
+    #: mapping per `tilekit.tile.nodes.TensorMap`, naming its tensor
+    tensor_maps: tuple[Mapping, ...] = ()
+    #: scratch buffers among `args` that are no tensor of the module (split-K's partial
+    #: sums): name -> float32 elements, allocated by the launcher for the group's kernels
+    scratch: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def defines(self) -> tuple[str, ...]:
@@ -96,7 +102,8 @@ class GeneratedKernel:
         return KernelRecord(self.name, self.group, self.entry, self.ops, self.shape,
                             dict(self.schedule), self.grid, self.block, self.smem_bytes,
                             self.args, self.writes, self.source, self.uses_half,
-                            coresident=self.coresident, counters=self.counters)
+                            coresident=self.coresident, counters=self.counters,
+                            tensor_maps=self.tensor_maps, scratch=dict(self.scratch))
 
 
 def shape_defines(shape: str) -> tuple[str, ...]:
@@ -131,7 +138,18 @@ def generated(program: Kernel, *, name: str, group: str, ops: tuple[str, ...], s
         smem_bytes=smem if dynamic else 0, smem_planned=smem, args=args, writes=writes,
         body=text, program=program, built=built, target=target,
         uses_half=cuda.uses_half(program),
-        coresident=coresident and target == "cuda", counters=program.counters)
+        coresident=coresident and target == "cuda", counters=program.counters,
+        tensor_maps=tensor_map_records(program, args))
+
+
+def tensor_map_records(program: Kernel, args: tuple[str, ...]) -> tuple[dict, ...]:
+    """The launch plan's entry of each TMA descriptor: the tensor (by its IR name, the
+    argument of the same parameter position), element type, dimensions innermost first,
+    byte strides of the outer ones, box and swizzle (what cuTensorMapEncodeTiled takes)."""
+    tensor_of = {b.name: t for b, t in zip(program.params, args)}
+    return tuple({"name": m.name, "tensor": tensor_of[m.buffer], "dtype": m.dtype,
+                  "dims": list(m.dims), "strides": list(m.strides), "box": list(m.box),
+                  "swizzle": m.swizzle} for m in program.tensor_maps)
 
 
 def c_name(name: str) -> str:
@@ -520,13 +538,14 @@ def _reduce_at_point(pb: PointBuilder, p: OpPlan) -> tuple[Expr, str]:
 # -- shape: tiled ------------------------------------------------------------------------
 
 def block_origins(b: Builder, axes: list[str], extents: list[int], block: tuple[int, ...],
-                  idx_t: str) -> list[Var]:
-    """Declare `o_<axis>` (this block's tile origin) from the block index, innermost axis
-    fastest."""
+                  idx_t: str, index: Expr | None = None) -> list[Var]:
+    """Declare `o_<axis>` (this block's tile origin) from the block index (or `index`: the
+    tile a block of a split grid owns), innermost axis fastest."""
     grid = [-(-n // s) for n, s in zip(extents, block)]
     if not axes:
         return []
-    tiles = decompose(b, tx.cast(idx_t, BLOCK), grid, ["b_"] * len(axes), idx_t)
+    tiles = decompose(b, tx.cast(idx_t, BLOCK if index is None else index), grid,
+                      ["b_"] * len(axes), idx_t)
     return [b.let(f"o_{c_name(a)}", tx.mul(t, s), idx_t) for a, t, s in zip(axes, tiles, block)]
 
 

@@ -40,11 +40,12 @@ from tilekit.codegen.nvcc import check_arch
 from tilekit.codegen.opaque import opaque_kernel
 from tilekit.codegen.plan import GroupPlan, GroupSplit, OpaquePlan, plan_group, readers
 from tilekit.codegen.program import compose, coresident_problems, program_module
-from tilekit.ir.payloads import CodegenSection, Launch, Tile, read_tile
+from tilekit.ir.payloads import CodegenSection, Launch, Tile, read_split_k, read_tile
 from tilekit.schedule.defaults import STATIC_SMEM_LIMIT
 from tilekit.schedule.mma import recorded_precision
-from tilekit.schedule.shape import Target, decide
+from tilekit.schedule.shape import Target, decide, kept_default
 from tilekit.codegen.mma import mma_kernel
+from tilekit.codegen.wgmma import wgmma_kernels
 from tilekit.codegen.staged import op_facts, staged_kernel
 from tilekit.errors import TilekitError
 from tilekit.ir.model import Kernel, Module, default_kernels
@@ -78,7 +79,13 @@ def generate(module: Module, profile=None, arch: str | None = None, target: str 
     """Generate every kernel of `module` for `target` (cuda | cpu); see the module
     docstring."""
     kind = target
-    target = Target.of(profile, recorded_precision(module), kind)
+    the_arch = target_arch(arch, profile) if kind == "cuda" else "cpu"
+    target = Target.of(profile, recorded_precision(module), kind,
+                       the_arch if kind == "cuda" else None)
+    if module.program is not None or kind != "cuda":
+        # tk-ram composes kernel bodies into persistent blocks; a wgmma body (warp roles,
+        # TMA descriptors as kernel parameters) does not compose: mma.sync there
+        target = replace(target, wgmma=frozenset())
     check_groups(module, profile)   # tk-weld's groups (a region's too) are one kernel as recorded
     kernels = module.kernels or default_kernels(module.ops)
     planned = module
@@ -108,13 +115,14 @@ def generate(module: Module, profile=None, arch: str | None = None, target: str 
             runs = _cpu_stage_runs(module, kernel, tensor_readers) if kind == "cpu" else None
             if runs is not None:
                 split = CPU_STAGES_NOTE
-                made = [_one_group(module, Kernel(name=f"{kernel.name}__s{n}", ops=run),
-                                   f"{kernel.name}__s{n}", tensor_readers, target, notes,
-                                   used, where, group=kernel.name)
-                        for n, run in enumerate(runs)]
+                made = [g for n, run in enumerate(runs)
+                        for g in _one_group(module, Kernel(name=f"{kernel.name}__s{n}",
+                                                           ops=run),
+                                            f"{kernel.name}__s{n}", tensor_readers, target,
+                                            notes, used, where, group=kernel.name)]
             else:
-                made = [_one_group(module, kernel, kernel.name, tensor_readers, target, notes,
-                                   used, where)]
+                made = _one_group(module, kernel, kernel.name, tensor_readers, target, notes,
+                                  used, where)
                 split = None
         except (GroupSplit, FusionError, FlashError) as exc:
             split = str(exc)
@@ -123,7 +131,7 @@ def generate(module: Module, profile=None, arch: str | None = None, target: str 
             for op in kernel.ops:
                 sub = Kernel(name=f"{kernel.name}__{op}", ops=(op,))
                 try:
-                    made.append(_one_group(module, sub, sub.name, tensor_readers, target,
+                    made.extend(_one_group(module, sub, sub.name, tensor_readers, target,
                                            notes, used, where, group=kernel.name))
                 except (GroupSplit, FusionError) as inner:  # pragma: no cover - singletons fuse
                     raise TilekitError(str(inner), where) from None
@@ -144,7 +152,11 @@ def generate(module: Module, profile=None, arch: str | None = None, target: str 
                     launches[name] = Launch((g.entry,), g.grid, g.block, g.smem_bytes,
                                             g.shape).record()
     out_kernels = tuple(replace(kn, launch=launches[kn.name]) for kn in kernels)
-    the_arch = target_arch(arch, profile) if kind == "cuda" else "cpu"
+    if the_arch == "sm_90" and any(g.shape == "wgmma" for g in generated):
+        # wgmma and setmaxnreg exist only in sm_90a code: the module is built for it
+        the_arch = "sm_90a"
+        notes.append("codegen: wgmma kernels need the sm_90a target; the module is built for "
+                     "sm_90a (Hopper GPUs run it)")
     if control:
         from tilekit.codegen.control import check_entries_unique
         check_entries_unique(generated)
@@ -247,7 +259,7 @@ def run_codegen(module: Module, profile=None, arch: str | None = None,
             return result.module
         if target == "cpu":
             return compile_cpu(result)
-        report = compile_module(result, the_arch, profile)
+        report = compile_module(result, None, profile)   # codegen.arch (sm_90a for wgmma)
         done["problems"] = report.problems
         return report.module
 
@@ -273,13 +285,18 @@ def _unique_entry(name: str, used: set[str]) -> str:
 
 def _one_group(module: Module, kernel: Kernel, name: str, tensor_readers, target: Target,
                notes: list[str], used: set[str], where: str,
-               group: str | None = None) -> GeneratedKernel:
+               group: str | None = None) -> list[GeneratedKernel]:
+    """The group's kernel (two for a split-K contraction: partial sums, then their sum)."""
     plan = plan_group(module, kernel, name, tensor_readers)
     entry = _unique_entry(name, used)
     if isinstance(plan, OpaquePlan):
         g = opaque_kernel(module, plan, entry, target)
     elif len(plan.stages) == 1:
-        g = _single_stage(module, plan, entry, target, notes, where)
+        made = _single_stage(module, plan, entry, target, notes, where,
+                             lambda: _unique_entry(f"{name}_reduce", used))
+        if len(made) > 1:
+            return [replace(g, group=group) if group is not None else g for g in made]
+        g = made[0]
     elif isinstance(plan.kernel.tile, dict) and plan.kernel.tile.get("flash"):
         # tk-weld's flash form of an attention group (checked by tilekit.weld.verify).
         from tilekit.weld.attention import match
@@ -297,7 +314,7 @@ def _one_group(module: Module, kernel: Kernel, name: str, tensor_readers, target
         g = replace(g, schedule={**g.schedule, "inlined": list(plan.inlined)})
     if group is not None:
         g = replace(g, group=group)
-    return g
+    return [g]
 
 
 def _kernel_tile(plan: GroupPlan, where: str) -> Tile | None:
@@ -311,36 +328,40 @@ def _kernel_tile(plan: GroupPlan, where: str) -> Tile | None:
 
 
 def _single_stage(module: Module, plan: GroupPlan, entry: str, target: Target, notes: list[str],
-                  where: str) -> GeneratedKernel:
+                  where: str, reduce_entry) -> list[GeneratedKernel]:
     """One stage: the kernel shape the shared decision picks (tilekit.schedule.shape), the
-    same decision tk-roll's cost model priced."""
+    same decision tk-roll's cost model priced (a split-K wgmma: two kernels)."""
     main = plan.stages[0].main
     # The main op's own tile first: a chain only adds an epilogue, so the tile chosen for the
     # main op's work is the right one.
-    tile = None
-    if main.op.tile is not None:
+    tile, split_k = None, 1
+    if main.op.tile is not None and not kept_default(main.op.tile):
+        # (tk-roll may have kept the default schedule over its best tile: kept_default)
         tile = read_tile(main.op.tile, main.spatial, main.reduction, f"{main.where}.tile",
                          "roll")
-    if tile is None:
+        split_k = read_split_k(main.op.tile, f"{main.where}.tile")
+    if tile is None and not kept_default(main.op.tile):
         tile = _kernel_tile(plan, where)
     if target.kind == "cpu":
         g = cpu_kernel(module, plan, entry, target.cpu, target)
         if tile is not None:
             g = replace(g, schedule={**g.schedule, "tile_ignored": CPU_TILE_NOTE})
-        return g
-    decision = decide(op_facts(main), tile, target)
+        return [g]
+    decision = decide(op_facts(main), tile, target, split_k)
     if decision.note and decision.shape != "default":
         notes.append(f"{where}: {decision.note}")
     if decision.shape == "mma":
-        return mma_kernel(module, plan, entry, decision, target)
+        return [mma_kernel(module, plan, entry, decision, target)]
+    if decision.shape == "wgmma":
+        return wgmma_kernels(module, plan, entry, decision, target, reduce_entry)
     if decision.shape == "staged":
-        return staged_kernel(module, plan, entry, decision, target)
+        return [staged_kernel(module, plan, entry, decision, target)]
     if decision.shape == "tiled":
-        return tiled_kernel(module, plan, entry, decision.tile, target)
+        return [tiled_kernel(module, plan, entry, decision.tile, target)]
     g = default_kernel(module, plan, entry, target)
     if decision.note:
         g = replace(g, schedule={**g.schedule, "tile_ignored": decision.note})
-    return g
+    return [g]
 
 
 # -- compiling ---------------------------------------------------------------------------

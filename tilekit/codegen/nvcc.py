@@ -80,6 +80,16 @@ def check_arch(arch: str, where: str = "--arch") -> str:
     return arch
 
 
+def arch_flags(arch: str) -> list[str]:
+    """nvcc's target flags: `-arch=sm_XY`, or for an arch-specific target (`sm_90a`: wgmma,
+    setmaxnreg) the explicit `-gencode` form, which builds only that target (the `-arch`
+    shorthand of newer nvcc also runs a plain sm_90 pass that rejects those instructions)."""
+    if arch.endswith("a"):
+        cc = arch[len("sm_"):]
+        return [f"-gencode=arch=compute_{cc},code={arch}"]
+    return [f"-arch={arch}"]
+
+
 def find_nvcc() -> str | None:
     """$TILEKIT_NVCC, else `nvcc` on PATH, else None."""
     explicit = os.environ.get(ENV_NVCC)
@@ -170,7 +180,7 @@ def compile_unit(source: str, arch: str, *, helpers_dir: Path | None = None,
     try:
         (work / "unit.cu").write_text(source, encoding="utf-8")
         (work / "runtime.cuh").write_text(helpers, encoding="utf-8")
-        argv = [nvcc, *NVCC_FLAGS[:1], f"-arch={arch}", *NVCC_FLAGS[1:], *extra_flags,
+        argv = [nvcc, *NVCC_FLAGS[:1], *arch_flags(arch), *NVCC_FLAGS[1:], *extra_flags,
                 "-o", "unit.cubin", "unit.cu"]
         try:
             proc = subprocess.run(argv, cwd=work, capture_output=True, text=True, timeout=600)

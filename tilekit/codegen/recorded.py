@@ -20,7 +20,8 @@ from tilekit.ir.model import Module
 
 #: Fields of a `codegen.kernels` entry that the runtime uses and that must match.
 COMPARED = ("name", "group", "entry", "ops", "shape", "grid", "block", "smem_bytes", "args",
-            "writes", "source", "coresident", "workspace")
+            "writes", "source", "coresident", "workspace", "tensor_maps",
+            "scratch")
 _HINT = "the IR's kernels are not what tk-codegen generates for it: re-run tk-codegen"
 
 

@@ -80,7 +80,8 @@ def _tensor_unit(k: Kernel) -> str | None:
             stack = [e]
             while stack:
                 x = stack.pop()
-                if isinstance(x, Call) and x.fn.startswith("mma_"):
+                if isinstance(x, Call) and (x.fn.startswith("mma_")
+                                            or x.fn in ("wgmma_f16", "wgmma_bf16")):
                     return {"f16": "fp16", "bf16": "bf16", "tf32": "tf32"}[x.fn.rsplit("_", 1)[1]]
                 stack.extend(children(x))
     return None

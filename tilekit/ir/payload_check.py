@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from tilekit.ir.keys import read_int, read_list
-from tilekit.ir.payloads import Estimate, read_group_tile, read_tile, welded
+from tilekit.ir.payloads import Estimate, read_group_tile, read_split_k, read_tile, welded
 
 
 def check_payloads(module) -> None:
@@ -52,8 +52,10 @@ def _check_op_tile(payload: Any, a, where: str) -> None:
     for key in ("smem_bytes", "regs"):
         if payload.get(key) is not None:
             read_int(payload[key], f"{where}.{key}")
-    if payload.get("estimate") is not None:
-        Estimate.read(payload["estimate"], f"{where}.estimate")
+    read_split_k(payload, where)
+    for key in ("estimate", "rolled_estimate"):
+        if payload.get(key) is not None:
+            Estimate.read(payload[key], f"{where}.{key}")
     cands = payload.get("candidates")
     for k, c in enumerate(read_list(cands, f"{where}.candidates", "'candidates'")
                           if cands is not None else ()):

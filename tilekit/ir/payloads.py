@@ -276,6 +276,11 @@ class OpTile:
     #: The kernel this tile becomes (tilekit.schedule.shape.KernelShape.record()): what the
     #: cost model priced and what codegen generates.
     kernel: Mapping[str, Any] | None = None
+    #: When tk-roll kept the default schedule (its estimate, `estimate`, beat every tile's):
+    #: the best tile's estimate; `kernel` is then the default shape and `tile` the best tile.
+    rolled_estimate: Estimate | None = None
+    #: split-K slices of a contraction's reduction (1: none; tilekit.schedule.mma.split_steps)
+    split_k: int = 1
 
     @property
     def blocks(self) -> int:
@@ -286,10 +291,14 @@ class OpTile:
         out.update({"grid": dict(zip(self.spatial, self.grid)), "blocks": self.blocks,
                     "threads": self.tile.threads, "smem_bytes": int(self.smem_bytes),
                     "regs": int(self.regs)})
+        if self.split_k > 1:
+            out["split_k"] = int(self.split_k)
         if self.kernel is not None:
             out["kernel"] = dict(self.kernel)
-        out.update({"estimate": self.estimate.record(),
-                    "candidates": [{**c.tile.sizes(self.spatial, self.reduction),
+        out["estimate"] = self.estimate.record()
+        if self.rolled_estimate is not None:
+            out["rolled_estimate"] = self.rolled_estimate.record()
+        out.update({"candidates": [{**c.tile.sizes(self.spatial, self.reduction),
                                     "estimate": c.estimate.record()}
                                    for c in self.candidates]})
         return out
@@ -311,7 +320,19 @@ class OpTile:
                       read_int(p.get("smem_bytes", 0), f"{where}.smem_bytes"),
                       read_int(p.get("regs", 0), f"{where}.regs"),
                       Estimate.read(p.get("estimate"), f"{where}.estimate"), candidates,
-                      dict(p["kernel"]) if isinstance(p.get("kernel"), Mapping) else None)
+                      dict(p["kernel"]) if isinstance(p.get("kernel"), Mapping) else None,
+                      Estimate.read(p["rolled_estimate"], f"{where}.rolled_estimate")
+                      if p.get("rolled_estimate") is not None else None,
+                      read_split_k(p, where))
+
+
+def read_split_k(payload: Mapping[str, Any], where: str) -> int:
+    """An op tile's `split_k` (1 when absent): a positive integer."""
+    value = read_int(payload.get("split_k", 1), f"{where}.split_k")
+    if value < 1:
+        raise IRError(f"split_k must be at least 1, got {value}", f"{where}.split_k",
+                      "re-run tk-roll")
+    return value
 
 
 # -- a weld group's tile ------------------------------------------------------------------
@@ -533,6 +554,13 @@ class KernelRecord:
     # Words (uint32) of a workspace passed after `args`, zeroed before every launch: the
     # per-operator progress counters of a tk-ram program (docs/ram.md).
     counters: int = 0
+    # TMA descriptors passed by value after those (sm_90): per descriptor its tensor, dtype,
+    # dimensions innermost first, byte strides of the outer ones, box and swizzle; the host
+    # encodes them before the launch (docs/codegen.md, "The Hopper kernel").
+    tensor_maps: tuple[Mapping[str, Any], ...] = ()
+    # Buffers among `args` that are no tensor of the module: name -> float32 elements (a
+    # split-K group's partial sums, written by its first kernel and read by its second).
+    scratch: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def threads(self) -> int:
@@ -551,6 +579,10 @@ class KernelRecord:
             out["coresident"] = True
         if self.counters:
             out["workspace"] = {"counters": int(self.counters)}
+        if self.tensor_maps:
+            out["tensor_maps"] = [dict(m) for m in self.tensor_maps]
+        if self.scratch:
+            out["scratch"] = {k: int(v) for k, v in self.scratch.items()}
         return out
 
     @staticmethod
@@ -568,13 +600,29 @@ class KernelRecord:
                 resources=dict(p["resources"]) if p.get("resources") else None,
                 coresident=bool(p.get("coresident", False)),
                 counters=read_int((p.get("workspace") or {}).get("counters", 0),
-                              f"{where}.workspace.counters"))
+                              f"{where}.workspace.counters"),
+                tensor_maps=_tensor_maps(p.get("tensor_maps") or (), where),
+                scratch={str(k): read_int(v, f"{where}.scratch.{k}")
+                         for k, v in (p.get("scratch") or {}).items()})
         except KeyError as exc:
             raise IRError(f"a codegen kernel needs '{exc.args[0]}'", where,
                           "re-run tk-codegen") from None
         except (TypeError, ValueError) as exc:
             raise IRError(f"malformed codegen kernel ({exc})", where,
                           "re-run tk-codegen") from None
+
+
+def _tensor_maps(value: Any, where: str) -> tuple[dict[str, Any], ...]:
+    """A kernel's `tensor_maps`: each names a tensor of its `args` (checked by the caller
+    against a fresh generation, tilekit.codegen.recorded) with integer lists."""
+    out = []
+    for k, m in enumerate(value):
+        m = read_mapping(m, f"{where}.tensor_maps[{k}]", "a tensor map")
+        out.append({"name": str(m["name"]), "tensor": str(m["tensor"]),
+                    "dtype": str(m["dtype"]), "dims": [int(x) for x in m["dims"]],
+                    "strides": [int(x) for x in m["strides"]],
+                    "box": [int(x) for x in m["box"]], "swizzle": int(m["swizzle"])})
+    return tuple(out)
 
 
 def _dim3(value: Any) -> tuple[int, int, int]:

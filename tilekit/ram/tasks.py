@@ -46,7 +46,8 @@ from tilekit.schedule.block import BARRIER_SHAPES
 from tilekit.schedule.defaults import (DEFAULT_REGS, DEFAULT_THREADS, FUSED_REGS, WARP,
                                        default_grid)
 from tilekit.schedule.mma import recorded_precision
-from tilekit.schedule.shape import Target, align_smem, analysis_facts, decide, default_blocks
+from tilekit.schedule.shape import (Target, align_smem, analysis_facts, decide, default_blocks,
+                                    kept_default)
 
 
 
@@ -211,7 +212,9 @@ def _task_us(busy: float, est: Estimate) -> float:
 def operators(module: Module, profile) -> tuple[ROperator, ...]:
     """Every kernel group of `module` as an rOperator (module.kernels order)."""
     launch, _ = launch_us(profile)
-    target = Target.of(profile, recorded_precision(module))
+    # bodies composed into persistent blocks run mma.sync, never wgmma (warp roles and TMA
+    # descriptors do not compose): codegen generates a program's operators so
+    target = replace(Target.of(profile, recorded_precision(module)), wgmma=frozenset())
     dtypes = {n: t.dtype for n, t in module.tensors.items()}
     out = []
     for k, kernel in enumerate(module.kernels or default_kernels(module.ops)):
@@ -346,9 +349,11 @@ def _expr_variants(module: Module, node, profile, target: Target, dtypes, launch
     analysis = node.analysis
     facts = analysis_facts(analysis, dtypes)
     extents = tuple(e for _, e in analysis.spatial)
-    if node.op.tile is None:  # not rolled: codegen's default schedule
+    if node.op.tile is None or kept_default(node.op.tile):
+        # not rolled, or tk-roll kept the default schedule: codegen's default schedule
         shape = decide(facts, None, target)
-        est = _bytes_estimate(module, (node.name,), profile)
+        est = (Estimate.read(node.op.tile["estimate"], f"{node.where}.tile.estimate")
+               if node.op.tile is not None else _bytes_estimate(module, (node.name,), profile))
         busy = _busy(est, launch)
         blocks = default_blocks(facts, shape)
         return (Variant(0, blocks, shape.threads, DEFAULT_REGS, 0, busy, _task_us(busy, est),

@@ -56,6 +56,7 @@ class Candidate:
     regs: int
     threads: int
     blocks: int
+    split: int = 1          # split-K slices (a wgmma tile's; tilekit.roll.cost.split_k_estimate)
 
 
 def roll_problem(problem: Problem, profile, top_k: int = 1, precision: str = "fp32"
@@ -74,7 +75,43 @@ def roll_problem(problem: Problem, profile, top_k: int = 1, precision: str = "fp
     for c in ranked:
         for tile in grow_steps(problem, m, bsizes, c.tile):
             seen.setdefault(tile, None)
-    return rank(problem, m, list(seen), top_k)
+    ranked = rank(problem, m, list(seen), top_k)
+    split = best_split_k(problem, m, tiles)
+    if split is not None and round_sig(split.estimate.time_us, 6) < round_sig(
+            ranked[0].estimate.time_us, 6):
+        ranked = [split] + ranked[:max(1, top_k) - 1]   # only the pick is split
+    return ranked
+
+
+def best_split_k(problem: Problem, m: Machine, tiles: list[RTile]) -> Candidate | None:
+    """The fastest split-K candidate of a contraction on wgmma (Hopper), or None: each wgmma
+    tile among `tiles` whose output tiles leave SMs idle, with each factor of `SPLIT_K`
+    (slices of the reduction in blocks of their own, partial sums added by a second kernel in
+    slice order: deterministic)."""
+    from tilekit.roll.cost import split_k_estimate
+    from tilekit.schedule.mma import SPLIT_K, wgmma_plan
+
+    compute = tensor_compute(problem, m)
+    if compute is None or compute not in m.wgmma_offered:
+        return None
+    shapes = [tuple(d.size for d in op.dims) for op in problem.operands]
+    best = None
+    for tile in tiles:
+        plan = wgmma_plan(problem.contraction, problem.spatial, problem.reduction, tile.block,
+                          tile.step, tile.threads(), compute, m.hw.smem_per_block,
+                          lambda i: shapes[i])
+        blocks = math.prod(tile.grid(problem))
+        if isinstance(plan, str) or blocks >= m.hw.sm_count:
+            continue
+        for factor in SPLIT_K:
+            est, slices = split_k_estimate(problem, m, tile.block, tile.thread, tile.step,
+                                           factor)
+            if slices < 2 or not est.time_us < np.inf:
+                continue
+            if best is None or round_sig(est.time_us, 6) < round_sig(best.estimate.time_us, 6):
+                best = Candidate(tile, est, plan.smem_bytes, 0, plan.threads, blocks * slices,
+                                 slices)
+    return best
 
 
 def construct_tiles(problem: Problem, profile, m: Machine | None = None) -> list[RTile]:
@@ -391,6 +428,35 @@ TENSOR_BLOCKS = ((64, 64, 4), (64, 128, 4), (128, 64, 4), (128, 128, 4), (128, 1
 TENSOR_STEPS = (1, 2, 4)          # x 2 instruction k: 32, 64, 128 for fp16
 
 
+#: Hopper block GEMMs (BM, BN, consumer warpgroups): wgmma.m64nBNk16 per 64 rows of a
+#: consumer, steps of 64 (tilekit.schedule.mma.wgmma_plan decides whether each runs so).
+WGMMA_BLOCKS = ((128, 256, 2), (256, 128, 2), (128, 128, 2), (128, 128, 1), (64, 256, 1),
+                (64, 128, 1), (128, 64, 1), (64, 64, 1))
+
+
+def wgmma_tiles(problem: Problem) -> list[RTile]:
+    """The Hopper block GEMMs of a contraction with one M, one N and one K axis: the block
+    `BM x BN` (batch axes 1), the tile's threads its consumer warpgroups, steps of 64 (the
+    whole K when shorter)."""
+    from tilekit.schedule.mma import WARPGROUP, WGMMA_BK
+    c = problem.contraction
+    if len(c.m_axes) != 1 or len(c.n_axes) != 1 or len(c.k_axes) != 1:
+        return []
+    ext = dict(zip(problem.axes, problem.extents))
+    names = problem.axes[:problem.n_spatial]
+    out = []
+    for bm, bn, consumers in WGMMA_BLOCKS:
+        if bm > 2 * ext[c.m_axes[0]] and bm > 64 or bn > 2 * ext[c.n_axes[0]] and bn > 64:
+            continue           # more than half the block would be padding
+        sizes = {c.m_axes[0]: bm, c.n_axes[0]: bn, **{a: 1 for a in c.batch_axes}}
+        block = tuple(sizes[a] for a in names)
+        thread = _threads_over(block, WARPGROUP * consumers)
+        if thread is None:
+            continue
+        out.append(RTile(block, thread, (min(WGMMA_BK, ext[c.k_axes[0]]),)))
+    return out
+
+
 def tensor_core_tiles(problem: Problem, m: Machine) -> list[RTile]:
     """Block GEMM tiles of a contraction: BM over its M axes and BN over its N axes (innermost
     axis first, powers of two, at most twice an axis' extent), batch axes 1, the reduction's
@@ -413,6 +479,8 @@ def tensor_core_tiles(problem: Problem, m: Machine) -> list[RTile]:
         for step in _tensor_steps(c.k_axes, ext, ik):
             out.append(RTile(block, thread, tuple(min(step[a], ext[a]) for a in problem.axes[
                 problem.n_spatial:])))
+    if tensor_compute(problem, m) in m.wgmma_offered:
+        out += wgmma_tiles(problem)
     return list(dict.fromkeys(out))
 
 

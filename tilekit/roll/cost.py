@@ -62,7 +62,8 @@ from tilekit.hw.profile import Profile
 from tilekit.ir.payloads import BOUNDS, Estimate
 from tilekit.roll.problem import Problem, walks_reduction
 from tilekit.schedule.defaults import DEFAULT_REGS, DEFAULT_THREADS, WARP, default_grid
-from tilekit.schedule.mma import MMA, compute_type, mma_plan, offered
+from tilekit.schedule.mma import (MMA, WGMMA, compute_type, mma_plan, offered, wgmma_offered,
+                                  wgmma_plan)
 from tilekit.schedule.residency import blocks_per_sm
 from tilekit.schedule.shape import MIN_REUSE, SMEM_ALIGN, STREAM_RATIO
 
@@ -82,6 +83,17 @@ STAGED_BASE = 60
 #: its loads issued ahead of use: about this many registers more (88-93 against 16-24).
 LOOP_PREFETCH = 64
 LONG_LOOP = 64
+#: On a machine with wgmma, the share of the achievable tensor-core rate that the mma.sync
+#: kernel reaches. Measured: fp16 4096^3 through the mma.sync kernel ran at 272 TFLOP/s on
+#: this project's H100 SXM (docs/codegen.md), 0.34 of 0.81 x 989.4 TFLOP/s (the profile's
+#: achievable rate, measured with cuBLAS's wgmma kernels).
+MMA_SYNC_SHARE = 0.34
+#: Registers of a wgmma kernel's threads: with two consumers, what __launch_bounds__(384, 1)
+#: gives every thread at launch (65536 / 384, rounded down to 8; setmaxnreg moves them from
+#: the producer to the consumers); with one, the accumulators and this much more (ptxas
+#: 13.0, sm_90a: 128 accumulators took 168 registers).
+WGMMA_TWO_CONSUMER_REGS = 168
+WGMMA_BASE_REGS = 40
 
 
 @dataclass(frozen=True, eq=False)
@@ -108,6 +120,8 @@ class Machine:
     #: the fp32 precision setting ("tf32" lets fp32 contractions use them).
     mma_offered: frozenset = frozenset()
     precision: str = "fp32"
+    #: The compute types it runs on wgmma (Hopper; tilekit.schedule.mma.wgmma_offered).
+    wgmma_offered: frozenset = frozenset()
 
     @property
     def distributed(self) -> bool:
@@ -149,7 +163,8 @@ def _make_machine(profile, dtype: str, precision: str = "fp32") -> Machine:
         peak=profile.peak_flops(key) * a.compute,
         launch_s=float(profile.launch_overhead or 0.0),
         step_latency=float(profile.dram_latency or 0.0),
-        mma_offered=offered(profile), precision=precision)
+        mma_offered=offered(profile), precision=precision,
+        wgmma_offered=wgmma_offered(profile))
 
 
 def wave_efficiency(blocks, slots):
@@ -245,10 +260,11 @@ def as_columns(rows, n: int) -> np.ndarray:
 
 
 def cost_tiles(problem: Problem, m: Machine, block: np.ndarray, thread: np.ndarray,
-               step: np.ndarray) -> TileCosts:
+               step: np.ndarray, unique: float | None = None) -> TileCosts:
     """Cost candidates given as columns: `block` and `thread` are (n_spatial, n) int arrays,
     `step` is (n_reduction, n). The phases, in order: the shared shape decision, the global
-    traffic, the shared-memory traffic, occupancy, then the times."""
+    traffic, the shared-memory traffic, occupancy, then the times. `unique`: the compulsory
+    bytes when they are not the problem's own (a split-K slice problem's)."""
     ns = problem.n_spatial
     n = max(np.shape(block)[1] if ns else 1, np.shape(step)[1] if len(step) else 1)
     if not (np.shape(block) == np.shape(thread) == (ns, n) and np.shape(step)[0] == len(
@@ -278,17 +294,20 @@ def cost_tiles(problem: Problem, m: Machine, block: np.ndarray, thread: np.ndarr
 
     regs = registers_per_thread(problem, thread, staged, ptxas=not m.distributed)
     regs = np.where(tc.on, tc.regs, regs)
-    # tensor-core kernels pipeline their steps with cp.async: no staging latency
+    # a wgmma kernel adds its producer warpgroup to the tile's (consumer) threads
+    threads = np.where(tc.threads > 0, tc.threads, g.threads)
+    # tensor-core kernels pipeline their steps (cp.async, TMA): no staging latency
     work = Work(flops=g.work, peak=np.where(tc.on, tc.peak, m.peak),
                 smem_traffic=smem_traffic, block_bytes=(loads + stores).astype(np.float64),
-                traffic=dram_bytes, unique=float(_unique_bytes(problem)), blocks=g.blocks,
-                threads=g.threads, registers=regs, smem_bytes=smem_tile,
+                traffic=dram_bytes, blocks=g.blocks,
+                unique=float(_unique_bytes(problem) if unique is None else unique),
+                threads=threads, registers=regs, smem_bytes=smem_tile,
                 latency_steps=np.where(staged, g.nsteps, 0))
     p = predict(m, work)
     costs = TileCosts(time_s=p.time_s, flops=g.flops, dram_bytes=dram_bytes,
                       smem_bytes=smem_traffic, smem_tile=smem_tile, box_bytes=box_bytes,
                       staged=staged, lanes_default=lanes_default, regs=regs,
-                      threads=g.threads, blocks=g.blocks, blocks_per_sm=p.per_sm,
+                      threads=threads, blocks=g.blocks, blocks_per_sm=p.per_sm,
                       waves=p.waves, wave_eff=p.eff, bound=p.bound, valid=p.valid,
                       t_compute=p.t_compute, t_smem=p.t_smem, t_global=p.t_global,
                       t_traffic=p.t_traffic, t_latency=p.t_latency)
@@ -330,7 +349,8 @@ class _TensorCores:
     smem: np.ndarray
     step_traffic: np.ndarray
     regs: np.ndarray
-    peak: float = 0.0
+    peak: np.ndarray | float = 0.0
+    threads: np.ndarray | int = 0     # a wgmma kernel's threads (0: the tile's)
 
 
 def tensor_compute(problem: Problem, m: Machine) -> str | None:
@@ -350,10 +370,28 @@ def _tensor_core_plans(problem: Problem, m: Machine, g: _Grid) -> _TensorCores:
     if compute is None:
         return out
     c = problem.contraction
-    out.peak = m.hw.achievable_flops(MMA[compute][4], tensor_core=True)
+    peak = m.hw.achievable_flops(MMA[compute][4], tensor_core=True)
+    hopper = compute in m.wgmma_offered
+    out.peak = np.full(n, peak * (MMA_SYNC_SHARE if hopper else 1.0))
+    out.threads = np.zeros(n, dtype=np.int64)
     shapes = [tuple(d.size for d in op.dims) for op in problem.operands]
     item = MMA[compute][5]
     for k in range(n):
+        if hopper:   # the shared decision (tilekit.schedule.shape.mma_shape): wgmma first
+            plan = wgmma_plan(c, problem.spatial, problem.reduction, tuple(g.block[:, k]),
+                              tuple(g.step[:, k]), int(g.threads[k]), compute,
+                              m.hw.smem_per_block, lambda i: shapes[i])
+            if not isinstance(plan, str):
+                w = WGMMA[compute][2]
+                out.on[k], out.smem[k], out.peak[k] = True, plan.smem_bytes, peak
+                out.threads[k] = plan.threads
+                # TMA writes each tile once; each consumer reads its A rows and all of B
+                out.step_traffic[k] = float((2 * plan.bm + (1 + plan.consumers) * plan.bn)
+                                            * plan.bk * w)
+                acc = plan.mt * plan.bn // 2
+                out.regs[k] = WGMMA_TWO_CONSUMER_REGS if plan.consumers == 2 else \
+                    -(-(acc + WGMMA_BASE_REGS) // REG_GRANULE) * REG_GRANULE
+                continue
         plan = mma_plan(c, problem.spatial, problem.reduction, tuple(g.block[:, k]),
                         tuple(g.step[:, k]), int(g.threads[k]), compute,
                         m.hw.smem_per_block, lambda i: shapes[i])
@@ -528,6 +566,92 @@ def _as_lane_kernels(problem: Problem, m: Machine, costs: TileCosts, where: np.n
     costs.waves[where] = float(p.waves)
     costs.wave_eff[where] = float(p.eff)
     costs.bound[where] = int(p.bound)
+
+
+#: The slice axis of a split-K problem (outermost spatial axis, extent = slices).
+SLICE_AXIS = "split_k_slice"
+
+
+def split_problem(problem: Problem, split: int) -> tuple[Problem, int]:
+    """A contraction's split-K partial-sum kernel as a problem of its own: an outer spatial
+    axis of the slices (no operand reads it), the K axis cut to one slice's steps (in
+    WGMMA_BK), fp32 outputs (the partial sums); and the number of slices."""
+    from dataclasses import replace
+    from tilekit.schedule.mma import WGMMA_BK, split_steps
+
+    k = problem.axes.index(problem.contraction.k_axes[0])
+    slices, per = split_steps(problem.extents[k], split)
+    extents = list(problem.extents)
+    extents[k] = min(per * WGMMA_BK, extents[k])
+    operands = tuple(replace(op, dims=tuple(replace(d, coefs=(0,) + d.coefs) for d in op.dims),
+                             axis_names=(SLICE_AXIS,) + op.axis_names)
+                     for op in problem.operands)
+    return replace(problem, axes=(SLICE_AXIS,) + problem.axes, extents=(slices, *extents),
+                   n_spatial=problem.n_spatial + 1, operands=operands, out_itemsize=4), slices
+
+
+def split_k_estimate(problem: Problem, m: Machine, block, thread, step, split: int
+                     ) -> tuple[Estimate, int]:
+    """A split-K contraction's estimate: the partial-sum kernel (the tile over the slice
+    problem, `split_problem`: a block per output tile and slice, each slice's share of the
+    reduction; every operand still read once, the partials written) plus the reduction
+    kernel (the slices' partials read, the output written, one thread per point); and its
+    slices."""
+    sp, slices = split_problem(problem, split)
+    col = lambda xs: np.asarray(xs, dtype=np.int64).reshape(-1, 1)   # noqa: E731
+    points = problem.output_points
+    partials = 4.0 * slices * points
+    costs = cost_tiles(sp, m, col((1, *block)), col((1, *thread)), col(step),
+                       unique=float(_unique_bytes(problem)) + partials)
+    first = costs.estimate(0)
+    if not costs.valid[0]:
+        return Estimate(time_us=np.inf, flops=first.flops, dram_bytes=0.0, smem_bytes=0.0,
+                        bound="compute", waves=1, wave_efficiency=1.0), slices
+    second = estimate_bytes(m.hw, int(partials), points * problem.out_itemsize,
+                            DEFAULT_THREADS, points)
+    return Estimate(time_us=first.time_us + second.time_us, flops=first.flops,
+                    dram_bytes=first.dram_bytes + second.dram_bytes,
+                    smem_bytes=first.smem_bytes, bound=first.bound, waves=first.waves,
+                    wave_efficiency=first.wave_efficiency,
+                    latency_us=first.latency_us), slices
+
+
+def default_estimate(problem: Problem, m: Machine) -> Estimate:
+    """The model's estimate of the op's default schedule (what codegen runs without a tile,
+    tilekit.schedule.shape.default_shape): `DEFAULT_THREADS` threads per block over a
+    grid-stride loop, one output point per thread, or per lane group for a reduction over a
+    long contiguous axis. Every point reads its whole reduction footprint of each operand
+    (re-reads served by the cache level that holds the tensors), per element: with lanes,
+    coalesced along the lanes' axis, a sector otherwise; without, coalesced when consecutive
+    points (the innermost output axis) read consecutive elements, broadcast to the warp when
+    they read the same one, a sector otherwise."""
+    lanes = min(problem.lanes, WARP) if problem.has_reduction and not m.distributed else 1
+    blocks = default_grid(problem.output_points, DEFAULT_THREADS // lanes)
+    moved = float(_unique_bytes(problem))
+    points = float(problem.output_points)
+    ns = problem.n_spatial
+    unit = np.array([1] * ns + list(problem.extents[ns:]), dtype=np.int64).reshape(-1, 1)
+    txn = float(m.transaction_bytes)
+    traffic = points * problem.out_itemsize
+    for op, reduced in zip(problem.operands, problem.reduced):
+        per_point = float(op.footprint(unit)[0])
+        last = op.dims[-1] if op.dims else None
+        if lanes > 1:
+            coalesced = walks_reduction(problem, op) or not reduced
+            per = op.itemsize if coalesced else max(op.itemsize, txn)
+        elif ns == 0 or ns - 1 not in op.axes_used:
+            per = op.itemsize / WARP              # the same element for the whole warp
+        elif last is not None and last.affine and abs(last.coefs[ns - 1]) == 1:
+            per = op.itemsize
+        else:
+            per = max(op.itemsize, txn)
+        traffic += points * per_point * per
+    traffic = max(traffic, moved)
+    work = points * problem.reduction_points * problem.flops_per_point
+    p = predict(m, Work(flops=work, peak=m.peak, smem_traffic=0.0, block_bytes=traffic / blocks,
+                        traffic=traffic, unique=moved, blocks=blocks, threads=DEFAULT_THREADS,
+                        registers=DEFAULT_REGS, smem_bytes=0, latency_steps=0))
+    return prediction_estimate(p, work, traffic, 0.0)
 
 
 @lru_cache(maxsize=1024)

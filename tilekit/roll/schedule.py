@@ -28,9 +28,10 @@ from tilekit.ir.stages import run_stage
 from tilekit.ir.model import OP_KINDS, Kernel, Module, Op, default_kernels
 from tilekit.roll.construct import Candidate, roll_problem
 from tilekit.ir.payloads import Candidate as TileChoice, OpTile, Tile, round_sig
-from tilekit.roll.cost import Estimate, combine_estimates, estimate_bytes
+from tilekit.roll.cost import (Estimate, combine_estimates, default_estimate, estimate_bytes,
+                               machine)
 from tilekit.schedule.mma import PRECISIONS
-from tilekit.schedule.shape import OpFacts, Target, analysis_facts, decide
+from tilekit.schedule.shape import OpFacts, Target, analysis_facts, decide, default_shape
 from tilekit.roll.problem import ITEMSIZE, Problem, problem_from_analysis
 
 STAGE = "roll"
@@ -85,6 +86,7 @@ def roll_module(module: Module, profile, top_k: int = 1, hardware: str | None = 
 def _roll(module: Module, profile, top_k: int, hardware: str | None,
           precision: str = "fp32") -> Module:
     cache: dict[Problem, list[Candidate]] = {}
+    defaults: dict[Problem, Estimate] = {}
     rolled: dict[str, RolledOp] = {}
     records: dict[str, Any] = {}
     dtypes = dtypes_of(module)
@@ -104,8 +106,10 @@ def _roll(module: Module, profile, top_k: int, hardware: str | None,
             problem = problem_from_analysis(analysis, dtypes)
             if problem not in cache:
                 cache[problem] = roll_problem(problem, profile, top_k, precision)
+                defaults[problem] = default_estimate(problem, machine(profile, problem.dtype,
+                                                                      precision))
             result = tile_record(problem, cache[problem], analysis_facts(analysis, dtypes),
-                                 Target.of(profile, precision))
+                                 Target.of(profile, precision), defaults[problem])
         rolled[op.name] = result
         ops.append(replace(op, tile=result.tile))
     # What the old tiles decided (launch figures, generated code) was dropped by run_stage.
@@ -144,22 +148,34 @@ def dtypes_of(module: Module) -> dict[str, str]:
 # -- records ---------------------------------------------------------------------------------
 
 def tile_record(problem: Problem, candidates: list[Candidate], facts: OpFacts,
-                target: Target | int) -> RolledOp:
+                target: Target | int, default: Estimate | None = None) -> RolledOp:
     """The `tile` record (tilekit.ir.payloads.OpTile) of the best candidate, the others
     listed under `candidates`, with the kernel the shared shape decision makes of it (what
-    the cost model priced, and what codegen will generate)."""
+    the cost model priced, and what codegen will generate).
+
+    The roll never makes an op slower than its default schedule by its own estimate: when
+    `default` (the model's estimate of the default kernel, `tilekit.roll.cost.
+    default_estimate`) is below the best tile's, the op keeps the default: its kernel is the
+    default shape, its estimate the default's, and `rolled_estimate` the best tile's (both
+    recorded; the tile stays for reference and for tuning on a device)."""
     best = candidates[0]
 
     def tile(c: Candidate) -> Tile:
         return Tile(c.tile.block, c.tile.thread, c.tile.step)
 
-    kernel = decide(facts, tile(best), target)
+    kernel = decide(facts, tile(best), target, best.split)
+    estimate, rolled = best.estimate, None
+    if (default is not None and kernel.shape != "default"
+            and round_sig(default.time_us, 6) < round_sig(best.estimate.time_us, 6)):
+        lanes = target.lanes if isinstance(target, Target) else True
+        kernel = default_shape(facts, lanes)
+        estimate, rolled = default, best.estimate
     record = OpTile(tile(best), tuple(a for a, _ in problem.spatial),
                     tuple(a for a, _ in problem.reduction), best.tile.grid(problem),
-                    best.smem_bytes, best.regs, best.estimate,
+                    best.smem_bytes, best.regs, estimate,
                     tuple(TileChoice(tile(c), c.estimate) for c in candidates[1:]),
-                    kernel.record())
-    return RolledOp(record.record(), best.estimate)
+                    kernel.record(), rolled, best.split if kernel.shape == "wgmma" else 1)
+    return RolledOp(record.record(), estimate)
 
 
 def opaque_tile(elements: int, estimate: Estimate) -> dict[str, Any]:

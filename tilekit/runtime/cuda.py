@@ -90,12 +90,15 @@ class Launch:
     #: Its blocks wait on each other (a tk-ram program, a tk-grind device loop): launched with
     #: cuLaunchCooperativeKernel, after `check_coresident` found its grid resident at once.
     cooperative: bool = False
+    #: TMA descriptors (sm_90), encoded once for the program's buffers, passed by value last
+    tensor_maps: tuple = ()
 
     def __call__(self, buffers: Mapping[str, Any]) -> None:
         args = tuple(buffers[t] for t in self.args)
         if self.counters is not None:
             self.counters.fill(0)   # a memset on the same stream, before the kernel
             args += (self.counters,)
+        args += self.tensor_maps
         if self.cooperative:
             # CuPy would shrink a 1-D cooperative grid that does not fit (with a warning);
             # check_coresident refused that grid before, so the grid launched is the planned one
@@ -167,7 +170,8 @@ class CudaProgram:
         self.bfloat16 = frozenset(n for n, t in module.tensors.items() if t.dtype == "bfloat16")
         self.launches: list[Launch] = []
         written: set[str] = set()
-        declared = all_tensors(module)
+        from tilekit.codegen.emulate import with_scratch
+        declared = with_scratch(module, section.kernels)    # split-K partial sums too
         for k in section.kernels:
             self._allocate(k.args, declared)
             raw = self._cooperative(section) if k.coresident else self.raw
@@ -182,8 +186,10 @@ class CudaProgram:
                 self.launches.append(coresident_launch(k, len(self.launches), fn, cupy,
                                                        occupancy))
             else:
+                maps = tuple(kernel_tensor_map(m, self.buffers[m["tensor"]].data.ptr)
+                             for m in k.tensor_maps)
                 self.launches.append(Launch(k.entry, fn, k.grid, k.block, k.smem_bytes,
-                                            k.args))
+                                            k.args, tensor_maps=maps))
             written.update(k.writes)
         self._control(module, section, written, declared)
         self.inputs = tuple(module.inputs)
@@ -271,8 +277,18 @@ class CudaProgram:
 
         source = unit_source(section.kernels)
         nvcc = usable_nvcc(cupy)
+        # kernels generated for the arch-specific target of this device (sm_90a: wgmma) are
+        # built for it; the others for the device's arch
+        arch = section.arch if section.arch == f"{self.arch}a" else self.arch
+        if arch != self.arch and nvcc is None:
+            raise TilekitError(f"the kernels need the {arch} target (wgmma), which this "
+                               "runtime builds with nvcc; none that the driver can load was "
+                               "found", "--device cuda",
+                               "install a CUDA toolkit no newer than the driver (or set "
+                               "TILEKIT_NVCC), or generate for sm_90 without wgmma: "
+                               "tk-codegen --arch sm_80")
         if nvcc is not None:
-            compiled = compile_unit(source, self.arch)
+            compiled = compile_unit(source, arch)
             if cooperative:
                 return cupy.RawModule(path=str(compiled.cubin), enable_cooperative_groups=True)
             return cupy.RawModule(path=str(compiled.cubin))
@@ -419,6 +435,98 @@ def usable_nvcc(cupy) -> str | None:
     toolkit = _major(nvcc_version(nvcc))
     driver = cupy.cuda.runtime.driverGetVersion() // 1000   # 12040 -> 12
     return nvcc if toolkit is not None and toolkit <= driver else None
+
+
+# -- TMA descriptors (sm_90) ----------------------------------------------------------------
+#: CUtensorMapDataType (cuda.h) of each tensor dtype a descriptor may describe.
+TMA_DATA_TYPE = {"uint8": 0, "int8": 0, "float16": 6, "float32": 7, "float64": 8,
+                 "bfloat16": 9, "int32": 3, "int64": 5}
+#: CUtensorMapSwizzle of each swizzle width in bytes.
+TMA_SWIZZLE = {0: 0, 32: 1, 64: 2, 128: 3}
+#: CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+#: CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE (elements outside the tensor read as zeros).
+TMA_INTERLEAVE_NONE, TMA_L2_PROMOTION_256B, TMA_OOB_FILL_ZEROS = 0, 3, 0
+#: sizeof(CUtensorMap) and its alignment (cuda.h: alignas(128) since CUDA 13).
+TENSOR_MAP_BYTES, TENSOR_MAP_ALIGN = 128, 128
+
+
+@dataclass(frozen=True)
+class TensorMapArgs:
+    """The arguments of `cuTensorMapEncodeTiled` for one descriptor of a kernel record
+    (besides the output and the global address): a pure function of the record."""
+
+    data_type: int
+    rank: int
+    dims: tuple[int, ...]            # innermost first
+    strides: tuple[int, ...]         # bytes, of dimensions 1..rank-1
+    box: tuple[int, ...]
+    element_strides: tuple[int, ...]
+    interleave: int
+    swizzle: int
+    l2_promotion: int
+    oob_fill: int
+
+
+def tensor_map_args(record: Mapping[str, Any]) -> TensorMapArgs:
+    """What the driver is asked to encode for a `tensor_maps` entry of a kernel record, with
+    the driver's rules checked first (each a TilekitError naming the entry): at most 5
+    dimensions, strides multiples of 16 bytes, box sizes 1..256, a swizzled box row no wider
+    than the swizzle."""
+    where = f"tensor map {record.get('name')}"
+    dims, strides, box = (tuple(int(x) for x in record[k]) for k in ("dims", "strides", "box"))
+    dtype, swizzle = str(record["dtype"]), int(record["swizzle"])
+    if dtype not in TMA_DATA_TYPE or swizzle not in TMA_SWIZZLE:
+        raise TilekitError(f"{where}: no TMA encoding for {dtype} with a {swizzle}-byte "
+                           "swizzle", "codegen.kernels", "re-run tk-codegen")
+    if not (1 <= len(dims) <= 5 and len(box) == len(dims) and len(strides) == len(dims) - 1):
+        raise TilekitError(f"{where}: {len(dims)} dimensions, {len(box)} box sizes, "
+                           f"{len(strides)} strides", "codegen.kernels", "re-run tk-codegen")
+    item = int(np.dtype(_np_dtype(dtype)).itemsize)
+    if any(s % 16 or s >= 2 ** 40 for s in strides) or any(not 1 <= b <= 256 for b in box) \
+            or (swizzle and box[0] * item > swizzle):
+        raise TilekitError(f"{where}: strides {strides} or box {box} break TMA's rules",
+                           "codegen.kernels", "re-run tk-codegen")
+    return TensorMapArgs(TMA_DATA_TYPE[dtype], len(dims), dims, strides, box,
+                         (1,) * len(dims), TMA_INTERLEAVE_NONE, TMA_SWIZZLE[swizzle],
+                         TMA_L2_PROMOTION_256B, TMA_OOB_FILL_ZEROS)
+
+
+def encode_tensor_map(args: TensorMapArgs, address: int, driver=None) -> bytes:
+    """The 128 bytes of a CUtensorMap for the tensor at device `address`, from the driver's
+    `cuTensorMapEncodeTiled` (libcuda through ctypes; `driver` for a stand-in)."""
+    import ctypes
+
+    if driver is None:
+        try:
+            driver = ctypes.CDLL("libcuda.so.1")
+        except OSError as exc:
+            raise TilekitError(f"the CUDA driver library is not loadable ({exc})",
+                               "--device cuda", "install the NVIDIA driver") from None
+    encode = driver.cuTensorMapEncodeTiled
+    encode.restype = ctypes.c_int
+    raw = (ctypes.c_uint8 * (TENSOR_MAP_BYTES + TENSOR_MAP_ALIGN))()
+    start = (-ctypes.addressof(raw)) % TENSOR_MAP_ALIGN   # alignas(128) in CUDA 13
+    out = ctypes.byref(raw, start)
+    u64, u32 = ctypes.c_uint64, ctypes.c_uint32
+    rc = encode(out, ctypes.c_int(args.data_type), u32(args.rank), ctypes.c_void_p(address),
+                (u64 * args.rank)(*args.dims), (u64 * max(args.rank - 1, 1))(*args.strides),
+                (u32 * args.rank)(*args.box), (u32 * args.rank)(*args.element_strides),
+                ctypes.c_int(args.interleave), ctypes.c_int(args.swizzle),
+                ctypes.c_int(args.l2_promotion), ctypes.c_int(args.oob_fill))
+    if rc != 0:
+        raise TilekitError(f"cuTensorMapEncodeTiled failed (CUresult {rc}) for {args}",
+                           "--device cuda", "a kernel's tensor map does not suit this device")
+    return bytes(raw[start:start + TENSOR_MAP_BYTES])
+
+
+#: A CUtensorMap as a kernel argument: CuPy passes a NumPy structured scalar by value.
+TENSOR_MAP_ARG = np.dtype([("bytes", np.uint8, (TENSOR_MAP_BYTES,))])
+
+
+def kernel_tensor_map(record: Mapping[str, Any], address: int, driver=None):
+    """A kernel record's descriptor for the buffer at `address`, as the argument CuPy passes."""
+    raw = encode_tensor_map(tensor_map_args(record), address, driver)
+    return np.frombuffer(raw, dtype=TENSOR_MAP_ARG)[0]
 
 
 def _max_shared_memory_per_block(cupy) -> int | None:

@@ -132,7 +132,9 @@ def candidate_tiles(module: Module, op: Op, profile, where: str) -> list[dict[st
         cand = Candidate(rtile, costs.estimate(k), int(costs.smem_tile[k]), int(costs.regs[k]),
                          int(costs.threads[k]), int(costs.blocks[k]))
         record = tile_record(problem, [cand], facts, Target.of(profile)).tile
-        out.append({**record, "estimate": dict(entry.get("estimate") or record["estimate"])})
+        # the tile's own estimate (tk-roll may have kept the default over its pick)
+        own = entry.get("rolled_estimate") or entry.get("estimate") or record["estimate"]
+        out.append({**record, "estimate": dict(own)})
     return out
 
 

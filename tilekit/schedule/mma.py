@@ -51,6 +51,11 @@ class Operand:
     mn_axes: tuple[str, ...]        # M axes (A) or N axes (B), output order
     k_inner: bool                   # stored [mn][k] (k contiguous), else [k][mn]
     async_axis: str | None          # cp.async along this axis (the global rows' axis), or None
+    #: the axis indexing each dimension of the tensor when every index is a plain axis (one
+    #: axis, coefficient 1, no constant, each axis once): a strided matrix (or a batch of
+    #: them) that a TMA box copies; None for gathers (convolution windows), strided or
+    #: offset reads
+    dim_axes: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -136,7 +141,15 @@ def _operand(index: int, read, mn_axes, k_axes) -> Operand:
     axis = group[-1]
     plain = dict(last.terms) == {axis: 1} and last.const == 0
     alone = all(axis not in m.axes for m in read.maps[:-1])
-    return Operand(index, tuple(mn_axes), k_inner, axis if plain and alone else None)
+    return Operand(index, tuple(mn_axes), k_inner, axis if plain and alone else None,
+                   _plain_axes(read.maps))
+
+
+def _plain_axes(maps) -> tuple[str, ...] | None:
+    """The axis of each index when every index is one axis with coefficient 1 and no
+    constant, each axis once (Operand.dim_axes); else None."""
+    axes = tuple(m.plain_axis for m in maps)
+    return axes if None not in axes and len(set(axes)) == len(axes) else None
 
 
 # -- the plan of a tile ---------------------------------------------------------------------
@@ -197,6 +210,186 @@ class MmaPlan:
                 "layout": {"a": "mk" if c.a.k_inner else "km",
                            "b": "nk" if c.b.k_inner else "kn"},
                 "cp_async": [n for n, on in (("a", self.a_async), ("b", self.b_async)) if on]}
+
+
+# -- Hopper: warpgroup MMA (wgmma) with TMA ----------------------------------------------------
+
+#: wgmma.mma_async per compute type: (PTX type, profile dtype key, element bytes). fp16 and
+#: bf16 only: tf32 contractions keep mma.sync (not built).
+WGMMA = {"float16": ("f16", "fp16", 2), "bfloat16": ("bf16", "bf16", 2)}
+#: Reduction points per step: one 128-byte swizzle row of 16-bit elements.
+WGMMA_BK = 64
+#: wgmma's M per instruction, and a warpgroup's threads.
+WGMMA_M = 64
+WARPGROUP = 128
+#: The block GEMM's N is one instruction's N (a multiple of 64: whole swizzle rows).
+WGMMA_N = (64, 128, 256)
+#: Accumulators per consumer thread at most (M-instructions x N / 2): beyond, registers spill.
+WGMMA_MAX_ACC = 128
+#: Register budgets of the warpgroups after `setmaxnreg` (two consumers: 40 x 128 + 232 x 256
+#: of the 64 K registers; the producer only issues copies).
+PRODUCER_REGS = 40
+CONSUMER_REGS = 232
+#: Pipeline depth bounds (stages of shared memory).
+WGMMA_STAGES = (2, 4)
+#: The shared base is rounded up to this (a 128-byte swizzle repeats every 1024 bytes).
+SWIZZLE_ALIGN = 1024
+
+
+@dataclass(frozen=True)
+class WgmmaPlan:
+    """How a tile of a contraction runs as a Hopper kernel (tilekit.codegen.wgmma): a
+    producer warpgroup issues TMA box copies of the A and B tiles (128-byte swizzle) into
+    `stages` shared buffers, completing on mbarriers; `consumers` warpgroups each own
+    `BM / consumers` rows of the block GEMM and run `mt` wgmma.m64nBNk16 per k-slice of 16,
+    reading both operands from shared memory through descriptors, fp32 accumulators in
+    registers; the epilogue maps each accumulator back through the stage's chain."""
+
+    contraction: Contraction
+    compute: str                    # float16 | bfloat16 (a key of WGMMA)
+    bm: int
+    bn: int
+    bk: int
+    consumers: int
+    stages: int
+    smem_bytes: int
+    #: split-K: the reduction cut into `split` slices of `steps_per_split` steps, a block per
+    #: output tile and slice writing fp32 partial sums; a second kernel adds them in slice
+    #: order (deterministic) and runs the chain (1: no split)
+    split: int = 1
+    steps_per_split: int = 0
+
+    @property
+    def threads(self) -> int:
+        return WARPGROUP * (self.consumers + 1)
+
+    @property
+    def mt(self) -> int:
+        """M-instructions (64 rows each) per consumer warpgroup."""
+        return self.bm // (WGMMA_M * self.consumers)
+
+    @property
+    def item(self) -> int:
+        return WGMMA[self.compute][2]
+
+    def tile_bytes(self, operand: Operand) -> int:
+        mn = self.bm if operand is self.contraction.a else self.bn
+        return mn * self.bk * self.item
+
+    @property
+    def stage_bytes(self) -> int:
+        return (self.bm + self.bn) * self.bk * self.item
+
+    @property
+    def setmaxnreg(self) -> tuple[int, int] | None:
+        """(producer, consumer) registers after setmaxnreg: with two consumers, whose
+        accumulators need more than the 168 registers 384 threads get at launch."""
+        return (PRODUCER_REGS, CONSUMER_REGS) if self.consumers == 2 else None
+
+    def record(self) -> dict:
+        c = self.contraction
+        out = {"instruction": f"wgmma.mma_async.m64n{self.bn}k16.f32."
+                              f"{WGMMA[self.compute][0]}",
+               "warpgroups": {"producer": 1, "consumers": self.consumers},
+               "block_gemm": [self.bm, self.bn, self.bk], "stages": self.stages,
+               "layout": {"a": "mk" if c.a.k_inner else "km",
+                          "b": "nk" if c.b.k_inner else "kn"},
+               "tma": ["a", "b"], "swizzle": 128}
+        if self.split > 1:
+            out["split_k"] = {"slices": self.split, "steps": self.steps_per_split,
+                              "reduce": "a second kernel, slices added in order"}
+        return out
+
+
+def wgmma_offered(profile, arch: str | None = None) -> frozenset[str]:
+    """The compute types the profile runs on wgmma (its `compute.mma` lists
+    `wgmma.mma_async` for the dtype), when the arch is Hopper's (sm_90 or sm_90a: the
+    kernels are built for sm_90a)."""
+    from tilekit.hw.profile import compute_capability
+
+    if profile is None or profile.kind != "simt":
+        return frozenset()
+    if compute_capability(arch or profile.arch) != (9, 0):
+        return frozenset()
+    keys = {s.dtype for s in profile.mma_shapes if s.instruction == "wgmma.mma_async"}
+    return frozenset(c for c, entry in WGMMA.items() if entry[1] in keys)
+
+
+def tma_operand(op: Operand, c: Contraction, shape: Sequence[int], item: int) -> str | None:
+    """Why a TMA box cannot load this operand's tiles (None: it can): a plain strided tensor
+    (every index one axis), one M or N axis and one K axis, its contiguous dimension either,
+    its rows whole 16-byte units (TMA's stride rule), at most 5 dimensions."""
+    if op.dim_axes is None:
+        return "a read that is not a plain strided tensor (a gather, an offset or a stride)"
+    if len(op.mn_axes) != 1 or len(c.k_axes) != 1:
+        return "several M, N or K axes"
+    if op.dim_axes[-1] not in (op.mn_axes[0], c.k_axes[0]):
+        return "the contiguous dimension is neither its M/N axis nor its K axis"
+    if len(shape) > 5:
+        return "more than 5 dimensions"
+    if (shape[-1] * item) % 16:
+        return f"rows of {shape[-1] * item} bytes, not whole 16-byte units"
+    if any(d >= 2 ** 31 for d in shape):
+        return "a dimension of 2^31 elements or more"
+    return None
+
+
+def wgmma_smem(bm: int, bn: int, stages: int, item: int = 2) -> int:
+    """Shared memory of a wgmma block (tilekit.codegen.wgmma's layout): the stages of A and
+    B, 2 x stages mbarriers, the slack that aligns the base."""
+    return stages * (bm + bn) * WGMMA_BK * item + 16 * stages + (SWIZZLE_ALIGN - 16)
+
+
+#: Split-K factors tk-roll tries for contractions whose output tiles leave SMs idle.
+SPLIT_K = (2, 4, 8, 16, 32)
+
+
+def split_steps(k_extent: int, split: int) -> tuple[int, int]:
+    """(slices, steps per slice) of a split-K over `k_extent` reduction points in steps of
+    `WGMMA_BK`: every slice has at least one step (fewer slices when `split` asks more)."""
+    steps = -(-k_extent // WGMMA_BK)
+    per = -(-steps // max(1, split))
+    return -(-steps // per), per
+
+
+def wgmma_plan(c: Contraction, spatial, reduction, block: Sequence[int], step: Sequence[int],
+               threads: int, compute: str, smem_limit: int, extents_of, split: int = 1
+               ) -> WgmmaPlan | str:
+    """The Hopper plan of this tile, or why it has none: the tile's threads are its
+    consumer warpgroups (128 or 256; the producer warpgroup is added), its block a whole
+    number of 64-row instructions per consumer by one instruction's N (64, 128 or 256), its
+    step 64 along the one K axis, both operands loaded by TMA (`tma_operand`); `split`:
+    split-K slices (`split_steps`)."""
+    item = WGMMA[compute][2]
+    size = {a: b for (a, _), b in zip(spatial, block)}
+    size.update({a: s for (a, _), s in zip(reduction, step)})
+    for op in (c.a, c.b):
+        why = tma_operand(op, c, extents_of(op.index), item)
+        if why is not None:
+            return f"TMA: {why}"
+    if any(size[a] != 1 for a in c.batch_axes):
+        return "a batch axis has a block of more than 1"
+    bm, bn, bk = size[c.m_axes[0]], size[c.n_axes[0]], size[c.k_axes[0]]
+    k_extent = dict(reduction)[c.k_axes[0]]
+    if bk != WGMMA_BK and not bk == k_extent < WGMMA_BK:   # a short K is one (padded) step
+        return f"the reduction step is {bk}, not {WGMMA_BK}"
+    if threads % WARPGROUP or threads // WARPGROUP not in (1, 2):
+        return f"{threads} threads are not one or two consumer warpgroups"
+    consumers = threads // WARPGROUP
+    if bn not in WGMMA_N:
+        return f"N block {bn} is not one of {WGMMA_N}"
+    if bm % (WGMMA_M * consumers) or bm // (WGMMA_M * consumers) not in (1, 2):
+        return f"M block {bm} is not 1 or 2 instructions of {WGMMA_M} rows per consumer"
+    if bm // (WGMMA_M * consumers) * bn // 2 > WGMMA_MAX_ACC:
+        return f"{bm // consumers}x{bn} accumulators per warpgroup exceed the registers"
+    fits = [n for n in range(WGMMA_STAGES[1], WGMMA_STAGES[0] - 1, -1)
+            if wgmma_smem(bm, bn, n, item) <= smem_limit]
+    if not fits:
+        return (f"{WGMMA_STAGES[0]} stages of {(bm + bn) * bk * item} bytes do not fit "
+                f"{smem_limit} bytes")
+    slices, per = split_steps(k_extent, split)
+    return WgmmaPlan(c, compute, bm, bn, WGMMA_BK, consumers, fits[0],
+                     wgmma_smem(bm, bn, fits[0], item), slices, per)
 
 
 def compute_type(dtype: str, precision: str) -> str | None:

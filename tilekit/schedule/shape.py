@@ -3,6 +3,9 @@
 Given an op (its axes, its distinct reads, three facts about its body) and a tile, which
 kernel runs it, with which threads and which shared memory:
 
+- `wgmma`: on Hopper (sm_90), an fp16/bf16 contraction of two plain strided operands whose
+  tile is one or two consumer warpgroups of 64-row wgmma instructions by one instruction's N
+  with steps of 64 (`tilekit.schedule.mma.wgmma_plan`): TMA, mbarriers, wgmma;
 - `mma`: a contraction (a sum of products of two reads: matmul, batched matmul, convolution
   as implicit GEMM) whose compute type has an `mma.sync` instruction on the profile (fp16,
   bf16; fp32 only with the explicit precision `tf32`) and whose tile maps onto whole warps of
@@ -30,6 +33,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Mapping
+
 from tilekit.expr.ast import Access, Axis, Call, Node, children, walk
 from tilekit.expr.box import Span, map_box
 from tilekit.ir.payloads import Tile
@@ -37,7 +42,8 @@ from tilekit.tile.nodes import SMEM_ALIGN
 from tilekit.schedule.defaults import (DEFAULT_THREADS, LANE_MIN_EXTENT, STATIC_SMEM_LIMIT,
                                        WARP, default_grid, lane_count)
 from tilekit.schedule.cpu import CpuTiles, cpu_tiles
-from tilekit.schedule.mma import Contraction, MmaPlan, compute_type, contraction, mma_plan, offered
+from tilekit.schedule.mma import (Contraction, MmaPlan, WgmmaPlan, compute_type, contraction,
+                                  mma_plan, offered, wgmma_offered, wgmma_plan)
 
 #: A read is worth staging when each element of its box is used this many times per step.
 MIN_REUSE = 2
@@ -251,11 +257,14 @@ class KernelShape:
     staged: tuple[StagedBox, ...] = ()
     note: str = ""                    # why the tile was set aside or changed
     mma: MmaPlan | None = None
+    wgmma: WgmmaPlan | None = None
 
     @property
     def smem_bytes(self) -> int:
         if self.mma is not None:
             return self.mma.smem_bytes
+        if self.wgmma is not None:
+            return self.wgmma.smem_bytes
         return sum(b.bytes for b in self.staged)
 
     def record(self) -> dict:
@@ -263,6 +272,8 @@ class KernelShape:
         out = {"shape": self.shape, "threads": self.threads, "smem_bytes": self.smem_bytes}
         if self.mma is not None:
             out["mma"] = self.mma.record()
+        if self.wgmma is not None:
+            out["wgmma"] = self.wgmma.record()
         if self.lanes > 1:
             out["lanes"] = self.lanes
         if self.staged:
@@ -294,6 +305,8 @@ class Target:
     precision: str = "fp32"
     kind: str = "cuda"
     cpu: CpuTiles | None = None     # the CPU kernels' tiles (kind cpu)
+    #: the compute types that run on wgmma (Hopper: tilekit.schedule.mma.wgmma_offered)
+    wgmma: frozenset[str] = frozenset()
 
     @property
     def lanes(self) -> bool:
@@ -301,19 +314,31 @@ class Target:
         return self.kind == "cuda"
 
     @staticmethod
-    def of(profile, precision: str = "fp32", kind: str = "cuda") -> "Target":
+    def of(profile, precision: str = "fp32", kind: str = "cuda", arch: str | None = None
+           ) -> "Target":
+        """The target of `profile` (its arch, or `arch` when codegen is asked for another:
+        wgmma needs an sm_90 family arch)."""
         limit = int(profile.smem_per_block) if profile is not None else STATIC_SMEM_LIMIT
         if kind == "cpu":
             return Target(limit, frozenset(), precision, "cpu", cpu_tiles(profile))
-        return Target(limit, offered(profile), precision, kind)
+        return Target(limit, offered(profile), precision, kind,
+                      wgmma=wgmma_offered(profile, arch))
 
 
-def mma_shape(facts: OpFacts, tile: Tile, target: Target) -> KernelShape | str:
-    """The `mma` shape of this tile, or why not."""
+def mma_shape(facts: OpFacts, tile: Tile, target: Target, split_k: int = 1
+              ) -> KernelShape | str:
+    """The `wgmma` or `mma` shape of this tile, or why neither (`split_k`: the split-K slices
+    tk-roll chose, wgmma only)."""
     c = facts.contraction
     if isinstance(c, str):
         return c
     compute = compute_type(c.dtype, target.precision)
+    if compute is not None and compute in target.wgmma:
+        hopper = wgmma_plan(c, facts.spatial, facts.reduction, tile.block, tile.step,
+                            tile.threads, compute, target.smem_limit,
+                            lambda i: facts.reads[i].shape, split_k)
+        if not isinstance(hopper, str):
+            return KernelShape("wgmma", tile, hopper.threads, wgmma=hopper)
     if compute is None or compute not in target.mma:
         return f"no tensor-core instruction for {c.dtype} at precision {target.precision}"
     plan = mma_plan(c, facts.spatial, facts.reduction, tile.block, tile.step, tile.threads,
@@ -323,16 +348,18 @@ def mma_shape(facts: OpFacts, tile: Tile, target: Target) -> KernelShape | str:
     return KernelShape("mma", tile, tile.threads, mma=plan)
 
 
-def decide(facts: OpFacts, tile: Tile | None, target: Target | int) -> KernelShape:
+def decide(facts: OpFacts, tile: Tile | None, target: Target | int, split_k: int = 1
+           ) -> KernelShape:
     """The kernel shape of an op with `tile` (None: no stage chose one) for `target` (a
-    `Target`, or just a shared-memory limit: no tensor cores); the rules in order are the
-    module docstring's."""
+    `Target`, or just a shared-memory limit: no tensor cores), `split_k` the split-K slices
+    tk-roll chose (`tile.split_k`: a wgmma tile's only); the rules in order are the module
+    docstring's."""
     if not isinstance(target, Target):
         target = Target(int(target))
     smem_limit = target.smem_limit
     if tile is None:
         return default_shape(facts, target.lanes)
-    tensor = mma_shape(facts, tile, target)
+    tensor = mma_shape(facts, tile, target, split_k)
     if not isinstance(tensor, str):
         return tensor
     why = reuse_reason(facts, tile)
@@ -353,6 +380,13 @@ def decide(facts: OpFacts, tile: Tile | None, target: Target | int) -> KernelSha
     return KernelShape("tiled", tile, tile.threads)
 
 
+def kept_default(op_tile) -> bool:
+    """tk-roll kept the default schedule for the op whose `tile` this is: the model estimated
+    it faster than every tile (`tile.rolled_estimate` holds the best tile's estimate), so
+    codegen and tk-ram run the default shape, not the tile's."""
+    return isinstance(op_tile, Mapping) and op_tile.get("rolled_estimate") is not None
+
+
 def default_blocks(facts: OpFacts, shape: KernelShape) -> int:
     """Blocks of a default-shape kernel (grid-stride loop)."""
     points = math.prod(e for _, e in facts.spatial)
@@ -361,5 +395,5 @@ def default_blocks(facts: OpFacts, shape: KernelShape) -> int:
 
 __all__ = ["ITEMSIZE", "KernelShape", "TARGET_KINDS", "Target", "LANE_MIN_EXTENT", "MIN_REUSE", "OpFacts", "ReadFacts",
            "STREAM_RATIO",
-           "StagedBox", "analysis_facts", "buffer_bytes", "decide", "facts_of",
-           "fit_steps", "reuse_reason", "staged_boxes"]
+           "StagedBox", "analysis_facts", "buffer_bytes", "decide", "default_shape", "facts_of",
+           "fit_steps", "kept_default", "reuse_reason", "staged_boxes"]

@@ -33,6 +33,7 @@ helpers every kernel uses.
 from __future__ import annotations
 
 from tilekit import __version__
+from tilekit.errors import InternalError
 from tilekit.tile.cstyle import CStyle
 from tilekit.tile.emit import INDENT, Emitter, check_line, comment_text
 from tilekit.tile.expr import BLOCK, NBLOCKS, Call, Const, HALF
@@ -52,7 +53,14 @@ class CudaPrinter(CStyle):
         "pack16": "tk_pack16", "cp_async16": "tk_cp_async16",
         "cp_async_commit": "tk_cp_async_commit", "ld_acquire": "tk_ld_acquire",
         "spin": "tk_spin", "atomic_add": "atomicAdd", "threadfence": "__threadfence",
-        "grid_sync": "tk_grid_sync"}
+        "grid_sync": "tk_grid_sync", "mbar_init": "tk_mbar_init",
+        "mbar_fence_init": "tk_mbar_fence_init", "mbar_expect_tx": "tk_mbar_expect_tx",
+        "mbar_arrive": "tk_mbar_arrive", "mbar_wait": "tk_mbar_wait",
+        **{f"tma_load_{r}d": f"tk_tma_load_{r}d" for r in range(1, 6)},
+        "wgmma_desc": "tk_wgmma_desc", "wgmma_fence": "tk_wgmma_fence",
+        "wgmma_commit": "tk_wgmma_commit"}
+    #: wgmma's element type: runtime.cuh's `tk_wgmma<N, KIND, TRANS_A, TRANS_B>`.
+    WGMMA_KIND = {"wgmma_f16": 0, "wgmma_bf16": 1}
     WARP = {"warp_sum": "tk_warp_sum", "warp_prod": "tk_warp_prod", "warp_max": "tk_warp_max",
             "warp_min": "tk_warp_min"}
 
@@ -69,6 +77,14 @@ class CudaPrinter(CStyle):
             return f"{self.WARP[e.fn]}<{lanes.value}>({args[0]})"
         if e.fn == "cp_async_wait":
             return f"tk_cp_async_wait<{args[0]}>()"
+        if e.fn in self.WGMMA_KIND:     # the shape and the majorness are template arguments
+            n, ta, tb = (_constant(a, e.fn) for a in e.args[3:])
+            return (f"tk_wgmma<{n}, {self.WGMMA_KIND[e.fn]}, {ta}, {tb}>"
+                    f"({args[0]}, {args[1]}, {args[2]})")
+        if e.fn == "wgmma_wait":
+            return f"tk_wgmma_wait<{_constant(e.args[1], e.fn)}>({args[0]})"
+        if e.fn in ("setmaxnreg_inc", "setmaxnreg_dec"):
+            return f"tk_{e.fn}<{_constant(e.args[0], e.fn)}>()"
         return super().intrinsic(e, args)
 
     def s_Threads(self, s: Threads, e: Emitter) -> None:
@@ -92,13 +108,24 @@ class CudaPrinter(CStyle):
             e.line(f"{callee.name}_body({args});")
 
 
+def _constant(x, fn: str) -> int:
+    if not isinstance(x, Const):
+        raise InternalError(f"{fn}: a template argument that is not a constant ({x!r})")
+    return int(x.value)
+
+
 # -- kernels -------------------------------------------------------------------------------
 
-def param_declarations(k: Kernel, printer: CStyle) -> list[str]:
+def param_declarations(k: Kernel, printer: CStyle, entry: bool = False) -> list[str]:
+    """The pointers, then the TMA descriptors: by value into the entry (`__grid_constant__`:
+    the copies read the parameter itself), by reference into the body."""
     out = []
     for b in k.params:
         const = "" if b.access == "write" else "const "
         out.append(f"{const}{printer.ctype(b.dtype)}* __restrict__ {b.name}")
+    for m in k.tensor_maps:
+        out.append(f"const __grid_constant__ tk_tensor_map {m.name}" if entry
+                   else f"const tk_tensor_map& {m.name}")
     return out
 
 
@@ -130,19 +157,23 @@ def entry_function(k: Kernel) -> str:
     bounds = f"{k.threads}" if k.min_blocks is None else f"{k.threads}, {k.min_blocks}"
     e = Emitter()
     e.line(f'extern "C" __global__ void __launch_bounds__({bounds})')
-    with e.block(f"{k.name}({', '.join(param_declarations(k, p))})"):
+    with e.block(f"{k.name}({', '.join(param_declarations(k, p, entry=True))})"):
         smem = k.smem_bytes
         if k.calls:                       # composed bodies share one base, always declared
             smem = max(smem, 16)
+        raw = f"{SMEM}_raw" if k.smem_slack else SMEM
         if smem > STATIC_SMEM_LIMIT:
-            e.line(f"TK_DYNAMIC_SMEM({SMEM});")
+            e.line(f"TK_DYNAMIC_SMEM({raw});")
             base = SMEM
         elif smem:
-            e.line(f"TK_STATIC_SMEM({SMEM}, {smem});")
+            e.line(f"TK_STATIC_SMEM({raw}, {smem});")
             base = SMEM
         else:
             base = "nullptr"
-        args = [b.name for b in k.params] + ["(int)blockIdx.x", "(int)gridDim.x", base]
+        if smem and k.smem_slack:         # the base rounded up to its alignment
+            e.line(f"unsigned char* {SMEM} = tk_align_smem<{k.smem_align}>({raw});")
+        args = ([b.name for b in k.params] + [m.name for m in k.tensor_maps]
+                + ["(int)blockIdx.x", "(int)gridDim.x", base])
         e.line(f"{k.name}_body({', '.join(args)});")
     return e.text()
 

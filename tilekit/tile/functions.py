@@ -65,6 +65,34 @@ FUNCTIONS: dict[str, Function] = {f.name: f for f in (
     Function("cp_async16", 3, "intrinsic", "int32", True),
     Function("cp_async_commit", 0, "intrinsic", "int32", True),
     Function("cp_async_wait", 1, "intrinsic", "int32", True),
+    # Hopper (sm_90; wgmma and setmaxnreg sm_90a): mbarriers, TMA box copies into swizzled
+    # shared memory, warpgroup MMA reading shared memory through matrix descriptors.
+    # mbarrier objects are 8-byte shared words: init(bar, arrivals), expect_tx(bar, bytes)
+    # (an arrival that also expects `bytes` of copies), arrive(bar), wait(bar, parity).
+    Function("mbar_init", 2, "intrinsic", "int32", True),
+    Function("mbar_fence_init", 0, "intrinsic", "int32", True),
+    Function("mbar_expect_tx", 2, "intrinsic", "int32", True),
+    Function("mbar_arrive", 1, "intrinsic", "int32", True),
+    Function("mbar_wait", 2, "intrinsic", "int32", True),
+    # tma_load_<r>d(dst, tensor map, bar, c0 .. c<r-1>): the box at coordinates c (innermost
+    # first) of the map's tensor into shared memory at dst (zeros outside the tensor), in the
+    # map's swizzled layout; its bytes complete on `bar`
+    *(Function(f"tma_load_{r}d", 3 + r, "intrinsic", "int32", True) for r in range(1, 6)),
+    # wgmma_desc(addr, leading byte offset, stride byte offset): the 64-bit shared-memory
+    # matrix descriptor (128-byte swizzle) of the tile that starts at addr
+    Function("wgmma_desc", 3, "intrinsic", "int64", True),
+    # wgmma_<type>(accumulator row, desc a, desc b, N, trans a, trans b): D (64 x N, fp32)
+    # += A (64 x 16) B (16 x N); N, trans a and trans b are constants
+    Function("wgmma_f16", 6, "intrinsic", "int32", True),
+    Function("wgmma_bf16", 6, "intrinsic", "int32", True),
+    # wgmma_fence(acc) before the first wgmma that reads or writes `acc`, wgmma_commit() after
+    # a batch, wgmma_wait(acc, n) until at most n batches are in flight (acc readable again)
+    Function("wgmma_fence", 1, "intrinsic", "int32", True),
+    Function("wgmma_commit", 0, "intrinsic", "int32", True),
+    Function("wgmma_wait", 2, "intrinsic", "int32", True),
+    # a warpgroup's register budget (setmaxnreg.inc / .dec; the count a constant)
+    Function("setmaxnreg_inc", 1, "intrinsic", "int32", True),
+    Function("setmaxnreg_dec", 1, "intrinsic", "int32", True),
     # blocks that wait on each other (progress counters, grid barriers)
     Function("ld_acquire", 1, "intrinsic", "uint32", True),
     Function("spin", 0, "intrinsic", "int32", True),
@@ -79,7 +107,13 @@ FUNCTIONS: dict[str, Function] = {f.name: f for f in (
 #: Calls every lane of a warp must make together (never in divergent code).
 WARP_COLLECTIVES = frozenset(n for n, f in FUNCTIONS.items() if f.family == "warp") | {
     "ldmatrix_x4", "ldmatrix_x4_trans", "mma_m16n8k16_f16", "mma_m16n8k16_bf16",
-    "mma_m16n8k8_tf32"}
+    "mma_m16n8k8_tf32", "wgmma_f16", "wgmma_bf16", "wgmma_fence", "wgmma_commit", "wgmma_wait",
+    "setmaxnreg_inc", "setmaxnreg_dec"}
+#: Warpgroup-collective tensor-core instructions (wgmma): every thread of a warpgroup of four
+#: consecutive warps, starting at a warp index divisible by 4, calls them together.
+WGMMA = frozenset({"wgmma_f16", "wgmma_bf16"})
+#: The tensor map argument's position in each TMA copy.
+TMA_LOADS = {f"tma_load_{r}d": r for r in range(1, 6)}
 
 #: Reduction assignment -> its warp reducer.
 WARP_REDUCERS = {"+=": "warp_sum", "*=": "warp_prod", "max=": "warp_max", "min=": "warp_min"}

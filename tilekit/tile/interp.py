@@ -26,6 +26,7 @@ kernel quality can be judged without a GPU. Kernels whose blocks wait on each ot
 from __future__ import annotations
 
 import math
+import threading
 import warnings
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
@@ -34,10 +35,16 @@ import numpy as np
 
 from tilekit.errors import InternalError, TilekitError
 from tilekit.tile.expr import (HALF, INT_DTYPES, Addr, Binary, Call, Cast, Const, Expr, Load,
-                               Select, Unary, Var)
+                               Select, Unary, Var, children as _expr_children)
+from tilekit.tile.functions import TMA_LOADS
 from tilekit.tile.nodes import (Alloc, Assign, Barrier, Break, Buffer, CallBody, Comment,
                                 Continue, Copy, Decl, Evaluate, For, If, Kernel, Let, Seq, Stmt,
-                                Store, Switch, Threads, While)
+                                Store, Switch, Threads, While, exprs, walk)
+
+#: Hopper intrinsics with no effect here: fences, register budgets, the wgmma batch
+#: bookkeeping (wgmma runs when issued).
+HOPPER_NOOPS = frozenset({"mbar_fence_init", "wgmma_fence", "wgmma_commit", "wgmma_wait",
+                          "setmaxnreg_inc", "setmaxnreg_dec"})
 
 WARP = 32
 SECTOR = 32
@@ -161,6 +168,7 @@ class Interpreter:
 
     def run_block(self, k: Kernel, block: int, nblocks: int, smem: np.ndarray) -> None:
         env = {"tk_block": np.int32(block), "tk_nblocks": np.int32(nblocks)}
+        env.update({m.name: m for m in k.tensor_maps})      # TMA descriptors
         frame = _Frame(self, k, smem, k.threads)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -187,6 +195,11 @@ class _Frame:
         self.counters = interp.counters
         self.staged = False          # a global -> shared copy since the last barrier
         self.asynchronous = False    # the kernel stages with cp.async
+        #: the kernel waits on mbarriers: branches that split the block into roles (a
+        #: producer and consumers) run as coroutines (`_Roles`)
+        self.mbarriers = any(isinstance(x, Call) and x.fn == "mbar_wait"
+                             for st in walk(k.body) for e in exprs(st) for x in _subexprs(e))
+        self.roles: _Roles | None = None
 
     # -- statements -----------------------------------------------------------------------
     def stmt(self, s: Stmt, env: dict, mask) -> None:
@@ -326,12 +339,27 @@ class _Frame:
             return
         cond = np.broadcast_to(cond, mask.shape)
         then = mask & cond
+        other = mask & ~cond
+        if self.mbarriers and s.other is not None and then.any() and other.any():
+            # roles that wait on each other's mbarriers: neither branch may run to its end
+            # first; they run as coroutines, switching at waits that are not yet satisfied
+            self.run_roles([(s.then, dict(env), then), (s.other, dict(env), other)])
+            return
         if then.any():
             self.stmt(s.then, env, then)
         if s.other is not None:
-            other = mask & ~cond
             if other.any():
                 self.stmt(s.other, env, other)
+
+    def run_roles(self, roles) -> None:
+        if self.roles is not None:
+            raise InternalError(f"kernel {self.k.name}: roles within roles are not interpreted")
+        self.roles = _Roles(len(roles))
+        try:
+            self.roles.run([lambda body=body, env=env, mask=mask: self.stmt(body, env, mask)
+                            for body, env, mask in roles])
+        finally:
+            self.roles = None
 
     def call_body(self, s: CallBody, env: dict) -> None:
         callee = self.k.callee(s.kernel)
@@ -625,6 +653,21 @@ class _Frame:
             return self.ldmatrix(e, env, m, fn.endswith("trans"))
         if fn.startswith("mma_"):
             return self.mma(e, env, m)
+        if fn in HOPPER_NOOPS:
+            return np.int32(0)
+        if fn.startswith("mbar_"):
+            return self.mbarrier(e, env, mask, m)
+        if fn in TMA_LOADS:
+            return self.tma_load(e, env, mask, m)
+        if fn == "wgmma_desc":
+            addr, lbo, sbo = e.args
+            b, off = self.address(addr, env, mask)
+            start = (b.offset + off.astype(np.int64) * np_dtype(b.dtype).itemsize)
+            lbo, sbo = (np.asarray(self.expr(x, env, mask), np.int64) for x in (lbo, sbo))
+            return (((start & 0x3FFFF) >> 4) | (((lbo & 0x3FFFF) >> 4) << 16)
+                    | (((sbo & 0x3FFFF) >> 4) << 32) | (1 << 62)).astype(np.int64)
+        if fn in ("wgmma_f16", "wgmma_bf16"):
+            return self.wgmma(e, env, m)
         raise TilekitError(f"kernel {self.k.name}: {fn} is not interpreted (its blocks wait on "
                            "each other)", "--report", "interpret its bodies instead")
 
@@ -720,6 +763,272 @@ class _Frame:
                 acc[2] += C[g + 8, 2 * q]
                 acc[3] += C[g + 8, 2 * q + 1]
         return np.int32(0)
+
+
+    # -- Hopper: mbarriers, TMA, wgmma --------------------------------------------------------
+    # The semantics of host_emul.h (its comments have the details): an mbarrier's state in its
+    # 8 bytes of shared memory, TMA copies complete when issued, shared addresses swizzled on
+    # their bits 4-6 by bits 7-9 (the block's shared base counts as aligned). wgmma runs when
+    # issued, for every active warpgroup at once (the interpreter runs a region's threads in
+    # step, so a batch is complete at its commit).
+    def _u16(self) -> np.ndarray:
+        return self.smem[:self.smem.shape[0] // 2 * 2].view(np.uint16)
+
+    def _bar_bytes(self, addr: Addr, env, mask, m) -> np.ndarray:
+        b, off = self.address(addr, env, mask)
+        return (b.offset + off.astype(np.int64) * np_dtype(b.dtype).itemsize)
+
+    def _bar(self, at: int) -> list[int]:
+        if at % 8:
+            raise TilekitError(f"kernel {self.k.name}: an mbarrier not 8-byte aligned",
+                               "--report", "a kernel bug: report it")
+        w = int(self.smem[at:at + 8].view(np.uint64)[0])
+        tx = (w >> 40) & 0x7FFFFF
+        if tx & 0x400000:
+            tx -= 0x800000
+        return [w & 0xFFFFF, (w >> 20) & 0xFFFFF, tx, w >> 63]   # pending, expected, tx, phase
+
+    def _bar_write(self, at: int, state: list[int]) -> None:
+        pending, expected, tx, phase = state
+        if pending == 0 and tx == 0:
+            phase ^= 1
+            pending = expected
+        w = pending | (expected << 20) | ((tx & 0x7FFFFF) << 40) | (phase << 63)
+        self.smem[at:at + 8] = np.frombuffer(np.uint64(w).tobytes(), np.uint8)
+        if self.roles is not None:
+            self.roles.version += 1
+
+    def _bar_arrive(self, at: int, count: int, tx: int) -> None:
+        state = self._bar(at)
+        if state[0] < count:
+            raise TilekitError(f"kernel {self.k.name}: an mbarrier arrival beyond the expected "
+                               "count", "--report", "a kernel bug: report it")
+        state[0] -= count
+        state[2] += tx
+        if state[2] < 0:
+            raise TilekitError(f"kernel {self.k.name}: more bytes completed on an mbarrier than "
+                               "expect_tx announced", "--report", "a kernel bug: report it")
+        self._bar_write(at, state)
+
+    def mbarrier(self, e: Call, env, mask, m):
+        fn = e.fn
+        at = self._bar_bytes(e.args[0], env, mask, m)
+        active = np.nonzero(m)[0]
+        if fn == "mbar_init":
+            count = np.broadcast_to(self.expr(e.args[1], env, mask), m.shape)
+            for t in active:
+                self._bar_write(int(at[t]), [int(count[t]), int(count[t]), 0, 0])
+            return np.int32(0)
+        if fn in ("mbar_arrive", "mbar_expect_tx"):
+            tx = np.broadcast_to(self.expr(e.args[1], env, mask), m.shape) \
+                if fn == "mbar_expect_tx" else np.zeros(m.shape, np.int64)
+            for t in active:
+                self._bar_arrive(int(at[t]), 1, int(tx[t]))
+            return np.int32(0)
+        if fn == "mbar_wait":
+            parity = np.broadcast_to(self.expr(e.args[1], env, mask), m.shape)
+
+            def ready() -> bool:
+                return all(self._bar(int(at[t]))[3] != (int(parity[t]) & 1) for t in active)
+            if not ready():
+                if self.roles is None:
+                    raise TilekitError(f"kernel {self.k.name}: an mbarrier wait that nothing "
+                                       "can satisfy (a deadlock)", "--report",
+                                       "a kernel bug: report it")
+                self.roles.block_until(ready, self.k.name)
+            return np.int32(0)
+        raise InternalError(f"cannot interpret {fn}")  # pragma: no cover
+
+    def tma_load(self, e: Call, env, mask, m):
+        """The box at the coordinates into shared memory, swizzled, zeros outside the
+        tensor; its bytes complete on the barrier (host_emul.h's tma_load)."""
+        rank = TMA_LOADS[e.fn]
+        dst, tmap, bar = e.args[:3]
+        tm = self.expr(tmap, env, mask)
+        b, doff = self.address(dst, env, mask)
+        start = b.offset + doff.astype(np.int64) * np_dtype(b.dtype).itemsize
+        at = self._bar_bytes(bar, env, mask, m)
+        coords = [np.broadcast_to(np.asarray(self.expr(c, env, mask), np.int64), m.shape)
+                  for c in e.args[3:]]
+        src = self.arrays[tm.buffer]
+        item = np_dtype(tm.dtype).itemsize
+        bits = src.view({1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[item])
+        dst_bits = self.smem[:self.smem.shape[0] // item * item].view(bits.dtype)
+        grids = np.meshgrid(*[np.arange(n) for n in reversed(tm.box)], indexing="ij")
+        rel = [g.reshape(-1) for g in reversed(grids)]          # innermost first, row-major
+        rows = math.prod(tm.box[1:])
+        row_bytes = tm.box[0] * item
+        local = np.arange(rows * tm.box[0], dtype=np.int64)
+        for t in np.nonzero(m)[0]:
+            if int(start[t]) % 128:
+                raise TilekitError(f"kernel {self.k.name}: a TMA destination not 128-byte "
+                                   "aligned", "--report", "a kernel bug: report it")
+            pos = [int(c[t]) + r for c, r in zip(coords, rel)]
+            inside = np.ones(local.shape, bool)
+            offset = np.zeros(local.shape, np.int64)
+            strides = (item,) + tuple(tm.strides)
+            for d in range(rank):
+                inside &= (pos[d] >= 0) & (pos[d] < tm.dims[d])
+                offset += np.where(inside, pos[d], 0) * strides[d]
+            values = np.where(inside, bits[np.where(inside, offset // item, 0)], 0)
+            addr = int(start[t]) + (local // tm.box[0]) * row_bytes + (local % tm.box[0]) * item
+            if tm.swizzle == 128:
+                addr = _swizzle128(addr)
+            dst_bits[addr // item] = values
+            site = self.counters.site(e, Buffer(tm.buffer, "global", tm.dtype, (0,)), "load")
+            site.requests += 1
+            site.sectors += rows * -(-row_bytes // SECTOR)
+            site.ideal += rows * -(-row_bytes // SECTOR)
+            self._bar_arrive(int(at[t]), 0, -rows * row_bytes)
+        return np.int32(0)
+
+    def _operand(self, desc: int, trans: int, mn: int) -> np.ndarray:
+        """A wgmma operand (mn x 16, 16-bit patterns) through its descriptor (host_emul.h's
+        desc_element)."""
+        if desc >> 62 != 1 or (desc >> 49) & 7:
+            raise TilekitError(f"kernel {self.k.name}: a wgmma descriptor without the "
+                               "128-byte swizzle or with a base offset", "--report",
+                               "a kernel bug: report it")
+        start, lbo, sbo = ((desc & 0x3FFF) << 4, ((desc >> 16) & 0x3FFF) << 4,
+                           ((desc >> 32) & 0x3FFF) << 4)
+        i, k = np.meshgrid(np.arange(mn, dtype=np.int64), np.arange(16, dtype=np.int64),
+                           indexing="ij")
+        if trans:
+            a = start + (i // 64) * lbo + ((i // 8) % 8) * 16 + (i % 8) * 2 + (k // 8) * sbo \
+                + (k % 8) * 128
+        else:
+            a = start + (i // 8) * sbo + (i % 8) * 128 + (k // 8) * 16 + (k % 8) * 2
+        a = _swizzle128(a)
+        u16 = self._u16()
+        if (a // 2 >= u16.shape[0]).any():
+            raise TilekitError(f"kernel {self.k.name}: a wgmma operand outside shared memory",
+                               "--report", "a kernel bug: report it")
+        return u16[a // 2]
+
+    def wgmma(self, e: Call, env, m):
+        """D (64 x N) += A (64 x 16) B (16 x N) for every warpgroup with active threads, all
+        of whose threads must be active (the accumulator layout of runtime.cuh's tk_wgmma)."""
+        acc, da, db, n, ta, tb = e.args
+        n, ta, tb = int(n.value), int(ta.value), int(tb.value)
+        fb, fidx = self.address(acc, env, None)
+        D = self.arrays[fb.name]
+        da = np.broadcast_to(np.asarray(self.expr(da, env, None), np.int64), m.shape)
+        db = np.broadcast_to(np.asarray(self.expr(db, env, None), np.int64), m.shape)
+        half = np_dtype("bfloat16" if e.fn.endswith("bf16") else "float16")
+        for w in range(0, self.threads, 128):
+            wm = m[w:w + 128]
+            if not wm.any():
+                continue
+            if not wm.all():
+                raise TilekitError(f"kernel {self.k.name}: wgmma by part of a warpgroup",
+                                   "--report", "a kernel bug: report it")
+            a0, b0 = int(da[w]), int(db[w])
+            if (da[w:w + 128] != a0).any() or (db[w:w + 128] != b0).any():
+                raise TilekitError(f"kernel {self.k.name}: a warpgroup's threads give wgmma "
+                                   "different descriptors", "--report", "a kernel bug")
+            A = self._operand(a0, ta, 64).view(half).astype(np.float64)
+            B = self._operand(b0, tb, n).view(half).astype(np.float64)
+            C = A @ B.T                                        # 64 x n
+            self.counters.tensor_flops += 2 * 64 * n * 16
+            site = self.counters.site(e, Buffer("wgmma_operands", "shared", "float16", (0,)),
+                                      "load")
+            site.requests += 1
+            site.wavefronts += (64 + n) * 32 // 128
+            site.ideal_wavefronts += (64 + n) * 32 // 128
+            t = np.arange(128)
+            warp, lane = t // 32, t % 32
+            i = np.arange(n // 2)
+            row = (16 * warp + lane // 4)[:, None] + 8 * ((i // 2) % 2)[None, :]
+            col = (2 * (lane % 4))[:, None] + (8 * (i // 4) + i % 2)[None, :]
+            for j in range(128):
+                index = (w + j, *[int(x[w + j]) for x in fidx])
+                D[index] += C[row[j], col[j]].astype(np.float32)
+        return np.int32(0)
+
+
+def _swizzle128(a):
+    """The 128-byte swizzle of shared byte addresses: bits 4-6 XOR bits 7-9."""
+    return a ^ (((a >> 7) & 7) << 4)
+
+
+def _subexprs(e: Expr):
+    stack = [e]
+    while stack:
+        x = stack.pop()
+        yield x
+        stack.extend(_expr_children(x))
+
+
+class _Aborted(Exception):
+    """Another role raised: this one stops at its next switch."""
+
+
+class _Roles:
+    """Branches that wait on each other's mbarriers, run as coroutines on threads: one runs
+    at a time (a baton), switching only at a wait that is not yet satisfied (to the next role
+    that can run); a wait still unsatisfied after every other role ran without changing any
+    mbarrier is a deadlock. Deterministic: the switch points are the program's."""
+
+    def __init__(self, n: int) -> None:
+        self.cv = threading.Condition()
+        self.turn = 0
+        self.live = list(range(n))
+        self.version = 0
+        self.error: BaseException | None = None
+        self.current = 0
+
+    def run(self, bodies) -> None:
+        workers = [threading.Thread(target=self._work, args=(i, body), daemon=True)
+                   for i, body in enumerate(bodies)]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+        if self.error is not None:
+            raise self.error
+
+    def _work(self, me: int, body) -> None:
+        with self.cv:
+            while self.turn != me and self.error is None:
+                self.cv.wait()
+        try:
+            if self.error is None:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    with np.errstate(all="ignore"):
+                        body()
+        except _Aborted:
+            pass
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            with self.cv:
+                if self.error is None:
+                    self.error = exc
+        finally:
+            with self.cv:
+                self.live.remove(me)
+                if self.live:
+                    self.turn = self._after(me)
+                self.cv.notify_all()
+
+    def _after(self, me: int) -> int:
+        later = [r for r in self.live if r > me]
+        return later[0] if later else self.live[0]
+
+    def block_until(self, ready, kernel: str) -> None:
+        me = self.turn
+        while not ready():
+            seen = self.version
+            with self.cv:
+                self.turn = self._after(me)
+                self.cv.notify_all()
+                while self.turn != me and self.error is None:
+                    self.cv.wait()
+                if self.error is not None:
+                    raise _Aborted()
+            if not ready() and self.version == seen:
+                raise TilekitError(f"kernel {kernel}: roles wait on mbarriers that none of "
+                                   "them can complete (a deadlock)", "--report",
+                                   "a kernel bug: report it")
 
 
 def _reads_global(e: Expr, buffers) -> bool:

@@ -270,6 +270,31 @@ class Table:
 
 
 @dataclass(frozen=True)
+class TensorMap:
+    """A TMA descriptor of a global buffer, passed by value as a kernel parameter (`name`,
+    read by the `tma_load_<r>d` intrinsics as the variable `Var(name, "ptr")`): the tensor
+    `buffer` seen as `dims` elements (innermost first, TMA's order) with byte `strides` for
+    the dimensions after the first, copied in `box`es (innermost first) into shared memory
+    with a `swizzle`-byte swizzle (0: none). The host encodes it before the launch
+    (`cuTensorMapEncodeTiled`), from the kernel record's copy of these fields."""
+
+    name: str
+    buffer: str
+    dtype: str
+    dims: tuple[int, ...]
+    strides: tuple[int, ...]
+    box: tuple[int, ...]
+    swizzle: int = 128
+
+    @property
+    def box_bytes(self) -> int:
+        n = ITEMSIZE[self.dtype]
+        for b in self.box:
+            n *= b
+        return n
+
+
+@dataclass(frozen=True)
 class Kernel:
     """One kernel (see the module docstring). `params` are global buffers in parameter
     order; `counters` > 0 adds the progress-counter workspace (uint32 words) as a last
@@ -288,6 +313,11 @@ class Kernel:
     tables: tuple[Table, ...] = ()
     counters: int = 0
     grid_sync: bool = False        # uses grid barriers: a cooperative launch
+    #: TMA descriptors passed after the other parameters (sm_90)
+    tensor_maps: tuple[TensorMap, ...] = ()
+    #: the shared base's alignment in bytes: above SMEM_ALIGN the entry rounds its shared
+    #: memory up to it at run time (128-byte swizzled tiles need 1024), from that much more
+    smem_align: int = SMEM_ALIGN
 
     def buffer(self, name: str) -> Buffer:
         for b in self.params + self.shared:
@@ -310,7 +340,13 @@ class Kernel:
         own = max((b.offset + b.aligned_bytes for b in self.shared), default=0)
         called = max((k.smem_bytes for k in self.calls), default=0)
         end = max(own, called)
-        return -(-end // SMEM_ALIGN) * SMEM_ALIGN
+        return -(-end // SMEM_ALIGN) * SMEM_ALIGN + self.smem_slack
+
+    @property
+    def smem_slack(self) -> int:
+        """Bytes declared beyond the buffers so that the base can be rounded up to
+        `smem_align` (the declared memory is SMEM_ALIGN-aligned already)."""
+        return max(self.smem_align - SMEM_ALIGN, 0)
 
     def callee(self, name: str) -> "Kernel":
         for k in self.calls:
@@ -434,7 +470,8 @@ def threads_independent(k: Kernel) -> bool:
 __all__ = [
     "LOOP_KINDS", "SCOPES", "SMEM_ALIGN", "STATIC_SMEM_LIMIT", "Alloc", "Assign", "Barrier", "Break", "Buffer",
     "CallBody", "Comment", "Continue", "Copy", "Decl", "Evaluate", "For", "If", "Kernel",
-    "Layout", "Let", "Seq", "Stmt", "Store", "Switch", "Table", "Threads", "While", "as_expr",
+    "Layout", "Let", "Seq", "Stmt", "Store", "Switch", "Table", "TensorMap", "Threads", "While",
+    "as_expr",
     "children", "exprs", "rebuild", "seq", "threads_independent", "transform",
     "uses_barriers", "uses_warp_collectives", "walk",
 ]

@@ -69,6 +69,12 @@ def format_kernel(k: Kernel) -> str:
         lines.append(f"{INDENT}shared {b.name}: {b.dtype}[{', '.join(map(str, b.shape))}]"
                      f" @{b.offset}{layout}" + (f"  ({comment_text(b.comment)})"
                                                  if b.comment else ""))
+    for m in k.tensor_maps:
+        lines.append(f"{INDENT}tensor map {m.name}: {m.buffer} as {m.dtype}"
+                     f"[{', '.join(map(str, m.dims))}] box [{', '.join(map(str, m.box))}]"
+                     + (f" swizzle {m.swizzle}" if m.swizzle else ""))
+    if k.smem_align > 16:
+        lines.append(f"{INDENT}shared base aligned to {k.smem_align}")
     for t in k.tables:
         lines.append(f"{INDENT}table {t.name}[{len(t.values)}]")
     for c in k.calls:

@@ -67,6 +67,14 @@ class _Checker:
             if b.scope != "shared":
                 self.fail(f"buffer {b.name} is listed as shared with scope {b.scope}")
         scope = {BLOCK.name: "int32", NBLOCKS.name: "int32"}
+        for m in self.k.tensor_maps:     # TMA descriptors: read by the copies as variables
+            self.ident(m.name)
+            if m.buffer not in self.buffers:
+                self.fail(f"tensor map {m.name} describes unknown buffer {m.buffer}")
+            if not (len(m.dims) == len(m.box) == len(m.strides) + 1 <= 5):
+                self.fail(f"tensor map {m.name} has {len(m.dims)} dimension(s), "
+                          f"{len(m.box)} box size(s) and {len(m.strides)} stride(s)")
+            scope[m.name] = "ptr"
         self.stmt(self.k.body, scope, set(), region=None)
 
     # -- statements ---------------------------------------------------------------------

@@ -1,0 +1,400 @@
+"""The `wgmma` kernel shape: a contraction on Hopper's tensor cores, per the shared plan.
+
+`tilekit.schedule.mma.wgmma_plan` decided the block GEMM (`BM x BN` outputs, 64 reduction
+points per step), the consumer warpgroups and the pipeline depth; this module builds its tile
+program, one block of `128 x (consumers + 1)` threads:
+
+1. **Barriers.** Thread 0 initialises two mbarriers per stage: `full[s]` (one arrival: the
+   producer's `expect_tx` of the stage's bytes; the TMA copies complete the rest) and
+   `empty[s]` (one arrival per consumer warpgroup), then fences them for the asynchronous
+   proxy; a block barrier publishes them.
+2. **Producer** (warpgroup 0, `setmaxnreg` down to 40 registers with two consumers; one
+   thread issues): for every step, wait until the consumers released the stage buffer
+   (`empty`, the parity trick: the first round passes at once), announce the stage's bytes
+   on `full` and issue the TMA box copies of the A and B tiles. A tensor map per operand
+   (`TensorMap`: the tensor's dimensions innermost first, a box of 64 contiguous elements by
+   the tile, 128-byte swizzle) is a kernel parameter (`__grid_constant__`), built by the host
+   at launch from the kernel record (`tensor_maps`); the copies zero-fill outside the tensor,
+   so boundary tiles and a partial last step need no other code.
+3. **Consumers** (warpgroups 1.., `setmaxnreg` up to 232 with two): wait for `full`, then per
+   k-slice of 16 one `wgmma.mma_async.m64nBNk16` per 64 rows they own, both operands read from
+   shared memory through matrix descriptors (K-major tiles: rows of 128 bytes, 8-row groups
+   1024 bytes apart; M/N-major tiles: 64-element strips, `trans` set), commit, wait, release
+   the stage (`empty`).
+4. **Epilogue.** Each accumulator (the PTX ISA's layout of wgmma's D: warp `w` of the
+   warpgroup holds rows `16w..16w+15`, value `i` of lane `l` is row `16w + l/4 + 8((i/2)%2)`,
+   column `8(i/4) + 2(l%4) + i%2`) is mapped back to the output's axes, scaled, and goes
+   through the stage's elementwise chain to memory (boundary tiles guarded).
+
+The intrinsics are runtime.cuh's helpers (inline PTX for sm_90a), emulated on the CPU by
+host_emul.h and by the tile interpreter from the same documented layouts.
+"""
+
+from __future__ import annotations
+
+import math
+
+from dataclasses import replace
+
+from tilekit.codegen.kernel import (GeneratedKernel, PointBuilder, Signature, avar,
+                                    block_origins, decompose, generated, global_resolver,
+                                    grid_stride_end, group_signature, index_type, store_sink,
+                                    tvar, tile_text)
+from tilekit.schedule.defaults import DEFAULT_THREADS, default_grid
+from tilekit.codegen.plan import GroupPlan, Read
+from tilekit.codegen.staged import read_key
+from tilekit.codegen.values import literal
+from tilekit.schedule.mma import (SWIZZLE_ALIGN, WARPGROUP, WGMMA, WGMMA_M, Operand,
+                                  WgmmaPlan)
+from tilekit.schedule.shape import KernelShape, Target
+from tilekit.tile import expr as tx
+from tilekit.tile.build import Builder, SharedMemory
+from tilekit.tile.expr import BLOCK, ITEMSIZE, NBLOCKS, Addr, Expr, Load, Var
+from tilekit.tile.nodes import Buffer, Kernel, Layout, TensorMap
+
+#: Bytes of one swizzle row (a K-major tile row, an M/N-major strip row) and of the 8-row
+#: group the swizzle repeats over: the descriptors' offsets.
+SWIZZLE_ROW = 128
+SWIZZLE_GROUP = 1024
+#: A K-major descriptor's leading byte offset is unused with a swizzle (PTX: "assumed 1").
+UNUSED_LBO = 16
+
+
+def wgmma_kernels(module, plan: GroupPlan, entry: str, decision: KernelShape, target: Target,
+                  reduce_entry=None) -> list[GeneratedKernel]:
+    """The group's kernels: one, or with split-K (`WgmmaPlan.split` > 1) the partial-sum
+    kernel and the kernel that adds the slices in order and runs the chain (`reduce_entry()`
+    names its entry)."""
+    wp = decision.wgmma
+    if wp.split == 1:
+        return [wgmma_kernel(module, plan, entry, decision, target)]
+    scratch = f"{plan.name}__partials"
+    first = wgmma_kernel(module, plan, entry, decision, target, scratch)
+    return [first, split_reduce_kernel(module, plan, reduce_entry(), wp, scratch, target)]
+
+
+def wgmma_kernel(module, plan: GroupPlan, entry: str, decision: KernelShape, target: Target,
+                 scratch: str | None = None) -> GeneratedKernel:
+    """The wgmma kernel (module docstring); with `scratch` (split-K) each block owns a tile
+    and a slice of the reduction and stores its fp32 partial sums there, slice-major."""
+    p = plan.stages[0].main
+    wp = decision.wgmma
+    c = wp.contraction
+    tile = decision.tile
+    axes = [a for a, _ in p.spatial]
+    extents = [n for _, n in p.spatial]
+    reads = list({read_key(r): r for r in p.read_list()}.values())
+    ops = {"a": (c.a, reads[c.a.index]), "b": (c.b, reads[c.b.index])}
+    if scratch is None:
+        sig = group_signature(module, plan)
+        params, args, writes = sig.params(), sig.args, tuple(sig.writes)
+    else:
+        sig = Signature(module)
+        for _, read in ops.values():
+            sig.read(read.tensor)
+        points = math.prod(extents)
+        params = sig.params() + (Buffer(tvar(scratch), "global", "float32",
+                                        (wp.split * points,), access="write",
+                                        comment=f"{wp.split} slices of partial sums"),)
+        args, writes = sig.args + (scratch,), (scratch,)
+    idx_t = index_type(module, sig.args)
+    smem = SharedMemory()
+    bufs = {w: _stage_buffer(smem, wp, w, op, read) for w, (op, read) in ops.items()}
+    bars = smem.carve("s_bar", "int64", (2 * wp.stages,),
+                      f"mbarriers: full[{wp.stages}] then empty[{wp.stages}]")
+    maps = {w: _tensor_map(w, op, read, wp, c) for w, (op, read) in ops.items()}
+    b = Builder()
+    tiles = math.prod(tile.grid(tuple(extents)))
+    total = -(-dict(p.reduction)[c.k_axes[0]] // wp.bk)
+    if scratch is None:
+        origins = dict(zip(axes, block_origins(b, axes, extents, tile.block, idx_t)))
+        nsteps, k_first, slice_ = tx.const(total), tx.const(0), None
+    else:
+        b.comment(f"split-K: block = slice x {tiles} + tile; slice s adds reduction steps "
+                  f"[s x {wp.steps_per_split}, (s + 1) x {wp.steps_per_split})")
+        slice_ = b.let("sk", tx.div(BLOCK, tiles))
+        origins = dict(zip(axes, block_origins(b, axes, extents, tile.block, idx_t,
+                                               tx.mod(BLOCK, tiles))))
+        k_first = b.let("kf", tx.mul(slice_, wp.steps_per_split))
+        nsteps = b.let("nk", tx.call("min", wp.steps_per_split, tx.sub(total, k_first)))
+    g = _Gen(b, module, plan, wp, ops, bufs, bars, maps, origins, nsteps, idx_t)
+    g.k_first, g.scratch, g.slice = k_first, scratch, slice_
+    g.init_barriers()
+    with b.threads(wp.threads) as tid:
+        wg = b.let("wg", tx.div(tid, WARPGROUP))
+        with b.if_(tx.eq(wg, 0)):
+            g.producer(tid)
+        with b.else_():
+            g.consumer(tid, wg)
+    sched = tile.describe(tuple(axes), tuple(a for a, _ in p.reduction))
+    sched["wgmma"] = wp.record()
+    name = WGMMA[wp.compute][0]
+    program = Kernel(entry, params, smem.all(), b.build(), wp.threads, tiles * wp.split, 1, (
+                         f"wgmma: wgmma.mma_async.m64n{wp.bn}k16.f32.{name} on a "
+                         f"{wp.bm}x{wp.bn}x{wp.bk} block GEMM, a producer warpgroup (TMA) and "
+                         f"{wp.consumers} consumer warpgroup(s) of {wp.mt} instruction(s) "
+                         f"each, {wp.stages} stages on mbarriers",
+                         f"shared memory: {wp.smem_bytes} bytes (128-byte swizzled tiles)",
+                         f"tile: {tile_text(tile, p)}"),
+                     tensor_maps=(maps["a"], maps["b"]), smem_align=SWIZZLE_ALIGN)
+    kernel = generated(program, name=plan.name, group=plan.kernel.name,
+                       ops=tuple(plan.kernel.ops), shape="wgmma", schedule=sched,
+                       args=args, writes=writes, target=target.kind)
+    assert kernel.smem_planned == wp.smem_bytes, "the program and the wgmma plan disagree"
+    if scratch is not None:
+        kernel = replace(kernel, scratch={scratch: wp.split * math.prod(extents)})
+    return kernel
+
+
+def split_reduce_kernel(module, plan: GroupPlan, entry: str, wp: WgmmaPlan, scratch: str,
+                        target: Target) -> GeneratedKernel:
+    """Split-K's second kernel: per output point (grid-stride, `DEFAULT_THREADS` threads) the
+    slices' partial sums added in slice order (the same result on every run), scaled, then
+    the stage's chain to memory."""
+    stage = plan.stages[0]
+    p = stage.main
+    axes = [a for a, _ in p.spatial]
+    extents = [n for _, n in p.spatial]
+    points = math.prod(extents)
+    sig = Signature(module)
+    produced = set(stage.outputs)
+    for q in stage.chain:
+        for r in q.read_list():
+            if r.tensor not in produced:
+                sig.read(r.tensor)
+    for t in stage.outputs:
+        if t in plan.stored:
+            sig.write(t)
+    part = Buffer(tvar(scratch), "global", "float32", (wp.split * points,),
+                  comment=f"{wp.split} slices of partial sums")
+    threads = DEFAULT_THREADS
+    grid = default_grid(points, threads)
+    idx_t = index_type(module, sig.args, grid_stride_end(points, grid, threads))
+    b = Builder()
+    with b.threads(threads) as tid:
+        start = tx.cast(idx_t, BLOCK) * threads + tid
+        with b.loop("p", start, points, tx.cast(idx_t, NBLOCKS) * threads, dtype=idx_t) as pt:
+            vars_ = decompose(b, pt, extents, [avar(a) for a in axes], idx_t)
+            total = b.decl("sum_", "float32", tx.const(0.0))
+            with b.loop("sl", 0, wp.split) as sl:
+                b.assign(total, tx.add(total, Load(part.name, (
+                    tx.add(tx.mul(tx.cast(idx_t, sl), points), pt),), "float32")))
+            value = total if wp.contraction.scale == 1.0 else \
+                tx.mul(total, literal(wp.contraction.scale, "f"))
+            pb = PointBuilder(module, b, stage, vars_, global_resolver)
+            pb.epilogue(pb.main_value(p, (value, "f")),
+                        store_sink(module, b, plan.stored, vars_))
+    program = Kernel(entry, (part,) + sig.params(), (), b.build(), threads, grid, None, (
+        f"split-K reduction: {wp.split} slices of partial sums added in order, then the "
+        "chain",))
+    kernel = generated(program, name=f"{plan.name}__splitk", group=plan.kernel.name,
+                       ops=tuple(plan.kernel.ops), shape="splitk_reduce",
+                       schedule={"split_k": wp.split, "threads": threads},
+                       args=(scratch,) + sig.args, writes=tuple(sig.writes), target=target.kind)
+    return replace(kernel, scratch={scratch: wp.split * points})
+
+
+def _stage_buffer(smem: SharedMemory, wp: WgmmaPlan, which: str, op: Operand, read: Read
+                  ) -> Buffer:
+    """`stages` tiles of an operand: K-major `[stage][mn][64]` (rows of 128 bytes), M/N-major
+    `[stage][strip][64 k][64 mn]` (strips of 64 elements along M or N)."""
+    mn = wp.bm if which == "a" else wp.bn
+    if op.k_inner:
+        shape, how = (wp.stages, mn, wp.bk), f"[mn {mn}][k {wp.bk}]"
+    else:
+        shape, how = (wp.stages, mn // 64, wp.bk, 64), f"[strip {mn // 64}][k {wp.bk}][mn 64]"
+    return smem.carve(f"s_{which}", read.dtype, shape,
+                      f"{read.tensor}: {wp.stages} stages of {how}, 128-byte swizzle",
+                      Layout(swizzle=SWIZZLE_ROW))
+
+
+def _tensor_map(which: str, op: Operand, read: Read, wp: WgmmaPlan, c) -> TensorMap:
+    """The operand's TMA descriptor: its tensor, innermost dimension first, a box of 64
+    contiguous elements by the tile's rows (the MN tile for K-major, 64 k for M/N-major; 1
+    along batch axes)."""
+    shape = tuple(read.shape)
+    item = ITEMSIZE[read.dtype]
+    mn = wp.bm if which == "a" else wp.bn
+    box = []
+    for d, a in enumerate(op.dim_axes):
+        if d == len(shape) - 1:
+            box.append(64)
+        elif a == c.k_axes[0]:
+            box.append(wp.bk)
+        elif a == op.mn_axes[0]:
+            box.append(mn)
+        else:
+            box.append(1)
+    strides = [item * math.prod(shape[d + 1:]) for d in range(len(shape))]
+    return TensorMap(f"tm_{which}", tvar(read.tensor), read.dtype, tuple(reversed(shape)),
+                     tuple(reversed(strides[:-1])), tuple(reversed(box)), SWIZZLE_ROW)
+
+
+class _Gen:
+    """The pieces of one wgmma program (module docstring)."""
+
+    def __init__(self, b: Builder, module, plan: GroupPlan, wp: WgmmaPlan, ops, bufs, bars,
+                 maps, origins, nsteps: int, idx_t: str) -> None:
+        self.b, self.module, self.plan, self.wp = b, module, plan, wp
+        self.ops, self.bufs, self.bars, self.maps = ops, bufs, bars, maps
+        self.origins, self.nsteps, self.idx_t = origins, nsteps, idx_t
+        self.k_first: Expr = tx.const(0)     # split-K: this block's first step
+        self.scratch: str | None = None      # split-K: the partial sums' buffer
+        self.slice: Expr | None = None
+
+    def full(self, stage: Expr) -> Addr:
+        return Addr(self.bars.name, (stage,))
+
+    def empty(self, stage: Expr) -> Addr:
+        return Addr(self.bars.name, (tx.add(stage, self.wp.stages),))
+
+    def init_barriers(self) -> None:
+        b, wp = self.b, self.wp
+        b.comment("mbarriers: full (the producer's expect_tx, then the copies' bytes), empty "
+                  "(one arrival per consumer warpgroup)")
+        with b.threads(wp.threads) as tid:
+            with b.if_(tx.eq(tid, 0)):
+                with b.loop("st", 0, wp.stages, kind="unroll") as st:
+                    b.evaluate(tx.call("mbar_init", self.full(st), 1))
+                    b.evaluate(tx.call("mbar_init", self.empty(st), wp.consumers))
+                b.evaluate(tx.call("mbar_fence_init"))
+        b.barrier()
+
+    def _step(self, s: Var, prefix: str) -> tuple[Var, Var]:
+        stage = self.b.let(f"{prefix}st", tx.mod(s, self.wp.stages))
+        parity = self.b.let(f"{prefix}ph", tx.binary("&", tx.div(s, self.wp.stages), 1))
+        return stage, parity
+
+    # -- producer -------------------------------------------------------------------------
+    def producer(self, tid: Var) -> None:
+        b, wp = self.b, self.wp
+        b.comment("producer warpgroup: one thread issues the TMA copies of every step")
+        if wp.setmaxnreg:
+            b.evaluate(tx.call("setmaxnreg_dec", wp.setmaxnreg[0]))
+        with b.if_(tx.eq(tid, 0)):
+            with b.loop("ps", 0, self.nsteps) as s:
+                stage, parity = self._step(s, "p")
+                b.evaluate(tx.call("mbar_wait", self.empty(stage), tx.binary("^", parity, 1)))
+                b.evaluate(tx.call("mbar_expect_tx", self.full(stage), wp.stage_bytes))
+                k0 = b.let("pk0", tx.mul(tx.add(self.k_first, s), wp.bk))
+                for which in ("a", "b"):
+                    self._copies(which, stage, k0)
+
+    def _copies(self, which: str, stage: Var, k0: Var) -> None:
+        """The TMA copies of one operand's tile of a step: one box (K-major) or one per
+        64-element strip (M/N-major)."""
+        op, read = self.ops[which]
+        m = self.maps[which]
+        c = self.wp.contraction
+        strips = 1 if op.k_inner else (self.wp.bm if which == "a" else self.wp.bn) // 64
+        for j in range(strips):
+            coords = []
+            for a in reversed(op.dim_axes):          # innermost first
+                if a == c.k_axes[0]:
+                    at = k0
+                else:
+                    at = self.origins[a]
+                    if a == op.mn_axes[0] and j:
+                        at = tx.add(at, 64 * j)
+                coords.append(tx.cast("int32", at))
+            dst = tuple(tx.as_expr(x) for x in ((stage, 0, 0) if op.k_inner
+                                                 else (stage, j, 0, 0)))
+            self.b.evaluate(tx.call(f"tma_load_{len(coords)}d", Addr(self.bufs[which].name, dst),
+                                    Var(m.name, "ptr"), self.full(stage), *coords))
+
+    # -- consumers ------------------------------------------------------------------------
+    def consumer(self, tid: Var, wg: Var) -> None:
+        b, wp = self.b, self.wp
+        b.comment("consumer warpgroups: wgmma on each stage, then release it")
+        if wp.setmaxnreg:
+            b.evaluate(tx.call("setmaxnreg_inc", wp.setmaxnreg[1]))
+        acc = b.alloc("acc", "float32", (wp.mt, wp.bn // 2),
+                      "this thread's accumulators (wgmma's D fragment)")
+        with b.loop("i", 0, wp.mt, kind="unroll") as i:
+            with b.loop("v", 0, wp.bn // 2, kind="unroll") as v:
+                b.store(acc, (i, v), tx.const(0.0))
+        cw = b.let("cw", tx.sub(wg, 1))
+        whole = Addr(acc.name, ())
+        with b.loop("cs", 0, self.nsteps) as s:
+            stage, parity = self._step(s, "c")
+            b.evaluate(tx.call("mbar_wait", self.full(stage), parity))
+            b.evaluate(tx.call("wgmma_fence", whole))
+            with b.loop("kk", 0, wp.bk // 16, kind="unroll") as kk:
+                db = b.let("db", self._descriptor("b", stage, kk, None), "int64")
+                with b.loop("i", 0, wp.mt, kind="unroll") as i:
+                    da = b.let("da", self._descriptor("a", stage, kk,
+                                                      tx.add(tx.mul(cw, wp.mt), i)), "int64")
+                    fn = "wgmma_f16" if wp.compute == "float16" else "wgmma_bf16"
+                    b.evaluate(tx.call(fn, Addr(acc.name, (i,)), da, db, wp.bn,
+                                       int(not self.ops["a"][0].k_inner),
+                                       int(not self.ops["b"][0].k_inner)))
+            b.evaluate(tx.call("wgmma_commit"))
+            b.evaluate(tx.call("wgmma_wait", whole, 0))
+            with b.if_(tx.eq(tx.mod(tid, WARPGROUP), 0)):
+                b.evaluate(tx.call("mbar_arrive", self.empty(stage)))
+        self.epilogue(tid, cw, acc)
+
+    def _descriptor(self, which: str, stage: Expr, kk: Expr, block64: Expr | None) -> Expr:
+        """The descriptor of k-slice `kk` (16 elements) of an operand's stage tile, from its
+        64-row block `block64` (A; B: the whole N). K-major: rows of 128 bytes, 8-row groups
+        1024 apart, the slice 32 bytes along the row; M/N-major: 64-element strips (the
+        leading offset), 8 k-rows per 1024 bytes, the slice 16 rows down."""
+        op, _ = self.ops[which]
+        buf = self.bufs[which]
+        first = tx.const(0) if block64 is None else block64
+        if op.k_inner:
+            index = (stage, tx.mul(first, WGMMA_M), tx.mul(kk, 16))
+            lbo = UNUSED_LBO
+        else:
+            index = (stage, first, tx.mul(kk, 16), tx.const(0))
+            lbo = self.wp.bk * 64 * ITEMSIZE[buf.dtype]        # one strip
+        return tx.call("wgmma_desc", Addr(buf.name, index), lbo, SWIZZLE_GROUP)
+
+    def epilogue(self, tid: Var, cw: Var, acc: Buffer) -> None:
+        """Each accumulator at its row and column of the block GEMM, back to the output's
+        axes, scaled, through the chain (module docstring, 4)."""
+        b, wp, module = self.b, self.wp, self.module
+        c = wp.contraction
+        p = self.plan.stages[0].main
+        b.comment("epilogue: accumulators to the output's axes, through the chain")
+        t = b.let("t", tx.mod(tid, WARPGROUP))
+        lane = b.let("lane", tx.mod(t, 32))
+        row0 = b.let("row0", tx.add(tx.mul(cw, wp.mt * WGMMA_M), tx.mul(tx.div(t, 32), 16)
+                                    ) + tx.div(lane, 4))
+        col0 = b.let("col0", tx.mul(tx.mod(lane, 4), 2))
+        size = {a: s for (a, _), s in zip(p.spatial, self.plan_tile_block())}
+        with b.loop("i", 0, wp.mt, kind="unroll") as i:
+            with b.loop("v", 0, wp.bn // 2, kind="unroll") as v:
+                row = b.let("row", row0 + i * WGMMA_M + tx.mod(tx.div(v, 2), 2) * 8)
+                col = b.let("col", col0 + tx.div(v, 4) * 8 + tx.mod(v, 2))
+                code = {c.m_axes[0]: tx.add(self.origins[c.m_axes[0]], row),
+                        c.n_axes[0]: tx.add(self.origins[c.n_axes[0]], col)}
+                code.update({a: self.origins[a] for a in c.batch_axes})
+                vars_ = [b.let(avar(a), code[a], self.idx_t) for a, _ in p.spatial]
+                pb = PointBuilder(module, b, self.plan.stages[0], vars_, global_resolver)
+                bounds = tx.and_(*(tx.lt(x, n) for x, (a, n) in zip(vars_, p.spatial)
+                                   if n % size[a]))
+                value = Load(acc.name, (i, v), "float32")
+                if self.scratch is not None:     # split-K: the slice's partial sum
+                    strides = [math.prod(n for _, n in p.spatial[k + 1:])
+                               for k in range(len(vars_))]
+                    at = tx.add(tx.mul(tx.cast(self.idx_t, self.slice),
+                                       math.prod(n for _, n in p.spatial)),
+                                tx.linear(zip(strides, vars_), 0, self.idx_t))
+                    with b.if_(bounds):
+                        b.store(tvar(self.scratch), (at,), value)
+                else:
+                    if c.scale != 1.0:
+                        value = tx.mul(value, literal(c.scale, "f"))
+                    with b.if_(bounds):
+                        pb.epilogue(pb.main_value(p, (value, "f")),
+                                    store_sink(module, b, self.plan.stored, vars_))
+
+    def plan_tile_block(self) -> tuple[int, ...]:
+        c, wp = self.wp.contraction, self.wp
+        p = self.plan.stages[0].main
+        return tuple(wp.bm if a == c.m_axes[0] else wp.bn if a == c.n_axes[0] else 1
+                     for a, _ in p.spatial)
+
+
+__all__ = ["split_reduce_kernel", "wgmma_kernel", "wgmma_kernels"]
