@@ -102,12 +102,16 @@ def test_list_is_a_plain_table_when_piped():
     result = run("list")
     assert result.exit_code == 0, result.stderr
     lines = result.stdout.splitlines()
-    assert lines[0].split()[:4] == ["NAME", "ARCH", "KIND", "SMS"]
+    assert lines[0].split()[:4] == ["NAME", "ARCH", "KIND", "SMS/CORES"]
     rows = {ln.split()[0]: ln for ln in lines[1:]}
-    assert set(rows) == {"a100", "h100", "ipu", "rtx4090", "v100"}
+    assert set(rows) == {"a100", "graviton3", "h100", "icelake", "ipu", "milan", "rtx4090",
+                         "v100"}
     assert "sm_90" in rows["h100"] and "132" in rows["h100"] and "3.35 TB/s" in rows["h100"]
     assert "66.9 TFLOP/s" in rows["h100"]
     assert "distributed" in rows["ipu"]
+    # a CPU: cores, the DRAM of all cores, the derived FP32 peak, its -march value
+    assert rows["milan"].split()[1:4] == ["znver3", "cpu", "64"]
+    assert "204.8 GB/s" in rows["milan"] and "5.018 TFLOP/s" in rows["milan"]
 
 
 def test_show_prints_every_figure_with_its_source():
@@ -127,7 +131,7 @@ def test_show_json_is_base_units():
 
 
 @pytest.mark.parametrize("args, text", [
-    (["show", "h1000"], "h1000: unknown hardware profile; did you mean 'h100'? known: a100, h100"),
+    (["show", "h1000"], "h1000: unknown hardware profile; did you mean 'h100'? known: a100, graviton3, h100"),
     (["show"], "Missing argument"),
     (["show", "--frobnicate", "h100"], "No such option"),
     (["validate"], "Missing argument"),
