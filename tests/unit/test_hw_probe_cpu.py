@@ -63,6 +63,7 @@ MILAN = {
         "clock": result(3.2e9, "dependent adds"),
         "fma_core": result(101.9e9, "FMA chains, one thread"),
         "fma_all": result(390.0e9, "FMA chains, 4 threads"),
+        "fma_per_clock": result(31.84, "FMA and adds in turn"),
         "fork_join": result(1.2e-6, "empty parallel regions"),
         **_reads("l1", 190e9, 760e9), **_reads("l2", 95e9, 370e9),
         **_reads("l3", 60e9, 200e9), **_reads("dram", 22e9, 40e9)},
@@ -116,9 +117,11 @@ def test_measured_figures_are_the_measurements():
 
 def test_fma_units_and_the_compute_fraction_are_derived():
     _, p = probed()
-    # 101.9 GFLOP/s / (8 lanes x 2 FLOP x 3.2 GHz) = 1.99 -> 2 units
+    # 31.84 FLOP per clock / (8 lanes x 2 FLOP) = 1.99 -> 2 units
     assert p.fma_units == 2
-    assert "= 1.99, rounded" in p.source("simd.fma_units")
+    assert p.source("simd.fma_units").startswith(
+        "derived: 31.84 FP32 FLOP per clock on one core / (8 lanes x 2 FLOP) = 1.99, rounded; "
+        "FLOP per clock measured: tk-hw probe --cpu (FMA and adds in turn) on ")
     peak = 4 * 2 * 8 * 2 * 3.2e9
     assert p.peak_flops("fp32") == pytest.approx(peak)
     assert p.achievable.compute == round(390.0e9 / peak, 3)
@@ -140,12 +143,15 @@ def test_an_all_core_rate_below_one_core_is_written_as_one_cores():
     assert "all cores measured 18 GB/s, less than one core: written as one core's" in text
 
 
-def test_a_disturbed_clock_gets_a_note_and_fma_units_stay_whole():
+def test_a_disturbed_ratio_gets_a_note_and_fma_units_stay_whole():
     m = copy.deepcopy(MILAN)
-    m["results"]["clock"]["value"] = 2.2e9  # 101.9 / (16 x 2.2) = 2.89
+    m["results"]["fma_per_clock"]["value"] = 46.2  # / 16 = 2.89
     text, p = probed(m)
     assert p.fma_units == 3
     assert "not near a whole number: the clock or the FMA rate was disturbed" in text
+    m["results"]["fma_per_clock"]["value"] = 5.0  # / 16 = 0.31
+    _, p = probed(m)
+    assert p.fma_units == 1 and "rounded up to 1" in p.source("simd.fma_units")
     m["results"]["fma_all"]["value"] = 1e15
     text, p = probed(m)
     assert p.achievable.compute == 1.0 and "capped at 1" in p.source("achievable.compute")
@@ -185,7 +191,8 @@ def test_measurement_rows_for_a_cpu():
     rows = measurement_rows(MILAN)
     assert rows[0] == ("clock (dependent adds)", "3.2 GHz", "dependent adds")
     assert ("DRAM read, all cores", "40 GB/s", "dram streaming, all threads") in rows
-    assert len(rows) == 12
+    assert ("FP32 FLOP per clock, one core", "31.84", "FMA and adds in turn") in rows
+    assert len(rows) == 13
 
 
 # -- what the system says ---------------------------------------------------------------------------
@@ -263,10 +270,20 @@ def test_working_sets_sit_inside_each_level_and_past_the_one_before():
     assert all(size % 4096 == 0 for size in [*one.values(), *every.values()])
 
 
-def test_figure_of_is_the_median_of_the_faster_half():
-    assert figure_of([1.0, 9.0, 10.0, 11.0]) == 10.5
-    assert figure_of([5.0]) == 5.0
-    assert figure_of([1, 2, 3, 4, 100]) == 4
+def test_figure_of_is_the_median_of_the_fastest_quarter():
+    # 8 repetitions, 5 slowed by other work: the fastest quarter is the machine's rate
+    assert figure_of([1.0, 2.0, 3.0, 4.0, 5.0, 9.8, 10.0, 10.2]) == 10.1
+    assert figure_of([5.0]) == 5.0 and figure_of([1.0, 3.0]) == 3.0
+    # one lucky repetition among 16 does not set the figure
+    assert figure_of([8.0] * 4 + [10.0] * 11 + [50.0]) == 10.0
+
+
+def test_a_ratio_and_an_inverse_series():
+    from tilekit.runtime.probe_cpu import Series
+    ratio = Series("x", [32.0] * 8, [2.0] * 8).result()
+    assert ratio["value"] == 16.0 and ratio["samples"] == 8
+    fork = Series("y", [1e6, 5e5, 1e6, 1e6], inverse=True).result()
+    assert fork["value"] == 1e-6 and fork["high"] == 2e-6
 
 
 # -- the command ------------------------------------------------------------------------------------

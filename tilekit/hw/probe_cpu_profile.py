@@ -122,7 +122,8 @@ def _cores_and_simd(w: _Writer) -> tuple[int, str, int, int, float]:
         raise ProfileError(f"unknown SIMD ISA '{isa}' in the measurements", "tk-hw probe --cpu")
     clock = w.rounded(w.result("clock"), "frequency")
     lanes = width // PEAK_DTYPE_BYTES["fp32"]
-    per_clock = w.result("fma_core") / (lanes * 2 * clock)
+    flop_per_clock = w.result("fma_per_clock")
+    per_clock = flop_per_clock / (lanes * 2)
     units = max(1, round(per_clock))
     w.lines += ["", "simd:"]
     w.lines.append(f"  isa: {{value: {isa}, source: "
@@ -136,10 +137,10 @@ def _cores_and_simd(w: _Writer) -> tuple[int, str, int, int, float]:
              f"({_REGISTER_NAMES[isa]})")
     off = abs(per_clock - round(per_clock)) > UNITS_TOLERANCE
     w.figure(2, "fma_units", units, None,
-             f"derived: the FP32 FMA rate of one core, "
-             f"{format_quantity(w.result('fma_core'), 'rate')}, / ({lanes} lanes x 2 FLOP x "
-             f"{format_quantity(clock, 'frequency')}) = {per_clock:.2f}, rounded"
-             + (" up to 1" if per_clock < 0.5 else ""),
+             f"derived: {number_text(flop_per_clock)} FP32 FLOP per clock on one core / "
+             f"({lanes} lanes x 2 FLOP) = {per_clock:.2f}, rounded"
+             + (" up to 1" if per_clock < 0.5 else "") + "; FLOP per clock measured: "
+             + w.by(w.results["fma_per_clock"]["what"]),
              note=("not near a whole number: the clock or the FMA rate was disturbed by other "
                    "work on the machine; probe again" if off else None))
     return cores, isa, width, units, clock

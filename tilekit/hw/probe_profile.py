@@ -67,6 +67,7 @@ CPU_RESULTS = {
     "clock": ("clock (dependent adds)", "frequency"),
     "fma_core": ("FP32 FMA, one core", "rate"),
     "fma_all": ("FP32 FMA, all cores", "rate"),
+    "fma_per_clock": ("FP32 FLOP per clock, one core", "count"),
     "fork_join": ("OpenMP fork/join", "time"),
     **{f"read_{level}_{scope}": (f"{level.upper() if level != 'dram' else 'DRAM'} read, "
                                  f"{'one core' if scope == 'core' else 'all cores'}",

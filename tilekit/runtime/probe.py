@@ -75,7 +75,7 @@ class Plan:
     rounds: int = 1
 
 
-FULL = Plan(rep_seconds=0.1, reps=11, warmup=2, launches=2000, rounds=3)
+FULL = Plan(rep_seconds=0.1, reps=11, warmup=2, launches=2000)
 QUICK = Plan(rep_seconds=0.01, reps=5, warmup=1, launches=500)
 
 

@@ -6,6 +6,7 @@
 //   probe_cpu read BYTES REP_S REPS WARMUP           streaming reads of BYTES per thread
 //   probe_cpu fma REP_S REPS WARMUP                  independent FMA chains per thread
 //   probe_cpu clock REP_S REPS WARMUP                a chain of dependent integer adds
+//   probe_cpu fmaclock REP_S REPS WARMUP             FMA and adds in turn: FLOP per clock
 //   probe_cpu forkjoin REP_S REPS WARMUP             empty `omp parallel` regions
 //
 // Threads: OMP_NUM_THREADS (the Python side sets it, with OMP_PROC_BIND/OMP_PLACES pinning one
@@ -52,7 +53,7 @@ double now() {
 // `run(n)` does n units of work and returns the seconds it took (timed inside, so that a
 // benchmark can leave set-up and barriers out). Prints `rep <units> <seconds>` per timed run.
 template <class Run>
-void measure(Run run, double rep_seconds, int reps, int warmup) {
+long calibrate(Run run, double rep_seconds) {
   long n = 1;
   double seconds = run(n);
   while (seconds < rep_seconds / 4 && n < (1L << 40)) {
@@ -63,6 +64,12 @@ void measure(Run run, double rep_seconds, int reps, int warmup) {
     const double scaled = n * rep_seconds / seconds;
     n = scaled < 1 ? 1 : static_cast<long>(scaled);
   }
+  return n;
+}
+
+template <class Run>
+void measure(Run run, double rep_seconds, int reps, int warmup) {
+  const long n = calibrate(run, rep_seconds);
   for (int i = 0; i < warmup; ++i) run(n);
   for (int i = 0; i < reps; ++i) {
     const double s = run(n);
@@ -327,6 +334,40 @@ int bench_clock(double rep_seconds, int reps, int warmup) {
 #endif
 }
 
+// -- FMA per clock --------------------------------------------------------------------------------
+
+// One thread alternates half a repetition of FMA chains with half a repetition of the add chain
+// and prints both of each pair (`pair <flop> <seconds> <cycles> <seconds>`): their ratio, FLOP
+// per clock, holds whatever the clock and whatever other work slowed both halves of a pair.
+#ifdef TK_CHAINS
+int bench_fma_per_clock(double rep_seconds, int reps, int warmup) {
+  float folded = 0;
+  unsigned long added = 0;
+  auto fma = [&](long iters) {
+    const double start = now();
+    folded += fma_chains(iters, 0.999999f, 1e-6f);
+    return now() - start;
+  };
+  auto adds = [&](long iters) {
+    const double start = now();
+    added += add_chain(iters, 1);
+    return now() - start;
+  };
+  const long nf = calibrate(fma, rep_seconds / 2), nc = calibrate(adds, rep_seconds / 2);
+  const long flop = 2L * TK_CHAINS * (vector_bytes() / 4) * 2;
+  for (int i = 0; i < warmup; ++i) {
+    fma(nf);
+    adds(nc);
+  }
+  for (int i = 0; i < reps; ++i) {
+    const double sf = fma(nf), sc = adds(nc);
+    std::printf("pair %ld %.9e %ld %.9e\n", nf * flop, sf, nc * 100, sc);
+  }
+  std::printf("check %.6e %lu\n", static_cast<double>(folded), added);
+  return 0;
+}
+#endif
+
 // -- fork/join ------------------------------------------------------------------------------------
 
 // Work unit: one empty parallel region on all threads (the fork, the implicit barrier, the join).
@@ -370,6 +411,9 @@ int main(int argc, char** argv) {
 #ifdef TK_CHAINS
     if (argc == 5 && std::strcmp(argv[1], "fma") == 0) {
       return bench_fma(rep_seconds, reps, warmup, 0.999999f, 1e-6f);
+    }
+    if (argc == 5 && std::strcmp(argv[1], "fmaclock") == 0) {
+      return bench_fma_per_clock(rep_seconds, reps, warmup);
     }
 #endif
     if (argc == 5 && std::strcmp(argv[1], "clock") == 0) {

@@ -14,10 +14,12 @@ what `-march=native` means here).
 `measure_cpu` runs the kernels one process per benchmark, with OpenMP pinning one thread per
 core (OMP_PLACES=cores, OMP_PROC_BIND=close): a streaming read over a working set sized to each
 cache level and to DRAM, on one core and on all cores; independent FMA chains on one core and
-on all; a chain of dependent adds (the clock); empty parallel regions (fork/join). Each follows
-the GPU probe's recipe (`tilekit.runtime.probe.Plan`): the work of one repetition grows until it
-takes `rep_seconds`, runs `warmup` times untimed, and the figure is the median of `reps` timed
-runs. The result is plain data in base units (B/s, FLOP/s, Hz, s) that
+on all; a chain of dependent adds (the clock); the two in turn (FLOP per clock, whatever the
+clock); empty parallel regions (fork/join). Each follows
+the GPU probe's recipe (`tilekit.runtime.probe.Plan`, with the CPU's `FULL` and `QUICK`): the
+work of one repetition grows until it takes `rep_seconds`, runs `warmup` times untimed, then
+`reps` timed repetitions pooled over `rounds` passes over the list; the figure is `figure_of`
+them, the median of the fastest quarter. The result is plain data in base units (B/s, FLOP/s, Hz, s) that
 `tilekit.hw.probe_cpu_profile.probed_cpu_profile` turns into a `kind: cpu` profile. What each
 benchmark measures and cannot see is in docs/hwprofiles.md, "Probing a CPU".
 """
@@ -40,9 +42,15 @@ from typing import Any, Callable
 from tilekit.errors import TilekitError, UnsupportedError
 from tilekit.hw.cpu import ISA_REGISTERS
 from tilekit.hw.units import format_quantity
-from tilekit.runtime.probe import FULL, QUICK, Plan
+from tilekit.runtime.probe import Plan
 
 SOURCE = Path(__file__).with_name("probe_cpu.cpp")
+#: Many short repetitions (the GPU probe's recipe with another plan): a repetition that other
+#: work on the machine slowed is one of many, and `figure_of` leaves it out. The full plan
+#: pools 3 rounds of 50 repetitions of each benchmark (about 15 s in all); --quick one round
+#: of 24 (about 1.5 s).
+FULL = Plan(rep_seconds=0.004, reps=150, warmup=2, launches=0, rounds=3)
+QUICK = Plan(rep_seconds=0.002, reps=24, warmup=1, launches=0, rounds=1)
 #: How the kernels are built: for the CPU in hand, as tk-codegen --target cpu builds its code.
 FLAGS = ("-O3", "-std=c++17", "-march=native", "-fopenmp")
 SYSFS_CPU = Path("/sys/devices/system/cpu")
@@ -319,23 +327,30 @@ def _run(binary: Path, args: list[str], threads: int) -> dict[str, Any]:
     if proc.returncode != 0:
         raise TilekitError(f"the CPU probe's kernels failed ({' '.join(args[:2])}): "
                            f"{proc.stderr.strip()[:500]}", "probe")
-    out: dict[str, Any] = {"reps": []}
+    out: dict[str, Any] = {"reps": [], "pairs": []}
     for line in proc.stdout.splitlines():
         key, _, value = line.partition(" ")
         if key == "rep":
             units, seconds = value.split()
             out["reps"].append((int(units), float(seconds)))
+        elif key == "pair":
+            work, seconds, other, other_seconds = value.split()
+            out["pairs"].append((float(work), float(seconds), float(other), float(other_seconds)))
         else:
             out[key] = value
     return out
 
 
+def _timed(dev: CpuDevice, plan: Plan, args: list[str], threads: int) -> dict[str, Any]:
+    """One round of a benchmark: its output, with plan.reps / plan.rounds repetitions."""
+    reps = -(-plan.reps // plan.rounds)
+    return _run(dev.binary, [*args, f"{plan.rep_seconds}", str(reps), str(plan.warmup)], threads)
+
+
 def _rates(dev: CpuDevice, plan: Plan, args: list[str], threads: int,
            per_unit: str) -> list[float]:
-    """Work per second of each timed repetition: units x `per_unit` / seconds. One round runs
-    plan.reps / plan.rounds repetitions (rounded up)."""
-    reps = -(-plan.reps // plan.rounds)
-    out = _run(dev.binary, [*args, f"{plan.rep_seconds}", str(reps), str(plan.warmup)], threads)
+    """Work per second of each timed repetition: units x `per_unit` / seconds."""
+    out = _timed(dev, plan, args, threads)
     work = float(out.get(per_unit, "1"))
     rates = [units * work / seconds for units, seconds in out["reps"] if seconds > 0]
     if not rates:
@@ -344,12 +359,14 @@ def _rates(dev: CpuDevice, plan: Plan, args: list[str], threads: int,
 
 
 def figure_of(rates: list[float]) -> float:
-    """The figure of a benchmark's pooled repetitions: the median of the faster half (the
-    upper quartile). On a shared machine other work only ever slows a repetition down, so the
-    faster half is the machine's own rate; the median of it, not the single fastest, keeps one
-    lucky repetition from setting the figure."""
+    """The figure of a benchmark's repetitions: the median of the fastest quarter.
+
+    A shared machine's other work only ever slows a repetition down (a time slice taken, a
+    sibling thread busy), and takes many of them on a busy machine: the fastest repetitions are
+    the machine's own rate. The median of a quarter of them, not the single fastest, keeps a
+    lucky one (a timer step, a turbo burst) from setting the figure."""
     ordered = sorted(rates)
-    return statistics.median(ordered[len(ordered) // 2:])
+    return statistics.median(ordered[len(ordered) - max(1, len(ordered) // 4):])
 
 
 # -- working sets ------------------------------------------------------------------------------------
@@ -385,8 +402,33 @@ def _size(nbytes: int) -> str:
     return format_quantity(nbytes, "bytes")
 
 
-#: One benchmark's samples: result name -> (rates, what, extra fields of the result).
-Samples = dict[str, tuple[list[float], str, dict[str, Any]]]
+@dataclass
+class Series:
+    """One result's repetitions, pooled over the rounds: rates (work per second); for a ratio,
+    the rates of the denominator in `per` (FLOP per clock: FMA rates over add-chain rates)."""
+
+    what: str
+    rates: list[float] = field(default_factory=list)
+    per: list[float] = field(default_factory=list)
+    inverse: bool = False   # the figure is 1 / rate (seconds per fork/join)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def add(self, other: "Series") -> None:
+        self.rates += other.rates
+        self.per += other.per
+
+    def result(self) -> dict[str, Any]:
+        value, low, high = figure_of(self.rates), min(self.rates), max(self.rates)
+        if self.per:
+            value = value / figure_of(self.per)
+            low, high = low / max(self.per), high / min(self.per)
+        if self.inverse:
+            value, low, high = 1.0 / value, 1.0 / high, 1.0 / low
+        return {"value": value, "what": self.what, **self.extra, "samples": len(self.rates),
+                "low": low, "high": high}
+
+
+Samples = dict[str, Series]
 
 
 def _scopes(dev: CpuDevice) -> tuple[tuple[str, int, str], ...]:
@@ -398,31 +440,43 @@ def _read_level(dev: CpuDevice, plan: Plan, level: str) -> Samples:
     samples: Samples = {}
     for scope, threads, who in _scopes(dev):
         nbytes = working_sets(dev, threads)[level]
-        rates = _rates(dev, plan, ["read", str(nbytes)], threads, "bytes_per_unit")
-        samples[f"read_{level}_{scope}"] = (
-            rates, f"{dev.vector_bytes}-byte {dev.isa} loads streaming over {_size(nbytes)} "
-                   f"per thread, {who}", {"bytes": nbytes})
+        samples[f"read_{level}_{scope}"] = Series(
+            f"{dev.vector_bytes}-byte {dev.isa} loads streaming over {_size(nbytes)} per thread, "
+            f"{who}", _rates(dev, plan, ["read", str(nbytes)], threads, "bytes_per_unit"),
+            extra={"bytes": nbytes})
     return samples
 
 
 def _fma(dev: CpuDevice, plan: Plan) -> Samples:
-    # all cores first, so that one core's rate comes right before the clock
-    return {f"fma_{scope}": (_rates(dev, plan, ["fma"], threads, "flop_per_unit"),
-                             f"independent fp32 FMA chains in {dev.vector_bytes}-byte {dev.isa} "
-                             f"registers, {who}", {})
-            for scope, threads, who in reversed(_scopes(dev))}
+    return {f"fma_{scope}": Series(f"independent fp32 FMA chains in {dev.vector_bytes}-byte "
+                                   f"{dev.isa} registers, {who}",
+                                   _rates(dev, plan, ["fma"], threads, "flop_per_unit"))
+            for scope, threads, who in _scopes(dev)}
+
+
+def _fma_per_clock(dev: CpuDevice, plan: Plan) -> Samples:
+    """FLOP per clock of one core: FMA repetitions and add-chain repetitions in turn, so that
+    both see the same clock and the same other work; the ratio of their figures."""
+    out = _timed(dev, plan, ["fmaclock"], 1)
+    pairs = [(flop / sf, cycles / sc) for flop, sf, cycles, sc in out["pairs"]
+             if sf > 0 and sc > 0]
+    if not pairs:
+        raise TilekitError("the CPU probe's fmaclock benchmark timed nothing", "probe")
+    return {"fma_per_clock": Series("fp32 FMA chains and the add chain in turn on one thread: "
+                                    "FLOP per clock", [f for f, _ in pairs],
+                                    [c for _, c in pairs])}
 
 
 def _clock(dev: CpuDevice, plan: Plan) -> Samples:
-    return {"clock": (_rates(dev, plan, ["clock"], 1, "cycles_per_unit"),
-                      "a chain of dependent register adds, one per clock, one thread", {})}
+    return {"clock": Series("a chain of dependent register adds, one per clock, one thread",
+                            _rates(dev, plan, ["clock"], 1, "cycles_per_unit"))}
 
 
 def _fork_join(dev: CpuDevice, plan: Plan) -> Samples:
-    regions = _rates(dev, plan, ["forkjoin"], dev.cores, "regions_per_unit")
-    return {"fork_join": (regions, f"empty OpenMP parallel regions back to back on {dev.cores} "
-                                   f"threads, one per core, libgomp's default wait policy",
-                          {"per": "region"})}
+    return {"fork_join": Series(f"empty OpenMP parallel regions back to back on {dev.cores} "
+                                f"threads, one per core, libgomp's default wait policy",
+                                _rates(dev, plan, ["forkjoin"], dev.cores, "regions_per_unit"),
+                                inverse=True)}
 
 
 def _share_notes(dev: CpuDevice) -> list[str]:
@@ -447,6 +501,7 @@ def measure_cpu(dev: CpuDevice, quick: bool = False,
     steps: list[tuple[str, Callable[[], Samples]]] = [
         ("FMA", lambda: _fma(dev, plan)),
         ("clock", lambda: _clock(dev, plan)),
+        ("FMA per clock", lambda: _fma_per_clock(dev, plan)),
         ("fork/join", lambda: _fork_join(dev, plan)),
     ]
     for cache in dev.caches:
@@ -458,16 +513,12 @@ def measure_cpu(dev: CpuDevice, quick: bool = False,
         for label, step in steps:
             if progress is not None:
                 progress(label if plan.rounds == 1 else f"{label} ({round_ + 1}/{plan.rounds})")
-            for name, (rates, what, extra) in step().items():
-                pooled.setdefault(name, ([], what, extra))[0].extend(rates)
-    results = {}
-    for name, (rates, what, extra) in pooled.items():
-        value, low, high = figure_of(rates), min(rates), max(rates)
-        if extra.get("per") == "region":  # regions per second -> seconds per region
-            value, low, high = 1.0 / value, 1.0 / high, 1.0 / low
-            extra = {}
-        results[name] = {"value": value, "what": what, **extra, "samples": len(rates),
-                         "low": low, "high": high}
+            for name, series in step().items():
+                if name in pooled:
+                    pooled[name].add(series)
+                else:
+                    pooled[name] = series
+    results = {name: series.result() for name, series in pooled.items()}
     return {
         "kind": "cpu",
         "device": dev.name,
