@@ -401,3 +401,41 @@ def test_the_loops_survive_the_compiler(march, tmp_path):
     assert len(re.findall(rf"vpxor\w*\s+-?\w*\(%\w+\), %{register}\d+, %{register}\d+",
                           text)) >= 8
     assert re.search(r"\.rept 100\s+addq\s+%\w+, %\w+\s+\.endr", text)
+
+
+CROSS = shutil.which("aarch64-linux-gnu-g++")
+QEMU = shutil.which("qemu-aarch64")
+
+
+@pytest.mark.skipif(CROSS is None or QEMU is None,
+                    reason="needs aarch64-linux-gnu-g++ and qemu-aarch64 (the Arm kernels)")
+@pytest.mark.parametrize("march, cpu, isa, width", [
+    ("armv8.4-a+sve", "max", "sve", 64),     # qemu's SVE vectors are 64 bytes by default
+    ("armv8-a", "max,sve=off", "neon", 16),
+])
+def test_the_arm_kernels_build_and_run_under_qemu(march, cpu, isa, width, tmp_path):
+    """The AArch64 paths (SVE intrinsics, NEON intrinsics, the add chain in A64 assembly) on an
+    x86 machine: cross-compiled and run by qemu-user. Functional only: qemu's timings mean
+    nothing."""
+    import os
+    binary = tmp_path / "probe_cpu"
+    flags = [f for f in probe_cpu.FLAGS if not f.startswith("-march")]
+    subprocess.run([CROSS, *flags, f"-march={march}", "-o", str(binary), str(probe_cpu.SOURCE)],
+                   check=True, capture_output=True, text=True)
+    env = dict(os.environ, QEMU_LD_PREFIX="/usr/aarch64-linux-gnu", QEMU_CPU=cpu,
+               OMP_NUM_THREADS="2")
+
+    def run(*args: str) -> str:
+        proc = subprocess.run([QEMU, str(binary), *args], capture_output=True, text=True,
+                              env=env, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout
+
+    assert run("info").splitlines()[:2] == [f"isa {isa}", f"vector_bytes {width}"]
+    timed = ("0.002", "2", "1")
+    assert f"flop_per_unit {2 * 20 * (width // 4) * 2 * 2}" in \
+        run("fma", *timed)
+    assert run("read", "65536", *timed).count("rep ") == 2
+    assert run("clock", *timed).count("rep ") == 2
+    assert run("fmaclock", *timed).count("pair ") == 2
+    assert "regions_per_unit 1" in run("forkjoin", *timed)
