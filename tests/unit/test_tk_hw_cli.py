@@ -194,3 +194,27 @@ def test_list_skips_ir_documents_in_a_search_folder(tmp_path, monkeypatch):
     result = CliRunner().invoke(main, ["list"])
     assert result.exit_code == 0, result.output
     assert "<shipped>/h100.yaml" in result.stdout and "m.yaml" not in result.stdout
+
+
+def test_show_a_cpu_profile_with_its_derived_peaks():
+    result = run("show", "milan")
+    assert result.exit_code == 0, result.stderr
+    rows = {line.split()[0]: line for line in result.stdout.splitlines() if line.strip()}
+    assert rows["kind:"].split()[1] == "cpu" and rows["arch:"].split()[1] == "znver3"
+    assert rows["simd.isa"].split()[1:3] == ["avx2", "amd-sog"]
+    assert rows["memory[l3].shared_by"].split()[1] == "8"
+    assert "5.018 TFLOP/s  derived: 64 cores x 2 FMA units x 8 fp32 lanes" in \
+        rows["compute.peak.fp32"]
+    assert "78.4 GFLOP/s" in rows["compute.peak_per_core.fp32"]
+    assert "derived: memory[l2].bandwidth x 64 cores (a private level)" in \
+        rows["memory[l2].bandwidth_all"]
+    data = json.loads(run("show", "--json", "graviton3").stdout)
+    assert data["kind"] == "cpu" and data["cpu"]["isa"] == "sve"
+    assert [lv["name"] for lv in data["cpu"]["levels"]] == ["l1", "l2", "l3", "dram"]
+    assert data["sm_count"] == 64 and data["peaks"]["fp64"] == pytest.approx(2.6624e12)
+
+
+def test_validate_cpu_profiles_by_name_and_alias():
+    result = run("validate", "milan", "xeon-8380", "c7g")
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout.splitlines() == ["ok: milan", "ok: xeon-8380", "ok: c7g"]

@@ -207,7 +207,7 @@ def _open_device(cpu: bool, gpu: bool, base: str | None, quiet: bool):
 @click.option("--gpu", "gpu", is_flag=True,
               help="Probe the GPU; without one, exit 2 instead of probing the CPU.")
 @click.option("--quick", is_flag=True,
-              help="Fewer and shorter repetitions: about 4x faster (GPU), 20x (CPU), noisier.")
+              help="Fewer and shorter repetitions: about 4x faster (GPU), 6x (CPU), noisier.")
 def probe_command(output: str, base: str | None, cpu: bool, gpu: bool, quick: bool, quiet: bool,
                   debug: bool) -> int:
     """Measure the GPU in hand, or the CPU, and write its hardware profile (YAML).

@@ -33,8 +33,11 @@ ISA_REGISTERS = {"avx2": 16, "avx512": 32, "neon": 32, "sve": 32}
 #: Memory levels of a cpu profile, innermost first; `registers`, `l1`, `l2` and `dram` are required.
 CPU_LEVELS = ("registers", "l1", "l2", "l3", "dram")
 CACHE_LEVELS = ("l1", "l2", "l3")
-#: Bytes of one element of the dtypes a cpu profile has peaks for (FMA on vector lanes).
-PEAK_DTYPE_BYTES = {"fp64": 8, "fp32": 4}
+#: Bytes of one element of each profile dtype (`Profile.simd_lanes`).
+DTYPE_BYTES = {"fp64": 8, "fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "int32": 4,
+               "int8": 1}
+#: The dtypes a cpu profile has peaks for (FMA on vector lanes), and their bytes.
+PEAK_DTYPE_BYTES = {dtype: DTYPE_BYTES[dtype] for dtype in ("fp64", "fp32")}
 #: One FMA is two floating-point operations.
 FLOP_PER_FMA = 2
 

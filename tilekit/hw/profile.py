@@ -397,9 +397,7 @@ class Profile:
 
     def simd_lanes(self, dtype: str) -> int:
         """Elements of `dtype` (profile key or IR name: fp32, float64, ...) in one vector."""
-        key = DTYPE_ALIASES.get(dtype, dtype)
-        width = {"fp64": 8, "fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 1,
-                 "int32": 4, "int8": 1}.get(key)
+        width = cpu_model.DTYPE_BYTES.get(DTYPE_ALIASES.get(dtype, dtype))
         if width is None:
             raise ProfileError(f"unknown dtype '{dtype}'", f"{self.name}: simd",
                                f"use one of: {', '.join(DTYPES)}")
