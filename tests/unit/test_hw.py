@@ -26,8 +26,11 @@ def no_env(monkeypatch):
 
 # -- shipped profiles ----------------------------------------------------------------------------
 
-def test_the_five_profiles_ship(no_env):
-    assert profile_names() == ["a100", "h100", "ipu", "rtx4090", "v100"]
+SHIPPED_NAMES = ["a100", "graviton3", "h100", "icelake", "ipu", "milan", "rtx4090", "v100"]
+
+
+def test_the_shipped_profiles(no_env):
+    assert profile_names() == SHIPPED_NAMES
     assert [p.name for p in list_profiles()] == profile_names()
 
 
@@ -126,7 +129,7 @@ def test_unknown_name_lists_the_known_ones(no_env):
     msg = err.value.message()
     assert msg.startswith("h1000: unknown hardware profile")
     assert "did you mean 'h100'" in msg
-    for name in ("a100", "h100", "ipu", "rtx4090", "v100"):
+    for name in SHIPPED_NAMES:
         assert name in msg
 
 
@@ -181,7 +184,7 @@ def test_a_search_folder_may_hold_ir_documents_and_other_yaml(tmp_path, monkeypa
                                          .replace("aliases: [v100-sxm2, v100-sxm2-32gb, V100]",
                                                   "aliases: []"))
     monkeypatch.setenv(ENV_VAR, str(tmp_path))
-    assert profile_names() == ["a100", "h100", "ipu", "rtx4090", "v100", "v100x"]
+    assert profile_names() == sorted([*SHIPPED_NAMES, "v100x"])
     assert {p.name for p in list_profiles()} >= {"v100x", "h100"}
     from tilekit.hw.registry import listing, looks_like_profile
     assert not looks_like_profile(tmp_path / "m.yaml")

@@ -352,12 +352,14 @@ FAKE_CUPY = {
     ("no device", "probe: no CUDA device is visible; "),
 ])
 def test_without_cupy_or_gpu_one_line_and_exit_2(tmp_path, case, message):
+    """--gpu insists on a GPU (without it, a machine without one probes its CPU:
+    test_hw_probe_cpu.py)."""
     (tmp_path / "cupy").mkdir()
     (tmp_path / "cupy" / "__init__.py").write_text(FAKE_CUPY[case])
     env = dict(os.environ, PYTHONPATH=str(tmp_path))
     out = tmp_path / "probed.yaml"
-    proc = subprocess.run([sys.executable, str(REPO / "bin" / "tk-hw"), "probe", "-o", str(out)],
-                          capture_output=True, text=True, env=env, timeout=120)
+    proc = subprocess.run([sys.executable, str(REPO / "bin" / "tk-hw"), "probe", "--gpu", "-o",
+                           str(out)], capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 2, proc.stderr
     assert proc.stdout == "" and not out.exists()
     lines = proc.stderr.splitlines()

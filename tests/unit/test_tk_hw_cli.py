@@ -102,12 +102,16 @@ def test_list_is_a_plain_table_when_piped():
     result = run("list")
     assert result.exit_code == 0, result.stderr
     lines = result.stdout.splitlines()
-    assert lines[0].split()[:4] == ["NAME", "ARCH", "KIND", "SMS"]
+    assert lines[0].split()[:4] == ["NAME", "ARCH", "KIND", "SMS/CORES"]
     rows = {ln.split()[0]: ln for ln in lines[1:]}
-    assert set(rows) == {"a100", "h100", "ipu", "rtx4090", "v100"}
+    assert set(rows) == {"a100", "graviton3", "h100", "icelake", "ipu", "milan", "rtx4090",
+                         "v100"}
     assert "sm_90" in rows["h100"] and "132" in rows["h100"] and "3.35 TB/s" in rows["h100"]
     assert "66.9 TFLOP/s" in rows["h100"]
     assert "distributed" in rows["ipu"]
+    # a CPU: cores, the DRAM of all cores, the derived FP32 peak, its -march value
+    assert rows["milan"].split()[1:4] == ["znver3", "cpu", "64"]
+    assert "204.8 GB/s" in rows["milan"] and "5.018 TFLOP/s" in rows["milan"]
 
 
 def test_show_prints_every_figure_with_its_source():
@@ -127,7 +131,7 @@ def test_show_json_is_base_units():
 
 
 @pytest.mark.parametrize("args, text", [
-    (["show", "h1000"], "h1000: unknown hardware profile; did you mean 'h100'? known: a100, h100"),
+    (["show", "h1000"], "h1000: unknown hardware profile; did you mean 'h100'? known: a100, graviton3, h100"),
     (["show"], "Missing argument"),
     (["show", "--frobnicate", "h100"], "No such option"),
     (["validate"], "Missing argument"),
@@ -190,3 +194,27 @@ def test_list_skips_ir_documents_in_a_search_folder(tmp_path, monkeypatch):
     result = CliRunner().invoke(main, ["list"])
     assert result.exit_code == 0, result.output
     assert "<shipped>/h100.yaml" in result.stdout and "m.yaml" not in result.stdout
+
+
+def test_show_a_cpu_profile_with_its_derived_peaks():
+    result = run("show", "milan")
+    assert result.exit_code == 0, result.stderr
+    rows = {line.split()[0]: line for line in result.stdout.splitlines() if line.strip()}
+    assert rows["kind:"].split()[1] == "cpu" and rows["arch:"].split()[1] == "znver3"
+    assert rows["simd.isa"].split()[1:3] == ["avx2", "amd-sog"]
+    assert rows["memory[l3].shared_by"].split()[1] == "8"
+    assert "5.018 TFLOP/s  derived: 64 cores x 2 FMA units x 8 fp32 lanes" in \
+        rows["compute.peak.fp32"]
+    assert "78.4 GFLOP/s" in rows["compute.peak_per_core.fp32"]
+    assert "derived: memory[l2].bandwidth x 64 cores (a private level)" in \
+        rows["memory[l2].bandwidth_all"]
+    data = json.loads(run("show", "--json", "graviton3").stdout)
+    assert data["kind"] == "cpu" and data["cpu"]["isa"] == "sve"
+    assert [lv["name"] for lv in data["cpu"]["levels"]] == ["l1", "l2", "l3", "dram"]
+    assert data["sm_count"] == 64 and data["peaks"]["fp64"] == pytest.approx(2.6624e12)
+
+
+def test_validate_cpu_profiles_by_name_and_alias():
+    result = run("validate", "milan", "xeon-8380", "c7g")
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout.splitlines() == ["ok: milan", "ok: xeon-8380", "ok: c7g"]

@@ -3,10 +3,12 @@
     tk-hw list                      one line per known profile
     tk-hw show h100                 every figure with its unit and source
     tk-hw validate FILE...          "ok: FILE" per good file; one located error per bad one, exit 2
-    tk-hw probe -o mine.yaml        measure the GPU in hand and write its profile
+    tk-hw probe -o mine.yaml        measure the GPU in hand (the CPU without one) into a profile
+    tk-hw probe --cpu -o cpu.yaml   measure the CPU in hand into a kind: cpu profile
 
 Only parsing and printing live here; loading and checking are `tilekit.hw`, measuring
-`tilekit.runtime.probe`, and turning measurements into a profile `tilekit.hw.probe_profile`.
+`tilekit.runtime.probe` (a CPU: `tilekit.runtime.probe_cpu`), and turning measurements into a
+profile `tilekit.hw.probe_profile` (a CPU's: `tilekit.hw.probe_cpu_profile`).
 """
 
 from __future__ import annotations
@@ -175,44 +177,84 @@ def _measure(device, quick: bool, quiet: bool) -> dict:
                              progress=lambda label: status.update(f"{title}: {label}"))
 
 
+def _open_device(cpu: bool, gpu: bool, base: str | None, quiet: bool):
+    """The device to probe: the CPU with --cpu; the GPU with --gpu or --base (a GPU profile);
+    otherwise the GPU when CuPy sees one, else the CPU (with a warning saying why)."""
+    from tilekit.runtime import probe
+
+    if cpu:
+        from tilekit.runtime.probe_cpu import open_cpu
+        return open_cpu()
+    try:
+        return probe.open_device()
+    except TilekitError as exc:
+        if gpu or base:
+            raise
+        from tilekit.runtime.probe_cpu import open_cpu
+        if not quiet:
+            warn(TOOL, f"no GPU to probe ({exc.what}): probing the CPU (--cpu says so; --gpu "
+                       "makes a missing GPU an error)")
+        return open_cpu()
+
+
 @tk_command(TOOL)
 @output_option
 @click.option("--base", metavar="NAME|PATH", default=None,
-              help="Profile to start from (default: the shipped profile of the device's arch, "
-                   "else h100).")
+              help="GPU: the profile to start from (default: the shipped profile of the "
+                   "device's arch, else h100). Not with --cpu.")
+@click.option("--cpu", "cpu", is_flag=True,
+              help="Probe the CPU in hand (the default on a machine without a GPU).")
+@click.option("--gpu", "gpu", is_flag=True,
+              help="Probe the GPU; without one, exit 2 instead of probing the CPU.")
 @click.option("--quick", is_flag=True,
-              help="Fewer and shorter repetitions: about 4x faster, a little noisier.")
-def probe_command(output: str, base: str | None, quick: bool, quiet: bool, debug: bool) -> int:
-    """Measure the GPU in hand and write its hardware profile (YAML).
+              help="Fewer and shorter repetitions: about 4x faster (GPU), 6x (CPU), noisier.")
+def probe_command(output: str, base: str | None, cpu: bool, gpu: bool, quick: bool, quiet: bool,
+                  debug: bool) -> int:
+    """Measure the GPU in hand, or the CPU, and write its hardware profile (YAML).
 
-    Micro-benchmarks (DRAM, L2, shared memory, FP32 FMA, tensor cores, kernel launch) and
-    device attributes replace the base profile's figures; the sources of the new figures say
-    'measured: tk-hw probe ...' or 'derived: ...'. A table of the measurements goes to
-    stderr. Needs CuPy and an NVIDIA GPU (docs/hwprofiles.md, "Probing a device").
+    GPU: micro-benchmarks (DRAM, L2, shared memory, FP32 FMA, tensor cores, kernel launch) and
+    device attributes replace the base profile's figures; needs CuPy and an NVIDIA GPU. CPU
+    (--cpu, or no GPU): cores and caches from the system, streaming reads per cache level and
+    DRAM, FMA, the clock and OpenMP fork/join measured by kernels built with g++ -march=native
+    -fopenmp; every figure of the kind: cpu profile is measured or derived. Sources say
+    'measured: tk-hw probe ...' or 'derived: ...'. A table of the measurements goes to stderr
+    (docs/hwprofiles.md, "Probing a device" and "Probing a CPU").
     """
-    from tilekit.runtime import probe
     from tilekit.hw.probe_profile import (check_base, default_base, measurement_rows,
                                           probed_profile)
 
+    if cpu and (gpu or base):
+        raise TilekitError(f"--cpu with {'--gpu' if gpu else '--base'}", "--cpu",
+                           "the CPU probe starts from no base profile: drop --base and --gpu to "
+                           "probe the CPU, or --cpu to probe the GPU")
     # A bad --base fails before the measuring, and before looking for a GPU.
     base_path = _profile_path(base) if base else None
-    device = probe.open_device()
-    base_path = base_path or default_base(device.arch)
-    base_profile = check_base(load_profile(base_path))
-    base_text = base_path.read_text(encoding="utf-8")
-    if base_profile.compute_capability != device.compute_capability:
-        warn(TOOL, f"the base profile {base_profile.name} is for {base_profile.arch}, the device "
-                   f"is {device.arch}: figures the probe does not measure (peaks per dtype, "
-                   "mma shapes, registers per thread) still describe the base; check them")
-    measurements = _measure(device, quick, quiet)
-    text = probed_profile(measurements, base_text, display_path(base_path))
-    write_output(output, text, input_path=str(base_path))
+    device = _open_device(cpu, gpu, base, quiet)
+    if getattr(device, "kind", None) == "cpu":
+        from tilekit.hw.probe_cpu_profile import probed_cpu_profile
+
+        measurements = _measure(device, quick, quiet)
+        text = probed_cpu_profile(measurements)
+        write_output(output, text)
+        title = f"{device.describe()}, {measurements['date']}"
+    else:
+        base_path = base_path or default_base(device.arch)
+        base_profile = check_base(load_profile(base_path))
+        base_text = base_path.read_text(encoding="utf-8")
+        if base_profile.compute_capability != device.compute_capability:
+            warn(TOOL, f"the base profile {base_profile.name} is for {base_profile.arch}, the "
+                       f"device is {device.arch}: figures the probe does not measure (peaks per "
+                       "dtype, mma shapes, registers per thread) still describe the base; "
+                       "check them")
+        measurements = _measure(device, quick, quiet)
+        text = probed_profile(measurements, base_text, display_path(base_path))
+        write_output(output, text, input_path=str(base_path))
+        title = f"{device.describe()}, {measurements['date']}, base {base_profile.name}"
     for note in measurements["notes"]:
         warn(TOOL, note)
     if not quiet:
-        _print_table(("MEASURED", "VALUE", "HOW"), measurement_rows(measurements),
-                     title=f"{device.describe()}, {measurements['date']}, "
-                           f"base {base_profile.name}", err=True)
+        _print_table(("MEASURED", "VALUE", "HOW"), measurement_rows(measurements), title=title,
+                     err=True)
     return 0
 
 

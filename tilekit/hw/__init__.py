@@ -4,14 +4,20 @@
     hw = load_profile("h100")            # or an alias ("H100"), or a path to a YAML file
     hw.sm_count, hw.smem_per_block, hw.dram_bandwidth, hw.peak_flops("float16", tensor_core=True)
 
-Modules: `profile` (the frozen `Profile` record and its consistency rules), `schema` (the file
-format: fields, units, sources, located errors), `registry` (names, folders, loading),
-`units` (unit spellings and printing), `describe` (rows for people), `edit` (changing a
-profile's text in place), `probe_profile` (`tk-hw probe`'s measurements -> a profile, pure;
-the measuring needs a device and lives in `tilekit.runtime.probe`). The format is documented
-in docs/hwprofiles.md.
+Modules: `profile` (the frozen `Profile` record and its consistency rules), `cpu` (a `kind:
+cpu` profile's figures, `CpuSpec` and `CpuLevel`, their rules, the derived peaks and the GPU
+fields they fill), `schema` (the file format: fields, units, sources, located errors),
+`registry` (names, folders, loading), `units` (unit spellings and printing), `describe` (rows
+for people), `edit` (changing a profile's text in place), `probe_profile` (`tk-hw probe`'s
+measurements -> a profile, pure; the measuring needs a device and lives in
+`tilekit.runtime.probe`), `probe_cpu_profile` (the same for a CPU's measurements, from
+`tilekit.runtime.probe_cpu`). The format is documented in docs/hwprofiles.md.
+
+    cpu = load_profile("milan")          # kind: cpu
+    cpu.cores, cpu.simd_bytes, cpu.cache("l2").bandwidth, cpu.fork_join_s, cpu.march
 """
 
+from tilekit.hw.cpu import CpuLevel, CpuSpec
 from tilekit.hw.profile import (DTYPES, FEATURES, KINDS, Achievable, Features, MemoryLevel,
                                 MmaShape, Profile)
 from tilekit.hw.registry import (ENV_VAR, builtin_dir, list_profiles, load_profile,
@@ -20,7 +26,7 @@ from tilekit.hw.registry import (ENV_VAR, builtin_dir, list_profiles, load_profi
 from tilekit.hw.schema import SCHEMA_VERSION
 
 __all__ = [
-    "Achievable", "DTYPES", "ENV_VAR", "FEATURES", "Features", "KINDS", "MemoryLevel",
+    "Achievable", "CpuLevel", "CpuSpec", "DTYPES", "ENV_VAR", "FEATURES", "Features", "KINDS", "MemoryLevel",
     "MmaShape", "Profile", "SCHEMA_VERSION", "builtin_dir", "list_profiles", "load_profile",
     "load_recorded_profile", "profile_dirs", "profile_names", "read_profile_file",
     "recorded_profile", "resolve",

@@ -9,7 +9,8 @@ from tilekit.hw.profile import Features, MmaShape, Profile
 from tilekit.hw.schema import dimension_of
 from tilekit.hw.units import format_quantity
 
-SUMMARY_COLUMNS = ("NAME", "ARCH", "KIND", "SMS", "DRAM BW", "FP32 PEAK", "ALIASES")
+#: SMS/CORES: SMs on a GPU, tiles on a distributed machine, physical cores on a CPU.
+SUMMARY_COLUMNS = ("NAME", "ARCH", "KIND", "SMS/CORES", "DRAM BW", "FP32 PEAK", "ALIASES")
 
 
 def summary_row(p: Profile) -> tuple[str, ...]:

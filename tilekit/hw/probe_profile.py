@@ -1,5 +1,8 @@
 """From measurements to a hardware profile: the part of `tk-hw probe` that needs no GPU.
 
+(A CPU's measurements become a profile in `tilekit.hw.probe_cpu_profile`; `measurement_rows`
+and the tables of what each probe measures, `RESULTS` and `CPU_RESULTS`, serve both.)
+
     text = probed_profile(measurements, base_text, "hwprofiles/h100.yaml")
 
 `measurements` is what `tilekit.runtime.probe.measure` returns (plain data, base units):
@@ -57,6 +60,19 @@ RESULTS = {
     "mma_tf32": ("tensor cores, tf32", "rate"),
     "launch_events": ("kernel launch, CUDA events", "time"),
     "launch_wall": ("kernel launch, wall clock", "time"),
+}
+#: What `tk-hw probe --cpu` measures (tilekit.runtime.probe_cpu; the profile is written by
+#: tilekit.hw.probe_cpu_profile): result name -> (label for people, dimension). Base units.
+CPU_RESULTS = {
+    "clock": ("clock (dependent adds)", "frequency"),
+    "fma_core": ("FP32 FMA, one core", "rate"),
+    "fma_all": ("FP32 FMA, all cores", "rate"),
+    "fma_per_clock": ("FP32 FLOP per clock, one core", "count"),
+    "fork_join": ("OpenMP fork/join", "time"),
+    **{f"read_{level}_{scope}": (f"{level.upper() if level != 'dram' else 'DRAM'} read, "
+                                 f"{'one core' if scope == 'core' else 'all cores'}",
+                                 "bandwidth")
+       for level in ("l1", "l2", "l3", "dram") for scope in ("core", "all")},
 }
 #: Profile figures read from one device attribute (the cudaDevAttr name without its prefix).
 ATTRIBUTE_FIGURES = {
@@ -151,13 +167,13 @@ class _Changes:
         value, source, note = self.figures[path]
         unit = self.unit(path)
         if dimension_of(path) == "bytes":
-            value, unit = _whole_bytes(int(value), unit)
+            value, unit = whole_bytes(int(value), unit)
         elif unit:
             value = value / UNITS[dimension_of(path)][unit]
         return figure_text(value, unit, source, note)
 
 
-def _whole_bytes(nbytes: int, unit: str) -> tuple[int, str]:
+def whole_bytes(nbytes: int, unit: str) -> tuple[int, str]:
     """`nbytes` in `unit` when that is a whole number, else in the largest binary unit that is."""
     for candidate in (unit, *_BINARY_UNITS):
         factor = int(UNITS["bytes"][candidate])
@@ -323,7 +339,8 @@ def check_base(base: Profile) -> Profile:
         raise ProfileError(f"'{base.name}' is a {base.vendor} {base.kind} profile",
                            base.origin or base.name,
                            "tk-hw probe measures NVIDIA GPUs: start from an NVIDIA profile "
-                           "(--base h100)")
+                           "(--base h100)" + ("; tk-hw probe --cpu measures a CPU, without a "
+                                              "base" if base.kind == "cpu" else ""))
     return base
 
 
@@ -360,10 +377,12 @@ def probed_profile(measurements: Mapping[str, Any], base_text: str, origin: str)
 
 
 def measurement_rows(measurements: Mapping[str, Any]) -> list[tuple[str, str, str]]:
-    """(what was measured, value with unit, how) for each result, in a fixed order."""
+    """(what was measured, value with unit, how) for each result, in a fixed order: a GPU's
+    (`RESULTS`) or a CPU's (`CPU_RESULTS`, when `kind` is cpu)."""
     results = measurements.get("results") or {}
+    table = CPU_RESULTS if measurements.get("kind") == "cpu" else RESULTS
     return [(label, format_quantity(results[name]["value"], dim), results[name]["what"])
-            for name, (label, dim) in RESULTS.items() if name in results]
+            for name, (label, dim) in table.items() if name in results]
 
 
 def default_base(arch: str) -> Path:

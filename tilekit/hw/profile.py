@@ -13,6 +13,11 @@ dram_bytes / dram_bandwidth).
 The consistency rules (shared memory per block <= per SM, warp size divides the block limit,
 ...) live in `__post_init__`, so a variant made with `dataclasses.replace` (twice the SMs, more
 bandwidth) is checked by the same rules as a file.
+
+A `kind: cpu` profile carries its CPU figures in `cpu` (`tilekit.hw.cpu.CpuSpec`: cores, SIMD,
+caches, fork/join) and fills the GPU-shaped fields from them (`tilekit.hw.cpu.gpu_view`); its
+accessors (`cores`, `simd_bytes`, `cache("l2")`, `fork_join_s`, ...) raise a ProfileError on
+the other kinds, and a variant is made with `with_cpu`.
 """
 
 from __future__ import annotations
@@ -25,9 +30,11 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from tilekit.errors import ProfileError
+from tilekit.hw import cpu as cpu_model
+from tilekit.hw.cpu import CpuLevel, CpuSpec
 from tilekit.hw.units import format_quantity
 
-KINDS = ("simt", "distributed")
+KINDS = ("simt", "distributed", "cpu")
 #: Keys of the per-dtype peak tables (`compute.simt`, `compute.tensor_core`).
 DTYPES = ("fp64", "fp32", "tf32", "fp16", "bf16", "fp8", "int32", "int8")
 #: IR dtype names (tilekit.ir.model.DTYPES) accepted by `Profile.peak_flops` as well.
@@ -202,6 +209,8 @@ class Profile:
     sources: Mapping[str, str] = field(default_factory=dict)
     #: source key -> the document it names (the file's `sources:` map)
     references: Mapping[str, str] = field(default_factory=dict)
+    #: a `kind: cpu` profile's CPU figures (None on the other kinds)
+    cpu: CpuSpec | None = None
     #: the file this came from, for messages only: not part of equality or the content hash
     origin: str = field(default="", compare=False)
 
@@ -234,7 +243,10 @@ class Profile:
 
     @property
     def memory_levels(self) -> tuple[MemoryLevel, ...]:
-        """The hierarchy, innermost first: registers, shared, l2 (if any), dram."""
+        """The hierarchy, innermost first: registers, shared, l2 (if any), dram; on a cpu
+        profile registers, l1, l2, l3 (if any), dram (`cpu_memory_levels`)."""
+        if self.cpu is not None:
+            return self._cpu_memory_levels()
         levels = [
             MemoryLevel("registers", self.labels.get("registers", "registers"), "sm",
                         self.reg_file_bytes, None, REGISTER_BYTES),
@@ -249,8 +261,21 @@ class Profile:
                                   self.dram_bytes, self.dram_bandwidth, self.transaction_bytes))
         return tuple(levels)
 
+    def _cpu_memory_levels(self) -> tuple[MemoryLevel, ...]:
+        cpu = self._need_cpu("memory")
+        levels = [MemoryLevel("registers", self.labels.get("registers", "vector registers"),
+                              "thread", cpu.vector_registers * cpu.simd_bytes, None,
+                              cpu.simd_bytes)]
+        for lv in cpu.levels:
+            scope = ("device" if lv.name == "dram" or lv.shared_by == cpu.cores
+                     else "core" if lv.private else "cluster")
+            levels.append(MemoryLevel(lv.name, lv.label, scope, lv.capacity_bytes, lv.bandwidth,
+                                      lv.line_bytes))
+        return tuple(levels)
+
     def level(self, name: str) -> MemoryLevel:
-        """The memory level called `name` (registers, shared, l2, dram)."""
+        """The memory level called `name` (registers, shared, l2, dram; on a cpu profile
+        registers, l1, l2, l3, dram)."""
         for lv in self.memory_levels:
             if lv.name == name:
                 return lv
@@ -287,6 +312,10 @@ class Profile:
         Every path in `sources` resolves: an MMA entry gives its `MmaShape`, `features` the
         `Features` record.
         """
+        if self.cpu is not None:
+            found = self._cpu_figure(path)
+            if found is not None:
+                return found
         if path in _ATTR_OF_PATH:
             return getattr(self, _ATTR_OF_PATH[path])
         section, _, key = path.partition(".")
@@ -305,6 +334,133 @@ class Profile:
         raise ProfileError(f"no figure '{path}'", self.name,
                            f"figures: {', '.join(self.sources)}")
 
+    def _cpu_figure(self, path: str) -> Any:
+        """A cpu profile's figure at `path`, None when `path` is not one of the CPU paths."""
+        cpu = self.cpu
+        simple = {"cores.physical": cpu.cores, "cores.threads": cpu.threads,
+                  "simd.isa": cpu.isa, "simd.width": cpu.simd_bytes,
+                  "simd.registers": cpu.vector_registers, "simd.fma_units": cpu.fma_units,
+                  "parallel.fork_join": cpu.fork_join_s,
+                  "memory[registers].capacity": cpu.vector_registers * cpu.simd_bytes,
+                  "achievable.cache": self.achievable.smem}
+        if path in simple:
+            return simple[path]
+        m = re.fullmatch(r"compute\.(peak|peak_per_core)\.(\w+)", path)
+        if m and m.group(2) in cpu_model.PEAK_DTYPE_BYTES:
+            return (self.peak_flops(m.group(2)) if m.group(1) == "peak"
+                    else self.peak_flops_per_core(m.group(2)))
+        m = re.fullmatch(r"memory\[(\w+)\]\.(\w+)", path)
+        level = cpu.level(m.group(1)) if m else None
+        if level is not None:
+            attr = {"capacity": "capacity_bytes", "shared_by": "shared_by", "line": "line_bytes",
+                    "bandwidth": "bandwidth", "bandwidth_all": "bandwidth_all",
+                    "latency": "latency"}.get(m.group(2))
+            if attr is not None:
+                return getattr(level, attr)
+        return None
+
+    # -- a cpu profile's figures ----------------------------------------------------------------
+
+    @property
+    def is_cpu(self) -> bool:
+        return self.kind == "cpu"
+
+    def _need_cpu(self, what: str) -> CpuSpec:
+        if self.cpu is None:
+            raise ProfileError(f"a {self.kind} profile has no {what}", self.name,
+                               "it is a figure of kind: cpu profiles (docs/hwprofiles.md)")
+        return self.cpu
+
+    @property
+    def cores(self) -> int:
+        """Physical cores of the chip."""
+        return self._need_cpu("cores").cores
+
+    @property
+    def hardware_threads(self) -> int:
+        """Hardware threads of the chip (cores x threads per core)."""
+        return self._need_cpu("hardware threads").threads
+
+    @property
+    def threads_per_core(self) -> int:
+        return self._need_cpu("hardware threads").threads_per_core
+
+    @property
+    def isa(self) -> str:
+        """The SIMD instruction set: avx2, avx512, neon or sve."""
+        return self._need_cpu("SIMD ISA").isa
+
+    @property
+    def simd_bytes(self) -> int:
+        """Bytes of one vector register."""
+        return self._need_cpu("SIMD width").simd_bytes
+
+    def simd_lanes(self, dtype: str) -> int:
+        """Elements of `dtype` (profile key or IR name: fp32, float64, ...) in one vector."""
+        width = cpu_model.DTYPE_BYTES.get(DTYPE_ALIASES.get(dtype, dtype))
+        if width is None:
+            raise ProfileError(f"unknown dtype '{dtype}'", f"{self.name}: simd",
+                               f"use one of: {', '.join(DTYPES)}")
+        return self.simd_bytes // width
+
+    @property
+    def vector_registers(self) -> int:
+        """Architectural vector registers of one hardware thread."""
+        return self._need_cpu("vector registers").vector_registers
+
+    @property
+    def fma_units(self) -> int:
+        """Vector FMA instructions one core issues per clock."""
+        return self._need_cpu("FMA units").fma_units
+
+    @property
+    def fork_join_s(self) -> float:
+        """Seconds of one empty OpenMP parallel region on all cores (fork, barrier, join)."""
+        return self._need_cpu("fork/join cost").fork_join_s
+
+    @property
+    def march(self) -> str:
+        """The g++ `-march=` value to generate code for this CPU (the profile's `arch`)."""
+        self._need_cpu("-march value")
+        return self.arch
+
+    @property
+    def caches(self) -> tuple[CpuLevel, ...]:
+        """The cache levels, innermost first: l1, l2, l3 (when the CPU has one)."""
+        return self._need_cpu("caches").caches
+
+    def cache(self, name: str) -> CpuLevel:
+        """The CPU memory level `name` (l1, l2, l3 or dram): capacity of one instance, the
+        cores sharing it, line size, bandwidth of one core and of all cores."""
+        level = self._need_cpu(f"memory level '{name}'").level(name)
+        if level is None:
+            known = ", ".join(lv.name for lv in self.cpu.levels)
+            raise ProfileError(f"no memory level '{name}'", f"{self.name}: memory",
+                               f"this profile has: {known}")
+        return level
+
+    def peak_flops_per_core(self, dtype: str) -> float:
+        """One core's dense peak for `dtype` (fp32/fp64 or IR names), FLOP/s."""
+        cpu = self._need_cpu("per-core peaks")
+        key = DTYPE_ALIASES.get(dtype, dtype)
+        if key not in cpu_model.PEAK_DTYPE_BYTES:
+            self.peak_flops(dtype)  # the error listing the dtypes there are
+        return cpu_model.peak_per_core(cpu, self.clock_hz, key)
+
+    def with_cpu(self, clock_hz: float | None = None, **changes: Any) -> "Profile":
+        """A variant with other CPU figures (`CpuSpec` fields: cores=128, levels=...) and/or
+        another clock; the GPU-shaped fields and the derived peaks follow."""
+        old = self._need_cpu("CPU figures")
+        cpu = dataclasses.replace(old, **changes)
+        if "levels" not in changes and cpu.cores != old.cores:
+            cpu = dataclasses.replace(cpu, levels=cpu_model.rescale_levels(old, cpu.cores))
+        clock = self.clock_hz if clock_hz is None else clock_hz
+        cpu_model.check_cpu(cpu)
+        derived = {**cpu_model.peak_sources(cpu, clock), **cpu_model.level_sources(cpu)}
+        sources = {**self.sources, **{k: v for k, v in derived.items() if k in self.sources}}
+        return dataclasses.replace(self, cpu=cpu, clock_hz=clock, sources=sources,
+                                   **cpu_model.gpu_view(cpu, clock))
+
     def source(self, path: str) -> str:
         """Where the figure at `path` (e.g. `memory[dram].bandwidth`) came from, spelled out."""
         ref = self.sources.get(path)
@@ -319,6 +475,8 @@ class Profile:
         """The whole profile as plain data in base units (stable key order), `origin` aside."""
         data = dataclasses.asdict(self)
         data.pop("origin")
+        if data["cpu"] is None:  # GPU profiles read (and hash) as before CPUs had a kind
+            data.pop("cpu")
         return json.loads(json.dumps(data))  # tuples -> lists, mappings -> dicts
 
     @property
@@ -351,6 +509,11 @@ def _check_profile(p: Profile) -> None:
     """The rules a profile must keep; each error names the file path of the field to fix."""
     if p.kind not in KINDS:
         raise ProfileError(f"unknown kind '{p.kind}'", "kind", f"use one of: {', '.join(KINDS)}")
+    if (p.kind == "cpu") != (p.cpu is not None):
+        raise ProfileError("a cpu profile has CPU figures, and only a cpu profile has them",
+                           "kind", "build cpu profiles from their files (tk-hw validate)")
+    if p.cpu is not None:
+        _check_cpu_view(p)
     for attr in FIELD_PATHS:
         value = getattr(p, attr)
         if value is None or (attr == "l2_bytes" and value == 0):  # absent, or "no L2"
@@ -386,7 +549,9 @@ def _check_profile(p: Profile) -> None:
         _fail("smem_per_block", f"{_bytes(p.smem_per_block)} exceeds the per-SM capacity "
               f"{_bytes(p.smem_per_sm)}", "a block's shared memory lives on one SM")
 
-    if p.kind == "simt":
+    if p.kind == "cpu":
+        pass  # the CPU's rules ran first (_check_cpu_view)
+    elif p.kind == "simt":
         if not p.has_l2 or p.l2_bandwidth is None or p.l2_transaction_bytes is None:
             raise ProfileError("a simt profile needs an l2 level", "memory",
                                "add {level: l2, capacity, bandwidth, transaction}")
@@ -426,3 +591,20 @@ def _check_profile(p: Profile) -> None:
             raise ProfileError(f"dtype '{shape.dtype}' has no tensor-core peak",
                                f"compute.mma[{i}].dtype",
                                "add it under compute.tensor_core or drop the shape")
+
+
+def _check_cpu_view(p: Profile) -> None:
+    """A cpu profile: its CPU figures keep their rules, and the GPU-shaped fields are the ones
+    they give (`tilekit.hw.cpu.gpu_view`)."""
+    cpu_model.check_cpu(p.cpu)
+    if not p.clock_hz > 0:
+        _fail("clock_hz", f"must be positive, got {p.clock_hz}")
+    for attr, value in cpu_model.gpu_view(p.cpu, p.clock_hz).items():
+        if getattr(p, attr) != value:
+            raise ProfileError(
+                f"{attr} is {getattr(p, attr)!r}, but a cpu profile's {attr} follows "
+                f"{cpu_model.VIEW_ORIGIN.get(attr, 'its CPU figures')} ({value!r})", p.name,
+                "make variants of a cpu profile with Profile.with_cpu(...), which keeps them "
+                "in step")
+    if p.features != Features():
+        raise ProfileError("a cpu profile has no GPU features", "features")

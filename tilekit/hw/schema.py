@@ -5,6 +5,9 @@ plausible range of every figure), units, sources, and located error messages
 (`h100.yaml:23: parallelism.sm_count: missing; ...`). Cross-field rules live with `Profile`
 (tilekit.hw.profile) and are reported here at the line of the field they name.
 
+A `kind: cpu` profile has its own sections (`cores`, `simd`, `parallel`, cache levels l1-l3 in
+`memory`; `read_cpu_profile`), read with the same figures, units, sources and errors.
+
 A figure is always a mapping `{value: 3.35, unit: TB/s, source: datasheet}`: a bare number
 has no provenance and is refused. `source` is a key of the file's `sources:` map (a document
 name and URL) or a literal `measured: <command>`, `derived: <formula>` or `assumed: <why>`.
@@ -21,6 +24,8 @@ from typing import Any
 
 from tilekit import textdoc
 from tilekit.errors import ProfileError, excerpt
+from tilekit.hw import cpu as cpu_model
+from tilekit.hw.cpu import CPU_LEVELS, ISAS, CpuLevel, CpuSpec
 from tilekit.hw.profile import (DTYPES, FEATURES, KINDS, REGISTER_BYTES, Achievable, Features,
                                 MmaShape, Profile)
 from tilekit.hw.units import BASE_UNIT, UNITS, format_quantity, to_base, unit_list
@@ -103,9 +108,48 @@ EXCHANGE = {"bandwidth": Spec("bandwidth", 1e9, 1e16)}
 #: Kernel launch: the time from one kernel's launch to the next one's start on an idle device.
 LAUNCH = {"overhead": Spec("time", 1e-8, 1e-3)}
 
+# -- kind: cpu (tilekit.hw.cpu) -----------------------------------------------------------------
+CORES = {"physical": _count(1_000_000), "threads": _count(8_000_000)}
+SIMD = {"width": Spec("bytes", 8, 256), "registers": _count(256), "fma_units": _count(16)}
+
+
+def _cpu_cache(capacity_high: float) -> dict[str, Spec]:
+    # bandwidth: one core reading alone; bandwidth_all: all cores at once (required for a
+    # shared level, one core's x cores when absent on a private one)
+    return {
+        "capacity": Spec("bytes", 1 * KiB, capacity_high),
+        "shared_by": _count(1_000_000),
+        "line": Spec("bytes", 16, 1024),
+        "bandwidth": Spec("bandwidth", 1e8, 1e14),
+        "bandwidth_all": Spec("bandwidth", 1e8, 1e17, required=False),
+        "latency": Spec("time", 1e-10, 1e-5, required=False),
+    }
+
+
+CPU_LEVEL_FIELDS: dict[str, dict[str, Spec]] = {
+    "registers": {"capacity": Spec("bytes", 64, 64 * KiB)},  # one hardware thread's
+    "l1": _cpu_cache(16 * MiB),
+    "l2": _cpu_cache(1 * GiB),
+    "l3": _cpu_cache(16 * GiB),
+    "dram": {  # the machine's memory, all cores
+        "capacity": Spec("bytes", 16 * MiB, 64 * TiB),
+        "line": Spec("bytes", 16, 1024),
+        "bandwidth": Spec("bandwidth", 1e8, 1e13),
+        "bandwidth_all": Spec("bandwidth", 1e8, 1e15),
+        "latency": Spec("time", 1e-8, 1e-4, required=False),
+    },
+}
+#: One empty OpenMP parallel region on all cores (fork, implicit barrier, join).
+PARALLEL = {"fork_join": Spec("time", 1e-8, 1e-2)}
+#: `cache` is the fraction of the cache levels' bandwidths (the GPU kinds' `smem`).
+CPU_ACHIEVABLE = {"dram": Spec("fraction", 0, 1), "compute": Spec("fraction", 0, 1),
+                  "cache": Spec("fraction", 0, 1)}
+
+GPU_SECTIONS = ("parallelism", "registers", "features", "exchange", "launch")
+CPU_SECTIONS = ("cores", "simd", "parallel")
 TOP_LEVEL = ("schema", "name", "vendor", "arch", "aliases", "kind", "description", "sources",
              "parallelism", "registers", "memory", "compute", "features", "achievable",
-             "exchange", "launch")
+             "exchange", "launch", "cores", "simd", "parallel")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]*")
 
 
@@ -113,15 +157,18 @@ def dimension_of(path: str) -> str | None:
     """The dimension of the figure at a document path (`memory[dram].bandwidth` -> bandwidth)."""
     m = re.fullmatch(r"memory\[(\w+)\]\.(\w+)", path)
     if m:
-        spec = LEVEL_FIELDS.get(m.group(1), {}).get(m.group(2))
+        spec = (LEVEL_FIELDS.get(m.group(1), {}).get(m.group(2))
+                or CPU_LEVEL_FIELDS.get(m.group(1), {}).get(m.group(2)))
         return spec.dim if spec else None
     section, _, key = path.partition(".")
     if section == "compute":
         if key == "clock":
             return CLOCK.dim
-        return PEAK.dim if key.startswith(("simt.", "tensor_core.")) else None
-    tables = {"parallelism": PARALLELISM, "registers": REGISTERS, "achievable": ACHIEVABLE,
-              "exchange": EXCHANGE, "launch": LAUNCH}
+        return (PEAK.dim if key.startswith(("simt.", "tensor_core.", "peak.", "peak_per_core."))
+                else None)
+    tables = {"parallelism": PARALLELISM, "registers": REGISTERS,
+              "achievable": {**ACHIEVABLE, **CPU_ACHIEVABLE}, "exchange": EXCHANGE,
+              "launch": LAUNCH, "cores": CORES, "simd": SIMD, "parallel": PARALLEL}
     spec = tables.get(section, {}).get(key)
     return spec.dim if spec else None
 
@@ -338,9 +385,15 @@ def _read_sources(r: _Reader, doc: _Map) -> None:
         r.references[key] = text
 
 
-def _read_memory(r: _Reader, doc: _Map) -> tuple[dict[str, dict], dict[str, str]]:
+def _read_memory(r: _Reader, doc: _Map, order: tuple[str, ...] = LEVELS,
+                 fields_of: dict[str, dict[str, Spec]] | None = None,
+                 required: tuple[str, ...] = ("registers", "shared", "dram"),
+                 ) -> tuple[dict[str, dict], dict[str, str]]:
+    """The `memory:` list: its levels (named from `order`, innermost first) with their figures
+    in base units, and their labels. GPU levels by default; a cpu profile passes its own."""
+    fields_of = LEVEL_FIELDS if fields_of is None else fields_of
     if "memory" not in doc:
-        r.fail("missing", doc, "memory", "memory", "list the levels: registers, shared, l2, dram")
+        r.fail("missing", doc, "memory", "memory", f"list the levels: {', '.join(order)}")
     items = doc["memory"]
     r.lines["memory"] = doc.key_lines["memory"]
     if not isinstance(items, list) or not items:
@@ -350,23 +403,23 @@ def _read_memory(r: _Reader, doc: _Map) -> tuple[dict[str, dict], dict[str, str]
     for i, item in enumerate(items):
         if not isinstance(item, _Map):
             r.fail(f"expected a mapping, got {_describe(item)}", doc, "memory", f"memory[{i}]")
-        name = r.string(item, "level", f"memory[{i}].level", choices=LEVELS)
+        name = r.string(item, "level", f"memory[{i}].level", choices=order)
         path = f"memory[{name}]"
         if name in levels:
             r.fail("listed twice", item, "level", path)
-        if levels and LEVELS.index(name) < LEVELS.index(list(levels)[-1]):
+        if levels and order.index(name) < order.index(list(levels)[-1]):
             r.fail("out of order", item, "level", path,
-                   f"list levels innermost first: {', '.join(LEVELS)}")
-        fields = LEVEL_FIELDS[name]
+                   f"list levels innermost first: {', '.join(order)}")
+        fields = fields_of[name]
         r.known_keys(item, ("level", "label", *fields), path)
         if "label" in item:
             labels[name] = r.string(item, "label", f"{path}.label")
         r.lines[path] = item.line
         levels[name] = {k: r.figure(item, k, f"{path}.{k}", spec) for k, spec in fields.items()}
-    for name in ("registers", "shared", "dram"):
+    for name in required:
         if name not in levels:
             r.fail(f"missing level '{name}'", doc, "memory", "memory",
-                   f"list the levels innermost first: {', '.join(LEVELS)}")
+                   f"list the levels innermost first: {', '.join(order)}")
     return levels, labels
 
 
@@ -444,6 +497,16 @@ def read_profile(data: Any, origin: str) -> Profile:
         r.fail("expected a list of names", doc, "aliases", "aliases",
                "e.g. aliases: [h100-sxm, H100]")
     _read_sources(r, doc)
+    other = GPU_SECTIONS if kind == "cpu" else CPU_SECTIONS
+    for key in other:
+        if key in doc:
+            r.fail(f"'{key}' is a section of {'GPU' if kind == 'cpu' else 'cpu'} profiles, "
+                   f"this one is kind: {kind}", doc, key, key,
+                   "see docs/hwprofiles.md for the sections of each kind")
+    common = dict(name=name, vendor=vendor, arch=arch, kind=kind, aliases=tuple(aliases),
+                  description=description)
+    if kind == "cpu":
+        return _read_cpu(r, doc, common)
 
     par = r.figures(r.mapping(doc, "parallelism", "parallelism"), PARALLELISM, "parallelism")
     regs = r.figures(r.mapping(doc, "registers", "registers"), REGISTERS, "registers")
@@ -512,3 +575,103 @@ def _locate(exc: ProfileError, r: _Reader) -> ProfileError:
         line = r.lines.get(probe)
     where = f"{r.origin}:{line}: {path}" if line else f"{r.origin}: {path}"
     return ProfileError(exc.what, where, exc.hint)
+
+
+# -- kind: cpu ------------------------------------------------------------------------------------
+
+def _read_isa(r: _Reader, simd: _Map) -> str:
+    """`simd.isa: {value: avx2, source: ...}`: a choice with a source."""
+    path = "simd.isa"
+    if "isa" not in simd:
+        r.fail("missing", simd, "isa", path, f"add 'isa: {{value: one of {', '.join(ISAS)}, "
+                                              "source: ...}}'")
+    node = simd["isa"]
+    if not isinstance(node, _Map):
+        r.fail(f"expected {{value, source}}, got {_describe(node)}", simd, "isa", path,
+               f"write isa: {{value: {node if isinstance(node, str) else 'avx2'}, source: ...}}")
+    r.known_keys(node, ("value", "source", "note"), path)
+    value = r.string(node, "value", path, choices=ISAS)
+    r.lines[path] = simd.key_lines["isa"]
+    r.sources[path] = r.source(node, path)
+    return value
+
+
+def _cpu_levels(r: _Reader, levels: dict[str, dict], labels: dict[str, str],
+                cores: int) -> tuple[CpuLevel, ...]:
+    out = []
+    for name in CPU_LEVELS[1:]:
+        if name not in levels:
+            continue
+        figs = levels[name]
+        path = f"memory[{name}]"
+        shared_by = cores if name == "dram" else figs["shared_by"]
+        if figs["bandwidth_all"] is None:
+            if shared_by > 1:  # located by _read_cpu
+                raise ProfileError(
+                    "missing: a level shared by several cores states what all cores get "
+                    "together", f"{path}.bandwidth_all",
+                    "add 'bandwidth_all: {value: ..., unit: GB/s, source: ...}'")
+            figs["bandwidth_all"] = figs["bandwidth"] * cores
+        level = CpuLevel(name=name, label=labels.get(name, name.upper()),
+                         capacity_bytes=figs["capacity"], shared_by=shared_by,
+                         line_bytes=figs["line"], bandwidth=figs["bandwidth"],
+                         bandwidth_all=figs["bandwidth_all"], latency=figs.get("latency"))
+        if f"{path}.bandwidth_all" not in r.sources:
+            r.sources[f"{path}.bandwidth_all"] = cpu_model.private_all_source(level, cores)
+        out.append(level)
+    return tuple(out)
+
+
+def _read_cpu(r: _Reader, doc: _Map, common: dict[str, Any]) -> Profile:
+    """The sections of a `kind: cpu` profile -> a checked Profile (tilekit.hw.cpu)."""
+    cores = r.figures(r.mapping(doc, "cores", "cores"), CORES, "cores")
+    simd_node = r.mapping(doc, "simd", "simd")
+    r.known_keys(simd_node, ("isa", *SIMD), "simd")
+    isa = _read_isa(r, simd_node)
+    simd = {key: r.figure(simd_node, key, f"simd.{key}", spec) for key, spec in SIMD.items()}
+    levels, labels = _read_memory(r, doc, CPU_LEVELS, CPU_LEVEL_FIELDS,
+                                  required=("registers", "l1", "l2", "dram"))
+    registers = levels["registers"]["capacity"]
+    if registers != simd["registers"] * simd["width"]:
+        raise _locate(ProfileError(
+            f"{registers} B is not simd.registers x simd.width = "
+            f"{simd['registers'] * simd['width']} B", "memory[registers].capacity",
+            "the two figures must agree (one hardware thread's vector registers)"), r)
+    compute = r.mapping(doc, "compute", "compute")
+    r.known_keys(compute, ("clock",), "compute")
+    clock = r.figure(compute, "clock", "compute.clock", CLOCK)
+    parallel = r.figures(r.mapping(doc, "parallel", "parallel"), PARALLEL, "parallel")
+    ach = r.figures(r.mapping(doc, "achievable", "achievable"), CPU_ACHIEVABLE, "achievable")
+    try:
+        cpu = CpuSpec(cores=cores["physical"], threads=cores["threads"], isa=isa,
+                      simd_bytes=simd["width"], vector_registers=simd["registers"],
+                      fma_units=simd["fma_units"],
+                      levels=_cpu_levels(r, levels, labels, cores["physical"]),
+                      fork_join_s=parallel["fork_join"])
+        cpu_model.check_cpu(cpu)
+        sources = _file_order({**r.sources, **cpu_model.peak_sources(cpu, clock)})
+        return Profile(**common, **cpu_model.gpu_view(cpu, clock), clock_hz=clock,
+                       achievable=Achievable(dram=ach["dram"], compute=ach["compute"],
+                                             smem=ach["cache"]),
+                       labels=labels, sources=sources, references=r.references,
+                       origin=r.origin, cpu=cpu)
+    except ProfileError as exc:
+        raise _locate(exc, r) from None
+
+
+def _file_order(sources: dict[str, str]) -> dict[str, str]:
+    """Derived figures next to what they come from: a private level's `bandwidth_all` after its
+    `bandwidth`, the peaks after `compute.clock` (`tk-hw show` lists sources in this order)."""
+    follows = {path: path.replace("bandwidth_all", "bandwidth")
+               for path in sources if path.endswith(".bandwidth_all")}
+    follows.update({path: "compute.clock" for path in sources
+                    if path.startswith(("compute.peak.", "compute.peak_per_core."))})
+    ordered: dict[str, str] = {}
+    for path, ref in sources.items():
+        if path in follows and follows[path] in sources:
+            continue
+        ordered[path] = ref
+        for later, anchor in follows.items():
+            if anchor == path:
+                ordered[later] = sources[later]
+    return ordered

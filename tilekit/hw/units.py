@@ -86,4 +86,6 @@ def format_quantity(value: float | int | None, dimension: str) -> str:
         return _scaled(value, [(1, "s"), (1e-3, "ms"), (1e-6, "us"), (1e-9, "ns")])
     if dimension == "fraction":
         return f"{value:g}"
+    if isinstance(value, float) and not value.is_integer():  # a measured ratio
+        return f"{value:.4g}"
     return f"{value}"

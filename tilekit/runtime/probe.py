@@ -1,4 +1,5 @@
-"""Measuring the GPU in hand: the micro-benchmarks behind `tk-hw probe`.
+"""Measuring the GPU in hand: the micro-benchmarks behind `tk-hw probe` (the CPU's are in
+`tilekit.runtime.probe_cpu`; `measure` runs either, and `Plan` is their common recipe).
 
     device = open_device()                 # CuPy and a visible GPU, or a TilekitError
     measurements = measure(device, quick=False, progress=print)
@@ -63,12 +64,15 @@ MMA_SHAPES = {"fp16": (16, 8, 16), "bf16": (16, 8, 16), "tf32": (16, 8, 8)}
 @dataclass(frozen=True)
 class Plan:
     """How long to measure: each timed repetition about `rep_seconds`, after `warmup` untimed
-    ones; the median of `reps`. `launches` empty kernels per launch-overhead repetition."""
+    ones; the median of `reps`. `launches` empty kernels per launch-overhead repetition.
+    `rounds`: the CPU probe runs its whole list of benchmarks that many times and pools the
+    repetitions (a shared machine's other work comes and goes)."""
 
     rep_seconds: float
     reps: int
     warmup: int
     launches: int
+    rounds: int = 1
 
 
 FULL = Plan(rep_seconds=0.1, reps=11, warmup=2, launches=2000)
@@ -134,7 +138,8 @@ def open_device() -> Device:
     except TilekitError as exc:
         raise TilekitError(exc.what, "probe",
                            "tk-hw probe measures the GPU it runs on: run it on a machine with "
-                           "an NVIDIA GPU, its driver and CuPy (pip install 'tilekit[cuda]')"
+                           "an NVIDIA GPU, its driver and CuPy (pip install 'tilekit[cuda]'); "
+                           "tk-hw probe --cpu measures the CPU"
                            ) from None
     dev = cupy.cuda.Device()
     props = cupy.cuda.runtime.getDeviceProperties(dev.id)
@@ -343,7 +348,10 @@ def _launch(dev: Device, plan: Plan) -> dict[str, dict]:
 
 def measure(dev: Device, quick: bool = False,
             progress: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Run every benchmark on `dev`; the measurements as plain data (base units)."""
+    """Run every benchmark on `dev`; the measurements as plain data (base units). A CPU
+    (`tilekit.runtime.probe_cpu.open_cpu`) runs the CPU's benchmarks."""
+    if getattr(dev, "kind", None) == "cpu":  # a probe_cpu.CpuDevice measures itself
+        return dev.measure(quick=quick, progress=progress)
     plan = QUICK if quick else FULL
     notes: list[str] = []
     steps: list[tuple[str, Callable[[], dict]]] = [
