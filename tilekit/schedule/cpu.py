@@ -69,13 +69,13 @@ class CpuTiles:
 
 def machine_of(profile) -> CpuMachine:
     """The CPU figures of a `kind: cpu` profile; the defaults for anything else."""
-    if profile is None or getattr(profile, "kind", None) != "cpu":
+    if profile is None or not profile.is_cpu:
         return HOST_DEFAULTS
-    return CpuMachine(profile.name, cores=int(profile.cores),
-                      f32_lanes=max(1, int(profile.simd_bytes) // 4),
-                      vector_registers=int(profile.vector_registers),
-                      l1_bytes=int(profile.cache_bytes("l1")),
-                      l2_bytes=int(profile.cache_bytes("l2")))
+    return CpuMachine(profile.name, cores=profile.cores,
+                      f32_lanes=profile.simd_lanes("float32"),
+                      vector_registers=profile.vector_registers,
+                      l1_bytes=profile.cache("l1").per_core_bytes,
+                      l2_bytes=profile.cache("l2").per_core_bytes)
 
 
 def cpu_tiles(profile=None) -> CpuTiles:
