@@ -208,7 +208,8 @@ def cpu_target(module, profile, hw: str | None, target: str | None) -> str:
     """The target: as given, else cpu for a module rolled for a CPU profile or a CPU `--hw`,
     else cuda. A module rolled for a CPU profile takes no other profile (its tiles are that
     CPU's) and no CUDA (`tilekit.codegen.module.refuse_cpu_module`)."""
-    from tilekit.codegen.module import cpu_rolled, refuse_cpu_module
+    from tilekit.codegen.module import refuse_cpu_module
+    from tilekit.ir.payloads import cpu_rolled
 
     rolled = cpu_rolled(module)
     if rolled and hw and profile is not None and module.hardware_sha256 not in (

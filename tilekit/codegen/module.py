@@ -43,8 +43,8 @@ from tilekit.codegen.nvcc import check_arch
 from tilekit.codegen.opaque import opaque_kernel
 from tilekit.codegen.plan import GroupPlan, GroupSplit, OpaquePlan, plan_group, readers
 from tilekit.codegen.program import compose, coresident_problems, program_module
-from tilekit.ir.payloads import (CodegenSection, Launch, Tile, is_cpu_tile, read_split_k,
-                                  read_tile)
+from tilekit.ir.payloads import (CodegenSection, Launch, Tile, cpu_rolled, is_cpu_tile,
+                                  read_split_k, read_tile)
 from tilekit.schedule.cpu import cpu_shape, recorded_tiles
 from tilekit.schedule.defaults import STATIC_SMEM_LIMIT
 from tilekit.schedule.mma import recorded_precision
@@ -185,15 +185,6 @@ def generate(module: Module, profile=None, arch: str | None = None, target: str 
 CPU_STAGES_NOTE = ("the CPU target runs a multi-stage group stage by stage (one kernel per "
                    "stage with its chain; intermediates between stages, and producers a "
                    "reduction reads, through memory)")
-
-
-def cpu_rolled(module: Module) -> bool:
-    """Some op (in a region too) carries a CPU tile: the module was rolled for a CPU."""
-    from tilekit.ir.control import walk
-
-    return any(is_cpu_tile(op.tile) for op in module.ops) or any(
-        is_cpu_tile(op.tile) for _, rec, _ in walk(module) for region in rec.regions
-        for op in region.ops)
 
 
 def refuse_cpu_module(module: Module, profile=None) -> None:

@@ -210,6 +210,16 @@ def is_cpu_tile(payload: Any) -> bool:
     return isinstance(payload, Mapping) and payload.get("target") == CPU_TARGET
 
 
+def cpu_rolled(module) -> bool:
+    """Some op of `module` (in a control op's region too) carries a CPU tile: the module
+    was rolled for a `kind: cpu` profile."""
+    from tilekit.ir.control import walk
+
+    return any(is_cpu_tile(op.tile) for op in module.ops) or any(
+        is_cpu_tile(op.tile) for _, rec, _ in walk(module) for region in rec.regions
+        for op in region.ops)
+
+
 def refuse_cpu_tile(payload: Any, where: str) -> None:
     """A GPU reader's check: a CPU op tile has no GPU block, thread or step to read."""
     if is_cpu_tile(payload):
