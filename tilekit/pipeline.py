@@ -108,9 +108,11 @@ def _ram(module: Module, ctx: Context) -> Module:
 
 def _codegen(module: Module, ctx: Context) -> Module:
     from tilekit.codegen.module import run_codegen
+    from tilekit.ir.payloads import cpu_rolled
+    cpu = cpu_rolled(module) or (ctx.profile is not None and ctx.profile.is_cpu)
     return run_codegen(module, ctx.profile, ctx.arch,
                        compile=bool(ctx.option("compile", False)),
-                       target=str(ctx.option("target", "cuda"))).module
+                       target=str(ctx.option("target", "cpu" if cpu else "cuda"))).module
 
 
 #: The registered passes, in pipeline order (docs/architecture.md: roll | weld | grind | ram | codegen).
@@ -257,7 +259,8 @@ def compile(model: str | os.PathLike, passes: Sequence[str | Pass] = ("roll", "c
     - `no_fuse=("op", ...)` (weld): ops that stay kernels of their own;
     - `place="host"|"device"` (grind): force the placement (default "auto");
     - `policy="serial"` (ram): one operator at a time (default "wavefront");
-    - `target="cpu"` (codegen): C++ for CPUs, run by `tk-run --device cpu` (default "cuda");
+    - `target="cpu"` (codegen): C++ for CPUs, run by `tk-run --device cpu` (default "cuda",
+      "cpu" for a CPU profile);
     - `arch="sm_80"` (codegen): the CUDA arch (default the profile's);
     - `compile=True` (codegen): compile every kernel (nvcc: record ptxas' resources).
 

@@ -3,6 +3,11 @@
     tk-import m.onnx | tk-roll --hw h100 | tk-codegen | tk-run --device cuda
     tk-codegen m.yaml --hw a100 --compile --strict -o m.cuda.yaml --emit-dir build/m
     tk-import m.onnx | tk-codegen --target cpu | tk-run --check
+    tk-import m.onnx | tk-roll --hw milan | tk-codegen | tk-run --check
+
+A module rolled for a CPU profile (`kind: cpu`: its op tiles are CPU schedules, `target: cpu`)
+is generated for the CPU by default, from its recorded tiles and with its recorded profile;
+`--target cuda` on it is an error (exit 2), and so is `--hw` naming another profile.
 
 Every kernel is a tile program (tilekit.tile) printed by the target's printer. The pass is
 `tilekit.codegen.generate`; the `codegen` section it adds (kernel sources, launch geometry,
@@ -36,10 +41,10 @@ TOOL = "tk-codegen"
 @click.option("--hw", "hw", metavar="NAME|PATH", default=None,
               help="Hardware profile (default: the IR's 'hardware'); sets the arch and the "
                    "shared-memory and register limits.")
-@click.option("--target", type=click.Choice(["cuda", "cpu"]), default="cuda",
-              show_default=True,
+@click.option("--target", type=click.Choice(["cuda", "cpu"]), default=None,
               help="The code to generate: CUDA C++ for NVIDIA GPUs, or C++ for CPUs (OpenMP "
-                   "over the grid; tk-run --device cpu runs it).")
+                   "over the grid; tk-run --device cpu runs it). Default: cpu for a module "
+                   "rolled for a CPU profile (or --hw naming one), else cuda.")
 @click.option("--arch", metavar="sm_XY", default=None,
               help="CUDA arch recorded in the IR and used by --compile (default: the "
                    "profile's, else sm_90).")
@@ -68,12 +73,7 @@ def main(input, output, fmt, hw, target, arch, emit_dir, compile_, strict, repor
     if strict and not compile_:
         raise TilekitError("--strict needs --compile", "--strict",
                            "add --compile, or drop --strict")
-    if arch is not None and target == "cpu":
-        raise TilekitError("--arch names a CUDA arch; the CPU target has none", "--arch",
-                           "drop --arch, or use --target cuda")
-    if strict and target == "cpu":
-        raise TilekitError("--strict checks ptxas' resources; the CPU target has none",
-                           "--strict", "drop --strict, or use --target cuda")
+    check_cpu_flags(target, arch, strict)
     if arch is not None:
         check_arch(arch)
     if emit_dir is not None:
@@ -93,6 +93,8 @@ def main(input, output, fmt, hw, target, arch, emit_dir, compile_, strict, repor
             from tilekit.hw import load_recorded_profile
             profile = load_recorded_profile(module.hardware, input if input != "-" else None,
                                             module.hardware_sha256)
+        target = cpu_target(module, profile, hw, target)
+        check_cpu_flags(target, arch, strict)
         if profile is not None and arch is None and target == "cuda":
             no_cuda_arch(profile, "--hw" if hw else "hardware")
     tool = "nvcc" if target == "cuda" else "the C++ compiler"
@@ -190,6 +192,36 @@ def report_table(result, profile=None) -> tuple[str, tuple[str, ...], list[tuple
 
 def _fraction(value) -> str:
     return "" if value is None else f"{value:.2f}"
+
+
+def check_cpu_flags(target: str | None, arch: str | None, strict: bool) -> None:
+    """Flags the CPU target has no use for."""
+    if arch is not None and target == "cpu":
+        raise TilekitError("--arch names a CUDA arch; the CPU target has none", "--arch",
+                           "drop --arch, or use --target cuda")
+    if strict and target == "cpu":
+        raise TilekitError("--strict checks ptxas' resources; the CPU target has none",
+                           "--strict", "drop --strict, or use --target cuda")
+
+
+def cpu_target(module, profile, hw: str | None, target: str | None) -> str:
+    """The target: as given, else cpu for a module rolled for a CPU profile or a CPU `--hw`,
+    else cuda. A module rolled for a CPU profile takes no other profile (its tiles are that
+    CPU's) and no CUDA (`tilekit.codegen.module.refuse_cpu_module`)."""
+    from tilekit.codegen.module import refuse_cpu_module
+    from tilekit.ir.payloads import cpu_rolled
+
+    rolled = cpu_rolled(module)
+    if rolled and hw and profile is not None and module.hardware_sha256 not in (
+            None, profile.content_hash):
+        raise TilekitError(f"the module is rolled for CPU profile '{module.hardware}', and its "
+                           f"tiles are that CPU's; '{profile.name}' is another profile", "--hw",
+                           f"drop --hw, or re-run tk-roll --hw {hw} first")
+    if target is None:
+        return "cpu" if rolled or (profile is not None and profile.is_cpu) else "cuda"
+    if target == "cuda":
+        refuse_cpu_module(module, profile)
+    return target
 
 
 def no_cuda_arch(profile, where: str) -> None:

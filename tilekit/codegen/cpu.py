@@ -37,13 +37,13 @@ from __future__ import annotations
 import math
 from contextlib import ExitStack
 
-from tilekit.codegen.kernel import (GeneratedKernel, PointBuilder, avar, c_name, contiguous_reduction,
+from tilekit.codegen.kernel import (GeneratedKernel, PointBuilder, avar, c_name,
                                     decompose, finish, global_resolver, group_signature,
                                     index_type, needs_check, store_sink, strides, tvar)
 from tilekit.codegen.plan import GroupPlan, OpPlan, Read
 from tilekit.codegen.staged import op_facts, read_key
 from tilekit.codegen.values import (accumulator_kind, combine, identity, literal, pad_literal)
-from tilekit.schedule.cpu import CpuTiles, gemm_blocks, rows_per_block
+from tilekit.schedule.cpu import CpuShape, CpuTiles, cpu_shape, gemm_roles
 from tilekit.schedule.mma import Contraction
 from tilekit.schedule.shape import Target
 from tilekit.tile import expr as tx
@@ -51,54 +51,41 @@ from tilekit.tile.build import Builder, SharedMemory
 from tilekit.tile.expr import BLOCK, KIND_DTYPE, Addr, Expr, Load, Var
 
 
-def cpu_kernel(module, plan: GroupPlan, entry: str, tiles: CpuTiles, target: Target
-               ) -> GeneratedKernel:
-    """The CPU kernel of a one-stage group: `cpu_gemm` for a float32 contraction whose output
-    is contiguous along an M or N axis and whose operands are each reused at least
-    `GEMM_MIN_REUSE` times, else `cpu_loops` (a matrix-vector product streams its matrix once:
-    packing it would read and write it twice more)."""
-    main = plan.stages[0].main
-    c = op_facts(main).contraction
-    if not isinstance(c, str) and c.dtype == "float32" and gemm_roles(c, main) is not None \
-            and _reuse(c, main) >= GEMM_MIN_REUSE:
-        return gemm_kernel(module, plan, entry, tiles, target, c)
-    return loops_kernel(module, plan, entry, tiles, target)
-
-
-#: Uses of each operand element below which packing costs more than it saves.
-GEMM_MIN_REUSE = 4
-
-
-def _reuse(c: Contraction, p: OpPlan) -> int:
-    """How many times the less-reused operand's elements are used: min(M, N)."""
-    extent = dict(p.spatial)
-    return min(math.prod(extent[a] for a in c.m_axes), math.prod(extent[a] for a in c.n_axes))
+def cpu_kernel(module, plan: GroupPlan, entry: str, shape: CpuShape | CpuTiles,
+               target: Target) -> GeneratedKernel:
+    """The CPU kernel of a one-stage group: `shape` is the decision and blocks of its main op
+    (`tilekit.schedule.cpu.cpu_shape`: tk-roll's recorded ones, or fresh from tiles), a
+    `CpuTiles` to decide here: `cpu_gemm` for a float32 contraction whose output is contiguous
+    along an M or N axis and whose operands are each reused at least `GEMM_MIN_REUSE` times,
+    else `cpu_loops`."""
+    if isinstance(shape, CpuTiles):
+        shape = cpu_shape(op_facts(plan.stages[0].main), shape)
+    if shape.shape == "cpu_gemm":
+        c = op_facts(plan.stages[0].main).contraction
+        return gemm_kernel(module, plan, entry, shape, target, c)
+    return loops_kernel(module, plan, entry, shape, target)
 
 
 # -- loop nests --------------------------------------------------------------------------
 
-def loops_kernel(module, plan: GroupPlan, entry: str, tiles: CpuTiles, target: Target
+def loops_kernel(module, plan: GroupPlan, entry: str, shape: CpuShape, target: Target
                  ) -> GeneratedKernel:
     stage = plan.stages[0]
     p = stage.main
+    tiles, lp = shape.tiles, shape.loops
     sig = group_signature(module, plan)
     idx_t = index_type(module, sig.args)
     axes = [a for a, _ in p.spatial]
     extents = [n for _, n in p.spatial]
-    reduce_size = math.prod(n for _, n in p.reduction) if p.reduces else 1
-    # Lane partials need a long contiguous innermost reduction (a depthwise window's 3
-    # points would all be the tail): otherwise the output's last axis takes the lanes.
-    lanes_red = p.reduces and contiguous_reduction(p) and (
-        p.reduction[-1][1] >= tiles.nr or not axes or extents[-1] == 1)
-    vec = None if lanes_red or not axes else len(axes) - 1
+    lanes_red = lp.lane_partials
+    vec = axes.index(lp.vector_axis) if lp.vector_axis is not None else None
     row_axes = [a for k, a in enumerate(axes) if k != vec]
     row_extents = [n for k, n in enumerate(extents) if k != vec]
-    rows = math.prod(row_extents)
+    rows = lp.rows
     vlen = extents[vec] if vec is not None else 1
-    per = rows_per_block(rows, vlen * reduce_size, tiles)
-    grid = -(-rows // per)
-    mode = ("lane partials" if lanes_red else "accumulator row" if p.reduces
-            else "pointwise") if vec is not None or lanes_red else "scalar"
+    per = lp.rows_per_block
+    grid = lp.grid
+    mode = lp.mode
     b = Builder()
     first = b.let("r0", tx.mul(tx.cast(idx_t, BLOCK), per), idx_t)
     stop = b.let("r1", tx.call("min", tx.add(first, per), tx.const(rows, idx_t)), idx_t)
@@ -208,18 +195,6 @@ def _accumulator_row(b: Builder, module, plan: GroupPlan, axes, at: dict, vec: i
 
 # -- contractions ------------------------------------------------------------------------
 
-def gemm_roles(c: Contraction, p: OpPlan) -> tuple[str, str] | None:
-    """Which read is A (its axes are the GEMM's M) and which is B (N, the micro-kernel's
-    vector direction): B holds the output's innermost axis, so that a row of the output tile
-    is contiguous in the output. None when that axis is a batch axis (no GEMM view pays)."""
-    last = p.spatial[-1][0]
-    if last in c.n_axes:
-        return ("a", "b")
-    if last in c.m_axes:
-        return ("b", "a")
-    return None
-
-
 class _Operand:
     """One packed operand: its read, the axes of its M or N group and the panel buffer."""
 
@@ -229,16 +204,17 @@ class _Operand:
         self.k_axes = k_axes
 
 
-def gemm_kernel(module, plan: GroupPlan, entry: str, tiles: CpuTiles, target: Target,
+def gemm_kernel(module, plan: GroupPlan, entry: str, shape: CpuShape, target: Target,
                 c: Contraction) -> GeneratedKernel:
     stage = plan.stages[0]
     p = stage.main
+    tiles = shape.tiles
     sig = group_signature(module, plan)
     idx_t = index_type(module, sig.args)
     extent = dict(p.spatial) | dict(p.reduction)
     reads = {read_key(r): r for r in p.read_list()}
     facts_reads = list(reads.values())
-    a_role, b_role = gemm_roles(c, p)
+    a_role, b_role = shape.gemm.roles
     ops = {"a": c.a, "b": c.b}
     opa, opb = ops[a_role], ops[b_role]
     m_axes = opa.mn_axes
@@ -249,7 +225,7 @@ def gemm_kernel(module, plan: GroupPlan, entry: str, tiles: CpuTiles, target: Ta
     N = math.prod(extent[a] for a in n_axes)
     K = math.prod(extent[a] for a in c.k_axes)
     batch = math.prod(extent[a] for a in c.batch_axes)
-    g = gemm_blocks(tiles, M, N, K, batch, extent[n_axes[-1]] if len(n_axes) > 1 else 1)
+    g = shape.gemm.blocks
     mr, nr = tiles.mr, tiles.nr
     mc_p, nc_p = -(-g.mc // mr) * mr, -(-g.nc // nr) * nr
     smem = SharedMemory()

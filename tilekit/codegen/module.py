@@ -5,8 +5,11 @@ is then written into the IR) it plans stages (`tilekit.codegen.plan`), picks a k
 generates the CUDA C++ and records how to launch it. Shape choice, in order:
 
 1. one opaque op: its registered CUDA implementation (`tilekit.codegen.opaque`);
-2. one stage on the CPU target: `cpu_gemm` or `cpu_loops` (`tilekit.codegen.cpu`, tiles from
-   the CPU's registers and caches; a GPU tile is set aside and recorded as `tile_ignored`);
+2. one stage on the CPU target: `cpu_gemm` or `cpu_loops` (`tilekit.codegen.cpu`): the main
+   op's CPU tile as tk-roll recorded it for a CPU profile (`target: cpu`: its kernel, micro
+   and cache tiles and blocks, checked against the op), else decided from the profile's
+   registers and caches (`tilekit.schedule.cpu.cpu_shape`; a GPU tile is set aside and
+   recorded as `tile_ignored`);
 3. one stage with a tile (the main op's tile from tk-roll, else the kernel's tile):
    the shape `tilekit.schedule.shape.decide` picks, the decision tk-roll's cost model also
    reads: `staged` when the op reduces with reuse; `default` with a warp per point for a
@@ -40,7 +43,9 @@ from tilekit.codegen.nvcc import check_arch
 from tilekit.codegen.opaque import opaque_kernel
 from tilekit.codegen.plan import GroupPlan, GroupSplit, OpaquePlan, plan_group, readers
 from tilekit.codegen.program import compose, coresident_problems, program_module
-from tilekit.ir.payloads import CodegenSection, Launch, Tile, read_split_k, read_tile
+from tilekit.ir.payloads import (CodegenSection, Launch, Tile, cpu_rolled, is_cpu_tile,
+                                  read_split_k, read_tile)
+from tilekit.schedule.cpu import cpu_shape, recorded_tiles
 from tilekit.schedule.defaults import STATIC_SMEM_LIMIT
 from tilekit.schedule.mma import recorded_precision
 from tilekit.schedule.shape import Target, decide, kept_default
@@ -55,6 +60,11 @@ from tilekit.weld.verify import check_groups
 #: Why a one-stage group's tile from tk-roll or tk-weld is not used on the CPU target.
 CPU_TILE_NOTE = ("the CPU target tiles one-stage groups from the CPU's registers and caches "
                  "(tilekit.schedule.cpu), not from the GPU tile")
+
+#: Why a one-stage group's CPU tile is decided afresh: producers inlined into its main op make
+#: another loop body than the op tk-roll tiled alone.
+CPU_INLINED_NOTE = ("producers are inlined into the op, so its kernel is decided for the "
+                    "inlined body (tilekit.schedule.cpu), not taken from its CPU tile")
 
 #: Arch recorded when neither --arch nor a hardware profile names one.
 DEFAULT_ARCH = "sm_90"
@@ -79,6 +89,8 @@ def generate(module: Module, profile=None, arch: str | None = None, target: str 
     """Generate every kernel of `module` for `target` (cuda | cpu); see the module
     docstring."""
     kind = target
+    if kind == "cuda":
+        refuse_cpu_module(module, profile)
     the_arch = target_arch(arch, profile) if kind == "cuda" else "cpu"
     target = Target.of(profile, recorded_precision(module), kind,
                        the_arch if kind == "cuda" else None)
@@ -173,6 +185,18 @@ def generate(module: Module, profile=None, arch: str | None = None, target: str 
 CPU_STAGES_NOTE = ("the CPU target runs a multi-stage group stage by stage (one kernel per "
                    "stage with its chain; intermediates between stages, and producers a "
                    "reduction reads, through memory)")
+
+
+def refuse_cpu_module(module: Module, profile=None) -> None:
+    """CUDA from a module rolled for a CPU profile (its tiles are CPU schedules) or with a
+    CPU profile: a one-line error naming --target."""
+    cpu = profile is not None and profile.is_cpu
+    if cpu or cpu_rolled(module):
+        name = profile.name if cpu else module.hardware
+        raise TilekitError(f"the module is rolled for CPU profile '{name}' (its tiles are "
+                           "CPU schedules), and --target cuda generates CUDA for NVIDIA GPUs",
+                           "--target", "use --target cpu (the default for such a module), "
+                           "or re-run tk-roll --hw with a GPU profile first")
 
 
 def _cpu_one_kernel(plan) -> bool:
@@ -332,6 +356,8 @@ def _single_stage(module: Module, plan: GroupPlan, entry: str, target: Target, n
     """One stage: the kernel shape the shared decision picks (tilekit.schedule.shape), the
     same decision tk-roll's cost model priced (a split-K wgmma: two kernels)."""
     main = plan.stages[0].main
+    if target.kind == "cpu" and is_cpu_tile(main.op.tile):
+        return [_rolled_cpu_kernel(module, plan, entry, target)]
     # The main op's own tile first: a chain only adds an epilogue, so the tile chosen for the
     # main op's work is the right one.
     tile, split_k = None, 1
@@ -362,6 +388,23 @@ def _single_stage(module: Module, plan: GroupPlan, entry: str, target: Target, n
     if decision.note:
         g = replace(g, schedule={**g.schedule, "tile_ignored": decision.note})
     return [g]
+
+
+def _rolled_cpu_kernel(module: Module, plan: GroupPlan, entry: str, target: Target
+                      ) -> GeneratedKernel:
+    """The CPU kernel of a one-stage group whose main op tk-roll tiled for a CPU profile: its
+    recorded kernel, micro and cache tiles and blocks (IRError when they do not fit the op),
+    unless producers are inlined into it (`CPU_INLINED_NOTE`)."""
+    main = plan.stages[0].main
+    where = f"{main.where}.tile"
+    facts = op_facts(main)
+    if plan.inlined:
+        g = cpu_kernel(module, plan, entry, cpu_shape(facts, target.cpu), target)
+        return replace(g, schedule={**g.schedule, "tile_ignored": CPU_INLINED_NOTE})
+    tiles = recorded_tiles(main.op.tile, target.cpu.machine, where)
+    shape = cpu_shape(facts, tiles, main.op.tile.get("kernel") or {}, where)
+    g = cpu_kernel(module, plan, entry, shape, target)
+    return replace(g, schedule={**g.schedule, "tiles": "rolled"})
 
 
 # -- compiling ---------------------------------------------------------------------------

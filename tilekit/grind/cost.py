@@ -26,7 +26,7 @@ from typing import Any, NamedTuple
 from tilekit.ir.control import ControlOp, Region, read_control
 from tilekit.ir.keys import read_int, read_mapping
 from tilekit.ir.model import default_kernels
-from tilekit.ir.payloads import Estimate
+from tilekit.ir.payloads import Estimate, refuse_cpu_tile
 from tilekit.schedule.block import BARRIER_SHAPES, BodyBlock, shared_block
 from tilekit.schedule.residency import Residency, common_residency, residency
 from tilekit.schedule.shape import ITEMSIZE
@@ -119,6 +119,7 @@ class _TileFigures(NamedTuple):
 
     @staticmethod
     def read(tile, where: str) -> "_TileFigures":
+        refuse_cpu_tile(tile, where)
         t = read_mapping(tile, where, "a tile", _HINT)
         est = t.get("estimate")
         k = read_mapping(t.get("kernel") or {}, f"{where}.kernel", "'kernel'", _HINT)

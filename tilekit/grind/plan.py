@@ -19,12 +19,13 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, Mapping
 
-from tilekit.errors import IRError, TilekitError
+from tilekit.errors import IRError, TilekitError, UnsupportedError
 from tilekit.grind.cost import control_costs
 from tilekit.ir.control import (ControlOp, control_section, read_control, region_scope,
                                  walk)
 from tilekit.ir.stages import run_stage
 from tilekit.ir.model import Module, Tensor
+from tilekit.ir.payloads import cpu_rolled
 
 STAGE = "grind"
 PLACES = ("auto", "host", "device")
@@ -38,6 +39,14 @@ def grind_module(module: Module, profile, place: str = "auto") -> Module:
     if "import" not in module.stage_names():
         raise IRError("the input has no 'import' stage", "stages",
                       "produce it with tk-import")
+    if profile.is_cpu or cpu_rolled(module):
+        raise UnsupportedError(
+            f"tk-grind places control flow on a GPU; "
+            + (f"hardware profile '{profile.name}' is a CPU" if profile.is_cpu else
+               f"the module is rolled for CPU profile '{module.hardware}'")
+            + ", and the CPU target runs loops and branches on the host", "--hw",
+            "leave tk-grind out of a CPU pipeline (tk-codegen --target cpu runs control ops "
+            "on the host), or re-run tk-roll with a GPU profile")
     options: dict[str, Any] = {"hw": profile.name}
     if place != "auto":
         options["place"] = place

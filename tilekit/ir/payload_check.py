@@ -11,12 +11,13 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from tilekit.ir.keys import read_int, read_list
-from tilekit.ir.payloads import Estimate, read_group_tile, read_split_k, read_tile, welded
+from tilekit.ir.payloads import (CpuOpTile, Estimate, is_cpu_tile, read_group_tile,
+                                  read_split_k, read_tile, welded)
 
 
 def check_payloads(module) -> None:
     """The form of every stage payload a document carries, in its regions too: each expr
-    op's tile (`OpTile`), each group's tile (`GroupTile`) and estimate. Every command checks
+    op's tile (`OpTile`, or `CpuOpTile` for a CPU profile's), each group's tile (`GroupTile`) and estimate. Every command checks
     them on reading, so a tampered payload stops at the first command, not at the one that
     uses it; what a payload means for the module (members, regions, placements) is checked
     by the weld verifier and the program reader where they are used."""
@@ -26,7 +27,10 @@ def check_payloads(module) -> None:
     def check(m, prefix: str) -> None:
         g = graph(m)
         for node in g.nodes:
-            if node.op.tile is not None and node.analysis is not None:
+            if is_cpu_tile(node.op.tile):   # rolled for a CPU profile (CpuOpTile)
+                CpuOpTile.read(node.op.tile, f"{prefix}{node.where}.tile",
+                               node.analysis is not None)
+            elif node.op.tile is not None and node.analysis is not None:
                 _check_op_tile(node.op.tile, node.analysis, f"{prefix}{node.where}.tile")
         index = m.op_index()
         for n, kernel in enumerate(m.kernels):

@@ -10,6 +10,7 @@ float (`SIG_DIGITS` significant digits, so that bytes are stable across machines
 | payload | type | written by | read by |
 | --- | --- | --- | --- |
 | `ops[i].tile` | `OpTile` (a `Tile`, its launch figures, `Estimate`, candidates) | tk-roll | codegen, tiled executor, tk-weld, reports |
+| `ops[i].tile` with `target: cpu` | `CpuOpTile` (a CPU kernel, its register and cache tiles, blocks, `Estimate`) | tk-roll with a `kind: cpu` profile | CPU codegen, tk-weld, reports |
 | `kernels[i].tile` | `GroupTile`: a `Tile` over the group's last op, members' regions, edges' levels, footprint, runner-ups | tk-weld | codegen (levels, fused shape), tiled executor, reports |
 | `kernels[i].estimate`, `ops[i].tile.estimate` | `Estimate` | tk-roll, tk-weld | reports, tk-ram |
 | `kernels[i].launch` | `Launch` | tk-codegen | reports |
@@ -30,8 +31,13 @@ from tilekit.ir.keys import (read_choice, read_int, read_list, read_mapping, rea
 SIG_DIGITS = 4
 #: CUDA's limit on threads per block (every NVIDIA architecture since sm_20).
 MAX_THREADS = 1024
-#: What an estimate may say bounds the time.
-BOUNDS = ("compute", "smem", "dram", "launch", "latency")
+#: What an estimate may say bounds the time ("cache": a CPU's L2 or L3, tilekit.roll.cpu_cost).
+BOUNDS = ("compute", "smem", "dram", "launch", "latency", "cache")
+#: The marker of an op tile rolled for a CPU profile (`target: cpu`): a `CpuOpTile`, which
+#: no GPU reader takes (`read_tile` refuses it).
+CPU_TARGET = "cpu"
+#: The kernels a CPU op tile names (tilekit.schedule.cpu; opaque ops: their implementation).
+CPU_KERNELS = ("cpu_gemm", "cpu_loops", "opaque")
 
 Axes = Sequence[tuple[str, int]]    # (axis name, extent), in order
 
@@ -149,6 +155,7 @@ def read_tile(payload: Any, spatial: Axes, reduction: Axes, where: str,
     """
     if payload is None:
         return None
+    refuse_cpu_tile(payload, where)
     payload = dict(read_mapping(payload, where, "a tile"))
     names = tuple(a for a, _ in spatial)
     if rename:
@@ -194,6 +201,84 @@ def _check_grid(payload: Mapping[str, Any], tile: Tile, spatial: Axes, where: st
     if "threads" in payload and payload["threads"] != tile.threads:
         raise IRError(f"'threads' is {payload['threads']!r}, block / thread gives "
                       f"{tile.threads}", f"{where}.threads", "re-run the stage that wrote it")
+
+
+# -- CPU tiles -------------------------------------------------------------------------------
+
+def is_cpu_tile(payload: Any) -> bool:
+    """An op tile tk-roll wrote for a `kind: cpu` profile (`target: cpu`)."""
+    return isinstance(payload, Mapping) and payload.get("target") == CPU_TARGET
+
+
+def cpu_rolled(module) -> bool:
+    """Some op of `module` (in a control op's region too) carries a CPU tile: the module
+    was rolled for a `kind: cpu` profile."""
+    from tilekit.ir.control import walk
+
+    return any(is_cpu_tile(op.tile) for op in module.ops) or any(
+        is_cpu_tile(op.tile) for _, rec, _ in walk(module) for region in rec.regions
+        for op in region.ops)
+
+
+def refuse_cpu_tile(payload: Any, where: str) -> None:
+    """A GPU reader's check: a CPU op tile has no GPU block, thread or step to read."""
+    if is_cpu_tile(payload):
+        raise IRError("is a CPU schedule (target: cpu, rolled for a CPU profile), not a GPU "
+                      "tile", where, "re-run tk-roll with a GPU profile (--hw), or generate "
+                      "for the CPU: tk-codegen --target cpu")
+
+
+@dataclass(frozen=True)
+class CpuOpTile:
+    """`ops[i].tile` as tk-roll writes it for a `kind: cpu` profile (docs/roll.md, "CPU
+    profiles"): the CPU kernel (`kernel`: its shape and blocks, as
+    `tilekit.schedule.cpu.CpuShape.record` writes it), the register micro-tile and cache
+    tiles it was derived from (expression ops), its parallel blocks and its estimate."""
+
+    machine: str
+    kernel: Mapping[str, Any]
+    blocks: int
+    estimate: Estimate
+    micro: tuple[int, int] | None = None
+    cache: Mapping[str, int] | None = None
+
+    @property
+    def shape(self) -> str:
+        return self.kernel["shape"]
+
+    def record(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"target": CPU_TARGET, "machine": self.machine}
+        if self.micro is not None:
+            out["micro"] = list(self.micro)
+            out["cache"] = {k: int(self.cache[k]) for k in ("mc", "nc", "kc")}
+        out.update({"kernel": dict(self.kernel), "blocks": int(self.blocks), "threads": 1,
+                    "estimate": self.estimate.record()})
+        return out
+
+    @staticmethod
+    def read(payload: Any, where: str, expression: bool = True) -> "CpuOpTile":
+        """The form (the sizes against the op: tilekit.schedule.cpu.cpu_shape); an
+        expression op's tile has `micro` and `cache`."""
+        p = read_mapping(payload, where, "a CPU tile")
+        hint = "re-run tk-roll with a CPU profile"
+        kernel = read_mapping(p.get("kernel"), f"{where}.kernel", "'kernel'")
+        shape = read_choice(kernel.get("shape"), CPU_KERNELS, f"{where}.kernel.shape", hint)
+        if (shape == "opaque") == expression:
+            raise IRError(f"an {'expression' if expression else 'opaque'} op's CPU kernel "
+                          f"cannot be '{shape}'", f"{where}.kernel.shape", hint)
+        micro = cache = None
+        if expression:
+            m = read_list(p.get("micro"), f"{where}.micro", "'micro'", hint)
+            if len(m) != 2:
+                raise IRError(f"'micro' is [mr, nr], got {m!r}", f"{where}.micro", hint)
+            micro = (read_int(m[0], f"{where}.micro[0]", 1, hint=hint),
+                     read_int(m[1], f"{where}.micro[1]", 1, hint=hint))
+            c = read_mapping(p.get("cache"), f"{where}.cache", "'cache'")
+            cache = {k: read_int(c.get(k), f"{where}.cache.{k}", 1, hint=hint)
+                     for k in ("mc", "nc", "kc")}
+        return CpuOpTile(read_text(p.get("machine"), f"{where}.machine", hint), dict(kernel),
+                         read_int(p.get("blocks"), f"{where}.blocks", 1, hint=hint),
+                         Estimate.read(p.get("estimate"), f"{where}.estimate"), micro, cache)
 
 
 # -- estimates -------------------------------------------------------------------------------

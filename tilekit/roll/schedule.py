@@ -14,6 +14,13 @@ program, kernel launches, generated code), recorded as the stage option `dropped
 Rolling is a pure function of the op's `Problem` (tilekit.roll.problem) and the profile, so
 within one call ops with the same problem share one construction (an imported ResNet-50 has
 179 expr ops but 59 distinct problems).
+
+For a `kind: cpu` profile (`profile.is_cpu`) the construction is the CPU's, without search
+(`roll_cpu`): each expr op's tile is a `tilekit.ir.payloads.CpuOpTile` (`target: cpu`): the
+CPU kernel the shared decision makes of it (`tilekit.schedule.cpu.cpu_shape`: `cpu_gemm` or
+`cpu_loops`, with its blocks), the register and cache tiles of the profile
+(`cpu_tiles`), and the CPU roofline's estimate (`tilekit.roll.cpu_cost`); an opaque op's
+its grid of blocks and the bytes it moves; control ops' regions are rolled the same way.
 """
 
 from __future__ import annotations
@@ -33,6 +40,10 @@ from tilekit.roll.cost import (Estimate, combine_estimates, default_estimate, es
 from tilekit.schedule.mma import PRECISIONS
 from tilekit.schedule.shape import OpFacts, Target, analysis_facts, decide, default_shape
 from tilekit.roll.problem import ITEMSIZE, Problem, problem_from_analysis
+from tilekit.ir.payloads import CpuOpTile, is_cpu_tile
+from tilekit.roll import cpu_cost
+from tilekit.schedule.cpu import CpuTiles, cpu_shape, cpu_tiles
+from tilekit.schedule.defaults import DEFAULT_THREADS, default_grid
 
 STAGE = "roll"
 #: Threads per block of the fixed schedule given to opaque ops.
@@ -76,6 +87,10 @@ def roll_module(module: Module, profile, top_k: int = 1, hardware: str | None = 
     if precision not in PRECISIONS:
         raise TilekitError(f"unknown precision '{precision}'", "--precision",
                            f"known: {', '.join(PRECISIONS)}")
+    if precision != "fp32" and getattr(profile, "is_cpu", False):
+        raise TilekitError(f"precision '{precision}' selects GPU tensor cores; hardware "
+                           f"profile '{profile.name}' is a CPU", "--precision",
+                           "drop --precision (a CPU computes float32 contractions in float32)")
     options: dict[str, Any] = {"top_k": top_k}
     if precision != "fp32":
         options["precision"] = precision
@@ -90,6 +105,7 @@ def _roll(module: Module, profile, top_k: int, hardware: str | None,
     rolled: dict[str, RolledOp] = {}
     records: dict[str, Any] = {}
     dtypes = dtypes_of(module)
+    tiles = cpu_tiles(profile) if profile.is_cpu else None
     ops = []
     for index, op in enumerate(module.ops):
         where = f"ops[{index}] ({op.name})"
@@ -101,6 +117,8 @@ def _roll(module: Module, profile, top_k: int, hardware: str | None,
             records[op.name] = record
         elif op.kind == "opaque":
             result = roll_opaque(module, op, profile)
+        elif tiles is not None:
+            result = roll_cpu(module, index, profile, tiles, dtypes)
         else:
             analysis = op_analysis(module, index)
             problem = problem_from_analysis(analysis, dtypes)
@@ -190,9 +208,33 @@ def roll_opaque(module: Module, op: Op, profile) -> RolledOp:
     reads = [n for n in dict.fromkeys(spec.get("inputs", ())) if n in module.tensors]
     writes = [n for n in spec.get("outputs", ()) if n in module.tensors]
     elements = module.tensors[writes[0]].size if writes else 1
+    if profile.is_cpu:
+        # The CPU target runs an opaque op's implementation over the same grid of blocks
+        # (tilekit.codegen.opaque): the bytes it moves, over the cores its blocks use.
+        blocks = default_grid(elements, DEFAULT_THREADS)
+        moved = tensor_bytes(module, reads) + tensor_bytes(module, writes)
+        est = cpu_cost.kernel_estimate(profile, 0.0, float(moved), float(moved), blocks)
+        tile = CpuOpTile(profile.name, {"shape": "opaque"}, blocks, est)
+        return RolledOp(tile.record(), est)
     est = estimate_bytes(profile, tensor_bytes(module, reads), tensor_bytes(module, writes),
                          OPAQUE_THREADS, elements)
     return RolledOp(opaque_tile(elements, est), est)
+
+
+def roll_cpu(module: Module, index: int, profile, tiles: CpuTiles,
+             dtypes: Mapping[str, str]) -> RolledOp:
+    """An expr op's CPU tile (module docstring): the shared decision with the profile's
+    tiles, priced by the CPU roofline."""
+    analysis = op_analysis(module, index)
+    problem = problem_from_analysis(analysis, dtypes)
+    shape = cpu_shape(analysis_facts(analysis, dtypes), tiles)
+    node = graph(module).nodes[index]
+    est = cpu_cost.op_estimate(profile, problem, shape,
+                               tensor_bytes(module, dict.fromkeys(node.reads + node.writes)))
+    t = shape.tiles
+    tile = CpuOpTile(profile.name, shape.record(), shape.grid, est, (t.mr, t.nr),
+                     {"mc": t.mc, "nc": t.nc, "kc": t.kc})
+    return RolledOp(tile.record(), est)
 
 
 def roll_kernel(module: Module, kernel: Kernel, rolled: Mapping[str, RolledOp],
@@ -202,9 +244,34 @@ def roll_kernel(module: Module, kernel: Kernel, rolled: Mapping[str, RolledOp],
     parts = [rolled[name].estimate for name in kernel.ops]
     if len(kernel.ops) == 1:
         return replace(kernel, estimate=parts[0].record())
+    if profile.is_cpu:
+        est = cpu_group_estimate(module, kernel.ops,
+                                 {name: (rolled[name].tile, rolled[name].estimate)
+                                  for name in kernel.ops}, profile)
+        return replace(kernel, estimate=est.record())
     saved = 2 * tensor_bytes(module, graph(module).internal_to(kernel.ops))
     est = combine_estimates(profile, parts, saved, rolled[kernel.ops[-1]].estimate)
     return replace(kernel, estimate=est.record())
+
+
+def cpu_group_estimate(module: Module, ops, members: Mapping[str, tuple[Any, Estimate]],
+                       profile) -> Estimate:
+    """Ops run as one CPU kernel (`tilekit.roll.cpu_cost.group_estimate`): `members` maps
+    each op to its CPU tile and estimate; the kernel has its main op's blocks (the member
+    with the most flops), and the intermediates read only inside it never go to memory."""
+    g = graph(module)
+    internal = g.internal_to(ops)
+    saved = 2 * tensor_bytes(module, internal)
+    main = max(ops, key=lambda n: members[n][1].flops)
+    tile = members[main][0]
+    blocks = tile.get("blocks", 1) if is_cpu_tile(tile) else 1
+    index = module.op_index()
+    touched = dict.fromkeys(t for n in ops for t in g.nodes[index[n]].reads
+                            + g.nodes[index[n]].writes if t not in internal)
+    dtype = module.tensors[g.nodes[index[main]].writes[0]].dtype \
+        if g.nodes[index[main]].writes else "float32"
+    return cpu_cost.group_estimate(profile, [members[n][1] for n in ops], saved, blocks,
+                                   tensor_bytes(module, touched), dtype)
 
 
 def tensor_bytes(module: Module, names) -> int:
@@ -244,6 +311,9 @@ def _rows(module: Module, prefix: str, full: bool, rows: list) -> None:
             continue
         t = op.tile or {}
         est = t.get("estimate", {})
+        if is_cpu_tile(t):
+            rows.append(_cpu_row(prefix + op.name, t, est, full))
+            continue
         if full:
             rows.append((prefix + op.name, dict(t.get("thread", {})), dict(t.get("block", {})),
                          dict(t.get("step", {})), t.get("blocks"), est.get("time_us", 0),
@@ -252,6 +322,27 @@ def _rows(module: Module, prefix: str, full: bool, rows: list) -> None:
         rows.append((prefix + op.name, _sizes(t.get("thread", {})), _sizes(t.get("block", {})),
                      _sizes(t.get("step", {})), str(t.get("blocks", "")),
                      f"{est.get('time_us', 0):g}", str(est.get("bound", ""))))
+
+
+def _cpu_row(name: str, t: Mapping[str, Any], est: Mapping[str, Any], full: bool) -> tuple:
+    """A CPU tile's row: the micro-tile as the thread tile, a block's outputs (`mc x nc` of
+    the GEMM view, or rows of the loop nest) as the block, the cache step `kc` as the step."""
+    k = t.get("kernel", {})
+    micro = t.get("micro")
+    if k.get("shape") == "cpu_gemm":
+        mc, nc, kc = k.get("blocks", [0, 0, 0])
+        block, step = {"mc": mc, "nc": nc}, {"kc": kc}
+    elif k.get("shape") == "cpu_loops":
+        block, step = {"rows": k.get("rows_per_block")}, {}
+    else:
+        block, step = {}, {}
+    thread = {"mr": micro[0], "nr": micro[1]} if micro else {}
+    if full:
+        return (name, thread, block, step, t.get("blocks"), est.get("time_us", 0),
+                est.get("bound"))
+    return (name, _sizes(thread), f"{k.get('shape', '')} {_sizes(block)}".strip(),
+            _sizes(step), str(t.get("blocks", "")), f"{est.get('time_us', 0):g}",
+            str(est.get("bound", "")))
 
 
 def report_title(module: Module) -> str:

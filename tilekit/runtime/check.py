@@ -300,6 +300,7 @@ def staged_mode(module: Module) -> CheckedMode:
     groups tile by tile ("tiled"), else whole ops.
     `tk-run --check` without `--mode` checks this mode, so that a check after the stages
     checks their schedule and not the whole-op evaluation the reference also runs."""
+    from tilekit.ir.payloads import cpu_rolled
     from tilekit.runtime.compiled import is_cpu_code
 
     stages = set(module.stage_names())
@@ -307,6 +308,9 @@ def staged_mode(module: Module) -> CheckedMode:
         return CheckedMode("compiled", "the compiled CPU kernels (tk-codegen --target cpu)")
     if module.program is not None:
         return CheckedMode("program", "tk-ram's program, rTask by rTask")
+    if cpu_rolled(module):   # CPU tiles are no GPU blocks to walk: they run compiled
+        return CheckedMode("whole", "whole ops (tk-codegen runs the CPU tiles as compiled "
+                           "kernels)")
     if "weld" in stages:
         return CheckedMode("tiled", "tk-weld's groups, tile by tile")
     if "roll" in stages:

@@ -21,11 +21,25 @@ Loop nests (everything that is not a contraction) run in blocks of rows of about
 Without a CPU profile (`tk-codegen --target cpu` on a module rolled for a GPU, or not rolled)
 the figures are those of a common AVX2 server core: 16 vector registers of 8 float32 lanes,
 32 KiB of L1 and 512 KiB of L2 per core, 2 cores (`HOST_DEFAULTS`).
+
+**Which kernel** (`cpu_shape`, the one decision: tk-roll records it for a CPU profile, codegen
+generates it): `cpu_gemm` for a float32 contraction whose output is contiguous along an M or
+N axis and whose operands are each used at least `GEMM_MIN_REUSE` times (a matrix-vector
+product streams its matrix once: packing it would read and write it twice more), else
+`cpu_loops` (rows in blocks, the output's last axis in vector lanes, a reduction as lane
+partials, an accumulator row, or none). The decision with its blocks is a `CpuShape`; its
+`record()` is the `kernel` of a CPU op tile (docs/roll.md, "CPU profiles"), and
+`recorded_tiles` reads the register and cache tiles of one back.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from typing import Any, Mapping
+
+from tilekit.errors import IRError
+from tilekit.schedule.mma import Contraction
 
 #: float32 lanes every micro-kernel width is a multiple of (AVX-512's vector; 2 of AVX2's).
 NR_ALIGN = 16
@@ -154,5 +168,241 @@ def rows_per_block(rows: int, work_per_row: int, tiles: CpuTiles) -> int:
     return max(1, min(per, rows))
 
 
-__all__ = ["CpuMachine", "CpuTiles", "GemmBlocks", "HOST_DEFAULTS", "NR_ALIGN", "cpu_tiles",
-           "gemm_blocks", "machine_of", "rows_per_block"]
+# -- the kernel decision -----------------------------------------------------------------------
+
+#: Uses of each operand element below which packing costs more than it saves.
+GEMM_MIN_REUSE = 4
+#: The CPU kernel shapes.
+CPU_SHAPES = ("cpu_gemm", "cpu_loops")
+#: How a `cpu_loops` kernel treats its reduction (per row of its blocks).
+LOOP_MODES = ("lane partials", "accumulator row", "pointwise", "scalar")
+
+
+def gemm_roles(c: Contraction, spatial) -> tuple[str, str] | None:
+    """Which read is A (its axes are the GEMM's M) and which is B (N, the micro-kernel's
+    vector direction): B holds the output's innermost axis, so that a row of the output tile
+    is contiguous in the output. None when that axis is a batch axis (no GEMM view pays)."""
+    last = spatial[-1][0]
+    if last in c.n_axes:
+        return ("a", "b")
+    if last in c.m_axes:
+        return ("b", "a")
+    return None
+
+
+def gemm_reuse(c: Contraction, spatial) -> int:
+    """How many times the less-reused operand's elements are used: min(M, N)."""
+    extent = dict(spatial)
+    return min(math.prod(extent[a] for a in c.m_axes), math.prod(extent[a] for a in c.n_axes))
+
+
+@dataclass(frozen=True)
+class CpuGemm:
+    """A contraction as a GEMM on the CPU: A's axes are M, B's are N (the output's contiguous
+    axis among them), `n_row` the extent of that axis when N has more (whole rows per block),
+    and the blocks."""
+
+    roles: tuple[str, str]          # (the read that is A, the one that is B): "a"/"b"
+    m_axes: tuple[str, ...]
+    n_axes: tuple[str, ...]
+    k_axes: tuple[str, ...]
+    batch_axes: tuple[str, ...]
+    m: int
+    n: int
+    k: int
+    batch: int
+    n_row: int
+    blocks: GemmBlocks
+
+    @property
+    def grid(self) -> int:
+        return self.batch * self.blocks.m_blocks * self.blocks.n_blocks
+
+
+@dataclass(frozen=True)
+class CpuLoops:
+    """A loop nest: the output's rows (every spatial axis but `vector_axis`) in blocks of
+    `rows_per_block`, the vector axis in lanes, the reduction per `mode`."""
+
+    vector_axis: str | None
+    mode: str
+    rows: int
+    rows_per_block: int
+    work_per_row: int
+
+    @property
+    def lane_partials(self) -> bool:
+        return self.mode == "lane partials"
+
+    @property
+    def grid(self) -> int:
+        return -(-self.rows // self.rows_per_block)
+
+
+@dataclass(frozen=True)
+class CpuShape:
+    """The CPU kernel of one op (or one stage: its main op) with its tiles and blocks."""
+
+    shape: str                      # cpu_gemm | cpu_loops
+    tiles: CpuTiles
+    gemm: CpuGemm | None = None
+    loops: CpuLoops | None = None
+    why: str = ""                   # why cpu_loops (for a contraction)
+
+    @property
+    def grid(self) -> int:
+        """Parallel blocks: the units the cores share."""
+        return self.gemm.grid if self.gemm is not None else self.loops.grid
+
+    def record(self) -> dict[str, Any]:
+        """The `kernel` of a CPU op tile (docs/roll.md, "CPU profiles")."""
+        if self.gemm is not None:
+            g = self.gemm
+            return {"shape": self.shape, "m": list(g.m_axes), "n": list(g.n_axes),
+                    "k": list(g.k_axes), "batch": list(g.batch_axes),
+                    "blocks": [g.blocks.mc, g.blocks.nc, g.blocks.kc], "n_row": g.n_row}
+        lp = self.loops
+        out = {"shape": self.shape, "rows": lp.rows, "rows_per_block": lp.rows_per_block,
+               "vector_axis": lp.vector_axis, "reduction": lp.mode}
+        if self.why:
+            out["why"] = self.why
+        return out
+
+
+def cpu_shape(facts, tiles: CpuTiles, recorded: Mapping[str, Any] | None = None,
+              where: str = "tile") -> CpuShape:
+    """The CPU kernel of an op (`facts`: a `tilekit.schedule.shape.OpFacts`, its spatial and
+    reduction axes, its contraction and whether its innermost reduction walks a read
+    contiguously) with `tiles`: the module docstring's decision, blocks from `gemm_blocks` or
+    `rows_per_block`. With `recorded` (a CPU op tile's `kernel`, as tk-roll wrote it), the
+    decision must be the recorded one and the blocks are the recorded ones, checked to cover
+    the op (IRError at `where` otherwise)."""
+    c = facts.contraction
+    why = ""
+    if isinstance(c, str):
+        why = c
+    elif c.dtype != "float32":
+        why = f"a {c.dtype} contraction (the micro-kernel is float32)"
+    elif gemm_roles(c, facts.spatial) is None:
+        why = "the output's contiguous axis is a batch axis"
+    elif gemm_reuse(c, facts.spatial) < GEMM_MIN_REUSE:
+        why = f"operands used fewer than {GEMM_MIN_REUSE} times (no packing pays)"
+    if not why:
+        shape = CpuShape("cpu_gemm", tiles, gemm=_gemm(c, facts.spatial, facts.reduction,
+                                                       tiles))
+    else:
+        shape = CpuShape("cpu_loops", tiles, loops=_loops(facts, tiles), why=why)
+    if recorded is None:
+        return shape
+    return _with_recorded(shape, recorded, where)
+
+
+def _gemm(c: Contraction, spatial, reduction, tiles: CpuTiles) -> CpuGemm:
+    extent = dict(spatial) | dict(reduction)
+    roles = gemm_roles(c, spatial)
+    ops = {"a": c.a, "b": c.b}
+    m_axes, n_axes = ops[roles[0]].mn_axes, ops[roles[1]].mn_axes
+    m = math.prod(extent[a] for a in m_axes)
+    n = math.prod(extent[a] for a in n_axes)
+    k = math.prod(extent[a] for a in c.k_axes)
+    batch = math.prod(extent[a] for a in c.batch_axes)
+    g = gemm_blocks(tiles, m, n, k, batch, extent[n_axes[-1]] if len(n_axes) > 1 else 1)
+    return CpuGemm(roles, tuple(m_axes), tuple(n_axes), tuple(c.k_axes), tuple(c.batch_axes),
+                   m, n, k, batch, g.n_row, g)
+
+
+def _loops(facts, tiles: CpuTiles) -> CpuLoops:
+    axes = [a for a, _ in facts.spatial]
+    extents = [n for _, n in facts.spatial]
+    reduces = bool(facts.reduction)
+    reduce_size = math.prod(n for _, n in facts.reduction) if reduces else 1
+    # Lane partials need a long contiguous innermost reduction (a depthwise window's 3
+    # points would all be the tail): otherwise the output's last axis takes the lanes.
+    lanes_red = reduces and facts.contiguous_reduction and (
+        facts.reduction[-1][1] >= tiles.nr or not axes or extents[-1] == 1)
+    vec = None if lanes_red or not axes else len(axes) - 1
+    rows = math.prod(n for k, n in enumerate(extents) if k != vec)
+    vlen = extents[vec] if vec is not None else 1
+    mode = ("lane partials" if lanes_red else "accumulator row" if reduces
+            else "pointwise") if vec is not None or lanes_red else "scalar"
+    work = vlen * reduce_size
+    return CpuLoops(axes[vec] if vec is not None else None, mode, rows,
+                    rows_per_block(rows, work, tiles), work)
+
+
+def _with_recorded(shape: CpuShape, rec: Mapping[str, Any], where: str) -> CpuShape:
+    """`shape` with the recorded blocks, after checking that the record is this decision."""
+    hint = "re-run tk-roll with this module's CPU profile"
+    if rec.get("shape") != shape.shape:
+        raise IRError(f"records the CPU kernel {rec.get('shape')!r}, but this op is a "
+                      f"{shape.shape} kernel" + (f" ({shape.why})" if shape.why else ""),
+                      f"{where}.kernel.shape", hint)
+    if shape.gemm is not None:
+        g = shape.gemm
+        for key, axes in (("m", g.m_axes), ("n", g.n_axes), ("k", g.k_axes),
+                          ("batch", g.batch_axes)):
+            if list(rec.get(key) or []) != list(axes):
+                raise IRError(f"'{key}' is {rec.get(key)!r}, the op's GEMM view has "
+                              f"{list(axes)}", f"{where}.kernel.{key}", hint)
+        blocks = rec.get("blocks")
+        if not (isinstance(blocks, list) and len(blocks) == 3
+                and all(type(x) is int and x >= 1 for x in blocks)):
+            raise IRError(f"'blocks' must be [mc, nc, kc], positive integers, got {blocks!r}",
+                          f"{where}.kernel.blocks", hint)
+        mc, nc, kc = blocks
+        if rec.get("n_row") != g.n_row or (g.n_row > 1 and nc % g.n_row):
+            raise IRError(f"'n_row' {rec.get('n_row')!r} with nc {nc}: a block holds whole "
+                          f"rows of {g.n_row} points", f"{where}.kernel.n_row", hint)
+        mc, nc, kc = min(mc, g.m), min(nc, g.n), min(kc, g.k)   # one block covers the axis
+        b = GemmBlocks(mc, nc, kc, -(-g.m // mc), -(-g.n // nc), -(-g.k // kc), g.n_row)
+        return CpuShape(shape.shape, shape.tiles, gemm=CpuGemm(
+            g.roles, g.m_axes, g.n_axes, g.k_axes, g.batch_axes, g.m, g.n, g.k, g.batch,
+            g.n_row, b))
+    lp = shape.loops
+    for key, want in (("vector_axis", lp.vector_axis), ("reduction", lp.mode),
+                      ("rows", lp.rows)):
+        if rec.get(key) != want:
+            raise IRError(f"'{key}' is {rec.get(key)!r}, the op's loop nest has {want!r}",
+                          f"{where}.kernel.{key}", hint)
+    per = rec.get("rows_per_block")
+    if type(per) is not int or not 1 <= per <= lp.rows:
+        raise IRError(f"'rows_per_block' must be an integer from 1 to {lp.rows}, got {per!r}",
+                      f"{where}.kernel.rows_per_block", hint)
+    return CpuShape(shape.shape, shape.tiles, loops=CpuLoops(
+        lp.vector_axis, lp.mode, lp.rows, per, lp.work_per_row), why=shape.why)
+
+
+#: The bounds on a recorded micro-tile: the micro-kernel's rows, and its columns in whole
+#: `NR_ALIGN` vectors (runtime_cpu.h's tk_gemm_micro).
+MAX_MR = 32
+MAX_NR = 4 * NR_ALIGN
+
+
+def recorded_tiles(payload: Mapping[str, Any], machine: CpuMachine, where: str) -> CpuTiles:
+    """The register and cache tiles of a CPU op tile (`micro: [mr, nr]`, `cache: {mc, nc,
+    kc}`) on `machine`: IRError at `where` when they are not sizes the kernels take."""
+    hint = "re-run tk-roll with this module's CPU profile"
+    micro = payload.get("micro")
+    if not (isinstance(micro, list) and len(micro) == 2
+            and all(type(x) is int for x in micro)):
+        raise IRError(f"'micro' must be [mr, nr], integers, got {micro!r}", f"{where}.micro",
+                      hint)
+    mr, nr = micro
+    if not 1 <= mr <= MAX_MR or nr % NR_ALIGN or not NR_ALIGN <= nr <= MAX_NR:
+        raise IRError(f"micro-tile {mr}x{nr}: mr from 1 to {MAX_MR}, nr a multiple of "
+                      f"{NR_ALIGN} up to {MAX_NR}", f"{where}.micro", hint)
+    cache = payload.get("cache")
+    sizes = {}
+    for key in ("mc", "nc", "kc"):
+        value = cache.get(key) if isinstance(cache, Mapping) else None
+        if type(value) is not int or value < 1:
+            raise IRError(f"'cache.{key}' must be a positive integer, got {value!r}",
+                          f"{where}.cache.{key}", hint)
+        sizes[key] = value
+    return CpuTiles(machine, mr, nr, sizes["kc"], sizes["mc"], sizes["nc"])
+
+
+__all__ = ["CPU_SHAPES", "CpuGemm", "CpuLoops", "CpuMachine", "CpuShape", "CpuTiles",
+           "GEMM_MIN_REUSE", "GemmBlocks", "HOST_DEFAULTS", "LOOP_MODES", "NR_ALIGN",
+           "cpu_shape", "cpu_tiles", "gemm_blocks", "gemm_reuse", "gemm_roles", "machine_of",
+           "recorded_tiles", "rows_per_block"]

@@ -19,6 +19,9 @@ shared output tile, members' regions, edges' levels and bytes, footprint, gain, 
 and `kernels[i].estimate`; an op that fuses nowhere stays a kernel of its own with its
 rolled tile and estimate. An unrolled module is rolled first (the stage `roll` is recorded
 as tk-roll would).
+
+On a `kind: cpu` profile the groups are the CPU's (`tilekit.weld.cpu`: an op with its
+elementwise chain, one CPU kernel; no multi-stage fusion, no group tile).
 """
 
 from __future__ import annotations
@@ -188,6 +191,10 @@ def weld_module(module: Module, profile, top_k: int = 1, max_group: int = DEFAUL
     options: dict[str, Any] = {"top_k": top_k, "max_group": max_group}
     if no_fuse:
         options["no_fuse"] = sorted(set(no_fuse))
+    if profile.is_cpu:      # an op with its elementwise chain, one CPU kernel (weld.cpu)
+        from tilekit.weld.cpu import weld_cpu
+        return run_stage(module, STAGE, lambda m: weld_cpu(m, profile, max_group, no_fuse),
+                         options)
     out = run_stage(module, STAGE,
                     lambda m: _weld(m, profile, top_k, max_group, no_fuse), options)
     from tilekit.weld.verify import check_groups

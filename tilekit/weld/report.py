@@ -10,8 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tilekit.ir.control import region_module
-from tilekit.ir.graph import control_records
+from tilekit.ir.graph import control_records, graph
 from tilekit.ir.model import Module
+from tilekit.ir.payloads import is_cpu_tile
+from tilekit.roll.schedule import tensor_bytes
 from tilekit.weld.model import compulsory_bytes
 
 COLUMNS = ("kernel", "ops", "stages", "block", "levels (reg/shared/stored)", "dram saved",
@@ -125,6 +127,9 @@ def _group_rows(module: Module, full: bool, prefix: str, rows: list) -> None:
                             f"{prefix}{k.ops[0]}.{rname}/", rows)
             continue
         t = k.tile
+        if not t and len(k.ops) > 1 and _cpu_group(module, k):
+            rows.append(_cpu_row(module, k, full, prefix))
+            continue
         if not t or t.get("source") != "weld":
             continue
         edges = t.get("edges", [])
@@ -141,6 +146,31 @@ def _group_rows(module: Module, full: bool, prefix: str, rows: list) -> None:
                      f"{k.ops[0]},..,{k.ops[-1]} ({len(k.ops)})", str(t.get("stages", 1)),
                      _sizes(t.get("block", {})), f"{n['register']}/{n['shared']}/{stored}",
                      f"{saved:,}", f"{t['unwelded']['time_us']:g}", f"{after:g}"))
+
+
+def _cpu_group(module: Module, k) -> bool:
+    ops = {op.name: op for op in module.ops}
+    return all(is_cpu_tile(ops[n].tile) for n in k.ops if n in ops)
+
+
+def _cpu_row(module: Module, k, full: bool, prefix: str) -> tuple:
+    """A CPU group (tilekit.weld.cpu): one stage, its intermediates in registers, no tile."""
+    g = graph(module)
+    internal = g.internal_to(k.ops)
+    index = module.op_index()
+    stored = sum(1 for n in k.ops[:-1] for t in g.nodes[index[n]].writes
+                 if t not in internal)
+    saved = 2 * tensor_bytes(module, internal)
+    ops = {op.name: op for op in module.ops}
+    before = sum(float(ops[n].tile["estimate"]["time_us"]) for n in k.ops)
+    after = (k.estimate or {}).get("time_us", 0)
+    if full:
+        return (prefix + k.name, list(k.ops), 1, {},
+                {"register": len(internal), "shared": 0, "stored": stored}, saved,
+                round(before, 4), after)
+    return (prefix + k.name, ",".join(k.ops) if len(k.ops) <= 4 else
+            f"{k.ops[0]},..,{k.ops[-1]} ({len(k.ops)})", "1", "cpu",
+            f"{len(internal)}/0/{stored}", f"{saved:,}", f"{before:g}", f"{after:g}")
 
 
 def summary(module: Module) -> str:
