@@ -32,11 +32,12 @@ def _stage_options(module: Module) -> Mapping[str, Any]:
     return {}
 
 
-def _candidate_profiles(module: Module, ir_path: str | None) -> Iterator[Any]:
+def _candidate_profiles(module: Module, ir_path: str | None, target: str) -> Iterator[Any]:
     """The profiles the kernels may have been generated for: the one the `codegen` stage or
     the IR's `hardware` names, no profile, then every known profile (a library caller of
     `generate` records none). Kernels depend on the profile only through its limits, so
-    matching under any of them means the sources are tilekit's own."""
+    matching under any of them means the sources are tilekit's own. CUDA kernels are never
+    generated for a CPU profile, so none is tried for them."""
     from tilekit.hw import list_profiles, load_profile, load_recorded_profile
 
     name = _stage_options(module).get("hw")
@@ -51,7 +52,7 @@ def _candidate_profiles(module: Module, ir_path: str | None) -> Iterator[Any]:
             yield profile
     yield None
     try:
-        yield from list_profiles()
+        yield from (p for p in list_profiles() if target == "cpu" or not p.is_cpu)
     except TilekitError:
         return
 
@@ -81,7 +82,7 @@ def check_recorded_kernels(module: Module, ir_path: str | None = None) -> None:
                    kernels=tuple(replace(k, launch=None) for k in module.kernels))
     have = [{key: k.get(key) for key in COMPARED} for k in recorded]
     first_difference = None
-    for profile in _candidate_profiles(module, ir_path):
+    for profile in _candidate_profiles(module, ir_path, target):
         made = generate(bare, profile, arch, target).module
         want = [{key: k.get(key) for key in COMPARED} for k in made.codegen["kernels"]]
         if have != want:
