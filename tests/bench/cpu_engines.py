@@ -3,8 +3,9 @@
     python tests/bench/cpu_engines.py --engine ENGINE --model M.onnx --runs N
 
 Engines: `tilekit` (the NumPy reference executor, whole ops), `compiled` (tk-codegen --target
-cpu on the default schedules, run by the compiled CPU runtime), `compiled-rolled` (the same
-after tk-roll --hw h100: the GPU's tiles, as the CPU target runs them today), `onnxruntime`.
+cpu on the default schedules, run by the compiled CPU runtime), `compiled-cpu` (the same
+after tk-roll and tk-weld for the `milan` CPU profile with its core count set to the threads
+run: the tiles and groups a CPU profile gives), `onnxruntime`.
 
 Peak memory is only comparable between processes that did nothing else, so each engine runs
 alone here; `test_cpu_bench.py` starts one process per engine and model, alternating engines
@@ -63,19 +64,29 @@ def tilekit_runner(path: Path, feeds: dict[str, np.ndarray], threads: int):
     return lambda: program.run(ir_inputs, weights)
 
 
+def cpu_profile(threads: int):
+    """The milan profile (Zen 3, this project's development machines) scaled to `threads`
+    cores: the blocks are cut for the cores the code runs on, not a 64-core chip."""
+    from tilekit.hw import load_profile
+
+    return load_profile("milan").with_cpu(cores=threads)
+
+
 def compiled_runner(path: Path, feeds: dict[str, np.ndarray], threads: int,
                     rolled: bool = False):
     from tilekit.codegen import generate
-    from tilekit.hw import load_profile
     from tilekit.onnx import import_model, load_model
     from tilekit.roll.schedule import roll_module
     from tilekit.runtime.compiled import CpuProgram
+    from tilekit.weld import weld_module
 
     imported = import_model(load_model(str(path)))
-    module = imported.module
+    module = imported.module.with_stage("import")
+    profile = None
     if rolled:
-        module = roll_module(module, load_profile("h100"))
-    module = generate(module, target="cpu").module
+        profile = cpu_profile(threads)
+        module = weld_module(roll_module(module, profile), profile)
+    module = generate(module, profile, target="cpu").module
     weights = {k: np.ascontiguousarray(v) for k, v in imported.weights.items()}
     renamed = (module.source or {}).get("inputs", {})
     ir_inputs = {ir: feeds[renamed.get(ir, ir)] for ir in module.inputs}
@@ -95,7 +106,7 @@ def onnxruntime_runner(path: Path, feeds: dict[str, np.ndarray], threads: int):
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--engine", choices=["tilekit", "compiled", "compiled-rolled",
+    parser.add_argument("--engine", choices=["tilekit", "compiled", "compiled-cpu",
                                              "onnxruntime"], required=True)
     parser.add_argument("--model", required=True)
     parser.add_argument("--runs", type=int, default=5)
@@ -105,7 +116,7 @@ def main() -> None:
     feeds = feeds_for(onnx.load(str(path), load_external_data=False), seed=0)
     base = rss_mib()
     make = {"tilekit": tilekit_runner, "compiled": compiled_runner,
-            "compiled-rolled": lambda *a: compiled_runner(*a, rolled=True),
+            "compiled-cpu": lambda *a: compiled_runner(*a, rolled=True),
             "onnxruntime": onnxruntime_runner}[args.engine]
     runner = make(path, feeds, args.threads)
     runner()  # warm-up

@@ -2,8 +2,8 @@
 
 Run with `make bench` (not part of `make test`). Engines (tests/bench/cpu_engines.py): the
 NumPy reference executor (`tilekit`), the compiled CPU code on the default schedules
-(`compiled`: tk-codegen --target cpu) and after tk-roll (`compiled-rolled`), and
-onnxruntime, all with the same threads. For each model, engines alternate in fresh processes
+(`compiled`: tk-codegen --target cpu) and after tk-roll and tk-weld for a CPU profile
+(`compiled-cpu`), and onnxruntime, all with the same threads. For each model, engines alternate in fresh processes
 `ROUNDS` times; each process times `RUNS` runs after a warm-up. Reported: each engine's
 median, the ratio of medians to onnxruntime's (< 1 means tilekit is faster) and peak resident
 memory. Results go to tests/bench/results/cpu.json.
@@ -46,6 +46,9 @@ def build(name: str, folder: Path) -> Path:
         model = onnx_models.mobilenet_block(channels=32, expand=6, size=56, classes=1000)
     elif name == "gpt_block":
         model = onnx_models.gpt_block(batch=1, seq=128, hidden=768, heads=12)
+    elif name == "mlp_mixer":   # one Mixer-S/16 block: 196 patches x 512 channels
+        model = onnx_models.mlp_mixer_block(batch=1, tokens=196, channels=512,
+                                            token_hidden=256, channel_hidden=2048)
     elif name == "lstm":
         model = onnx_models.lstm_model(seq=32, batch=1, inputs=256, hidden=512)
     else:
@@ -61,11 +64,11 @@ def measure(engine: str, model: Path) -> dict:
     return json.loads(out.stdout)
 
 
-ENGINES = ("tilekit", "compiled", "compiled-rolled", "onnxruntime")
+ENGINES = ("tilekit", "compiled", "compiled-cpu", "onnxruntime")
 
 
 @pytest.mark.parametrize("name", ["resnet50", "bert_layer", "gpt_block", "mobilenet_block",
-                                  "lstm"])
+                                  "mlp_mixer", "lstm"])
 def test_cpu_latency_and_memory_against_onnxruntime(name, tmp_path):
     model = build(name, tmp_path)
     runs = {e: [] for e in ENGINES}

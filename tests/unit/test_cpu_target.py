@@ -77,8 +77,40 @@ def test_the_backend_runs_compiled_code_by_default():
     want = run_module(module, inputs, weights)
     np.testing.assert_allclose(runner.run(inputs, weights)["y"], want["y"], rtol=2e-5,
                                atol=2e-5)
-    with pytest.raises(TilekitError, match="no CPU kernels"):
-        backend(fixture("softmax"), "cpu", "compiled")
+    # a module without CPU kernels: they are generated and built for the run
+    plain = backend(fixture("softmax"), "cpu", None, threads=1)
+    assert "compiled, 1 thread" in plain.description
+    np.testing.assert_allclose(plain.run(inputs, weights)["y"], want["y"], rtol=2e-5,
+                               atol=2e-5)
+    assert "compiled" not in backend(fixture("softmax"), "cpu", "whole").description
+
+
+def test_tk_run_compiles_unless_it_cannot(tmp_path):
+    """tk-run with no --mode runs compiled code (generated here); an IR with an op the CPU
+    target has no kernel for runs the reference executor instead, with one line saying so;
+    --mode compiled on it is the error itself."""
+    import shutil
+
+    bin_dir = __import__("pathlib").Path(sys.executable).parent
+    tk_run = str(bin_dir / "tk-run")
+    ir = tmp_path / "softmax.yaml"
+    ir.write_text((__import__("codegen_support").DATA / "softmax.yaml").read_text())
+    run = subprocess.run([tk_run, str(ir), "--bench", "1", "--threads", "1"],
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert "compiled, 1 thread" in run.stdout
+    golden = __import__("pathlib").Path(__file__).parents[1] / "golden"
+    shutil.copy(golden / "codegen_opaque_without_cuda" / "resize.yaml", tmp_path)
+    resize = str(tmp_path / "resize.yaml")
+    fallback = subprocess.run([tk_run, resize, "--bench", "1"], capture_output=True, text=True)
+    assert fallback.returncode == 0, fallback.stderr
+    notes = [line for line in fallback.stderr.splitlines() if "reference executor" in line]
+    assert len(notes) == 1 and "Resize" in notes[0] and "--mode whole" in notes[0]
+    assert "compiled" not in fallback.stdout
+    asked = subprocess.run([tk_run, resize, "--mode", "compiled"], capture_output=True,
+                           text=True)
+    assert asked.returncode == 2 and "Resize" in asked.stderr
+    assert len(asked.stderr.strip().splitlines()) == 1
 
 
 def test_the_commands(tmp_path):

@@ -18,7 +18,7 @@ from tilekit.cli.common import (FINITE, REPORT_FORMATS, Phases, input_argument, 
                                 read_stage_input, stderr_is_terminal, stdout_is_terminal,
                                 time_passes_option, tk_command, warn)
 from tilekit import limits
-from tilekit.errors import EXIT_OK
+from tilekit.errors import EXIT_OK, TilekitError
 
 TOOL = "tk-run"
 #: `--check` found a mismatch (bad input is 2, as for every tool).
@@ -35,11 +35,13 @@ MAX_RUNS = 100_000
 @tk_command(TOOL)
 @input_argument
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
-              help="Where to run: the CPU reference executor, or the CUDA runtime.")
+              help="Where to run: the CPU (compiled code, or the reference executor: --mode), "
+                   "or the CUDA runtime.")
 @click.option("--mode", default=None, metavar="MODE",
-              help="CPU execution mode: 'compiled' (the IR's C++ kernels from tk-codegen "
-                   "--target cpu; the default when it has them), 'whole' (the NumPy reference "
-                   "executor, whole ops; the default otherwise), or a mode added by a stage "
+              help="CPU execution mode: 'compiled' (C++ kernels: the IR's from tk-codegen "
+                   "--target cpu, else generated and built here, cached; the default wherever "
+                   "a C++ compiler is found), 'whole' (the NumPy reference executor, whole "
+                   "ops), or a mode added by a stage "
                    "('tiled': op tiles; 'program': tk-ram's rTasks in their planned order). "
                    "With --check and no --mode, the mode of the IR's stages (compiled after "
                    "tk-codegen --target cpu, program after tk-ram, tiled after "
@@ -102,6 +104,7 @@ def main(input, device, mode, threads, input_flags, inputs_npz, seed, allow_nan,
         module = read_stage_input(input)  # notes the IR and the files it names as inputs
         check_run_budget(module, input)
     chosen = None  # the mode --check picked from the stages, when --mode was not given
+    given_mode = mode
     if mode is None:
         mode = default_mode(module, device)
         if device == "cpu" and (check or check_tensors):
@@ -116,7 +119,8 @@ def main(input, device, mode, threads, input_flags, inputs_npz, seed, allow_nan,
     with phases.step("prepare"):
         if threads is not None and mode != "compiled":
             warn(TOOL, "--threads sets the compiled CPU code's threads; ignored in this mode")
-        runner = backend(module, device, mode, threads)  # refuses what it cannot run, early
+        runner = _backend(module, device, mode, threads, input, defaulted=chosen is None
+                          and given_mode is None)  # refuses what it cannot run, early
         weights = load_weights(module, folder)
         if check and (module.source or {}).get("onnx"):  # a bad reference fails before the run
             resolve_sidecar(module.source, "onnx", folder, "source", limits.MODEL_BYTES)
@@ -198,6 +202,29 @@ def _bench(runner, inputs, weights, runs: int, warmup: int, advance):
     if runner.bench is not None:
         return runner.bench(inputs, weights, runs, warmup)
     return time_runs(lambda: runner.run(inputs, weights), runs, warmup, on_run=advance)
+
+
+def _backend(module, device: str, mode: str, threads, input: str, defaulted: bool):
+    """The runner; compiled CPU code is generated here when the IR has none (with the CPU
+    profile it was rolled for). When the mode was not asked for and no compiled code can be
+    made, the reference executor runs instead, said on stderr."""
+    from tilekit.runtime.compiled import is_cpu_code
+    from tilekit.runtime import backend
+
+    profile = None
+    if device == "cpu" and mode == "compiled" and not is_cpu_code(module):
+        from tilekit.ir.payloads import cpu_rolled
+        if cpu_rolled(module):
+            from tilekit.hw import load_recorded_profile
+            profile = load_recorded_profile(module.hardware, input, module.hardware_sha256)
+    try:
+        return backend(module, device, mode, threads, profile)
+    except TilekitError as exc:
+        if not defaulted or mode != "compiled":
+            raise
+        warn(TOOL, f"no compiled CPU code ({exc.what}); running the reference executor "
+                   "(--mode whole)")
+        return backend(module, device, "whole", threads)
 
 
 def _threads(device: str) -> int | None:

@@ -17,6 +17,8 @@ that the two agree, so a variant is made with `Profile.with_cpu`, which recomput
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -143,11 +145,15 @@ def level_sources(cpu: CpuSpec) -> dict[str, str]:
 
 def rescale_levels(old: CpuSpec, cores: int) -> tuple[CpuLevel, ...]:
     """`old`'s levels on a chip of `cores` cores: DRAM is shared by all of them, and a private
-    level whose all-core bandwidth was one core's x the cores stays so; stated figures stay."""
+    level whose all-core bandwidth was one core's x the cores stays so; a shared cache with
+    more sharers than the new chip has cores is shared by all of them (a few cores of a
+    cluster: a VM's vCPUs); stated figures stay."""
     out = []
     for lv in old.levels:
         if lv.name == "dram":
             lv = replace(lv, shared_by=cores)
+        elif cores % lv.shared_by:
+            lv = replace(lv, shared_by=math.gcd(lv.shared_by, cores))
         elif lv.private and lv.bandwidth_all == lv.bandwidth * old.cores:
             lv = replace(lv, bandwidth_all=lv.bandwidth * cores)
         out.append(lv)

@@ -47,19 +47,24 @@ class Backend:
 
 
 def default_mode(module: Module, device: str) -> str:
-    """The mode a run takes when none is given: the compiled kernels when the module has
-    CPU code (tk-codegen --target cpu), else the reference executor's whole ops."""
+    """The mode a run takes when none is given: on the CPU, compiled code (the module's own
+    CPU kernels, or kernels generated for this CPU when it has none) wherever a C++ compiler
+    is found, else the reference executor's whole ops."""
+    from tilekit.codegen.cxx import find_cxx
     from tilekit.runtime.compiled import is_cpu_code
 
-    return "compiled" if device == "cpu" and is_cpu_code(module) else "whole"
+    if device != "cpu":
+        return "whole"
+    return "compiled" if is_cpu_code(module) or find_cxx() is not None else "whole"
 
 
 def backend(module: Module, device: str = "cpu", mode: str | None = None,
-            threads: int | None = None) -> Backend:
+            threads: int | None = None, profile=None) -> Backend:
     """Prepare `module` for `device` ("cpu" or "cuda"); refuses what that device cannot run.
 
-    `mode` is the CPU execution mode: "compiled" (the module's C++ kernels: the default when
-    it has them), "whole" (the NumPy reference executor, the default otherwise), or one
+    `mode` is the CPU execution mode: "compiled" (the module's C++ kernels, generated here
+    for the CPU target when it has none, with `profile` when it was rolled for a CPU profile:
+    the default wherever a C++ compiler is found), "whole" (the NumPy reference executor), or one
     added with `register_mode` ("tiled", "program"); the CUDA runtime runs the generated
     kernels and has no modes, so any other mode is refused there. `threads`: the compiled
     code's threads (default: OpenMP's, every core).
@@ -68,11 +73,8 @@ def backend(module: Module, device: str = "cpu", mode: str | None = None,
 
     mode = mode or default_mode(module, device)
     if device == "cpu" and mode == "compiled":
-        from tilekit.runtime.compiled import CpuProgram, is_cpu_code
-        if not is_cpu_code(module):
-            raise TilekitError("the IR has no CPU kernels", "--mode compiled",
-                               "run tk-codegen --target cpu first, or use another --mode")
-        compiled = CpuProgram(module, threads)
+        from tilekit.runtime.compiled import CpuProgram, with_cpu_code
+        compiled = CpuProgram(with_cpu_code(module, profile), threads)
         from tilekit.runtime.bench import cpu_model
         return Backend("cpu", f"cpu ({cpu_model()}), compiled, {compiled.threads} "
                        f"thread{'s' if compiled.threads != 1 else ''}",

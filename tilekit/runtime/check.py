@@ -309,8 +309,7 @@ def staged_mode(module: Module) -> CheckedMode:
     if module.program is not None:
         return CheckedMode("program", "tk-ram's program, rTask by rTask")
     if cpu_rolled(module):   # CPU tiles are no GPU blocks to walk: they run compiled
-        return CheckedMode("whole", "whole ops (tk-codegen runs the CPU tiles as compiled "
-                           "kernels)")
+        return CheckedMode("compiled", "the CPU tiles as compiled kernels (generated here)")
     if "weld" in stages:
         return CheckedMode("tiled", "tk-weld's groups, tile by tile")
     if "roll" in stages:
