@@ -29,6 +29,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from scope import on
 import yaml
 from click.testing import CliRunner
 
@@ -47,9 +48,8 @@ PIPELINE = {"gpt2.dynamo18", "llama.dynamo18", "t5_encoder.dynamo18",
 #: TILEKIT_CORPUS_KNOWN=1; docs/import.md ("The model corpus") has the table.
 KNOWN: dict[tuple[str, str], str] = {}
 
-ALL = os.environ.get("TILEKIT_CORPUS") == "all"
-COMPILE = os.environ.get("TILEKIT_CORPUS_COMPILE") == "1" or \
-    os.environ.get("TILEKIT_ALL_ARCHS") == "1"
+ALL = on("TILEKIT_CORPUS", "all")
+COMPILE = on("TILEKIT_CORPUS_COMPILE") or on("TILEKIT_ALL_ARCHS")
 RUN_KNOWN = os.environ.get("TILEKIT_CORPUS_KNOWN") == "1"
 
 pytestmark = pytest.mark.slow

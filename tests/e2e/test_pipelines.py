@@ -21,6 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 from models import onnx_models  # noqa: E402
 from models.onnx_check import with_random_weights  # noqa: E402
+from scope import on, subset  # noqa: E402
 
 LIGHT = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
 REAL_MODELS = ["resnet50", "inception_v1", "inception_v2", "densenet121", "shufflenet",
@@ -86,8 +87,22 @@ def assert_checked(proc: subprocess.CompletedProcess, pipe: str) -> None:
 #: onnxruntime (imported once), and the whole-op executor on the other eleven; moving their
 #: weights through two more processes was 35 s of `make test`.
 HEAVY = {"vgg19", "bvlc_alexnet", "zfnet512"}
-WHOLE_PARAMS = [p for p in MODEL_PARAMS if p.values[0] not in HEAVY or
-                os.environ.get("TILEKIT_ALL_ARCHS") == "1"]
+#: The real CNNs of the default suite (TILEKIT_FULL=1: all nine): ResNet-50 (a deep residual
+#: network: convolutions with folded batch norm, pooling, a GEMM), SqueezeNet (concatenated
+#: branches) and ShuffleNet (the channel shuffle's reshapes and transposes, grouped
+#: convolutions); the others repeat their op kinds at other shapes.
+DEFAULT_REAL = ("resnet50", "squeezenet", "shufflenet")
+
+
+def params(models) -> list:
+    """`models` as parameters in their own xdist groups."""
+    return [pytest.param(m, marks=pytest.mark.xdist_group(m)) for m in models]
+
+
+WHOLE_PARAMS = params(m for m in subset(ALL_MODELS, DEFAULT_REAL + tuple(BUILT_MODELS))
+                      if m not in HEAVY or on("TILEKIT_ALL_ARCHS"))
+#: Tile by tile: the two small real CNNs (ResNet-50's tiles are those of the compile test).
+TILED_PARAMS = params(subset(ALL_MODELS, ("squeezenet", "shufflenet", *BUILT_MODELS)))
 
 
 @pytest.mark.parametrize("name", WHOLE_PARAMS)
@@ -103,7 +118,7 @@ def test_import_run_check(name, model_dir):
         (model_dir / piped).rename(model_dir / f"{name}.tk.yaml")
 
 
-@pytest.mark.parametrize("name", MODEL_PARAMS)
+@pytest.mark.parametrize("name", TILED_PARAMS)
 def test_import_roll_run_tiled_check(name, model_dir):
     """Issue 4: rolled for the H100 and executed tile by tile as rolled, still checked."""
     ir = imported_ir(model_dir, name)
@@ -117,13 +132,11 @@ def have_nvcc() -> bool:
 
 
 #: With TILEKIT_ALL_ARCHS=1 every model compiles for sm_90 (rolled for the H100) and sm_80
-#: (the A100). By default: sm_90 for every model but DenseNet-121 (its 120 convolutions are
-#: ResNet-50's and Inception's shapes with other channel counts: 20 s of nvcc on a cold
-#: cache), and sm_80 for ResNet-50, the BERT layer and the MobileNet block.
-ALL_ARCHS = os.environ.get("TILEKIT_ALL_ARCHS") == "1"
-SM90_MODELS = set(ALL_MODELS) if ALL_ARCHS else set(ALL_MODELS) - {"densenet121"}
-SM80_MODELS = set(ALL_MODELS) if ALL_ARCHS else {"resnet50", "bert_encoder_layer",
-                                                  "mobilenet_block"}
+#: (the A100). By default: sm_90 for the default real CNNs and the built models, sm_80 for
+#: the BERT layer (a cold nvcc cache makes each real CNN 10-25 s).
+ALL_ARCHS = on("TILEKIT_ALL_ARCHS")
+SM90_MODELS = set(ALL_MODELS) if ALL_ARCHS else {"resnet50", "squeezenet", *BUILT_MODELS}
+SM80_MODELS = set(ALL_MODELS) if ALL_ARCHS else {"bert_encoder_layer"}
 COMPILE_PARAMS = [pytest.param(m, hw, arch, marks=pytest.mark.xdist_group(m))
                   for m in ALL_MODELS for hw, arch in (("h100", "sm_90"), ("a100", "sm_80"))
                   if m in (SM90_MODELS if arch == "sm_90" else SM80_MODELS)]

@@ -13,12 +13,12 @@ results).
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
 import onnx
 import pytest
+from scope import on
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
@@ -29,7 +29,7 @@ from test_pipelines import LIGHT, assert_checked, run_ok, run_pipe  # noqa: E402
 
 FAST = ["lstm_model", "resnext_block", "nasnet_cell"]
 ALL = FAST + ["squeezenet", "shufflenet", "inception_v1", "inception_v2", "densenet121"]
-EVERY = os.environ.get("TILEKIT_RAM_ALL_MODELS") == "1"
+EVERY = on("TILEKIT_RAM_ALL_MODELS")
 MODELS = ALL if EVERY else FAST
 TARGETS = [("h100", "sm_90"), ("a100", "sm_80")] if EVERY else [("h100", "sm_90")]
 PARAMS = [pytest.param(m, marks=pytest.mark.xdist_group(f"ram-{m}")) for m in MODELS]

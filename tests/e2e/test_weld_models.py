@@ -4,8 +4,8 @@ sm_80 (A100) on the BERT layer (all with TILEKIT_ALL_ARCHS=1), with `tk-codegen 
 --strict` (no spills, within the limits). The BERT layer's
 attention is one group, and its kernel is emulated on the CPU.
 
-Within the suite's time budget the default set is the five built models and ResNet-50 (the
-others are in `test_pipelines` unwelded); `TILEKIT_WELD_MODELS=all` runs all 14 (how the
+Within the suite's time budget the default set is the five built models (the others are in
+`test_pipelines` unwelded); `TILEKIT_WELD_MODELS=all` (or `TILEKIT_FULL=1`) runs all 14 (how the
 figures in docs/weld.md were checked), or a comma-separated list of names."""
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from scope import FULL, on
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -24,16 +25,16 @@ from test_pipelines import (ALL_MODELS, BUILT_MODELS, assert_checked, have_nvcc,
 
 pytestmark = pytest.mark.slow
 
-_ASKED = os.environ.get("TILEKIT_WELD_MODELS", "")
+_ASKED = "all" if FULL else os.environ.get("TILEKIT_WELD_MODELS", "")
 MODELS = ALL_MODELS if _ASKED == "all" else (
-    [m for m in _ASKED.split(",") if m] or BUILT_MODELS + ["resnet50"])
+    [m for m in _ASKED.split(",") if m] or BUILT_MODELS)
 #: A group per model of its own (its files are in `weld_dir`, not test_pipelines' folder), so
 #: that xdist balances these with the unwelded pipes of the same model.
 MODEL_PARAMS = [pytest.param(m, marks=pytest.mark.xdist_group(f"weld-{m}")) for m in MODELS]
 #: sm_80 (rolled for the A100) for every model with TILEKIT_ALL_ARCHS=1; by default for the
 #: BERT layer (the others' welded kernels are the same shapes on sm_90; ResNet-50's welded
 #: sm_80 compile was 10 s of nvcc on a cold cache).
-SM80 = set(MODELS) if os.environ.get("TILEKIT_ALL_ARCHS") == "1" else {"bert_encoder_layer"}
+SM80 = set(MODELS) if on("TILEKIT_ALL_ARCHS") else {"bert_encoder_layer"}
 COMPILE_PARAMS = [pytest.param(m, hw, arch, marks=pytest.mark.xdist_group(f"weld-{m}"))
                   for m in MODELS for hw, arch in (("h100", "sm_90"), ("a100", "sm_80"))
                   if arch == "sm_90" or m in SM80]

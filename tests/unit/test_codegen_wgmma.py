@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from scope import on
 
 from tilekit.codegen import generate
 from tilekit.codegen.emulate import emulate, emulate_blocks, find_cxx
@@ -35,7 +36,7 @@ from tilekit.tile.interp import interpret
 H100 = load_profile("h100")
 #: The larger sets (every case and every mutation) run with TILEKIT_ALL_ARCHS=1; the default
 #: suite runs the ones marked essential (each case is a host compile of its own).
-ALL = os.environ.get("TILEKIT_ALL_ARCHS") == "1"
+ALL = on("TILEKIT_ALL_ARCHS")
 A100 = load_profile("a100")
 needs_cxx = pytest.mark.skipif(find_cxx() is None, reason="no C++ compiler for the emulation")
 

@@ -13,12 +13,12 @@ tiled against onnxruntime with random weights.
 from __future__ import annotations
 
 import json
-import os
 import re
 from pathlib import Path
 
 import numpy as np
 import pytest
+from scope import on
 
 onnx = pytest.importorskip("onnx")
 
@@ -81,8 +81,8 @@ def test_squeezenet_tiled_equals_whole_op_by_op():
 #: ResNet-50 and DenseNet-121 op by op with TILEKIT_OP_BY_OP=all: their op kinds are those of
 #: the three below, and tests/e2e runs both tiled against onnxruntime with random weights
 #: (which a wrong tile does not survive); op by op they were 30 s of `make test`.
-OP_BY_OP = (["resnet50", "densenet121"] if os.environ.get("TILEKIT_OP_BY_OP") == "all"
-            else []) + ["shufflenet", "inception_v2"]
+OP_BY_OP = (["resnet50", "densenet121", "inception_v2"] if on("TILEKIT_OP_BY_OP", "all")
+            else []) + ["shufflenet"]
 
 
 @pytest.mark.slow
