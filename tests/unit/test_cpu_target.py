@@ -73,13 +73,13 @@ def test_the_backend_runs_compiled_code_by_default():
     assert is_cpu_code(module)
     inputs, weights = random_values(module)
     runner = backend(module, "cpu", None, threads=1)
-    assert "compiled, 1 thread" in runner.description
+    assert "1 thread), compiled" in runner.description
     want = run_module(module, inputs, weights)
     np.testing.assert_allclose(runner.run(inputs, weights)["y"], want["y"], rtol=2e-5,
                                atol=2e-5)
     # a module without CPU kernels: they are generated and built for the run
     plain = backend(fixture("softmax"), "cpu", None, threads=1)
-    assert "compiled, 1 thread" in plain.description
+    assert "1 thread), compiled" in plain.description
     np.testing.assert_allclose(plain.run(inputs, weights)["y"], want["y"], rtol=2e-5,
                                atol=2e-5)
     assert "compiled" not in backend(fixture("softmax"), "cpu", "whole").description
@@ -98,7 +98,7 @@ def test_tk_run_compiles_unless_it_cannot(tmp_path):
     run = subprocess.run([tk_run, str(ir), "--bench", "1", "--threads", "1"],
                          capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
-    assert "compiled, 1 thread" in run.stdout
+    assert "1 thread), compiled" in run.stdout
     golden = __import__("pathlib").Path(__file__).parents[1] / "golden"
     shutil.copy(golden / "codegen_opaque_without_cuda" / "resize.yaml", tmp_path)
     resize = str(tmp_path / "resize.yaml")

@@ -128,7 +128,7 @@ def test_bench_output(mlp):
     proc = tk_run(mlp, "--seed", 0, "--bench", 5, "--warmup", 2)
     assert proc.returncode == 0, text(proc)
     line = text(proc, "stdout").splitlines()[-1]
-    assert re.match(r"bench: 5 runs after 2 warm-up on cpu \(.+, \d+ threads?\): "
+    assert re.match(r"bench: 5 runs after 2 warm-up on cpu \(.+, \d+ threads?\)(, compiled)?: "
                     r"median [\d.]+ ms, p90 [\d.]+ ms, min [\d.]+ ms, max [\d.]+ ms, "
                     r"stddev [\d.]+ ms$", line), line
 

@@ -18,7 +18,7 @@ from tilekit.cli.common import (FINITE, REPORT_FORMATS, Phases, input_argument, 
                                 read_stage_input, stderr_is_terminal, stdout_is_terminal,
                                 time_passes_option, tk_command, warn)
 from tilekit import limits
-from tilekit.errors import EXIT_OK, TilekitError
+from tilekit.errors import EXIT_OK, UnsupportedError
 
 TOOL = "tk-run"
 #: `--check` found a mismatch (bad input is 2, as for every tool).
@@ -219,7 +219,7 @@ def _backend(module, device: str, mode: str, threads, input: str, defaulted: boo
             profile = load_recorded_profile(module.hardware, input, module.hardware_sha256)
     try:
         return backend(module, device, mode, threads, profile)
-    except TilekitError as exc:
+    except UnsupportedError as exc:   # an op without a CPU kernel, no compiler: not bad input
         if not defaulted or mode != "compiled":
             raise
         warn(TOOL, f"no compiled CPU code ({exc.what}); running the reference executor "

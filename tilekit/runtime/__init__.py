@@ -76,8 +76,8 @@ def backend(module: Module, device: str = "cpu", mode: str | None = None,
         from tilekit.runtime.compiled import CpuProgram, with_cpu_code
         compiled = CpuProgram(with_cpu_code(module, profile), threads)
         from tilekit.runtime.bench import cpu_model
-        return Backend("cpu", f"cpu ({cpu_model()}), compiled, {compiled.threads} "
-                       f"thread{'s' if compiled.threads != 1 else ''}",
+        return Backend("cpu", f"cpu ({cpu_model()}, {compiled.threads} "
+                       f"thread{'s' if compiled.threads != 1 else ''}), compiled",
                        compiled.run, trace=lambda i, w: (compiled.run(i, w),
                                                          compiled.tensors())[1],
                        profile=compiled.profile)

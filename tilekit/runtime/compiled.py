@@ -18,7 +18,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from tilekit.codegen.cxx import build, unit_source
-from tilekit.errors import TilekitError
+from tilekit.errors import TilekitError, UnsupportedError
 from tilekit.expr.ops import numpy_dtype
 from tilekit.ir.control import all_tensors
 from tilekit.ir.graph import control_records
@@ -40,9 +40,26 @@ def with_cpu_code(module: Module, profile=None) -> Module:
     from tilekit.codegen.module import run_codegen
 
     if find_cxx() is None:
-        raise TilekitError("no C++ compiler found for compiled CPU code", "--mode compiled",
+        raise UnsupportedError("no C++ compiler found for compiled CPU code", "--mode compiled",
                            "install g++ or clang++ (or set CXX), or use --mode whole")
     return run_codegen(module, profile, target="cpu").module
+
+
+def _index_checks(module: Module) -> list[tuple[str, str, tuple[str, ...], dict]]:
+    """(where, type, inputs, attrs) of each top-level opaque op whose inputs hold indices."""
+    from tilekit.opaque import index_bounds
+
+    checks = []
+    for i, op in enumerate(module.ops):
+        if op.kind != "opaque":
+            continue
+        spec = op.opaque
+        reads = tuple(spec.get("inputs", ()))
+        attrs = dict(spec.get("attrs") or {})
+        specs = [(tuple(module.tensors[n].shape), "") if n else None for n in reads]
+        if index_bounds(spec["type"], specs, attrs):
+            checks.append((f"ops[{i}] ({op.name})", spec["type"], reads, attrs))
+    return checks
 
 
 class HostBuffer(np.ndarray):
@@ -109,6 +126,7 @@ class CpuProgram:
         records = control_records(module)
         if records:
             self._control(module, section, declared, written)
+        self.index_checks = _index_checks(module)
         self.passthrough = tuple(o for o in module.outputs if o not in written)
         self.bound: dict[str, Any] = {}     # weight -> the array last copied into its buffer
         self.written = frozenset(written)   # buffers a kernel writes: re-bound every run
@@ -151,6 +169,7 @@ class CpuProgram:
         else:
             for launch in self.launches:
                 launch(self.buffers)
+        self._check_indices(inputs, weights)
         out = {}
         for name in self.outputs:
             if name in self.passthrough:
@@ -160,6 +179,19 @@ class CpuProgram:
         for name, count in self.trims.items():
             out[name] = out[name][:int(np.asarray(self.buffers[count]).reshape(-1)[0])]
         return out
+
+    def _check_indices(self, inputs, weights) -> None:
+        """Refuse the run when an opaque op's indices were out of range (the kernel read 0
+        or skipped them: a kernel cannot raise), as the reference executor refuses them."""
+        from tilekit.opaque import check_indices
+
+        for where, name, reads, attrs in self.index_checks:
+            args = [None if not n else self.buffers[n] if n in self.buffers
+                    else inputs.get(n, weights.get(n)) for n in reads]
+            try:
+                check_indices(name, args, attrs)
+            except TilekitError as exc:
+                raise exc.located(where) from None
 
     def _bind_weight(self, name: str, value) -> None:
         """Copy a weight into its buffer unless this very array was copied last time (a run
