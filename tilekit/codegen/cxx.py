@@ -83,36 +83,78 @@ def compiler_version(cxx: str) -> str:
         return cxx
 
 
+#: Flags of the precompiled runtime_cpu.h: those of the units, less what only links.
+PCH_FLAGS = tuple(f for f in CXX_FLAGS if f != "-shared")
+
+
+def _cache_key(*parts: str) -> str:
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:32]
+
+
+def _headers_dir(cxx: str, version: str, headers: dict[str, str]) -> Path | None:
+    """A cached folder holding the CPU headers with runtime_cpu.h precompiled (GCC finds
+    `runtime_cpu.h.gch` beside the header and uses it when the flags match): most of a small
+    unit's compile time is the headers'. None when the compiler is not GCC or the
+    precompilation fails; units then include the headers as text."""
+    from tilekit.codegen.nvcc import cache_dir
+
+    if "clang" in version.lower():
+        return None
+    key = _cache_key(*headers.values(), version, " ".join(PCH_FLAGS), _machine())
+    final = cache_dir() / "cpu" / f"headers-{key}"
+    if (final / "runtime_cpu.h.gch").exists():
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".headers-{key}.", dir=final.parent))
+    try:
+        for name, text in headers.items():
+            (work / name).write_text(text)
+        proc = subprocess.run([cxx, *PCH_FLAGS, "-x", "c++-header", "runtime_cpu.h", "-o",
+                               "runtime_cpu.h.gch"], cwd=work, capture_output=True, text=True)
+        if proc.returncode != 0:
+            shutil.rmtree(work, ignore_errors=True)
+            return None
+        try:
+            os.replace(work, final)
+        except OSError:          # another process built it first
+            shutil.rmtree(work, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    return final
+
+
 def build(source: str) -> Path:
     """The shared library of `source` (cached by content, compiler, flags and machine)."""
     from tilekit.codegen.helpers import CPU_HEADERS
-    from tilekit.codegen.nvcc import cache_dir
+    from tilekit.codegen.nvcc import CompileError, cache_dir
 
     cxx = find_cxx()
     if cxx is None:
         raise UnsupportedError("no C++ compiler (g++ or clang++) to build the CPU kernels",
                                "--device cpu", "install g++, or set CXX")
     headers = {p.name: p.read_text() for p in CPU_HEADERS}
-    key = hashlib.sha256("\0".join([source, *headers.values(), compiler_version(cxx),
-                                    " ".join(CXX_FLAGS), _machine()]).encode()
-                         ).hexdigest()[:32]
+    version = compiler_version(cxx)
+    key = _cache_key(source, *headers.values(), version, " ".join(CXX_FLAGS), _machine())
     final = cache_dir() / "cpu" / key
     lib = final / "module.so"
     if lib.exists():
         return lib
     final.parent.mkdir(parents=True, exist_ok=True)
+    included = _headers_dir(cxx, version, headers)
     work = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=final.parent))
     try:
         (work / "unit.cpp").write_text(source)
-        for name, text in headers.items():
-            (work / name).write_text(text)
-        argv = [cxx, *CXX_FLAGS, "-I", ".", "unit.cpp", "-o", "module.so"]
+        if included is None:
+            for name, text in headers.items():
+                (work / name).write_text(text)
+        argv = [cxx, *CXX_FLAGS, "-I", str(included or "."), "unit.cpp", "-o", "module.so"]
         proc = subprocess.run(argv, cwd=work, capture_output=True, text=True)
         if proc.returncode != 0:
             keep = final.parent / f"failed-{key}"
             shutil.rmtree(keep, ignore_errors=True)
             os.replace(work, keep)
-            raise TilekitError(f"the C++ compiler refused the generated kernels: "
+            raise CompileError(f"the C++ compiler refused the generated kernels: "
                                f"{proc.stderr.strip()[:1500]}", str(keep),
                                f"reproduce with: cd {keep} && {' '.join(argv)}")
         try:

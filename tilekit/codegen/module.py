@@ -1,4 +1,5 @@
-"""The codegen pass: `codegen_module(module, profile) -> Module` with a `codegen` section.
+"""The codegen pass: `generate(module, profile) -> CodegenResult` (its `.module` has a `codegen`
+section).
 
 For every kernel group (`module.kernels`, or the explicit default of one kernel per op, which
 is then written into the IR) it plans stages (`tilekit.codegen.plan`), picks a kernel shape,
