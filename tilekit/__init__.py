@@ -1,4 +1,9 @@
-"""tilekit: a tile-based AI compiler as a toolchain of small Unix-style commands."""
+"""tilekit: a tile-based AI compiler as a toolchain of small Unix-style commands.
+
+`tilekit.compile` is `tilekit.pipeline.compile` (import an ONNX model and run the passes in
+one process; `help(tilekit.compile)` lists the passes and their options), loaded on first
+use so that `import tilekit` stays light for the commands.
+"""
 
 __version__ = "0.1.0"
 
@@ -6,8 +11,13 @@ __version__ = "0.1.0"
 IR_VERSION = 1
 
 
-def compile(model, passes=("roll", "codegen"), hw=None, **options):
-    """Import an ONNX model and run tilekit passes on it in one process
-    (`tilekit.pipeline.compile`; docs/architecture.md)."""
-    from tilekit.pipeline import compile as run
-    return run(model, passes, hw, **options)
+def __getattr__(name: str):
+    # Lazy: the pipeline imports every pass; the commands import only what they run.
+    if name == "compile":
+        from tilekit.pipeline import compile
+        return compile
+    raise AttributeError(f"module 'tilekit' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), "compile"])

@@ -117,6 +117,23 @@ def test_every_pass_option_is_read_and_documented():
                                                     for o in p.options})
 
 
+def test_help_of_tilekit_compile_lists_the_passes_and_options():
+    """README.md: `help(tilekit.compile)` lists the passes and their options; the package
+    gives the pipeline's function itself (loaded on first use), not a wrapper hiding its
+    docstring."""
+    import pydoc
+    assert tilekit.compile is pipeline.compile
+    text = pydoc.render_doc(tilekit.compile)
+    assert '"weld"' in text and "`top_k=" in text and "`policy=" in text
+    assert "compile" in dir(tilekit)
+    with pytest.raises(AttributeError, match="no attribute 'compiel'"):
+        tilekit.compiel  # noqa: B018
+    lazy = subprocess.run([sys.executable, "-c", "import sys, tilekit; "
+                           "print('tilekit.pipeline' in sys.modules)"],
+                          capture_output=True, text=True, check=True)
+    assert lazy.stdout.strip() == "False"  # `import tilekit` stays light for the commands
+
+
 def test_compiled_save_writes_what_tk_run_runs(tmp_path, monkeypatch):
     onnx.save(onnx_models.mobilenet_block(), str(tmp_path / "m.onnx"))
     monkeypatch.chdir(tmp_path)
