@@ -92,6 +92,28 @@ def test_roll_json_report_is_one_deterministic_document(tmp_path):
     assert abs(doc["estimate"]["time_us"] - total) <= 1e-3 * total
 
 
+@pytest.mark.parametrize("command, key", [("tk_weld", "groups"), ("tk_grind", "control"),
+                                          ("tk_ram", "estimate"), ("tk_codegen", "kernels")])
+def test_every_stage_report_is_one_json_document(command, key, tmp_path):
+    """--report-format json: the report of each later stage is one deterministic JSON line
+    on stderr naming the tool, with --time-passes' phases inside it."""
+    rolled = tmp_path / "r.yaml"
+    assert invoke("tk_roll", "--hw", "h100", MLP, "-o", rolled).exit_code == 0
+    main = importlib.import_module(f"tilekit.cli.{command}").main
+    runs = [CliRunner().invoke(main, [str(rolled), "--report-format", "json", "-o",
+                                      str(tmp_path / f"o{i}.yaml")]) for i in range(2)]
+    assert all(r.exit_code == 0 for r in runs), runs[0].stderr
+    assert runs[0].stderr == runs[1].stderr and runs[0].stderr.count("\n") == 1
+    doc = _json_line(runs[0].stderr)
+    assert doc["tool"] == command.replace("_", "-") and doc["hardware"] == "h100"
+    assert key in doc and "time_s" not in doc
+    timed = CliRunner().invoke(main, [str(rolled), "--report-format", "json", "--time-passes",
+                                      "-o", str(tmp_path / "t.yaml")])
+    doc = _json_line(timed.stderr)
+    assert "total" in doc["time_s"] and f"{command.replace('_', '-')}: time:" not in \
+        timed.stderr
+
+
 def test_time_passes_names_each_phase(tmp_path):
     result = CliRunner().invoke(
         importlib.import_module("tilekit.cli.tk_roll").main,
