@@ -131,7 +131,8 @@ def greedy_decoder(vocab: int = 12, hidden: int = 16, seed: int = 2) -> onnx.Mod
     hn = b.op("Tanh", [b.op("Add", [b.op("MatMul", [e, "dec_W"]),
                                     b.op("MatMul", ["hid", "dec_U"])])], name="hid_next")
     # Greedy choice as max, compare and min (the first index holding the maximum), which
-    # stays affine (ArgMax is an opaque op without a CUDA implementation).
+    # stays affine, so the body fuses (an ArgMax would be an opaque op: a kernel of its own,
+    # tests/unit/test_opaque_kernels.py).
     logits = b.op("MatMul", [hn, "dec_V"])
     best = b.op("ReduceMax", [logits], axes=[1], keepdims=1)
     index = b.op("Where", [b.op("Equal", [logits, best]),
