@@ -128,7 +128,29 @@ _REDUCE = {"none": None, "add": np.add, "mul": np.multiply, "max": np.maximum,
            "min": np.minimum}
 
 
-@register("ScatterND", _like_data, "ONNX ScatterND (reduction none/add/mul/max/min)")
+def _scatter_nd_shapes(ins: Specs, attrs: Attrs) -> list:
+    """data's shape; the updates must be indices.shape[:-1] + data.shape[k:] (ONNX)."""
+    data, ind, upd = (tuple(s[0]) for s in ins[:3])
+    k = ind[-1] if ind else 0
+    want = ind[:-1] + data[k:]
+    if not ind or k > len(data) or upd != want:
+        raise TilekitError(f"ScatterND updates have shape {list(upd)}; indices {list(ind)} "
+                           f"into data {list(data)} need {list(want)}", None,
+                           "updates must be indices.shape[:-1] + data.shape[k:]")
+    return _like_data(ins, attrs)
+
+
+def _scatter_elements_shapes(ins: Specs, attrs: Attrs) -> list:
+    """data's shape; the updates must have the indices' shape, of data's rank (ONNX)."""
+    data, ind, upd = (tuple(s[0]) for s in ins[:3])
+    if upd != ind or len(ind) != len(data):
+        raise TilekitError(f"ScatterElements updates have shape {list(upd)} and indices "
+                           f"{list(ind)} (data {list(data)})", None,
+                           "updates and indices must have one shape, of the data's rank")
+    return _like_data(ins, attrs)
+
+
+@register("ScatterND", _scatter_nd_shapes, "ONNX ScatterND (reduction none/add/mul/max/min)")
 def _scatter_nd(ins: Arrays, attrs: Attrs) -> list:
     data, ind, upd = np.array(ins[0], copy=True), np.asarray(ins[1]).astype(np.int64), ins[2]
     fn = _REDUCE[attrs.get("reduction", "none")]
@@ -141,7 +163,7 @@ def _scatter_nd(ins: Arrays, attrs: Attrs) -> list:
     return [data]
 
 
-@register("ScatterElements", _like_data, "ONNX ScatterElements / Scatter (reduction "
+@register("ScatterElements", _scatter_elements_shapes, "ONNX ScatterElements / Scatter (reduction "
                                          "none/add/mul/max/min)")
 def _scatter_elements(ins: Arrays, attrs: Attrs) -> list:
     data, ind, upd = np.array(ins[0], copy=True), np.asarray(ins[1]).astype(np.int64), \

@@ -126,6 +126,21 @@ def test_import_roll_run_tiled_check(name, model_dir):
     assert_checked(run_pipe(pipe, model_dir), pipe)
 
 
+#: Compiled CPU code on the real CNNs (TILEKIT_FULL=1: all nine; the built models go through
+#: every stage to compiled code in test_stages_together.py).
+CPU_PARAMS = params(subset(REAL_MODELS, ("squeezenet", "shufflenet")))
+
+
+@pytest.mark.parametrize("name", CPU_PARAMS)
+def test_import_codegen_cpu_run_check(name, model_dir):
+    """The C++ target on every kernel of the model, run compiled and checked."""
+    ir = imported_ir(model_dir, name)
+    pipe = f"tk-codegen --target cpu {ir.name} | tk-run --seed 0 --check"
+    proc = run_pipe(pipe, model_dir)
+    assert_checked(proc, pipe)
+    assert "check: cpu (compiled mode" in proc.stdout, proc.stdout
+
+
 def have_nvcc() -> bool:
     import shutil
     return shutil.which("nvcc") is not None

@@ -468,3 +468,18 @@ def test_empty_paths_and_endless_counts(tmp_path, tool, flags):
     """An empty --svg or --emit-dir was silently ignored; a billion timed runs never ended."""
     ir = write_mlp(tmp_path)
     assert_refused(run(tool, ir, *flags, folder=tmp_path), tool, flags[-2])
+
+
+@pytest.mark.parametrize("kind, indices, updates", [
+    ("ScatterElements", [3, 5], [4, 5]),     # updates must have the indices' shape
+    ("ScatterND", [2, 1], [3, 5]),           # updates must be indices[:-1] + data[1:]: [2, 5]
+])
+def test_scatter_updates_of_another_shape(tmp_path, kind, indices, updates):
+    """onnxruntime refuses these models; so does tk-import, naming the op."""
+    from onnx import helper, numpy_helper
+    ids = numpy_helper.from_array(np.zeros(indices, np.int64), "ids")
+    path = _save(tmp_path, [helper.make_node(kind, ["x", "ids", "u"], ["y"])],
+                 [_vi("x", shape=(4, 5)), _vi("u", shape=updates)], [_vi("y", shape=(4, 5))],
+                 inits=[ids])
+    err = assert_refused(run("tk-import", path), "tk-import")
+    assert "updates" in err
