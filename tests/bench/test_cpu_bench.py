@@ -33,7 +33,11 @@ from tilekit.runtime.bench import cpu_description  # noqa: E402
 LIGHT = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
 ROUNDS = 3
 RUNS = 5
-RESULTS = ROOT / "tests" / "bench" / "results" / "cpu.json"
+#: Threads of every engine: TILEKIT_BENCH_THREADS, else every core (results in cpu.json; with
+#: the variable set, in cpu-<N>threads.json).
+THREADS = int(os.environ.get("TILEKIT_BENCH_THREADS", "0")) or (os.cpu_count() or 1)
+RESULTS = ROOT / "tests" / "bench" / "results" / (
+    f"cpu-{THREADS}threads.json" if os.environ.get("TILEKIT_BENCH_THREADS") else "cpu.json")
 
 
 def build(name: str, folder: Path) -> Path:
@@ -59,7 +63,8 @@ def build(name: str, folder: Path) -> Path:
 
 def measure(engine: str, model: Path) -> dict:
     out = subprocess.run([sys.executable, str(ROOT / "tests" / "bench" / "cpu_engines.py"),
-                          "--engine", engine, "--model", str(model), "--runs", str(RUNS)],
+                          "--engine", engine, "--model", str(model), "--runs", str(RUNS),
+                          "--threads", str(THREADS)],
                          capture_output=True, text=True, check=True, timeout=900)
     return json.loads(out.stdout)
 
@@ -97,6 +102,7 @@ def record(row: dict) -> None:
         "command": "make bench (tests/bench/test_cpu_bench.py)",
         "date": datetime.date.today().isoformat(),
         "device": cpu_description(),
+        "threads": THREADS,
         "python": platform.python_version(),
         "method": f"{ROUNDS} alternating fresh processes per engine, {RUNS} timed runs each "
                   "after one warm-up; median of all runs; peak RSS of the process",

@@ -6,6 +6,7 @@ Per model file, one test per stage, each stage reading the file the one before w
     tk-import M.onnx [--shape ...] -o M.tk.yaml      (dynamic exports: batch 2, sequence 16)
     tk-run M.tk.yaml --seed 0 --check                 (CPU reference against onnxruntime)
     tk-roll --hw h100 | tk-weld | tk-ram | tk-codegen (generation; nvcc with the variable below)
+    tk-codegen --target cpu M.tk.yaml | tk-run --check (compiled C++ against onnxruntime)
 
 The commands run in-process (their click entry points, the same code as the shell commands,
 without a Python start-up per stage). Each model is one xdist group, so its stages run in
@@ -14,8 +15,8 @@ order on one worker and build on each other.
 Variables:
 - `TILEKIT_CORPUS=all`: every stage of every model file; by default every file is imported
   and checked, and the later stages run for a few (`PIPELINE`: both exporters, a decoder with
-  RMSNorm, an encoder, CNNs, a dynamic export), which keeps the suite's cost near a minute
-  on two cores;
+  RMSNorm, an encoder, CNNs, a dynamic export; `CPU` for the compiled C++), which keeps the
+  suite's cost near a minute on two cores;
 - `TILEKIT_CORPUS_COMPILE=1` (or `TILEKIT_ALL_ARCHS=1`): tk-codegen compiles with nvcc;
 - `TILEKIT_CORPUS_KNOWN=1`: also run the stages listed in `KNOWN` (failures of later stages
   that are recorded, not hidden: each is skipped with its reason otherwise).
@@ -37,13 +38,17 @@ ROOT = Path(__file__).resolve().parents[2]
 CORPUS = ROOT / "tests" / "data" / "corpus"
 MANIFEST = json.loads((CORPUS / "manifest.json").read_text())
 MODELS: dict[str, dict] = MANIFEST["models"]
-STAGES = ("import", "check", "roll", "weld", "ram", "codegen")
+STAGES = ("import", "check", "roll", "weld", "ram", "codegen", "cpu")
 
 #: Every model file is imported and checked in the default suite; the later stages (roll,
 #: weld, ram, codegen: seconds per model) run for these by default, for all with
 #: TILEKIT_CORPUS=all.
 PIPELINE = {"gpt2.dynamo18", "llama.dynamo18", "t5_encoder.dynamo18",
             "resnet.dynamo18.dynamic", "densenet.ts17", "regnet.dynamo18"}
+#: The `cpu` stage (the imported module as compiled C++, checked against onnxruntime) for
+#: these by default (a decoder with RMSNorm and rotary embeddings; grouped convolutions),
+#: for all with TILEKIT_CORPUS=all.
+CPU = {"llama.dynamo18", "regnet.dynamo18"}
 #: (model file, stage) -> why it fails today. Skipped with the reason unless
 #: TILEKIT_CORPUS_KNOWN=1; docs/import.md ("The model corpus") has the table.
 KNOWN: dict[tuple[str, str], str] = {}
@@ -59,7 +64,8 @@ def cases():
     for key in sorted(MODELS):
         for stage in STAGES:
             marks = [pytest.mark.xdist_group(f"corpus-{key}")]
-            if not ALL and key not in PIPELINE and stage not in ("import", "check"):
+            if not ALL and (key not in CPU if stage == "cpu" else
+                            key not in PIPELINE and stage not in ("import", "check")):
                 marks.append(pytest.mark.skip(reason="run with TILEKIT_CORPUS=all"))
             elif (key, stage) in KNOWN and not RUN_KNOWN:
                 marks.append(pytest.mark.skip(reason=f"known: {KNOWN[key, stage]} (run with "
@@ -96,7 +102,8 @@ def _stage(key: str, stage: str, folder: Path) -> Path:
     from tilekit.cli import tk_codegen, tk_import, tk_ram, tk_roll, tk_run, tk_weld
 
     names = {"import": "m.tk.yaml", "check": "m.check.txt", "roll": "m.rolled.yaml",
-             "weld": "m.welded.yaml", "ram": "m.ram.yaml", "codegen": "m.cuda.yaml"}
+             "weld": "m.welded.yaml", "ram": "m.ram.yaml", "codegen": "m.cuda.yaml",
+             "cpu": "m.cpu.txt"}
     path = folder / names[stage]
     if path.exists():
         return path
@@ -107,6 +114,13 @@ def _stage(key: str, stage: str, folder: Path) -> Path:
         _stage(key, "import", folder)
         result = invoke(tk_run.main, ["m.tk.yaml", "--seed", "0", "--check"], folder)
         assert "check: pass" in result.output, result.output
+        path.write_text(result.output)
+    elif stage == "cpu":
+        invoke(tk_codegen.main, ["--target", "cpu", _stage(key, "import", folder).name, "-o",
+                                 "m.cpu.yaml"], folder)
+        result = invoke(tk_run.main, ["m.cpu.yaml", "--seed", "0", "--check"], folder)
+        assert "check: cpu (compiled mode" in result.output and "check: pass" in \
+            result.output, result.output
         path.write_text(result.output)
     elif stage == "roll":
         invoke(tk_roll.main, ["--hw", "h100", _stage(key, "import", folder).name, "-o",
