@@ -483,3 +483,13 @@ def test_scatter_updates_of_another_shape(tmp_path, kind, indices, updates):
                  inits=[ids])
     err = assert_refused(run("tk-import", path), "tk-import")
     assert "updates" in err
+
+
+def test_a_cache_that_cannot_be_written(tmp_path, monkeypatch):
+    """Compiled CPU code is built into TILEKIT_CACHE: a path under a file is the user's to
+    fix, said in one line naming the variable."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv("TILEKIT_CACHE", str(blocker / "cache"))
+    assert_refused(run("tk-run", write_mlp(tmp_path), "--seed", "0", "--mode", "compiled"),
+                   "tk-run", "TILEKIT_CACHE")

@@ -19,7 +19,6 @@ import os
 import platform
 import shutil
 import subprocess
-import tempfile
 from pathlib import Path
 
 from tilekit.errors import TilekitError, UnsupportedError
@@ -96,7 +95,7 @@ def _headers_dir(cxx: str, version: str, headers: dict[str, str]) -> Path | None
     `runtime_cpu.h.gch` beside the header and uses it when the flags match): most of a small
     unit's compile time is the headers'. None when the compiler is not GCC or the
     precompilation fails; units then include the headers as text."""
-    from tilekit.codegen.nvcc import cache_dir
+    from tilekit.codegen.nvcc import cache_dir, work_dir
 
     if "clang" in version.lower():
         return None
@@ -104,8 +103,7 @@ def _headers_dir(cxx: str, version: str, headers: dict[str, str]) -> Path | None
     final = cache_dir() / "cpu" / f"headers-{key}"
     if (final / "runtime_cpu.h.gch").exists():
         return final
-    final.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f".headers-{key}.", dir=final.parent))
+    work = work_dir(final, f".headers-{key}.")
     try:
         for name, text in headers.items():
             (work / name).write_text(text)
@@ -127,7 +125,7 @@ def _headers_dir(cxx: str, version: str, headers: dict[str, str]) -> Path | None
 def build(source: str) -> Path:
     """The shared library of `source` (cached by content, compiler, flags and machine)."""
     from tilekit.codegen.helpers import CPU_HEADERS
-    from tilekit.codegen.nvcc import CompileError, cache_dir
+    from tilekit.codegen.nvcc import CompileError, cache_dir, work_dir
 
     cxx = find_cxx()
     if cxx is None:
@@ -140,9 +138,8 @@ def build(source: str) -> Path:
     lib = final / "module.so"
     if lib.exists():
         return lib
-    final.parent.mkdir(parents=True, exist_ok=True)
     included = _headers_dir(cxx, version, headers)
-    work = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=final.parent))
+    work = work_dir(final, f".{key}.")
     try:
         (work / "unit.cpp").write_text(source)
         if included is None:

@@ -158,7 +158,7 @@ def unit_from_ir(module: Module) -> str:
 
 def build(module: Module) -> Path:
     """Compile the emulation binary for `module` (cached by content)."""
-    from tilekit.codegen.nvcc import cache_dir
+    from tilekit.codegen.nvcc import cache_dir, work_dir
 
     if not module.codegen:
         raise TilekitError("the module has no codegen section", "codegen", "run tk-codegen")
@@ -178,8 +178,7 @@ def build(module: Module) -> Path:
     exe = final / "emulate"
     if exe.exists():
         return exe
-    final.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=final.parent))
+    work = work_dir(final, f".{key}.")
     (work / "unit.cu").write_text(unit)
     (work / "runtime.cuh").write_text(helpers)
     (work / "host_emul.h").write_text(emul)

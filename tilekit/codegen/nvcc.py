@@ -115,6 +115,19 @@ def cache_dir() -> Path:
     return Path(root) if root else Path.home() / ".cache" / "tilekit"
 
 
+def work_dir(final: Path, prefix: str) -> Path:
+    """A fresh build folder beside `final` in the cache (renamed to `final` when the build is
+    done). A cache that cannot be written is the user's to fix: an error naming the
+    variable."""
+    try:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        return Path(tempfile.mkdtemp(prefix=prefix, dir=final.parent))
+    except OSError as exc:
+        raise TilekitError(f"cannot write the build cache {final.parent} "
+                           f"({exc.strerror or type(exc).__name__})", ENV_CACHE,
+                           "set TILEKIT_CACHE to a writable folder") from None
+
+
 _ENTRY = re.compile(r"Compiling entry function '([^']+)'")
 _PROPS = re.compile(r"Function properties for (\S+)")
 _FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
@@ -173,8 +186,7 @@ def compile_unit(source: str, arch: str, *, helpers_dir: Path | None = None,
         data = json.loads((final / "ptxas.json").read_text())
         return CompileResult(arch, {k: Resources(**v) for k, v in data["resources"].items()},
                              final / "unit.cubin", data["command"], cached=True)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=final.parent))
+    work = work_dir(final, f".{key}.")
     # The build folder is renamed into the cache (or to failed-<key>) when nvcc is done;
     # whatever ends the compile before that (Ctrl-C, SIGTERM, an error) removes it.
     try:

@@ -34,7 +34,6 @@ import re
 import shutil
 import statistics
 import subprocess
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -224,7 +223,7 @@ def native_target(cxx: str) -> tuple[str, str]:
 def build(cxx: str, target_text: str) -> Path:
     """probe_cpu.cpp compiled for this machine, cached by source, compiler and target."""
     from tilekit.codegen.cxx import compiler_version
-    from tilekit.codegen.nvcc import cache_dir
+    from tilekit.codegen.nvcc import cache_dir, work_dir
 
     source = SOURCE.read_text(encoding="utf-8")
     key = hashlib.sha256("\0".join([source, compiler_version(cxx), " ".join(FLAGS),
@@ -233,8 +232,7 @@ def build(cxx: str, target_text: str) -> Path:
     binary = final / "probe_cpu"
     if binary.exists():
         return binary
-    final.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=final.parent))
+    work = work_dir(final, f".{key}.")
     try:
         (work / "probe_cpu.cpp").write_text(source, encoding="utf-8")
         argv = [cxx, *FLAGS, "probe_cpu.cpp", "-o", "probe_cpu"]
