@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # make demo: a real model (ResNet-50, bundled with the onnx package) through the pipeline:
 # import, roll for the H100, weld, ram, generate CUDA (compiled with nvcc when it is
-# installed), run on the CPU (whole ops, then tile by tile as rolled and as welded), each run
-# checked against onnxruntime; then a model with a Loop (an LSTM) through tk-grind.
+# installed), run on the CPU (whole ops; compiled C++ rolled and welded for this CPU's probed
+# profile; tile by tile as rolled and as welded for the GPU), each run checked against
+# onnxruntime; then a model with a Loop (an LSTM) through tk-grind.
 # The bundled weights are one constant (0.02) everywhere, which would make the check
 # meaningless: the demo gives the same graph seeded random weights.
 set -euo pipefail
@@ -26,6 +27,13 @@ t=$(date +%s.%N)
 tk-import resnet50.onnx -o resnet50.tk.yaml
 echo "imported in $(seconds "$t"): IR $(du -h resnet50.tk.yaml | cut -f1), weights $(du -h resnet50.tk.weights.npz | cut -f1)"
 tk-import resnet50.onnx | tk-run --device cpu --seed 0 --check --bench 5 --report
+
+step "tk-hw probe --cpu (this CPU as a profile) | tk-roll | tk-weld | tk-codegen (C++) | tk-run --check --bench 5"
+tk-hw probe --cpu --quick -o host-cpu.yaml
+t=$(date +%s.%N)
+tk-roll --hw host-cpu.yaml resnet50.tk.yaml | tk-weld | tk-codegen --emit-dir cpu -o resnet50.cpu.yaml
+echo "rolled, welded and generated for this CPU in $(seconds "$t"): $(ls cpu/*.cpp | wc -l) kernels in cpu/"
+tk-run resnet50.cpu.yaml --seed 0 --check --bench 5
 
 step "tk-roll --hw h100 (Roller tiles; the five most expensive ops)"
 t=$(date +%s.%N)
