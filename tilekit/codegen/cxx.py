@@ -95,7 +95,7 @@ def _headers_dir(cxx: str, version: str, headers: dict[str, str]) -> Path | None
     `runtime_cpu.h.gch` beside the header and uses it when the flags match): most of a small
     unit's compile time is the headers'. None when the compiler is not GCC or the
     precompilation fails; units then include the headers as text."""
-    from tilekit.codegen.nvcc import cache_dir, work_dir
+    from tilekit.codegen.nvcc import building, cache_dir
 
     if "clang" in version.lower():
         return None
@@ -103,29 +103,21 @@ def _headers_dir(cxx: str, version: str, headers: dict[str, str]) -> Path | None
     final = cache_dir() / "cpu" / f"headers-{key}"
     if (final / "runtime_cpu.h.gch").exists():
         return final
-    work = work_dir(final, f".headers-{key}.")
     try:
-        for name, text in headers.items():
-            (work / name).write_text(text)
-        proc = subprocess.run([cxx, *PCH_FLAGS, "-x", "c++-header", "runtime_cpu.h", "-o",
-                               "runtime_cpu.h.gch"], cwd=work, capture_output=True, text=True)
-        if proc.returncode != 0:
-            shutil.rmtree(work, ignore_errors=True)
-            return None
-        try:
-            os.replace(work, final)
-        except OSError:          # another process built it first
-            shutil.rmtree(work, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(work, ignore_errors=True)
-        raise
+        with building(final, f"headers-{key}") as work:
+            for name, text in headers.items():
+                (work / name).write_text(text)
+            subprocess.run([cxx, *PCH_FLAGS, "-x", "c++-header", "runtime_cpu.h", "-o",
+                            "runtime_cpu.h.gch"], cwd=work, capture_output=True, check=True)
+    except subprocess.CalledProcessError:
+        return None
     return final
 
 
 def build(source: str) -> Path:
     """The shared library of `source` (cached by content, compiler, flags and machine)."""
     from tilekit.codegen.helpers import CPU_HEADERS
-    from tilekit.codegen.nvcc import CompileError, cache_dir, work_dir
+    from tilekit.codegen.nvcc import CompileError, building, cache_dir, keep_failed
 
     cxx = find_cxx()
     if cxx is None:
@@ -139,8 +131,7 @@ def build(source: str) -> Path:
     if lib.exists():
         return lib
     included = _headers_dir(cxx, version, headers)
-    work = work_dir(final, f".{key}.")
-    try:
+    with building(final, key) as work:
         (work / "unit.cpp").write_text(source)
         if included is None:
             for name, text in headers.items():
@@ -148,19 +139,10 @@ def build(source: str) -> Path:
         argv = [cxx, *CXX_FLAGS, "-I", str(included or "."), "unit.cpp", "-o", "module.so"]
         proc = subprocess.run(argv, cwd=work, capture_output=True, text=True)
         if proc.returncode != 0:
-            keep = final.parent / f"failed-{key}"
-            shutil.rmtree(keep, ignore_errors=True)
-            os.replace(work, keep)
+            keep = keep_failed(work, key)
             raise CompileError(f"the C++ compiler refused the generated kernels: "
                                f"{proc.stderr.strip()[:1500]}", str(keep),
                                f"reproduce with: cd {keep} && {' '.join(argv)}")
-        try:
-            os.replace(work, final)
-        except OSError:          # another process built it first
-            shutil.rmtree(work, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(work, ignore_errors=True)
-        raise
     return lib
 
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 import subprocess
 import tempfile
 from pathlib import Path
@@ -158,7 +157,7 @@ def unit_from_ir(module: Module) -> str:
 
 def build(module: Module) -> Path:
     """Compile the emulation binary for `module` (cached by content)."""
-    from tilekit.codegen.nvcc import cache_dir, work_dir
+    from tilekit.codegen.nvcc import building, cache_dir, keep_failed
 
     if not module.codegen:
         raise TilekitError("the module has no codegen section", "codegen", "run tk-codegen")
@@ -178,23 +177,20 @@ def build(module: Module) -> Path:
     exe = final / "emulate"
     if exe.exists():
         return exe
-    work = work_dir(final, f".{key}.")
-    (work / "unit.cu").write_text(unit)
-    (work / "runtime.cuh").write_text(helpers)
-    (work / "host_emul.h").write_text(emul)
-    (work / "host_types.h").write_text(host)
-    (work / "main.cpp").write_text('#include "unit.cu"\n' + harness)
-    argv = [cxx, *CXX_FLAGS, f"-DTK_EMUL_DYNAMIC_SMEM={dyn}", "-include", "host_emul.h",
-            "-I", ".", "-x", "c++", "main.cpp", "-o", "emulate"]
-    proc = subprocess.run(argv, cwd=work, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise TilekitError(f"host compile of the emulation failed: "
-                           f"{proc.stderr.strip()[:2000]}", str(work),
-                           f"reproduce with: cd {work} && {' '.join(argv)}")
-    try:
-        os.replace(work, final)
-    except OSError:
-        shutil.rmtree(work, ignore_errors=True)
+    with building(final, key) as work:
+        (work / "unit.cu").write_text(unit)
+        (work / "runtime.cuh").write_text(helpers)
+        (work / "host_emul.h").write_text(emul)
+        (work / "host_types.h").write_text(host)
+        (work / "main.cpp").write_text('#include "unit.cu"\n' + harness)
+        argv = [cxx, *CXX_FLAGS, f"-DTK_EMUL_DYNAMIC_SMEM={dyn}", "-include", "host_emul.h",
+                "-I", ".", "-x", "c++", "main.cpp", "-o", "emulate"]
+        proc = subprocess.run(argv, cwd=work, capture_output=True, text=True)
+        if proc.returncode != 0:
+            keep = keep_failed(work, key)
+            raise TilekitError(f"host compile of the emulation failed: "
+                               f"{proc.stderr.strip()[:2000]}", str(keep),
+                               f"reproduce with: cd {keep} && {' '.join(argv)}")
     return exe
 
 

@@ -14,6 +14,7 @@ file is kept in the cache folder for that purpose).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -25,7 +26,7 @@ import subprocess
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Mapping
+from typing import Iterator, Mapping
 
 from tilekit.errors import InternalError, TilekitError
 
@@ -115,17 +116,37 @@ def cache_dir() -> Path:
     return Path(root) if root else Path.home() / ".cache" / "tilekit"
 
 
-def work_dir(final: Path, prefix: str) -> Path:
-    """A fresh build folder beside `final` in the cache (renamed to `final` when the build is
-    done). A cache that cannot be written is the user's to fix: an error naming the
-    variable."""
+@contextlib.contextmanager
+def building(final: Path, key: str) -> Iterator[Path]:
+    """A fresh build folder for the cache entry `final`: the body fills it; when the body
+    returns, the folder becomes `final` (when another process built it first, theirs is
+    identical and stays); whatever ends the body otherwise (an error, Ctrl-C) removes it,
+    unless `keep_failed` moved it away. A cache that cannot be written is the user's to fix:
+    an error naming the variable."""
     try:
         final.parent.mkdir(parents=True, exist_ok=True)
-        return Path(tempfile.mkdtemp(prefix=prefix, dir=final.parent))
+        work = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=final.parent))
     except OSError as exc:
         raise TilekitError(f"cannot write the build cache {final.parent} "
                            f"({exc.strerror or type(exc).__name__})", ENV_CACHE,
                            "set TILEKIT_CACHE to a writable folder") from None
+    try:
+        yield work
+        try:
+            os.replace(work, final)
+        except OSError:          # another process built it first
+            pass
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def keep_failed(work: Path, key: str) -> Path:
+    """Move a failed build folder to `failed-<key>` beside it (replacing an older one), so
+    that the command in the error message reproduces the failure there."""
+    failed = work.parent / f"failed-{key}"
+    shutil.rmtree(failed, ignore_errors=True)
+    os.replace(work, failed)
+    return failed
 
 
 _ENTRY = re.compile(r"Compiling entry function '([^']+)'")
@@ -186,10 +207,7 @@ def compile_unit(source: str, arch: str, *, helpers_dir: Path | None = None,
         data = json.loads((final / "ptxas.json").read_text())
         return CompileResult(arch, {k: Resources(**v) for k, v in data["resources"].items()},
                              final / "unit.cubin", data["command"], cached=True)
-    work = work_dir(final, f".{key}.")
-    # The build folder is renamed into the cache (or to failed-<key>) when nvcc is done;
-    # whatever ends the compile before that (Ctrl-C, SIGTERM, an error) removes it.
-    try:
+    with building(final, key) as work:
         (work / "unit.cu").write_text(source, encoding="utf-8")
         (work / "runtime.cuh").write_text(helpers, encoding="utf-8")
         argv = [nvcc, *NVCC_FLAGS[:1], *arch_flags(arch), *NVCC_FLAGS[1:], *extra_flags,
@@ -202,9 +220,7 @@ def compile_unit(source: str, arch: str, *, helpers_dir: Path | None = None,
         (work / "ptxas.log").write_text(log, encoding="utf-8")
         if proc.returncode != 0:
             # Keep the inputs where the message says, so the command reproduces the failure.
-            failed = cache_dir() / "nvcc" / f"failed-{key}"
-            shutil.rmtree(failed, ignore_errors=True)
-            os.replace(work, failed)
+            failed = keep_failed(work, key)
             command = f"cd {shlex.quote(str(failed))} && {shlex.join([Path(nvcc).name] + argv[1:])}"
             errors = [ln for ln in log.splitlines() if "error" in ln.lower()][:5]
             if re.search(r"unsupported gpu architecture|not defined for option 'gpu-architecture'",
@@ -219,10 +235,4 @@ def compile_unit(source: str, arch: str, *, helpers_dir: Path | None = None,
         (work / "ptxas.json").write_text(json.dumps(
             {"command": command, "resources": {k: v.record() for k, v in resources.items()}},
             indent=1, sort_keys=True))
-        try:
-            os.replace(work, final)
-        except OSError:  # another worker got there first: theirs is identical
-            shutil.rmtree(work, ignore_errors=True)
-        return CompileResult(arch, resources, final / "unit.cubin", command, cached=False)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    return CompileResult(arch, resources, final / "unit.cubin", command, cached=False)

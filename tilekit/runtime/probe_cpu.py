@@ -31,7 +31,6 @@ import hashlib
 import math
 import os
 import re
-import shutil
 import statistics
 import subprocess
 from dataclasses import dataclass, field
@@ -223,7 +222,7 @@ def native_target(cxx: str) -> tuple[str, str]:
 def build(cxx: str, target_text: str) -> Path:
     """probe_cpu.cpp compiled for this machine, cached by source, compiler and target."""
     from tilekit.codegen.cxx import compiler_version
-    from tilekit.codegen.nvcc import cache_dir, work_dir
+    from tilekit.codegen.nvcc import building, cache_dir
 
     source = SOURCE.read_text(encoding="utf-8")
     key = hashlib.sha256("\0".join([source, compiler_version(cxx), " ".join(FLAGS),
@@ -232,8 +231,7 @@ def build(cxx: str, target_text: str) -> Path:
     binary = final / "probe_cpu"
     if binary.exists():
         return binary
-    work = work_dir(final, f".{key}.")
-    try:
+    with building(final, key) as work:
         (work / "probe_cpu.cpp").write_text(source, encoding="utf-8")
         argv = [cxx, *FLAGS, "probe_cpu.cpp", "-o", "probe_cpu"]
         proc = subprocess.run(argv, cwd=work, capture_output=True, text=True)
@@ -242,13 +240,6 @@ def build(cxx: str, target_text: str) -> Path:
                                    f"{proc.stderr.strip()[:800]}", "probe",
                                    f"tk-hw probe --cpu needs g++ with OpenMP; tried: "
                                    f"{' '.join(argv)}")
-        try:
-            os.replace(work, final)
-        except OSError:  # another process built it first
-            shutil.rmtree(work, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(work, ignore_errors=True)
-        raise
     return binary
 
 
