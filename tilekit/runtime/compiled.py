@@ -18,7 +18,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from tilekit.codegen.cxx import build, unit_source
-from tilekit.errors import TilekitError, UnsupportedError
+from tilekit.errors import TilekitError
 from tilekit.expr.ops import numpy_dtype
 from tilekit.ir.control import all_tensors
 from tilekit.ir.graph import control_records
@@ -33,15 +33,12 @@ def is_cpu_code(module: Module) -> bool:
 def with_cpu_code(module: Module, profile=None) -> Module:
     """`module` with CPU kernels: as it is when it has them, else with kernels generated for
     the CPU target in this process (what tk-codegen --target cpu writes; `profile`: the CPU
-    profile the module was rolled for, if any). The build is cached (tilekit.codegen.cxx)."""
+    profile the module was rolled for, if any). The build is cached, and refused without a
+    C++ compiler (tilekit.codegen.cxx)."""
     if is_cpu_code(module):
         return module
-    from tilekit.codegen.cxx import find_cxx
     from tilekit.codegen.module import run_codegen
 
-    if find_cxx() is None:
-        raise UnsupportedError("no C++ compiler found for compiled CPU code", "--mode compiled",
-                           "install g++ or clang++ (or set CXX), or use --mode whole")
     return run_codegen(module, profile, target="cpu").module
 
 
