@@ -493,3 +493,13 @@ def test_a_cache_that_cannot_be_written(tmp_path, monkeypatch):
     monkeypatch.setenv("TILEKIT_CACHE", str(blocker / "cache"))
     assert_refused(run("tk-run", write_mlp(tmp_path), "--seed", "0", "--mode", "compiled"),
                    "tk-run", "TILEKIT_CACHE")
+
+
+def test_a_cxx_that_names_no_program(tmp_path, monkeypatch):
+    """CXX naming nothing is no compiler: tk-run's default runs the reference executor, and
+    --mode compiled says what is missing (it was a FileNotFoundError, exit 1)."""
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-g++"))
+    ir = write_mlp(tmp_path)
+    assert run("tk-run", ir, "--seed", "0").exit_code == 0
+    assert_refused(run("tk-run", ir, "--seed", "0", "--mode", "compiled"), "tk-run",
+                   "C++ compiler")

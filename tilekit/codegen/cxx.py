@@ -26,7 +26,12 @@ from tilekit.ir.payloads import KernelRecord
 
 
 def find_cxx() -> str | None:
-    return os.environ.get("CXX") or shutil.which("g++") or shutil.which("clang++")
+    """The C++ compiler: `$CXX` (a name on PATH or a path), else g++, else clang++; None when
+    there is none (a `$CXX` that names no program included)."""
+    named = os.environ.get("CXX")
+    if named:
+        return shutil.which(named)
+    return shutil.which("g++") or shutil.which("clang++")
 
 
 #: How every CPU library is built (with `-march=native`: for the CPU in hand). No loop-idiom
