@@ -208,15 +208,15 @@ def _backend(module, device: str, mode: str, threads, input: str, defaulted: boo
     """The runner; compiled CPU code is generated here when the IR has none (with the CPU
     profile it was rolled for). When the mode was not asked for and no compiled code can be
     made, the reference executor runs instead, said on stderr."""
-    from tilekit.runtime.compiled import is_cpu_code
+    from tilekit.cli.common import module_profile
     from tilekit.runtime import backend
+    from tilekit.runtime.compiled import is_cpu_code
 
     profile = None
     if device == "cpu" and mode == "compiled" and not is_cpu_code(module):
         from tilekit.ir.payloads import cpu_rolled
-        if cpu_rolled(module):
-            from tilekit.hw import load_recorded_profile
-            profile = load_recorded_profile(module.hardware, input, module.hardware_sha256)
+        if cpu_rolled(module):   # the profile it records, found as tk-codegen finds it
+            profile, _ = module_profile(None, module, input, "-")
     try:
         return backend(module, device, mode, threads, profile)
     except UnsupportedError as exc:   # an op without a CPU kernel, no compiler: not bad input
