@@ -8,7 +8,7 @@ use so that `import tilekit` stays light for the commands.
 __version__ = "0.1.0"
 
 #: Major version of the tile IR document format (`tilekit:` key). Readers refuse other majors.
-IR_VERSION = 1
+IR_VERSION = 2
 
 
 def __getattr__(name: str):

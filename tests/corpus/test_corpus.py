@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CORPUS = ROOT / "tests" / "data" / "corpus"
 MANIFEST = json.loads((CORPUS / "manifest.json").read_text())
 MODELS: dict[str, dict] = MANIFEST["models"]
-STAGES = ("import", "check", "roll", "weld", "ram", "codegen", "cpu")
+STAGES = ("import", "check", "roll", "weld", "ram", "codegen", "cpu", "symbolic")
 
 #: Every model file is imported and checked in the default suite; the later stages (roll,
 #: weld, ram, codegen: seconds per model) run for these by default, for all with
@@ -49,6 +49,11 @@ PIPELINE = {"gpt2.dynamo18", "llama.dynamo18", "t5_encoder.dynamo18",
 #: these by default (a decoder with RMSNorm and rotary embeddings; grouped convolutions),
 #: for all with TILEKIT_CORPUS=all.
 CPU = {"llama.dynamo18", "regnet.dynamo18"}
+#: The `symbolic` stage (a dynamic export imported without --shape, its dimensions kept as
+#: symbols, checked at two sizes on the reference executor and at one as compiled C++) for
+#: these by default (dimension names that the exporter gives apart), all dynamic exports
+#: with TILEKIT_CORPUS=all.
+SYMBOLIC = {"gpt2.dynamo18.dynamic"}
 #: (model file, stage) -> why it fails today. Skipped with the reason unless
 #: TILEKIT_CORPUS_KNOWN=1; docs/import.md ("The model corpus") has the table.
 KNOWN: dict[tuple[str, str], str] = {}
@@ -64,7 +69,13 @@ def cases():
     for key in sorted(MODELS):
         for stage in STAGES:
             marks = [pytest.mark.xdist_group(f"corpus-{key}")]
-            if not ALL and (key not in CPU if stage == "cpu" else
+            if stage == "symbolic" and not MODELS[key]["dynamic"]:
+                continue
+            if stage == "symbolic" and not ALL and key not in SYMBOLIC:
+                marks.append(pytest.mark.skip(reason="run with TILEKIT_CORPUS=all"))
+            elif stage == "symbolic":
+                pass
+            elif not ALL and (key not in CPU if stage == "cpu" else
                             key not in PIPELINE and stage not in ("import", "check")):
                 marks.append(pytest.mark.skip(reason="run with TILEKIT_CORPUS=all"))
             elif (key, stage) in KNOWN and not RUN_KNOWN:
@@ -103,7 +114,7 @@ def _stage(key: str, stage: str, folder: Path) -> Path:
 
     names = {"import": "m.tk.yaml", "check": "m.check.txt", "roll": "m.rolled.yaml",
              "weld": "m.welded.yaml", "ram": "m.ram.yaml", "codegen": "m.cuda.yaml",
-             "cpu": "m.cpu.txt"}
+             "cpu": "m.cpu.txt", "symbolic": "m.symbolic.txt"}
     path = folder / names[stage]
     if path.exists():
         return path
@@ -115,6 +126,18 @@ def _stage(key: str, stage: str, folder: Path) -> Path:
         result = invoke(tk_run.main, ["m.tk.yaml", "--seed", "0", "--check"], folder)
         assert "check: pass" in result.output, result.output
         path.write_text(result.output)
+    elif stage == "symbolic":
+        shutil.copy(CORPUS / MODELS[key]["file"], folder / "m.onnx")
+        invoke(tk_import.main, ["m.onnx", "-o", "m.sym.yaml"], folder)
+        dims = yaml.safe_load((folder / "m.sym.yaml").read_text())["dims"]
+        outputs = []
+        for size, mode in ((2, "whole"), (5, "whole"), (3, "compiled")):
+            flags = [f for s in dims for f in ("--dim", f"{s}={size}")]
+            result = invoke(tk_run.main, ["m.sym.yaml", "--seed", "0", "--check", "--mode",
+                                          mode] + flags, folder)
+            assert "check: pass" in result.output, result.output
+            outputs.append(result.output)
+        path.write_text("\n".join(outputs))
     elif stage == "cpu":
         invoke(tk_codegen.main, ["--target", "cpu", _stage(key, "import", folder).name, "-o",
                                  "m.cpu.yaml"], folder)

@@ -98,23 +98,51 @@ def test_output_is_byte_deterministic(tmp_path):
     assert first[0] == first[1]
 
 
-def test_symbolic_input_needs_shape_flag(tmp_path):
+def test_symbolic_input_becomes_a_symbol_or_takes_a_shape(tmp_path):
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])
     graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [x], [y])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     path = tmp_path / "dyn.onnx"
     onnx.save(model, str(path))
-    result = run([str(path)], tmp_path)
-    assert result.exit_code == 2
-    assert "symbolic" in result.stderr and "--shape x=1,4" in result.stderr
+    result = run([str(path), "-o", "s.yaml", "--dim", "batch=1..64:8"], tmp_path)
+    assert result.exit_code == 0, result.stderr
+    doc = yaml.safe_load((tmp_path / "s.yaml").read_text())
+    assert doc["tilekit"] == 2
+    assert doc["dims"] == {"batch": {"min": 1, "max": 64, "likely": [8]}}
+    assert doc["tensors"]["x"]["shape"] == ["batch", 4]
     result = run([str(path), "--shape", "x=3,4", "-o", "d.yaml"], tmp_path)
     assert result.exit_code == 0, result.stderr
     doc = yaml.safe_load((tmp_path / "d.yaml").read_text())
+    assert doc["tilekit"] == 1 and "dims" not in doc  # a static module stays format 1
     assert doc["tensors"]["x"]["shape"] == [3, 4]
     assert doc["stages"][0]["options"]["shapes"] == {"x": [3, 4]}
+    result = run([str(path), "--dim", "batch=5", "-o", "e.yaml"], tmp_path)
+    assert result.exit_code == 0, result.stderr
+    doc = yaml.safe_load((tmp_path / "e.yaml").read_text())
+    assert doc["tensors"]["x"]["shape"] == [5, 4] and doc["stages"][0]["options"]["dims"] == {
+        "batch": 5}
     assert run([str(path), "--shape", "x=three"], tmp_path).exit_code == 2
     assert run([str(path), "--shape", "nope=1,4"], tmp_path).exit_code == 2
+
+
+@pytest.mark.parametrize("flag,message", [
+    ("nope=1..8", "--dim names 'nope', which is not an open dimension"),
+    ("batch=8..2", "1 <= MIN <= LIKELY <= MAX"),
+    ("batch", "cannot read --dim"),
+    ("batch=1..8:9", "1 <= MIN <= LIKELY <= MAX"),
+    ("batch=1..2", "fewer than three sizes"),
+])
+def test_bad_dim_flags_are_one_line_errors(tmp_path, flag, message):
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [x], [y])
+    path = tmp_path / "dyn.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    result = run([str(path), "--dim", flag, "-o", "o.yaml"], tmp_path)
+    assert result.exit_code == 2
+    assert message in result.stderr and result.stderr.count("\n") == 1, result.stderr
+    assert not (tmp_path / "o.yaml").exists()
 
 
 @pytest.mark.parametrize("content,message", [

@@ -1,8 +1,11 @@
 """tk-import: an ONNX model becomes a tile-IR document and a weights sidecar.
 
     tk-import MODEL.onnx [-o OUT] [--weights FILE] [--format yaml|json] [--shape NAME=D0,D1,..]
-              [--value NAME=V0,V1,..] [--random-weights SEED] [--dtype float16|bf16|...]
-              [--max-trips N]
+              [--dim NAME=MIN..MAX[:LIKELY,..] | --dim NAME=SIZE] [--value NAME=V0,V1,..]
+              [--random-weights SEED] [--dtype float16|bf16|...] [--max-trips N]
+
+An input dimension the model leaves open (a batch, a sequence) becomes a symbol of the
+module's `dims` (range `1..4096` unless `--dim` gives one; `--dim NAME=SIZE` imports one size).
 
 The IR goes to stdout (or `-o OUT`); the weights go to `<OUT stem>.weights.npz` beside OUT, or
 `<model stem>.weights.npz` in the current directory when the IR goes to stdout (`--weights`
@@ -46,6 +49,20 @@ def parse_shapes(flags: tuple[str, ...]) -> dict[str, list[int]]:
         limits.elements(values, "--shape", f"the shape of '{excerpt(name, quote=False)}'")
         shapes[name] = values
     return shapes
+
+
+def parse_dims(flags: tuple[str, ...]) -> dict:
+    """`--dim NAME=MIN..MAX[:L,..]` / `--dim NAME=SIZE` flags by symbol, each named once."""
+    from tilekit.onnx.symbolic import parse_dim_flag
+
+    dims = {}
+    for flag in flags:
+        name, parsed = parse_dim_flag(flag)
+        if name in dims:
+            raise TilekitError(f"--dim names '{excerpt(name, 40, quote=False)}' twice",
+                               "--dim", "give each symbol once")
+        dims[name] = parsed
+    return dims
 
 
 #: The most values one `--value` may give ("a scalar or a small list").
@@ -133,8 +150,12 @@ def check_output_paths(out, output: str, weights_path: str, follow_links: bool =
               help="Write the weights sidecar here (default: <OUT stem>.weights.npz beside "
                    "OUT, or <model stem>.weights.npz in the current directory for stdout).")
 @click.option("--shape", "shape_flags", multiple=True, metavar="NAME=D0,D1,...",
-              help="Static shape for a graph input (repeatable); needed when the model has "
-                   "symbolic dimensions such as a batch size.")
+              help="Static shape for a graph input (repeatable): its open dimensions get "
+                   "these sizes instead of staying symbolic.")
+@click.option("--dim", "dim_flags", multiple=True, metavar="NAME=MIN..MAX[:L,..]",
+              help="A symbolic dimension's range and likely values (repeatable; NAME is the "
+                   "model's dim_param, or INPUT_AXIS for an unnamed one; default range "
+                   "1..4096), or NAME=SIZE to import that one size.")
 @click.option("--lenient-shapes", "lenient", is_flag=True,
               help="Import a model that ONNX's strict shape inference refuses, with lenient "
                    "inference (trusting its declared shapes); without it such a model is "
@@ -158,8 +179,8 @@ def check_output_paths(out, output: str, weights_path: str, follow_links: bool =
               metavar="N", help="Bound the scan outputs of loops whose trip count is known "
                                 "only at run time (they get N rows and a run-time count).")
 @click.option("--list-ops", is_flag=True, help="Print the supported ONNX op types and exit.")
-def main(model, output, fmt, weights_path, shape_flags, lenient, value_flags, random_weights,
-         dtype, max_trips, list_ops, quiet, debug):
+def main(model, output, fmt, weights_path, shape_flags, dim_flags, lenient, value_flags,
+         random_weights, dtype, max_trips, list_ops, quiet, debug):
     """Import the ONNX model MODEL.onnx (a file, or '-'/nothing for stdin) as tile IR."""
     from tilekit.ir.codec import write_module
     from tilekit.onnx import attach_files, import_model, load_model_bytes
@@ -175,6 +196,7 @@ def main(model, output, fmt, weights_path, shape_flags, lenient, value_flags, ra
 
     dtype = canonical_dtype(dtype)
     shapes = parse_shapes(shape_flags)
+    dims = parse_dims(dim_flags)
     values = parse_values(value_flags)
     data, shown = read_bytes(model, limits.MODEL_BYTES, "ONNX model", form="protobuf")
     model_path = None if model == "-" else model
@@ -189,7 +211,7 @@ def main(model, output, fmt, weights_path, shape_flags, lenient, value_flags, ra
         try:
             imported = to_precision(import_model(proto, name=name, shapes=shapes,
                                                  lenient=lenient, max_trips=max_trips,
-                                                 values=values,
+                                                 values=values, dims=dims,
                                                  random_weights=random_weights),
                                     dtype)
         except TilekitError as exc:
@@ -202,6 +224,9 @@ def main(model, output, fmt, weights_path, shape_flags, lenient, value_flags, ra
         options = {"opset": _opset(proto)}
         if shapes:
             options["shapes"] = {k: v for k, v in sorted(shapes.items())}
+        static = {k: f.value for k, f in sorted(dims.items()) if f.value is not None}
+        if static:
+            options["dims"] = static
         if values:
             options["values"] = {k: v for k, v in sorted(values.items())}
         if random_weights is not None:

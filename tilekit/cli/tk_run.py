@@ -18,7 +18,7 @@ from tilekit.cli.common import (FINITE, REPORT_FORMATS, Phases, input_argument, 
                                 read_stage_input, stderr_is_terminal, stdout_is_terminal,
                                 time_passes_option, tk_command, warn)
 from tilekit import limits
-from tilekit.errors import EXIT_OK, UnsupportedError
+from tilekit.errors import EXIT_OK, TilekitError, UnsupportedError
 
 TOOL = "tk-run"
 #: `--check` found a mismatch (bad input is 2, as for every tool).
@@ -57,6 +57,10 @@ MAX_RUNS = 100_000
 @click.option("--seed", type=click.IntRange(min=0), default=None, metavar="N",
               help="Random values for inputs not given (normal floats, ints in [0,8), bools); "
                    f"with no input given at all, seed {DEFAULT_SEED} is the default.")
+@click.option("--dim", "dim_flags", multiple=True, metavar="NAME=V[,V,..]",
+              help="A symbolic dimension's size (repeatable), for a module imported with "
+                   "symbolic dimensions: several sizes run (and --check) each in turn; sizes "
+                   "not given come from the input arrays, else the likely or smallest value.")
 @click.option("--allow-nan", is_flag=True, help="Accept NaN and infinities in inputs.")
 @click.option("-o", "--output", "output", default=None, metavar="FILE.npz",
               help="Write the outputs to an .npz archive ('-' for stdout).")
@@ -83,15 +87,17 @@ MAX_RUNS = 100_000
               help="The results (output summaries, check, bench, report) as lines of text, or "
                    "as one JSON document on one line (json), where the text would go.")
 @time_passes_option
-def main(input, device, mode, threads, input_flags, inputs_npz, seed, allow_nan, output, check,
-         rtol, atol, check_tensors, bench, warmup, report, report_format, time_passes, quiet,
-         debug):
+def main(input, device, mode, threads, input_flags, inputs_npz, seed, dim_flags, allow_nan,
+         output, check, rtol, atol, check_tensors, bench, warmup, report, report_format,
+         time_passes, quiet, debug):
     """Run the tile IR module IR (a file, or '-'/nothing for stdin)."""
     from tilekit.runtime import backend, default_mode
     from tilekit.runtime.bench import peak_rss_bytes
     from tilekit.runtime.check import staged_mode
     from tilekit.fileio import note_input
     from tilekit.outputs import OutputSet
+    from tilekit.ir.dims import instantiate, is_symbolic
+    from tilekit.ir.verify import verify
     from tilekit.runtime.io import (base_dir, check_inputs, check_run_budget, gather_inputs,
                                     input_files, load_weights, npz_bytes, resolve_sidecar)
 
@@ -102,96 +108,153 @@ def main(input, device, mode, threads, input_flags, inputs_npz, seed, allow_nan,
     phases = Phases(TOOL, quiet, time_passes)
     with phases.step("read"):
         module = read_stage_input(input)  # notes the IR and the files it names as inputs
-        check_run_budget(module, input)
-    chosen = None  # the mode --check picked from the stages, when --mode was not given
+        if not is_symbolic(module):
+            check_run_budget(module, input)
     given_mode = mode
-    if mode is None:
-        mode = default_mode(module, device)
-        if device == "cpu" and (check or check_tensors):
-            chosen = staged_mode(module)
-            mode = chosen.mode
-    folder = base_dir(input)
-    for path in input_files(input_flags, inputs_npz):
-        note_input(path)
-    out = OutputSet()
-    if output is not None:  # -o never overwrites what this run reads: checked before work
-        out.check(output, f"-o {output}" if output != "-" else "-o")
-    with phases.step("prepare"):
-        if threads is not None and mode != "compiled":
-            warn(TOOL, "--threads sets the compiled CPU code's threads; ignored in this mode")
-        runner = _backend(module, device, mode, threads, input, defaulted=chosen is None
-                          and given_mode is None)  # refuses what it cannot run, early
-        weights = load_weights(module, folder)
-        if check and (module.source or {}).get("onnx"):  # a bad reference fails before the run
-            resolve_sidecar(module.source, "onnx", folder, "source", limits.MODEL_BYTES)
-        seed_given = seed is not None
-        if seed is None and not input_flags and inputs_npz is None and module.inputs:
-            seed = DEFAULT_SEED  # nothing given: random inputs, said once, deterministic
-            if not quiet:
-                click.echo(f"{TOOL}: inputs: random, seed {seed} (give --seed N or "
-                           "--input/--inputs)", err=True)
-        inputs = gather_inputs(module, input_flags, inputs_npz, seed)
-        check_inputs(module, inputs, allow_nan=allow_nan, seed_given=seed_given)
+    given_seed, given_report = seed, report
 
-    results = _Results(to_stderr=output == "-", json=report_format == "json")
-    results.put("model", module.model)
-    results.put("device", runner.description)
-    if device == "cpu":
-        results.put("mode", mode)
-    # seed: the random inputs' seed (None: every input given); default_seed: none was given
-    results.put("inputs", {"seed": seed, "default_seed": seed is not None and not seed_given})
-    profile: list[tuple[str, float]] = []
-    if report and device == "cpu" and mode == "program":
-        warn(TOOL, f"--report profiles ops in the whole and tiled modes and kernels in the "
-                   f"compiled mode; not in {mode} mode")
-        report = False
-    with phases.step("run", f"running {module.model} ({device}"
-                            f"{', ' + mode + ' mode' if mode != 'whole' else ''})"):
-        if report and runner.profile is not None:
-            for _ in range(warmup):  # compiled code: first touches of memory are not its time
-                runner.run(inputs, weights)
-            outputs, profile = runner.profile(inputs, weights)
-        elif report and device == "cpu":
-            from tilekit.runtime.cpu import prepare
-            outputs = prepare(module).run(inputs, weights, mode=mode,
-                                          on_step=lambda s, t: profile.append((s.op.name, t)))
-        else:
-            outputs = runner.run(inputs, weights)
-    peak = peak_rss_bytes()  # before --check loads a reference runtime into this process
+    def run_one(module, values) -> int:
+        """One run of a static module (a symbolic one's instance at `values`)."""
+        mode, seed, report = given_mode, given_seed, given_report
+        chosen = None  # the mode --check picked from the stages, when --mode was not given
+        if mode is None:
+            mode = default_mode(module, device)
+            if device == "cpu" and (check or check_tensors):
+                chosen = staged_mode(module)
+                mode = chosen.mode
+        folder = base_dir(input)
+        for path in input_files(input_flags, inputs_npz):
+            note_input(path)
+        out = OutputSet()
+        if output is not None:  # -o never overwrites what this run reads: checked before work
+            out.check(output, f"-o {output}" if output != "-" else "-o")
+        with phases.step("prepare"):
+            if threads is not None and mode != "compiled":
+                warn(TOOL, "--threads sets the compiled CPU code's threads; ignored in this mode")
+            runner = _backend(module, device, mode, threads, input, defaulted=chosen is None
+                              and given_mode is None)  # refuses what it cannot run, early
+            weights = load_weights(module, folder)
+            if check and (module.source or {}).get("onnx"):  # a bad reference fails before the run
+                resolve_sidecar(module.source, "onnx", folder, "source", limits.MODEL_BYTES)
+            seed_given = seed is not None
+            if seed is None and not input_flags and inputs_npz is None and module.inputs:
+                seed = DEFAULT_SEED  # nothing given: random inputs, said once, deterministic
+                if not quiet:
+                    click.echo(f"{TOOL}: inputs: random, seed {seed} (give --seed N or "
+                               "--input/--inputs)", err=True)
+            inputs = gather_inputs(module, input_flags, inputs_npz, seed)
+            check_inputs(module, inputs, allow_nan=allow_nan, seed_given=seed_given)
 
-    if output is not None:
-        with out, phases.step("write"):
-            out.put(output, npz_bytes(outputs), f"-o {output}" if output != "-" else "-o")
-            out.commit()
-    if not quiet:
-        results.put("outputs", {name: _summary(array) for name, array in outputs.items()})
-        for name, array in outputs.items():
-            results.line(f"{name}: {_describe(array)}{_stats(array)}")
+        results = _Results(to_stderr=output == "-", json=report_format == "json")
+        results.put("model", module.model)
+        if values is not None:
+            results.put("dims", dict(sorted(values.items())))
+            results.line("dims: " + ", ".join(f"{k}={v}" for k, v in sorted(values.items())))
+        results.put("device", runner.description)
+        if device == "cpu":
+            results.put("mode", mode)
+        # seed: the random inputs' seed (None: every input given); default_seed: none was given
+        results.put("inputs", {"seed": seed, "default_seed": seed is not None and not seed_given})
+        profile: list[tuple[str, float]] = []
+        if report and device == "cpu" and mode == "program":
+            warn(TOOL, f"--report profiles ops in the whole and tiled modes and kernels in the "
+                       f"compiled mode; not in {mode} mode")
+            report = False
+        with phases.step("run", f"running {module.model} ({device}"
+                                f"{', ' + mode + ' mode' if mode != 'whole' else ''})"):
+            if report and runner.profile is not None:
+                for _ in range(warmup):  # compiled code: first touches of memory are not its time
+                    runner.run(inputs, weights)
+                outputs, profile = runner.profile(inputs, weights)
+            elif report and device == "cpu":
+                from tilekit.runtime.cpu import prepare
+                outputs = prepare(module).run(inputs, weights, mode=mode,
+                                              on_step=lambda s, t: profile.append((s.op.name, t)))
+            else:
+                outputs = runner.run(inputs, weights)
+        peak = peak_rss_bytes()  # before --check loads a reference runtime into this process
 
+        if output is not None:
+            with out, phases.step("write"):
+                out.put(output, npz_bytes(outputs), f"-o {output}" if output != "-" else "-o")
+                out.commit()
+        if not quiet:
+            results.put("outputs", {name: _summary(array) for name, array in outputs.items()})
+            for name, array in outputs.items():
+                results.line(f"{name}: {_describe(array)}{_stats(array)}")
+
+        status = EXIT_OK
+        if check:
+            with phases.step("check", "checking against the reference"):
+                if not _check(results, module, device, mode, chosen, outputs, inputs, weights,
+                              folder, rtol, atol):
+                    status = EXIT_CHECK_FAILED
+        if check_tensors:
+            with phases.step("check-tensors", "checking every tensor"):
+                if _check_tensors(results, module, runner, inputs, weights, rtol, atol):
+                    status = EXIT_CHECK_FAILED
+        if bench is not None:
+            with phases.step("bench", f"timing {bench} runs after {warmup} warm-up",
+                             total=bench + warmup) as advance:
+                timing = _bench(runner, inputs, weights, bench, warmup, advance)
+            results.put("bench", timing.record(runner.description, _threads(device)))
+            results.line(timing.line(runner.description))
+        if report and not quiet:
+            _print_report(results, module, profile, peak, "kernel" if mode == "compiled" else "op")
+        if time_passes and results.json:
+            results.put("time_s", phases.seconds())
+        results.finish()
+        if not results.json:
+            phases.print()
+        return status
+
+    if not is_symbolic(module):
+        return run_one(module, None)
+    bindings = _bindings(module, dim_flags, input_flags, inputs_npz)
+    if len(bindings) > 1 and output is not None:
+        raise TilekitError(f"-o writes the outputs of one run; --dim gives {len(bindings)} "
+                           "sizes", "-o", "give one size per symbol with -o")
     status = EXIT_OK
-    if check:
-        with phases.step("check", "checking against the reference"):
-            if not _check(results, module, device, mode, chosen, outputs, inputs, weights,
-                          folder, rtol, atol):
-                status = EXIT_CHECK_FAILED
-    if check_tensors:
-        with phases.step("check-tensors", "checking every tensor"):
-            if _check_tensors(results, module, runner, inputs, weights, rtol, atol):
-                status = EXIT_CHECK_FAILED
-    if bench is not None:
-        with phases.step("bench", f"timing {bench} runs after {warmup} warm-up",
-                         total=bench + warmup) as advance:
-            timing = _bench(runner, inputs, weights, bench, warmup, advance)
-        results.put("bench", timing.record(runner.description, _threads(device)))
-        results.line(timing.line(runner.description))
-    if report and not quiet:
-        _print_report(results, module, profile, peak, "kernel" if mode == "compiled" else "op")
-    if time_passes and results.json:
-        results.put("time_s", phases.seconds())
-    results.finish()
-    if not results.json:
-        phases.print()
+    for values in bindings:
+        instance = instantiate(module, values)
+        verify(instance, origin=input)
+        check_run_budget(instance, input)
+        status = max(status, run_one(instance, values))
     return status
+
+
+def _bindings(module, dim_flags, input_flags, inputs_npz) -> list[dict[str, int]]:
+    """The symbols' values for each run of a symbolic module: `--dim` sizes (several: one
+    run each, every combination), then the given input arrays' shapes, then each symbol's
+    first likely value, else its smallest."""
+    from itertools import product
+
+    from tilekit.ir.dims import bind
+    from tilekit.runtime.io import given_shapes
+
+    sizes: dict[str, list[int]] = {}
+    for flag in dim_flags:
+        name, eq, text = flag.partition("=")
+        try:
+            values = [int(v) for v in text.split(",") if len(v.strip()) <= 12]
+        except ValueError:
+            values = []
+        if not eq or not values or name in sizes:
+            raise TilekitError(f"cannot read --dim {flag[:60]!r}", "--dim",
+                               "write --dim NAME=SIZE or NAME=SIZE,SIZE,... once per symbol")
+        sizes[name.strip()] = list(dict.fromkeys(values))
+    if len([v for vs in sizes.values() for v in vs]) > 64:
+        raise TilekitError("--dim asks for more than 64 sizes", "--dim", "give fewer sizes")
+    shapes = given_shapes(module, input_flags, inputs_npz)
+    out = []
+    for combo in product(*sizes.values()):
+        given = dict(zip(sizes, combo))
+        bound = bind(module, shapes, given, "--dim" if given else "inputs") if shapes else {}
+        for sym, dim in module.dims.items():
+            if sym not in given and sym not in bound:
+                given[sym] = dim.likely[0] if dim.likely else dim.min
+        out.append(bind(module, shapes, {**given, **bound}, "--dim"))
+    return out
 
 
 def _bench(runner, inputs, weights, runs: int, warmup: int, advance):

@@ -141,7 +141,18 @@ class _Decoder(_Reader):
             program=doc.get("program"),
             control=doc.get("control"),
             codegen=doc.get("codegen"),
+            dims=self.dims(doc),
         )
+
+    def dims(self, doc: Mapping[str, Any]) -> Mapping[str, Any]:
+        """The `dims` section (format 2): symbols with their ranges."""
+        if "dims" not in doc:
+            return {}
+        if doc["tilekit"] < 2:
+            raise self.fail("dims", "'dims' (symbolic dimensions) needs tile IR format 2",
+                            "write 'tilekit: 2'")
+        from tilekit.ir.dims import read_dims
+        return read_dims(doc["dims"], "dims", self.origin)
 
     def stage(self, value: Any, path: str) -> Mapping[str, Any]:
         self.mapping(value, path, "a stage entry")
@@ -177,10 +188,10 @@ def check_version(doc: Mapping[str, Any], origin: str | None) -> None:
                       f"{version!r}", loc, f"write 'tilekit: {IR_VERSION}'")
     if version > IR_VERSION:
         raise IRError(f"tile IR format {version} is newer than this tilekit "
-                      f"(reads {IR_VERSION})", loc, "upgrade tilekit")
-    if version != IR_VERSION:
+                      f"(reads 1..{IR_VERSION})", loc, "upgrade tilekit")
+    if version < 1:
         raise IRError(f"tile IR format {version} is not one this tilekit reads "
-                      f"(reads {IR_VERSION})", loc,
+                      f"(reads 1..{IR_VERSION})", loc,
                       "re-create the document with this tilekit's tk-import")
 
 
@@ -206,7 +217,9 @@ def parse_document(text: str, origin: str = "<stdin>") -> Any:
 
 def to_document(module: Module) -> dict[str, Any]:
     """The plain (dict/list/scalar) document for `module`, keys in written order."""
-    doc: dict[str, Any] = {"tilekit": IR_VERSION, "model": module.model}
+    # Format 2 adds symbolic dimensions; a static module is written as format 1, which
+    # every tilekit since the first reads.
+    doc: dict[str, Any] = {"tilekit": written_version(module), "model": module.model}
     _put(doc, "source", None if module.source is None else _payload(module.source))
     _put(doc, "weights", None if module.weights is None else
          _known_first(module.weights, WEIGHTS_KEYS))
@@ -214,6 +227,9 @@ def to_document(module: Module) -> dict[str, Any]:
          if module.hardware is not None and module.hardware_sha256 is not None
          else module.hardware)
     _put(doc, "stages", [_stage_doc(s) for s in module.stages], default=[])
+    if module.dims:
+        from tilekit.ir.dims import dims_document
+        doc["dims"] = {n: _FlowDict(v) for n, v in dims_document(module.dims).items()}
     doc["inputs"] = _FlowList(module.inputs)
     doc["outputs"] = _FlowList(module.outputs)
     doc["tensors"] = {name: _tensor_doc(t) for name, t in module.tensors.items()}
@@ -224,6 +240,11 @@ def to_document(module: Module) -> dict[str, Any]:
         writer = _control_doc if key == "control" else _payload
         _put(doc, key, None if value is None else writer(value))
     return doc
+
+
+def written_version(module: Module) -> int:
+    """The lowest format that holds `module`: 2 with symbolic dimensions, else 1."""
+    return 2 if module.dims else 1
 
 
 def _stage_doc(stage: Mapping[str, Any]) -> dict[str, Any]:

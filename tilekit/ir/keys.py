@@ -19,7 +19,7 @@ from typing import Any, Mapping, Sequence
 from tilekit.errors import IRError
 
 #: Document keys, in the order they are written (the `Module` field order).
-MODULE_KEYS = ("tilekit", "model", "source", "weights", "hardware", "stages", "inputs",
+MODULE_KEYS = ("tilekit", "model", "source", "weights", "hardware", "stages", "dims", "inputs",
                "outputs", "tensors", "ops", "kernels", "program", "control", "codegen")
 MODULE_REQUIRED = ("tilekit", "model", "inputs", "outputs", "tensors", "ops")
 TENSOR_KEYS = ("shape", "dtype", "role")

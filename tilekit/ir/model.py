@@ -28,7 +28,8 @@ OP_KINDS = ("expr", "opaque", "control")
 
 @dataclass(frozen=True)
 class Tensor:
-    """A named tensor: static shape, element type and role in the module."""
+    """A named tensor: shape, element type and role in the module. A shape entry is an
+    integer, or in a symbolic module a dimension expression's text (`tilekit.ir.dims`)."""
 
     shape: tuple[int, ...]
     dtype: str = "float32"
@@ -97,6 +98,9 @@ class Module:
     #: The content hash (`Profile.content_hash`) of the profile `hardware` names, as the
     #: stage that recorded it loaded it; written as `hardware: {name, sha256}`.
     hardware_sha256: str | None = None
+    #: Symbolic dimensions by name (`tilekit.ir.dims.Dim`: range, likely values); empty for
+    #: a static module. Tensor shapes of a symbolic module may hold dimension expressions.
+    dims: Mapping[str, Any] = field(default_factory=dict)
 
     # -- lookups (derived, never stored) -------------------------------------------------
     def op(self, name: str) -> Op:

@@ -76,6 +76,9 @@ def run_stage(module: Module, name: str, work: Callable[[Module], Module],
               options: Mapping[str, Any] | None = None) -> Module:
     """Drop what stage `name` invalidates, run `work`, record the stage (see the module
     docstring). `options` are JSON-like values; `dropped` is added when something went."""
+    from tilekit.ir.dims import require_static
+
+    require_static(module, f"tk-{name}")  # the stages after import schedule static sizes
     clean, dropped = drop(module, INVALIDATES.get(name, ()))
     out = work(clean)
     recorded = dict(options or {})

@@ -483,4 +483,68 @@ def verify(module: Module, origin: str | None = None) -> None:
     """
     if not isinstance(module, Module):
         raise IRError(f"expected a Module, got {type(module).__name__}", origin)
+    if module.dims:
+        # Its largest sizes may be over the size budgets, which apply to the sizes a run
+        # binds (the run verifies its instance again).
+        with limits.lifted(limits.TENSOR_ELEMENTS, limits.TOTAL_BYTES):
+            for instance in _symbolic_instances(module, origin):
+                _Verifier(instance, origin).run()
+        return
     _Verifier(module, origin).run()
+
+
+def _symbolic_instances(module: Module, origin: str | None) -> list[Module]:
+    """A symbolic module's own rules (its shape entries are dimension expressions over its
+    symbols, positive over the whole ranges; every symbol an input's whole dimension; no
+    control ops), then the static modules at its ranges' ends and its likely values, which
+    `verify` checks as any module: index maps in range at the smallest and largest sizes."""
+    from itertools import product
+
+    from tilekit.ir.dims import instantiate, parse_dim_expr, symbolic_inputs
+
+    dims = module.dims
+    if not isinstance(module.tensors, Mapping):
+        raise IRError(f"'tensors' must be a mapping, got {type_name(module.tensors)}",
+                      where(origin, "tensors"))
+    corners = [dict(zip(dims, c)) for c in product(*((d.min, d.max) for d in dims.values()))]
+    for name, t in module.tensors.items():
+        path = key_path("tensors", str(name))
+        if not isinstance(t, Tensor) or not isinstance(t.shape, tuple):
+            continue  # the instances' checks say what is wrong
+        for i, d in enumerate(t.shape):
+            if type(d) is int:
+                continue
+            at = where(origin, f"{path}.shape[{i}]")
+            try:
+                e = parse_dim_expr(d)
+            except ValueError as exc:
+                raise IRError(f"dimension {excerpt(d)} is neither a positive integer nor a "
+                              f"dimension expression ({exc})", at,
+                              "an integer, or a polynomial in the module's dims such as "
+                              "'2*seq + 1'") from None
+            unknown = sorted(e.symbols() - set(dims))
+            if unknown:
+                raise IRError(f"dimension {excerpt(d)} names '{unknown[0]}', which is not "
+                              "declared in 'dims'", at, "declare it: dims: {NAME: {min: "
+                              "1, max: N}}")
+            low = min(e.evaluate(c) for c in corners)
+            if low < 1:
+                raise IRError(f"dimension {excerpt(d)} is {low} somewhere in the dims' "
+                              "ranges", at, "sizes are positive over the whole range: "
+                              "narrow the range")
+    if module.control is not None or any(op.kind == "control" for op in module.ops):
+        raise IRError("a module with symbolic dimensions has no control ops", where(
+            origin, "dims"), "import a model with loops or branches for one size "
+            "(tk-import --dim NAME=SIZE)")
+    bound = {sym for _, _, sym in symbolic_inputs(module)
+             if all(isinstance(n, str) for n in module.inputs)}
+    for sym in dims:
+        if sym not in bound:
+            raise IRError(f"symbol {sym} is not a whole dimension of any input, so no run can "
+                          "bind it", where(origin, f"dims.{sym}"),
+                          "give it a static size, or an input dimension of its own")
+    bindings = [{s: d.min for s, d in dims.items()}, {s: d.max for s, d in dims.items()}]
+    likely = {s: d.likely[0] for s, d in dims.items() if d.likely}
+    if likely:
+        bindings.append({s: likely.get(s, d.min) for s, d in dims.items()})
+    return [instantiate(module, b) for b in bindings]

@@ -254,7 +254,8 @@ class ShapeFolding:
 
     A base of `Importer`, whose state it reads and fills: `model`, `graph`, `nodes`,
     `input_names`, `graph_outputs`, `shape_overrides`, `opset`, `lenient` (read); `types`,
-    `consts`, `strict_failure`, `folded`, `warnings` (filled). The importer supplies
+    `consts`, `strict_failure`, `folded`, `warnings` (filled); `unfoldable` (read): values
+    that stay ops because their size depends on a symbolic dimension (`tilekit.onnx.symbolic`). The importer supplies
     `_inline_constant_ifs()` (an If whose condition folded becomes its branch: new nodes,
     more rounds), `_unsupported_op(index, node, others)` (the error for nodes without a
     converter) and `_dynamic_hint(*names)` (which inputs to fix when a shape stays open).
@@ -392,6 +393,8 @@ class ShapeFolding:
         for index, node in enumerate(self.nodes):
             if index in self.folded or node.op_type in NOT_FOLDABLE:
                 continue
+            if any(name in self.unfoldable for name in node.output):
+                continue  # sized by a symbolic dimension: an op, not a weight
             if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
                    for a in node.attribute):
                 continue

@@ -70,20 +70,34 @@ def import_model(model: onnx.ModelProto, *, name: str = "model",
                  shapes: Mapping[str, Sequence[int]] | None = None,
                  lenient: bool = False, max_trips: int | None = None,
                  values: Mapping[str, Sequence[float]] | None = None,
-                 random_weights: int | None = None) -> Imported:
+                 random_weights: int | None = None,
+                 dims: Mapping[str, Any] | None = None) -> Imported:
     """Convert an ONNX model to a tile-IR module. `shapes` overrides graph-input shapes
     (keyed by ONNX name or by its sanitised form). A model that ONNX's strict shape
     inference refuses is bad input, unless `lenient` (then lenient inference, a warning).
     `max_trips` bounds the scan outputs of loops whose trip count is known at run time only
     (docs/grind.md). `values` fixes graph inputs to constants (`--value NAME=V0,V1,...`:
     the input is no longer an input, its value folds). `random_weights` replaces the weights
-    with seeded random values first (`tilekit.onnx.random_weights`)."""
+    with seeded random values first (`tilekit.onnx.random_weights`).
+
+    An input dimension that the model leaves open (a `dim_param`, or unknown) and `shapes`
+    does not fix becomes a symbol of the module's `dims` (`tilekit.onnx.symbolic`); `dims`
+    maps a symbol to its `--dim` (`symbolic.DimFlag`: a range, or one size)."""
+    from tilekit.onnx.symbolic import import_symbolic
+
     if random_weights is not None:
         from tilekit.onnx.random_weights import randomize
 
         model = randomize(model, random_weights)
-    return Importer(model, name, shapes or {}, lenient, max_trips=max_trips,
-                    values=values or {}).run()
+
+    def one(shapes: Mapping[str, Sequence[int]], unfoldable: frozenset[str] = frozenset(),
+            fold_only: bool = False) -> Any:
+        importer = Importer(model, name, shapes, lenient, max_trips=max_trips,
+                            values=values or {})
+        importer.unfoldable = unfoldable
+        return importer.fold() if fold_only else importer.run()
+
+    return import_symbolic(one, model, shapes or {}, values or {}, dims or {})
 
 
 def _opset_of(model: onnx.ModelProto) -> int:
@@ -125,6 +139,8 @@ class Importer(ShapeFolding):
         self.weights: dict[str, np.ndarray] = {}
         self.ops: list[Op] = []
         self.folded: set[int] = set()
+        #: ONNX values never folded into weights (tilekit.onnx.symbolic: sized by a symbol).
+        self.unfoldable: frozenset[str] = frozenset()
         self._folded_bytes = 0
         #: Why ONNX's strict shape inference refused the model (None: it did not), for the
         #: message when a node cannot be converted.
@@ -142,6 +158,15 @@ class Importer(ShapeFolding):
 
     # -- the steps -----------------------------------------------------------------------
     def run(self) -> Imported:
+        self.fold()
+        self._check_convertible()
+        self._claim_names()
+        self._convert()
+        self._finish_outputs()
+        return self._build()
+
+    def fold(self) -> "Importer":
+        """Steps 1-3: static inputs, shape inference, folding (`consts`, `folded`)."""
         self._check_names()
         self._check_nodes()
         if self.opset > TESTED_OPSETS[1]:
@@ -153,11 +178,7 @@ class Importer(ShapeFolding):
         model = self._static_inputs()
         self._infer(self._partially_folded(model))
         self._fold_until_static(model)
-        self._check_convertible()
-        self._claim_names()
-        self._convert()
-        self._finish_outputs()
-        return self._build()
+        return self
 
     def _check_names(self) -> None:
         """Every ONNX tensor name is defined once: graph inputs, initializers (which may

@@ -21,7 +21,7 @@ import warnings
 import zipfile
 import zlib
 from pathlib import Path
-from typing import BinaryIO, Callable, Iterable
+from typing import Any, BinaryIO, Callable, Iterable
 
 import numpy as np
 
@@ -128,6 +128,39 @@ def read_npy(path: str | Path, where: str, name: str, expect: Expect) -> np.ndar
             return _data(fh, shape, fortran, dtype, where)
     except OSError as exc:
         raise TilekitError(f"cannot read: {exc.strerror}", where) from None
+
+
+def npy_shape(path: str | Path, where: str) -> tuple[int, ...]:
+    """The shape in an `.npy` file's header (its data is not read)."""
+    shapes: list[tuple[int, ...]] = []
+    _headers_only(lambda expect: read_npy(path, where, "", expect), shapes)
+    return shapes[0]
+
+
+def npz_shapes(path: str | Path, where: str, names: Iterable[str]) -> dict[str, tuple[int, ...]]:
+    """The shapes of the archive members `names` from their headers (no data is read)."""
+    shapes: dict[str, tuple[int, ...]] = {}
+    members = npz_members(path, where)
+    for name in names:
+        if name in members:
+            seen: list[tuple[int, ...]] = []
+            _headers_only(lambda expect: read_npz(path, where, [name], expect), seen)
+            shapes[name] = seen[0]
+    return shapes
+
+
+class _HeaderRead(Exception):
+    """Stops a read after its header (`_headers_only`)."""
+
+
+def _headers_only(read: Callable[[Expect], Any], into: list) -> None:
+    def expect(name, shape, dtype, where):
+        into.append(tuple(shape))
+        raise _HeaderRead
+    try:
+        read(expect)
+    except _HeaderRead:
+        pass
 
 
 def npz_members(path: str | Path, where: str) -> dict[str, zipfile.ZipInfo]:

@@ -284,6 +284,29 @@ def _input_expect(module: Module, names: Mapping[str, str], hint: str,
     return expect
 
 
+def given_shapes(module: Module, flags: Iterable[str] = (), npz: str | None = None
+                 ) -> dict[str, tuple[int, ...]]:
+    """The shapes of the inputs given as arrays (`--inputs`, `--input NAME=@FILE.npy`), from
+    their headers: what binds a symbolic module's dimensions (`tilekit.ir.dims.bind`). An
+    input given as literal values has no shape of its own and binds nothing."""
+    from tilekit.runtime.arrays import npy_shape, npz_shapes
+
+    shapes: dict[str, tuple[int, ...]] = {}
+    if npz is not None and not os.path.isdir(npz):
+        where = f"--inputs {npz}"
+        members = npz_members(npz, where)
+        names = {m: input_name(module, m, where) for m in members}
+        for member, shape in npz_shapes(npz, where, list(members)).items():
+            shapes[names[member]] = shape
+    for text in flags:
+        name, value = parse_input_flag(text)
+        where = f"--input {name}"
+        name = input_name(module, name, where)
+        if value.startswith("@") and not os.path.isdir(value[1:]):
+            shapes[name] = npy_shape(value[1:], where)
+    return shapes
+
+
 def index_input_bounds(module: Module) -> dict[str, int]:
     """{input: n} for integer inputs that opaque ops read as indices: random values for them
     stay in [0, n), the smallest extent they index."""

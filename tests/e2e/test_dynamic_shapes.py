@@ -1,0 +1,173 @@
+"""Symbolic dimensions end to end: a model with a dynamic batch and sequence imported once
+(no --shape), run and checked against onnxruntime at several sizes from the one module, on
+the reference executor and as compiled C++; what cannot take a symbolic module refuses it in
+one line. The corpus (tests/corpus, stage `symbolic`) does the same on exported GPT-2, BERT
+and ResNet files."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import yaml
+from click.testing import CliRunner
+from onnx import TensorProto, helper, numpy_helper
+
+from tilekit.cli import tk_codegen, tk_import, tk_roll, tk_run, tk_weld
+
+
+def _model(path: Path) -> None:
+    """x[batch, seq, 8] -> x @ W -> reshape [batch*seq, 8] (computed from Shape) -> softmax
+    -> reshape back -> + the position table's first seq rows (a Slice) + each position
+    (a Range over the sequence)."""
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array(rng.standard_normal((8, 8)).astype(np.float32), "w")
+    table = numpy_helper.from_array(rng.standard_normal((32, 8)).astype(np.float32), "table")
+    consts = [numpy_helper.from_array(np.array(v, np.int64), n) for n, v in
+              (("zero", 0), ("one", 1), ("i0", [0]), ("i1", [1]), ("eight", [8]),
+               ("minus1", [-1]), ("axes1", [1]))]
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["xw"]),
+        helper.make_node("Shape", ["x"], ["shape"]),
+        helper.make_node("Gather", ["shape", "i0"], ["b"], axis=0),
+        helper.make_node("Gather", ["shape", "i1"], ["s"], axis=0),
+        helper.make_node("Mul", ["b", "s"], ["bs"]),
+        helper.make_node("Concat", ["bs", "eight"], ["flat_shape"], axis=0),
+        helper.make_node("Reshape", ["xw", "flat_shape"], ["flat"]),
+        helper.make_node("Softmax", ["flat"], ["soft"], axis=-1),
+        helper.make_node("Concat", ["minus1", "s", "eight"], ["back_shape"], axis=0),
+        helper.make_node("Reshape", ["soft", "back_shape"], ["back"]),
+        helper.make_node("Squeeze", ["s"], ["s_scalar"]),
+        helper.make_node("Range", ["zero", "s_scalar", "one"], ["positions"]),
+        helper.make_node("Cast", ["positions"], ["fpos"], to=TensorProto.FLOAT),
+        helper.make_node("Unsqueeze", ["fpos", "axes1"], ["column"]),
+        helper.make_node("Slice", ["table", "i0", "s"], ["pos"]),
+        helper.make_node("Add", ["back", "pos"], ["shifted"]),
+        helper.make_node("Add", ["shifted", "column"], ["y"]),
+    ]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "seq", 8])
+    graph = helper.make_graph(nodes, "g", [x], [y], [w, table] + consts)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]),
+              str(path))
+
+
+def invoke(command, args, cwd: Path):
+    old = os.getcwd()
+    os.chdir(cwd)
+    try:
+        return CliRunner().invoke(command, args, catch_exceptions=False)
+    finally:
+        os.chdir(old)
+
+
+@pytest.fixture(scope="module")
+def imported(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("dyn")
+    _model(folder / "m.onnx")
+    result = invoke(tk_import.main, ["m.onnx", "-o", "m.yaml"], folder)
+    assert result.exit_code == 0, result.output
+    return folder
+
+
+def test_import_keeps_the_dimensions_symbolic(imported):
+    doc = yaml.safe_load((imported / "m.yaml").read_text())
+    assert doc["tilekit"] == 2
+    # the position table has 32 rows: the sequence's default range is narrowed to it
+    assert doc["dims"] == {"batch": {"min": 1, "max": 4096}, "seq": {"min": 1, "max": 32}}
+    shapes = {n: t["shape"] for n, t in doc["tensors"].items()}
+    assert shapes["x"] == ["batch", "seq", 8]
+    assert ["batch*seq", 8] in shapes.values()
+    exprs = " ".join(op.get("expr", "") for op in doc["ops"])
+    assert "$seq" in exprs  # the reshapes' index maps are written in the symbols
+    assert "positions[" in exprs  # the Range over the sequence stayed an op, not a weight
+
+
+def test_import_is_deterministic(imported):
+    again = invoke(tk_import.main, ["m.onnx", "-o", "again.yaml"], imported)
+    assert again.exit_code == 0, again.output
+    first = (imported / "m.yaml").read_text()
+    assert (imported / "again.yaml").read_text() == first.replace("m.weights.npz",
+                                                                  "again.weights.npz")
+
+
+@pytest.mark.parametrize("mode", ["whole", "compiled"])
+def test_one_module_checks_at_several_sizes(imported, mode):
+    args = ["m.yaml", "--dim", "batch=1,3", "--dim", "seq=1,7", "--check", "--mode", mode,
+            "-q"]
+    if mode == "compiled":
+        args = ["m.yaml", "--dim", "batch=2", "--dim", "seq=5", "--check", "--mode", mode,
+                "-q"]
+    result = invoke(tk_run.main, args, imported)
+    assert result.exit_code == 0, result.output
+    runs = 4 if mode == "whole" else 1
+    assert result.output.count("check: pass") == runs, result.output
+    assert result.output.count("dims: batch=") == runs
+
+
+def test_sizes_come_from_the_input_arrays(imported):
+    np.save(imported / "x.npy", np.ones((2, 9, 8), np.float32))
+    result = invoke(tk_run.main, ["m.yaml", "--input", "x=@x.npy", "--check", "-q",
+                                  "--mode", "whole"], imported)
+    assert result.exit_code == 0, result.output
+    assert "dims: batch=2, seq=9" in result.output
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--dim", "seq=33"], "seq = 33 (from --dim) is outside its range 1..32"),
+    (["--dim", "nope=3"], "--dim names 'nope', which is not a symbol"),
+    (["--dim", "seq=x"], "cannot read --dim"),
+    (["--dim", "seq=2,3", "-o", "out.npz"], "-o writes the outputs of one run"),
+    (["--input", "x=@wide.npy"], "input 'x' has shape [2, 3, 9], expected [2, 3, 8]"),
+    (["--input", "x=@long.npy"], "seq = 40 (from input 'x') is outside its range 1..32"),
+])
+def test_bad_sizes_are_one_line_errors(imported, args, message):
+    np.save(imported / "wide.npy", np.ones((2, 3, 9), np.float32))
+    np.save(imported / "long.npy", np.ones((1, 40, 8), np.float32))
+    result = invoke(tk_run.main, ["m.yaml", "--mode", "whole"] + args, imported)
+    assert result.exit_code == 2, result.output
+    errors = [line for line in result.output.splitlines() if "error" in line]
+    assert len(errors) == 1 and message in errors[0], result.output
+    assert not (imported / "out.npz").exists()
+
+
+@pytest.mark.parametrize("command,args", [
+    (tk_roll.main, ["--hw", "milan"]), (tk_weld.main, ["--hw", "h100"]),
+    (tk_codegen.main, []), (tk_codegen.main, ["--target", "cpu"]),
+])
+def test_stages_that_need_sizes_refuse_a_symbolic_module(imported, command, args):
+    result = invoke(command, args + ["m.yaml", "-o", "staged.yaml"], imported)
+    assert result.exit_code == 2, result.output
+    assert "needs static sizes; this module has symbolic dimensions batch (1..4096), seq " \
+           "(1..32)" in result.output and "--dim batch=1 --dim seq=1" in result.output
+    assert not (imported / "staged.yaml").exists()
+
+
+def test_one_size_imports_as_before(imported):
+    result = invoke(tk_import.main, ["m.onnx", "--dim", "batch=2", "--dim", "seq=4", "-o",
+                                     "static.yaml"], imported)
+    assert result.exit_code == 0, result.output
+    doc = yaml.safe_load((imported / "static.yaml").read_text())
+    assert doc["tilekit"] == 1 and "dims" not in doc
+    assert doc["tensors"]["x"]["shape"] == [2, 4, 8]
+    result = invoke(tk_roll.main, ["--hw", "milan", "static.yaml", "-o", "rolled.yaml"],
+                    imported)
+    assert result.exit_code == 0, result.output
+
+
+def test_a_range_given_is_kept_or_refused(imported):
+    result = invoke(tk_import.main, ["m.onnx", "--dim", "seq=2..64", "-o", "r.yaml"], imported)
+    assert result.exit_code == 2
+    assert "at seq=64, the top of its --dim range" in result.output
+    result = invoke(tk_import.main, ["m.onnx", "--dim", "seq=2..16:4,8", "-o", "r.yaml"],
+                    imported)
+    assert result.exit_code == 0, result.output
+    doc = yaml.safe_load((imported / "r.yaml").read_text())
+    assert doc["dims"]["seq"] == {"min": 2, "max": 16, "likely": [4, 8]}
+    # with no size given, a run takes each symbol's first likely value, else its smallest
+    result = invoke(tk_run.main, ["r.yaml", "--mode", "whole", "--check", "-q"], imported)
+    assert result.exit_code == 0, result.output
+    assert "dims: batch=1, seq=4" in result.output
