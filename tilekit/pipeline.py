@@ -234,7 +234,7 @@ class Compiled:
 def compile(model: str | os.PathLike, passes: Sequence[str | Pass] = ("roll", "codegen"),
             hw: str | None = None, *, ir_path: str | os.PathLike = "model.tk.yaml",
             weights_path: str | os.PathLike | None = None, dtype: str = "float32",
-            **options: Any) -> Compiled:
+            dims: Mapping[str, int] | None = None, **options: Any) -> Compiled:
     """Import the ONNX file `model` and run `passes` on it, with no files in between.
 
         compiled = tilekit.compile("m.onnx", ["roll", "weld", "codegen"], hw="h100",
@@ -266,6 +266,9 @@ def compile(model: str | os.PathLike, passes: Sequence[str | Pass] = ("roll", "c
 
     An option that none of `passes` reads is an error (`TilekitError`, listing the ones they
     do), as is an unknown pass. `dtype` is tk-import's `--dtype` ("float16", "bfloat16").
+    `dims` gives a dynamic dimension one size, as tk-import's `--dim NAME=SIZE` (`{"seq":
+    128}`): the passes need static sizes, and a model with open dimensions imports them as
+    symbols (docs/dims.md); with no pass, the symbolic module is what `compile` returns.
 
     `ir_path` and `weights_path` (default: next to `ir_path`, `<stem>.weights.npz`) are where
     `Compiled.save` writes the IR and its weights (the IR records paths relative to its own
@@ -275,11 +278,15 @@ def compile(model: str | os.PathLike, passes: Sequence[str | Pass] = ("roll", "c
     """
     from tilekit.onnx import attach_files, import_model, load_model
     from tilekit.onnx.precision import import_options, to_precision
+    from tilekit.onnx.names import sanitize
+    from tilekit.onnx.symbolic import DimFlag
 
     check_options(passes, options)
     path = Path(model)
     proto = load_model(str(path))
-    imported = to_precision(import_model(proto, name=path.stem), dtype)
+    sizes = {name: DimFlag(value=int(size)) for name, size in (dims or {}).items()}
+    name = sanitize(path.stem, "model")  # as tk-import names it
+    imported = to_precision(import_model(proto, name=name, dims=sizes), dtype)
     ir_path = Path(ir_path)
     weights = Path(weights_path) if weights_path else ir_path.with_name(
         f"{ir_path.stem}.weights.npz")
@@ -287,6 +294,8 @@ def compile(model: str | os.PathLike, passes: Sequence[str | Pass] = ("roll", "c
     imported = attach_files(imported, ir_folder=str(ir_path.parent.resolve()),
                             weights_path=str(weights), onnx_path=str(path),
                             onnx_sha256=hashlib.sha256(path.read_bytes()).hexdigest(),
-                            options={"opset": opset, **import_options(dtype)}, write=False)
+                            options={"opset": opset, **import_options(dtype),
+                                     **({"dims": dict(sorted(dims.items()))} if dims else {})},
+                            write=False)
     module = run(imported.module, passes, Context.for_hw(hw, **options))
     return Compiled(module, dict(imported.weights), str(ir_path), str(weights))

@@ -7,6 +7,8 @@ Per model file, one test per stage, each stage reading the file the one before w
     tk-run M.tk.yaml --seed 0 --check                 (CPU reference against onnxruntime)
     tk-roll --hw h100 | tk-weld | tk-ram | tk-codegen (generation; nvcc with the variable below)
     tk-codegen --target cpu M.tk.yaml | tk-run --check (compiled C++ against onnxruntime)
+    tk-import M.onnx -o M.sym.yaml; tk-run M.sym.yaml --dim S=2 --check ...
+                                                      (dynamic exports: symbolic dimensions)
 
 The commands run in-process (their click entry points, the same code as the shell commands,
 without a Python start-up per stage). Each model is one xdist group, so its stages run in

@@ -17,6 +17,7 @@ from click.testing import CliRunner
 from onnx import TensorProto, helper, numpy_helper
 
 from tilekit.cli import tk_codegen, tk_import, tk_roll, tk_run, tk_weld
+from tilekit.errors import TilekitError
 
 
 def _model(path: Path) -> None:
@@ -171,3 +172,14 @@ def test_a_range_given_is_kept_or_refused(imported):
     result = invoke(tk_run.main, ["r.yaml", "--mode", "whole", "--check", "-q"], imported)
     assert result.exit_code == 0, result.output
     assert "dims: batch=1, seq=4" in result.output
+
+
+def test_compile_takes_sizes_for_the_passes(imported):
+    import tilekit
+
+    compiled = tilekit.compile(imported / "m.onnx", ["roll"], hw="milan",
+                               dims={"batch": 2, "seq": 4})
+    assert compiled.module.tensors["x"].shape == (2, 4, 8) and not compiled.module.dims
+    with pytest.raises(TilekitError, match="tk-roll needs static sizes"):
+        tilekit.compile(imported / "m.onnx", ["roll"], hw="milan")
+    assert set(tilekit.compile(imported / "m.onnx", []).module.dims) == {"batch", "seq"}

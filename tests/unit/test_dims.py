@@ -68,6 +68,7 @@ def test_a_symbolic_module_round_trips_as_format_2():
     (_symbolic(shape_x=("seq*seq", 4)), "neither a positive integer nor a dimension expression"),
     (_symbolic(shape_x=("2*seq", 4)), "symbol seq is not a whole dimension of any input"),
     (_symbolic(expr="y[i, j] = x[i + $seq, j]"), "reads index"),
+    (_symbolic(expr="y[i, j] = x[i % $len, j]"), r"names \$len, which is not declared"),
 ])
 def test_verifier_rules_for_symbolic_modules(module, message):
     with pytest.raises((IRError, TilekitError), match=message.replace("*", r"\*")):

@@ -500,7 +500,7 @@ def _symbolic_instances(module: Module, origin: str | None) -> list[Module]:
     `verify` checks as any module: index maps in range at the smallest and largest sizes."""
     from itertools import product
 
-    from tilekit.ir.dims import instantiate, parse_dim_expr, symbolic_inputs
+    from tilekit.ir.dims import SYMBOL_REF, instantiate, parse_dim_expr, symbolic_inputs
 
     dims = module.dims
     if not isinstance(module.tensors, Mapping):
@@ -532,6 +532,13 @@ def _symbolic_instances(module: Module, origin: str | None) -> list[Module]:
                 raise IRError(f"dimension {excerpt(d)} is {low} somewhere in the dims' "
                               "ranges", at, "sizes are positive over the whole range: "
                               "narrow the range")
+    for index, op in enumerate(module.ops if isinstance(module.ops, tuple) else ()):
+        refs = set(SYMBOL_REF.findall(op.expr)) if isinstance(op, Op) and isinstance(
+            op.expr, str) else set()
+        if refs - set(dims):
+            raise IRError(f"the expression names ${sorted(refs - set(dims))[0]}, which is not "
+                          "declared in 'dims'", where(origin, f"ops[{index}].expr"),
+                          "declare the symbol, or write the size")
     if module.control is not None or any(op.kind == "control" for op in module.ops):
         raise IRError("a module with symbolic dimensions has no control ops", where(
             origin, "dims"), "import a model with loops or branches for one size "

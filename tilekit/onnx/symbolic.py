@@ -328,7 +328,8 @@ def _generalise(imports: list[Any], points: list[dict[str, int]], dims: Mapping[
         if expr is None or expr.evaluate(check) != sizes[-1]:
             raise UnsupportedError(
                 f"tensor '{name}' dimension {axis} is not a polynomial of the symbols "
-                f"(sizes {', '.join(map(str, sizes))} at {_points_text(points)})",
+                f"(sizes {', '.join(map(str, sizes[:3]))} at {_points_text(points[:3])}; "
+                "a strided window or a division by a size)",
                 f"tensors.{name}.shape[{axis}]", f"import one size: {hint}")
         t = tensors[name]
         shape = list(t.shape)
@@ -411,6 +412,12 @@ def _compare(docs: list[Any], path: str, varying: dict[tuple[str, int], list[int
         for i in range(len(first)):
             _compare([d[i] for d in docs], f"{path}[{i}]", varying, texts, hint)
         return
+    if path in ("tensors", "ops", "kernels"):
+        counts = " vs ".join(str(len(d)) if isinstance(d, (dict, list)) else "?"
+                             for d in docs[:2])
+        raise UnsupportedError(f"the model's structure changes with the size of a symbolic "
+                               f"dimension ({counts} {path}: an op unrolled over it, or "
+                               "chosen by it)", path, f"import one size: {hint}")
     shown = " / ".join(_short(d) for d in docs[:2])
     raise UnsupportedError(f"the imported module differs between sizes at {path or 'the top'} "
                            f"({shown}): only tensor shapes may depend on a symbolic dimension",
