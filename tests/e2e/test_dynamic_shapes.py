@@ -23,7 +23,7 @@ from tilekit.errors import TilekitError
 def _model(path: Path) -> None:
     """x[batch, seq, 8] -> x @ W -> reshape [batch*seq, 8] (computed from Shape) -> softmax
     -> reshape back -> + the position table's first seq rows (a Slice) + each position
-    (a Range over the sequence)."""
+    (a Range over the sequence) + 0.5 (a ConstantOfShape of x's shape)."""
     rng = np.random.default_rng(0)
     w = numpy_helper.from_array(rng.standard_normal((8, 8)).astype(np.float32), "w")
     table = numpy_helper.from_array(rng.standard_normal((32, 8)).astype(np.float32), "table")
@@ -47,7 +47,10 @@ def _model(path: Path) -> None:
         helper.make_node("Unsqueeze", ["fpos", "axes1"], ["column"]),
         helper.make_node("Slice", ["table", "i0", "s"], ["pos"]),
         helper.make_node("Add", ["back", "pos"], ["shifted"]),
-        helper.make_node("Add", ["shifted", "column"], ["y"]),
+        helper.make_node("Add", ["shifted", "column"], ["moved"]),
+        helper.make_node("ConstantOfShape", ["shape"], ["halves"],
+                         value=numpy_helper.from_array(np.array([0.5], np.float32))),
+        helper.make_node("Add", ["moved", "halves"], ["y"]),
     ]
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", 8])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "seq", 8])

@@ -11,8 +11,9 @@ own arguments), with random weights (each model's own initialisation after
 - `dynamo18`: `torch.onnx.export(..., dynamo=True, opset_version=18)` (the torch.export /
   onnxscript exporter).
 
-All with static shapes; GPT-2, BERT and ResNet also with a dynamic batch (and sequence)
-dimension (`<model>.<exporter>.dynamic.onnx`, for `tk-import --shape`). What was made, each
+All with static shapes; GPT-2, BERT, Llama, the T5 encoder and ResNet also with a dynamic
+batch (and sequence) dimension (`<model>.<exporter>.dynamic.onnx`: imported with symbolic
+dimensions, or for one size with `tk-import --shape`). What was made, each
 file's inputs and what failed (with the exporter's message) go to `manifest.json` beside the
 models, which tests/corpus/test_corpus.py reads.
 
@@ -249,7 +250,7 @@ def _specs() -> list[Spec]:
              tokens(1000), dynamic=seq_dyn, family="transformers",
              outputs=("last_hidden_state",)),
         Spec("llama", _hf("LlamaConfig", "LlamaForCausalLM", "logits", **LM), tokens(512),
-             family="transformers", outputs=("logits",)),
+             dynamic=seq_dyn, family="transformers", outputs=("logits",)),
         Spec("mistral", _hf("MistralConfig", "MistralForCausalLM", "logits", sliding_window=8,
                             **LM), tokens(512), family="transformers", outputs=("logits",)),
         Spec("qwen2", _hf("Qwen2Config", "Qwen2ForCausalLM", "logits", **LM), tokens(512),
@@ -257,7 +258,7 @@ def _specs() -> list[Spec]:
         Spec("t5_encoder", _hf("T5Config", "T5EncoderModel", "last_hidden_state",
                                vocab_size=1000, d_model=32, d_kv=8, d_ff=64, num_layers=2,
                                num_heads=4, relative_attention_num_buckets=8),
-             tokens(1000, mask=False),
+             tokens(1000, mask=False), dynamic={"input_ids": {0: "batch", 1: "sequence"}},
              family="transformers", outputs=("last_hidden_state",)),
         Spec("whisper_encoder", _whisper_encoder,
              lambda: {"input_features": _image(64, 1)[0, :, :16, :]},

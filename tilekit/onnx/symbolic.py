@@ -195,7 +195,8 @@ def import_symbolic(importer: Callable[..., Any], model: onnx.ModelProto,
     imports = [one(p, unfoldable=unfoldable) for p in grid + [check]]
     imported = _generalise(imports, grid + [check], dims, hint)
     imported, narrowed = _fit_ranges(imported, {s for s in dims if s in dim_flags}, hint)
-    return replace(imported, warnings=tuple(imported.warnings) + tuple(notes) + narrowed)
+    warnings = tuple(dict.fromkeys(tuple(imported.warnings) + tuple(notes) + narrowed))
+    return replace(imported, warnings=warnings)
 
 
 def _merged_by_axis(open_dims: Mapping[str, list[int | str]]) -> dict[str, str]:

@@ -408,3 +408,15 @@ def center_crop_pad(ctx: NodeContext) -> None:
         padded = padded or size > n
         idx[a] = text.term([(ax[a], 1)], offset)
     ctx.assign(out, ax, "=", ctx.access(x, idx), pad="0" if padded else None)
+
+
+@converter("ConstantOfShape", summary="y[...] = value; folded when its shape is a constant "
+                                      "(sized by a symbolic dimension it stays an op)")
+def constant_of_shape(ctx: NodeContext) -> None:
+    out = ctx.output(0)
+    value = ctx.attr("value", None)
+    fill = np.asarray(0.0 if value is None else value).reshape(-1)
+    if fill.size != 1:
+        raise ctx.unsupported(f"attribute 'value' has {fill.size} elements, not one",
+                              "ConstantOfShape fills with one value")
+    ctx.assign(out, text.axes(out.rank), "=", text.literal(fill[0].item(), out.dtype))
