@@ -19,8 +19,9 @@ Any other multi-stage group would be split into one kernel per stage by the CPU 
 connect-then-fuse (`tilekit.weld.fuse`) with that rule: ops in module order, the open group
 takes the next op when it is an expression op that reads something the group writes, is not
 named in `no_fuse`, the group stays within `max_group` ops, the grown group is one stage
-whose members after the first are all chained or a row chain, and the grown group's CPU
-estimate
+whose members after the first are all chained, a row chain, or row ops alone (elementwise
+ops over the same points: the codegen inlines them into the last, one kernel; and a row
+chain's start), and the grown group's CPU estimate
 (`tilekit.roll.schedule.cpu_group_estimate`: the members' flops and bytes less the
 intermediates kept in registers, the main op's blocks, one fork/join) beats the open group
 and the op apart.
@@ -141,10 +142,13 @@ def _row_read(m: tuple[IndexMap, ...], reader: RowOp, rows: tuple[int, ...], col
     return all(zero(x) for x in m[k:])
 
 
-def row_chain(module: Module, members: Sequence[int]) -> RowChain | None:
+def row_chain(module: Module, members: Sequence[int], reduces: bool = True
+              ) -> RowChain | None:
     """The row chain `members` make (module docstring), or None: two ops or more, float32
-    expression ops, at least one reduction, rows of at least two points, every read of a
-    member's result at the reader's row (and point of it, for a row op's result)."""
+    expression ops, at least one reduction (with `reduces`; without, row ops alone: the
+    start of a chain, a scale and a mask before a softmax), rows of at least two points,
+    every read of a member's result at the reader's row (and point of it, for a row op's
+    result)."""
     if len(members) < 2:
         return None
     g = graph(module)
@@ -152,8 +156,11 @@ def row_chain(module: Module, members: Sequence[int]) -> RowChain | None:
     if any(a is None or module.tensors[a.output].dtype != "float32" for a in analyses):
         return None
     if not any(a.reduction for a in analyses):
-        return None
-    first = next(a for a in analyses if a.reduction)
+        if reduces:
+            return None
+        first = analyses[0]
+    else:
+        first = next(a for a in analyses if a.reduction)
     shape = _rows_of(first)
     if shape is None or shape[1] < 2:
         return None
@@ -175,6 +182,8 @@ def row_chain(module: Module, members: Sequence[int]) -> RowChain | None:
                 return None
         role_of[a.output] = op.role
         ops.append(op)
+    if not reduces and any(op.role != "row" for op in ops):
+        return None
     return RowChain(rows, length, tuple(ops))
 
 
@@ -202,7 +211,8 @@ def cpu_groups(module: Module, profile, max_group: int, no_fuse: Sequence[str]
                 and not any(module.ops[k].name in blocked for k in open_) \
                 and any(t in node.reads for k in open_ for t in g.nodes[k].writes) \
                 and (one_cpu_kernel(module, open_ + [i])
-                     or row_chain(module, open_ + [i]) is not None):
+                     or row_chain(module, open_ + [i]) is not None
+                     or row_chain(module, open_ + [i], reduces=False) is not None):
             grown = group_estimate(module, open_ + [i], profile)
             if grown.time_us < open_est.time_us + op_estimate(module, i).time_us:
                 open_.append(i)
