@@ -105,20 +105,18 @@ def _row_op(index: int, a: Analysis, rows: tuple[int, ...], length: int) -> RowO
     return None
 
 
-def _rows_of(a: Analysis) -> tuple[tuple[int, ...], int] | None:
-    """(rows, length) a row-chain member proposes: a reduction's spatial extents (trailing
-    ones dropped) and reduced extent, or an elementwise op's extents but the last and its
-    last."""
+def _rows_of(a: Analysis, length: int | None) -> list[tuple[int, ...]]:
+    """The rows a member may stand for: an elementwise op's extents but the last (when that
+    is `length`); a reduction's spatial extents, less any number of trailing ones (`y[i]`
+    and `mu[i, 0]` both reduce rows `(i,)`, and one row of `[1, 19]` is rows `(1,)`)."""
     spatial = [n for _, n in a.spatial]
-    if a.reduction:
-        if len(a.reduction) != 1:
-            return None
-        while spatial and spatial[-1] == 1:
-            spatial.pop()
-        return tuple(spatial), a.reduction[0][1]
-    if not spatial:
-        return None
-    return tuple(spatial[:-1]), spatial[-1]
+    if not a.reduction:
+        return [tuple(spatial[:-1])] if spatial and spatial[-1] == length else []
+    out = [tuple(spatial)]
+    while spatial and spatial[-1] == 1:
+        spatial.pop()
+        out.append(tuple(spatial))
+    return out
 
 
 def _row_read(m: tuple[IndexMap, ...], reader: RowOp, rows: tuple[int, ...], column: bool,
@@ -146,7 +144,7 @@ def row_chain(module: Module, members: Sequence[int], reduces: bool = True
               ) -> RowChain | None:
     """The row chain `members` make (module docstring), or None: two ops or more, float32
     expression ops, at least one reduction (with `reduces`; without, row ops alone: the
-    start of a chain, a scale and a mask before a softmax), rows of at least two points,
+    start of a chain, a scale and a mask before a softmax), rows of at least two points each,
     every read of a member's result at the reader's row (and point of it, for a row op's
     result)."""
     if len(members) < 2:
@@ -155,16 +153,28 @@ def row_chain(module: Module, members: Sequence[int], reduces: bool = True
     analyses = [g.nodes[i].analysis for i in members]
     if any(a is None or module.tensors[a.output].dtype != "float32" for a in analyses):
         return None
-    if not any(a.reduction for a in analyses):
-        if reduces:
+    reductions = [a for a in analyses if a.reduction]
+    if reductions:
+        if len(reductions[0].reduction) != 1:
             return None
-        first = analyses[0]
-    else:
-        first = next(a for a in analyses if a.reduction)
-    shape = _rows_of(first)
-    if shape is None or shape[1] < 2:
+        length = reductions[0].reduction[0][1]
+    elif reduces or not analyses[0].spatial:
         return None
-    rows, length = shape
+    else:
+        length = analyses[0].spatial[-1][1]
+    if length < 2:
+        return None
+    candidates = dict.fromkeys(r for a in analyses for r in _rows_of(a, length))
+    for rows in candidates:
+        chain = _chain(analyses, members, rows, length, reduces)
+        if chain is not None:
+            return chain
+    return None
+
+
+def _chain(analyses: list[Analysis], members: Sequence[int], rows: tuple[int, ...],
+           length: int, reduces: bool) -> RowChain | None:
+    """The row chain over `rows` of `length` points, or None."""
     ops: list[RowOp] = []
     role_of: dict[str, str] = {}
     for i, a in zip(members, analyses):
