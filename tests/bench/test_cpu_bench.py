@@ -80,14 +80,16 @@ def test_cpu_latency_and_memory_against_onnxruntime(name, tmp_path):
 
 def side_by_side(name: str, model: Path, engines, runs: int = RUNS) -> dict:
     """`engines` on `model`, alternating fresh processes `ROUNDS` times of `runs` timed runs
-    each: each engine's median latency, its ratio to onnxruntime's and its peak memory, as
-    one results row."""
+    each: each engine's median latency, its ratio to onnxruntime's and its peak memory (and
+    the compiled engines' kernels' own median time), as one results row."""
     times = {e: [] for e in engines}
+    kernels = {e: [] for e in engines}
     peak = {e: [] for e in engines}
     for _ in range(ROUNDS):
         for engine in engines:
             result = measure(engine, model, runs)
             times[engine].extend(result["times_ms"])
+            kernels[engine].extend(result.get("kernel_times_ms", ()))
             peak[engine].append(result["peak_rss_mib"])
     median = {e: statistics.median(t) for e, t in times.items()}
     mem = {e: max(p) for e, p in peak.items()}
@@ -98,6 +100,8 @@ def side_by_side(name: str, model: Path, engines, runs: int = RUNS) -> dict:
         row[f"{key}_peak_rss_mib"] = round(mem[e], 1)
         if e != "onnxruntime":
             row[f"{key}_latency_ratio"] = round(median[e] / median["onnxruntime"], 2)
+        if kernels[e]:
+            row[f"{key}_kernels_median_ms"] = round(statistics.median(kernels[e]), 3)
     print(f"\n{name}: " + "; ".join(f"{e} {median[e]:.3f} ms" for e in engines))
     return row
 
