@@ -157,3 +157,23 @@ def test_equals_the_reference_and_onnxruntime(case):
                                        err_msg=f"{case}: {out} against the reference")
             np.testing.assert_allclose(got[out], expected, rtol=2e-5, atol=2e-6,
                                        err_msg=f"{case}: {out} against onnxruntime")
+
+
+@needs_cxx
+def test_the_compiled_runtime_reads_contiguous_inputs_in_place():
+    """A C-contiguous float32 input is passed to the kernels as it is (no copy per run); a
+    strided view or another dtype is copied into the kernels' buffer; both give the same."""
+    model = onnx_models.softmax_chain(rows=4, seq=24)
+    imported, _, generated = _generated(model)
+    (name,) = imported.module.inputs
+    program = CpuProgram(generated, 1)
+    x = np.random.default_rng(1).standard_normal((4, 24)).astype(np.float32)
+    want = run_module(imported.module, {name: x}, imported.weights)
+    out = imported.module.outputs[0]
+    strided = np.asfortranarray(x)
+    for given in (x, strided, x.astype(np.float64)):
+        got = program.run({name: given}, imported.weights)
+        np.testing.assert_allclose(got[out], want[out], rtol=2e-5, atol=2e-6)
+        np.testing.assert_array_equal(program.tensors()[name], x.astype(np.float32))
+        assert (program.last[name] is given) == (given is x)   # in place only when it can
+    assert not np.shares_memory(program.buffers[name], x)
