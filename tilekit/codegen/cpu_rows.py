@@ -222,8 +222,9 @@ def _reciprocals(module, b: Builder, p: OpPlan, op: RowOp, body: Node, row_vars,
 
     def match(node: Node) -> Node | None:
         if not (isinstance(node, Binary) and node.op == "/" and invariant(node.rhs)
-                and comp.kind(node)[0] == "f" and comp.kind(node.rhs)[0] == "f"):
-            return None
+                and comp.kind(node)[0] == "f"
+                and comp.kind(node.rhs) in (("f", False), ("f", True), ("i", True))):
+            return None         # (a float32 division; an integer literal divides as float)
         name = f"{PSEUDO}rcp{len(scalars)}"
         axis = _axes(p, op, row_vars, None, idx_t)
         value, _ = _value(module, p, node.rhs, axis, {}, scalars, {}, None)
