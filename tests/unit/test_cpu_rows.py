@@ -177,3 +177,22 @@ def test_the_compiled_runtime_reads_contiguous_inputs_in_place():
         np.testing.assert_array_equal(program.tensors()[name], x.astype(np.float32))
         assert (program.last[name] is given) == (given is x)   # in place only when it can
     assert not np.shares_memory(program.buffers[name], x)
+
+
+@needs_cxx
+def test_the_compiled_runtime_hands_its_outputs_over():
+    """A run returns the buffers its kernels wrote (no copy out) and the next run writes
+    fresh ones: an earlier result stays as it was."""
+    model = onnx_models.layer_norm_chain(tokens=3, hidden=40)
+    imported, _, generated = _generated(model)
+    (name,) = imported.module.inputs
+    out = imported.module.outputs[0]
+    program = CpuProgram(generated, 1)
+    rng = np.random.default_rng(2)
+    xs = [rng.standard_normal((3, 40)).astype(np.float32) for _ in range(2)]
+    got = [program.run({name: x}, imported.weights)[out] for x in xs]
+    for x, g in zip(xs, got):
+        want = run_module(imported.module, {name: x}, imported.weights)[out]
+        np.testing.assert_allclose(g, want, rtol=2e-5, atol=2e-6)
+    assert not np.shares_memory(got[0], got[1])
+    np.testing.assert_array_equal(program.tensors()[out], got[1])

@@ -6,7 +6,7 @@ runtime does: recorded sources are input), builds them into a shared library
 inputs and weights into NumPy buffers (an input the kernels only read, given as a
 C-contiguous array of its element type, is read in place, without a copy), calls the
 kernels in order (each runs its grid's blocks over the cores with OpenMP) and returns the
-outputs; control ops run as the generated
+outputs (the buffers the kernels wrote them in, handed over: the next run gets fresh ones); control ops run as the generated
 code says: a device loop inside the library, a host-placed one driven from here like the
 CUDA runtime drives it (tilekit.runtime.cuda_control).
 """
@@ -179,7 +179,6 @@ class CpuProgram:
                 self._bind_weight(name, weights[name])
         if direct:
             buffers = {**self.buffers, **direct}
-        self.last = buffers
         if self.steps is not None:
             from tilekit.runtime.cuda_control import run_steps
             run_steps(self, self.steps)
@@ -188,9 +187,16 @@ class CpuProgram:
                 launch(buffers)
         self._check_indices(inputs, weights, buffers)
         out = {}
+        self.last = dict(buffers)
         for name in self.outputs:
             if name in self.passthrough:
                 out[name] = np.array(inputs[name] if name in inputs else weights[name])
+            elif self.steps is None and name not in out:
+                # handed over, not copied: the kernels write every element of an output, so
+                # the next run writes a fresh buffer (a copy of a large output costs as much
+                # as a memory-bound kernel)
+                out[name] = self.buffers[name].view(np.ndarray)
+                self.buffers[name] = np.empty_like(out[name]).view(HostBuffer)
             else:
                 out[name] = np.array(self.buffers[name])
         for name, count in self.trims.items():
