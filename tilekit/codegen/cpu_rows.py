@@ -106,8 +106,9 @@ def rows_kernel(module, plan: GroupPlan, chain: RowChain, entry: str, target: Ta
             if kind == "scalar":
                 for p, op, body in members:
                     axis = _axes(p, op, row_vars, None, idx_t)
-                    value, vkind = _value(module, p, body, axis, {}, scalars, rowbuf, None)
-                    v = b.let(f"v_{c_name(p.output)}_", value, KIND_DTYPE[vkind])
+                    value, _ = _value(module, p, body, axis, {}, scalars, rowbuf, None)
+                    stored, vkind = stored_value(value, p.out_dtype)
+                    v = b.let(f"v_{c_name(p.output)}_", stored, KIND_DTYPE[vkind])
                     scalars[p.output] = v
                     _store(module, b, plan, p, axis, v)
             else:
@@ -117,14 +118,14 @@ def rows_kernel(module, plan: GroupPlan, chain: RowChain, entry: str, target: Ta
                 _loop_pass(module, b, plan, members, row_vars, scalars, rowbuf, length,
                            tiles.nr, idx_t, {ops[k].output: keep[k] for k in ks if k in keep})
     names = [[ops[k].op.name for k in ks] for _, ks in steps]
+    buffers = list(buffered) + [f"{ops[k].output}:points" for k in kept.values()]
     sched = {"source": "cpu", "rows": nrows, "rows_per_block": per, "length": length,
-             "passes": names, "row_buffers": list(buffered) + list(kept)}
+             "passes": names, "row_buffers": buffers}
     return finish(plan, entry, sig, b.build(), shape="cpu_rows", schedule=sched, threads=1,
                   grid=grid, shared=smem.all(), target=target,
                   comments=[f"cpu rows: {nrows} rows of {length} points in blocks of {per}, "
                             f"{sum(1 for k, _ in steps if k == 'loop')} passes over a row"
-                            + (f", row buffers {', '.join(list(buffered) + list(kept))}"
-                               if buffered or kept else "")])
+                            + (f", row buffers {', '.join(buffers)}" if buffers else "")])
 
 
 #: The prefix of the names the rewrites give their values (no tensor's: a tensor name is an
