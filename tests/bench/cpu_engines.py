@@ -7,6 +7,9 @@ cpu on the default schedules, run by the compiled CPU runtime), `compiled-cpu` (
 after tk-roll and tk-weld for the `milan` CPU profile with its core count set to the threads
 run: the tiles and groups a CPU profile gives), `onnxruntime`.
 
+For the compiled engines `kernel_times_ms` are the kernels' own times in as many more runs
+(a run less binding the inputs into the kernels' buffers and copying the outputs out).
+
 Peak memory is only comparable between processes that did nothing else, so each engine runs
 alone here; `test_cpu_bench.py` starts one process per engine and model, alternating engines
 run after run so that machine noise hits both alike.
@@ -91,7 +94,14 @@ def compiled_runner(path: Path, feeds: dict[str, np.ndarray], threads: int,
     renamed = (module.source or {}).get("inputs", {})
     ir_inputs = {ir: feeds[renamed.get(ir, ir)] for ir in module.inputs}
     program = CpuProgram(module, threads)
-    return lambda: program.run(ir_inputs, weights)
+
+    def run():
+        return program.run(ir_inputs, weights)
+
+    # the kernels' own time in a run (CpuProgram.profile), without binding the inputs and
+    # copying the outputs out
+    run.kernel_seconds = lambda: sum(t for _, t in program.profile(ir_inputs, weights)[1])
+    return run
 
 
 def onnxruntime_runner(path: Path, feeds: dict[str, np.ndarray], threads: int):
@@ -125,8 +135,11 @@ def main() -> None:
         start = time.perf_counter()
         runner()
         times.append(time.perf_counter() - start)
-    json.dump({"engine": args.engine, "times_ms": [t * 1e3 for t in times],
-               "peak_rss_mib": rss_mib(), "base_rss_mib": base}, sys.stdout)
+    result = {"engine": args.engine, "times_ms": [t * 1e3 for t in times],
+              "peak_rss_mib": rss_mib(), "base_rss_mib": base}
+    if hasattr(runner, "kernel_seconds"):
+        result["kernel_times_ms"] = [runner.kernel_seconds() * 1e3 for _ in range(args.runs)]
+    json.dump(result, sys.stdout)
 
 
 if __name__ == "__main__":

@@ -61,9 +61,9 @@ def build(name: str, folder: Path) -> Path:
     return path
 
 
-def measure(engine: str, model: Path) -> dict:
+def measure(engine: str, model: Path, runs: int = RUNS) -> dict:
     out = subprocess.run([sys.executable, str(ROOT / "tests" / "bench" / "cpu_engines.py"),
-                          "--engine", engine, "--model", str(model), "--runs", str(RUNS),
+                          "--engine", engine, "--model", str(model), "--runs", str(runs),
                           "--threads", str(THREADS)],
                          capture_output=True, text=True, check=True, timeout=900)
     return json.loads(out.stdout)
@@ -75,37 +75,49 @@ ENGINES = ("tilekit", "compiled", "compiled-cpu", "onnxruntime")
 @pytest.mark.parametrize("name", ["resnet50", "bert_layer", "gpt_block", "mobilenet_block",
                                   "mlp_mixer", "lstm"])
 def test_cpu_latency_and_memory_against_onnxruntime(name, tmp_path):
-    model = build(name, tmp_path)
-    runs = {e: [] for e in ENGINES}
-    peak = {e: [] for e in ENGINES}
+    record(side_by_side(name, build(name, tmp_path), ENGINES))
+
+
+def side_by_side(name: str, model: Path, engines, runs: int = RUNS) -> dict:
+    """`engines` on `model`, alternating fresh processes `ROUNDS` times of `runs` timed runs
+    each: each engine's median latency, its ratio to onnxruntime's and its peak memory (and
+    the compiled engines' kernels' own median time), as one results row."""
+    times = {e: [] for e in engines}
+    kernels = {e: [] for e in engines}
+    peak = {e: [] for e in engines}
     for _ in range(ROUNDS):
-        for engine in ENGINES:
-            result = measure(engine, model)
-            runs[engine].extend(result["times_ms"])
+        for engine in engines:
+            result = measure(engine, model, runs)
+            times[engine].extend(result["times_ms"])
+            kernels[engine].extend(result.get("kernel_times_ms", ()))
             peak[engine].append(result["peak_rss_mib"])
-    median = {e: statistics.median(t) for e, t in runs.items()}
+    median = {e: statistics.median(t) for e, t in times.items()}
     mem = {e: max(p) for e, p in peak.items()}
     row = {"model": name}
-    for e in ENGINES:
+    for e in engines:
         key = e.replace("-", "_")
         row[f"{key}_median_ms"] = round(median[e], 3)
         row[f"{key}_peak_rss_mib"] = round(mem[e], 1)
         if e != "onnxruntime":
             row[f"{key}_latency_ratio"] = round(median[e] / median["onnxruntime"], 2)
-    print(f"\n{name}: " + "; ".join(f"{e} {median[e]:.2f} ms" for e in ENGINES))
-    record(row)
+        if kernels[e]:
+            row[f"{key}_kernels_median_ms"] = round(statistics.median(kernels[e]), 3)
+    print(f"\n{name}: " + "; ".join(f"{e} {median[e]:.3f} ms" for e in engines))
+    return row
 
 
-def record(row: dict) -> None:
-    data = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+def record(row: dict, results: Path = RESULTS,
+           command: str = "make bench (tests/bench/test_cpu_bench.py)", runs: int = RUNS
+           ) -> None:
+    data = json.loads(results.read_text()) if results.exists() else {}
     data.update({
-        "command": "make bench (tests/bench/test_cpu_bench.py)",
+        "command": command,
         "date": datetime.date.today().isoformat(),
         "device": cpu_description(),
         "threads": THREADS,
         "python": platform.python_version(),
-        "method": f"{ROUNDS} alternating fresh processes per engine, {RUNS} timed runs each "
+        "method": f"{ROUNDS} alternating fresh processes per engine, {runs} timed runs each "
                   "after one warm-up; median of all runs; peak RSS of the process",
     })
     data.setdefault("models", {})[row["model"]] = row
-    RESULTS.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    results.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")

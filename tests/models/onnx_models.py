@@ -7,7 +7,9 @@
 - `mobilenet_block`: inverted residual (1x1 expand, depthwise 3x3, 1x1 project) with
   BatchNormalization, Clip as ReLU6, residual Add, GlobalAveragePool, Flatten, Gemm;
 - `mlp_mixer_block`: token mixing through Transpose, channel mixing, LayerNormalization;
-- `lstm_model`: the ONNX LSTM op with biases and initial states.
+- `lstm_model`: the ONNX LSTM op with biases and initial states;
+- `softmax_chain`, `layer_norm_chain` (the op, or `decomposed` as exporters write it) and
+  `mlp_epilogue` (MatMul, bias, erf GELU, residual): the memory-bound chains alone.
 
 `with_batch(model, n)` rebuilds a batch-1 model (the bundled light_* ones) at batch `n`.
 """
@@ -222,6 +224,52 @@ def lstm_model(seq: int = 5, batch: int = 2, inputs: int = 4, hidden: int = 6,
         [helper.make_tensor_value_info(y, FLOAT, [seq, batch, hidden] if dirs == 1 else
                                        [seq, dirs, batch, hidden]),
          helper.make_tensor_value_info(outs[1], FLOAT, [dirs, batch, hidden])])
+
+
+def softmax_chain(rows: int = 6, seq: int = 5, seed: int = 5) -> onnx.ModelProto:
+    """Attention's softmax alone: scores [rows, seq] (batch x heads x queries rows) scaled,
+    a key mask added ([1, seq], -1e4 on the last quarter of keys), Softmax over keys."""
+    g = _Graph("softmax_chain", seed)
+    mask = g.const("mask", np.where(np.arange(seq) < seq - max(1, seq // 4), 0.0, -1e4)
+                   .reshape(1, seq), np.float32)
+    scaled = g.op("Mul", ["scores", g.const("scale", 0.125, np.float32)])
+    probs = g.op("Softmax", [g.op("Add", [scaled, mask])], axis=-1, name="probs")
+    return g.model([helper.make_tensor_value_info("scores", FLOAT, [rows, seq])],
+                   [helper.make_tensor_value_info(probs, FLOAT, [rows, seq])])
+
+
+def layer_norm_chain(tokens: int = 6, hidden: int = 10, decomposed: bool = False,
+                     seed: int = 6) -> onnx.ModelProto:
+    """LayerNormalization over [tokens, hidden], as the ONNX op or as the
+    ReduceMean/Sub/Pow/ReduceMean/Add/Sqrt/Div/Mul/Add ops exporters write (opset 17)."""
+    g = _Graph("layer_norm_chain", seed)
+    x = "x"
+    if not decomposed:
+        y = g.layer_norm(x, hidden, "ln")
+    else:
+        gamma = g.const("ln.gamma", 1 + 0.1 * g.rng.standard_normal(hidden), np.float32)
+        beta = g.const("ln.beta", 0.1 * g.rng.standard_normal(hidden), np.float32)
+        mean = g.op("ReduceMean", [x], axes=[-1], keepdims=1)
+        centred = g.op("Sub", [x, mean])
+        square = g.op("Pow", [centred, g.const("two", 2.0, np.float32)])
+        var = g.op("ReduceMean", [square], axes=[-1], keepdims=1)
+        std = g.op("Sqrt", [g.op("Add", [var, g.const("eps", 1e-5, np.float32)])])
+        y = g.op("Add", [g.op("Mul", [g.op("Div", [centred, std]), gamma]), beta])
+    y = g.op("Identity", [y], name="normed")
+    return g.model([helper.make_tensor_value_info(x, FLOAT, [tokens, hidden])],
+                   [helper.make_tensor_value_info(y, FLOAT, [tokens, hidden])])
+
+
+def mlp_epilogue(tokens: int = 6, d_in: int = 8, d_out: int = 12, seed: int = 7
+                 ) -> onnx.ModelProto:
+    """An MLP layer's epilogue after its GEMM: MatMul [tokens, d_in] x [d_in, d_out], bias,
+    GELU in its erf form, a residual [tokens, d_out] added."""
+    g = _Graph("mlp_epilogue", seed)
+    h = g.gelu_erf(g.linear("x", d_in, d_out, "fc"))
+    y = g.op("Add", [h, "residual"], name="out")
+    return g.model([helper.make_tensor_value_info("x", FLOAT, [tokens, d_in]),
+                    helper.make_tensor_value_info("residual", FLOAT, [tokens, d_out])],
+                   [helper.make_tensor_value_info(y, FLOAT, [tokens, d_out])])
 
 
 ALL = {"bert_encoder_layer": bert_encoder_layer, "gpt_block": gpt_block,

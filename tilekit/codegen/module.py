@@ -6,18 +6,20 @@ is then written into the IR) it plans stages (`tilekit.codegen.plan`), picks a k
 generates the CUDA C++ and records how to launch it. Shape choice, in order:
 
 1. one opaque op: its registered CUDA implementation (`tilekit.codegen.opaque`);
-2. one stage on the CPU target: `cpu_gemm` or `cpu_loops` (`tilekit.codegen.cpu`): the main
+2. a row chain on the CPU target (softmax, layer norm: `tilekit.weld.cpu.row_chain`):
+   `cpu_rows` (`tilekit.codegen.cpu_rows`), the rows' passes in one kernel;
+3. one stage on the CPU target: `cpu_gemm` or `cpu_loops` (`tilekit.codegen.cpu`): the main
    op's CPU tile as tk-roll recorded it for a CPU profile (`target: cpu`: its kernel, micro
    and cache tiles and blocks, checked against the op), else decided from the profile's
    registers and caches (`tilekit.schedule.cpu.cpu_shape`; a GPU tile is set aside and
    recorded as `tile_ignored`);
-3. one stage with a tile (the main op's tile from tk-roll, else the kernel's tile):
+4. one stage with a tile (the main op's tile from tk-roll, else the kernel's tile):
    the shape `tilekit.schedule.shape.decide` picks, the decision tk-roll's cost model also
    reads: `staged` when the op reduces with reuse; `default` with a warp per point for a
    reduction without reuse over a long contiguous axis (the tile is set aside:
    `schedule.tile_ignored`); else `tiled`;
-4. one stage without a tile: `default`;
-5. several stages: `flash` when tk-weld's group tile says so (attention with its key axis
+5. one stage without a tile: `default`;
+6. several stages: `flash` when tk-weld's group tile says so (attention with its key axis
    split, `tilekit.codegen.flash`), else `fused` (kernel.tile when tk-weld wrote it, else the
    fused default tile). A welded module's groups are checked first (`tilekit.weld.verify`).
 
@@ -42,7 +44,8 @@ from tilekit.codegen.helpers import helpers_record
 from tilekit.codegen.kernel import GeneratedKernel, c_name, default_kernel, tiled_kernel
 from tilekit.codegen.nvcc import check_arch
 from tilekit.codegen.opaque import opaque_kernel
-from tilekit.codegen.plan import GroupPlan, GroupSplit, OpaquePlan, plan_group, readers
+from tilekit.codegen.plan import (GroupPlan, GroupSplit, OpaquePlan, plan_each, plan_group,
+                                  readers)
 from tilekit.codegen.program import compose, coresident_problems, program_module
 from tilekit.ir.payloads import (CodegenSection, Launch, Tile, cpu_rolled, is_cpu_tile,
                                   read_split_k, read_tile)
@@ -126,7 +129,10 @@ def generate(module: Module, profile=None, arch: str | None = None, target: str 
             continue
         try:
             runs = _cpu_stage_runs(module, kernel, tensor_readers) if kind == "cpu" else None
-            if runs is not None:
+            rows = _cpu_rows(module, kernel, tensor_readers, target, used) if runs else None
+            if rows is not None:
+                made, split = [rows], None
+            elif runs is not None:
                 split = CPU_STAGES_NOTE
                 made = [g for n, run in enumerate(runs)
                         for g in _one_group(module, Kernel(name=f"{kernel.name}__s{n}",
@@ -236,6 +242,21 @@ def _cpu_stage_runs(module: Module, kernel: Kernel, tensor_readers
             current = (op,)
     runs.append(current)
     return runs
+
+
+def _cpu_rows(module: Module, kernel: Kernel, tensor_readers, target: Target, used: set[str]
+              ) -> GeneratedKernel | None:
+    """The `cpu_rows` kernel of a group that is a row chain (`tilekit.weld.cpu.row_chain`:
+    softmax, layer norm), else None."""
+    from tilekit.codegen.cpu_rows import rows_kernel
+    from tilekit.weld.cpu import row_chain
+
+    index = module.op_index()
+    chain = row_chain(module, [index[o] for o in kernel.ops])
+    if chain is None:
+        return None
+    plan = plan_each(module, kernel, kernel.name, tensor_readers)
+    return rows_kernel(module, plan, chain, _unique_entry(kernel.name, used), target)
 
 
 def _control_group(module: Module, kernel: Kernel, profile, arch: str | None, where: str,

@@ -308,6 +308,26 @@ def plan_group(module: Module, kernel: Kernel, name: str,
     return GroupPlan(name, kernel, tuple(rebuilt), tuple(inlined), stored, frozenset(shared))
 
 
+def plan_each(module: Module, kernel: Kernel, name: str,
+              tensor_readers: Mapping[str, tuple[int, ...]]) -> GroupPlan:
+    """The group with every op a stage of its own (nothing chained, nothing inlined), for a
+    kernel shape that places each intermediate itself (the CPU's row chains,
+    `tilekit.codegen.cpu_rows`). `stored`: results read outside the group or outputs;
+    `shared`: results a later member reads."""
+    index = module.op_index()
+    members = [index[o] for o in kernel.ops]
+    expander = _Expander(module)
+    stages = tuple(Stage(expander.plan(i)) for i in members)
+    member_set = set(members)
+    outputs = set(module.outputs)
+    written = [s.main.output for s in stages]
+    stored = frozenset(t for t in written if t in outputs or not tensor_readers.get(t)
+                       or any(r not in member_set for r in tensor_readers[t]))
+    shared = frozenset(t for t in written if any(r.tensor == t for s in stages
+                                                  for r in s.main.read_list()))
+    return GroupPlan(name, kernel, stages, (), stored, shared)
+
+
 def weld_levels(kernel: Kernel) -> Mapping[str, str]:
     """tensor -> memory level from the kernel's weld tile (empty without one); the payload's
     form is checked by the weld verifier before codegen plans the group."""

@@ -3,8 +3,10 @@
 `CpuProgram(module)` checks the recorded kernels against a fresh generation (as the CUDA
 runtime does: recorded sources are input), builds them into a shared library
 (tilekit.codegen.cxx: the system C++ compiler, cached) and loads it with ctypes. A run binds
-inputs and weights into NumPy buffers, calls the kernels in order (each runs its grid's
-blocks over the cores with OpenMP) and returns the outputs; control ops run as the generated
+inputs and weights into NumPy buffers (an input the kernels only read, given as a
+C-contiguous array of its element type, is read in place, without a copy), calls the
+kernels in order (each runs its grid's blocks over the cores with OpenMP) and returns the
+outputs (the buffers the kernels wrote them in, handed over: the next run gets fresh ones); control ops run as the generated
 code says: a device loop inside the library, a host-placed one driven from here like the
 CUDA runtime drives it (tilekit.runtime.cuda_control).
 """
@@ -70,6 +72,13 @@ class HostBuffer(np.ndarray):
         self[...] = np.asarray(value).reshape(self.shape)
 
 
+def _bindable(value, buffer: np.ndarray) -> bool:
+    """Can the kernels read `value` where they would read `buffer` (same element type and
+    count, C-contiguous, aligned)? Then a run passes it in place of a copy."""
+    return isinstance(value, np.ndarray) and value.dtype == buffer.dtype \
+        and value.size == buffer.size and value.flags.c_contiguous and value.flags.aligned
+
+
 class _Launch:
     """One kernel call: the library function and the buffers it takes, in order."""
 
@@ -127,6 +136,7 @@ class CpuProgram:
         self.passthrough = tuple(o for o in module.outputs if o not in written)
         self.bound: dict[str, Any] = {}     # weight -> the array last copied into its buffer
         self.written = frozenset(written)   # buffers a kernel writes: re-bound every run
+        self.last: Mapping[str, np.ndarray] = self.buffers   # the last run's buffers
 
     def _allocate(self, name: str, declared) -> None:
         if name not in self.buffers:
@@ -154,36 +164,52 @@ class CpuProgram:
 
     def run(self, inputs: Mapping[str, np.ndarray], weights: Mapping[str, np.ndarray]
             ) -> dict[str, np.ndarray]:
+        buffers: Mapping[str, np.ndarray] = self.buffers
+        direct = {}
         for name in self.inputs:
             if name in self.buffers:
-                self.buffers[name].set(inputs[name] if name in inputs else weights[name])
+                value = inputs[name] if name in inputs else weights[name]
+                if self.steps is None and name not in self.written \
+                        and _bindable(value, self.buffers[name]):
+                    direct[name] = value   # read in place: no copy of a large input
+                else:
+                    self.buffers[name].set(value)
         for name in self.weight_names:
             if name in self.buffers and name not in inputs:
                 self._bind_weight(name, weights[name])
+        if direct:
+            buffers = {**self.buffers, **direct}
         if self.steps is not None:
             from tilekit.runtime.cuda_control import run_steps
             run_steps(self, self.steps)
         else:
             for launch in self.launches:
-                launch(self.buffers)
-        self._check_indices(inputs, weights)
+                launch(buffers)
+        self._check_indices(inputs, weights, buffers)
         out = {}
+        self.last = dict(buffers)
         for name in self.outputs:
             if name in self.passthrough:
                 out[name] = np.array(inputs[name] if name in inputs else weights[name])
+            elif self.steps is None and name not in out:
+                # handed over, not copied: the kernels write every element of an output, so
+                # the next run writes a fresh buffer (a copy of a large output costs as much
+                # as a memory-bound kernel)
+                out[name] = self.buffers[name].view(np.ndarray)
+                self.buffers[name] = np.empty_like(out[name]).view(HostBuffer)
             else:
                 out[name] = np.array(self.buffers[name])
         for name, count in self.trims.items():
             out[name] = out[name][:int(np.asarray(self.buffers[count]).reshape(-1)[0])]
         return out
 
-    def _check_indices(self, inputs, weights) -> None:
+    def _check_indices(self, inputs, weights, buffers) -> None:
         """Refuse the run when an opaque op's indices were out of range (the kernel read 0
         or skipped them: a kernel cannot raise), as the reference executor refuses them."""
         from tilekit.opaque import check_indices
 
         for where, name, reads, attrs in self.index_checks:
-            args = [None if not n else self.buffers[n] if n in self.buffers
+            args = [None if not n else buffers[n] if n in buffers
                     else inputs.get(n, weights.get(n)) for n in reads]
             try:
                 check_indices(name, args, attrs)
@@ -214,7 +240,7 @@ class CpuProgram:
 
     def tensors(self) -> dict[str, np.ndarray]:
         """Every tensor a kernel reads or writes, as the last run left it."""
-        return {name: np.array(b) for name, b in self.buffers.items()}
+        return {name: np.array(b) for name, b in self.last.items()}
 
 
 __all__ = ["CpuProgram", "HostBuffer", "is_cpu_code"]
