@@ -154,7 +154,11 @@ def generate(module: Module, profile=None, arch: str | None = None, target: str 
         launches[kernel.name] = Launch(
             tuple(g.entry for g in made), one and one.grid, one and one.block,
             one and one.smem_bytes, one and one.shape, split).record()
-    if planned.program is not None and kind == "cpu":
+    if planned.program is not None and kind == "cpu" and cpu_rolled(planned):
+        notes.append("program: the compiled CPU runtime runs tk-ram's persistent segments on "
+                     "their vEUs, one thread each, from these kernels' bodies "
+                     "(tilekit.codegen.cpu_program)")
+    elif planned.program is not None and kind == "cpu":
         notes.append("program: tk-ram's persistent segments run as their kernels, one after "
                      "another, on the CPU target (the variants it chose are kept)")
     elif planned.program is not None:  # persistent segments become one kernel each
