@@ -31,7 +31,10 @@ from typing import Mapping, Sequence
 from tilekit.errors import TilekitError
 from tilekit.ir.model import Module, default_kernels
 from tilekit.ir.payloads import round_sig
-from tilekit.ir.program import Operator, Program, Segment, operator_flow, verify_program
+import numpy as np
+
+from tilekit.ir.program import (TASK, WAIT, Item, Operator, Program, Segment, operator_flow,
+                                verify_program)
 from tilekit.ram.tasks import Layout, ROperator, Variant
 
 _HINT = "run tk-roll --hw with the CPU profile first (tk-ram prices rTasks by its estimates)"
@@ -129,11 +132,76 @@ def cut_segments(ops: Sequence[ROperator], level: list[int]) -> list[tuple[str, 
             for kind, m in out]
 
 
+def pack_cpu(ops: Sequence[ROperator], members: list[int], level: list[int],
+             producers: list[set[int]], veus: int, sync_us: float, policy: str
+             ) -> list[list[Item]]:
+    """The vEU lists of one persistent segment on a CPU: Rammer's packing with whole
+    operators. Wave by wave (the largest operator of a wave first), an operator whose time is
+    at most its wave's per-core share (the wave's work / `veus`) runs whole on the vEU where
+    it ends first; a larger one is spread, its tasks on the vEUs that free first (as
+    `tilekit.ram.plan.pack_segment`). Every wait on a producer that ran on another core costs
+    `sync_us` (a cache-line handoff and, when the waiter slept, a wake-up). So the small
+    operators of the branches of a wave run side by side, one core each, and a branch's chain
+    tends to stay on its core without waits; an operator that alone could fill the cores
+    still does. The serial policy spreads every operator, one after another (op by op, for
+    comparison)."""
+    from tilekit.ram.plan import _trial
+
+    free = np.zeros(veus)
+    finish: dict[int, float] = {}
+    home: dict[int, int | None] = {}       # the one vEU an operator ran on, else None
+    lists: list[list[Item]] = [[] for _ in range(veus)]
+    waited: list[set[int]] = [set() for _ in range(veus)]
+    ran: list[dict[int, int]] = [{} for _ in range(veus)]
+    inside = set(members)
+    work = {i: ops[i].best.tasks * ops[i].best.task_us for i in members}
+    wave_work: dict[int, float] = {}
+    for i in members:
+        wave_work[level[i]] = wave_work.get(level[i], 0.0) + work[i]
+    previous_end = 0.0
+    order = sorted(members, key=lambda i: (level[i], -work[i], i) if policy != "serial"
+                   else (level[i], i))
+    for i in order:
+        deps = producers[i] & inside
+        v0 = ops[i].best
+
+        def ready_on(v: int) -> float:
+            return max((finish[p] + (0.0 if home[p] == v else sync_us) for p in deps),
+                       default=0.0)
+
+        if policy == "serial":
+            ready = max(max((finish[p] + sync_us for p in deps), default=0.0), previous_end)
+            _, counts = _trial(free, v0.tasks, v0.task_us, ready)
+            starts = {v: max(free[v], ready) for v, _ in counts}
+        elif work[i] <= wave_work[level[i]] / veus:
+            one = min(range(veus), key=lambda v: (max(free[v], ready_on(v)) + work[i], v))
+            counts = [(one, v0.tasks)]
+            starts = {one: max(free[one], ready_on(one))}
+        else:
+            ready = max((finish[p] + sync_us for p in deps), default=0.0)
+            _, counts = _trial(free, v0.tasks, v0.task_us, ready)
+            starts = {v: max(free[v], ready_on(v)) for v, _ in counts}
+        home[i] = counts[0][0] if len(counts) == 1 else None
+        first = 0
+        for v, n in counts:
+            for p in sorted(deps):
+                if p not in waited[v] and ran[v].get(p, 0) < ops[p].best.tasks:
+                    lists[v].append(Item(WAIT, p, 0, ops[p].best.tasks))
+                    waited[v].add(p)
+            lists[v].append(Item(TASK, i, first, n))
+            ran[v][i] = n
+            first += n
+            free[v] = starts[v] + n * v0.task_us
+        finish[i] = max(free[v] for v, _ in counts)
+        previous_end = finish[i]
+    return lists
+
+
 def plan_cpu(module: Module, profile, kernels: Sequence[CpuKernel], policy: str = "wavefront",
              hardware: str | None = None, verify: bool = True) -> tuple[Program, tuple]:
     """The program of `module` on CPU profile `profile` (see the module docstring), and its
     rOperators (for the estimate)."""
-    from tilekit.ram.plan import pack_segment, waves
+    from tilekit.ram.plan import waves
     
     ops = cpu_operators(module, profile, kernels)
     producers, _ = operator_flow(module)
@@ -149,7 +217,7 @@ def plan_cpu(module: Module, profile, kernels: Sequence[CpuKernel], policy: str 
         if kind == "kernel":
             segments.append(Segment("kernel", tuple(members)))
             continue
-        lists, _ = pack_segment(ops, members, level, producers, cores, 0, 0, 0, policy)
+        lists = pack_cpu(ops, members, level, producers, cores, launch, policy)
         while lists and not lists[-1]:
             lists.pop()
         segments.append(Segment("persistent", tuple(sorted(members)), 1, len(lists),
@@ -177,5 +245,6 @@ def plan_cpu_module(module: Module, profile, kernels: Sequence[CpuKernel],
     return with_estimate(program, ops, makespan_us(serial), launch)
 
 
-__all__ = ["CpuKernel", "cpu_operators", "cut_segments", "fork_join_us", "group_busy_us", "plan_cpu",
+__all__ = ["CpuKernel", "cpu_operators", "cut_segments", "fork_join_us", "group_busy_us",
+           "pack_cpu", "plan_cpu",
            "plan_cpu_module"]
