@@ -97,7 +97,7 @@ def _grind(module: Module, ctx: Context) -> Module:
 def _ram(module: Module, ctx: Context) -> Module:
     from dataclasses import replace
 
-    from tilekit.codegen.cpu_program import cpu_kernels
+    from tilekit.codegen.cpu_ram import cpu_kernels
     from tilekit.ram import ram_module
     planned = ram_module(module, ctx.profile, str(ctx.option("policy", "wavefront")),
                          hardware=ctx.profile.name, cpu_kernels=cpu_kernels)

@@ -65,7 +65,7 @@ RUNNERS = ("per-kernel", "op-by-op", "one-call", "packed")
 
 def runners(name: str, folder: Path):
     from tilekit.codegen import generate
-    from tilekit.codegen.cpu_program import cpu_kernels
+    from tilekit.codegen.cpu_ram import cpu_kernels
     from tilekit.hw import load_profile
     from tilekit.ir.program import parse_program
     from tilekit.onnx import import_model, load_model

@@ -13,7 +13,8 @@ import pytest
 from click.testing import CliRunner
 
 from tilekit.codegen import generate
-from tilekit.codegen.cpu_program import barriers, cpu_kernels, parallel_run
+from tilekit.codegen.cpu_program import barriers, parallel_run
+from tilekit.codegen.cpu_ram import cpu_kernels
 from tilekit.codegen.cxx import find_cxx
 from tilekit.errors import TilekitError
 from tilekit.hw import load_profile

@@ -400,35 +400,30 @@ def _ints(values) -> str:
     return ",\n  ".join(", ".join(values[i:i + 24]) for i in range(0, len(values), 24))
 
 
-def cpu_kernels(module, profile) -> list:
-    """What the CPU code generator makes of each kernel group of `module` (module.kernels
-    order), for tk-ram's CPU plan (tilekit.ram.cpu.CpuKernel)."""
-    from dataclasses import replace
+def module_plan(module, kernels: Sequence[KernelRecord]) -> CpuPlan | None:
+    """The plan the unit of `module` runs: its tk-ram program when that was planned for a CPU
+    profile (the module is rolled for one) and no control op needs host steps; else None (a
+    GPU plan's operators are GPU blocks: its kernels run op by op on the CPU)."""
+    from tilekit.ir.graph import control_records
+    from tilekit.ir.payloads import cpu_rolled
 
-    from tilekit.codegen.module import generate
-    from tilekit.ir.model import default_kernels
+    if module.program is None or not cpu_rolled(module) or control_records(module):
+        return None
+    return unit_plan(module, kernels)
+
+
+def program_unit(module, plan: bool = True) -> tuple[str, CpuPlan | None]:
+    """The translation unit the compiled CPU runtime loads for `module` (its codegen
+    section's kernels and the program entries, with its plan unless `plan` is false), and
+    the plan. `tk-codegen --compile` builds the same unit, so tk-run finds it cached."""
+    from tilekit.codegen.cxx import unit_source
     from tilekit.ir.payloads import CodegenSection
-    from tilekit.ram.cpu import CpuKernel
 
-    bare = replace(module, program=None, codegen=None)
-    section = CodegenSection.read(generate(bare, profile, target="cpu").module.codegen)
-    made: dict[str, list[KernelRecord]] = {}
-    for k in section.kernels:
-        made.setdefault(k.group, []).append(k)
-    ops = {op.name: op for op in module.ops}
-    out = []
-    for group in module.kernels or default_kernels(module.ops):
-        records = made.get(group.name, [])
-        if any(ops[n].kind == "control" for n in group.ops):
-            out.append(CpuKernel(group.name, 0, "a control op: a device loop or host-driven "
-                                 "regions"))
-        elif len(records) != 1:
-            out.append(CpuKernel(group.name, 0, f"codegen makes {len(records)} CPU kernels "
-                                 "of it (one per stage or op)"))
-        else:
-            out.append(CpuKernel(group.name, _grid(records[0])))
-    return out
+    kernels = CodegenSection.read(module.codegen).kernels
+    chosen = module_plan(module, kernels) if plan else None
+    return unit_source(kernels) + program_source(kernels, chosen), chosen
 
 
-__all__ = ["CALL_TEMPLATES", "CpuPlan", "barriers", "block_memory", "cpu_kernels", "offsets",
-           "parallel_run", "program_source", "reads", "unit_plan"]
+__all__ = ["CALL_TEMPLATES", "CpuPlan", "barriers", "block_memory",
+           "module_plan", "offsets", "parallel_run", "program_source", "program_unit", "reads",
+           "unit_plan"]

@@ -452,11 +452,11 @@ def canonical_body(kernel: GeneratedKernel) -> str:
 def compile_cpu(result: CodegenResult) -> Module:
     """Build the CPU kernels with the C++ compiler (cached: tk-run loads the same library)
     and record the compiler in `codegen.compiled`."""
+    from tilekit.codegen.cpu_program import program_unit
     from tilekit.codegen.cxx import CXX_FLAGS, build, compiler_version, find_cxx
-    from tilekit.codegen.cxx import unit_source as cpu_unit
 
     section = CodegenSection.read(result.module.codegen)
-    build(cpu_unit(section.kernels))
+    build(program_unit(result.module)[0])
     cxx = find_cxx() or "c++"
     section = replace(section, compiled={"target": "cpu", "cxx": compiler_version(cxx),
                                          "flags": " ".join(CXX_FLAGS)})

@@ -45,7 +45,7 @@ def ram_module(module: Module, profile, policy: str = "wavefront",
     """The ram stage: `module` with its `program` section, recorded through `run_stage`. On
     a CPU profile (tilekit.ram.cpu) `cpu_kernels(module, profile)` says what the CPU code
     generator makes of each kernel group (the caller passes
-    tilekit.codegen.cpu_program.cpu_kernels: codegen sits above this layer)."""
+    tilekit.codegen.cpu_ram.cpu_kernels: codegen sits above this layer)."""
     from dataclasses import replace
 
     if "import" not in module.stage_names():

@@ -25,13 +25,13 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from tilekit.codegen.cxx import build, unit_source
+from tilekit.codegen.cxx import build
 from tilekit.errors import TilekitError
 from tilekit.expr.ops import numpy_dtype
 from tilekit.ir.control import all_tensors
 from tilekit.ir.graph import control_records
 from tilekit.ir.model import Module
-from tilekit.ir.payloads import CodegenSection, cpu_rolled
+from tilekit.ir.payloads import CodegenSection
 
 
 def is_cpu_code(module: Module) -> bool:
@@ -153,7 +153,7 @@ class CpuProgram:
         plan's persistent segments on their vEUs (else op by op). `overlap`: no barrier
         between independent kernels in a row (else one after every kernel: strictly op by
         op)."""
-        from tilekit.codegen.cpu_program import program_source
+        from tilekit.codegen.cpu_program import program_unit
         from tilekit.codegen.recorded import check_recorded_kernels
         from tilekit.runtime.cpu import check_runnable
 
@@ -161,20 +161,12 @@ class CpuProgram:
         check_recorded_kernels(module)
         section = CodegenSection.read(module.codegen)
         self.kernel_records = section.kernels
-        plan = None
-        if use_plan and module.program is not None and cpu_rolled(module) \
-                and not control_records(module):
-            # a plan of tk-ram for a CPU profile (a GPU plan's operators are GPU blocks: its
-            # kernels run op by op here)
-            from tilekit.codegen.cpu_program import unit_plan
-            plan = unit_plan(module, section.kernels)
-        self.plan = plan
-        source = unit_source(section.kernels) + program_source(section.kernels, plan)
+        source, self.plan = program_unit(module, plan=use_plan)
         self.lib = ctypes.CDLL(str(build(source)))
         self.lib.tk_run.restype = None
         self.lib.tk_run.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
                                     ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
-        if plan is not None:
+        if self.plan is not None:
             self.lib.tk_run_plan.restype = ctypes.c_int
             self.lib.tk_run_plan.argtypes = [ctypes.c_void_p, ctypes.c_int]
         self.per_kernel = per_kernel
