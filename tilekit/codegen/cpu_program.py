@@ -12,8 +12,8 @@ the unit one more entry that runs any sequence of the unit's kernels:
 - `tk_a`: the argument table, every kernel's buffer pointers one after another in kernel
   order (kernel k's at `offsets(kernels)[k]`), bound once when the library is loaded;
 - `tk_seq[0..tk_n)`: the kernels to run, in order; `tk_wait[i]`: a team barrier after the
-  i-th (`barriers`: only where a later kernel reads or writes what an earlier one since the
-  last barrier writes, or reads what it writes);
+  i-th (`barriers`: only before a kernel that reads what one since the last barrier wrote,
+  or writes what one since then touched, unless both ran on the first thread);
 - one parallel region for the whole sequence (`tk_parallel` 0: none, the caller's thread runs
   it all: `parallel_run`), in which a kernel's blocks are shared out with `omp for
   schedule(static) nowait`, a one-block kernel runs on the team's first thread (so a chain
@@ -28,8 +28,9 @@ vEU per thread, waits on whole operators), the unit also gets
 
 which runs one persistent segment of the plan: thread v walks vEU v's items (`OP:FIRST+COUNT`
 runs those blocks of the operator's kernel on this thread, then adds COUNT to the
-operator's counter with a release; `wOP` spins with acquire loads, yielding the core after a
-few tries, until OP's counter is its task count). It returns 0, or 1 without running
+operator's counter with a release; `wOP` waits until OP's counter is its task count:
+acquire loads for as many tries as libgomp's barriers spin, then asleep on the counter, a
+futex on Linux, woken by the signaller only when someone sleeps; elsewhere it yields). It returns 0, or 1 without running
 anything when the threads the runtime may use (`omp_get_max_threads`, what tk_set_threads
 set) or the team it got are fewer than the segment's vEUs: a vEU left to run after another
 on one thread could wait forever, so the caller then runs the segment's kernels op by op.
@@ -96,11 +97,13 @@ static inline void tk_cpu_relax() {
 #endif
 }
 
-// Wait until `p` counts `n` blocks: spin a while (the producer is usually running on another
-// core), then sleep on the counter (a futex on Linux: a thread whose producer was preempted
-// gives its core back, as libgomp's barriers do), else yield.
+// Wait until `p` counts `n` blocks: spin (the producer is usually running on another core;
+// as long as libgomp's barriers do by default, GOMP_SPINCOUNT's 300000 tries: a thread that
+// slept is woken only when the scheduler gets to it, milliseconds on a loaded machine), then
+// sleep on the counter (a futex on Linux: a thread whose producer was preempted gives its
+// core back), else yield.
 static inline void tk_wait_for(tk_progress& p, unsigned n) {
-  for (int i = 0; i < 4000; ++i) {
+  for (int i = 0; i < 300000; ++i) {
     if (p.done.load(std::memory_order_acquire) >= n) return;
     tk_cpu_relax();
   }
