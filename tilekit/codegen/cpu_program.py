@@ -29,8 +29,8 @@ vEU per thread, waits on whole operators), the unit also gets
 which runs one persistent segment of the plan: thread v walks vEU v's items (`OP:FIRST+COUNT`
 runs those blocks of the operator's kernel on this thread, then adds COUNT to the
 operator's counter with a release; `wOP` waits until OP's counter is its task count:
-acquire loads for as many tries as libgomp's barriers spin, then asleep on the counter, a
-futex on Linux, woken by the signaller only when someone sleeps; elsewhere it yields). It returns 0, or 1 without running
+acquire loads for some 20000 tries, then asleep on the counter, a futex on Linux, woken by
+the signaller only when someone sleeps). It returns 0, or 1 without running
 anything when the threads the runtime may use (`omp_get_max_threads`, what tk_set_threads
 set) or the team it got are fewer than the segment's vEUs: a vEU left to run after another
 on one thread could wait forever, so the caller then runs the segment's kernels op by op.
@@ -97,13 +97,13 @@ static inline void tk_cpu_relax() {
 #endif
 }
 
-// Wait until `p` counts `n` blocks: spin (the producer is usually running on another core;
-// as long as libgomp's barriers do by default, GOMP_SPINCOUNT's 300000 tries: a thread that
-// slept is woken only when the scheduler gets to it, milliseconds on a loaded machine), then
-// sleep on the counter (a futex on Linux: a thread whose producer was preempted gives its
-// core back), else yield.
+// Wait until `p` counts `n` blocks: spin a while (the producer is usually running on another
+// core), then sleep on the counter (a futex on Linux, else yield). Some 20000 tries (about
+// half a millisecond): on a loaded machine, spinning as long as libgomp's barriers do
+// (300000) holds the core a preempted producer waits for, and yielding while spinning
+// measured slower still.
 static inline void tk_wait_for(tk_progress& p, unsigned n) {
-  for (int i = 0; i < 300000; ++i) {
+  for (int i = 0; i < 20000; ++i) {
     if (p.done.load(std::memory_order_acquire) >= n) return;
     tk_cpu_relax();
   }
