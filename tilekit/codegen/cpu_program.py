@@ -29,8 +29,8 @@ vEU per thread, waits on whole operators), the unit also gets
 which runs one persistent segment of the plan: thread v walks vEU v's items (`OP:FIRST+COUNT`
 runs those blocks of the operator's kernel on this thread, then adds COUNT to the
 operator's counter with a release; `wOP` waits until OP's counter is its task count:
-acquire loads for some 20000 tries, then asleep on the counter, a futex on Linux, woken by
-the signaller only when someone sleeps). It returns 0, or 1 without running
+acquire loads for up to 100 microseconds, then asleep on the counter, a futex on Linux,
+woken by the signaller only when someone sleeps). It returns 0, or 1 without running
 anything when the threads the runtime may use (`omp_get_max_threads`, what tk_set_threads
 set) or the team it got are fewer than the segment's vEUs: a vEU left to run after another
 on one thread could wait forever, so the caller then runs the segment's kernels op by op.
@@ -97,15 +97,18 @@ static inline void tk_cpu_relax() {
 #endif
 }
 
-// Wait until `p` counts `n` blocks: spin a while (the producer is usually running on another
-// core), then sleep on the counter (a futex on Linux, else yield). Some 20000 tries (about
-// half a millisecond): on a loaded machine, spinning as long as libgomp's barriers do
-// (300000) holds the core a preempted producer waits for, and yielding while spinning
-// measured slower still.
+// Wait until `p` counts `n` blocks: spin for up to 100 microseconds (the producer is usually
+// running on another core, and a waiter that slept runs again only when the scheduler gets
+// to it: milliseconds on a loaded machine), then sleep on the counter (a futex on Linux,
+// else yield). By time, not tries: a `pause` takes from a few to over a hundred cycles
+// across CPUs. Spinning as long as libgomp's barriers (300000 tries) held, on a loaded
+// machine, the core a preempted producer waited for; yielding while spinning was slower.
 static inline void tk_wait_for(tk_progress& p, unsigned n) {
-  for (int i = 0; i < 20000; ++i) {
+  const double until = omp_get_wtime() + 100e-6;
+  for (int i = 1;; ++i) {
     if (p.done.load(std::memory_order_acquire) >= n) return;
     tk_cpu_relax();
+    if (i % 64 == 0 && omp_get_wtime() > until) break;
   }
   for (;;) {
     p.sleepers.fetch_add(1, std::memory_order_seq_cst);
