@@ -230,7 +230,7 @@ def test_a_plan_that_does_not_match_the_kernels_is_refused(packed_cell):
     assert exc.value.where.startswith(f"program.segments[{s}].lists[0]")
 
 
-def test_tk_ram_on_a_cpu_profile_needs_its_estimates(tmp_path):
+def test_tk_ram_on_a_cpu_profile_needs_a_cpu_rolled_module(tmp_path):
     from tilekit.cli.tk_import import main as tk_import
     from tilekit.cli.tk_ram import main
 
@@ -243,7 +243,8 @@ def test_tk_ram_on_a_cpu_profile_needs_its_estimates(tmp_path):
                                        "-o", str(tmp_path / "out.yaml")])
     assert result.exit_code == 2
     lines = [x for x in result.output.splitlines() if x.strip()]
-    assert len(lines) == 1 and "no CPU estimate" in lines[0] and "tk-roll" in lines[0]
+    assert len(lines) == 1 and "not rolled for a CPU profile" in lines[0]
+    assert "tk-roll --hw" in lines[0]
     assert not (tmp_path / "out.yaml").exists()
 
 

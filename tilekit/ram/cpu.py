@@ -235,8 +235,15 @@ def plan_cpu(module: Module, profile, kernels: Sequence[CpuKernel], policy: str 
 
 def plan_cpu_module(module: Module, profile, kernels: Sequence[CpuKernel],
                     policy: str = "wavefront", hardware: str | None = None) -> Program:
-    """The CPU program with its estimate (the serial policy planned too, for comparison)."""
+    """The CPU program with its estimate (the serial policy planned too, for comparison). A
+    module not rolled for a CPU profile is refused: its durations would be another device's,
+    and the compiled runtime runs only plans of CPU-rolled modules."""
+    from tilekit.ir.payloads import cpu_rolled
     from tilekit.ram.plan import makespan_us, with_estimate
+
+    if not cpu_rolled(module):
+        raise TilekitError(f"the module is not rolled for a CPU profile, and {profile.name} is "
+                           "one", "ops", _HINT)
 
     program, ops = plan_cpu(module, profile, kernels, policy, hardware)
     serial = program if policy == "serial" else plan_cpu(module, profile, kernels, "serial",
