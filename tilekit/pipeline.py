@@ -97,9 +97,10 @@ def _grind(module: Module, ctx: Context) -> Module:
 def _ram(module: Module, ctx: Context) -> Module:
     from dataclasses import replace
 
+    from tilekit.codegen.cpu_ram import cpu_kernels
     from tilekit.ram import ram_module
     planned = ram_module(module, ctx.profile, str(ctx.option("policy", "wavefront")),
-                         hardware=ctx.profile.name)
+                         hardware=ctx.profile.name, cpu_kernels=cpu_kernels)
     if module.hardware is None:  # the first stage that needs a profile records it (as tk-ram)
         planned = replace(planned, hardware=ctx.hardware or ctx.profile.name,
                           hardware_sha256=ctx.profile.content_hash)

@@ -5,7 +5,9 @@
 Engines: `tilekit` (the NumPy reference executor, whole ops), `compiled` (tk-codegen --target
 cpu on the default schedules, run by the compiled CPU runtime), `compiled-cpu` (the same
 after tk-roll and tk-weld for the `milan` CPU profile with its core count set to the threads
-run: the tiles and groups a CPU profile gives), `onnxruntime`.
+run: the tiles and groups a CPU profile gives), `compiled-per-kernel` and
+`compiled-cpu-per-kernel` (the same kernels, each called through its own entry: one ctypes
+call and one parallel region per kernel, as before the program entry), `onnxruntime`.
 
 For the compiled engines `kernel_times_ms` are the kernels' own times in as many more runs
 (a run less binding the inputs into the kernels' buffers and copying the outputs out).
@@ -76,7 +78,7 @@ def cpu_profile(threads: int):
 
 
 def compiled_runner(path: Path, feeds: dict[str, np.ndarray], threads: int,
-                    rolled: bool = False):
+                    rolled: bool = False, per_kernel: bool = False):
     from tilekit.codegen import generate
     from tilekit.onnx import import_model, load_model
     from tilekit.roll.schedule import roll_module
@@ -93,7 +95,7 @@ def compiled_runner(path: Path, feeds: dict[str, np.ndarray], threads: int,
     weights = {k: np.ascontiguousarray(v) for k, v in imported.weights.items()}
     renamed = (module.source or {}).get("inputs", {})
     ir_inputs = {ir: feeds[renamed.get(ir, ir)] for ir in module.inputs}
-    program = CpuProgram(module, threads)
+    program = CpuProgram(module, threads, per_kernel=per_kernel)
 
     def run():
         return program.run(ir_inputs, weights)
@@ -117,7 +119,9 @@ def onnxruntime_runner(path: Path, feeds: dict[str, np.ndarray], threads: int):
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--engine", choices=["tilekit", "compiled", "compiled-cpu",
-                                             "onnxruntime"], required=True)
+                                             "compiled-per-kernel",
+                                             "compiled-cpu-per-kernel", "onnxruntime"],
+                        required=True)
     parser.add_argument("--model", required=True)
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
@@ -127,6 +131,9 @@ def main() -> None:
     base = rss_mib()
     make = {"tilekit": tilekit_runner, "compiled": compiled_runner,
             "compiled-cpu": lambda *a: compiled_runner(*a, rolled=True),
+            "compiled-per-kernel": lambda *a: compiled_runner(*a, per_kernel=True),
+            "compiled-cpu-per-kernel": lambda *a: compiled_runner(*a, rolled=True,
+                                                                  per_kernel=True),
             "onnxruntime": onnxruntime_runner}[args.engine]
     runner = make(path, feeds, args.threads)
     runner()  # warm-up

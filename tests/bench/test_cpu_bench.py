@@ -6,7 +6,9 @@ NumPy reference executor (`tilekit`), the compiled CPU code on the default sched
 (`compiled-cpu`), and onnxruntime, all with the same threads. For each model, engines alternate in fresh processes
 `ROUNDS` times; each process times `RUNS` runs after a warm-up. Reported: each engine's
 median, the ratio of medians to onnxruntime's (< 1 means tilekit is faster) and peak resident
-memory. Results go to tests/bench/results/cpu.json.
+memory. Results go to tests/bench/results/cpu.json. TILEKIT_BENCH_MODELS and
+TILEKIT_BENCH_ENGINES (comma-separated) narrow the models and choose the engines (e.g.
+`compiled-cpu,compiled-cpu-per-kernel`).
 """
 
 from __future__ import annotations
@@ -69,11 +71,20 @@ def measure(engine: str, model: Path, runs: int = RUNS) -> dict:
     return json.loads(out.stdout)
 
 
-ENGINES = ("tilekit", "compiled", "compiled-cpu", "onnxruntime")
+#: Engines compared (TILEKIT_BENCH_ENGINES, comma-separated, adds or narrows; onnxruntime is
+#: always run: the ratios are to it). The per-kernel engines call each compiled kernel
+#: through its own entry, to compare against the one-call program entry.
+ENGINES = tuple(dict.fromkeys([
+    *[e for e in os.environ.get("TILEKIT_BENCH_ENGINES",
+                                "tilekit,compiled,compiled-cpu").split(",") if e],
+    "onnxruntime"]))
+MODELS = ["resnet50", "bert_layer", "gpt_block", "mobilenet_block", "mlp_mixer", "lstm"]
+#: Models run: TILEKIT_BENCH_MODELS (comma-separated) narrows the list.
+CHOSEN = [m for m in os.environ.get("TILEKIT_BENCH_MODELS", ",".join(MODELS)).split(",")
+          if m in MODELS]
 
 
-@pytest.mark.parametrize("name", ["resnet50", "bert_layer", "gpt_block", "mobilenet_block",
-                                  "mlp_mixer", "lstm"])
+@pytest.mark.parametrize("name", CHOSEN)
 def test_cpu_latency_and_memory_against_onnxruntime(name, tmp_path):
     record(side_by_side(name, build(name, tmp_path), ENGINES))
 

@@ -4,7 +4,10 @@
   1x1 convolution, ReLU, 3x3 convolution, ReLU (separate Conv nodes, not a grouped Conv, so that
   every path is its own operators), concatenated, a 1x1 convolution and the residual Add;
 - `nasnet_cell`: a NASNet-style normal cell: separable convolutions (depthwise 3x3 and 5x5,
-  pointwise 1x1), average and max pools and identities, pairwise added and concatenated.
+  pointwise 1x1), average and max pools and identities, pairwise added and concatenated;
+- `inception_block`: an Inception-style block: `towers` times the four branches of
+  GoogLeNet's module (1x1; 1x1 then 3x3; 1x1 then 5x5; 3x3 max pool then 1x1), each
+  convolution with its ReLU, every branch concatenated (not in `ALL`: the CPU benchmark's).
 
 Both have seeded random weights and small dimensions (the CPU program mode and the emulation
 run every rTask).
@@ -71,6 +74,28 @@ def nasnet_cell(channels: int = 16, size: int = 8, seed: int = 12) -> onnx.Model
     return g.model([helper.make_tensor_value_info(x, FLOAT, shape),
                     helper.make_tensor_value_info(prev, FLOAT, shape)],
                    [helper.make_tensor_value_info(y, FLOAT, [1, 6 * c, size, size])])
+
+
+def inception_block(channels: int = 32, size: int = 14, width: int = 8, towers: int = 2,
+                    seed: int = 13) -> onnx.ModelProto:
+    g = _Graph("inception_block", seed)
+    x = "x"
+    outs = []
+    for t in range(towers):
+        def conv(h, c_in, k, name):
+            return g.op("Relu", [_conv(g, h, c_in, width, k, f"t{t}_{name}")],
+                        name=f"t{t}_{name}_relu")
+
+        outs.append(conv(x, channels, 1, "b1"))
+        outs.append(conv(conv(x, channels, 1, "b3r"), width, 3, "b3"))
+        outs.append(conv(conv(x, channels, 1, "b5r"), width, 5, "b5"))
+        pool = g.op("MaxPool", [x], name=f"t{t}_pool", kernel_shape=[3, 3], pads=[1] * 4,
+                    strides=[1, 1])
+        outs.append(conv(pool, channels, 1, "bp"))
+    y = g.op("Concat", outs, name="cat", axis=1)
+    return g.model([helper.make_tensor_value_info(x, FLOAT, [1, channels, size, size])],
+                   [helper.make_tensor_value_info(y, FLOAT, [1, 4 * towers * width, size,
+                                                             size])])
 
 
 ALL = {"resnext_block": resnext_block, "nasnet_cell": nasnet_cell}

@@ -63,7 +63,9 @@ def main(input, output, fmt, hw, policy, svg, report, report_format, time_passes
                                "pass --hw NAME|PATH (e.g. --hw h100), or run tk-roll first")
     with phases.step("ram", f"planning {module.model}'s rTasks ({policy}) for "
                             f"{profile.name}"):
-        planned = ram_module(module, profile, policy, hardware=profile.name)
+        from tilekit.codegen.cpu_ram import cpu_kernels
+        planned = ram_module(module, profile, policy, hardware=profile.name,
+                             cpu_kernels=cpu_kernels)
         if module.hardware is None:  # the first stage that needs a profile records it
             from dataclasses import replace
             planned = replace(planned, hardware=hardware,

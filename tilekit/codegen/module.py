@@ -160,7 +160,11 @@ def generate(module: Module, profile=None, arch: str | None = None, target: str 
         launches[kernel.name] = Launch(
             tuple(g.entry for g in made), one and one.grid, one and one.block,
             one and one.smem_bytes, one and one.shape, split).record()
-    if planned.program is not None and kind == "cpu":
+    if planned.program is not None and kind == "cpu" and cpu_rolled(planned):
+        notes.append("program: the compiled CPU runtime runs tk-ram's persistent segments on "
+                     "their vEUs, one thread each, from these kernels' bodies "
+                     "(tilekit.codegen.cpu_program)")
+    elif planned.program is not None and kind == "cpu":
         notes.append("program: tk-ram's persistent segments run as their kernels, one after "
                      "another, on the CPU target (the variants it chose are kept)")
     elif planned.program is not None:  # persistent segments become one kernel each
@@ -469,11 +473,11 @@ def canonical_body(kernel: GeneratedKernel) -> str:
 def compile_cpu(result: CodegenResult) -> Module:
     """Build the CPU kernels with the C++ compiler (cached: tk-run loads the same library)
     and record the compiler in `codegen.compiled`."""
+    from tilekit.codegen.cpu_program import program_unit
     from tilekit.codegen.cxx import CXX_FLAGS, build, compiler_version, find_cxx
-    from tilekit.codegen.cxx import unit_source as cpu_unit
 
     section = CodegenSection.read(result.module.codegen)
-    build(cpu_unit(section.kernels))
+    build(program_unit(result.module)[0])
     cxx = find_cxx() or "c++"
     section = replace(section, compiled={"target": "cpu", "cxx": compiler_version(cxx),
                                          "flags": " ".join(CXX_FLAGS)})

@@ -41,8 +41,11 @@ def plan_module(module: Module, profile, policy: str = "wavefront",
 
 
 def ram_module(module: Module, profile, policy: str = "wavefront",
-               hardware: str | None = None) -> Module:
-    """The ram stage: `module` with its `program` section, recorded through `run_stage`."""
+               hardware: str | None = None, cpu_kernels=None) -> Module:
+    """The ram stage: `module` with its `program` section, recorded through `run_stage`. On
+    a CPU profile (tilekit.ram.cpu) `cpu_kernels(module, profile)` says what the CPU code
+    generator makes of each kernel group (the caller passes
+    tilekit.codegen.cpu_ram.cpu_kernels: codegen sits above this layer)."""
     from dataclasses import replace
 
     if "import" not in module.stage_names():
@@ -50,6 +53,17 @@ def ram_module(module: Module, profile, policy: str = "wavefront",
                       "produce it with tk-import")
 
     def work(m: Module) -> Module:
+        if profile.is_cpu:
+            from tilekit.errors import InternalError
+            from tilekit.ram.cpu import plan_cpu_module
+
+            if policy not in POLICIES:
+                raise IRError(f"unknown policy '{policy}'", "--policy",
+                              f"known policies: {', '.join(POLICIES)}")
+            if cpu_kernels is None:
+                raise InternalError("tk-ram on a CPU profile needs the CPU kernels")
+            return replace(m, program=plan_cpu_module(
+                m, profile, cpu_kernels(m, profile), policy, hardware).record())
         return replace(m, program=plan_module(m, profile, policy, hardware).record())
 
     return run_stage(module, STAGE, work, {"policy": policy, "hw": profile.name})

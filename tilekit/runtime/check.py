@@ -306,10 +306,12 @@ def staged_mode(module: Module) -> CheckedMode:
     stages = set(module.stage_names())
     if is_cpu_code(module):
         return CheckedMode("compiled", "the compiled CPU kernels (tk-codegen --target cpu)")
+    if cpu_rolled(module):   # CPU tiles are no GPU blocks to walk: they run compiled
+        return CheckedMode("compiled", "the CPU tiles as compiled kernels (generated here)"
+                           + (", tk-ram's CPU plan on its vEUs" if module.program is not None
+                              else ""))
     if module.program is not None:
         return CheckedMode("program", "tk-ram's program, rTask by rTask")
-    if cpu_rolled(module):   # CPU tiles are no GPU blocks to walk: they run compiled
-        return CheckedMode("compiled", "the CPU tiles as compiled kernels (generated here)")
     if "weld" in stages:
         return CheckedMode("tiled", "tk-weld's groups, tile by tile")
     if "roll" in stages:

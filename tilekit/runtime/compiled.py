@@ -2,13 +2,22 @@
 
 `CpuProgram(module)` checks the recorded kernels against a fresh generation (as the CUDA
 runtime does: recorded sources are input), builds them into a shared library
-(tilekit.codegen.cxx: the system C++ compiler, cached) and loads it with ctypes. A run binds
-inputs and weights into NumPy buffers (an input the kernels only read, given as a
-C-contiguous array of its element type, is read in place, without a copy), calls the
-kernels in order (each runs its grid's blocks over the cores with OpenMP) and returns the
-outputs (the buffers the kernels wrote them in, handed over: the next run gets fresh ones); control ops run as the generated
-code says: a device loop inside the library, a host-placed one driven from here like the
-CUDA runtime drives it (tilekit.runtime.cuda_control).
+(tilekit.codegen.cxx: the system C++ compiler, cached) with the unit's program entry
+(tilekit.codegen.cpu_program) and loads it with ctypes. The buffers are allocated once and
+their pointers bound into the argument table. A run binds inputs and weights into the
+buffers (an input the kernels only read, given as a C-contiguous array of its element type,
+is read in place: its table entries point at it), runs the kernels with ONE call (`tk_run`:
+every kernel in order in one OpenMP team, team barriers only between dependent kernels) and
+returns the outputs (the buffers the kernels wrote them in, handed over: the next run writes
+fresh ones, rebound in the table). Control ops run as the generated code says: a device loop
+inside the library, a host-placed one driven from here like the CUDA runtime drives it
+(tilekit.runtime.cuda_control), each straight run of kernels between host steps one `tk_run`
+call (such a program copies its inputs and outputs). A module with a CPU plan of tk-ram
+(`program` section, tilekit.ram.cpu) runs its persistent segments with `tk_run_plan` (vEUs as
+threads) and its other kernels with `tk_run`. `CpuProgram.profile` times every kernel in C++
+(a barrier after each while profiling); `per_kernel=True` calls each kernel's own entry
+instead (one ctypes call and one parallel region per kernel: what runs before the program
+entry, kept to compare against).
 """
 
 from __future__ import annotations
@@ -19,7 +28,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from tilekit.codegen.cxx import build, unit_source
+from tilekit.codegen.cxx import build
 from tilekit.errors import TilekitError
 from tilekit.expr.ops import numpy_dtype
 from tilekit.ir.control import all_tensors
@@ -97,17 +106,83 @@ class _Launch:
         self.timings.append((self.name, time.perf_counter() - start))
 
 
+class _Run:
+    """A straight run of kernels (indices into the unit's kernels) as one `tk_run` call; it
+    stands for its kernels wherever the control steps hold launches."""
+
+    def __init__(self, program: "CpuProgram", seq: tuple[int, ...]) -> None:
+        from tilekit.codegen.cpu_program import barriers, parallel_run
+
+        kernels = program.kernel_records
+        self.program, self.seq = program, seq
+        self.kernels = len(seq)         # launches counted (tilekit.runtime.cuda_control)
+        self.names = tuple(kernels[k].name for k in seq)
+        self.c_seq = (ctypes.c_int * max(1, len(seq)))(*seq)
+        wait = barriers(kernels, seq) if program.overlap else (True,) * len(seq)
+        self.c_wait = (ctypes.c_ubyte * max(1, len(seq)))(*wait)
+        self.parallel = int(parallel_run(kernels, seq))
+        self.c_times = (ctypes.c_double * (len(seq) + 1))()
+
+    def __call__(self, buffers: Mapping[str, np.ndarray]) -> None:
+        p = self.program
+        if not self.seq:
+            return
+        timings = p.timings
+        p.lib.tk_run(p.table, self.c_seq, self.c_wait, len(self.seq), self.parallel,
+                     self.c_times if timings is not None else None)
+        if timings is not None:
+            t = self.c_times
+            timings.extend((name, t[i + 1] - t[i]) for i, name in enumerate(self.names))
+
+
+class _PlanSegment:
+    """A persistent segment of a tk-ram CPU plan: one `tk_run_plan` call; the kernels it
+    holds run op by op (`fallback`) when the team cannot hold its vEUs."""
+
+    def __init__(self, program: "CpuProgram", segment: int, fallback: _Run) -> None:
+        self.program, self.segment, self.fallback = program, segment, fallback
+        self.kernels = fallback.kernels
+
+    def __call__(self, buffers: Mapping[str, np.ndarray]) -> None:
+        p = self.program
+        if p.timings is not None:        # per-kernel times: op by op
+            self.fallback(buffers)
+            return
+        if p.lib.tk_run_plan(p.table, self.segment):
+            self.fallback(buffers)
+
+
 class CpuProgram:
     """A module's compiled CPU kernels loaded in this process, with their buffers."""
 
-    def __init__(self, module: Module, threads: int | None = None) -> None:
+    def __init__(self, module: Module, threads: int | None = None,
+                 per_kernel: bool = False, use_plan: bool = True, overlap: bool = True
+                 ) -> None:
+        """`threads`: the team's size (default: OpenMP's). `per_kernel`: call each kernel's
+        own entry (one ctypes call and parallel region each). `use_plan`: run a tk-ram CPU
+        plan's persistent segments on their vEUs (else op by op). `overlap`: no barrier
+        between independent kernels in a row (else one after every kernel: strictly op by
+        op)."""
+        from tilekit.codegen.cpu_program import program_unit
         from tilekit.codegen.recorded import check_recorded_kernels
         from tilekit.runtime.cpu import check_runnable
 
         check_runnable(module, "the compiled CPU runtime", control=True)
         check_recorded_kernels(module)
         section = CodegenSection.read(module.codegen)
-        self.lib = ctypes.CDLL(str(build(unit_source(section.kernels))))
+        self.kernel_records = section.kernels
+        source, self.plan = program_unit(module, plan=use_plan)
+        self.lib = ctypes.CDLL(str(build(source)))
+        self.lib.tk_run.restype = None
+        self.lib.tk_run.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                                    ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
+        if self.plan is not None:
+            self.lib.tk_run_plan.restype = ctypes.c_int
+            self.lib.tk_run_plan.argtypes = [ctypes.c_void_p, ctypes.c_int]
+        self.per_kernel = per_kernel
+        self.overlap = overlap
+        #: [(kernel, seconds)] while profiling (CpuProgram.profile), else None
+        self.timings: list[tuple[str, float]] | None = None
         if threads is not None:
             self.lib.tk_set_threads(int(threads))
         self.threads = int(self.lib.tk_get_threads())
@@ -132,11 +207,59 @@ class CpuProgram:
         records = control_records(module)
         if records:
             self._control(module, section, declared, written)
+        # the argument table: every kernel's pointers in kernel order; `slots` are each
+        # buffer's entries, repointed when a run reads an input in place or hands an output
+        # over (`_point`)
+        args = [a for k in section.kernels for a in k.args]
+        self.table = (ctypes.c_void_p * max(1, len(args)))(
+            *[self.buffers[a].ctypes.data for a in args])
+        self.slots: dict[str, list[int]] = {}
+        for i, a in enumerate(args):
+            self.slots.setdefault(a, []).append(i)
+        if not per_kernel:
+            self._batch(section)
         self.index_checks = _index_checks(module)
         self.passthrough = tuple(o for o in module.outputs if o not in written)
         self.bound: dict[str, Any] = {}     # weight -> the array last copied into its buffer
         self.written = frozenset(written)   # buffers a kernel writes: re-bound every run
         self.last: Mapping[str, np.ndarray] = self.buffers   # the last run's buffers
+
+    def _batch(self, section: CodegenSection) -> None:
+        """Kernel calls as runs of the program entry: the whole module as one run (with a
+        plan: its segments), or each control step's kernels as one."""
+        from dataclasses import replace as _replace
+
+        from tilekit.runtime.cuda_control import ControlStep, KernelStep
+
+        index = {id(launch): k for k, launch in enumerate(self.launches)}
+        if self.steps is None:
+            if self.plan is not None:
+                self.runs = self._plan_runs()
+            else:
+                self.runs = [_Run(self, tuple(range(len(self.launches))))]
+            return
+
+        def batched(steps):
+            out = []
+            for step in steps:
+                if isinstance(step, KernelStep):
+                    seq = tuple(index[id(launch)] for launch in step.launches)
+                    out.append(_replace(step, launches=(_Run(self, seq),) if seq else ()))
+                else:
+                    out.append(_replace(step, regions=tuple(batched(r) for r in step.regions)))
+            return tuple(out)
+
+        self.steps = batched(self.steps)
+
+    def _plan_runs(self) -> list:
+        """The runs of a module with a CPU plan: per segment of the plan in order, its
+        persistent segment or its kernels as one run."""
+        runs: list = []
+        for s, (kind, seq) in enumerate(self.plan.order):
+            fallback = _Run(self, seq)
+            runs.append(_PlanSegment(self, self.plan.persistent[s], fallback)
+                        if kind == "persistent" else fallback)
+        return runs
 
     def _allocate(self, name: str, declared) -> None:
         if name not in self.buffers:
@@ -177,14 +300,20 @@ class CpuProgram:
         for name in self.weight_names:
             if name in self.buffers and name not in inputs:
                 self._bind_weight(name, weights[name])
+        for name in self.inputs:
+            if name in self.slots:
+                self._point(name, direct.get(name, self.buffers[name]))
         if direct:
             buffers = {**self.buffers, **direct}
         if self.steps is not None:
             from tilekit.runtime.cuda_control import run_steps
             run_steps(self, self.steps)
-        else:
+        elif self.per_kernel:
             for launch in self.launches:
                 launch(buffers)
+        else:
+            for run in self.runs:
+                run(buffers)
         self._check_indices(inputs, weights, buffers)
         out = {}
         self.last = dict(buffers)
@@ -197,11 +326,18 @@ class CpuProgram:
                 # as a memory-bound kernel)
                 out[name] = self.buffers[name].view(np.ndarray)
                 self.buffers[name] = np.empty_like(out[name]).view(HostBuffer)
+                self._point(name, self.buffers[name])
             else:
                 out[name] = np.array(self.buffers[name])
         for name, count in self.trims.items():
             out[name] = out[name][:int(np.asarray(self.buffers[count]).reshape(-1)[0])]
         return out
+
+    def _point(self, name: str, array: np.ndarray) -> None:
+        """The argument table's entries for buffer `name` at `array`."""
+        address = array.ctypes.data
+        for i in self.slots.get(name, ()):
+            self.table[i] = address
 
     def _check_indices(self, inputs, weights, buffers) -> None:
         """Refuse the run when an opaque op's indices were out of range (the kernel read 0
@@ -230,11 +366,13 @@ class CpuProgram:
         """One run with each kernel call timed: (outputs, [(kernel, seconds)] in call
         order; a kernel inside a loop is listed per call)."""
         timings: list[tuple[str, float]] = []
+        self.timings = timings
         for launch in self.launches:
             launch.timings = timings
         try:
             return self.run(inputs, weights), timings
         finally:
+            self.timings = None
             for launch in self.launches:
                 launch.timings = None
 

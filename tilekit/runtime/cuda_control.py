@@ -80,7 +80,7 @@ def run_steps(program, steps) -> None:
 def _launch(program, launch) -> None:
     """One kernel; a device loop's is cooperative, its grid checked when it was loaded
     (tilekit.runtime.cuda.coresident_launch)."""
-    program.counts["launches"] += 1
+    program.counts["launches"] += getattr(launch, "kernels", 1)  # a CPU run stands for several
     launch(program.buffers)
 
 

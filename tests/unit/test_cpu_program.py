@@ -1,0 +1,262 @@
+"""The compiled CPU program: one call per run (tk_run), per-kernel profiling in C++, the
+barriers between kernels, and tk-ram's CPU plans (vEUs as cores, tk_run_plan)."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from click.testing import CliRunner
+
+from tilekit.codegen import generate
+from tilekit.codegen.cpu_program import barriers, parallel_run
+from tilekit.codegen.cpu_ram import cpu_kernels
+from tilekit.codegen.cxx import find_cxx
+from tilekit.errors import TilekitError
+from tilekit.hw import load_profile
+from tilekit.ir.payloads import CodegenSection, KernelRecord
+from tilekit.ir.program import parse_program
+from tilekit.onnx import import_model, load_model
+from tilekit.ram import ram_module
+from tilekit.ram.cpu import cut_segments
+from tilekit.roll.schedule import roll_module
+from tilekit.runtime.compiled import CpuProgram
+from tilekit.runtime.cpu import run_module
+from tilekit.weld import weld_module
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from models import control_models, onnx_models, ram_models  # noqa: E402
+
+needs_cxx = pytest.mark.skipif(find_cxx() is None, reason="no C++ compiler")
+
+
+def _record(name: str, args, writes, grid: int = 1) -> KernelRecord:
+    return KernelRecord(name=name, group=name, entry=f"tk_{name}", ops=(name,),
+                        shape="cpu_loops", schedule={}, grid=(grid, 1, 1), block=(1, 1, 1),
+                        smem_bytes=0, args=tuple(args), writes=tuple(writes), source="")
+
+
+# -- barriers (pure) ---------------------------------------------------------------------------
+
+def test_a_chain_of_shared_kernels_has_a_barrier_after_each():
+    ks = [_record("a", ["x", "y"], ["y"], 4), _record("b", ["y", "z"], ["z"], 4),
+          _record("c", ["z", "w"], ["w"], 4)]
+    assert barriers(ks, [0, 1, 2]) == (True, True, True)
+
+
+def test_independent_kernels_share_the_team_without_barriers():
+    ks = [_record("a", ["x", "y"], ["y"], 4), _record("b", ["x", "z"], ["z"], 4),
+          _record("c", ["y", "z", "w"], ["w"], 4)]
+    assert barriers(ks, [0, 1, 2]) == (False, True, True)
+
+
+def test_one_block_kernels_in_a_row_run_on_one_thread_without_barriers():
+    ks = [_record("a", ["x", "y"], ["y"], 1), _record("b", ["y", "z"], ["z"], 1),
+          _record("c", ["z", "w"], ["w"], 8), _record("d", ["w", "v"], ["v"], 1)]
+    # a -> b on the first thread: no barrier; c is shared out: a barrier before it and
+    # after it (d reads what c's blocks wrote on every thread)
+    assert barriers(ks, [0, 1, 2, 3]) == (False, True, True, True)
+
+
+def test_a_write_after_read_needs_a_barrier():
+    ks = [_record("a", ["x", "y"], ["y"], 4), _record("b", ["q", "x"], ["x"], 4)]
+    assert barriers(ks, [0, 1]) == (True, True)
+
+
+def test_only_runs_with_several_blocks_open_a_parallel_region():
+    ks = [_record("a", ["x", "y"], ["y"], 1), _record("b", ["y", "z"], ["z"], 3)]
+    assert not parallel_run(ks, [0])
+    assert parallel_run(ks, [0, 1])
+
+
+# -- one call per run --------------------------------------------------------------------------
+
+def _imported(tmp_path, model, name):
+    path = tmp_path / f"{name}.onnx"
+    onnx.save(model, str(path))
+    imported = import_model(load_model(str(path)))
+    weights = {k: np.ascontiguousarray(v) for k, v in imported.weights.items()}
+    return imported.module.with_stage("import"), weights
+
+
+def _inputs(module, seed=0):
+    rng = np.random.default_rng(seed)
+    return {n: rng.standard_normal(module.tensors[n].shape).astype(np.float32)
+            for n in module.inputs}
+
+
+@needs_cxx
+@pytest.mark.usefixtures("cxx_cache")
+def test_one_call_equals_per_kernel_calls_and_profiles_every_kernel(tmp_path):
+    module, weights = _imported(tmp_path, onnx_models.lstm_model(seq=4, batch=1, inputs=8,
+                                                                 hidden=16), "lstm")
+    code = generate(module, target="cpu").module
+    inputs = _inputs(code)
+    one = CpuProgram(code, threads=2)
+    each = CpuProgram(code, threads=2, per_kernel=True)
+    strict = CpuProgram(code, threads=2, overlap=False)
+    assert len(one.runs) == 1
+    got, want, ordered = one.run(inputs, weights), each.run(inputs, weights), \
+        strict.run(inputs, weights)
+    for name in want:   # the same kernels; bodies inlined elsewhere may contract FMAs otherwise
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(ordered[name], want[name], rtol=1e-5, atol=1e-6)
+    names = [k.name for k in CodegenSection.read(code.codegen).kernels]
+    out, timings = one.profile(inputs, weights)
+    assert [n for n, _ in timings] == names
+    assert all(t >= 0 for _, t in timings)
+    np.testing.assert_allclose(out[code.outputs[0]], want[code.outputs[0]], rtol=1e-5,
+                               atol=1e-6)
+    assert [n for n, _ in each.profile(inputs, weights)[1]] == names
+    assert one.timings is None      # profiling ends with the call
+
+
+@needs_cxx
+@pytest.mark.usefixtures("cxx_cache")
+def test_host_driven_loops_run_each_step_as_one_call(tmp_path):
+    module, weights = _imported(tmp_path, control_models.lstm_loop(seq=3), "loop")
+    code = generate(module, target="cpu").module
+    inputs = _inputs(code)
+    one = CpuProgram(code, threads=2)
+    each = CpuProgram(code, threads=2, per_kernel=True)
+    assert one.steps is not None
+    got, want = one.run(inputs, weights), each.run(inputs, weights)
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-6)
+    assert one.counts == each.counts        # launches are counted per kernel
+    reference = run_module(module, inputs, weights)
+    for name in want:
+        np.testing.assert_allclose(got[name], reference[name], rtol=1e-4, atol=1e-5)
+    timed = [n for n, _ in one.profile(inputs, weights)[1]]
+    assert timed == [n for n, _ in each.profile(inputs, weights)[1]]
+
+
+# -- tk-ram on a CPU profile -------------------------------------------------------------------
+
+def _cpu_profile():
+    return load_profile("milan").with_cpu(cores=2)
+
+
+@pytest.fixture(scope="module")
+def packed_cell(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("cell")
+    module, weights = _imported(folder, ram_models.inception_block(channels=8, size=6,
+                                                                   width=4, towers=2),
+                                "inception")
+    profile = _cpu_profile()
+    welded = weld_module(roll_module(module, profile), profile)
+    planned = ram_module(welded, profile, cpu_kernels=cpu_kernels)
+    return module, welded, planned, weights, profile
+
+
+def test_a_cpu_plan_packs_the_branches_on_the_cores(packed_cell):
+    _, welded, planned, _, profile = packed_cell
+    program = parse_program(planned.program)
+    persistent = [s for s in program.segments if s.kind == "persistent"]
+    assert persistent and all(s.veus <= profile.sm_count for s in persistent)
+    assert all(o.threads == 1 and o.variant == 0 for o in program.operators)
+    assert program.estimate["makespan_us"] <= program.estimate["serial_us"]
+    # every vEU runs tasks of more than one operator: branches side by side
+    assert all(len({i.op for i in items}) > 1 for s in persistent for items in s.lists)
+    again = ram_module(welded, profile, cpu_kernels=cpu_kernels)
+    assert again.program == planned.program       # deterministic
+
+
+@needs_cxx
+@pytest.mark.usefixtures("cxx_cache")
+def test_a_packed_program_equals_the_reference(packed_cell):
+    module, welded, planned, weights, profile = packed_cell
+    packed = generate(planned, profile, target="cpu").module
+    plain = generate(welded, profile, target="cpu").module
+    inputs = _inputs(packed)
+    runner = CpuProgram(packed, threads=2)
+    assert runner.plan is not None
+    got = runner.run(inputs, weights)
+    want = CpuProgram(plain, threads=2, per_kernel=True).run(inputs, weights)
+    reference = run_module(module, inputs, weights)
+    # the same kernels: equal but for the last bits (a body inlined into the plan's walker
+    # may have its multiply-adds contracted into FMAs otherwise)
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(got[name], reference[name], rtol=1e-4, atol=1e-5)
+    again = runner.run(inputs, weights)             # the counters start from 0 every run
+    for name in want:
+        np.testing.assert_array_equal(again[name], got[name])
+    # fewer threads than vEUs: the segment runs op by op, same results
+    single = CpuProgram(packed, threads=1).run(inputs, weights)
+    for name in want:
+        np.testing.assert_allclose(single[name], want[name], rtol=1e-5, atol=1e-6)
+    # profiling times every kernel (op by op)
+    names = [k.name for k in CodegenSection.read(packed.codegen).kernels]
+    assert sorted(n for n, _ in runner.profile(inputs, weights)[1]) == sorted(names)
+
+
+@needs_cxx
+@pytest.mark.usefixtures("cxx_cache")
+def test_a_plan_that_does_not_match_the_kernels_is_refused(packed_cell):
+    _, _, planned, _, profile = packed_cell
+    packed = generate(planned, profile, target="cpu").module
+    program = parse_program(packed.program)
+    s = next(i for i, seg in enumerate(program.segments) if seg.kind == "persistent")
+    seg = program.segments[s]
+    o = seg.operators[0]
+    op = program.operators[o]
+    # one more rTask than the kernel has blocks, first on vEU 0: a valid plan of another
+    # kernel than the one codegen made
+    lists = [list(items) for items in seg.lists]
+    from tilekit.ir.program import TASK, Item
+    lists[0].insert(0, Item(TASK, o, op.tasks, 1))
+    waits = [[Item(i.kind, i.op, i.first, op.tasks + 1) if i.op == o and i.kind != TASK
+              else i for i in items] for items in lists]
+    segments = list(program.segments)
+    segments[s] = replace(seg, lists=tuple(tuple(x) for x in waits))
+    operators = list(program.operators)
+    operators[o] = replace(op, tasks=op.tasks + 1)
+    bad = replace(program, operators=tuple(operators), segments=tuple(segments))
+    with pytest.raises(TilekitError) as exc:
+        CpuProgram(replace(packed, program=bad.record()), threads=2)
+    assert exc.value.where == f"program.operators[{o}]"
+    assert "rTasks" in str(exc.value) and "\n" not in str(exc.value)
+    # an ill-formed section: the reader's one-line error with its IR path
+    broken = dict(packed.program)
+    broken["segments"] = [dict(x) for x in broken["segments"]]
+    broken["segments"][s]["lists"] = ["0:0+1 bogus"] + broken["segments"][s]["lists"][1:]
+    with pytest.raises(TilekitError) as exc:
+        CpuProgram(replace(packed, program=broken), threads=2)
+    assert exc.value.where.startswith(f"program.segments[{s}].lists[0]")
+
+
+def test_tk_ram_on_a_cpu_profile_needs_a_cpu_rolled_module(tmp_path):
+    from tilekit.cli.tk_import import main as tk_import
+    from tilekit.cli.tk_ram import main
+
+    onnx.save(ram_models.inception_block(channels=8, size=6, width=4, towers=1),
+              str(tmp_path / "m.onnx"))
+    imported = CliRunner().invoke(tk_import, [str(tmp_path / "m.onnx"), "-o",
+                                              str(tmp_path / "m.yaml")])
+    assert imported.exit_code == 0, imported.output
+    result = CliRunner().invoke(main, [str(tmp_path / "m.yaml"), "--hw", "milan",
+                                       "-o", str(tmp_path / "out.yaml")])
+    assert result.exit_code == 2
+    lines = [x for x in result.output.splitlines() if x.strip()]
+    assert len(lines) == 1 and "not rolled for a CPU profile" in lines[0]
+    assert "tk-roll --hw" in lines[0]
+    assert not (tmp_path / "out.yaml").exists()
+
+
+def test_ordinary_kernels_cut_the_persistent_segments():
+    from tilekit.ram.tasks import Layout, ROperator, Variant
+
+    def op(i, fixed=""):
+        v = Variant(0, 2, 1, 0, 0, 1.0, 0.5, "cpu", Layout("whole", ()))
+        return ROperator(i, f"k{i}", (f"o{i}",), (v,), fixed)
+
+    ops = [op(0), op(1), op(2, "control"), op(3), op(4)]
+    assert cut_segments(ops, [0, 0, 1, 2, 2]) == [("persistent", [0, 1]), ("kernel", [2]),
+                                                   ("persistent", [3, 4])]
+    assert cut_segments(ops[:3], [0, 1, 2]) == [("persistent", [0, 1]), ("kernel", [2])]
+    assert cut_segments([op(0), op(1, "x")], [0, 1]) == [("kernel", [0]), ("kernel", [1])]

@@ -1,0 +1,435 @@
+"""The CPU unit's program entry: a run of kernels from one call, in one OpenMP team.
+
+Each kernel of the CPU target prints as a body function (one block) and an `extern "C"`
+entry that opens its own parallel region (tilekit.tile.cpp). Calling the entries one by one
+from Python costs a ctypes call and a fork/join per kernel, which dominates models of many
+small kernels (an LSTM unrolled over its sequence). `program_source(kernels, plan)` adds to
+the unit one more entry that runs any sequence of the unit's kernels:
+
+    extern "C" void tk_run(void* const* tk_a, const int* tk_seq, const unsigned char* tk_wait,
+                           int tk_n, int tk_parallel, double* tk_times);
+
+- `tk_a`: the argument table, every kernel's buffer pointers one after another in kernel
+  order (kernel k's at `offsets(kernels)[k]`), bound once when the library is loaded;
+- `tk_seq[0..tk_n)`: the kernels to run, in order; `tk_wait[i]`: a team barrier after the
+  i-th (`barriers`: only before a kernel that reads what one since the last barrier wrote,
+  or writes what one since then touched, unless both ran on the first thread);
+- one parallel region for the whole sequence (`tk_parallel` 0: none, the caller's thread runs
+  it all: `parallel_run`), in which a kernel's blocks are shared out with `omp for
+  schedule(static) nowait`, a one-block kernel runs on the team's first thread (so a chain
+  of them needs no barrier), and threads persist across kernels;
+- `tk_times` (profiling): null, or `tk_n + 1` wall-clock times: the start and the end of each
+  kernel (a barrier after every kernel while profiling, so that each time is its own).
+
+With a CPU plan of tk-ram (`CpuPlan`, tilekit.ram.cpu: operators' blocks placed on vEUs, one
+vEU per thread, waits on whole operators), the unit also gets
+
+    extern "C" int tk_run_plan(void* const* tk_a, int tk_segment);
+
+which runs one persistent segment of the plan: thread v walks vEU v's items (`OP:FIRST+COUNT`
+runs those blocks of the operator's kernel on this thread, then adds COUNT to the
+operator's counter with a release; `wOP` waits until OP's counter is its task count:
+acquire loads for up to 100 microseconds, then asleep on the counter, a futex on Linux,
+woken by the signaller only when someone sleeps). It returns 0, or 1 without running
+anything when the threads the runtime may use (`omp_get_max_threads`, what tk_set_threads
+set) or the team it got are fewer than the segment's vEUs: a vEU left to run after another
+on one thread could wait forever, so the caller then runs the segment's kernels op by op.
+The counters are the library's own: one plan runs at a time per loaded library.
+
+Kernel bodies are called through `tk_call<body>`, a template that casts each `void*` of the
+table to the body's own parameter type: the types come from the body's signature, so nothing
+here re-derives them.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Sequence
+
+from tilekit.ir.payloads import KernelRecord
+
+#: Templates of the program entry: a body called with its pointers from the argument table.
+CALL_TEMPLATES = """
+#include <atomic>
+#include <cstddef>
+#include <omp.h>
+#include <sched.h>
+#include <tuple>
+#include <utility>
+
+#if defined(__linux__)
+#include <climits>
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
+template <typename... P> constexpr std::size_t tk_arity(void (*)(P...)) { return sizeof...(P); }
+
+template <auto F, typename... P, std::size_t... I>
+static inline void tk_call_at(void (*)(P...), void* const* a, int b, int n, unsigned char* s,
+                              std::index_sequence<I...>) {
+  F(static_cast<std::tuple_element_t<I, std::tuple<P...>>>(a[I])..., b, n, s);
+}
+
+// One block of a kernel: its body with the table's pointers cast to its parameter types.
+template <auto F>
+static inline void tk_call(void* const* a, int b, int n, unsigned char* s) {
+  tk_call_at<F>(F, a, b, n, s, std::make_index_sequence<tk_arity(F) - 3>{});
+}
+"""
+
+
+#: What a plan's segments wait and signal with (tk_run_plan).
+PLAN_HELPERS = """
+// An operator's progress: `done` blocks so far, `sleepers` threads blocked on it.
+struct tk_progress {
+  std::atomic<unsigned> done;
+  std::atomic<int> sleepers;
+};
+
+static inline void tk_cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+// Wait until `p` counts `n` blocks: spin for up to 100 microseconds (the producer is usually
+// running on another core, and a waiter that slept runs again only when the scheduler gets
+// to it: milliseconds on a loaded machine), then sleep on the counter (a futex on Linux,
+// else yield). By time, not tries: a `pause` takes from a few to over a hundred cycles
+// across CPUs. Spinning as long as libgomp's barriers (300000 tries) held, on a loaded
+// machine, the core a preempted producer waited for; yielding while spinning was slower.
+static inline void tk_wait_for(tk_progress& p, unsigned n) {
+  const double until = omp_get_wtime() + 100e-6;
+  for (int i = 1;; ++i) {
+    if (p.done.load(std::memory_order_acquire) >= n) return;
+    tk_cpu_relax();
+    if (i % 64 == 0 && omp_get_wtime() > until) break;
+  }
+  for (;;) {
+    p.sleepers.fetch_add(1, std::memory_order_seq_cst);
+    const unsigned seen = p.done.load(std::memory_order_seq_cst);
+    if (seen >= n) {
+      p.sleepers.fetch_sub(1, std::memory_order_relaxed);
+      return;
+    }
+#if defined(__linux__)
+    syscall(SYS_futex, reinterpret_cast<unsigned*>(&p.done), FUTEX_WAIT_PRIVATE, seen,
+            nullptr, nullptr, 0);
+#else
+    sched_yield();
+#endif
+    p.sleepers.fetch_sub(1, std::memory_order_relaxed);
+  }
+}
+
+// Count `n` more blocks of `p` done (release: the blocks' stores before the count), and
+// wake the threads asleep on it.
+static inline void tk_signal(tk_progress& p, unsigned n) {
+  p.done.fetch_add(n, std::memory_order_seq_cst);
+#if defined(__linux__)
+  if (p.sleepers.load(std::memory_order_seq_cst) > 0)
+    syscall(SYS_futex, reinterpret_cast<unsigned*>(&p.done), FUTEX_WAKE_PRIVATE, INT_MAX,
+            nullptr, nullptr, 0);
+#endif
+}
+
+"""
+
+#: One persistent segment of a plan: thread v walks vEU v's items.
+RUN_PLAN = """
+extern "C" int tk_run_plan(void* const* tk_a, int tk_segment) {
+  const int tk_veus = tk_plan_veus[tk_segment];
+  const int* tk_items = tk_plan_items[tk_segment];
+  const int* tk_start = tk_plan_start[tk_segment];
+  if (omp_get_max_threads() < tk_veus) return 1;   // fewer threads than vEUs: op by op
+  int tk_short = 0;
+  for (int i = tk_start[0]; i < tk_start[tk_veus]; ++i)
+    tk_counters_at(tk_items[3 * i]).done.store(0, std::memory_order_relaxed);
+#pragma omp parallel num_threads(tk_veus)
+  {
+    if (omp_get_num_threads() < tk_veus) {
+#pragma omp master
+      tk_short = 1;
+    } else {
+      unsigned char* tk_smem = tk_block_memory(SMEM_BYTES);
+      const int v = omp_get_thread_num();
+      for (int i = tk_start[v]; i < tk_start[v + 1]; ++i) {
+        const int k = tk_items[3 * i], first = tk_items[3 * i + 1], count = tk_items[3 * i + 2];
+        if (first < 0) {             // a wait: acquire the whole operator
+          tk_wait_for(tk_counters_at(k), (unsigned)count);
+          continue;
+        }
+        tk_blocks(k, tk_a, first, count, tk_smem);
+        tk_signal(tk_counters_at(k), (unsigned)count);
+      }
+    }
+  }
+  return tk_short;
+}
+"""
+
+
+@dataclass(frozen=True)
+class CpuPlan:
+    """A tk-ram plan as the unit runs it. `order`: the plan's segments in run order, each
+    (kind, the indices of its kernels in the unit, in module order); `persistent`: per entry
+    of `order`, its index in `segments` (-1 for a kernel segment); `segments`: per persistent
+    segment, per vEU, its items ((kernel, first block, count) for a task, (kernel, -1, task
+    count) for a wait); `operators`: the kernel of each counter."""
+
+    order: tuple[tuple[str, tuple[int, ...]], ...]
+    persistent: tuple[int, ...]
+    segments: tuple[tuple[tuple[tuple[int, int, int], ...], ...], ...]
+    operators: tuple[int, ...]
+
+
+_PLAN_HINT = "re-run tk-ram with the CPU profile, then tk-codegen --target cpu"
+
+
+def unit_plan(module, kernels: Sequence[KernelRecord]) -> CpuPlan:
+    """The module's tk-ram program (read and verified) as the unit runs it over `kernels`
+    (the codegen section's, in order). A packed operator must be one kernel whose blocks are
+    its rTasks; every kernel must belong to exactly one segment."""
+    from tilekit.errors import TilekitError
+    from tilekit.ir.program import TASK, read_program
+
+    program = read_program(module)
+    by_group: dict[str, list[int]] = {}
+    for i, k in enumerate(kernels):
+        by_group.setdefault(k.group, []).append(i)
+    order, persistent, segments, counters = [], [], [], []
+    covered: set[int] = set()
+    for s, seg in enumerate(program.segments):
+        seq = sorted(i for o in seg.operators for i in by_group.get(
+            program.operators[o].kernel, ()))
+        covered.update(seq)
+        order.append((seg.kind, tuple(seq)))
+        if seg.kind != "persistent":
+            persistent.append(-1)
+            continue
+        kernel_of = {}
+        for o in seg.operators:
+            op = program.operators[o]
+            made = by_group.get(op.kernel, [])
+            where = f"program.operators[{o}]"
+            if len(made) != 1:
+                raise TilekitError(f"operator {op.kernel} is packed, but codegen made "
+                                   f"{len(made)} CPU kernels of it", where, _PLAN_HINT)
+            if _grid(kernels[made[0]]) != op.tasks:
+                raise TilekitError(f"operator {op.kernel} has {op.tasks} rTasks, its CPU "
+                                   f"kernel {_grid(kernels[made[0]])} blocks", where,
+                                   _PLAN_HINT)
+            kernel_of[o] = made[0]
+            counters.append(made[0])
+        persistent.append(len(segments))
+        segments.append(tuple(
+            tuple((kernel_of[it.op], it.first, it.count) if it.kind == TASK
+                  else (kernel_of[it.op], -1, it.count) for it in items)
+            for items in seg.lists))
+    missing = sorted(set(range(len(kernels))) - covered)
+    if missing:
+        raise TilekitError(f"kernel {kernels[missing[0]].name} of group "
+                           f"{kernels[missing[0]].group} is in no segment of the program",
+                           "program.segments", _PLAN_HINT)
+    return CpuPlan(tuple(order), tuple(persistent), tuple(segments), tuple(counters))
+
+
+def offsets(kernels: Sequence[KernelRecord]) -> tuple[int, ...]:
+    """Where each kernel's pointers start in the argument table."""
+    out, at = [], 0
+    for k in kernels:
+        out.append(at)
+        at += len(k.args)
+    return tuple(out)
+
+
+def reads(k: KernelRecord) -> frozenset[str]:
+    """The buffers a kernel may read: every argument (a kernel that writes part of a tensor
+    may read it too, so written arguments count as read)."""
+    return frozenset(k.args)
+
+
+def barriers(kernels: Sequence[KernelRecord], seq: Sequence[int]) -> tuple[bool, ...]:
+    """Per position of `seq`: a team barrier after it? A kernel of one block runs on the
+    team's first thread, so one-block kernels in a row are ordered by that thread alone; a
+    barrier is needed before a kernel that reads what a kernel since the last barrier wrote,
+    or writes what one since then touched, unless both ran on the first thread. The last
+    kernel of the sequence always gets one (the caller reads the results)."""
+    wait = [False] * len(seq)
+    team_w: set[str] = set()        # since the last barrier, by kernels shared out
+    team_t: set[str] = set()
+    first_w: set[str] = set()       # by one-block kernels (the first thread)
+    first_t: set[str] = set()
+    for i, k in enumerate(seq):
+        r, w = reads(kernels[k]), frozenset(kernels[k].writes)
+        shared = _grid(kernels[k]) > 1
+        clash = r & team_w or w & team_t
+        if shared:
+            clash = clash or r & first_w or w & first_t
+        if i and clash:
+            wait[i - 1] = True
+            team_w, team_t, first_w, first_t = set(), set(), set(), set()
+        (team_w if shared else first_w).update(w)
+        (team_t if shared else first_t).update(r | w)
+    if seq:
+        wait[-1] = True
+    return tuple(wait)
+
+
+def parallel_run(kernels: Sequence[KernelRecord], seq: Sequence[int]) -> bool:
+    """Open a parallel region for `seq`? Not when every kernel of it is one block: there is
+    nothing to share out, and the fork/join and barriers would be all the team adds (the
+    LSTM's host-driven steps are single-block statements)."""
+    return any(_grid(kernels[k]) > 1 for k in seq)
+
+
+#: How the C++ printer sizes a kernel's block memory in its entry (tilekit.tile.cpp
+#: entry_function): from each thread's arena, or on the stack.
+_BLOCK_MEMORY = re.compile(r"tk_block_memory\((\d+)\)|unsigned char tk_smem\[(\d+)\]")
+
+
+def block_memory(kernels: Sequence[KernelRecord]) -> int:
+    """Bytes of block memory the largest kernel's body needs: what its entry takes (a record's
+    `smem_bytes` is the GPU's dynamic shared memory, 0 for the CPU's static buffers)."""
+    sizes = [16]
+    for k in kernels:
+        sizes.append(int(k.smem_bytes))
+        sizes += [int(a or b) for a, b in _BLOCK_MEMORY.findall(k.source)]
+    return max(sizes)
+
+
+def _grid(k: KernelRecord) -> int:
+    return int(k.grid[0]) * int(k.grid[1]) * int(k.grid[2])
+
+
+def _body_call(k: KernelRecord, at: int, block: str) -> str:
+    return f"tk_call<{k.entry}_body>(tk_a + {at}, {block}, {_grid(k)}, tk_smem)"
+
+
+def program_source(kernels: Sequence[KernelRecord], plan: CpuPlan | None = None) -> str:
+    """The program entries of a unit of `kernels` (appended after their sources)."""
+    at = offsets(kernels)
+    smem = block_memory(kernels)
+    lines = [CALL_TEMPLATES]
+    lines.append("// A kernel inside the team: its blocks shared out, no barrier after.")
+    lines.append("static inline void tk_team_kernel(int tk_k, void* const* tk_a, "
+                 "unsigned char* tk_smem) {")
+    lines.append("  switch (tk_k) {")
+    for i, k in enumerate(kernels):
+        lines.append(f"  case {i}: {{")
+        if _grid(k) > 1:
+            lines.append("#pragma omp for schedule(static) nowait")
+            lines.append(f"    for (int tk_b = 0; tk_b < {_grid(k)}; ++tk_b) "
+                         f"{_body_call(k, at[i], 'tk_b')};")
+        else:                    # the first thread: one-block kernels in a row need no barrier
+            lines.append(f"    if (omp_get_thread_num() == 0) {_body_call(k, at[i], '0')};")
+        lines.append("  } break;")
+    lines.append("  }")
+    lines.append("}")
+    lines.append("")
+    lines.append("// Blocks first .. first + count - 1 of a kernel on the calling thread.")
+    lines.append("static inline void tk_blocks(int tk_k, void* const* tk_a, int tk_first, "
+                 "int tk_count, unsigned char* tk_smem) {")
+    lines.append("  switch (tk_k) {")
+    for i, k in enumerate(kernels):
+        lines.append(f"  case {i}: for (int tk_b = tk_first; tk_b < tk_first + tk_count; "
+                     f"++tk_b) {_body_call(k, at[i], 'tk_b')}; break;")
+    lines.append("  }")
+    lines.append("}")
+    lines.append(f"""
+extern "C" void tk_run(void* const* tk_a, const int* tk_seq, const unsigned char* tk_wait,
+                       int tk_n, int tk_parallel, double* tk_times) {{
+#pragma omp parallel if (tk_parallel)
+  {{
+    unsigned char* tk_smem = tk_block_memory({smem});
+    if (tk_times) {{
+#pragma omp barrier
+#pragma omp master
+      tk_times[0] = omp_get_wtime();
+    }}
+    for (int tk_i = 0; tk_i < tk_n; ++tk_i) {{
+      tk_team_kernel(tk_seq[tk_i], tk_a, tk_smem);
+      if (tk_wait[tk_i] || tk_times) {{
+#pragma omp barrier
+        if (tk_times) {{
+#pragma omp master
+          tk_times[tk_i + 1] = omp_get_wtime();
+        }}
+      }}
+    }}
+  }}
+}}
+""")
+    if plan is not None:
+        lines.append(_plan_source(plan, smem))
+    return "\n".join(lines)
+
+
+def _plan_source(plan: CpuPlan, smem: int) -> str:
+    """The items of every segment as tables, a progress counter per packed operator, and
+    `tk_run_plan` walking them."""
+    index = {k: i for i, k in enumerate(plan.operators)}
+    out = [PLAN_HELPERS,
+           f"static tk_progress tk_counters[{max(1, len(plan.operators))}];",
+           "// the counter of each kernel (kernels of no persistent segment have none)",
+           "static const int tk_counter_of[] = {"
+           + ", ".join(str(index.get(k, 0)) for k in range(max(plan.operators, default=0) + 1))
+           + "};",
+           "static inline tk_progress& tk_counters_at(int k) "
+           "{ return tk_counters[tk_counter_of[k]]; }"]
+    for s, seg in enumerate(plan.segments):
+        flat, starts = [], [0]
+        for items in seg:
+            for k, first, count in items:
+                flat += [k, first, count]
+            starts.append(len(flat) // 3)
+        out.append(f"static const int tk_plan_{s}_items[] = {{{_ints(flat or [0])}}};")
+        out.append(f"static const int tk_plan_{s}_start[] = {{{_ints(starts)}}};")
+    names = range(len(plan.segments))
+    out.append("static const int* const tk_plan_items[] = {"
+               + ", ".join(f"tk_plan_{s}_items" for s in names) + "};")
+    out.append("static const int* const tk_plan_start[] = {"
+               + ", ".join(f"tk_plan_{s}_start" for s in names) + "};")
+    out.append(f"static const int tk_plan_veus[] = {{{_ints(len(seg) for seg in plan.segments)}}};")
+    out.append(RUN_PLAN.replace("SMEM_BYTES", str(smem)))
+    return "\n".join(out)
+
+
+def _ints(values) -> str:
+    """Integers for a C array initialiser, a line break every 24 (check_line's limit)."""
+    values = [str(v) for v in values]
+    return ",\n  ".join(", ".join(values[i:i + 24]) for i in range(0, len(values), 24))
+
+
+def module_plan(module, kernels: Sequence[KernelRecord]) -> CpuPlan | None:
+    """The plan the unit of `module` runs: its tk-ram program when that was planned for a CPU
+    profile (the module is rolled for one) and no control op needs host steps; else None (a
+    GPU plan's operators are GPU blocks: its kernels run op by op on the CPU)."""
+    from tilekit.ir.graph import control_records
+    from tilekit.ir.payloads import cpu_rolled
+
+    if module.program is None or not cpu_rolled(module) or control_records(module):
+        return None
+    return unit_plan(module, kernels)
+
+
+def program_unit(module, plan: bool = True) -> tuple[str, CpuPlan | None]:
+    """The translation unit the compiled CPU runtime loads for `module` (its codegen
+    section's kernels and the program entries, with its plan unless `plan` is false), and
+    the plan. `tk-codegen --compile` builds the same unit, so tk-run finds it cached."""
+    from tilekit.codegen.cxx import unit_source
+    from tilekit.ir.payloads import CodegenSection
+
+    kernels = CodegenSection.read(module.codegen).kernels
+    chosen = module_plan(module, kernels) if plan else None
+    return unit_source(kernels) + program_source(kernels, chosen), chosen
+
+
+__all__ = ["CALL_TEMPLATES", "CpuPlan", "barriers", "block_memory",
+           "module_plan", "offsets", "parallel_run", "program_source", "program_unit", "reads",
+           "unit_plan"]
