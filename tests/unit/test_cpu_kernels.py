@@ -89,6 +89,11 @@ def test_gemm_micro_prints_for_cpus_only():
     assert "tk_gemm_micro<6, 16>(0, 0, 8, 0, 16, 0)" in cpp.kernel_text(k)
     with pytest.raises(Exception, match="gemm_micro"):
         cuda.kernel_text(k)
+    rows = tx.call("gemm_micro_rows", tx.const(6), tx.const(16), *[tx.const(0)] * 8)
+    k = Kernel("k", (), (), Evaluate(rows), 1, 1)
+    assert "tk_gemm_micro_rows<6, 16>(0, 0, 0, 0, 0, 0, 0, 0)" in cpp.kernel_text(k)
+    with pytest.raises(Exception, match="gemm_micro_rows"):
+        cuda.kernel_text(k)
 
 
 # -- one model of every kind ---------------------------------------------------------------
@@ -112,6 +117,8 @@ def _model() -> onnx.ModelProto:
         h.make_node("MatMul", ["q", "kt"], ["scores"]),
         # Gemm with transB and alpha: a scaled product with B stored [n][k]
         h.make_node("Gemm", ["g", "wg", "bias19"], ["gemm_out"], transB=1, alpha=0.5),
+        # Gemm with transA: A stored [k][m], packed (its K axis is not contiguous)
+        h.make_node("Gemm", ["gt", "wb"], ["gemmt_out"], transA=1),
         # a padded, strided convolution (im2col through tables) and a 1x1 one (row-major)
         h.make_node("Conv", ["x", "wc", "bc"], ["conv_out"], pads=[1, 1, 1, 1],
                     strides=[2, 2]),
@@ -125,8 +132,10 @@ def _model() -> onnx.ModelProto:
     ]
     inputs = [vi("a", T.FLOAT, [2, 7, 33]), vi("long", T.FLOAT, [5, 600]),
               vi("q", T.FLOAT, [2, 3, 5, 8]), vi("k", T.FLOAT, [2, 3, 9, 8]),
-              vi("g", T.FLOAT, [7, 33]), vi("x", T.FLOAT, [2, 3, 11, 13])]
+              vi("g", T.FLOAT, [7, 33]), vi("x", T.FLOAT, [2, 3, 11, 13]),
+              vi("gt", T.FLOAT, [33, 7])]
     outputs = [vi(n, T.FLOAT, None) for n in ("mm_out", "long_out", "scores", "gemm_out",
+                                              "gemmt_out",
                                               "conv_out", "conv1_out", "dw_out", "rsum",
                                               "soft", "rmax")]
     inits = [w("wb", 33, 19), w("bias19", 19), w("wlong", 600, 40), w("wg", 19, 33),
@@ -163,6 +172,11 @@ def test_each_op_gets_its_cpu_shape(kinds):
         assert shapes[_op_of(module, out)][0] == "cpu_gemm", out
     conv = shapes[_op_of(module, "conv_out_conv")][1]["gemm"]
     assert conv["m"] == ["f"] and conv["n"] == ["n", "h", "w"]   # B: the pixels, im2col
+    # A read in place where its K axes are contiguous (filters, a matmul's rows, batched
+    # rows); Gemm's transposed B stays packed
+    for out in ("mm", "long_out", "scores", "gemm_out_mm", "conv_out_conv", "conv1_out"):
+        assert shapes[_op_of(module, out)][1]["gemm"]["a"] == "rows", out
+    assert shapes[_op_of(module, "gemmt_out")][1]["gemm"]["a"] == "packed"
     scores = shapes[_op_of(module, "scores")][1]["gemm"]
     assert len(scores["batch"]) == 2
     loops = {out: shapes[_op_of(module, out)]

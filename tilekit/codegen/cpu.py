@@ -229,7 +229,8 @@ def gemm_kernel(module, plan: GroupPlan, entry: str, shape: CpuShape, target: Ta
     mr, nr = tiles.mr, tiles.nr
     mc_p, nc_p = -(-g.mc // mr) * mr, -(-g.nc // nr) * nr
     smem = SharedMemory()
-    ap = smem.carve("s_a", "float32", (mc_p // mr, g.kc, mr),
+    direct = _direct_rows(A.read, m_axes, c.k_axes, extent)
+    ap = None if direct is not None else smem.carve("s_a", "float32", (mc_p // mr, g.kc, mr),
                     f"{A.read.tensor}: A panel, {mc_p // mr} micro-panels of {g.kc}x{mr}")
     bp = smem.carve("s_b", "float32", (nc_p // nr, g.kc, nr),
                     f"{B.read.tensor}: B panel, {nc_p // nr} micro-panels of {g.kc}x{nr}")
@@ -248,16 +249,23 @@ def gemm_kernel(module, plan: GroupPlan, entry: str, shape: CpuShape, target: Ta
     with b.loop("ks", 0, g.k_steps) as ks:
         k0 = b.let("k0", tx.mul(ks, g.kc), idx_t)
         kcount = b.let("kc", tx.call("min", tx.const(g.kc, idx_t), tx.sub(K, k0)), idx_t)
-        a_k = _k_side(b, "a", A.read, c.k_axes, k0, kcount, g.kc, extent, idx_t)
+        if direct is None:
+            a_k = _k_side(b, "a", A.read, c.k_axes, k0, kcount, g.kc, extent, idx_t)
+            b.comment(f"pack A: {A.read.tensor} into micro-panels of {mr} rows")
+            _pack(b, A.read, ap, mr, mc_p, mcount, kcount, a_side, a_k, idx_t)
         b_k = _k_side(b, "b", B.read, c.k_axes, k0, kcount, g.kc, extent, idx_t)
-        b.comment(f"pack A: {A.read.tensor} into micro-panels of {mr} rows")
-        _pack(b, A.read, ap, mr, mc_p, mcount, kcount, a_side, a_k, idx_t)
         b.comment(f"pack B: {B.read.tensor} into micro-panels of {nr} columns")
         _pack(b, B.read, bp, nr, nc_p, ncount, kcount, b_side, b_k, idx_t)
         with b.loop("jr", 0, tx.div(tx.add(ncount, nr - 1), nr)) as jr:
             with b.loop("ir", 0, tx.div(tx.add(mcount, mr - 1), mr)) as ir:
-                b.evaluate(tx.call("gemm_micro", tx.const(mr), tx.const(nr),
-                                   Addr(ap.name, (ir, tx.const(0), tx.const(0))),
+                if direct is None:
+                    a_args = (Addr(ap.name, (ir, tx.const(0), tx.const(0))),)
+                else:       # A's rows where they lie: row m0 + ir * mr at step k0
+                    first = tx.add(a_side.offset(tx.mul(ir, mr), idx_t), k0)
+                    a_args = (Addr(tvar(A.read.tensor), (first,)), tx.const(direct, idx_t),
+                              tx.cast("int32", tx.sub(mcount, tx.mul(ir, mr))))
+                b.evaluate(tx.call("gemm_micro" if direct is None else "gemm_micro_rows",
+                                   tx.const(mr), tx.const(nr), *a_args,
                                    Addr(bp.name, (jr, tx.const(0), tx.const(0))),
                                    tx.cast("int32", kcount),
                                    Addr(ct.name, (tx.mul(ir, mr), tx.mul(jr, nr))),
@@ -267,7 +275,8 @@ def gemm_kernel(module, plan: GroupPlan, entry: str, shape: CpuShape, target: Ta
     sched = {"source": "cpu", "gemm": {"m": list(m_axes), "n": list(n_axes),
                                        "batch": list(c.batch_axes), "k": list(c.k_axes),
                                        "blocks": [g.mc, g.nc, g.kc],
-                                       "micro": [mr, nr]}}
+                                       "micro": [mr, nr],
+                                       "a": "packed" if direct is None else "rows"}}
     grid = batch * g.m_blocks * g.n_blocks
     return finish(plan, entry, sig, b.build(), shape="cpu_gemm", schedule=sched, threads=1,
                   grid=grid, shared=smem.all(), target=target,
@@ -275,7 +284,7 @@ def gemm_kernel(module, plan: GroupPlan, entry: str, shape: CpuShape, target: Ta
                             f"{', '.join(n_axes)}; K {', '.join(c.k_axes)})"
                             + (f" x {batch} batch" if batch > 1 else "")
                             + f", blocks {g.mc}x{g.nc}, steps of {g.kc}, micro-tiles "
-                            f"{mr}x{nr}"])
+                            f"{mr}x{nr}" + (", A read in place" if direct else "")])
 
 
 class _Side:
@@ -325,6 +334,19 @@ def _row_major(axes: tuple[str, ...], flat: dict[str, int], extent: dict) -> int
             return None
         step *= extent[a]
     return c
+
+
+def _direct_rows(read: Read, m_axes: tuple[str, ...], k_axes: tuple[str, ...], extent: dict
+                 ) -> int | None:
+    """The row stride of A when the micro-kernel can read it unpacked (runtime_cpu.h's
+    `tk_gemm_micro` with `lda`): the K axes contiguous and row-major in the tensor, the M
+    axes row-major, no index that can leave the tensor. None otherwise (A is packed)."""
+    k_flat, _ = _parts(read, k_axes)
+    m_flat, _ = _parts(read, m_axes)
+    if _row_major(k_axes, k_flat, extent) != 1 or _checked_dims(read, extent):
+        return None
+    lda = _row_major(m_axes, m_flat, extent)
+    return lda if lda else None
 
 
 def _checked_dims(read: Read, extent: dict) -> list[int]:
