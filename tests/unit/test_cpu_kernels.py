@@ -56,16 +56,23 @@ def _tiles(machine: CpuMachine) -> CpuTiles:
         cpu.machine_of = original
 
 
-def test_gemm_blocks_are_even_and_enough_for_the_cores():
-    t = cpu_tiles()
+def test_gemm_blocks_split_n_evenly_over_the_cores():
+    t = cpu_tiles()                                          # 2 cores
+    cores = t.machine.cores
     g = gemm_blocks(t, 128, 2304, 768, 1)
-    assert g.m_blocks == 2 and g.mc == 66                   # not 126 and 2
+    assert g.m_blocks == 1 and g.mc == 128                  # M whole: B packed once
+    assert (g.m_blocks * g.n_blocks) % cores == 0           # every core as busy
     assert g.kc * g.k_steps >= 768 and g.kc % 16 == 0 or g.k_steps == 1
+    even = gemm_blocks(t, 1300, 16, 64, 1)                  # N is one micro-tile: M splits
+    assert even.m_blocks == 2 and even.mc == 654            # one per core, whole micro-tiles
+    assert even.mc * even.m_blocks >= 1300
     small = gemm_blocks(t, 8, 8, 8, 1)
-    assert small.mc == 6 and small.nc == 16 and small.k_steps == 1
-    assert small.m_blocks * small.n_blocks == 2             # as many as the problem has
-    wide = gemm_blocks(t, 64, 3136, 576, 1)
-    assert wide.m_blocks * wide.n_blocks >= t.machine.cores * t.blocks_per_core
+    assert small.mc * small.m_blocks >= 8 and small.nc == 16 and small.k_steps == 1
+    wide = gemm_blocks(t, 64, 3136, 576, 1, n_row=56)        # whole rows, B panel in L2
+    assert wide.nc % 56 == 0 and wide.nc * wide.kc * 4 <= t.machine.l2_bytes // 2
+    assert (wide.m_blocks * wide.n_blocks) % cores == 0
+    deep = gemm_blocks(t, 512, 49, 4608, 1, n_row=7)        # 7 x 7 pixels, 9 MiB of A:
+    assert deep.n_blocks == 1 and deep.m_blocks == cores    # M splits, A is read once
 
 
 def test_rows_per_block():

@@ -256,20 +256,18 @@ def gemm_kernel(module, plan: GroupPlan, entry: str, shape: CpuShape, target: Ta
         b_k = _k_side(b, "b", B.read, c.k_axes, k0, kcount, g.kc, extent, idx_t)
         b.comment(f"pack B: {B.read.tensor} into micro-panels of {nr} columns")
         _pack(b, B.read, bp, nr, nc_p, ncount, kcount, b_side, b_k, idx_t)
-        with b.loop("jr", 0, tx.div(tx.add(ncount, nr - 1), nr)) as jr:
-            with b.loop("ir", 0, tx.div(tx.add(mcount, mr - 1), mr)) as ir:
-                if direct is None:
-                    a_args = (Addr(ap.name, (ir, tx.const(0), tx.const(0))),)
-                else:       # A's rows where they lie: row m0 + ir * mr at step k0
-                    first = tx.add(a_side.offset(tx.mul(ir, mr), idx_t), k0)
-                    a_args = (Addr(tvar(A.read.tensor), (first,)), tx.const(direct, idx_t),
-                              tx.cast("int32", tx.sub(mcount, tx.mul(ir, mr))))
-                b.evaluate(tx.call("gemm_micro" if direct is None else "gemm_micro_rows",
-                                   tx.const(mr), tx.const(nr), *a_args,
-                                   Addr(bp.name, (jr, tx.const(0), tx.const(0))),
-                                   tx.cast("int32", kcount),
-                                   Addr(ct.name, (tx.mul(ir, mr), tx.mul(jr, nr))),
-                                   tx.const(nc_p), tx.cast("int32", tx.gt(ks, 0))))
+        panels = tx.div(tx.add(mcount, mr - 1), mr)
+        slice_ = max(1, tiles.mc // mr)      # A's micro-panels per slice kept in L2
+        with ExitStack() as slices:
+            if g.mc > slice_ * mr:
+                ic = slices.enter_context(b.loop("ic", 0, tx.div(tx.add(panels, slice_ - 1),
+                                                                   slice_)))
+                ir_lo = b.let("ir0", tx.mul(ic, slice_))
+                ir_hi = b.let("ir1", tx.call("min", tx.add(ir_lo, slice_), panels))
+            else:
+                ir_lo, ir_hi = tx.const(0), panels
+            _micro_tiles(b, direct, A, a_side, ap, bp, ct, mr, nr, nc_p, ir_lo, ir_hi, ks, k0,
+                         mcount, ncount, kcount, idx_t)
     _gemm_epilogue(b, module, plan, c, m_axes, n_axes, batch_at, m0, n0, mcount, ncount, ct,
                    extent, g.n_row, idx_t)
     sched = {"source": "cpu", "gemm": {"m": list(m_axes), "n": list(n_axes),
@@ -285,6 +283,27 @@ def gemm_kernel(module, plan: GroupPlan, entry: str, shape: CpuShape, target: Ta
                             + (f" x {batch} batch" if batch > 1 else "")
                             + f", blocks {g.mc}x{g.nc}, steps of {g.kc}, micro-tiles "
                             f"{mr}x{nr}" + (", A read in place" if direct else "")])
+
+
+def _micro_tiles(b: Builder, direct: int | None, A: _Operand, a_side, ap, bp, ct, mr: int,
+                 nr: int, nc_p: int, ir_lo: Expr, ir_hi: Expr, ks: Var, k0: Var,
+                 mcount: Var, ncount: Var, kcount: Var, idx_t: str) -> None:
+    """The micro-kernel on every `mr x nr` tile of the rows `ir_lo * mr` to `ir_hi * mr` of
+    the block: each B micro-panel (L1) against those rows' A (L2)."""
+    with b.loop("jr", 0, tx.div(tx.add(ncount, nr - 1), nr)) as jr:
+        with b.loop("ir", ir_lo, ir_hi) as ir:
+            if direct is None:
+                a_args = (Addr(ap.name, (ir, tx.const(0), tx.const(0))),)
+            else:       # A's rows where they lie: row m0 + ir * mr at step k0
+                first = tx.add(a_side.offset(tx.mul(ir, mr), idx_t), k0)
+                a_args = (Addr(tvar(A.read.tensor), (first,)), tx.const(direct, idx_t),
+                          tx.cast("int32", tx.sub(mcount, tx.mul(ir, mr))))
+            b.evaluate(tx.call("gemm_micro" if direct is None else "gemm_micro_rows",
+                               tx.const(mr), tx.const(nr), *a_args,
+                               Addr(bp.name, (jr, tx.const(0), tx.const(0))),
+                               tx.cast("int32", kcount),
+                               Addr(ct.name, (tx.mul(ir, mr), tx.mul(jr, nr))),
+                               tx.const(nc_p), tx.cast("int32", tx.gt(ks, 0))))
 
 
 class _Side:
@@ -442,9 +461,20 @@ def _pack(b: Builder, read: Read, panel, width: int, size: int, count: Var, kcou
             index = tx.add(group.dim(d, lidx, idx_t), ks.dim(d, kk, idx_t))
             checks.append(tx.call("in_range", index, tx.as_expr(read.shape[d], idx_t)))
         offset = tx.add(group.offset(lidx, idx_t), ks.offset(kk, idx_t))
-        valid = b.let("ok_", tx.and_(*checks))
-        safe = tx.select(valid, offset, tx.const(0, idx_t))
-        value = tx.select(valid, Load(tvar(read.tensor), (safe,), read.dtype), pad)
+        # `&`, not `&&`: the checks are all computed (no branch), so the loop stays one
+        # straight-line vector loop
+        valid = checks[0]
+        for check in checks[1:]:
+            valid = tx.binary("&", valid, check, "bool")
+        valid = b.let("ok_", valid)
+        # The load clamped into the tensor and then selected: an unconditional load from an
+        # index that does not depend on `valid`, which GCC vectorises (a vector load or an
+        # AVX2 gather); `valid ? t[...] : pad` becomes a masked load it does not vectorise.
+        numel = math.prod(read.shape)
+        safe = tx.call("min", tx.call("max", offset, tx.const(0, idx_t)),
+                       tx.const(numel - 1, idx_t))
+        loaded = b.let("v_", Load(tvar(read.tensor), (safe,), read.dtype), read.dtype)
+        value = tx.select(valid, loaded, pad)
         b.store(panel, (pp, kk, i), value)
 
 
