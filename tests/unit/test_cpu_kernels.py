@@ -130,6 +130,10 @@ def _model() -> onnx.ModelProto:
         h.make_node("Conv", ["x", "wc", "bc"], ["conv_out"], pads=[1, 1, 1, 1],
                     strides=[2, 2]),
         h.make_node("Conv", ["x", "w1"], ["conv1_out"]),
+        # grouped (2 groups of 2 channels), strided, padded on one side (a loop nest: the
+        # contraction has no GEMM view)
+        h.make_node("Conv", ["x4", "wg2"], ["convg_out"], group=2, pads=[0, 1, 2, 0],
+                    strides=[2, 1]),
         # depthwise (no GEMM view: an accumulator row over the output's width)
         h.make_node("Conv", ["x", "wd"], ["dw_out"], group=3, pads=[1, 1, 1, 1]),
         # reductions: over channels (strided) and over the last axis (contiguous)
@@ -140,13 +144,13 @@ def _model() -> onnx.ModelProto:
     inputs = [vi("a", T.FLOAT, [2, 7, 33]), vi("long", T.FLOAT, [5, 600]),
               vi("q", T.FLOAT, [2, 3, 5, 8]), vi("k", T.FLOAT, [2, 3, 9, 8]),
               vi("g", T.FLOAT, [7, 33]), vi("x", T.FLOAT, [2, 3, 11, 13]),
-              vi("gt", T.FLOAT, [33, 7])]
+              vi("gt", T.FLOAT, [33, 7]), vi("x4", T.FLOAT, [1, 4, 9, 10])]
     outputs = [vi(n, T.FLOAT, None) for n in ("mm_out", "long_out", "scores", "gemm_out",
-                                              "gemmt_out",
+                                              "gemmt_out", "convg_out",
                                               "conv_out", "conv1_out", "dw_out", "rsum",
                                               "soft", "rmax")]
     inits = [w("wb", 33, 19), w("bias19", 19), w("wlong", 600, 40), w("wg", 19, 33),
-             w("wc", 5, 3, 3, 3), w("bc", 5), w("w1", 4, 3, 1, 1), w("wd", 3, 1, 3, 3),
+             w("wc", 5, 3, 3, 3), w("wg2", 14, 2, 3, 3), w("bc", 5), w("w1", 4, 3, 1, 1), w("wd", 3, 1, 3, 3),
              nh.from_array(np.array([1], np.int64), "axes1"),
              nh.from_array(np.array([3], np.int64), "axes3")]
     graph = h.make_graph(nodes, "kinds", inputs, outputs, inits)
@@ -229,6 +233,41 @@ def test_a_long_sum_is_as_accurate_as_blocked_summation():
     # positive terms: a sequential float32 sum of 8192 drifts to ~1e-5; blocks of 256 stay
     # within a few 1e-7
     assert err < 2e-6, err
+
+
+@needs_cxx
+def test_tall_blocks_run_their_rows_in_l2_slices():
+    """M above the A slice of L2 (`tiles.mc` rows) stays whole in a block, N split over the
+    cores: the block runs its rows slice by slice on one packed B panel. A convolution of
+    200 filters (A read in place, tail rows) with padding on 30 x 11 pixels (rows of 11), and
+    a matmul whose M is not a multiple of the micro-tile; both against the reference."""
+    rng = np.random.default_rng(4)
+    vi = h.make_tensor_value_info
+    nodes = [h.make_node("Conv", ["x", "w"], ["conv"], pads=[1, 1, 1, 1]),
+             h.make_node("Relu", ["conv"], ["y"]),
+             h.make_node("MatMul", ["a", "b"], ["z"])]
+    graph = h.make_graph(
+        nodes, "tall", [vi("x", T.FLOAT, [1, 5, 30, 11]), vi("a", T.FLOAT, [203, 37])],
+        [vi("y", T.FLOAT, None), vi("z", T.FLOAT, None)],
+        [nh.from_array(rng.standard_normal((200, 5, 3, 3)).astype(np.float32), "w"),
+         nh.from_array(rng.standard_normal((37, 160)).astype(np.float32), "b")])
+    imported = import_model(h.make_model(graph, opset_imports=[h.make_opsetid("", 18)]))
+    module = imported.module
+    generated = generate(module, target="cpu").module
+    tiles = cpu_tiles()
+    gemms = [k for k in generated.codegen["kernels"] if k["shape"] == "cpu_gemm"]
+    assert len(gemms) == 2
+    for k in gemms:
+        mc = k["schedule"]["gemm"]["blocks"][0]
+        assert mc > tiles.mc and "for (int ic = 0;" in k["source"], k["name"]
+    inputs = {n: rng.standard_normal(module.tensors[n].shape).astype(np.float32)
+              for n in module.inputs}
+    want = run_module(module, inputs, imported.weights)
+    for threads in (1, 2):
+        got = CpuProgram(generated, threads).run(inputs, imported.weights)
+        for out in module.outputs:
+            np.testing.assert_allclose(got[out], want[out], rtol=2e-5, atol=2e-5,
+                                       err_msg=f"{out}, {threads} thread(s)")
 
 
 def _attention() -> onnx.ModelProto:
