@@ -441,8 +441,27 @@ def _pack(b: Builder, read: Read, panel, width: int, size: int, count: Var, kcou
     """panel[l / width][kk][l % width] = the operand at group point l and step point kk (its
     pad value outside the tensor, 0 past the GEMM). The innermost loop walks the side that
     is contiguous in the tensor (vector loads), K when only K is, and the loop around it
-    walks the next-closest elements (a row of B in one sweep, not a column of slabs)."""
+    walks the next-closest elements (a row of B in one sweep, not a column of slabs). When
+    the group side is contiguous and indices can leave the tensor (a stride-1 convolution's
+    padded window: its im2col rows are shifted image rows), each panel row is one masked
+    vector copy (`pack_row`, runtime_cpu.h tk_pack_row) under a mask of the lanes inside the
+    tensor; without such indices (a matmul's B, a 1x1 convolution) the plain loop is one
+    vector copy already."""
     pad = pad_literal(read.pad, read.dtype)
+    if group.coef == 1 and ks.dims and read.dtype == "float32" and width % 8 == 0:
+        with b.loop("kk", 0, kcount, dtype=idx_t) as kk:
+            with b.loop("pp", 0, size // width, dtype=idx_t) as pp:
+                ok = b.alloc("okm", "int32", (width,), "the row's lanes inside the tensor")
+                with b.loop("i", 0, width, kind="simd", dtype=idx_t) as i:
+                    valid = _valid(read, tx.add(tx.mul(pp, width), i), kk, count, group, ks,
+                                   idx_t)
+                    b.store(ok, (i,), tx.select(valid, tx.const(-1), tx.const(0)))
+                first = tx.add(group.offset(tx.mul(pp, width), idx_t), ks.offset(kk, idx_t))
+                b.evaluate(tx.call("pack_row", tx.const(width),
+                                   Addr(panel.name, (pp, kk, tx.const(0))),
+                                   Addr(tvar(read.tensor), (first,)),
+                                   Addr(ok.name, (tx.const(0),)), pad))
+        return
     if ks.coef == 1 and group.coef != 1:     # rows of K: each row read once, in order
         order = [("pp", size // width), ("i", width), ("kk", kcount)]
     elif group.coef == 1:                     # rows of the group: a step's row in one sweep
@@ -456,26 +475,29 @@ def _pack(b: Builder, read: Read, panel, width: int, size: int, count: Var, kcou
             at[name] = loops.enter_context(b.loop(name, 0, stop, kind=kind, dtype=idx_t))
         pp, i, kk = at["pp"], at["i"], at["kk"]
         lidx = tx.add(tx.mul(pp, width), i)
-        checks = [tx.lt(lidx, count)]
-        for d in ks.dims:
-            index = tx.add(group.dim(d, lidx, idx_t), ks.dim(d, kk, idx_t))
-            checks.append(tx.call("in_range", index, tx.as_expr(read.shape[d], idx_t)))
-        offset = tx.add(group.offset(lidx, idx_t), ks.offset(kk, idx_t))
-        # `&`, not `&&`: the checks are all computed (no branch), so the loop stays one
-        # straight-line vector loop
-        valid = checks[0]
-        for check in checks[1:]:
-            valid = tx.binary("&", valid, check, "bool")
-        valid = b.let("ok_", valid)
+        valid = b.let("ok_", _valid(read, lidx, kk, count, group, ks, idx_t))
         # The load clamped into the tensor and then selected: an unconditional load from an
         # index that does not depend on `valid`, which GCC vectorises (a vector load or an
         # AVX2 gather); `valid ? t[...] : pad` becomes a masked load it does not vectorise.
+        offset = tx.add(group.offset(lidx, idx_t), ks.offset(kk, idx_t))
         numel = math.prod(read.shape)
         safe = tx.call("min", tx.call("max", offset, tx.const(0, idx_t)),
                        tx.const(numel - 1, idx_t))
         loaded = b.let("v_", Load(tvar(read.tensor), (safe,), read.dtype), read.dtype)
-        value = tx.select(valid, loaded, pad)
-        b.store(panel, (pp, kk, i), value)
+        b.store(panel, (pp, kk, i), tx.select(valid, loaded, pad))
+
+
+def _valid(read: Read, lidx: Expr, kk: Expr, count: Var, group: _Side, ks: _Side,
+           idx_t: str) -> Expr:
+    """Whether group point `lidx` at step point `kk` is inside the GEMM and the tensor. The
+    checks are combined with `&`, not `&&`: all computed, no branch, so that the loop stays
+    one straight-line vector loop."""
+    valid = tx.lt(lidx, count)
+    for d in ks.dims:
+        index = tx.add(group.dim(d, lidx, idx_t), ks.dim(d, kk, idx_t))
+        valid = tx.binary("&", valid, tx.call("in_range", index,
+                                              tx.as_expr(read.shape[d], idx_t)), "bool")
+    return valid
 
 
 def _gemm_epilogue(b: Builder, module, plan: GroupPlan, c: Contraction, m_axes, n_axes,

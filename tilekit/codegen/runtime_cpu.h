@@ -228,3 +228,27 @@ static inline void tk_gemm_micro_rows(const float* __restrict__ a, long lda, int
   tk_gemm_tile<MR, NR>([&row](int k, int i) { return row[i] + k; }, b, kc, c, ldc,
                        accumulate);
 }
+
+// -- packing --------------------------------------------------------------------------------
+// dst[i] = ok[i] ? src[i] : pad for i < W: a packed panel's row of W values that lie
+// contiguously in the operand, `ok` the lanes inside it (a convolution's padding, the edge of
+// the GEMM). Masked vector loads (vmaskmovps): the masked-off lanes are never read, so `src`
+// may point before or past the tensor there; contiguous loads keep the hardware prefetcher
+// on the operand's rows, where a gather (or GCC's scalar code for `ok ? src[i] : pad`) would
+// take a load per value.
+template <int W>
+static inline void tk_pack_row(float* __restrict__ dst, const float* src,
+                               const int* __restrict__ ok, float pad) {
+#if defined(__AVX__)
+  static_assert(W % 8 == 0, "W must be a whole number of 8-lane vectors");
+  const __m256 fill = _mm256_set1_ps(pad);
+#pragma GCC unroll 8
+  for (int h = 0; h < W; h += 8) {
+    const __m256i m = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ok + h));
+    const __m256 v = _mm256_maskload_ps(src + h, m);
+    _mm256_storeu_ps(dst + h, _mm256_blendv_ps(fill, v, _mm256_castsi256_ps(m)));
+  }
+#else
+  for (int i = 0; i < W; ++i) dst[i] = ok[i] ? src[i] : pad;
+#endif
+}
