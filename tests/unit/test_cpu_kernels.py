@@ -101,6 +101,11 @@ def test_gemm_micro_prints_for_cpus_only():
     assert "tk_gemm_micro_rows<6, 16>(0, 0, 0, 0, 0, 0, 0, 0)" in cpp.kernel_text(k)
     with pytest.raises(Exception, match="gemm_micro_rows"):
         cuda.kernel_text(k)
+    pack = tx.call("pack_row", tx.const(16), *[tx.const(0)] * 3, tx.const(0.0), tx.const(0))
+    k = Kernel("k", (), (), Evaluate(pack), 1, 1)
+    assert "tk_pack_row<16>(0, 0, 0, 0.0f, 0)" in cpp.kernel_text(k)
+    with pytest.raises(Exception, match="pack_row"):
+        cuda.kernel_text(k)
 
 
 # -- one model of every kind ---------------------------------------------------------------
@@ -257,6 +262,8 @@ def test_tall_blocks_run_their_rows_in_l2_slices():
     tiles = cpu_tiles()
     gemms = [k for k in generated.codegen["kernels"] if k["shape"] == "cpu_gemm"]
     assert len(gemms) == 2
+    # B's rows (the padded stride-1 window's, the matmul's) are masked vector copies
+    assert all("tk_pack_row<16>" in k["source"] for k in gemms)
     for k in gemms:
         mc = k["schedule"]["gemm"]["blocks"][0]
         assert mc > tiles.mc and "for (int ic = 0;" in k["source"], k["name"]

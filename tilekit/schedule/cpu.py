@@ -10,10 +10,14 @@ algorithm does, so its tiles follow from three memory levels.
   lanes), AVX-512 (16) and NEON (4) (runtime_cpu.h picks the vectors at compile time).
 - **L1.** One step of the reduction streams a `kc x nr` micro-panel of B from L1 for every
   `mr` rows: `kc * nr * 4` bytes take half of L1.
-- **L2.** The block's packed A panel (`mc x kc`), B panel (`kc x nc`) and output tile
-  (`mc x nc`) share L2: A and the output tile a quarter each, B half.
-- **Cores.** A block (`mc x nc` outputs) is the unit of parallel work; the tiles shrink (to
-  whole micro-tiles) until there are at least `blocks_per_core` blocks per core.
+- **L2.** A slice of A (`mc x kc`: read in place, or a packed panel), the B panel (`kc x
+  nc`) and an `mc x nc` piece of the output tile share L2: A and the output a quarter each,
+  B half. `mc` is the slice of rows a block runs at a time (a block may hold more rows).
+- **Cores.** A block (`mc x nc` outputs) is the unit of parallel work. Its split of M and N
+  is priced (`gemm_blocks`): rounds of blocks over the cores times one block's micro-tiles,
+  B packing and reads of A, so that every core gets the same work and splitting M (which
+  re-packs B) or N (which re-reads A) is paid for. A block runs its rows in `mc`-row slices
+  (the A slice in L2) on one packed B panel per step.
 
 Loop nests (everything that is not a contraction) run in blocks of rows of about
 `block_work` element operations each, their innermost loop in vector lanes.

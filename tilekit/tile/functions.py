@@ -106,8 +106,8 @@ FUNCTIONS: dict[str, Function] = {f.name: f for f in (
     # kc, &c, ldc, accumulate)
     Function("gemm_micro_rows", 10, "intrinsic", "int32", cpu_only=True),
     # a packed panel's row from contiguous values under a lane mask (runtime_cpu.h
-    # tk_pack_row): pack_row(W, &dst, &src, &ok, pad) with W a constant
-    Function("pack_row", 5, "intrinsic", "int32", cpu_only=True),
+    # tk_pack_row): pack_row(W, &dst, &src, &ok, pad, &ahead) with W a constant
+    Function("pack_row", 6, "intrinsic", "int32", cpu_only=True),
 )}
 
 #: Calls every lane of a warp must make together (never in divergent code).
