@@ -7,11 +7,19 @@ inputs and weights into NumPy buffers, calls the kernels in order (each runs its
 blocks over the cores with OpenMP) and returns the outputs; control ops run as the generated
 code says: a device loop inside the library, a host-placed one driven from here like the
 CUDA runtime drives it (tilekit.runtime.cuda_control).
+
+OpenMP's threads wait for the next kernel passively (`OMP_WAIT_POLICY=passive`, unless the
+environment sets it): libgomp's default spins, and on cores shared with other processes a
+spinning thread holds the core the thread with work needs, so every kernel waits a time slice
+for its slower thread (ResNet-50 on 2 threads of a loaded 2-core VM: 650 ms spinning, 210-250
+ms passive, onnxruntime 250-300 ms). libgomp reads the variable once, when the first library
+is loaded.
 """
 
 from __future__ import annotations
 
 import ctypes
+import os
 import time
 from typing import Any, Mapping
 
@@ -98,6 +106,7 @@ class CpuProgram:
         check_runnable(module, "the compiled CPU runtime", control=True)
         check_recorded_kernels(module)
         section = CodegenSection.read(module.codegen)
+        os.environ.setdefault("OMP_WAIT_POLICY", "passive")     # the module docstring
         self.lib = ctypes.CDLL(str(build(unit_source(section.kernels))))
         if threads is not None:
             self.lib.tk_set_threads(int(threads))
