@@ -56,16 +56,23 @@ def _tiles(machine: CpuMachine) -> CpuTiles:
         cpu.machine_of = original
 
 
-def test_gemm_blocks_are_even_and_enough_for_the_cores():
-    t = cpu_tiles()
+def test_gemm_blocks_split_n_evenly_over_the_cores():
+    t = cpu_tiles()                                          # 2 cores
+    cores = t.machine.cores
     g = gemm_blocks(t, 128, 2304, 768, 1)
-    assert g.m_blocks == 2 and g.mc == 66                   # not 126 and 2
+    assert g.m_blocks == 1 and g.mc == 128                  # M whole: B packed once
+    assert (g.m_blocks * g.n_blocks) % cores == 0           # every core as busy
     assert g.kc * g.k_steps >= 768 and g.kc % 16 == 0 or g.k_steps == 1
+    even = gemm_blocks(t, 1300, 16, 64, 1)                  # N is one micro-tile: M splits
+    assert even.m_blocks == 2 and even.mc == 654            # one per core, whole micro-tiles
+    assert even.mc * even.m_blocks >= 1300
     small = gemm_blocks(t, 8, 8, 8, 1)
-    assert small.mc == 6 and small.nc == 16 and small.k_steps == 1
-    assert small.m_blocks * small.n_blocks == 2             # as many as the problem has
-    wide = gemm_blocks(t, 64, 3136, 576, 1)
-    assert wide.m_blocks * wide.n_blocks >= t.machine.cores * t.blocks_per_core
+    assert small.mc * small.m_blocks >= 8 and small.nc == 16 and small.k_steps == 1
+    wide = gemm_blocks(t, 64, 3136, 576, 1, n_row=56)        # whole rows, B panel in L2
+    assert wide.nc % 56 == 0 and wide.nc * wide.kc * 4 <= t.machine.l2_bytes // 2
+    assert (wide.m_blocks * wide.n_blocks) % cores == 0
+    deep = gemm_blocks(t, 512, 49, 4608, 1, n_row=7)        # 7 x 7 pixels, 9 MiB of A:
+    assert deep.n_blocks == 1 and deep.m_blocks == cores    # M splits, A is read once
 
 
 def test_rows_per_block():
@@ -88,6 +95,16 @@ def test_gemm_micro_prints_for_cpus_only():
     k = Kernel("k", (), (), Evaluate(call), 1, 1)
     assert "tk_gemm_micro<6, 16>(0, 0, 8, 0, 16, 0)" in cpp.kernel_text(k)
     with pytest.raises(Exception, match="gemm_micro"):
+        cuda.kernel_text(k)
+    rows = tx.call("gemm_micro_rows", tx.const(6), tx.const(16), *[tx.const(0)] * 8)
+    k = Kernel("k", (), (), Evaluate(rows), 1, 1)
+    assert "tk_gemm_micro_rows<6, 16>(0, 0, 0, 0, 0, 0, 0, 0)" in cpp.kernel_text(k)
+    with pytest.raises(Exception, match="gemm_micro_rows"):
+        cuda.kernel_text(k)
+    pack = tx.call("pack_row", tx.const(16), *[tx.const(0)] * 3, tx.const(0.0), tx.const(0))
+    k = Kernel("k", (), (), Evaluate(pack), 1, 1)
+    assert "tk_pack_row<16>(0, 0, 0, 0.0f, 0)" in cpp.kernel_text(k)
+    with pytest.raises(Exception, match="pack_row"):
         cuda.kernel_text(k)
 
 
@@ -112,10 +129,16 @@ def _model() -> onnx.ModelProto:
         h.make_node("MatMul", ["q", "kt"], ["scores"]),
         # Gemm with transB and alpha: a scaled product with B stored [n][k]
         h.make_node("Gemm", ["g", "wg", "bias19"], ["gemm_out"], transB=1, alpha=0.5),
+        # Gemm with transA: A stored [k][m], packed (its K axis is not contiguous)
+        h.make_node("Gemm", ["gt", "wb"], ["gemmt_out"], transA=1),
         # a padded, strided convolution (im2col through tables) and a 1x1 one (row-major)
         h.make_node("Conv", ["x", "wc", "bc"], ["conv_out"], pads=[1, 1, 1, 1],
                     strides=[2, 2]),
         h.make_node("Conv", ["x", "w1"], ["conv1_out"]),
+        # grouped (2 groups of 2 channels), strided, padded on one side (a loop nest: the
+        # contraction has no GEMM view)
+        h.make_node("Conv", ["x4", "wg2"], ["convg_out"], group=2, pads=[0, 1, 2, 0],
+                    strides=[2, 1]),
         # depthwise (no GEMM view: an accumulator row over the output's width)
         h.make_node("Conv", ["x", "wd"], ["dw_out"], group=3, pads=[1, 1, 1, 1]),
         # reductions: over channels (strided) and over the last axis (contiguous)
@@ -125,12 +148,14 @@ def _model() -> onnx.ModelProto:
     ]
     inputs = [vi("a", T.FLOAT, [2, 7, 33]), vi("long", T.FLOAT, [5, 600]),
               vi("q", T.FLOAT, [2, 3, 5, 8]), vi("k", T.FLOAT, [2, 3, 9, 8]),
-              vi("g", T.FLOAT, [7, 33]), vi("x", T.FLOAT, [2, 3, 11, 13])]
+              vi("g", T.FLOAT, [7, 33]), vi("x", T.FLOAT, [2, 3, 11, 13]),
+              vi("gt", T.FLOAT, [33, 7]), vi("x4", T.FLOAT, [1, 4, 9, 10])]
     outputs = [vi(n, T.FLOAT, None) for n in ("mm_out", "long_out", "scores", "gemm_out",
+                                              "gemmt_out", "convg_out",
                                               "conv_out", "conv1_out", "dw_out", "rsum",
                                               "soft", "rmax")]
     inits = [w("wb", 33, 19), w("bias19", 19), w("wlong", 600, 40), w("wg", 19, 33),
-             w("wc", 5, 3, 3, 3), w("bc", 5), w("w1", 4, 3, 1, 1), w("wd", 3, 1, 3, 3),
+             w("wc", 5, 3, 3, 3), w("wg2", 14, 2, 3, 3), w("bc", 5), w("w1", 4, 3, 1, 1), w("wd", 3, 1, 3, 3),
              nh.from_array(np.array([1], np.int64), "axes1"),
              nh.from_array(np.array([3], np.int64), "axes3")]
     graph = h.make_graph(nodes, "kinds", inputs, outputs, inits)
@@ -163,6 +188,11 @@ def test_each_op_gets_its_cpu_shape(kinds):
         assert shapes[_op_of(module, out)][0] == "cpu_gemm", out
     conv = shapes[_op_of(module, "conv_out_conv")][1]["gemm"]
     assert conv["m"] == ["f"] and conv["n"] == ["n", "h", "w"]   # B: the pixels, im2col
+    # A read in place where its K axes are contiguous (filters, a matmul's rows, batched
+    # rows); Gemm's transposed B stays packed
+    for out in ("mm", "long_out", "scores", "gemm_out_mm", "conv_out_conv", "conv1_out"):
+        assert shapes[_op_of(module, out)][1]["gemm"]["a"] == "rows", out
+    assert shapes[_op_of(module, "gemmt_out")][1]["gemm"]["a"] == "packed"
     scores = shapes[_op_of(module, "scores")][1]["gemm"]
     assert len(scores["batch"]) == 2
     loops = {out: shapes[_op_of(module, out)]
@@ -208,6 +238,43 @@ def test_a_long_sum_is_as_accurate_as_blocked_summation():
     # positive terms: a sequential float32 sum of 8192 drifts to ~1e-5; blocks of 256 stay
     # within a few 1e-7
     assert err < 2e-6, err
+
+
+@needs_cxx
+def test_tall_blocks_run_their_rows_in_l2_slices():
+    """M above the A slice of L2 (`tiles.mc` rows) stays whole in a block, N split over the
+    cores: the block runs its rows slice by slice on one packed B panel. A convolution of
+    200 filters (A read in place, tail rows) with padding on 30 x 11 pixels (rows of 11), and
+    a matmul whose M is not a multiple of the micro-tile; both against the reference."""
+    rng = np.random.default_rng(4)
+    vi = h.make_tensor_value_info
+    nodes = [h.make_node("Conv", ["x", "w"], ["conv"], pads=[1, 1, 1, 1]),
+             h.make_node("Relu", ["conv"], ["y"]),
+             h.make_node("MatMul", ["a", "b"], ["z"])]
+    graph = h.make_graph(
+        nodes, "tall", [vi("x", T.FLOAT, [1, 5, 30, 11]), vi("a", T.FLOAT, [203, 37])],
+        [vi("y", T.FLOAT, None), vi("z", T.FLOAT, None)],
+        [nh.from_array(rng.standard_normal((200, 5, 3, 3)).astype(np.float32), "w"),
+         nh.from_array(rng.standard_normal((37, 160)).astype(np.float32), "b")])
+    imported = import_model(h.make_model(graph, opset_imports=[h.make_opsetid("", 18)]))
+    module = imported.module
+    generated = generate(module, target="cpu").module
+    tiles = cpu_tiles()
+    gemms = [k for k in generated.codegen["kernels"] if k["shape"] == "cpu_gemm"]
+    assert len(gemms) == 2
+    # B's rows (the padded stride-1 window's, the matmul's) are masked vector copies
+    assert all("tk_pack_row<16>" in k["source"] for k in gemms)
+    for k in gemms:
+        mc = k["schedule"]["gemm"]["blocks"][0]
+        assert mc > tiles.mc and "for (int ic = 0;" in k["source"], k["name"]
+    inputs = {n: rng.standard_normal(module.tensors[n].shape).astype(np.float32)
+              for n in module.inputs}
+    want = run_module(module, inputs, imported.weights)
+    for threads in (1, 2):
+        got = CpuProgram(generated, threads).run(inputs, imported.weights)
+        for out in module.outputs:
+            np.testing.assert_allclose(got[out], want[out], rtol=2e-5, atol=2e-5,
+                                       err_msg=f"{out}, {threads} thread(s)")
 
 
 def _attention() -> onnx.ModelProto:

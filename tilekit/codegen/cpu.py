@@ -229,7 +229,8 @@ def gemm_kernel(module, plan: GroupPlan, entry: str, shape: CpuShape, target: Ta
     mr, nr = tiles.mr, tiles.nr
     mc_p, nc_p = -(-g.mc // mr) * mr, -(-g.nc // nr) * nr
     smem = SharedMemory()
-    ap = smem.carve("s_a", "float32", (mc_p // mr, g.kc, mr),
+    direct = _direct_rows(A.read, m_axes, c.k_axes, extent)
+    ap = None if direct is not None else smem.carve("s_a", "float32", (mc_p // mr, g.kc, mr),
                     f"{A.read.tensor}: A panel, {mc_p // mr} micro-panels of {g.kc}x{mr}")
     bp = smem.carve("s_b", "float32", (nc_p // nr, g.kc, nr),
                     f"{B.read.tensor}: B panel, {nc_p // nr} micro-panels of {g.kc}x{nr}")
@@ -248,26 +249,32 @@ def gemm_kernel(module, plan: GroupPlan, entry: str, shape: CpuShape, target: Ta
     with b.loop("ks", 0, g.k_steps) as ks:
         k0 = b.let("k0", tx.mul(ks, g.kc), idx_t)
         kcount = b.let("kc", tx.call("min", tx.const(g.kc, idx_t), tx.sub(K, k0)), idx_t)
-        a_k = _k_side(b, "a", A.read, c.k_axes, k0, kcount, g.kc, extent, idx_t)
+        if direct is None:
+            a_k = _k_side(b, "a", A.read, c.k_axes, k0, kcount, g.kc, extent, idx_t)
+            b.comment(f"pack A: {A.read.tensor} into micro-panels of {mr} rows")
+            _pack(b, A.read, ap, mr, mc_p, mcount, kcount, a_side, a_k, idx_t)
         b_k = _k_side(b, "b", B.read, c.k_axes, k0, kcount, g.kc, extent, idx_t)
-        b.comment(f"pack A: {A.read.tensor} into micro-panels of {mr} rows")
-        _pack(b, A.read, ap, mr, mc_p, mcount, kcount, a_side, a_k, idx_t)
         b.comment(f"pack B: {B.read.tensor} into micro-panels of {nr} columns")
         _pack(b, B.read, bp, nr, nc_p, ncount, kcount, b_side, b_k, idx_t)
-        with b.loop("jr", 0, tx.div(tx.add(ncount, nr - 1), nr)) as jr:
-            with b.loop("ir", 0, tx.div(tx.add(mcount, mr - 1), mr)) as ir:
-                b.evaluate(tx.call("gemm_micro", tx.const(mr), tx.const(nr),
-                                   Addr(ap.name, (ir, tx.const(0), tx.const(0))),
-                                   Addr(bp.name, (jr, tx.const(0), tx.const(0))),
-                                   tx.cast("int32", kcount),
-                                   Addr(ct.name, (tx.mul(ir, mr), tx.mul(jr, nr))),
-                                   tx.const(nc_p), tx.cast("int32", tx.gt(ks, 0))))
+        panels = tx.div(tx.add(mcount, mr - 1), mr)
+        slice_ = max(1, tiles.mc // mr)      # A's micro-panels per slice kept in L2
+        with ExitStack() as slices:
+            if g.mc > slice_ * mr:
+                ic = slices.enter_context(b.loop("ic", 0, tx.div(tx.add(panels, slice_ - 1),
+                                                                   slice_)))
+                ir_lo = b.let("ir0", tx.mul(ic, slice_))
+                ir_hi = b.let("ir1", tx.call("min", tx.add(ir_lo, slice_), panels))
+            else:
+                ir_lo, ir_hi = tx.const(0), panels
+            _micro_tiles(b, direct, A, a_side, ap, bp, ct, mr, nr, nc_p, ir_lo, ir_hi, ks, k0,
+                         mcount, ncount, kcount, idx_t)
     _gemm_epilogue(b, module, plan, c, m_axes, n_axes, batch_at, m0, n0, mcount, ncount, ct,
                    extent, g.n_row, idx_t)
     sched = {"source": "cpu", "gemm": {"m": list(m_axes), "n": list(n_axes),
                                        "batch": list(c.batch_axes), "k": list(c.k_axes),
                                        "blocks": [g.mc, g.nc, g.kc],
-                                       "micro": [mr, nr]}}
+                                       "micro": [mr, nr],
+                                       "a": "packed" if direct is None else "rows"}}
     grid = batch * g.m_blocks * g.n_blocks
     return finish(plan, entry, sig, b.build(), shape="cpu_gemm", schedule=sched, threads=1,
                   grid=grid, shared=smem.all(), target=target,
@@ -275,7 +282,28 @@ def gemm_kernel(module, plan: GroupPlan, entry: str, shape: CpuShape, target: Ta
                             f"{', '.join(n_axes)}; K {', '.join(c.k_axes)})"
                             + (f" x {batch} batch" if batch > 1 else "")
                             + f", blocks {g.mc}x{g.nc}, steps of {g.kc}, micro-tiles "
-                            f"{mr}x{nr}"])
+                            f"{mr}x{nr}" + (", A read in place" if direct else "")])
+
+
+def _micro_tiles(b: Builder, direct: int | None, A: _Operand, a_side, ap, bp, ct, mr: int,
+                 nr: int, nc_p: int, ir_lo: Expr, ir_hi: Expr, ks: Var, k0: Var,
+                 mcount: Var, ncount: Var, kcount: Var, idx_t: str) -> None:
+    """The micro-kernel on every `mr x nr` tile of the rows `ir_lo * mr` to `ir_hi * mr` of
+    the block: each B micro-panel (L1) against those rows' A (L2)."""
+    with b.loop("jr", 0, tx.div(tx.add(ncount, nr - 1), nr)) as jr:
+        with b.loop("ir", ir_lo, ir_hi) as ir:
+            if direct is None:
+                a_args = (Addr(ap.name, (ir, tx.const(0), tx.const(0))),)
+            else:       # A's rows where they lie: row m0 + ir * mr at step k0
+                first = tx.add(a_side.offset(tx.mul(ir, mr), idx_t), k0)
+                a_args = (Addr(tvar(A.read.tensor), (first,)), tx.const(direct, idx_t),
+                          tx.cast("int32", tx.sub(mcount, tx.mul(ir, mr))))
+            b.evaluate(tx.call("gemm_micro" if direct is None else "gemm_micro_rows",
+                               tx.const(mr), tx.const(nr), *a_args,
+                               Addr(bp.name, (jr, tx.const(0), tx.const(0))),
+                               tx.cast("int32", kcount),
+                               Addr(ct.name, (tx.mul(ir, mr), tx.mul(jr, nr))),
+                               tx.const(nc_p), tx.cast("int32", tx.gt(ks, 0))))
 
 
 class _Side:
@@ -325,6 +353,19 @@ def _row_major(axes: tuple[str, ...], flat: dict[str, int], extent: dict) -> int
             return None
         step *= extent[a]
     return c
+
+
+def _direct_rows(read: Read, m_axes: tuple[str, ...], k_axes: tuple[str, ...], extent: dict
+                 ) -> int | None:
+    """The row stride of A when the micro-kernel can read it unpacked (runtime_cpu.h's
+    `tk_gemm_micro` with `lda`): the K axes contiguous and row-major in the tensor, the M
+    axes row-major, no index that can leave the tensor. None otherwise (A is packed)."""
+    k_flat, _ = _parts(read, k_axes)
+    m_flat, _ = _parts(read, m_axes)
+    if _row_major(k_axes, k_flat, extent) != 1 or _checked_dims(read, extent):
+        return None
+    lda = _row_major(m_axes, m_flat, extent)
+    return lda if lda else None
 
 
 def _checked_dims(read: Read, extent: dict) -> list[int]:
@@ -395,13 +436,40 @@ def _axis_values(b: Builder, axes: tuple[str, ...], flat: Expr, extent: dict, id
     return dict(zip(axes, vars_))
 
 
+#: Steps of K ahead whose rows a contiguous panel row prefetches (runtime_cpu.h tk_pack_row).
+PACK_AHEAD = 4
+
+
 def _pack(b: Builder, read: Read, panel, width: int, size: int, count: Var, kcount: Var,
           group: _Side, ks: _Side, idx_t: str) -> None:
     """panel[l / width][kk][l % width] = the operand at group point l and step point kk (its
     pad value outside the tensor, 0 past the GEMM). The innermost loop walks the side that
     is contiguous in the tensor (vector loads), K when only K is, and the loop around it
-    walks the next-closest elements (a row of B in one sweep, not a column of slabs)."""
+    walks the next-closest elements (a row of B in one sweep, not a column of slabs). When
+    the group side is contiguous (a matmul's B, a 1x1 convolution's pixels, a stride-1
+    convolution's window: its im2col rows are shifted image rows), each panel row is one
+    masked vector copy (`pack_row`, runtime_cpu.h tk_pack_row) under a mask of the lanes
+    inside the GEMM and the tensor: contiguous loads, twice as fast as a gather from L1 and
+    1.7 times from memory (measured on Zen 3)."""
     pad = pad_literal(read.pad, read.dtype)
+    if group.coef == 1 and read.dtype == "float32" and width % 8 == 0:
+        with b.loop("kk", 0, kcount, dtype=idx_t) as kk:
+            with b.loop("pp", 0, size // width, dtype=idx_t) as pp:
+                ok = b.alloc("okm", "int32", (width,), "the row's lanes inside the tensor")
+                with b.loop("i", 0, width, kind="simd", dtype=idx_t) as i:
+                    valid = _valid(read, tx.add(tx.mul(pp, width), i), kk, count, group, ks,
+                                   idx_t)
+                    b.store(ok, (i,), tx.select(valid, tx.const(-1), tx.const(0)))
+                row = group.offset(tx.mul(pp, width), idx_t)
+                first = tx.add(row, ks.offset(kk, idx_t))
+                later = tx.call("min", tx.add(kk, PACK_AHEAD), tx.sub(kcount, 1))
+                b.evaluate(tx.call("pack_row", tx.const(width),
+                                   Addr(panel.name, (pp, kk, tx.const(0))),
+                                   Addr(tvar(read.tensor), (first,)),
+                                   Addr(ok.name, (tx.const(0),)), pad,
+                                   Addr(tvar(read.tensor),
+                                        (tx.add(row, ks.offset(later, idx_t)),))))
+        return
     if ks.coef == 1 and group.coef != 1:     # rows of K: each row read once, in order
         order = [("pp", size // width), ("i", width), ("kk", kcount)]
     elif group.coef == 1:                     # rows of the group: a step's row in one sweep
@@ -415,15 +483,29 @@ def _pack(b: Builder, read: Read, panel, width: int, size: int, count: Var, kcou
             at[name] = loops.enter_context(b.loop(name, 0, stop, kind=kind, dtype=idx_t))
         pp, i, kk = at["pp"], at["i"], at["kk"]
         lidx = tx.add(tx.mul(pp, width), i)
-        checks = [tx.lt(lidx, count)]
-        for d in ks.dims:
-            index = tx.add(group.dim(d, lidx, idx_t), ks.dim(d, kk, idx_t))
-            checks.append(tx.call("in_range", index, tx.as_expr(read.shape[d], idx_t)))
+        valid = b.let("ok_", _valid(read, lidx, kk, count, group, ks, idx_t))
+        # The load clamped into the tensor and then selected: an unconditional load from an
+        # index that does not depend on `valid`, which GCC vectorises (a vector load or an
+        # AVX2 gather); `valid ? t[...] : pad` becomes a masked load it does not vectorise.
         offset = tx.add(group.offset(lidx, idx_t), ks.offset(kk, idx_t))
-        valid = b.let("ok_", tx.and_(*checks))
-        safe = tx.select(valid, offset, tx.const(0, idx_t))
-        value = tx.select(valid, Load(tvar(read.tensor), (safe,), read.dtype), pad)
-        b.store(panel, (pp, kk, i), value)
+        numel = math.prod(read.shape)
+        safe = tx.call("min", tx.call("max", offset, tx.const(0, idx_t)),
+                       tx.const(numel - 1, idx_t))
+        loaded = b.let("v_", Load(tvar(read.tensor), (safe,), read.dtype), read.dtype)
+        b.store(panel, (pp, kk, i), tx.select(valid, loaded, pad))
+
+
+def _valid(read: Read, lidx: Expr, kk: Expr, count: Var, group: _Side, ks: _Side,
+           idx_t: str) -> Expr:
+    """Whether group point `lidx` at step point `kk` is inside the GEMM and the tensor. The
+    checks are combined with `&`, not `&&`: all computed, no branch, so that the loop stays
+    one straight-line vector loop."""
+    valid = tx.lt(lidx, count)
+    for d in ks.dims:
+        index = tx.add(group.dim(d, lidx, idx_t), ks.dim(d, kk, idx_t))
+        valid = tx.binary("&", valid, tx.call("in_range", index,
+                                              tx.as_expr(read.shape[d], idx_t)), "bool")
+    return valid
 
 
 def _gemm_epilogue(b: Builder, module, plan: GroupPlan, c: Contraction, m_axes, n_axes,

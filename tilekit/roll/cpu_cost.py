@@ -13,13 +13,14 @@ work one core takes: a `cpu_gemm` block of `mc x nc` outputs, a block of rows of
     time         = max(compute, memory) + fork_join_s (a kernel of more than one block)
 
 - `flops`: iteration points x reduction points x flops per point; for `cpu_gemm` the padded
-  micro-tiles' (`mr x nr` tiles that overhang M or N compute zeros); a `cpu_loops` kernel
+  micro-tiles' (`mr x nr` tiles that overhang a block's M or N compute zeros); a `cpu_loops`
+  kernel
   without a vector axis runs scalar code: its peak is one lane's.
 - the **peak** is the profile's fp32 per-core peak (fp64 for float64 ops); half-precision and
   integer ops are priced at the fp32 rate (the CPU computes them in float32 or integer lanes
   of the same width).
-- `bytes`: for `cpu_gemm` what the blocks pack (each block reads its A panel, M points x K,
-  and its B panel, K x N points, once) plus the output; for everything else every tensor the
+- `bytes`: for `cpu_gemm` what the blocks read (each block reads its rows of A, M points x
+  K, and packs its B panel, K x N points, once) plus the output; for everything else every tensor the
   kernel reads or writes, once (re-reads of a reduction's window are served by L1).
 - the **level**: the innermost of L2 (the used cores' private L2s together), L3 (the
   instances the used cores share) and DRAM that holds the kernel's working set (every tensor
@@ -109,8 +110,9 @@ def op_estimate(profile, problem: Problem, shape: CpuShape, working_set: float) 
     flops = float(problem.output_points * problem.reduction_points * problem.flops_per_point)
     if shape.gemm is not None:
         g, t = shape.gemm, shape.tiles
-        padded = (-(-g.m // t.mr) * t.mr) * (-(-g.n // t.nr) * t.nr) / max(1, g.m * g.n)
         b = g.blocks
+        padded = (-(-b.mc // t.mr) * t.mr * b.m_blocks) * (-(-b.nc // t.nr) * t.nr
+                                                          * b.n_blocks) / max(1, g.m * g.n)
         item = 4
         traffic = g.batch * item * (g.m * g.k * b.n_blocks + g.k * g.n * b.m_blocks) \
             + problem.output_points * problem.out_itemsize

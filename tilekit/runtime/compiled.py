@@ -18,11 +18,19 @@ threads) and its other kernels with `tk_run`. `CpuProgram.profile` times every k
 (a barrier after each while profiling); `per_kernel=True` calls each kernel's own entry
 instead (one ctypes call and one parallel region per kernel: what runs before the program
 entry, kept to compare against).
+
+OpenMP's threads wait for the next kernel passively (`OMP_WAIT_POLICY=passive`, unless the
+environment sets it): libgomp's default spins, and on cores shared with other processes a
+spinning thread holds the core the thread with work needs, so every kernel waits a time slice
+for its slower thread (ResNet-50 on 2 threads of a loaded 2-core VM: 650 ms spinning, 210-250
+ms passive, onnxruntime 250-300 ms). libgomp reads the variable once, when the first library
+is loaded.
 """
 
 from __future__ import annotations
 
 import ctypes
+import os
 import time
 from typing import Any, Mapping
 
@@ -172,6 +180,7 @@ class CpuProgram:
         section = CodegenSection.read(module.codegen)
         self.kernel_records = section.kernels
         source, self.plan = program_unit(module, plan=use_plan)
+        os.environ.setdefault("OMP_WAIT_POLICY", "passive")     # the module docstring
         self.lib = ctypes.CDLL(str(build(source)))
         self.lib.tk_run.restype = None
         self.lib.tk_run.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,

@@ -10,10 +10,14 @@ algorithm does, so its tiles follow from three memory levels.
   lanes), AVX-512 (16) and NEON (4) (runtime_cpu.h picks the vectors at compile time).
 - **L1.** One step of the reduction streams a `kc x nr` micro-panel of B from L1 for every
   `mr` rows: `kc * nr * 4` bytes take half of L1.
-- **L2.** The block's packed A panel (`mc x kc`), B panel (`kc x nc`) and output tile
-  (`mc x nc`) share L2: A and the output tile a quarter each, B half.
-- **Cores.** A block (`mc x nc` outputs) is the unit of parallel work; the tiles shrink (to
-  whole micro-tiles) until there are at least `blocks_per_core` blocks per core.
+- **L2.** A slice of A (`mc x kc`: read in place, or a packed panel), the B panel (`kc x
+  nc`) and an `mc x nc` piece of the output tile share L2: A and the output a quarter each,
+  B half. `mc` is the slice of rows a block runs at a time (a block may hold more rows).
+- **Cores.** A block (`mc x nc` outputs) is the unit of parallel work. Its split of M and N
+  is priced (`gemm_blocks`): rounds of blocks over the cores times one block's micro-tiles,
+  B packing and reads of A, so that every core gets the same work and splitting M (which
+  re-packs B) or N (which re-reads A) is paid for. A block runs its rows in `mc`-row slices
+  (the A slice in L2) on one packed B panel per step.
 
 Loop nests (everything that is not a contraction) run in blocks of rows of about
 `block_work` element operations each, their innermost loop in vector lanes.
@@ -125,37 +129,71 @@ class GemmBlocks:
     n_row: int = 1                  # nc is a whole number of rows of this many points
 
 
+#: The price of packing one element of B, in FMA-pipe cycles: a load through the operand's
+#: index maps (an im2col gather with its bounds checks) and a store into the panel; measured
+#: at about one cycle per element on Zen 3 for a convolution's window, less for a copy.
+PACK_CYCLES = 1.0
+#: The price of reading one element of A in place (the micro-kernel streams a block's rows of
+#: A once per step; a layer's weights come from L3 or DRAM): half a cycle per element, about
+#: 8 bytes per cycle, between one core's L3 and DRAM figures. Splitting N re-reads A.
+A_CYCLES = 0.5
+#: The fixed price of a block in the same cycles: its offset tables, loop set-up, its share
+#: of the fork/join.
+BLOCK_CYCLES = 3000.0
+#: How many bytes a block's output tile may take (it is read and written once per step).
+C_TILE_BYTES = 512 * 1024
+
+
 def gemm_blocks(tiles: CpuTiles, m: int, n: int, k: int, batch: int, n_row: int = 1
                 ) -> GemmBlocks:
-    """The cache tiles shrunk to the problem (never past a micro-tile) and, while there are
-    fewer blocks than `blocks_per_core` per core, halved: N first (the B panel is re-packed
-    per block of M), then M. Blocks are even (128 rows in blocks of at most 126 are two of
-    66, not 126 and 2). With `n_row` > 1 (the extent of the output's contiguous axis, when N
-    has more axes: a convolution's pixels) and a row fitting the N tile, `nc` is a whole
-    number of rows, so that a block's outputs are whole rows of the output."""
+    """The blocks of an `m x n x k` GEMM (`batch` of them): the split of M and N into
+    `m_blocks x n_blocks` parallel blocks with the least time on the machine's cores, priced
+    as rounds of blocks (ceil(blocks / cores), every core taking one block per round) times
+    one block's micro-tiles (padded to `mr x nr`), its B panel packing (`PACK_CYCLES` per
+    element: each block packs its B panel once per step and runs all its rows on it, so
+    splitting M re-packs B), its reading of A (`A_CYCLES` per element: splitting N re-reads
+    A) and `BLOCK_CYCLES`. A block's B panel (`kc
+    x nc`) keeps to the L2 bound of `tiles.nc`, its output tile to `C_TILE_BYTES`; A is read
+    in `tiles.mc`-row slices that stay in L2 (gemm_kernel's inner loop). Ties go to fewer
+    blocks. Blocks are even (128 rows in two blocks are two of 66, not 126 and 2). With
+    `n_row` > 1 (the extent of the output's contiguous axis, when N has more axes: a
+    convolution's pixels) and a row fitting the N tile, `nc` is a whole number of rows, so
+    that a block's outputs are whole rows of the output."""
     mr, nr = tiles.mr, tiles.nr
     n_step = n_row if 1 < n_row <= tiles.nc and n % n_row == 0 else 1
     unit = nr if n_step == 1 else n_step
-    mc = min(tiles.mc, -(-m // mr) * mr)
-    nc = min(max(tiles.nc // unit, 1) * unit, -(-n // unit) * unit)
     kc = min(tiles.kc, k)
-    want = tiles.machine.cores * tiles.blocks_per_core
-
-    def count(mc_: int, nc_: int) -> int:
-        return batch * -(-m // mc_) * -(-n // nc_)
-
-    while count(mc, nc) < want:
-        if nc > unit and nc >= mc:
-            nc = max(unit, (nc // 2) // unit * unit)
-        elif mc > mr:
-            mc = max(mr, (mc // 2) // mr * mr)
-        elif nc > unit:
-            nc = max(unit, (nc // 2) // unit * unit)
-        else:
-            break
-    mc = -(-(-(-m // -(-m // mc))) // mr) * mr
-    nc = -(-(-(-n // -(-n // nc))) // unit) * unit
     kc = -(-k // -(-k // kc))
+    cores = tiles.machine.cores
+    macs = 2 * tiles.machine.f32_lanes         # multiply-adds per cycle: two FMA pipes
+    n_units = -(-n // unit)
+    nc_max = max(1, tiles.nc // unit)           # units per block, L2's bound on the B panel
+
+    def up(x: int, step: int) -> int:
+        return -(-x // step) * step
+
+    best = None
+    for nb in range(-(-n_units // nc_max), n_units + 1):
+        nc = up(-(-n_units // nb), 1) * unit
+        if -(-n_units // (nc // unit)) != nb:
+            continue                            # the same blocks as a smaller nb
+        nc_p = up(nc, nr)
+        m_least = max(1, -(-(-(-m // mr) * mr * nc_p * 4) // C_TILE_BYTES))
+        for mb in range(m_least, -(-m // mr) + 1):
+            mc = min(m, up(-(-m // mb), mr))
+            if -(-m // mc) != mb:
+                continue
+            blocks = batch * mb * nb
+            one = (up(mc, mr) * nc_p * k / macs + nc_p * k * PACK_CYCLES
+                   + mc * k * A_CYCLES + BLOCK_CYCLES)
+            cost = (-(-blocks // cores) * one, blocks)
+            if best is None or cost < best[0]:
+                best = (cost, mc, nc)
+            if blocks >= 4 * cores * tiles.blocks_per_core:
+                break
+        if batch * m_least * nb >= 4 * cores * tiles.blocks_per_core:
+            break
+    _, mc, nc = best
     return GemmBlocks(mc, nc, kc, -(-m // mc), -(-n // nc), -(-k // kc), n_step)
 
 

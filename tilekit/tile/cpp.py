@@ -64,10 +64,13 @@ class CppPrinter(CStyle):
     def intrinsic(self, e: Call, args: list[str]) -> str:
         if e.fn == "grid_sync":
             return "(void)0"
-        if e.fn == "gemm_micro":
+        if e.fn in ("gemm_micro", "gemm_micro_rows"):
             mr, nr = e.args[0], e.args[1]
             assert isinstance(mr, Const) and isinstance(nr, Const)
-            return f"tk_gemm_micro<{mr.value}, {nr.value}>({', '.join(args[2:])})"
+            return f"tk_{e.fn}<{mr.value}, {nr.value}>({', '.join(args[2:])})"
+        if e.fn == "pack_row":
+            assert isinstance(e.args[0], Const)
+            return f"tk_pack_row<{e.args[0].value}>({', '.join(args[1:])})"
         raise InternalError(f"{e.fn} reached the C++ printer (no CPU form)")
 
     def s_Threads(self, s: Threads, e: Emitter) -> None:

@@ -102,6 +102,12 @@ FUNCTIONS: dict[str, Function] = {f.name: f for f in (
     # the CPU's register-tile GEMM step (runtime_cpu.h tk_gemm_micro): gemm_micro(MR, NR,
     # &a_panel, &b_panel, kc, &c, ldc, accumulate) with MR and NR constants
     Function("gemm_micro", 8, "intrinsic", "int32", cpu_only=True),
+    # the same with A read unpacked: gemm_micro_rows(MR, NR, &a_row0, lda, rows, &b_panel,
+    # kc, &c, ldc, accumulate)
+    Function("gemm_micro_rows", 10, "intrinsic", "int32", cpu_only=True),
+    # a packed panel's row from contiguous values under a lane mask (runtime_cpu.h
+    # tk_pack_row): pack_row(W, &dst, &src, &ok, pad, &ahead) with W a constant
+    Function("pack_row", 6, "intrinsic", "int32", cpu_only=True),
 )}
 
 #: Calls every lane of a warp must make together (never in divergent code).
