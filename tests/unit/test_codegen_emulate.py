@@ -63,6 +63,32 @@ def test_emulation_sees_unwritten_outputs():
     assert np.isnan(got["c"]).any()
 
 
+def test_a_kernel_the_host_compiler_refuses_is_kept_with_the_command_that_reproduces_it():
+    """The build's error names the kept folder and the command; run there, the command fails
+    the same way (the precompiled host_emul.h it names included)."""
+    import shlex
+    import subprocess
+    from dataclasses import replace
+    from pathlib import Path
+
+    from tilekit.errors import TilekitError
+
+    result = generate(fixture("matmul_aligned"))
+    record = dict(result.module.codegen["kernels"][0])
+    record["source"] += "\nstatic_assert(TK_EMUL_DYNAMIC_SMEM < 0, \"refused on purpose\");\n"
+    broken = replace(result.module, codegen={**result.module.codegen, "kernels": [record]})
+    with pytest.raises(TilekitError) as info:
+        emulate(broken, *random_values(fixture("matmul_aligned")))
+    error = info.value
+    assert "host compile of the emulation failed" in error.what
+    assert "refused on purpose" in error.what
+    kept = Path(error.where)
+    assert kept.name.startswith("failed-") and (kept / "main.cpp").is_file()
+    command = error.hint.split(" && ", 1)[1]
+    proc = subprocess.run(shlex.split(command), cwd=kept, capture_output=True, text=True)
+    assert proc.returncode != 0 and "refused on purpose" in proc.stderr
+
+
 def without_barrier(kernel, nth: int) -> str:
     """The kernel's source with the `nth` barrier of its tile program (in program order)
     removed and the program printed again."""
