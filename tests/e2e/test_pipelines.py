@@ -101,8 +101,10 @@ def params(models) -> list:
 
 WHOLE_PARAMS = params(m for m in subset(ALL_MODELS, DEFAULT_REAL + tuple(BUILT_MODELS))
                       if m not in HEAVY or on("TILEKIT_ALL_ARCHS"))
-#: Tile by tile: the two small real CNNs (ResNet-50's tiles are those of the compile test).
-TILED_PARAMS = params(subset(ALL_MODELS, ("squeezenet", "shufflenet", *BUILT_MODELS)))
+#: Tile by tile: ShuffleNet (ResNet-50's tiles are those of the compile test; SqueezeNet's
+#: run op by op against whole ops in tests/unit/test_roll_models.py, a stricter check of the
+#: same tiles, and through this pipe with TILEKIT_FULL=1).
+TILED_PARAMS = params(subset(ALL_MODELS, ("shufflenet", *BUILT_MODELS)))
 
 
 @pytest.mark.parametrize("name", WHOLE_PARAMS)

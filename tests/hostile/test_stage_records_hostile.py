@@ -19,6 +19,10 @@ from hostile_support import assert_refused, env_limit, run, spawn, write_mlp
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from models import control_models  # noqa: E402
 
+#: One worker runs this file (an xdist group): the planned, ground, welded and rolled
+#: fixtures are made once, not once per worker.
+pytestmark = pytest.mark.xdist_group("stage-records-hostile")
+
 STAGES = [("tk-ram", ["--hw", "h100"]), ("tk-grind", ["--hw", "h100"])]
 
 

@@ -47,6 +47,23 @@ VARIANTS = {"as_written": lambda m: m, "no_tiles": without_tiles, "one_kernel_pe
             without_groups}
 
 
+def distinct_variants() -> list[tuple[str, str]]:
+    """(fixture, variant) for every variant of every fixture that is not the same module as
+    an earlier variant of it (sorted): a fixture without tiles or kernel groups is the same
+    module as written, without tiles or with one kernel per op, and would run twice."""
+    from tilekit.ir import dumps
+
+    pairs = []
+    for name in FIXTURES:
+        seen = set()
+        for variant in sorted(VARIANTS):
+            text = dumps(VARIANTS[variant](fixture(name)))
+            if text not in seen:
+                seen.add(text)
+                pairs.append((name, variant))
+    return pairs
+
+
 def random_values(module: Module, seed: int = 0) -> tuple[dict, dict]:
     """(inputs, weights): weights from the fixture's sidecar, inputs random by dtype."""
     rng = np.random.default_rng(seed)

@@ -1,9 +1,10 @@
 """Generated CUDA run on the CPU (tilekit.codegen.emulate) against the reference executor.
 
 Every fixture in tests/data/codegen, in three variants: as written (rolled tiles, kernel
-groups), without tiles (the default schedules) and with one kernel per op. This is the
-evidence, without a GPU, that index maps, padding, boundary tiles, shared-memory staging,
-barriers, lane reductions and fused regions compute what tilekit.expr says.
+groups), without tiles (the default schedules) and with one kernel per op; a variant that is
+the same module as an earlier one of its fixture runs once. This is the evidence, without a
+GPU, that index maps, padding, boundary tiles, shared-memory staging, barriers, lane
+reductions and fused regions compute what tilekit.expr says.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from tilekit.codegen import generate
 from tilekit.codegen.emulate import emulate, find_cxx
 from tilekit.runtime.cpu import run_module
 
-from codegen_support import FIXTURES, VARIANTS, big_tile_matmul, fixture, random_values
+from codegen_support import (VARIANTS, big_tile_matmul, distinct_variants, fixture,
+                             random_values)
 
 pytestmark = pytest.mark.skipif(find_cxx() is None, reason="no C++ compiler for the emulation")
 
@@ -35,8 +37,8 @@ def assert_close(name, got, want):
         np.testing.assert_array_equal(got, want, err_msg=name)
 
 
-@pytest.mark.parametrize("variant", sorted(VARIANTS))
-@pytest.mark.parametrize("name", FIXTURES)
+@pytest.mark.parametrize("name, variant", [pytest.param(n, v, id=f"{n}-{v}")
+                                           for n, v in distinct_variants()])
 def test_emulated_kernels_match_reference(name, variant):
     module = VARIANTS[variant](fixture(name))
     inputs, weights = random_values(module)
@@ -59,6 +61,32 @@ def test_emulation_sees_unwritten_outputs():
     broken = replace(result.module, codegen={**result.module.codegen, "kernels": [record]})
     got = emulate(broken, inputs, weights)
     assert np.isnan(got["c"]).any()
+
+
+def test_a_kernel_the_host_compiler_refuses_is_kept_with_the_command_that_reproduces_it():
+    """The build's error names the kept folder and the command; run there, the command fails
+    the same way (the precompiled host_emul.h it names included)."""
+    import shlex
+    import subprocess
+    from dataclasses import replace
+    from pathlib import Path
+
+    from tilekit.errors import TilekitError
+
+    result = generate(fixture("matmul_aligned"))
+    record = dict(result.module.codegen["kernels"][0])
+    record["source"] += "\nstatic_assert(TK_EMUL_DYNAMIC_SMEM < 0, \"refused on purpose\");\n"
+    broken = replace(result.module, codegen={**result.module.codegen, "kernels": [record]})
+    with pytest.raises(TilekitError) as info:
+        emulate(broken, *random_values(fixture("matmul_aligned")))
+    error = info.value
+    assert "host compile of the emulation failed" in error.what
+    assert "refused on purpose" in error.what
+    kept = Path(error.where)
+    assert kept.name.startswith("failed-") and (kept / "main.cpp").is_file()
+    command = error.hint.split(" && ", 1)[1]
+    proc = subprocess.run(shlex.split(command), cwd=kept, capture_output=True, text=True)
+    assert proc.returncode != 0 and "refused on purpose" in proc.stderr
 
 
 def without_barrier(kernel, nth: int) -> str:

@@ -13,6 +13,8 @@ tensor-map encoding is checked against a stand-in driver.
 
 from __future__ import annotations
 
+import functools
+
 import os
 import re
 import shutil
@@ -210,8 +212,7 @@ def _mutated_source(old: str, new: str):
 def test_a_wrong_layout_gives_wrong_numbers(what):
     """A descriptor's offsets, the tensor map's swizzle, the accumulator layout in the
     epilogue or the majorness flag, each made wrong, must make the emulated result wrong."""
-    module = gemm(128, 128, 128, "float16", "km", "kn", (128, 128), 1)
-    result = generate(module, H100)
+    module, result, v, want, good = _layout_case()
     edits = {
         "stride_offset": _mutated_source(", 8192, 1024);", ", 8192, 512);"),
         "leading_offset": _mutated_source(", 8192, 1024);", ", 4096, 1024);"),
@@ -222,10 +223,19 @@ def test_a_wrong_layout_gives_wrong_numbers(what):
         "transpose": _mutated_source("tk_wgmma<128, 0, 1, 1>", "tk_wgmma<128, 0, 0, 1>"),
     }
     bad = _with_source(result, edits[what])
+    assert not rel_err(emulate(bad, v, {})["c"], want) < 0.05      # wrong (or unwritten: NaN)
+    assert good < 1e-5
+
+
+@functools.lru_cache(maxsize=None)
+def _layout_case():
+    """The module the layout mutations edit, its kernels, values, the reference and the
+    error of the unedited kernels' emulation: the same for every mutation, emulated once."""
+    module = gemm(128, 128, 128, "float16", "km", "kn", (128, 128), 1)
+    result = generate(module, H100)
     v = values(module)
     want = reference(module, v)
-    assert not rel_err(emulate(bad, v, {})["c"], want) < 0.05      # wrong (or unwritten: NaN)
-    assert rel_err(emulate(result.module, v, {})["c"], want) < 1e-5
+    return module, result, v, want, rel_err(emulate(result.module, v, {})["c"], want)
 
 
 @needs_cxx

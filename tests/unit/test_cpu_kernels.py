@@ -23,7 +23,9 @@ from tilekit.tile import expr as tx
 from tilekit.tile.nodes import Evaluate, Kernel
 
 needs_cxx = pytest.mark.skipif(find_cxx() is None, reason="no C++ compiler")
-pytestmark = pytest.mark.usefixtures("cxx_cache")
+#: One worker runs this file (an xdist group): the generated kinds (kinds) are made once,
+#: not once per worker.
+pytestmark = [pytest.mark.usefixtures("cxx_cache"), pytest.mark.xdist_group("cpu-kernels")]
 
 
 

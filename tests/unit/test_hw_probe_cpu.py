@@ -29,6 +29,10 @@ from tilekit.runtime import probe, probe_cpu
 from tilekit.runtime.probe_cpu import (CacheInfo, CpuDevice, core_of, figure_of, parse_cpu_list,
                                        parse_size, read_caches, working_sets)
 
+#: One worker runs this file (an xdist group): the quick probe of this CPU (probed_here)
+#: runs once, not once per worker.
+pytestmark = pytest.mark.xdist_group("hw-probe-cpu")
+
 REPO = Path(__file__).resolve().parents[2]
 KiB, MiB, GiB = 2**10, 2**20, 2**30
 WHEN = "AMD EPYC 7763 64-Core Processor, 2026-01-05"

@@ -20,6 +20,7 @@ from tilekit.ir.stages import INVALIDATES, drop
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 from models import onnx_models  # noqa: E402
+from scope import FULL  # noqa: E402
 
 
 def run_pipe(pipe: str, cwd: Path) -> subprocess.CompletedProcess:
@@ -29,8 +30,14 @@ def run_pipe(pipe: str, cwd: Path) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=300)
 
 
-@pytest.mark.parametrize("weld", [False, True], ids=["roll", "roll_weld"])
-@pytest.mark.parametrize("model", ["mobilenet_block", "bert_encoder_layer"])
+#: (model, weld): by default each model once and each pass list once (the two others with
+#: TILEKIT_FULL=1); tests/e2e/test_stages_together.py compares every pass with the pipe too.
+PIPE_CASES = [("mobilenet_block", True), ("bert_encoder_layer", False)] + (
+    [("mobilenet_block", False), ("bert_encoder_layer", True)] if FULL else [])
+
+
+@pytest.mark.parametrize("model, weld", PIPE_CASES,
+                         ids=[f"{m}-{'roll_weld' if w else 'roll'}" for m, w in PIPE_CASES])
 def test_compile_in_one_process_equals_the_piped_commands(model, weld, tmp_path, monkeypatch):
     onnx.save(getattr(onnx_models, model)(), str(tmp_path / "m.onnx"))
     middle = "| tk-weld --top-k 2 " if weld else ""

@@ -17,6 +17,9 @@ from tilekit.roll.workloads import load_workloads
 
 PROFILES = ("h100", "v100", "ipu")
 TOP_K = 4
+#: One worker runs this file: the rolled suite (one per profile, most of the file's time) is
+#: then rolled once per profile, not once per worker.
+pytestmark = pytest.mark.xdist_group("roll-suite")
 
 
 @functools.lru_cache(maxsize=None)

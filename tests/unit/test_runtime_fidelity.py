@@ -25,6 +25,10 @@ from tilekit.ir.graph import op_analysis
 from tilekit.roll.schedule import dtypes_of, roll_module, tile_record
 from tilekit.schedule.shape import Target, analysis_facts
 
+#: One worker runs this file (an xdist group): the suite sample (sample) is built once, not
+#: once per worker.
+pytestmark = pytest.mark.xdist_group("runtime-fidelity")
+
 
 @pytest.fixture(scope="module")
 def h100():

@@ -22,6 +22,10 @@ from tilekit.roll.schedule import roll_module
 from tilekit.roll.workloads import load_workloads
 
 
+#: One worker runs this file: the rolled and generated suite is then made once per profile.
+pytestmark = pytest.mark.xdist_group("shape-agreement")
+
+
 @functools.lru_cache(maxsize=None)
 def rolled_suite(hw: str):
     profile = load_profile(hw)

@@ -14,8 +14,12 @@ TMA copies, mbarriers and wgmma follow their documented layouts (host_emul.h); a
 descriptors are built by the harness from its record (`tensor_maps`) in the emulation's own
 encoding, and split-K scratch buffers (`scratch`) are allocated like tensors.
 
-Binaries are cached next to nvcc's (`$TILEKIT_CACHE/emul/<key>`). A fiber switch costs about
-a microsecond: keep fixtures small (thousands of blocks with many barriers take seconds).
+Binaries are cached next to nvcc's (`$TILEKIT_CACHE/emul/<key>`). host_emul.h (with the
+standard headers it includes) is compiled once per cache as a GCC precompiled header
+(`emul/headers-<key>/host_emul.h.gch`): it is most of a small module's compile time. Its flags
+are the same for every module, so the module's dynamic shared-memory size is a `#define` at
+the top of the generated main.cpp, not a `-D` flag. A fiber switch costs about a microsecond:
+keep fixtures small (thousands of blocks with many barriers take seconds).
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from typing import Mapping
 
 import numpy as np
 
-from tilekit.codegen.cxx import find_cxx
+from tilekit.codegen.cxx import compiler_version, find_cxx
 from tilekit.codegen.kernel import tvar
 from tilekit.tile.cuda import CudaPrinter
 from tilekit.ir.payloads import CodegenSection
@@ -155,36 +159,70 @@ def unit_from_ir(module: Module) -> str:
     return "\n".join(k.source for k in CodegenSection.read(module.codegen).kernels)
 
 
+def _headers_dir(cxx: str, version: str, headers: dict[str, str]) -> Path | None:
+    """A cached folder holding host_emul.h and host_types.h with host_emul.h precompiled (GCC
+    uses `host_emul.h.gch` beside the header when a unit force-includes it with the same
+    flags). None when the compiler is not GCC or the precompilation fails; builds then
+    include the headers as text."""
+    from tilekit.codegen.nvcc import building, cache_dir
+
+    if "clang" in version.lower():
+        return None
+    key = hashlib.sha256("\0".join((*headers.values(), version, " ".join(CXX_FLAGS)))
+                         .encode()).hexdigest()[:32]
+    final = cache_dir() / "emul" / f"headers-{key}"
+    if (final / "host_emul.h.gch").exists():
+        return final
+    try:
+        with building(final, f"headers-{key}") as work:
+            for name, text in headers.items():
+                (work / name).write_text(text)
+            subprocess.run([cxx, *CXX_FLAGS, "-x", "c++-header", "host_emul.h", "-o",
+                            "host_emul.h.gch"], cwd=work, capture_output=True, check=True)
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return final
+
+
+def main_source(module: Module, harness: str) -> str:
+    """main.cpp: the largest dynamic shared memory of the kernels (each block's buffer in
+    the emulation, host_emul.h's TK_DYNAMIC_SMEM), the kernels' unit, then the harness."""
+    kernels = CodegenSection.read(module.codegen).kernels
+    dyn = max([k.smem_bytes for k in kernels] + [16])
+    return f"#define TK_EMUL_DYNAMIC_SMEM {dyn}\n#include \"unit.cu\"\n" + harness
+
+
 def build(module: Module) -> Path:
     """Compile the emulation binary for `module` (cached by content)."""
     from tilekit.codegen.nvcc import building, cache_dir, keep_failed
 
     if not module.codegen:
         raise TilekitError("the module has no codegen section", "codegen", "run tk-codegen")
-    kernels = CodegenSection.read(module.codegen).kernels
     cxx = find_cxx()
     if cxx is None:
         raise UnsupportedError("no C++ compiler (g++ or clang++) for the CPU emulation")
-    dyn = max([k.smem_bytes for k in kernels] + [16])
     unit = unit_from_ir(module)
-    harness = harness_source(module)
-    emul = (HERE / "host_emul.h").read_text()
-    host = (HERE / "host_types.h").read_text()
+    main = main_source(module, harness_source(module))
+    headers = {name: (HERE / name).read_text() for name in ("host_emul.h", "host_types.h")}
     helpers = (HERE / "runtime.cuh").read_text()
-    key = hashlib.sha256("\0".join((unit, harness, emul, host, helpers, cxx, str(dyn),
+    version = compiler_version(cxx)
+    key = hashlib.sha256("\0".join((unit, main, *headers.values(), helpers, cxx, version,
                                     " ".join(CXX_FLAGS))).encode()).hexdigest()[:32]
     final = cache_dir() / "emul" / key
     exe = final / "emulate"
     if exe.exists():
         return exe
+    included = _headers_dir(cxx, version, headers)
     with building(final, key) as work:
         (work / "unit.cu").write_text(unit)
         (work / "runtime.cuh").write_text(helpers)
-        (work / "host_emul.h").write_text(emul)
-        (work / "host_types.h").write_text(host)
-        (work / "main.cpp").write_text('#include "unit.cu"\n' + harness)
-        argv = [cxx, *CXX_FLAGS, f"-DTK_EMUL_DYNAMIC_SMEM={dyn}", "-include", "host_emul.h",
-                "-I", ".", "-x", "c++", "main.cpp", "-o", "emulate"]
+        if included is None:
+            for name, text in headers.items():
+                (work / name).write_text(text)
+        (work / "main.cpp").write_text(main)
+        header = str(included / "host_emul.h") if included else "host_emul.h"
+        argv = [cxx, *CXX_FLAGS, "-include", header, "-I", ".", "-x", "c++", "main.cpp",
+                "-o", "emulate"]
         proc = subprocess.run(argv, cwd=work, capture_output=True, text=True)
         if proc.returncode != 0:
             keep = keep_failed(work, key)

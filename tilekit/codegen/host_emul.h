@@ -63,10 +63,6 @@ inline dim3 threadIdx, blockIdx, blockDim, gridDim;
 #define __forceinline__ inline
 #include "host_types.h"
 
-#ifndef TK_EMUL_DYNAMIC_SMEM
-#define TK_EMUL_DYNAMIC_SMEM 16
-#endif
-
 namespace tk_emul {
 constexpr size_t kStack = 256 * 1024;
 constexpr unsigned kMaxThreads = 1024;
@@ -345,6 +341,9 @@ inline void audit_release(const char* what) {
 }
 }  // namespace tk_emul
 
+// TK_EMUL_DYNAMIC_SMEM, the bytes of a block's dynamic shared memory, is defined by the unit
+// that uses it (emulate.py's main.cpp: the largest of its kernels), after this header, so that
+// the header compiles the same for every module (it is precompiled once).
 #define TK_DYNAMIC_SMEM(name) unsigned char* name = tk_emul::block_smem(TK_EMUL_DYNAMIC_SMEM)
 #define TK_STATIC_SMEM(name, bytes) unsigned char* name = tk_emul::block_smem(bytes)
 
