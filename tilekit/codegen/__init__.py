@@ -12,8 +12,10 @@ shapes, each building a tile program (tilekit.tile): `kernel` (shared pieces; `d
 contractions, pipelined), `wgmma` (Hopper contractions: TMA, mbarriers, warp roles, wgmma;
 split-K), `fused` (multi-stage groups), `flash` (welded attention with online softmax) and
 `opaque` (kernels of opaque ops); `cpu` (the CPU target's kernels: packed GEMM panels around
-a register-tile micro-kernel, and loop nests in vector lanes); `persistent` (what persistent
-kernels share),
+a register-tile micro-kernel, and loop nests in vector lanes), `cpu_rows` (row chains such as
+softmax and layer norm as one CPU kernel, rows in L1), `cpu_program` (the CPU unit's program
+entry: every kernel in one call and one OpenMP team, tk-ram's CPU plans), `cpu_ram` (the CPU
+kernels tk-ram packs); `persistent` (what persistent kernels share),
 `program` (tk-ram's persistent programs), `control` (tk-grind's device loops and branches),
 `recorded` (recorded kernels checked against a fresh generation before they run), `report`
 (each kernel's counters from the tile interpreter), `helpers` (runtime.cuh, runtime_cpu.h
