@@ -36,7 +36,7 @@ set) or the team it got are fewer than the segment's vEUs: a vEU left to run aft
 on one thread could wait forever, so the caller then runs the segment's kernels op by op.
 The counters are the library's own: one plan runs at a time per loaded library.
 
-Kernel bodies are called through `tk_call<body>`, a template that casts each `void*` of the
+Kernel bodies are called through `tk_call<body>` (printed by tilekit.tile.cpp.program_entries, like all the entries), a template that casts each `void*` of the
 table to the body's own parameter type: the types come from the body's signature, so nothing
 here re-derives them.
 """
@@ -48,131 +48,6 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from tilekit.ir.payloads import KernelRecord
-
-#: Templates of the program entry: a body called with its pointers from the argument table.
-CALL_TEMPLATES = """
-#include <atomic>
-#include <cstddef>
-#include <omp.h>
-#include <sched.h>
-#include <tuple>
-#include <utility>
-
-#if defined(__linux__)
-#include <climits>
-#include <linux/futex.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-#endif
-
-template <typename... P> constexpr std::size_t tk_arity(void (*)(P...)) { return sizeof...(P); }
-
-template <auto F, typename... P, std::size_t... I>
-static inline void tk_call_at(void (*)(P...), void* const* a, int b, int n, unsigned char* s,
-                              std::index_sequence<I...>) {
-  F(static_cast<std::tuple_element_t<I, std::tuple<P...>>>(a[I])..., b, n, s);
-}
-
-// One block of a kernel: its body with the table's pointers cast to its parameter types.
-template <auto F>
-static inline void tk_call(void* const* a, int b, int n, unsigned char* s) {
-  tk_call_at<F>(F, a, b, n, s, std::make_index_sequence<tk_arity(F) - 3>{});
-}
-"""
-
-
-#: What a plan's segments wait and signal with (tk_run_plan).
-PLAN_HELPERS = """
-// An operator's progress: `done` blocks so far, `sleepers` threads blocked on it.
-struct tk_progress {
-  std::atomic<unsigned> done;
-  std::atomic<int> sleepers;
-};
-
-static inline void tk_cpu_relax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
-
-// Wait until `p` counts `n` blocks: spin for up to 100 microseconds (the producer is usually
-// running on another core, and a waiter that slept runs again only when the scheduler gets
-// to it: milliseconds on a loaded machine), then sleep on the counter (a futex on Linux,
-// else yield). By time, not tries: a `pause` takes from a few to over a hundred cycles
-// across CPUs. Spinning as long as libgomp's barriers (300000 tries) held, on a loaded
-// machine, the core a preempted producer waited for; yielding while spinning was slower.
-static inline void tk_wait_for(tk_progress& p, unsigned n) {
-  const double until = omp_get_wtime() + 100e-6;
-  for (int i = 1;; ++i) {
-    if (p.done.load(std::memory_order_acquire) >= n) return;
-    tk_cpu_relax();
-    if (i % 64 == 0 && omp_get_wtime() > until) break;
-  }
-  for (;;) {
-    p.sleepers.fetch_add(1, std::memory_order_seq_cst);
-    const unsigned seen = p.done.load(std::memory_order_seq_cst);
-    if (seen >= n) {
-      p.sleepers.fetch_sub(1, std::memory_order_relaxed);
-      return;
-    }
-#if defined(__linux__)
-    syscall(SYS_futex, reinterpret_cast<unsigned*>(&p.done), FUTEX_WAIT_PRIVATE, seen,
-            nullptr, nullptr, 0);
-#else
-    sched_yield();
-#endif
-    p.sleepers.fetch_sub(1, std::memory_order_relaxed);
-  }
-}
-
-// Count `n` more blocks of `p` done (release: the blocks' stores before the count), and
-// wake the threads asleep on it.
-static inline void tk_signal(tk_progress& p, unsigned n) {
-  p.done.fetch_add(n, std::memory_order_seq_cst);
-#if defined(__linux__)
-  if (p.sleepers.load(std::memory_order_seq_cst) > 0)
-    syscall(SYS_futex, reinterpret_cast<unsigned*>(&p.done), FUTEX_WAKE_PRIVATE, INT_MAX,
-            nullptr, nullptr, 0);
-#endif
-}
-
-"""
-
-#: One persistent segment of a plan: thread v walks vEU v's items.
-RUN_PLAN = """
-extern "C" int tk_run_plan(void* const* tk_a, int tk_segment) {
-  const int tk_veus = tk_plan_veus[tk_segment];
-  const int* tk_items = tk_plan_items[tk_segment];
-  const int* tk_start = tk_plan_start[tk_segment];
-  if (omp_get_max_threads() < tk_veus) return 1;   // fewer threads than vEUs: op by op
-  int tk_short = 0;
-  for (int i = tk_start[0]; i < tk_start[tk_veus]; ++i)
-    tk_counters_at(tk_items[3 * i]).done.store(0, std::memory_order_relaxed);
-#pragma omp parallel num_threads(tk_veus)
-  {
-    if (omp_get_num_threads() < tk_veus) {
-#pragma omp master
-      tk_short = 1;
-    } else {
-      unsigned char* tk_smem = tk_block_memory(SMEM_BYTES);
-      const int v = omp_get_thread_num();
-      for (int i = tk_start[v]; i < tk_start[v + 1]; ++i) {
-        const int k = tk_items[3 * i], first = tk_items[3 * i + 1], count = tk_items[3 * i + 2];
-        if (first < 0) {             // a wait: acquire the whole operator
-          tk_wait_for(tk_counters_at(k), (unsigned)count);
-          continue;
-        }
-        tk_blocks(k, tk_a, first, count, tk_smem);
-        tk_signal(tk_counters_at(k), (unsigned)count);
-      }
-    }
-  }
-  return tk_short;
-}
-"""
-
 
 @dataclass(frozen=True)
 class CpuPlan:
@@ -307,103 +182,15 @@ def _grid(k: KernelRecord) -> int:
     return int(k.grid[0]) * int(k.grid[1]) * int(k.grid[2])
 
 
-def _body_call(k: KernelRecord, at: int, block: str) -> str:
-    return f"tk_call<{k.entry}_body>(tk_a + {at}, {block}, {_grid(k)}, tk_smem)"
-
-
 def program_source(kernels: Sequence[KernelRecord], plan: CpuPlan | None = None) -> str:
-    """The program entries of a unit of `kernels` (appended after their sources)."""
+    """The program entries of a unit of `kernels` (appended after their sources), printed by
+    the C++ printer (`tilekit.tile.cpp.program_entries`) from the table's layout."""
+    from tilekit.tile.cpp import program_entries
+
     at = offsets(kernels)
-    smem = block_memory(kernels)
-    lines = [CALL_TEMPLATES]
-    lines.append("// A kernel inside the team: its blocks shared out, no barrier after.")
-    lines.append("static inline void tk_team_kernel(int tk_k, void* const* tk_a, "
-                 "unsigned char* tk_smem) {")
-    lines.append("  switch (tk_k) {")
-    for i, k in enumerate(kernels):
-        lines.append(f"  case {i}: {{")
-        if _grid(k) > 1:
-            lines.append("#pragma omp for schedule(static) nowait")
-            lines.append(f"    for (int tk_b = 0; tk_b < {_grid(k)}; ++tk_b) "
-                         f"{_body_call(k, at[i], 'tk_b')};")
-        else:                    # the first thread: one-block kernels in a row need no barrier
-            lines.append(f"    if (omp_get_thread_num() == 0) {_body_call(k, at[i], '0')};")
-        lines.append("  } break;")
-    lines.append("  }")
-    lines.append("}")
-    lines.append("")
-    lines.append("// Blocks first .. first + count - 1 of a kernel on the calling thread.")
-    lines.append("static inline void tk_blocks(int tk_k, void* const* tk_a, int tk_first, "
-                 "int tk_count, unsigned char* tk_smem) {")
-    lines.append("  switch (tk_k) {")
-    for i, k in enumerate(kernels):
-        lines.append(f"  case {i}: for (int tk_b = tk_first; tk_b < tk_first + tk_count; "
-                     f"++tk_b) {_body_call(k, at[i], 'tk_b')}; break;")
-    lines.append("  }")
-    lines.append("}")
-    lines.append(f"""
-extern "C" void tk_run(void* const* tk_a, const int* tk_seq, const unsigned char* tk_wait,
-                       int tk_n, int tk_parallel, double* tk_times) {{
-#pragma omp parallel if (tk_parallel)
-  {{
-    unsigned char* tk_smem = tk_block_memory({smem});
-    if (tk_times) {{
-#pragma omp barrier
-#pragma omp master
-      tk_times[0] = omp_get_wtime();
-    }}
-    for (int tk_i = 0; tk_i < tk_n; ++tk_i) {{
-      tk_team_kernel(tk_seq[tk_i], tk_a, tk_smem);
-      if (tk_wait[tk_i] || tk_times) {{
-#pragma omp barrier
-        if (tk_times) {{
-#pragma omp master
-          tk_times[tk_i + 1] = omp_get_wtime();
-        }}
-      }}
-    }}
-  }}
-}}
-""")
-    if plan is not None:
-        lines.append(_plan_source(plan, smem))
-    return "\n".join(lines)
-
-
-def _plan_source(plan: CpuPlan, smem: int) -> str:
-    """The items of every segment as tables, a progress counter per packed operator, and
-    `tk_run_plan` walking them."""
-    index = {k: i for i, k in enumerate(plan.operators)}
-    out = [PLAN_HELPERS,
-           f"static tk_progress tk_counters[{max(1, len(plan.operators))}];",
-           "// the counter of each kernel (kernels of no persistent segment have none)",
-           "static const int tk_counter_of[] = {"
-           + ", ".join(str(index.get(k, 0)) for k in range(max(plan.operators, default=0) + 1))
-           + "};",
-           "static inline tk_progress& tk_counters_at(int k) "
-           "{ return tk_counters[tk_counter_of[k]]; }"]
-    for s, seg in enumerate(plan.segments):
-        flat, starts = [], [0]
-        for items in seg:
-            for k, first, count in items:
-                flat += [k, first, count]
-            starts.append(len(flat) // 3)
-        out.append(f"static const int tk_plan_{s}_items[] = {{{_ints(flat or [0])}}};")
-        out.append(f"static const int tk_plan_{s}_start[] = {{{_ints(starts)}}};")
-    names = range(len(plan.segments))
-    out.append("static const int* const tk_plan_items[] = {"
-               + ", ".join(f"tk_plan_{s}_items" for s in names) + "};")
-    out.append("static const int* const tk_plan_start[] = {"
-               + ", ".join(f"tk_plan_{s}_start" for s in names) + "};")
-    out.append(f"static const int tk_plan_veus[] = {{{_ints(len(seg) for seg in plan.segments)}}};")
-    out.append(RUN_PLAN.replace("SMEM_BYTES", str(smem)))
-    return "\n".join(out)
-
-
-def _ints(values) -> str:
-    """Integers for a C array initialiser, a line break every 24 (check_line's limit)."""
-    values = [str(v) for v in values]
-    return ",\n  ".join(", ".join(values[i:i + 24]) for i in range(0, len(values), 24))
+    calls = [(k.entry, at[i], _grid(k)) for i, k in enumerate(kernels)]
+    tables = None if plan is None else (plan.operators, plan.segments)
+    return program_entries(calls, block_memory(kernels), tables)
 
 
 def module_plan(module, kernels: Sequence[KernelRecord]) -> CpuPlan | None:
@@ -430,6 +217,6 @@ def program_unit(module, plan: bool = True) -> tuple[str, CpuPlan | None]:
     return unit_source(kernels) + program_source(kernels, chosen), chosen
 
 
-__all__ = ["CALL_TEMPLATES", "CpuPlan", "barriers", "block_memory",
+__all__ = ["CpuPlan", "barriers", "block_memory",
            "module_plan", "offsets", "parallel_run", "program_source", "program_unit", "reads",
            "unit_plan"]
