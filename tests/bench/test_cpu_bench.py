@@ -118,8 +118,10 @@ def side_by_side(name: str, model: Path, engines, runs: int = RUNS) -> dict:
 
 
 def record(row: dict, results: Path = RESULTS,
-           command: str = "make bench (tests/bench/test_cpu_bench.py)", runs: int = RUNS
-           ) -> None:
+           command: str = "make bench (tests/bench/test_cpu_bench.py)", runs: int = RUNS,
+           method: str | None = None) -> None:
+    """Merge `row` into the results file `results`, with the run's command, date, device,
+    threads and method (by default this file's: alternating fresh processes)."""
     data = json.loads(results.read_text()) if results.exists() else {}
     data.update({
         "command": command,
@@ -127,8 +129,9 @@ def record(row: dict, results: Path = RESULTS,
         "device": cpu_description(),
         "threads": THREADS,
         "python": platform.python_version(),
-        "method": f"{ROUNDS} alternating fresh processes per engine, {runs} timed runs each "
-                  "after one warm-up; median of all runs; peak RSS of the process",
+        "method": method or f"{ROUNDS} alternating fresh processes per engine, {runs} timed "
+                            "runs each after one warm-up; median of all runs; peak RSS of the "
+                            "process",
     })
     data.setdefault("models", {})[row["model"]] = row
     results.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")

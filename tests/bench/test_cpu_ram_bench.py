@@ -26,10 +26,7 @@ Models: TILEKIT_BENCH_MODELS (comma-separated) narrows the list.
 
 from __future__ import annotations
 
-import datetime
-import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -43,10 +40,9 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 from models import onnx_models, ram_models  # noqa: E402
 
-from tilekit.runtime.bench import cpu_description  # noqa: E402
+from test_cpu_bench import THREADS, record  # noqa: E402
 
 RUNS = 300
-THREADS = int(os.environ.get("TILEKIT_BENCH_THREADS", "0")) or (os.cpu_count() or 1)
 RESULTS = ROOT / "tests" / "bench" / "results" / (
     f"cpu-ram-{THREADS}threads.json" if os.environ.get("TILEKIT_BENCH_THREADS")
     else "cpu-ram.json")
@@ -131,19 +127,6 @@ def test_packed_against_op_by_op(name, tmp_path):
     print(f"\n{name} ({THREADS} threads): " + "; ".join(
         f"{n} {median[n]:.3f} ms ({median[n] / median['op-by-op']:.2f}x, min {best[n]:.3f})"
         for n in RUNNERS))
-    record(row)
-
-
-def record(row: dict) -> None:
-    data = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
-    data.update({
-        "command": "make bench (tests/bench/test_cpu_ram_bench.py)",
-        "date": datetime.date.today().isoformat(),
-        "device": cpu_description(),
-        "threads": THREADS,
-        "python": platform.python_version(),
-        "method": f"one process, the runners alternating run by run, {RUNS} runs each after "
-                  "one warm-up; medians and minimums; ratios of medians to op-by-op",
-    })
-    data.setdefault("models", {})[row["model"]] = row
-    RESULTS.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    record(row, RESULTS, "make bench (tests/bench/test_cpu_ram_bench.py)",
+           method=f"one process, the runners alternating run by run, {RUNS} runs each after "
+                  "one warm-up; medians and minimums; ratios of medians to op-by-op")

@@ -34,7 +34,7 @@ from pathlib import Path
 import pytest
 from scope import on
 import yaml
-from click.testing import CliRunner
+from clirun import run_in
 
 ROOT = Path(__file__).resolve().parents[2]
 CORPUS = ROOT / "tests" / "data" / "corpus"
@@ -87,12 +87,7 @@ def cases():
 
 
 def invoke(command, args: list[str], cwd: Path):
-    old = os.getcwd()
-    os.chdir(cwd)
-    try:
-        result = CliRunner().invoke(command, args, catch_exceptions=False)
-    finally:
-        os.chdir(old)
+    result = run_in(command, args, cwd)
     assert result.exit_code == 0, f"$ {command.name} {' '.join(args)}\n{result.output}"
     return result
 

@@ -6,14 +6,13 @@ and ResNet files."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
 import onnx
 import pytest
 import yaml
-from click.testing import CliRunner
+from clirun import run_in
 from onnx import TensorProto, helper, numpy_helper
 
 from tilekit.cli import tk_codegen, tk_import, tk_roll, tk_run, tk_weld
@@ -59,13 +58,7 @@ def _model(path: Path) -> None:
               str(path))
 
 
-def invoke(command, args, cwd: Path):
-    old = os.getcwd()
-    os.chdir(cwd)
-    try:
-        return CliRunner().invoke(command, args, catch_exceptions=False)
-    finally:
-        os.chdir(old)
+invoke = run_in
 
 
 @pytest.fixture(scope="module")

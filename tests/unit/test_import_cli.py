@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -11,7 +10,7 @@ import numpy as np
 import onnx
 import pytest
 import yaml
-from click.testing import CliRunner
+from clirun import run_in
 from onnx import TensorProto, helper, numpy_helper
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -27,13 +26,7 @@ LIGHT = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
 
 
 def run(args, cwd: Path, stdin: bytes | None = None):
-    old = os.getcwd()
-    os.chdir(cwd)
-    try:
-        result = CliRunner().invoke(main, args, input=stdin, catch_exceptions=False)
-    finally:
-        os.chdir(old)
-    return result
+    return run_in(main, args, cwd, stdin)
 
 
 @pytest.fixture

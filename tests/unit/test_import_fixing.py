@@ -4,7 +4,6 @@ type named at once, `--dtype` spellings, and `--random-weights`."""
 
 from __future__ import annotations
 
-import os
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -13,7 +12,7 @@ import numpy as np
 import onnx
 import pytest
 import yaml
-from click.testing import CliRunner
+from clirun import run_in
 from onnx import TensorProto, helper, numpy_helper
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -29,13 +28,7 @@ F, I64 = TensorProto.FLOAT, TensorProto.INT64
 LIGHT = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
 
 
-def cli(command, args, cwd: Path):
-    old = os.getcwd()
-    os.chdir(cwd)
-    try:
-        return CliRunner().invoke(command, args, catch_exceptions=False)
-    finally:
-        os.chdir(old)
+cli = run_in
 
 
 def _model(nodes, inputs, outputs, inits=(), opset=17):

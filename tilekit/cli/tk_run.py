@@ -112,6 +112,12 @@ def main(input, device, mode, threads, input_flags, inputs_npz, seed, dim_flags,
             check_run_budget(module, input)
     given_mode = mode
     given_seed, given_report = seed, report
+    folder = base_dir(input)
+    for path in input_files(input_flags, inputs_npz):
+        note_input(path)
+    #: what every size of a symbolic module shares, read by the first run: its weights (and
+    #: the source model's check), not read again for each size
+    shared: dict[str, object] = {}
 
     def run_one(module, values) -> int:
         """One run of a static module (a symbolic one's instance at `values`)."""
@@ -122,9 +128,6 @@ def main(input, device, mode, threads, input_flags, inputs_npz, seed, dim_flags,
             if device == "cpu" and (check or check_tensors):
                 chosen = staged_mode(module)
                 mode = chosen.mode
-        folder = base_dir(input)
-        for path in input_files(input_flags, inputs_npz):
-            note_input(path)
         out = OutputSet()
         if output is not None:  # -o never overwrites what this run reads: checked before work
             out.check(output, f"-o {output}" if output != "-" else "-o")
@@ -133,9 +136,11 @@ def main(input, device, mode, threads, input_flags, inputs_npz, seed, dim_flags,
                 warn(TOOL, "--threads sets the compiled CPU code's threads; ignored in this mode")
             runner = _backend(module, device, mode, threads, input, defaulted=chosen is None
                               and given_mode is None)  # refuses what it cannot run, early
-            weights = load_weights(module, folder)
-            if check and (module.source or {}).get("onnx"):  # a bad reference fails before the run
-                resolve_sidecar(module.source, "onnx", folder, "source", limits.MODEL_BYTES)
+            if not shared:
+                shared["weights"] = load_weights(module, folder)
+                if check and (module.source or {}).get("onnx"):  # a bad one fails before the run
+                    resolve_sidecar(module.source, "onnx", folder, "source", limits.MODEL_BYTES)
+            weights = shared["weights"]
             seed_given = seed is not None
             if seed is None and not input_flags and inputs_npz is None and module.inputs:
                 seed = DEFAULT_SEED  # nothing given: random inputs, said once, deterministic

@@ -95,26 +95,28 @@ def _cache_key(*parts: str) -> str:
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:32]
 
 
-def _headers_dir(cxx: str, version: str, headers: dict[str, str]) -> Path | None:
-    """A cached folder holding the CPU headers with runtime_cpu.h precompiled (GCC finds
-    `runtime_cpu.h.gch` beside the header and uses it when the flags match): most of a small
-    unit's compile time is the headers'. None when the compiler is not GCC or the
-    precompilation fails; units then include the headers as text."""
+def precompiled_headers(cxx: str, version: str, headers: dict[str, str], main: str,
+                        flags: tuple[str, ...], folder: str, *key: str) -> Path | None:
+    """A cached folder `<cache>/<folder>/headers-<key>` holding `headers` with `main`
+    precompiled (GCC finds `<main>.gch` beside the header and uses it when the flags match):
+    most of a small unit's compile time is the headers'. None when the compiler is not GCC
+    or the precompilation fails; units then include the headers as text. The C++ target
+    (runtime_cpu.h) and the CUDA emulation (host_emul.h) share it."""
     from tilekit.codegen.nvcc import building, cache_dir
 
     if "clang" in version.lower():
         return None
-    key = _cache_key(*headers.values(), version, " ".join(PCH_FLAGS), _machine())
-    final = cache_dir() / "cpu" / f"headers-{key}"
-    if (final / "runtime_cpu.h.gch").exists():
+    digest = _cache_key(*headers.values(), version, " ".join(flags), *key)
+    final = cache_dir() / folder / f"headers-{digest}"
+    if (final / f"{main}.gch").exists():
         return final
     try:
-        with building(final, f"headers-{key}") as work:
+        with building(final, f"headers-{digest}") as work:
             for name, text in headers.items():
                 (work / name).write_text(text)
-            subprocess.run([cxx, *PCH_FLAGS, "-x", "c++-header", "runtime_cpu.h", "-o",
-                            "runtime_cpu.h.gch"], cwd=work, capture_output=True, check=True)
-    except subprocess.CalledProcessError:
+            subprocess.run([cxx, *flags, "-x", "c++-header", main, "-o", f"{main}.gch"],
+                           cwd=work, capture_output=True, check=True)
+    except (OSError, subprocess.CalledProcessError):
         return None
     return final
 
@@ -135,7 +137,8 @@ def build(source: str) -> Path:
     lib = final / "module.so"
     if lib.exists():
         return lib
-    included = _headers_dir(cxx, version, headers)
+    included = precompiled_headers(cxx, version, headers, "runtime_cpu.h", PCH_FLAGS, "cpu",
+                                   _machine())
     with building(final, key) as work:
         (work / "unit.cpp").write_text(source)
         if included is None:
@@ -151,5 +154,5 @@ def build(source: str) -> Path:
     return lib
 
 
-__all__ = ["CXX_FLAGS", "RUNTIME_TAIL", "build", "compiler_version", "find_cxx",
+__all__ = ["CXX_FLAGS", "RUNTIME_TAIL", "build", "compiler_version", "find_cxx", "precompiled_headers",
            "unit_source"]

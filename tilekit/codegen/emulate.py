@@ -33,7 +33,7 @@ from typing import Mapping
 
 import numpy as np
 
-from tilekit.codegen.cxx import compiler_version, find_cxx
+from tilekit.codegen.cxx import compiler_version, find_cxx, precompiled_headers
 from tilekit.codegen.kernel import tvar
 from tilekit.tile.cuda import CudaPrinter
 from tilekit.ir.payloads import CodegenSection
@@ -159,31 +159,6 @@ def unit_from_ir(module: Module) -> str:
     return "\n".join(k.source for k in CodegenSection.read(module.codegen).kernels)
 
 
-def _headers_dir(cxx: str, version: str, headers: dict[str, str]) -> Path | None:
-    """A cached folder holding host_emul.h and host_types.h with host_emul.h precompiled (GCC
-    uses `host_emul.h.gch` beside the header when a unit force-includes it with the same
-    flags). None when the compiler is not GCC or the precompilation fails; builds then
-    include the headers as text."""
-    from tilekit.codegen.nvcc import building, cache_dir
-
-    if "clang" in version.lower():
-        return None
-    key = hashlib.sha256("\0".join((*headers.values(), version, " ".join(CXX_FLAGS)))
-                         .encode()).hexdigest()[:32]
-    final = cache_dir() / "emul" / f"headers-{key}"
-    if (final / "host_emul.h.gch").exists():
-        return final
-    try:
-        with building(final, f"headers-{key}") as work:
-            for name, text in headers.items():
-                (work / name).write_text(text)
-            subprocess.run([cxx, *CXX_FLAGS, "-x", "c++-header", "host_emul.h", "-o",
-                            "host_emul.h.gch"], cwd=work, capture_output=True, check=True)
-    except (OSError, subprocess.CalledProcessError):
-        return None
-    return final
-
-
 def main_source(module: Module, harness: str) -> str:
     """main.cpp: the largest dynamic shared memory of the kernels (each block's buffer in
     the emulation, host_emul.h's TK_DYNAMIC_SMEM), the kernels' unit, then the harness."""
@@ -212,7 +187,7 @@ def build(module: Module) -> Path:
     exe = final / "emulate"
     if exe.exists():
         return exe
-    included = _headers_dir(cxx, version, headers)
+    included = precompiled_headers(cxx, version, headers, "host_emul.h", CXX_FLAGS, "emul")
     with building(final, key) as work:
         (work / "unit.cu").write_text(unit)
         (work / "runtime.cuh").write_text(helpers)

@@ -166,11 +166,7 @@ def import_symbolic(importer: Callable[..., Any], model: onnx.ModelProto,
     dims = {s: _dim(s, dim_flags.get(s)) for s in symbols}
 
     def shapes_at(point: Mapping[str, int]) -> dict[str, list[int]]:
-        at = dict(shapes)
-        for name, ds in open_dims.items():
-            at[name] = [d if isinstance(d, int) else (static[d] if d in static else point[d])
-                        for d in ds]
-        return at
+        return _input_shapes(shapes, open_dims, {**point, **static})
 
     if not symbols:
         return importer(shapes=shapes_at({}))
@@ -199,6 +195,15 @@ def import_symbolic(importer: Callable[..., Any], model: onnx.ModelProto,
     return replace(imported, warnings=warnings)
 
 
+def _input_shapes(shapes: Mapping[str, Sequence[int]], open_dims: Mapping[str, list[int | str]],
+                  values: Mapping[str, int]) -> dict[str, Sequence[int]]:
+    """The `--shape`s with each open input at `values` of its symbols: one static import's."""
+    at: dict[str, Sequence[int]] = dict(shapes)
+    for name, ds in open_dims.items():
+        at[name] = [d if isinstance(d, int) else values[d] for d in ds]
+    return at
+
+
 def _merged_by_axis(open_dims: Mapping[str, list[int | str]]) -> dict[str, str]:
     """{symbol: the symbol it is taken equal to}: at each axis of inputs of one rank, the
     first input's symbol stands for the others' (empty when nothing would merge)."""
@@ -217,12 +222,9 @@ def _imports_apart(importer: Callable[..., Any], model: onnx.ModelProto,
                    shapes: Mapping[str, Sequence[int]], open_dims: Mapping[str, list[int | str]],
                    symbols: list[str]) -> bool:
     """Whether the model folds with every symbol at a different size."""
-    point = dict(zip(symbols, _SAMPLES))
-    at = dict(shapes)
-    for name, ds in open_dims.items():
-        at[name] = [d if isinstance(d, int) else point[d] for d in ds]
     try:
-        importer(shapes=at, fold_only=True)
+        importer(shapes=_input_shapes(shapes, open_dims, dict(zip(symbols, _SAMPLES))),
+                 fold_only=True)
     except TilekitError:
         return False
     return True
