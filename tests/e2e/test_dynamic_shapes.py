@@ -143,6 +143,43 @@ def test_stages_that_need_sizes_refuse_a_symbolic_module(imported, command, args
     assert not (imported / "staged.yaml").exists()
 
 
+def test_stages_specialise_a_symbolic_module_given_sizes(imported):
+    """`--dim NAME=SIZE` on a stage: the module at those sizes, the sizes recorded, the
+    stages after it and a compiled run as for a module imported at that size."""
+    result = invoke(tk_roll.main, ["--hw", "milan", "m.yaml", "--dim", "batch=2", "--dim",
+                                   "seq=5", "-o", "rolled.yaml"], imported)
+    assert result.exit_code == 0, result.output
+    doc = yaml.safe_load((imported / "rolled.yaml").read_text())
+    assert doc["tilekit"] == 1 and "dims" not in doc
+    assert doc["tensors"]["x"]["shape"] == [2, 5, 8]
+    assert [s["name"] for s in doc["stages"]] == ["import", "specialise", "roll"]
+    assert doc["stages"][1]["options"] == {"dims": {"batch": 2, "seq": 5}}
+    result = invoke(tk_codegen.main, ["rolled.yaml", "--target", "cpu", "-o", "code.yaml"],
+                    imported)
+    assert result.exit_code == 0, result.output
+    result = invoke(tk_run.main, ["code.yaml", "--check", "-q"], imported)
+    assert result.exit_code == 0 and "check: pass" in result.output, result.output
+
+
+@pytest.mark.parametrize("file,args,message", [
+    ("m.yaml", ["--dim", "batch=2"], "--dim gives no size for seq (1..32)"),
+    ("m.yaml", ["--dim", "batch=2", "--dim", "seq=33"], "seq = 33 (from --dim) is outside"),
+    ("m.yaml", ["--dim", "batch=2", "--dim", "seq=4", "--dim", "q=1"], "names 'q', which"),
+    ("m.yaml", ["--dim", "batch=2", "--dim", "batch=3"], "--dim names 'batch' twice"),
+    ("m.yaml", ["--dim", "batch=two"], "cannot read --dim 'batch=two'"),
+    ("static.yaml", ["--dim", "batch=2"], "the module has no symbolic dimensions"),
+])
+def test_stage_sizes_are_checked(imported, file, args, message):
+    invoke(tk_import.main, ["m.onnx", "--dim", "batch=2", "--dim", "seq=4", "-o",
+                            "static.yaml"], imported)
+    result = invoke(tk_weld.main, ["--hw", "milan", file, "-o", "welded.yaml"] + args,
+                    imported)
+    assert result.exit_code == 2, result.output
+    errors = [line for line in result.output.splitlines() if "error" in line]
+    assert len(errors) == 1 and message in errors[0], result.output
+    assert not (imported / "welded.yaml").exists()
+
+
 def test_one_size_imports_as_before(imported):
     result = invoke(tk_import.main, ["m.onnx", "--dim", "batch=2", "--dim", "seq=4", "-o",
                                      "static.yaml"], imported)

@@ -235,15 +235,34 @@ def hw_option(required: bool = True) -> Callable:
     return add
 
 
-def read_stage_input(path: str):
+def dims_option(fn: Callable) -> Callable:
+    """`--dim NAME=SIZE` (repeatable): a stage command specialises a module with symbolic
+    dimensions to those sizes before its work (`read_stage_input`)."""
+    return click.option("--dim", "dim_flags", multiple=True, metavar="NAME=SIZE",
+                        help="For a module with symbolic dimensions: the size of symbol NAME "
+                             "(repeatable, one per symbol); the stage works on the module "
+                             "specialised to these sizes.")(fn)
+
+
+def read_stage_input(path: str, dim_flags: tuple[str, ...] = ()):
     """The IR document a stage command reads (`tilekit.ir.read_module`), with the form of
     every stage payload it carries checked (`tilekit.ir.payload_check`): a command
-    refuses a tampered payload even when it only passes it on."""
+    refuses a tampered payload even when it only passes it on. `dim_flags` (`--dim
+    NAME=SIZE`) specialise a symbolic module (`tilekit.ir.dims.specialise`)."""
     from tilekit.ir import read_module
+    from tilekit.ir.dims import is_symbolic, parse_sizes, specialise
     from tilekit.ir.payload_check import check_payloads
+    from tilekit.ir.verify import verify
 
+    sizes = parse_sizes(dim_flags)
     module = read_module(path)
     check_payloads(module)
+    if sizes:
+        if not is_symbolic(module):
+            raise TilekitError("--dim gives sizes, but the module has no symbolic dimensions",
+                               "--dim", "drop --dim")
+        module = specialise(module, sizes)
+        verify(module, origin=path)
     return module
 
 

@@ -23,10 +23,9 @@ from pathlib import Path
 
 import click
 
-from tilekit.cli.common import (Phases, emit_report, format_option, input_argument,
-                                output_option, print_table, read_stage_input,
-                                report_format_option, time_passes_option, tk_command, warn,
-                                warn_dropped)
+from tilekit.cli.common import (Phases, dims_option, emit_report, format_option, input_argument,
+                                output_option, print_table, read_stage_input, report_format_option,
+                                time_passes_option, tk_command, warn, warn_dropped)
 from tilekit.errors import TilekitError
 from tilekit.fileio import check_path
 from tilekit.outputs import OutputSet
@@ -63,8 +62,9 @@ TOOL = "tk-codegen"
                    "--compile ptxas' resources) on stderr.")
 @report_format_option
 @time_passes_option
+@dims_option
 def main(input, output, fmt, hw, target, arch, emit_dir, compile_, strict, report,
-         report_format, time_passes, quiet, debug):
+         report_format, time_passes, dim_flags, quiet, debug):
     """Generate kernels for the tile IR module IR (a file, or '-'/nothing for stdin)."""
     from tilekit.codegen.module import run_codegen
     from tilekit.codegen.nvcc import check_arch
@@ -83,7 +83,7 @@ def main(input, output, fmt, hw, target, arch, emit_dir, compile_, strict, repor
                            "give a folder name")
     phases = Phases(TOOL, quiet, time_passes)
     with phases.step("read"):
-        module = read_stage_input(input)
+        module = read_stage_input(input, dim_flags)
     with phases.step("profile"):
         profile = None
         if hw:

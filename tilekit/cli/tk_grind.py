@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import click
 
-from tilekit.cli.common import (Phases, emit_report, format_option, hw_option, input_argument,
-                                output_option, print_table, read_stage_input,
-                                report_format_option, time_passes_option, tk_command,
-                                warn_dropped)
+from tilekit.cli.common import (Phases, dims_option, emit_report, format_option, hw_option,
+                                input_argument, output_option, print_table, read_stage_input,
+                                report_format_option, time_passes_option, tk_command, warn_dropped)
 from tilekit.errors import TilekitError
 
 TOOL = "tk-grind"
@@ -32,7 +31,9 @@ TOOL = "tk-grind"
               help="Print a table of control ops, placements and estimates on stderr.")
 @report_format_option
 @time_passes_option
-def main(input, output, fmt, hw, place, report, report_format, time_passes, quiet, debug):
+@dims_option
+def main(input, output, fmt, hw, place, report, report_format, time_passes, dim_flags,
+         quiet, debug):
     """Place every control op of the tile IR module IR (a file, or '-'/nothing for stdin)."""
     from tilekit.grind.plan import grind_module
     from tilekit.hw import load_profile, load_recorded_profile
@@ -41,7 +42,7 @@ def main(input, output, fmt, hw, place, report, report_format, time_passes, quie
 
     phases = Phases(TOOL, quiet, time_passes)
     with phases.step("read"):
-        module = read_stage_input(input)
+        module = read_stage_input(input, dim_flags)
     with phases.step("profile"):
         if hw:
             profile = load_profile(hw)

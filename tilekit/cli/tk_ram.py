@@ -16,10 +16,10 @@ import os
 
 import click
 
-from tilekit.cli.common import (Phases, emit_report, format_option, hw_option, input_argument,
-                                output_option, read_stage_input, report_format_option,
-                                stderr_is_terminal, time_passes_option, tk_command,
-                                warn_dropped)
+from tilekit.cli.common import (Phases, dims_option, emit_report, format_option, hw_option,
+                                input_argument, output_option, read_stage_input,
+                                report_format_option, stderr_is_terminal, time_passes_option,
+                                tk_command, warn_dropped)
 from tilekit.errors import TilekitError
 from tilekit.outputs import OutputSet
 
@@ -40,7 +40,9 @@ TOOL = "tk-ram"
 @click.option("--report", is_flag=True, help="Print the plan's figures on stderr.")
 @report_format_option
 @time_passes_option
-def main(input, output, fmt, hw, policy, svg, report, report_format, time_passes, quiet, debug):
+@dims_option
+def main(input, output, fmt, hw, policy, svg, report, report_format, time_passes, dim_flags,
+         quiet, debug):
     """Plan the rTasks of the tile IR module IR (a file, or '-'/nothing for stdin)."""
     from tilekit.hw import load_profile, load_recorded_profile, recorded_profile
     from tilekit.ir import write_module
@@ -50,7 +52,7 @@ def main(input, output, fmt, hw, policy, svg, report, report_format, time_passes
 
     phases = Phases(TOOL, quiet, time_passes)
     with phases.step("read"):
-        module = read_stage_input(input)
+        module = read_stage_input(input, dim_flags)
     with phases.step("profile"):
         if hw:
             profile = load_profile(hw)

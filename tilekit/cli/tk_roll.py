@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import click
 
-from tilekit.cli.common import (Phases, emit_report, format_option, hw_option, input_argument,
-                                module_profile, output_option, print_table, read_stage_input,
-                                report_format_option, time_passes_option, tk_command,
-                                top_k_option, warn_dropped)
+from tilekit.cli.common import (Phases, dims_option, emit_report, format_option, hw_option,
+                                input_argument, module_profile, output_option, print_table,
+                                read_stage_input, report_format_option, time_passes_option,
+                                tk_command, top_k_option, warn_dropped)
 
 TOOL = "tk-roll"
 
@@ -35,8 +35,9 @@ TOOL = "tk-roll"
               help="Print a table of ops, tiles, grids and estimates on stderr.")
 @report_format_option
 @time_passes_option
-def main(input, output, fmt, hw, top_k, precision, report, report_format, time_passes, quiet,
-         debug):
+@dims_option
+def main(input, output, fmt, hw, top_k, precision, report, report_format, time_passes, dim_flags,
+         quiet, debug):
     """Tile every op of the tile IR module IR (a file, or '-'/nothing for stdin)."""
     from tilekit.ir import write_module
     from tilekit.ir.codec import rebase_files
@@ -44,7 +45,7 @@ def main(input, output, fmt, hw, top_k, precision, report, report_format, time_p
 
     phases = Phases(TOOL, quiet, time_passes)
     with phases.step("read"):
-        module = read_stage_input(input)
+        module = read_stage_input(input, dim_flags)
     with phases.step("profile"):
         profile, hardware = module_profile(hw, module, input, output)
     with phases.step("roll", f"rolling {module.model}: {len(module.ops)} ops for "

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import click
 
-from tilekit.cli.common import (Phases, emit_report, format_option, hw_option, input_argument,
-                                module_profile, output_option, print_table, read_stage_input,
-                                report_format_option, time_passes_option, tk_command,
-                                top_k_option, warn_dropped)
+from tilekit.cli.common import (Phases, dims_option, emit_report, format_option, hw_option,
+                                input_argument, module_profile, output_option, print_table,
+                                read_stage_input, report_format_option, time_passes_option,
+                                tk_command, top_k_option, warn_dropped)
 
 TOOL = "tk-weld"
 
@@ -45,8 +45,9 @@ def _op_list(ctx, param, value: str | None) -> tuple[str, ...]:
                    "time, before and after) on stderr.")
 @report_format_option
 @time_passes_option
+@dims_option
 def main(input, output, fmt, hw, top_k, max_group, no_fuse, report, report_format,
-         time_passes, quiet, debug):
+         time_passes, dim_flags, quiet, debug):
     """Group the ops of the tile IR module IR (a file, or '-'/nothing for stdin) into
     kernels whose intermediates stay on chip."""
     from tilekit.ir import write_module
@@ -55,7 +56,7 @@ def main(input, output, fmt, hw, top_k, max_group, no_fuse, report, report_forma
 
     phases = Phases(TOOL, quiet, time_passes)
     with phases.step("read"):
-        module = read_stage_input(input)
+        module = read_stage_input(input, dim_flags)
     with phases.step("profile"):
         profile, hardware = module_profile(hw, module, input, output)
     with phases.step("weld", f"welding {module.model}: {len(module.ops)} ops for "

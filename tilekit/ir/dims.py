@@ -192,8 +192,9 @@ def require_static(module: Any, what: str) -> None:
                            for n, d in module.dims.items())
         raise TilekitError(f"{what} needs static sizes; this module has symbolic dimensions "
                            f"{listed}", "dims",
-                           f"import it for one size ({example}), or run the symbolic "
-                           "module with tk-run (any size in the ranges)")
+                           f"give this command the sizes ({example}), import the model "
+                           "for one size with the same flags, or run the symbolic module "
+                           "with tk-run (any size in the ranges)")
 
 
 # -- binding and instantiation -------------------------------------------------------------
@@ -270,8 +271,8 @@ def evaluate_shape(shape: Iterable[Any], values: Mapping[str, int]) -> list[int]
 
 
 def instantiate(module: Any, values: Mapping[str, int]) -> Any:
-    """The static module at `values` (every symbol bound): tensor shapes evaluated, the
-    `dims` section gone, and the stage recorded so that a reader knows the sizes it has."""
+    """The static module at `values` (every symbol bound): tensor shapes evaluated, `$name`s
+    in op expressions replaced by their values, the `dims` section gone."""
     from dataclasses import replace
 
     from tilekit.ir.model import Tensor
@@ -289,6 +290,38 @@ def instantiate(module: Any, values: Mapping[str, int]) -> Any:
     ops = tuple(replace(op, expr=text(op.expr)) if op.expr and "$" in op.expr else op
                 for op in module.ops)
     return replace(module, tensors=tensors, ops=ops, dims={})
+
+
+def specialise(module: Any, values: Mapping[str, int]) -> Any:
+    """The static module at `values` (every symbol given, each within its range) with the
+    stage `specialise {dims: values}` recorded: what a stage command makes of a symbolic
+    module given `--dim NAME=SIZE` flags (it verifies the instance: sizes change what the
+    verifier proves)."""
+    missing = [n for n in module.dims if n not in values]
+    if missing:
+        listed = ", ".join(f"{n} ({module.dims[n].text()})" for n in missing)
+        raise TilekitError(f"--dim gives no size for {listed}", "--dim",
+                           "give every symbol a size: "
+                           + " ".join(f"--dim {n}=SIZE" for n in missing))
+    bound = bind(module, {}, values, "--dim")
+    return instantiate(module, bound).with_stage("specialise",
+                                                 dims=dict(sorted(bound.items())))
+
+
+def parse_sizes(flags: Iterable[str]) -> dict[str, int]:
+    """`--dim NAME=SIZE` flags (each symbol once) as {name: size}."""
+    sizes: dict[str, int] = {}
+    for flag in flags:
+        name, eq, text = flag.partition("=")
+        name, text = name.strip(), text.strip()
+        if not eq or not name or not text.isdigit() or len(text) > 12:
+            raise TilekitError(f"cannot read --dim {flag[:60]!r}", "--dim",
+                               "write --dim NAME=SIZE (a positive integer), once per symbol")
+        if name in sizes:
+            raise TilekitError(f"--dim names '{name[:40]}' twice", "--dim",
+                               "give each symbol once")
+        sizes[name] = int(text)
+    return sizes
 
 
 def _shape_text(shape) -> str:
