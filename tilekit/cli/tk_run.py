@@ -98,6 +98,7 @@ def main(input, device, mode, threads, input_flags, inputs_npz, seed, dim_flags,
     from tilekit.outputs import OutputSet
     from tilekit.ir.dims import instantiate, is_symbolic
     from tilekit.ir.verify import verify
+    from tilekit.runtime.fold import fold_constants
     from tilekit.runtime.io import (base_dir, check_inputs, check_run_budget, gather_inputs,
                                     input_files, load_weights, npz_bytes, resolve_sidecar)
 
@@ -119,8 +120,9 @@ def main(input, device, mode, threads, input_flags, inputs_npz, seed, dim_flags,
     #: the source model's check), not read again for each size
     shared: dict[str, object] = {}
 
-    def run_one(module, values) -> int:
-        """One run of a static module (a symbolic one's instance at `values`)."""
+    def run_one(module, values, given_weights=None) -> int:
+        """One run of a static module (a symbolic one's instance at `values`, with the weights
+        its folded values joined: `given_weights`)."""
         mode, seed, report = given_mode, given_seed, given_report
         chosen = None  # the mode --check picked from the stages, when --mode was not given
         if mode is None:
@@ -137,10 +139,11 @@ def main(input, device, mode, threads, input_flags, inputs_npz, seed, dim_flags,
             runner = _backend(module, device, mode, threads, input, defaulted=chosen is None
                               and given_mode is None)  # refuses what it cannot run, early
             if not shared:
-                shared["weights"] = load_weights(module, folder)
+                shared["weights"] = load_weights(module, folder) if given_weights is None \
+                    else given_weights
                 if check and (module.source or {}).get("onnx"):  # a bad one fails before the run
                     resolve_sidecar(module.source, "onnx", folder, "source", limits.MODEL_BYTES)
-            weights = shared["weights"]
+            weights = shared["weights"] if given_weights is None else given_weights
             seed_given = seed is not None
             if seed is None and not input_flags and inputs_npz is None and module.inputs:
                 seed = DEFAULT_SEED  # nothing given: random inputs, said once, deterministic
@@ -220,11 +223,14 @@ def main(input, device, mode, threads, input_flags, inputs_npz, seed, dim_flags,
         raise TilekitError(f"-o writes the outputs of one run; --dim gives {len(bindings)} "
                            "sizes", "-o", "give one size per symbol with -o")
     status = EXIT_OK
+    base = load_weights(module, folder)  # every size's weights, read once
     for values in bindings:
         instance = instantiate(module, values)
         verify(instance, origin=input)
         check_run_budget(instance, input)
-        status = max(status, run_one(instance, values))
+        # what the sizes alone decide (positions, masks) computed once, as an import folds it
+        instance, weights = fold_constants(instance, base)
+        status = max(status, run_one(instance, values, weights))
     return status
 
 

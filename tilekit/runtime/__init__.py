@@ -2,6 +2,7 @@
 
 - `tilekit.runtime.cpu`: `run_module`, `prepare` / `Program`, execution modes;
 - `tilekit.runtime.io`: weights, inputs and outputs, with their checks;
+- `tilekit.runtime.fold`: what a module computes from its weights alone, computed once;
 - `tilekit.runtime.check`: comparison with onnxruntime or the CPU reference;
 - `tilekit.runtime.bench`: timing and the device's name;
 - `tilekit.runtime.cuda`: the same `run_module` on an NVIDIA GPU (through CuPy).

@@ -1,0 +1,162 @@
+"""Dynamic shapes on the CPU: one symbolic import run at several sizes, against a module
+imported for each size (`tk-import --dim NAME=SIZE`), both as compiled C++.
+
+Run with `make bench` (not part of `make test`; needs g++ with OpenMP). For each model of the
+corpus exported with a dynamic batch and sequence and each sequence length in `SIZES`
+(batch 1):
+
+- **compile cost**: the symbolic path imports once and, per size, instantiates the module,
+  computes what the sizes alone decide (`tilekit.runtime.fold`, as `tk-run` does) and
+  generates and builds its C++ (`tk-codegen --target cpu`, g++); the specialised path imports, generates and builds per size. Each path starts
+  from an empty compile cache; wall time and CPU time (this process and its compilers);
+- **run time** of each size's two programs, alternating run by run (median of `RUNS`, one
+  thread), and their ratio; the outputs must agree.
+
+Results: tests/bench/results/dynamic-cpu.json. What this measures is today's design, in
+which a symbolic module's compiled code is generated and built for each size it runs
+(docs/dims.md): its compile cost grows with the number of sizes as the specialised path's
+does.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import resource
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+CORPUS = ROOT / "tests" / "data" / "corpus"
+RESULTS = ROOT / "tests" / "bench" / "results" / "dynamic-cpu.json"
+MODELS = ("gpt2.ts17.dynamic", "bert.ts17.dynamic")
+SIZES = (1, 16, 64)
+RUNS = 200
+THREADS = 1
+
+
+def _cpu_seconds() -> float:
+    """CPU time of this process and of its finished children (the compilers)."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.wall = self.cpu = 0.0
+
+    def __enter__(self) -> "_Clock":
+        self._w, self._c = time.perf_counter(), _cpu_seconds()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.wall += time.perf_counter() - self._w
+        self.cpu += _cpu_seconds() - self._c
+
+
+def _program(module, weights):
+    from tilekit.codegen import generate
+    from tilekit.runtime.compiled import CpuProgram
+
+    generated = generate(module, None, target="cpu").module
+    return CpuProgram(generated, THREADS), {k: np.ascontiguousarray(v)
+                                            for k, v in weights.items()}
+
+
+def _feeds(module, values, seed: int = 0) -> dict[str, np.ndarray]:
+    from tilekit.ir.dims import evaluate_shape
+
+    rng = np.random.default_rng(seed)
+    out = {}
+    for name in module.inputs:
+        t = module.tensors[name]
+        shape = evaluate_shape(t.shape, values) if values else list(t.shape)
+        if t.dtype == "int64":
+            out[name] = (rng.integers(0, 30, shape) if "ids" in name
+                         else np.ones(shape)).astype(np.int64)
+        else:
+            out[name] = rng.standard_normal(shape).astype(np.float32)
+    return out
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_one_symbolic_import_against_an_import_per_size(model, tmp_path, monkeypatch):
+    import tilekit
+    from tilekit.ir.dims import instantiate
+    from tilekit.runtime.fold import fold_constants
+
+    path = CORPUS / f"{model}.onnx"
+    symbolic_clock, specialised_clock = _Clock(), _Clock()
+    monkeypatch.setenv("TILEKIT_CACHE", str(tmp_path / "symbolic"))
+    with symbolic_clock:
+        symbolic = tilekit.compile(path, [])
+    module = symbolic.module
+    seq = next(s for s in module.dims if "seq" in s)
+    batch = next(s for s in module.dims if s != seq)
+    programs = {}
+    for size in SIZES:
+        values = {batch: 1, seq: size}
+        with symbolic_clock:
+            instance, weights = fold_constants(instantiate(module, values), symbolic.weights)
+            programs[size] = [_program(instance, weights)]
+    monkeypatch.setenv("TILEKIT_CACHE", str(tmp_path / "specialised"))
+    for size in SIZES:
+        values = {batch: 1, seq: size}
+        with specialised_clock:
+            one = tilekit.compile(path, [], dims=values)
+            programs[size].append(_program(one.module, one.weights))
+    rows = {}
+    for size in SIZES:
+        feeds = _feeds(module, {batch: 1, seq: size})
+        (sym, sym_w), (spec, spec_w) = programs[size]
+        a, b = sym.run(feeds, sym_w), spec.run(feeds, spec_w)
+        for name in a:
+            np.testing.assert_allclose(a[name], b[name], rtol=1e-4, atol=1e-5)
+        times: dict[str, list[float]] = {"symbolic": [], "specialised": []}
+        for _ in range(RUNS):
+            for key, (prog, w) in (("symbolic", (sym, sym_w)), ("specialised", (spec, spec_w))):
+                t0 = time.perf_counter()
+                prog.run(feeds, w)
+                times[key].append(time.perf_counter() - t0)
+        ms = {k: round(statistics.median(v) * 1e3, 4) for k, v in times.items()}
+        rows[str(size)] = {"symbolic_ms": ms["symbolic"], "specialised_ms": ms["specialised"],
+                           "ratio": round(ms["symbolic"] / ms["specialised"], 3)}
+    row = {
+        "model": model, "sizes": {"batch": 1, "sequence": list(SIZES)},
+        "compile": {
+            "symbolic": {"wall_s": round(symbolic_clock.wall, 2),
+                         "cpu_s": round(symbolic_clock.cpu, 2)},
+            "specialised": {"wall_s": round(specialised_clock.wall, 2),
+                            "cpu_s": round(specialised_clock.cpu, 2)},
+        },
+        "run": rows,
+    }
+    print(f"\n{model}: compile for {len(SIZES)} sizes: symbolic "
+          f"{row['compile']['symbolic']['wall_s']} s, specialised "
+          f"{row['compile']['specialised']['wall_s']} s; run symbolic/specialised "
+          + ", ".join(f"seq {s}: {r['ratio']}" for s, r in rows.items()))
+    _record(row)
+
+
+def _record(row: dict) -> None:
+    from tilekit.runtime.bench import cpu_description
+
+    data = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    data.update({
+        "command": "make bench (tests/bench/test_dynamic_bench.py)",
+        "date": datetime.date.today().isoformat(),
+        "device": cpu_description(),
+        "threads": THREADS,
+        "python": platform.python_version(),
+        "method": f"in one process; compile: import + generate + g++ from an empty cache; "
+                  f"run: the two programs alternating, {RUNS} runs each, median",
+    })
+    data.setdefault("models", {})[row["model"]] = row
+    RESULTS.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")

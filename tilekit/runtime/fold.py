@@ -1,0 +1,76 @@
+"""Values a module computes from its weights alone, computed once before its runs.
+
+An import for one size folds every value that does not depend on the inputs (position
+ranges, causal masks, shapes) into weights. A symbolic module cannot: those values depend
+on the sizes, so it keeps them as ops (`tilekit.onnx.symbolic`), and an instance at some
+sizes (`tilekit.ir.dims.instantiate`) would compute them again at every run.
+`fold_constants(module, weights)` computes them once, with the reference executor: every op
+whose reads are all weights or results of such ops is run, and the results that the rest of
+the module reads become weights; those ops are dropped. What is left computes what the
+module computed, as the module imported for those sizes does.
+
+Ops that write a module output stay (a run produces its outputs), as does a module that
+already has generated code (`codegen`: its kernels were made for the ops as they are).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Mapping
+
+import numpy as np
+
+from tilekit.ir.graph import op_tensors
+from tilekit.ir.model import Module, Tensor
+
+
+def foldable_ops(module: Module) -> list[int]:
+    """Indices of the ops whose reads are all weights or written by foldable ops."""
+    constant = {n for n, t in module.tensors.items() if t.role == "weight"}
+    outputs = set(module.outputs)
+    out = []
+    for index, op in enumerate(module.ops):
+        if op.kind == "control":
+            continue
+        reads, writes = op_tensors(op, module.control)
+        if set(reads) <= constant and not set(writes) & outputs:
+            constant.update(writes)
+            out.append(index)
+    return out
+
+
+def fold_constants(module: Module, weights: Mapping[str, np.ndarray]
+                   ) -> tuple[Module, dict[str, np.ndarray]]:
+    """(`module` without its foldable ops, `weights` with the values they computed that the
+    rest reads); the module and weights unchanged when nothing folds."""
+    from tilekit.runtime.cpu import prepare
+
+    folded = foldable_ops(module) if module.codegen is None else []
+    if not folded:
+        return module, dict(weights)
+    fold_set = set(folded)
+    made: set[str] = set()
+    for i in folded:
+        made.update(op_tensors(module.ops[i], module.control)[1])
+    kept_ops = tuple(op for i, op in enumerate(module.ops) if i not in fold_set)
+    needed = []
+    for op in kept_ops:
+        for name in op_tensors(op, module.control)[0]:
+            if name in made and name not in needed:
+                needed.append(name)
+    ops = tuple(module.ops[i] for i in folded)
+    touched = {n for op in ops for part in op_tensors(op, module.control) for n in part}
+    sub = Module(model=module.model, ops=ops, inputs=(), outputs=tuple(needed),
+                 tensors={n: t for n, t in module.tensors.items() if n in touched})
+    values = prepare(sub).run({}, weights, mode="whole") if needed else {}
+    tensors = {}
+    for name, t in module.tensors.items():
+        if name in made and name not in values:
+            continue  # read only by folded ops
+        tensors[name] = Tensor(t.shape, t.dtype, "weight") if name in values else t
+    dropped = {op.name for op in ops}
+    kernels = tuple(replace(k, ops=tuple(o for o in k.ops if o not in dropped))
+                    for k in module.kernels if set(k.ops) - dropped)
+    out = dict(weights)
+    out.update({n: np.ascontiguousarray(v) for n, v in values.items()})
+    return replace(module, ops=kept_ops, tensors=tensors, kernels=kernels), out
