@@ -49,3 +49,27 @@ def test_ops_that_write_outputs_or_have_code_stay():
     assert [op.name for op in folded.ops] == ["double", "apply"]
     coded = Module(**{**module.__dict__, "codegen": {"target": "cpu"}})
     assert fold_constants(coded, {"w": np.zeros((4, 4), np.float32)})[0] is coded
+
+
+def test_a_gather_of_folded_positions_becomes_an_index_map():
+    """rows = x[pos] (an opaque Gather of an input, at positions an op computes) reads x
+    through an index map once the positions are folded: as an import for one size writes
+    it."""
+    tensors = {"x": Tensor((5, 2), "float32", "input"), "w": Tensor((3, 2), "float32",
+                                                                    "weight"),
+               "pos": Tensor((3,), "int64"), "rows": Tensor((3, 2), "float32"),
+               "y": Tensor((3, 2), "float32", "output")}
+    ops = (Op("positions", "pos[i] = int64(i + 1)"),
+           Op("take", kind="opaque", opaque={"type": "Gather", "inputs": ["x", "pos"],
+                                              "outputs": ["rows"], "attrs": {"axis": 0}}),
+           Op("add", "y[i, j] = rows[i, j] + w[i, j]"))
+    module = Module("m", tensors, ops, ("x",), ("y",))
+    weights = {"w": np.arange(6, dtype=np.float32).reshape(3, 2)}
+    folded, w = fold_constants(module, weights)
+    assert [(op.name, op.kind, op.expr) for op in folded.ops] == [
+        ("take", "expr", "rows[i, j] = x[i + 1, j]"),
+        ("add", "expr", "y[i, j] = rows[i, j] + w[i, j]")]
+    assert "pos" not in folded.tensors and set(w) == {"w"}
+    x = {"x": np.arange(10, dtype=np.float32).reshape(5, 2)}
+    np.testing.assert_array_equal(prepare(folded).run(x, w)["y"],
+                                  prepare(module).run(x, weights)["y"])

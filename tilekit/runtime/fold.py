@@ -8,6 +8,9 @@ sizes (`tilekit.ir.dims.instantiate`) would compute them again at every run.
 whose reads are all weights or results of such ops is run, and the results that the rest of
 the module reads become weights; those ops are dropped. What is left computes what the
 module computed, as the module imported for those sizes does.
+A general Gather whose indices were folded and form an index map (a constant, a progression,
+a grid: `tilekit.onnx.text.affine_index`) becomes that expression op, as the importer writes
+it for constant indices.
 
 Ops that write a module output stay (a run produces its outputs), as does a module that
 already has generated code (`codegen`: its kernels were made for the ops as they are).
@@ -21,7 +24,7 @@ from typing import Mapping
 import numpy as np
 
 from tilekit.ir.graph import op_tensors
-from tilekit.ir.model import Module, Tensor
+from tilekit.ir.model import Module, Op, Tensor
 
 
 def foldable_ops(module: Module) -> list[int]:
@@ -62,15 +65,48 @@ def fold_constants(module: Module, weights: Mapping[str, np.ndarray]
     touched = {n for op in ops for part in op_tensors(op, module.control) for n in part}
     sub = Module(model=module.model, ops=ops, inputs=(), outputs=tuple(needed),
                  tensors={n: t for n, t in module.tensors.items() if n in touched})
-    values = prepare(sub).run({}, weights, mode="whole") if needed else {}
+    values = dict(prepare(sub).run({}, weights, mode="whole")) if needed else {}
     tensors = {}
     for name, t in module.tensors.items():
         if name in made and name not in values:
             continue  # read only by folded ops
         tensors[name] = Tensor(t.shape, t.dtype, "weight") if name in values else t
+    kept_ops, unread = _gathers_as_maps(module, kept_ops, values)
+    for name in unread:
+        del values[name], tensors[name]
     dropped = {op.name for op in ops}
     kernels = tuple(replace(k, ops=tuple(o for o in k.ops if o not in dropped))
                     for k in module.kernels if set(k.ops) - dropped)
     out = dict(weights)
     out.update({n: np.ascontiguousarray(v) for n, v in values.items()})
     return replace(module, ops=kept_ops, tensors=tensors, kernels=kernels), out
+
+
+def _gathers_as_maps(module: Module, ops: tuple[Op, ...], values: Mapping[str, np.ndarray]
+                     ) -> tuple[tuple[Op, ...], list[str]]:
+    """`ops` with every opaque Gather whose indices are now folded values that an index map
+    can read (`tilekit.onnx.text.affine_index`: a constant, a progression, a grid) as that
+    expression op, as an import for one size writes it; the folded values no op reads any
+    more."""
+    from tilekit.onnx import text
+
+    out = []
+    for op in ops:
+        spec = op.opaque or {}
+        inputs = list(spec.get("inputs", ()))
+        if op.kind == "opaque" and spec.get("type") == "Gather" and len(inputs) == 2 \
+                and inputs[1] in values and len(spec.get("outputs", ())) == 1:
+            x, ind, y = inputs[0], values[inputs[1]], spec["outputs"][0]
+            axis = int((spec.get("attrs") or {}).get("axis", 0))
+            shape = module.tensors[x].shape
+            ax = text.axes(len(module.tensors[y].shape))
+            index = None
+            if ind.size >= 1 and 0 <= axis < len(shape):
+                index = text.affine_index(ind.astype(np.int64) % shape[axis],
+                                          ax[axis:axis + ind.ndim])
+            if index is not None:
+                read = text.access(x, list(ax[:axis]) + [index] + list(ax[axis + ind.ndim:]))
+                op = Op(op.name, f"{text.access(y, ax)} = {read}", origin=op.origin)
+        out.append(op)
+    read = {n for op in out for n in op_tensors(op, module.control)[0]}
+    return tuple(out), [n for n in values if n not in read]
