@@ -52,7 +52,8 @@ PIPELINE = {"gpt2.dynamo18", "llama.dynamo18", "t5_encoder.dynamo18",
 #: for all with TILEKIT_CORPUS=all.
 CPU = {"llama.dynamo18", "regnet.dynamo18"}
 #: The `symbolic` stage (a dynamic export imported without --shape, its dimensions kept as
-#: symbols, checked at two sizes on the reference executor and at one as compiled C++) for
+#: symbols, checked at two sizes on the reference executor and at one as compiled C++, then
+#: rolled, welded and generated as CUDA for one size from the same file: `--dim`) for
 #: these by default (dimension names that the exporter gives apart), all dynamic exports
 #: with TILEKIT_CORPUS=all.
 SYMBOLIC = {"gpt2.dynamo18.dynamic"}
@@ -134,6 +135,15 @@ def _stage(key: str, stage: str, folder: Path) -> Path:
                                           mode] + flags, folder)
             assert "check: pass" in result.output, result.output
             outputs.append(result.output)
+        # the same import through the stages for one size, to CUDA
+        flags = [f for s in dims for f in ("--dim", f"{s}=4")]
+        invoke(tk_roll.main, ["--hw", "h100", "m.sym.yaml", "-o", "m.sym.rolled.yaml"] + flags,
+               folder)
+        invoke(tk_weld.main, ["m.sym.rolled.yaml", "-o", "m.sym.welded.yaml"], folder)
+        invoke(tk_codegen.main, ["m.sym.welded.yaml", "-o", "m.sym.cuda.yaml"]
+               + (["--compile", "--strict"] if COMPILE else []), folder)
+        doc = yaml.safe_load((folder / "m.sym.cuda.yaml").read_text())
+        assert doc["codegen"]["kernels"] and doc["stages"][1]["name"] == "specialise"
         path.write_text("\n".join(outputs))
     elif stage == "cpu":
         invoke(tk_codegen.main, ["--target", "cpu", _stage(key, "import", folder).name, "-o",
