@@ -16,7 +16,9 @@ spatial axis but the vector axis) in blocks of about `block_work` operations; pe
 - any other reduction (over channels of NCHW, a depthwise convolution's window, a
   matrix-vector product with columns of weights): an accumulator row of up to
   `vector_chunk` points of the vector axis, the reduction loops outside and a `simd` loop over
-  the row inside, then the epilogue in a `simd` loop.
+  the row inside, then the epilogue in a `simd` loop. A small window (the trailing reduction
+  axes, up to `UNROLLED_WINDOW` points) is unrolled, so each of its points is a `simd` loop
+  with constant bounds.
 
 `cpu_gemm` (a float32 contraction, `tilekit.schedule.mma.contraction`: matmul, batched matmul,
 Gemm, convolution as an implicit GEMM), the BLIS algorithm: a block owns `mc x nc` outputs of
