@@ -46,7 +46,7 @@ from tilekit.codegen.kernel import (GeneratedKernel, PointBuilder, avar, c_name,
 from tilekit.codegen.plan import GroupPlan, OpPlan, Read
 from tilekit.codegen.staged import op_facts, read_key
 from tilekit.codegen.values import (accumulator_kind, combine, identity, literal, pad_literal)
-from tilekit.schedule.cpu import CpuShape, CpuTiles, cpu_shape, gemm_roles
+from tilekit.schedule.cpu import CpuShape, CpuTiles, cpu_shape, gemm_roles, one_thread
 from tilekit.schedule.mma import Contraction
 from tilekit.schedule.shape import Target
 from tilekit.tile import expr as tx
@@ -105,6 +105,8 @@ def loops_kernel(module, plan: GroupPlan, entry: str, shape: CpuShape, target: T
             _accumulator_row(b, module, plan, axes, at, vec, vlen, tiles, idx_t)
     sched = {"source": "cpu", "rows": rows, "rows_per_block": per, "reduction": mode,
              "vector_axis": axes[vec] if vec is not None else None}
+    if grid > 1 and one_thread(rows * lp.work_per_row, tiles):
+        sched["one_thread"] = True
     return finish(plan, entry, sig, b.build(), shape="cpu_loops", schedule=sched, threads=1,
                   grid=grid, target=target,
                   comments=[f"cpu loops: {rows} rows in blocks of {per}, "
