@@ -226,6 +226,5 @@ def program_unit(module, plan: bool = True) -> tuple[str, CpuPlan | None]:
     return unit_source(kernels) + program_source(kernels, chosen), chosen
 
 
-__all__ = ["CpuPlan", "barriers", "block_memory",
-           "module_plan", "offsets", "on_first_thread", "parallel_run", "program_source", "program_unit", "reads",
-           "unit_plan"]
+__all__ = ["CpuPlan", "barriers", "block_memory", "module_plan", "offsets", "on_first_thread",
+           "parallel_run", "program_source", "program_unit", "reads", "unit_plan"]
