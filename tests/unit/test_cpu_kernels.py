@@ -143,6 +143,11 @@ def _model() -> onnx.ModelProto:
                     strides=[2, 1]),
         # depthwise (no GEMM view: an accumulator row over the output's width)
         h.make_node("Conv", ["x", "wd"], ["dw_out"], group=3, pads=[1, 1, 1, 1]),
+        # a row longer than an accumulator row (chunks of 256 points), and a window of 4
+        # channels x 3 x 3 points (the channels in a loop, the 3 x 3 unrolled)
+        h.make_node("Conv", ["wide", "wdw"], ["dw_wide"], group=2, pads=[0, 2, 0, 2],
+                    kernel_shape=[1, 5]),
+        h.make_node("Conv", ["x8", "wg4"], ["convg4_out"], group=2, pads=[1, 1, 1, 1]),
         # reductions: over channels (strided) and over the last axis (contiguous)
         h.make_node("ReduceSum", ["x", "axes1"], ["rsum"], keepdims=1),
         h.make_node("Softmax", ["long"], ["soft"], axis=-1),
@@ -151,13 +156,16 @@ def _model() -> onnx.ModelProto:
     inputs = [vi("a", T.FLOAT, [2, 7, 33]), vi("long", T.FLOAT, [5, 600]),
               vi("q", T.FLOAT, [2, 3, 5, 8]), vi("k", T.FLOAT, [2, 3, 9, 8]),
               vi("g", T.FLOAT, [7, 33]), vi("x", T.FLOAT, [2, 3, 11, 13]),
-              vi("gt", T.FLOAT, [33, 7]), vi("x4", T.FLOAT, [1, 4, 9, 10])]
+              vi("gt", T.FLOAT, [33, 7]), vi("x4", T.FLOAT, [1, 4, 9, 10]),
+              vi("wide", T.FLOAT, [1, 2, 2, 300]), vi("x8", T.FLOAT, [1, 8, 5, 6])]
     outputs = [vi(n, T.FLOAT, None) for n in ("mm_out", "long_out", "scores", "gemm_out",
                                               "gemmt_out", "convg_out",
-                                              "conv_out", "conv1_out", "dw_out", "rsum",
+                                              "conv_out", "conv1_out", "dw_out", "dw_wide",
+                                              "convg4_out", "rsum",
                                               "soft", "rmax")]
     inits = [w("wb", 33, 19), w("bias19", 19), w("wlong", 600, 40), w("wg", 19, 33),
              w("wc", 5, 3, 3, 3), w("wg2", 14, 2, 3, 3), w("bc", 5), w("w1", 4, 3, 1, 1), w("wd", 3, 1, 3, 3),
+             w("wdw", 2, 1, 1, 5), w("wg4", 6, 4, 3, 3),
              nh.from_array(np.array([1], np.int64), "axes1"),
              nh.from_array(np.array([3], np.int64), "axes3")]
     graph = h.make_graph(nodes, "kinds", inputs, outputs, inits)
@@ -205,6 +213,23 @@ def test_each_op_gets_its_cpu_shape(kinds):
     assert loops["rmax"][1]["reduction"] == "accumulator row"     # 13 points: too short
     assert loops["soft_max"][1]["reduction"] == "lane partials"   # 600 contiguous points
     assert loops["mm_out"][1]["reduction"] == "pointwise"
+
+
+def test_an_accumulator_row_unrolls_a_small_window(kinds):
+    """A window of up to UNROLLED_WINDOW points is straight code (no loop over its axes);
+    a larger one keeps its leading axes in loops; a row wider than an accumulator row is
+    run in chunks."""
+    import re
+
+    module, generated, _ = kinds
+    loops = {}
+    for k in generated.codegen["kernels"]:
+        for op in k["ops"]:
+            loops[op] = set(re.findall(r"for \(int (\w+) =", k["source"]))
+    assert not loops[_op_of(module, "dw_out")] & {"a_kh", "a_kw", "j0"}
+    assert "a_c" in loops[_op_of(module, "convg4_out")]      # 4 x 3 x 3: channels looped
+    assert not loops[_op_of(module, "convg4_out")] & {"a_kh", "a_kw"}
+    assert "j0" in loops[_op_of(module, "dw_wide")]           # 300 points: chunks of 256
 
 
 @needs_cxx

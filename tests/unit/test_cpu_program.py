@@ -62,6 +62,29 @@ def test_one_block_kernels_in_a_row_run_on_one_thread_without_barriers():
     assert barriers(ks, [0, 1, 2, 3]) == (False, True, True, True)
 
 
+def test_small_loop_nests_run_on_the_first_thread_without_barriers():
+    """A multi-block kernel marked `one_thread` (at most one block's work) runs all its
+    blocks on the first thread: like one-block kernels, a run of them needs no barrier and
+    opens no parallel region; the printed entry loops over its blocks on that thread."""
+    from dataclasses import replace
+
+    from tilekit.codegen.cpu_program import on_first_thread, program_source
+    from tilekit.schedule.cpu import cpu_tiles, one_thread
+
+    t = cpu_tiles()
+    assert one_thread(t.block_work, t) and not one_thread(t.block_work + 1, t)
+    small = replace(_record("b", ["y", "z"], ["z"], 8), schedule={"one_thread": True})
+    ks = [_record("a", ["x", "y"], ["y"], 1), small, _record("c", ["z", "w"], ["w"], 1),
+          _record("d", ["w", "v"], ["v"], 8)]
+    assert on_first_thread(small) and not on_first_thread(ks[3])
+    assert barriers(ks, [0, 1, 2, 3]) == (False, False, True, True)
+    assert not parallel_run(ks, [0, 1, 2]) and parallel_run(ks, [0, 1, 2, 3])
+    text = program_source(ks)
+    assert ("if (omp_get_thread_num() == 0) for (int tk_b = 0; tk_b < 8; ++tk_b) "
+            "tk_call<tk_b_body>") in text
+    assert "for (int tk_b = 0; tk_b < 8; ++tk_b) tk_call<tk_d_body>" in text
+
+
 def test_a_write_after_read_needs_a_barrier():
     ks = [_record("a", ["x", "y"], ["y"], 4), _record("b", ["q", "x"], ["x"], 4)]
     assert barriers(ks, [0, 1]) == (True, True)

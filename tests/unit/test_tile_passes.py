@@ -241,11 +241,49 @@ def test_split_guards_takes_the_padding_checks_out_of_the_interior():
         For(j, lo, hi, body(False), kind="simd"),
         For(j, hi, tx.const(64), body(True))))))
     assert split_guards(out) == out                 # idempotent: the interior has no guard
-    # a guard on a value the body computes otherwise stays
+    # a guard on a value the body computes otherwise (a negative coefficient) stays
     other = For(j, tx.const(0), tx.const(64), seq(
-        Store("t_y", (j,), tx.select(tx.call("in_range", tx.mul(j, 2), tx.const(56)),
+        Store("t_y", (j,), tx.select(tx.call("in_range", tx.sub(tx.const(63), j),
+                                             tx.const(56)),
                                      tx.const(1.0), tx.const(0.0)))), kind="simd")
     assert split_guards(kernel(other)).body == other
+
+
+def test_split_guards_splits_a_strided_window():
+    """`0 <= 2 * j + kw - 1 < 56` holds for ceil((1 - kw) / 2) <= j < ceil((57 - kw) / 2):
+    the interior found for each kw is exactly the guard's set of j."""
+    from tilekit.tile.expr import Binary, Cast, Unary
+
+    def value(e, env):
+        if isinstance(e, Const):
+            return e.value
+        if isinstance(e, Var):
+            return env[e.name]
+        if isinstance(e, Cast):
+            return value(e.arg, env)
+        if isinstance(e, Unary) and e.op == "-":
+            return -value(e.arg, env)
+        if isinstance(e, Binary):
+            a, b = value(e.lhs, env), value(e.rhs, env)
+            return {"+": a + b, "-": a - b, "*": a * b}[e.op]
+        args = [value(a, env) for a in e.args]
+        return {"min": min, "max": max, "floordiv": lambda a, b: a // b}[e.fn](*args)
+
+    j, kw = Var("j", I), Var("kw", I)
+    x = tx.add(tx.add(tx.mul(j, 2), kw), -1)
+    guarded = tx.select(tx.call("in_range", x, tx.const(56)), Load("t_x", (x,), "float32"),
+                        tx.const(0.0))
+    loop = For(j, tx.const(0), tx.const(28), Store("t_y", (j,), guarded), kind="simd")
+    out = split_guards(kernel(For(kw, tx.const(0), tx.const(3), loop)))
+    steps = out.body.body.body
+    (lo, hi), loops = steps[:2], steps[2:]
+    assert [f.kind for f in loops] == ["serial", "simd", "serial"]
+    assert "in_range" not in repr(loops[1].body)
+    for k in range(3):
+        env = {"kw": k}
+        env[lo.var.name] = value(lo.value, env)
+        inside = range(env[lo.var.name], value(hi.value, env))
+        assert [q for q in range(28) if 0 <= 2 * q + k - 1 < 56] == list(inside), k
 
 
 def test_pipelines_verify_and_are_idempotent():

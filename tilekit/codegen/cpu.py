@@ -16,7 +16,9 @@ spatial axis but the vector axis) in blocks of about `block_work` operations; pe
 - any other reduction (over channels of NCHW, a depthwise convolution's window, a
   matrix-vector product with columns of weights): an accumulator row of up to
   `vector_chunk` points of the vector axis, the reduction loops outside and a `simd` loop over
-  the row inside, then the epilogue in a `simd` loop.
+  the row inside, then the epilogue in a `simd` loop. A small window (the trailing reduction
+  axes, up to `UNROLLED_WINDOW` points) is unrolled, so each of its points is a `simd` loop
+  with constant bounds.
 
 `cpu_gemm` (a float32 contraction, `tilekit.schedule.mma.contraction`: matmul, batched matmul,
 Gemm, convolution as an implicit GEMM), the BLIS algorithm: a block owns `mc x nc` outputs of
@@ -34,6 +36,7 @@ step, so packing costs a load and an add per element.
 
 from __future__ import annotations
 
+import itertools
 import math
 from contextlib import ExitStack
 
@@ -43,7 +46,7 @@ from tilekit.codegen.kernel import (GeneratedKernel, PointBuilder, avar, c_name,
 from tilekit.codegen.plan import GroupPlan, OpPlan, Read
 from tilekit.codegen.staged import op_facts, read_key
 from tilekit.codegen.values import (accumulator_kind, combine, identity, literal, pad_literal)
-from tilekit.schedule.cpu import CpuShape, CpuTiles, cpu_shape, gemm_roles
+from tilekit.schedule.cpu import CpuShape, CpuTiles, cpu_shape, gemm_roles, one_thread
 from tilekit.schedule.mma import Contraction
 from tilekit.schedule.shape import Target
 from tilekit.tile import expr as tx
@@ -102,6 +105,8 @@ def loops_kernel(module, plan: GroupPlan, entry: str, shape: CpuShape, target: T
             _accumulator_row(b, module, plan, axes, at, vec, vlen, tiles, idx_t)
     sched = {"source": "cpu", "rows": rows, "rows_per_block": per, "reduction": mode,
              "vector_axis": axes[vec] if vec is not None else None}
+    if grid > 1 and one_thread(rows * lp.work_per_row, tiles):
+        sched["one_thread"] = True
     return finish(plan, entry, sig, b.build(), shape="cpu_loops", schedule=sched, threads=1,
                   grid=grid, target=target,
                   comments=[f"cpu loops: {rows} rows in blocks of {per}, "
@@ -156,10 +161,19 @@ def _point(b: Builder, module, plan: GroupPlan, vars_: list[Expr], tiles: CpuTil
     pb.epilogue(pb.main_value(p, (acc, kind)), sink)
 
 
+#: Reduction points an accumulator row runs as straight code rather than loops: the
+#: trailing reduction axes whose extents multiply to at most this (a 3x3 or 5x5 window). Each
+#: point is then a vector loop with constant bounds (the guard split's bounds fold to
+#: constants), so the compiler emits it without a runtime prologue and tail per point.
+UNROLLED_WINDOW = 32
+
+
 def _accumulator_row(b: Builder, module, plan: GroupPlan, axes, at: dict, vec: int, vlen: int,
                      tiles: CpuTiles, idx_t: str) -> None:
     """A reduction vectorised over the output's vector axis: an accumulator row of up to
-    `vector_chunk` points, the reduction loops outside the lanes."""
+    `vector_chunk` points, the reduction loops outside the lanes (its trailing axes up to
+    `UNROLLED_WINDOW` points unrolled); a row that fits one chunk has no chunk loop, so its
+    bounds are constants."""
     stage = plan.stages[0]
     p = stage.main
     chunk = min(vlen, tiles.vector_chunk)
@@ -169,28 +183,51 @@ def _accumulator_row(b: Builder, module, plan: GroupPlan, axes, at: dict, vec: i
     dtype = KIND_DTYPE[kind]
     row = b.alloc("accrow", dtype, (chunk,), "accumulators of a row of the vector axis")
     va = axes[vec]
-    with b.loop("j0", 0, vlen, chunk, dtype=idx_t) as j0:
-        count = b.let("jn", tx.call("min", tx.const(chunk, idx_t), tx.sub(vlen, j0)), idx_t)
+    looped, unrolled = _window_split(p.reduction)
+
+    def accumulate(j0: Expr, count: Expr, code: dict) -> None:
+        with b.loop("jj", 0, count, kind="simd", dtype=idx_t) as jj:
+            v = b.let(avar(va), tx.add(j0, jj), idx_t)
+            vars_ = [v if a == va else at[a] for a in axes]
+            pb = PointBuilder(module, b, stage, vars_, global_resolver)
+            comp = pb.compiler(p, pb.axis_code(p, code))
+            value = comp.emit(p.body, kind)
+            b.store(row, (jj,), combine(p.assign, Load(row.name, (jj,), dtype),
+                                        tx.cast(dtype, value)))
+
+    def run_chunk(j0: Expr, count: Expr) -> None:
         with b.loop("jj", 0, count, kind="simd", dtype=idx_t) as jj:
             b.store(row, (jj,), identity(p.assign, kind))
-        code = {}
+        code: dict = {}
         with ExitStack() as loops:
-            for a, extent in p.reduction:
+            for a, extent in looped:
                 code[a] = loops.enter_context(b.loop(avar(a), 0, extent))
-            with b.loop("jj", 0, count, kind="simd", dtype=idx_t) as jj:
-                v = b.let(avar(va), tx.add(j0, jj), idx_t)
-                vars_ = [v if a == va else at[a] for a in axes]
-                pb = PointBuilder(module, b, stage, vars_, global_resolver)
-                comp = pb.compiler(p, pb.axis_code(p, code))
-                value = comp.emit(p.body, kind)
-                b.store(row, (jj,), combine(p.assign, Load(row.name, (jj,), dtype),
-                                            tx.cast(dtype, value)))
+            for point in itertools.product(*(range(n) for _, n in unrolled)):
+                code.update({a: tx.const(i) for (a, _), i in zip(unrolled, point)})
+                accumulate(j0, count, code)
         with b.loop("jj", 0, count, kind="simd", dtype=idx_t) as jj:
             v = b.let(avar(va), tx.add(j0, jj), idx_t)
             vars_ = [v if a == va else at[a] for a in axes]
             pb = PointBuilder(module, b, stage, vars_, global_resolver)
             sink = store_sink(module, b, plan.stored, vars_)
             pb.epilogue(pb.main_value(p, (Load(row.name, (jj,), dtype), kind)), sink)
+
+    if chunk >= vlen:
+        run_chunk(tx.const(0, idx_t), tx.const(vlen, idx_t))
+        return
+    with b.loop("j0", 0, vlen, chunk, dtype=idx_t) as j0:
+        run_chunk(j0, b.let("jn", tx.call("min", tx.const(chunk, idx_t), tx.sub(vlen, j0)),
+                            idx_t))
+
+
+def _window_split(reduction) -> tuple[list, list]:
+    """The reduction axes in loops and the trailing ones unrolled (`UNROLLED_WINDOW`)."""
+    axes = list(reduction)
+    points, cut = 1, len(axes)
+    while cut > 0 and points * axes[cut - 1][1] <= UNROLLED_WINDOW:
+        points *= axes[cut - 1][1]
+        cut -= 1
+    return axes[:cut], axes[cut:]
 
 
 # -- contractions ------------------------------------------------------------------------

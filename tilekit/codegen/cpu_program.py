@@ -16,8 +16,9 @@ the unit one more entry that runs any sequence of the unit's kernels:
   or writes what one since then touched, unless both ran on the first thread);
 - one parallel region for the whole sequence (`tk_parallel` 0: none, the caller's thread runs
   it all: `parallel_run`), in which a kernel's blocks are shared out with `omp for
-  schedule(static) nowait`, a one-block kernel runs on the team's first thread (so a chain
-  of them needs no barrier), and threads persist across kernels;
+  schedule(static) nowait`, a one-block kernel, or a loop nest of at most one block's work
+  (`one_thread` in its schedule), runs on the team's first thread (so a chain of them needs
+  no barrier), and threads persist across kernels;
 - `tk_times` (profiling): null, or `tk_n + 1` wall-clock times: the start and the end of each
   kernel (a barrier after every kernel while profiling, so that each time is its own).
 
@@ -130,8 +131,9 @@ def reads(k: KernelRecord) -> frozenset[str]:
 
 
 def barriers(kernels: Sequence[KernelRecord], seq: Sequence[int]) -> tuple[bool, ...]:
-    """Per position of `seq`: a team barrier after it? A kernel of one block runs on the
-    team's first thread, so one-block kernels in a row are ordered by that thread alone; a
+    """Per position of `seq`: a team barrier after it? A kernel of one block (or marked
+    `one_thread`) runs on the team's first thread, so such kernels in a row are ordered by
+    that thread alone; a
     barrier is needed before a kernel that reads what a kernel since the last barrier wrote,
     or writes what one since then touched, unless both ran on the first thread. The last
     kernel of the sequence always gets one (the caller reads the results)."""
@@ -142,7 +144,7 @@ def barriers(kernels: Sequence[KernelRecord], seq: Sequence[int]) -> tuple[bool,
     first_t: set[str] = set()
     for i, k in enumerate(seq):
         r, w = reads(kernels[k]), frozenset(kernels[k].writes)
-        shared = _grid(kernels[k]) > 1
+        shared = not on_first_thread(kernels[k])
         clash = r & team_w or w & team_t
         if shared:
             clash = clash or r & first_w or w & first_t
@@ -160,7 +162,14 @@ def parallel_run(kernels: Sequence[KernelRecord], seq: Sequence[int]) -> bool:
     """Open a parallel region for `seq`? Not when every kernel of it is one block: there is
     nothing to share out, and the fork/join and barriers would be all the team adds (the
     LSTM's host-driven steps are single-block statements)."""
-    return any(_grid(kernels[k]) > 1 for k in seq)
+    return any(not on_first_thread(kernels[k]) for k in seq)
+
+
+def on_first_thread(k: KernelRecord) -> bool:
+    """Does the team's first thread run all of `k`? A kernel of one block, or one whose
+    schedule says `one_thread` (a loop nest of at most one block's work:
+    tilekit.schedule.cpu.one_thread), whose blocks it runs one after another."""
+    return _grid(k) == 1 or bool(k.schedule.get("one_thread"))
 
 
 #: How the C++ printer sizes a kernel's block memory in its entry (tilekit.tile.cpp
@@ -188,7 +197,7 @@ def program_source(kernels: Sequence[KernelRecord], plan: CpuPlan | None = None)
     from tilekit.tile.cpp import program_entries
 
     at = offsets(kernels)
-    calls = [(k.entry, at[i], _grid(k)) for i, k in enumerate(kernels)]
+    calls = [(k.entry, at[i], _grid(k), not on_first_thread(k)) for i, k in enumerate(kernels)]
     tables = None if plan is None else (plan.operators, plan.segments)
     return program_entries(calls, block_memory(kernels), tables)
 
@@ -217,6 +226,5 @@ def program_unit(module, plan: bool = True) -> tuple[str, CpuPlan | None]:
     return unit_source(kernels) + program_source(kernels, chosen), chosen
 
 
-__all__ = ["CpuPlan", "barriers", "block_memory",
-           "module_plan", "offsets", "parallel_run", "program_source", "program_unit", "reads",
-           "unit_plan"]
+__all__ = ["CpuPlan", "barriers", "block_memory", "module_plan", "offsets", "on_first_thread",
+           "parallel_run", "program_source", "program_unit", "reads", "unit_plan"]

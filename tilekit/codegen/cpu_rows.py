@@ -43,7 +43,7 @@ from tilekit.codegen.plan import GroupPlan, OpPlan
 from tilekit.codegen.values import (ValueCompiler, accumulator_kind, combine, identity,
                                     literal)
 from tilekit.expr.ast import Access, Axis, Binary, Call, Node, Unary, format_node, substitute
-from tilekit.schedule.cpu import rows_per_block
+from tilekit.schedule.cpu import one_thread, rows_per_block
 from tilekit.schedule.shape import Target
 from tilekit.tile import expr as tx
 from tilekit.tile.build import Builder, SharedMemory
@@ -121,6 +121,8 @@ def rows_kernel(module, plan: GroupPlan, chain: RowChain, entry: str, target: Ta
     buffers = list(buffered) + [f"{ops[k].output}:points" for k in kept.values()]
     sched = {"source": "cpu", "rows": nrows, "rows_per_block": per, "length": length,
              "passes": names, "row_buffers": buffers}
+    if grid > 1 and one_thread(nrows * length * len(ops), tiles):
+        sched["one_thread"] = True
     return finish(plan, entry, sig, b.build(), shape="cpu_rows", schedule=sched, threads=1,
                   grid=grid, shared=smem.all(), target=target,
                   comments=[f"cpu rows: {nrows} rows of {length} points in blocks of {per}, "

@@ -206,6 +206,16 @@ def rows_per_block(rows: int, work_per_row: int, tiles: CpuTiles) -> int:
     return max(1, min(per, rows))
 
 
+def one_thread(work: int, tiles: CpuTiles) -> bool:
+    """Run a kernel of `work` element operations on one thread of the team rather than
+    sharing its blocks out? When it is at most one block's work (`block_work`, about a
+    microsecond on a core): shared out, it would cost a team barrier after it (several
+    microseconds; on a loaded machine, where a waiting thread sleeps, a wake-up), more than
+    the work. The program entry runs such a kernel's blocks on the team's first thread, so a
+    run of them needs no barrier (tilekit.codegen.cpu_program)."""
+    return work <= tiles.block_work
+
+
 # -- the kernel decision -----------------------------------------------------------------------
 
 #: Uses of each operand element below which packing costs more than it saves.
@@ -443,4 +453,4 @@ def recorded_tiles(payload: Mapping[str, Any], machine: CpuMachine, where: str) 
 __all__ = ["CPU_SHAPES", "CpuGemm", "CpuLoops", "CpuMachine", "CpuShape", "CpuTiles",
            "GEMM_MIN_REUSE", "GemmBlocks", "HOST_DEFAULTS", "LOOP_MODES", "NR_ALIGN",
            "cpu_shape", "cpu_tiles", "gemm_blocks", "gemm_reuse", "gemm_roles", "machine_of",
-           "recorded_tiles", "rows_per_block"]
+           "one_thread", "recorded_tiles", "rows_per_block"]

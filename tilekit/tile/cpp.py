@@ -303,10 +303,11 @@ def _body_call(entry: str, at: int, grid: int, block: str) -> str:
     return f"tk_call<{entry}_body>(tk_a + {at}, {block}, {grid}, tk_smem)"
 
 
-def program_entries(calls: Sequence[tuple[str, int, int]], smem: int,
+def program_entries(calls: Sequence[tuple[str, int, int, bool]], smem: int,
                     plan: tuple | None = None) -> str:
     """The CPU unit's program entries (`tk_run`, and `tk_run_plan` for a plan): `calls` are
-    each kernel's (entry, offset of its pointers in the argument table, blocks), `smem` the
+    each kernel's (entry, offset of its pointers in the argument table, blocks, whether its
+    blocks are shared out over the team: else the first thread runs them), `smem` the
     block memory a body needs, `plan` tk-ram's (operators, segments) or None.
     tilekit.codegen.cpu_program decides all of it; this prints it."""
     lines = [CALL_TEMPLATES]
@@ -314,13 +315,16 @@ def program_entries(calls: Sequence[tuple[str, int, int]], smem: int,
     lines.append("static inline void tk_team_kernel(int tk_k, void* const* tk_a, "
                  "unsigned char* tk_smem) {")
     lines.append("  switch (tk_k) {")
-    for i, (entry, at, grid) in enumerate(calls):
+    for i, (entry, at, grid, shared) in enumerate(calls):
         lines.append(f"  case {i}: {{")
-        if grid > 1:
+        if shared:
             lines.append("#pragma omp for schedule(static) nowait")
             lines.append(f"    for (int tk_b = 0; tk_b < {grid}; ++tk_b) "
                          f"{_body_call(entry, at, grid, 'tk_b')};")
-        else:                    # the first thread: one-block kernels in a row need no barrier
+        elif grid > 1:           # the first thread: such kernels in a row need no barrier
+            lines.append(f"    if (omp_get_thread_num() == 0) for (int tk_b = 0; tk_b < {grid}; "
+                         f"++tk_b) {_body_call(entry, at, grid, 'tk_b')};")
+        else:
             lines.append(f"    if (omp_get_thread_num() == 0) {_body_call(entry, at, grid, '0')};")
         lines.append("  } break;")
     lines.append("  }")
@@ -330,7 +334,7 @@ def program_entries(calls: Sequence[tuple[str, int, int]], smem: int,
     lines.append("static inline void tk_blocks(int tk_k, void* const* tk_a, int tk_first, "
                  "int tk_count, unsigned char* tk_smem) {")
     lines.append("  switch (tk_k) {")
-    for i, (entry, at, grid) in enumerate(calls):
+    for i, (entry, at, grid, _) in enumerate(calls):
         lines.append(f"  case {i}: for (int tk_b = tk_first; tk_b < tk_first + tk_count; "
                      f"++tk_b) {_body_call(entry, at, grid, 'tk_b')}; break;")
     lines.append("  }")

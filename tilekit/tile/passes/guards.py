@@ -1,8 +1,10 @@
 """Index-set splitting: guards out of the interior of vector loops (the CPU lowering).
 
 A `simd` loop over `v` whose body guards reads with `in_range(e, n)` (a convolution's
-padding: `0 <= w + kw - 1 < 56`), where `e` is `v + rest` and `rest` and `n` do not change in
-the loop, holds every such guard exactly on one interval of `v`: `[-rest, n - rest)`. The pass
+padding: `0 <= w + kw - 1 < 56`), where `e` is `s * v + rest` for a positive constant `s` (a
+strided window: `2 * w + kw`) and `rest` and `n` do not change in the loop, holds every such
+guard exactly on one interval of `v`: `[-rest, n - rest)`, or `[ceil(-rest / s),
+ceil((n - rest) / s))`. The pass
 runs the loop as three, over the iterations before the interval where all guards hold, the
 interior (the guards replaced by `true`, so its reads are plain vector loads instead of masked
 ones or gathers), and the rest:
@@ -19,7 +21,8 @@ The edges are a few iterations (a window's overhang) and stay serial, which also
 pass idempotent: no `simd` loop it leaves has a guard it could split.
 
 Values defined inside the body (`let a_w = j0 + v`) are followed when reading `e`. Guards
-with another coefficient, or on values the body computes otherwise, stay where they are.
+with a coefficient that is not a positive constant, or on values the body computes otherwise,
+stay where they are.
 """
 
 from __future__ import annotations
@@ -126,7 +129,8 @@ def _interval(call: Call, v: Var, expand, inside: set[str]) -> tuple[Expr, Expr]
     if form is None:
         return None
     coefs, vars_, const = form
-    if coefs.get(v.name) != 1:
+    step = coefs.get(v.name)
+    if not isinstance(step, int) or step < 1:
         return None
     rest = [(c, vars_[n]) for n, c in coefs.items() if n != v.name and c]
     if any(n in inside for n, c in coefs.items() if n != v.name and c):
@@ -134,7 +138,13 @@ def _interval(call: Call, v: Var, expand, inside: set[str]) -> tuple[Expr, Expr]
     if tx.free_vars(bound) & inside:
         return None
     rest_e = tx.linear(rest, const, v.dtype)
-    return tx.neg(rest_e), tx.sub(tx.cast(v.dtype, bound), rest_e)
+    if step == 1:
+        return tx.neg(rest_e), tx.sub(tx.cast(v.dtype, bound), rest_e)
+    # 0 <= step * v + rest < n  <=>  ceil(-rest / step) <= v < ceil((n - rest) / step),
+    # with ceil(a / s) = -floordiv(-a, s)
+    return (tx.neg(tx.call("floordiv", rest_e, tx.const(step, v.dtype))),
+            tx.neg(tx.call("floordiv", tx.sub(rest_e, tx.cast(v.dtype, bound)),
+                           tx.const(step, v.dtype))))
 
 
 def map_exprs_deep(s: Stmt, fn) -> Stmt:
