@@ -216,3 +216,64 @@ def test_compile_takes_sizes_for_the_passes(imported):
     with pytest.raises(TilekitError, match="tk-roll needs static sizes"):
         tilekit.compile(imported / "m.onnx", ["roll"], hw="milan")
     assert set(tilekit.compile(imported / "m.onnx", []).module.dims) == {"batch", "seq"}
+
+
+def _kv_cache_model(path: Path) -> None:
+    """One attention head over a key/value cache: x[1, seq, 8] and the cache past_k, past_v
+    [1, past, 8] -> k, v = the cache with this step's keys and values appended [1, past+seq,
+    8]; position i of the step sees the cache and the step's positions up to its own (a mask
+    from Range over past+seq against past + Range over seq); y = softmax(q k^T / sqrt 8) v."""
+    rng = np.random.default_rng(1)
+    inits = [numpy_helper.from_array(rng.standard_normal((8, 8)).astype(np.float32), n)
+             for n in ("wq", "wk", "wv")]
+    inits += [numpy_helper.from_array(np.array(v, dtype), n) for n, v, dtype in
+              (("zero", 0, np.int64), ("one", 1, np.int64), ("i1", [1], np.int64),
+               ("scale", 8 ** -0.5, np.float32), ("ninf", -1e9, np.float32),
+               ("ax0", [0], np.int64), ("ax1", [1], np.int64))]
+    n = helper.make_node
+    nodes = [
+        n("MatMul", ["x", "wq"], ["q"]), n("MatMul", ["x", "wk"], ["k_new"]),
+        n("MatMul", ["x", "wv"], ["v_new"]),
+        n("Concat", ["past_k", "k_new"], ["k"], axis=1),
+        n("Concat", ["past_v", "v_new"], ["v"], axis=1),
+        n("Transpose", ["k"], ["kt"], perm=[0, 2, 1]),
+        n("MatMul", ["q", "kt"], ["raw"]), n("Mul", ["raw", "scale"], ["scores"]),
+        n("Shape", ["past_k"], ["pshape"]), n("Gather", ["pshape", "i1"], ["p1"], axis=0),
+        n("Shape", ["x"], ["xshape"]), n("Gather", ["xshape", "i1"], ["s1"], axis=0),
+        n("Squeeze", ["p1"], ["p"]), n("Squeeze", ["s1"], ["s"]), n("Add", ["p", "s"], ["t"]),
+        n("Range", ["zero", "t", "one"], ["cols"]),
+        n("Range", ["zero", "s", "one"], ["steps"]), n("Add", ["steps", "p"], ["rows"]),
+        n("Unsqueeze", ["rows", "ax1"], ["rows_col"]),
+        n("Unsqueeze", ["cols", "ax0"], ["cols_row"]),
+        n("LessOrEqual", ["cols_row", "rows_col"], ["seen"]),
+        n("Where", ["seen", "scores", "ninf"], ["masked"]),
+        n("Softmax", ["masked"], ["attn"], axis=-1), n("MatMul", ["attn", "v"], ["y"]),
+    ]
+    vi = helper.make_tensor_value_info
+    graph = helper.make_graph(
+        nodes, "kv", [vi("x", TensorProto.FLOAT, [1, "seq", 8]),
+                      vi("past_k", TensorProto.FLOAT, [1, "past", 8]),
+                      vi("past_v", TensorProto.FLOAT, [1, "past", 8])],
+        [vi("y", TensorProto.FLOAT, [1, "seq", 8]), vi("k", TensorProto.FLOAT, None),
+         vi("v", TensorProto.FLOAT, None)], inits)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]),
+              str(path))
+
+
+def test_a_key_value_cache_decodes_and_prefills_from_one_import(tmp_path):
+    """A decoder step with a cache of dynamic length: one import, run compiled at decode
+    shapes (one new token, a long cache) and prefill-like ones (many tokens, a short
+    cache), each checked against onnxruntime; the appended cache's length is `past + seq`."""
+    _kv_cache_model(tmp_path / "kv.onnx")
+    result = invoke(tk_import.main, ["kv.onnx", "-o", "kv.yaml"], tmp_path)
+    assert result.exit_code == 0, result.output
+    doc = yaml.safe_load((tmp_path / "kv.yaml").read_text())
+    assert set(doc["dims"]) == {"seq", "past"}
+    assert doc["tensors"]["k"]["shape"] == [1, "past + seq", 8]
+    assert doc["tensors"]["seen"]["shape"] == ["seq", "past + seq"]  # the mask stayed an op
+    for seq, past in ((1, 9), (6, 1)):
+        result = invoke(tk_run.main, ["kv.yaml", "--dim", f"seq={seq}", "--dim",
+                                      f"past={past}", "--mode", "compiled", "--check", "-q"],
+                        tmp_path)
+        assert result.exit_code == 0 and "check: pass (3 outputs)" in result.output, \
+            result.output
