@@ -264,8 +264,11 @@ def test_tall_blocks_run_their_rows_in_l2_slices():
     tiles = cpu_tiles()
     gemms = [k for k in generated.codegen["kernels"] if k["shape"] == "cpu_gemm"]
     assert len(gemms) == 2
-    # B's rows (the padded stride-1 window's, the matmul's) are masked vector copies
-    assert all("tk_pack_row<16>" in k["source"] for k in gemms)
+    # the padded stride-1 window's rows of B are masked vector copies; the matmul's B is a
+    # weight, packed once (runtime_cpu.h tk_packed_b), not per run
+    conv, matmul = sorted(gemms, key=lambda k: "tk_packed_b" in k["source"])
+    assert "tk_pack_row<16>" in conv["source"] and "tk_packed_b" not in conv["source"]
+    assert "tk_packed_b<16>" in matmul["source"] and "tk_pack_row" not in matmul["source"]
     for k in gemms:
         mc = k["schedule"]["gemm"]["blocks"][0]
         assert mc > tiles.mc and "for (int ic = 0;" in k["source"], k["name"]
@@ -277,6 +280,42 @@ def test_tall_blocks_run_their_rows_in_l2_slices():
         for out in module.outputs:
             np.testing.assert_allclose(got[out], want[out], rtol=2e-5, atol=2e-5,
                                        err_msg=f"{out}, {threads} thread(s)")
+
+
+@needs_cxx
+def test_weights_as_b_are_packed_once_and_repacked_when_they_change():
+    """A weight as the GEMM's B (a MatMul's [K, N] and a Gemm's transposed [N, K], N not a
+    whole number of micro-panels) is read from panels packed once per loaded program; an
+    activation as B is still packed per run. Binding other weights re-packs: each run equals
+    the reference with the weights it was given, on one thread and on two (N split)."""
+    rng = np.random.default_rng(5)
+    vi = h.make_tensor_value_info
+    nodes = [h.make_node("MatMul", ["x", "w"], ["h"]),
+             h.make_node("Gemm", ["h", "v", "c"], ["y"], transB=1),
+             h.make_node("MatMul", ["h", "x2"], ["z"])]
+    graph = h.make_graph(
+        nodes, "weights", [vi("x", T.FLOAT, [40, 24]), vi("x2", T.FLOAT, [70, 36])],
+        [vi("y", T.FLOAT, None), vi("z", T.FLOAT, None)],
+        [nh.from_array(rng.standard_normal((24, 70)).astype(np.float32), "w"),
+         nh.from_array(rng.standard_normal((50, 70)).astype(np.float32), "v"),
+         nh.from_array(rng.standard_normal(50).astype(np.float32), "c")])
+    imported = import_model(h.make_model(graph, opset_imports=[h.make_opsetid("", 18)]))
+    module = imported.module
+    generated = generate(module, target="cpu").module
+    gemms = {k["schedule"]["gemm"]["b"] for k in generated.codegen["kernels"]
+             if k["shape"] == "cpu_gemm"}
+    assert gemms == {"weight panels", "packed"}
+    inputs = {n: rng.standard_normal(module.tensors[n].shape).astype(np.float32)
+              for n in module.inputs}
+    other = {n: (w * -0.5 + 0.25).astype(w.dtype) for n, w in imported.weights.items()}
+    for threads in (1, 2):
+        program = CpuProgram(generated, threads)
+        for weights in (imported.weights, other, imported.weights):
+            want = run_module(module, inputs, weights)
+            got = program.run(inputs, weights)
+            for out in module.outputs:
+                np.testing.assert_allclose(got[out], want[out], rtol=2e-5, atol=2e-5,
+                                           err_msg=f"{out}, {threads} thread(s)")
 
 
 def _attention() -> onnx.ModelProto:
