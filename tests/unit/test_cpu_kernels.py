@@ -318,6 +318,42 @@ def test_weights_as_b_are_packed_once_and_repacked_when_they_change():
                                            err_msg=f"{out}, {threads} thread(s)")
 
 
+@needs_cxx
+def test_a_ragged_n_of_pixels_takes_the_m_role():
+    """A 1x1 convolution of 32 filters on a 7 x 7 image: 49 pixels as N would take 64
+    columns of micro-tiles, as M they take 54 rows, so the filters are N (whole micro-panels,
+    a weight packed once) and the pixels M (A packed, the output tile stored strided). A
+    3 x 3 padded convolution of the same sizes keeps the pixels as N (its im2col would be
+    packed into rows by a gather). Both equal the reference, on one thread and on two."""
+    rng = np.random.default_rng(6)
+    vi = h.make_tensor_value_info
+    nodes = [h.make_node("Conv", ["x", "w1", "b1"], ["p"]),
+             h.make_node("Relu", ["p"], ["y"]),
+             h.make_node("Conv", ["x", "w3"], ["z"], pads=[1, 1, 1, 1])]
+    graph = h.make_graph(
+        nodes, "ragged", [vi("x", T.FLOAT, [1, 24, 7, 7])],
+        [vi("y", T.FLOAT, None), vi("z", T.FLOAT, None)],
+        [nh.from_array(rng.standard_normal((32, 24, 1, 1)).astype(np.float32), "w1"),
+         nh.from_array(rng.standard_normal(32).astype(np.float32), "b1"),
+         nh.from_array(rng.standard_normal((32, 24, 3, 3)).astype(np.float32), "w3")])
+    imported = import_model(h.make_model(graph, opset_imports=[h.make_opsetid("", 18)]))
+    module = imported.module
+    generated = generate(module, target="cpu").module
+    shapes = _shapes(generated)
+    one = shapes[_op_of(module, "p_conv")][1]["gemm"]
+    assert one["m"] == ["n", "h", "w"] and one["n"] == ["f"], one
+    assert one["a"] == "packed" and one["b"] == "weight panels"
+    three = shapes[_op_of(module, "z")][1]["gemm"]
+    assert three["m"] == ["f"] and three["n"] == ["n", "h", "w"], three
+    inputs = {"x": rng.standard_normal((1, 24, 7, 7)).astype(np.float32)}
+    want = run_module(module, inputs, imported.weights)
+    for threads in (1, 2):
+        got = CpuProgram(generated, threads).run(inputs, imported.weights)
+        for out in module.outputs:
+            np.testing.assert_allclose(got[out], want[out], rtol=2e-5, atol=2e-5,
+                                       err_msg=f"{out}, {threads} thread(s)")
+
+
 def _attention() -> onnx.ModelProto:
     """softmax(q k^T / 8) v: tk-weld puts both products and the softmax in one group."""
     vi = h.make_tensor_value_info
