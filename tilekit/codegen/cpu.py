@@ -249,6 +249,8 @@ def gemm_kernel(module, plan: GroupPlan, entry: str, shape: CpuShape, target: Ta
     mcount = b.let("mc", tx.call("min", tx.const(g.mc, idx_t), tx.sub(M, m0)), idx_t)
     ncount = b.let("nc", tx.call("min", tx.const(g.nc, idx_t), tx.sub(N, n0)), idx_t)
     a_side = _side(b, "a", A.read, m_axes, m0, mcount, mc_p, mc_p, extent, batch_at, idx_t)
+    if weight is not None:
+        weight.start(b)
     b_side = None if weight is not None else _side(b, "b", B.read, n_axes, n0, ncount, nc_p,
                                                    nc_p, extent, batch_at, idx_t)
     with b.loop("ks", 0, g.k_steps) as ks:
@@ -321,15 +323,21 @@ def _micro_tiles(b: Builder, direct: int | None, A: _Operand, a_side, ap, b_pane
 
 class _WeightPanels:
     """B as a weight packed once (runtime_cpu.h tk_packed_b): element (n, k) of the GEMM at
-    `base + n * ldn + k * ldk` of the tensor."""
+    `base + n * ldn + k * ldk` of the tensor; `slot` the block's cache of the pack's
+    address (`start` allocates it)."""
 
     def __init__(self, base: int, ldn: int, ldk: int):
         self.base, self.ldn, self.ldk = base, ldn, ldk
+        self.slot = None
+
+    def start(self, b: Builder) -> None:
+        self.slot = b.alloc("wpk", "int64", (1,), "the packed weight's address, once looked up")
+        b.store(self.slot, (tx.const(0),), tx.const(0, "int64"))
 
     def panel(self, tensor: str, n: int, k: int, panel: Expr, k0: Expr, nr: int, idx_t: str
               ) -> Expr:
-        return tx.call("packed_b", tx.const(nr), Addr(tvar(tensor), (tx.const(self.base,
-                                                                               idx_t),)),
+        return tx.call("packed_b", tx.const(nr), Addr(self.slot.name, (tx.const(0),)),
+                       Addr(tvar(tensor), (tx.const(self.base, idx_t),)),
                        tx.const(n, idx_t), tx.const(k, idx_t), tx.const(self.ldn, idx_t),
                        tx.const(self.ldk, idx_t), panel, k0)
 
