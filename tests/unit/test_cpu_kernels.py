@@ -289,13 +289,88 @@ def test_tall_blocks_run_their_rows_in_l2_slices():
     tiles = cpu_tiles()
     gemms = [k for k in generated.codegen["kernels"] if k["shape"] == "cpu_gemm"]
     assert len(gemms) == 2
-    # B's rows (the padded stride-1 window's, the matmul's) are masked vector copies
-    assert all("tk_pack_row<16>" in k["source"] for k in gemms)
+    # the padded stride-1 window's rows of B are masked vector copies; the matmul's B is a
+    # weight, packed once (runtime_cpu.h tk_packed_b), not per run
+    conv, matmul = sorted(gemms, key=lambda k: "tk_packed_b" in k["source"])
+    assert "tk_pack_row<16>" in conv["source"] and "tk_packed_b" not in conv["source"]
+    assert "tk_packed_b<16>" in matmul["source"] and "tk_pack_row" not in matmul["source"]
     for k in gemms:
         mc = k["schedule"]["gemm"]["blocks"][0]
         assert mc > tiles.mc and "for (int ic = 0;" in k["source"], k["name"]
     inputs = {n: rng.standard_normal(module.tensors[n].shape).astype(np.float32)
               for n in module.inputs}
+    want = run_module(module, inputs, imported.weights)
+    for threads in (1, 2):
+        got = CpuProgram(generated, threads).run(inputs, imported.weights)
+        for out in module.outputs:
+            np.testing.assert_allclose(got[out], want[out], rtol=2e-5, atol=2e-5,
+                                       err_msg=f"{out}, {threads} thread(s)")
+
+
+@needs_cxx
+def test_weights_as_b_are_packed_once_and_repacked_when_they_change():
+    """A weight as the GEMM's B (a MatMul's [K, N] and a Gemm's transposed [N, K], N not a
+    whole number of micro-panels) is read from panels packed once per loaded program; an
+    activation as B is still packed per run. Binding other weights re-packs: each run equals
+    the reference with the weights it was given, on one thread and on two (N split)."""
+    rng = np.random.default_rng(5)
+    vi = h.make_tensor_value_info
+    nodes = [h.make_node("MatMul", ["x", "w"], ["h"]),
+             h.make_node("Gemm", ["h", "v", "c"], ["y"], transB=1),
+             h.make_node("MatMul", ["h", "x2"], ["z"])]
+    graph = h.make_graph(
+        nodes, "weights", [vi("x", T.FLOAT, [40, 24]), vi("x2", T.FLOAT, [70, 36])],
+        [vi("y", T.FLOAT, None), vi("z", T.FLOAT, None)],
+        [nh.from_array(rng.standard_normal((24, 70)).astype(np.float32), "w"),
+         nh.from_array(rng.standard_normal((50, 70)).astype(np.float32), "v"),
+         nh.from_array(rng.standard_normal(50).astype(np.float32), "c")])
+    imported = import_model(h.make_model(graph, opset_imports=[h.make_opsetid("", 18)]))
+    module = imported.module
+    generated = generate(module, target="cpu").module
+    gemms = {k["schedule"]["gemm"]["b"] for k in generated.codegen["kernels"]
+             if k["shape"] == "cpu_gemm"}
+    assert gemms == {"weight panels", "packed"}
+    inputs = {n: rng.standard_normal(module.tensors[n].shape).astype(np.float32)
+              for n in module.inputs}
+    other = {n: (w * -0.5 + 0.25).astype(w.dtype) for n, w in imported.weights.items()}
+    for threads in (1, 2):
+        program = CpuProgram(generated, threads)
+        for weights in (imported.weights, other, imported.weights):
+            want = run_module(module, inputs, weights)
+            got = program.run(inputs, weights)
+            for out in module.outputs:
+                np.testing.assert_allclose(got[out], want[out], rtol=2e-5, atol=2e-5,
+                                           err_msg=f"{out}, {threads} thread(s)")
+
+
+@needs_cxx
+def test_a_ragged_n_of_pixels_takes_the_m_role():
+    """A 1x1 convolution of 32 filters on a 7 x 7 image: 49 pixels as N would take 64
+    columns of micro-tiles, as M they take 54 rows, so the filters are N (whole micro-panels,
+    a weight packed once) and the pixels M (A packed, the output tile stored strided). A
+    3 x 3 padded convolution of the same sizes keeps the pixels as N (its im2col would be
+    packed into rows by a gather). Both equal the reference, on one thread and on two."""
+    rng = np.random.default_rng(6)
+    vi = h.make_tensor_value_info
+    nodes = [h.make_node("Conv", ["x", "w1", "b1"], ["p"]),
+             h.make_node("Relu", ["p"], ["y"]),
+             h.make_node("Conv", ["x", "w3"], ["z"], pads=[1, 1, 1, 1])]
+    graph = h.make_graph(
+        nodes, "ragged", [vi("x", T.FLOAT, [1, 24, 7, 7])],
+        [vi("y", T.FLOAT, None), vi("z", T.FLOAT, None)],
+        [nh.from_array(rng.standard_normal((32, 24, 1, 1)).astype(np.float32), "w1"),
+         nh.from_array(rng.standard_normal(32).astype(np.float32), "b1"),
+         nh.from_array(rng.standard_normal((32, 24, 3, 3)).astype(np.float32), "w3")])
+    imported = import_model(h.make_model(graph, opset_imports=[h.make_opsetid("", 18)]))
+    module = imported.module
+    generated = generate(module, target="cpu").module
+    shapes = _shapes(generated)
+    one = shapes[_op_of(module, "p_conv")][1]["gemm"]
+    assert one["m"] == ["n", "h", "w"] and one["n"] == ["f"], one
+    assert one["a"] == "packed" and one["b"] == "weight panels"
+    three = shapes[_op_of(module, "z")][1]["gemm"]
+    assert three["m"] == ["f"] and three["n"] == ["n", "h", "w"], three
+    inputs = {"x": rng.standard_normal((1, 24, 7, 7)).astype(np.float32)}
     want = run_module(module, inputs, imported.weights)
     for threads in (1, 2):
         got = CpuProgram(generated, threads).run(inputs, imported.weights)

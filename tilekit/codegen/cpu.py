@@ -31,7 +31,9 @@ register-tile micro-kernel (`gemm_micro`, runtime_cpu.h) on every `mr x nr` tile
 scales it and runs the stage's elementwise chain (bias, activation, residual) before the
 store. Because the maps are affine, an element's offset is a part over the M (or N) axes plus
 a part over the K axes: the block tabulates the first once per block and the second once per
-step, so packing costs a load and an add per element.
+step, so packing costs a load and an add per element. A B that is a model's weight read as a
+matrix (a linear layer's) is not packed per run: the micro-kernel reads panels of the whole
+weight packed once per loaded program (`_weight_panels`, runtime_cpu.h `tk_packed_b`).
 """
 
 from __future__ import annotations
@@ -269,8 +271,10 @@ def gemm_kernel(module, plan: GroupPlan, entry: str, shape: CpuShape, target: Ta
     direct = _direct_rows(A.read, m_axes, c.k_axes, extent)
     ap = None if direct is not None else smem.carve("s_a", "float32", (mc_p // mr, g.kc, mr),
                     f"{A.read.tensor}: A panel, {mc_p // mr} micro-panels of {g.kc}x{mr}")
-    bp = smem.carve("s_b", "float32", (nc_p // nr, g.kc, nr),
-                    f"{B.read.tensor}: B panel, {nc_p // nr} micro-panels of {g.kc}x{nr}")
+    weight = _weight_panels(module, B.read, n_axes, c.k_axes, c.batch_axes, extent, g, nr)
+    bp = None if weight is not None else smem.carve(
+        "s_b", "float32", (nc_p // nr, g.kc, nr),
+        f"{B.read.tensor}: B panel, {nc_p // nr} micro-panels of {g.kc}x{nr}")
     ct = smem.carve("s_c", "float32", (mc_p, nc_p), "the block's output tile")
     b = Builder()
     counts = [extent[a] for a in c.batch_axes] + [g.m_blocks, g.n_blocks]
@@ -282,7 +286,10 @@ def gemm_kernel(module, plan: GroupPlan, entry: str, shape: CpuShape, target: Ta
     mcount = b.let("mc", tx.call("min", tx.const(g.mc, idx_t), tx.sub(M, m0)), idx_t)
     ncount = b.let("nc", tx.call("min", tx.const(g.nc, idx_t), tx.sub(N, n0)), idx_t)
     a_side = _side(b, "a", A.read, m_axes, m0, mcount, mc_p, mc_p, extent, batch_at, idx_t)
-    b_side = _side(b, "b", B.read, n_axes, n0, ncount, nc_p, nc_p, extent, batch_at, idx_t)
+    if weight is not None:
+        weight.start(b)
+    b_side = None if weight is not None else _side(b, "b", B.read, n_axes, n0, ncount, nc_p,
+                                                   nc_p, extent, batch_at, idx_t)
     with b.loop("ks", 0, g.k_steps) as ks:
         k0 = b.let("k0", tx.mul(ks, g.kc), idx_t)
         kcount = b.let("kc", tx.call("min", tx.const(g.kc, idx_t), tx.sub(K, k0)), idx_t)
@@ -290,9 +297,10 @@ def gemm_kernel(module, plan: GroupPlan, entry: str, shape: CpuShape, target: Ta
             a_k = _k_side(b, "a", A.read, c.k_axes, k0, kcount, g.kc, extent, idx_t)
             b.comment(f"pack A: {A.read.tensor} into micro-panels of {mr} rows")
             _pack(b, A.read, ap, mr, mc_p, mcount, kcount, a_side, a_k, idx_t)
-        b_k = _k_side(b, "b", B.read, c.k_axes, k0, kcount, g.kc, extent, idx_t)
-        b.comment(f"pack B: {B.read.tensor} into micro-panels of {nr} columns")
-        _pack(b, B.read, bp, nr, nc_p, ncount, kcount, b_side, b_k, idx_t)
+        if weight is None:
+            b_k = _k_side(b, "b", B.read, c.k_axes, k0, kcount, g.kc, extent, idx_t)
+            b.comment(f"pack B: {B.read.tensor} into micro-panels of {nr} columns")
+            _pack(b, B.read, bp, nr, nc_p, ncount, kcount, b_side, b_k, idx_t)
         panels = tx.div(tx.add(mcount, mr - 1), mr)
         slice_ = max(1, tiles.mc // mr)      # A's micro-panels per slice kept in L2
         with ExitStack() as slices:
@@ -303,15 +311,21 @@ def gemm_kernel(module, plan: GroupPlan, entry: str, shape: CpuShape, target: Ta
                 ir_hi = b.let("ir1", tx.call("min", tx.add(ir_lo, slice_), panels))
             else:
                 ir_lo, ir_hi = tx.const(0), panels
-            _micro_tiles(b, direct, A, a_side, ap, bp, ct, mr, nr, nc_p, ir_lo, ir_hi, ks, k0,
-                         mcount, ncount, kcount, idx_t)
+            if weight is None:
+                b_panel = lambda jr: Addr(bp.name, (jr, tx.const(0), tx.const(0)))  # noqa: E731
+            else:
+                b_panel = lambda jr: weight.panel(B.read.tensor, N, K, tx.add(  # noqa: E731
+                    tx.div(n0, nr), jr), k0, nr, idx_t)
+            _micro_tiles(b, direct, A, a_side, ap, b_panel, ct, mr, nr, nc_p, ir_lo, ir_hi, ks,
+                         k0, mcount, ncount, kcount, idx_t)
     _gemm_epilogue(b, module, plan, c, m_axes, n_axes, batch_at, m0, n0, mcount, ncount, ct,
                    extent, g.n_row, idx_t)
     sched = {"source": "cpu", "gemm": {"m": list(m_axes), "n": list(n_axes),
                                        "batch": list(c.batch_axes), "k": list(c.k_axes),
                                        "blocks": [g.mc, g.nc, g.kc],
                                        "micro": [mr, nr],
-                                       "a": "packed" if direct is None else "rows"}}
+                                       "a": "packed" if direct is None else "rows",
+                                       "b": "packed" if weight is None else "weight panels"}}
     grid = batch * g.m_blocks * g.n_blocks
     return finish(plan, entry, sig, b.build(), shape="cpu_gemm", schedule=sched, threads=1,
                   grid=grid, shared=smem.all(), target=target,
@@ -319,14 +333,16 @@ def gemm_kernel(module, plan: GroupPlan, entry: str, shape: CpuShape, target: Ta
                             f"{', '.join(n_axes)}; K {', '.join(c.k_axes)})"
                             + (f" x {batch} batch" if batch > 1 else "")
                             + f", blocks {g.mc}x{g.nc}, steps of {g.kc}, micro-tiles "
-                            f"{mr}x{nr}" + (", A read in place" if direct else "")])
+                            f"{mr}x{nr}" + (", A read in place" if direct else "")
+                            + (", B packed once (a weight)" if weight else "")])
 
 
-def _micro_tiles(b: Builder, direct: int | None, A: _Operand, a_side, ap, bp, ct, mr: int,
-                 nr: int, nc_p: int, ir_lo: Expr, ir_hi: Expr, ks: Var, k0: Var,
+def _micro_tiles(b: Builder, direct: int | None, A: _Operand, a_side, ap, b_panel, ct,
+                 mr: int, nr: int, nc_p: int, ir_lo: Expr, ir_hi: Expr, ks: Var, k0: Var,
                  mcount: Var, ncount: Var, kcount: Var, idx_t: str) -> None:
     """The micro-kernel on every `mr x nr` tile of the rows `ir_lo * mr` to `ir_hi * mr` of
-    the block: each B micro-panel (L1) against those rows' A (L2)."""
+    the block: each B micro-panel (L1; `b_panel(jr)` its address at this step) against
+    those rows' A (L2)."""
     with b.loop("jr", 0, tx.div(tx.add(ncount, nr - 1), nr)) as jr:
         with b.loop("ir", ir_lo, ir_hi) as ir:
             if direct is None:
@@ -337,10 +353,56 @@ def _micro_tiles(b: Builder, direct: int | None, A: _Operand, a_side, ap, bp, ct
                           tx.cast("int32", tx.sub(mcount, tx.mul(ir, mr))))
             b.evaluate(tx.call("gemm_micro" if direct is None else "gemm_micro_rows",
                                tx.const(mr), tx.const(nr), *a_args,
-                               Addr(bp.name, (jr, tx.const(0), tx.const(0))),
-                               tx.cast("int32", kcount),
+                               b_panel(jr), tx.cast("int32", kcount),
                                Addr(ct.name, (tx.mul(ir, mr), tx.mul(jr, nr))),
                                tx.const(nc_p), tx.cast("int32", tx.gt(ks, 0))))
+
+
+class _WeightPanels:
+    """B as a weight packed once (runtime_cpu.h tk_packed_b): element (n, k) of the GEMM at
+    `base + n * ldn + k * ldk` of the tensor; `slot` the block's cache of the pack's
+    address (`start` allocates it)."""
+
+    def __init__(self, base: int, ldn: int, ldk: int):
+        self.base, self.ldn, self.ldk = base, ldn, ldk
+        self.slot = None
+
+    def start(self, b: Builder) -> None:
+        self.slot = b.alloc("wpk", "int64", (1,), "the packed weight's address, once looked up")
+        b.store(self.slot, (tx.const(0),), tx.const(0, "int64"))
+
+    def panel(self, tensor: str, n: int, k: int, panel: Expr, k0: Expr, nr: int, idx_t: str
+              ) -> Expr:
+        return tx.call("packed_b", tx.const(nr), Addr(self.slot.name, (tx.const(0),)),
+                       Addr(tvar(tensor), (tx.const(self.base, idx_t),)),
+                       tx.const(n, idx_t), tx.const(k, idx_t), tx.const(self.ldn, idx_t),
+                       tx.const(self.ldk, idx_t), panel, k0)
+
+
+def _weight_panels(module, read: Read, n_axes: tuple[str, ...], k_axes: tuple[str, ...],
+                   batch_axes: tuple[str, ...], extent: dict, g, nr: int
+                   ) -> _WeightPanels | None:
+    """B's panels packed once per loaded program rather than per run and block, when B is a
+    model's weight (its values fixed between runs) read as a matrix: float32, its N and K
+    axes each row-major in the tensor, the same matrix for every batch point, no index that
+    can leave the tensor, and blocks that start on whole micro-panels. None otherwise."""
+    from tilekit.ir.graph import op_tensors
+
+    t = module.tensors.get(read.tensor)
+    if t is None or t.role != "weight" or read.dtype != "float32":
+        return None
+    if any(read.tensor in op_tensors(op, module.control)[1] for op in module.ops):
+        return None                     # written in the module: not fixed between runs
+    if _checked_dims(read, extent) or any(_parts(read, batch_axes)[0].values()):
+        return None
+    if g.n_blocks > 1 and g.nc % nr:
+        return None
+    ldn = _row_major(n_axes, _parts(read, n_axes)[0], extent)
+    ldk = _row_major(k_axes, _parts(read, k_axes)[0], extent)
+    if ldn is None or ldk is None:
+        return None
+    base = sum(m.const * s for m, s in zip(read.maps, strides(read.shape)))
+    return _WeightPanels(base, ldn, ldk)
 
 
 class _Side:

@@ -41,11 +41,14 @@ def find_cxx() -> str | None:
 CXX_FLAGS = ("-O3", "-std=c++17", "-march=native", "-fopenmp",
              "-fno-tree-loop-distribute-patterns", "-fno-trapping-math", "-fPIC", "-shared",
              "-w")
-#: What the runtime adds to the unit: a way to set the number of OpenMP threads.
+#: What the runtime adds to the unit: a way to set the number of OpenMP threads, and to say
+#: that weights changed in place (the packed weight panels are re-made: runtime_cpu.h
+#: tk_packed_b).
 RUNTIME_TAIL = """
 #include <omp.h>
 extern "C" void tk_set_threads(int n) { omp_set_num_threads(n > 0 ? n : 1); }
 extern "C" int tk_get_threads() { return omp_get_max_threads(); }
+extern "C" void tk_weights_changed() { tk_packed_weights_changed(); }
 """
 
 

@@ -298,9 +298,11 @@ class CpuProgram:
             ) -> dict[str, np.ndarray]:
         buffers: Mapping[str, np.ndarray] = self.buffers
         direct = {}
+        changed = False         # a weight's values may differ from the last run's
         for name in self.inputs:
             if name in self.buffers:
                 value = inputs[name] if name in inputs else weights[name]
+                changed = changed or name in self.weight_names
                 if self.steps is None and name not in self.written \
                         and _bindable(value, self.buffers[name]):
                     direct[name] = value   # read in place: no copy of a large input
@@ -308,7 +310,9 @@ class CpuProgram:
                     self.buffers[name].set(value)
         for name in self.weight_names:
             if name in self.buffers and name not in inputs:
-                self._bind_weight(name, weights[name])
+                changed = self._bind_weight(name, weights[name]) or changed
+        if changed:         # the weights' packed panels are stale (runtime_cpu.h tk_packed_b)
+            self.lib.tk_weights_changed()
         for name in self.inputs:
             if name in self.slots:
                 self._point(name, direct.get(name, self.buffers[name]))
@@ -361,14 +365,15 @@ class CpuProgram:
             except TilekitError as exc:
                 raise exc.located(where) from None
 
-    def _bind_weight(self, name: str, value) -> None:
+    def _bind_weight(self, name: str, value) -> bool:
         """Copy a weight into its buffer unless this very array was copied last time (a run
-        per request must not copy a model's weights every time). An array changed in place
-        between runs is the same object: pass a new array to re-bind it."""
+        per request must not copy a model's weights every time); whether it copied. An array
+        changed in place between runs is the same object: pass a new array to re-bind it."""
         if self.bound.get(name) is value and name not in self.written:
-            return
+            return False
         self.buffers[name].set(value)
         self.bound[name] = value
+        return True
 
     def profile(self, inputs: Mapping[str, np.ndarray], weights: Mapping[str, np.ndarray]
                 ) -> tuple[dict[str, np.ndarray], list[tuple[str, float]]]:

@@ -26,6 +26,11 @@ Without a CPU profile (`tk-codegen --target cpu` on a module rolled for a GPU, o
 the figures are those of a common AVX2 server core: 16 vector registers of 8 float32 lanes,
 32 KiB of L1 and 512 KiB of L2 per core, 2 cores (`HOST_DEFAULTS`).
 
+**Which read is A** (`gemm_roles`): B holds the output's contiguous axis, so that a row of
+the output tile is contiguous in the output, unless N is ragged where M is not: a 7 x 7
+image's 49 pixels as N fill 64 columns of micro-tiles, as M 54 rows, so a 1 x 1
+convolution there takes its filters as N (`SWAP_WORK`).
+
 **Which kernel** (`cpu_shape`, the one decision: tk-roll records it for a CPU profile, codegen
 generates it): `cpu_gemm` for a float32 contraction whose output is contiguous along an M or
 N axis and whose operands are each used at least `GEMM_MIN_REUSE` times (a matrix-vector
@@ -226,16 +231,44 @@ CPU_SHAPES = ("cpu_gemm", "cpu_loops")
 LOOP_MODES = ("lane partials", "accumulator row", "pointwise", "scalar")
 
 
-def gemm_roles(c: Contraction, spatial) -> tuple[str, str] | None:
+#: The roles are swapped (the output's contiguous axis in M) when that leaves at most this
+#: share of the padded micro-tiles' work: strided stores of the output tile and a packed A
+#: cost a little, a ragged N (a 7 x 7 image's 49 pixels in 64 columns) costs every step.
+SWAP_WORK = 0.9
+
+
+def gemm_roles(c: Contraction, spatial, tiles: CpuTiles | None = None, reads=None
+               ) -> tuple[str, str] | None:
     """Which read is A (its axes are the GEMM's M) and which is B (N, the micro-kernel's
     vector direction): B holds the output's innermost axis, so that a row of the output tile
-    is contiguous in the output. None when that axis is a batch axis (no GEMM view pays)."""
+    is contiguous in the output. With `tiles` and the op's `reads` (ReadFacts), the other
+    way round when M is whole micro-panels of `nr` columns, the micro-tiles padded to
+    `mr x nr` do at most `SWAP_WORK` of the work so (N = 49 pixels take 64 columns, as M they
+    take 54 rows; 512 filters as N take 512) and the read that becomes A is no
+    window (no index sums two axes: a 1 x 1 convolution's pixels, not a 3 x 3 one's im2col,
+    whose packing into `mr`-row panels is a gather with bounds checks per element: measured
+    slower than the padding it saves on Zen 3). None when that axis is a batch axis (no GEMM
+    view pays)."""
     last = spatial[-1][0]
     if last in c.n_axes:
-        return ("a", "b")
-    if last in c.m_axes:
-        return ("b", "a")
-    return None
+        roles = ("a", "b")
+    elif last in c.m_axes:
+        roles = ("b", "a")
+    else:
+        return None
+    ops = {"a": c.a, "b": c.b}
+    if tiles is not None and reads is not None and all(
+            len(m.terms) <= 1 for m in reads[ops[roles[1]].index].maps):
+        extent = dict(spatial)
+        m = math.prod(extent[a] for a in ops[roles[0]].mn_axes)
+        n = math.prod(extent[a] for a in ops[roles[1]].mn_axes)
+
+        def padded(rows: int, cols: int) -> int:
+            return -(-rows // tiles.mr) * tiles.mr * -(-cols // tiles.nr) * tiles.nr
+
+        if m % tiles.nr == 0 and padded(n, m) <= SWAP_WORK * padded(m, n):
+            roles = roles[::-1]
+    return roles
 
 
 def gemm_reuse(c: Contraction, spatial) -> int:
@@ -337,7 +370,7 @@ def cpu_shape(facts, tiles: CpuTiles, recorded: Mapping[str, Any] | None = None,
         why = f"operands used fewer than {GEMM_MIN_REUSE} times (no packing pays)"
     if not why:
         shape = CpuShape("cpu_gemm", tiles, gemm=_gemm(c, facts.spatial, facts.reduction,
-                                                       tiles))
+                                                       facts.reads, tiles))
     else:
         shape = CpuShape("cpu_loops", tiles, loops=_loops(facts, tiles), why=why)
     if recorded is None:
@@ -345,9 +378,9 @@ def cpu_shape(facts, tiles: CpuTiles, recorded: Mapping[str, Any] | None = None,
     return _with_recorded(shape, recorded, where)
 
 
-def _gemm(c: Contraction, spatial, reduction, tiles: CpuTiles) -> CpuGemm:
+def _gemm(c: Contraction, spatial, reduction, reads, tiles: CpuTiles) -> CpuGemm:
     extent = dict(spatial) | dict(reduction)
-    roles = gemm_roles(c, spatial)
+    roles = gemm_roles(c, spatial, tiles, reads)
     ops = {"a": c.a, "b": c.b}
     m_axes, n_axes = ops[roles[0]].mn_axes, ops[roles[1]].mn_axes
     m = math.prod(extent[a] for a in m_axes)

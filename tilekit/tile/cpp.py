@@ -70,9 +70,9 @@ class CppPrinter(CStyle):
             mr, nr = e.args[0], e.args[1]
             assert isinstance(mr, Const) and isinstance(nr, Const)
             return f"tk_{e.fn}<{mr.value}, {nr.value}>({', '.join(args[2:])})"
-        if e.fn == "pack_row":
+        if e.fn in ("pack_row", "packed_b"):
             assert isinstance(e.args[0], Const)
-            return f"tk_pack_row<{e.args[0].value}>({', '.join(args[1:])})"
+            return f"tk_{e.fn}<{e.args[0].value}>({', '.join(args[1:])})"
         raise InternalError(f"{e.fn} reached the C++ printer (no CPU form)")
 
     def s_Threads(self, s: Threads, e: Emitter) -> None:
