@@ -1,7 +1,7 @@
 """Export the model corpus of tests/data/corpus/: small real architectures as ONNX files.
 
 Every model is a real architecture (Hugging Face transformers' GPT-2, BERT, Llama, Mistral,
-Qwen2, T5 encoder, Whisper encoder, ViT, Swin; torchvision's ResNet, MobileNetV3,
+Qwen2, Mixtral, T5 encoder, Whisper encoder, Wav2Vec2, ViT, Swin; torchvision's ResNet, MobileNetV3,
 EfficientNet, RegNet, ConvNeXt, DenseNet) in a tiny configuration (2 layers, hidden 32-64,
 vocabulary <= 1000, images of 32x32 or 64x64, reduced widths through the constructors'
 own arguments), with random weights (each model's own initialisation after
@@ -149,6 +149,20 @@ def _whisper_encoder():
     return _LogitsOnly.wrap(encoder, "last_hidden_state", ("input_features",))
 
 
+def _wav2vec2():
+    """Wav2Vec2's convolutional feature extractor (group-normalised first layer), feature
+    projection, convolutional position embedding (grouped, weight-normed) and encoder."""
+    import transformers
+    cfg = transformers.Wav2Vec2Config(hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                      intermediate_size=32, conv_dim=(8, 8, 8),
+                                      conv_stride=(5, 2, 2), conv_kernel=(10, 3, 3),
+                                      num_conv_pos_embeddings=8, num_conv_pos_embedding_groups=2,
+                                      vocab_size=16)
+    cfg._attn_implementation = "eager"
+    return _LogitsOnly.wrap(transformers.Wav2Vec2Model(cfg).eval(), "last_hidden_state",
+                            ("input_values",))
+
+
 def _small_resnet():
     """torchvision's ResNet (its BasicBlock, _make_layer and forward) with widths 8..64 and
     one block per stage: the constructor fixes the widths at 64..512."""
@@ -275,6 +289,18 @@ def _specs() -> list[Spec]:
                          window_size=4, num_labels=10),
              lambda: {"pixel_values": _image(32)}, family="transformers",
              outputs=("logits",)),
+        # Mixture of experts: the router's top-k and the experts as gathered batched matmuls
+        # (transformers' default grouped_mm has no ONNX export; its eager loop needs
+        # aten::histc, which the TorchScript exporter lacks).
+        Spec("mixtral", _hf("MixtralConfig", "MixtralForCausalLM", "logits", names=MASKED,
+                            vocab_size=64, num_hidden_layers=1, hidden_size=16,
+                            intermediate_size=32, num_attention_heads=2, num_key_value_heads=1,
+                            max_position_embeddings=32, num_local_experts=4,
+                            num_experts_per_tok=2, experts_implementation="batched_mm"),
+             tokens(64), family="transformers", outputs=("logits",)),
+        Spec("wav2vec2", _wav2vec2, lambda: {"input_values": _image(20, 1)[0, 0, :20, :20]
+                                             .reshape(1, 400)},
+             family="transformers", outputs=("last_hidden_state",)),
         Spec("resnet", _small_resnet, lambda: {"input": _image(64)},
              dynamic={"input": {0: "batch"}}, family="torchvision"),
         Spec("mobilenet_v3", _mobilenet_v3, lambda: {"input": _image(64)},

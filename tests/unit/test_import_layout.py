@@ -185,9 +185,47 @@ def test_resize(mode, coord, nearest, scales):
     imported = check_against_onnxruntime(single_node_model(
         "Resize", [("x", F, [1, 2, 4, 4]), "", "scales"], [("y", F, out)], initializers=inits,
         mode=mode, coordinate_transformation_mode=coord, nearest_mode=nearest))
+    # Nearest by integer factors is an index map; everything else one contraction with an
+    # interpolation matrix per resized axis: no opaque op either way.
     affine = mode == "nearest" and all(float(s).is_integer() for s in scales) and \
         coord in ("asymmetric", "half_pixel")
-    assert (imported.module.ops[0].kind == "expr") == affine
+    assert all(op.kind == "expr" for op in imported.module.ops)
+    assert len(imported.module.ops) == (1 if affine else sum(s != 1 for s in scales))
+
+
+@pytest.mark.parametrize("mode,coord,extra", [
+    ("linear", "align_corners", {}),
+    ("cubic", "half_pixel", {"exclude_outside": 1, "cubic_coeff_a": -0.5}),
+    ("linear", "pytorch_half_pixel", {}),
+    ("nearest", "asymmetric", {"nearest_mode": "ceil"}),
+])
+def test_resize_to_sizes_by_interpolation_matrices(mode, coord, extra):
+    """Output sizes instead of scales (what the exporters write for F.interpolate(size=)),
+    down- and up-sampling on two axes: the chain of contractions against onnxruntime."""
+    inits = [numpy_helper.from_array(np.asarray([2, 3, 3, 7], np.int64), "sizes")]
+    imported = check_against_onnxruntime(single_node_model(
+        "Resize", [("x", F, [2, 3, 5, 4]), "", "", "sizes"], [("y", F, [2, 3, 3, 7])],
+        initializers=inits, mode=mode, coordinate_transformation_mode=coord, **extra))
+    assert [op.kind for op in imported.module.ops] == ["expr", "expr"]
+
+
+def test_resize_to_the_same_size_is_a_copy():
+    inits = [numpy_helper.from_array(np.asarray([1, 2, 4, 4], np.int64), "sizes")]
+    imported = check_against_onnxruntime(single_node_model(
+        "Resize", [("x", F, [1, 2, 4, 4]), "", "", "sizes"], [("y", F, [1, 2, 4, 4])],
+        initializers=inits, mode="linear"))
+    assert len(imported.module.ops) == 1 and "+=" not in imported.module.ops[0].expr
+
+
+def test_resize_over_the_matrix_limit_stays_opaque(monkeypatch):
+    from tilekit.onnx.converters import opaque
+
+    monkeypatch.setattr(opaque, "_MAX_MATRIX", 8)
+    inits = [numpy_helper.from_array(np.asarray([1, 1, 2, 2], np.float32), "scales")]
+    imported = check_against_onnxruntime(single_node_model(
+        "Resize", [("x", F, [1, 2, 4, 4]), "", "scales"], [("y", F, [1, 2, 8, 8])],
+        initializers=inits, mode="linear"))
+    assert [op.kind for op in imported.module.ops] == ["opaque"]
 
 
 def _exported_flatten(batch) -> "onnx.ModelProto":
@@ -242,7 +280,7 @@ def test_legacy_resize_and_upsample(op, opset, mode):
     imported = check_against_onnxruntime(single_node_model(
         op, [("x", F, [1, 2, 3, 3]), "scales"], [("y", F, [1, 2, 6, 9])], initializers=inits,
         opset=opset, mode=mode))
-    assert imported.module.ops[0].kind == ("expr" if mode == "nearest" else "opaque")
+    assert [op.kind for op in imported.module.ops] == ["expr"] * (1 if mode == "nearest" else 2)
 
 
 def test_concat_of_many_inputs():

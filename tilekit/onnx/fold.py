@@ -354,13 +354,22 @@ class ShapeFolding:
     def _fold_until_static(self, model: onnx.ModelProto) -> None:
         rounds = 0
         while rounds < _MAX_ROUNDS:
+            progress = len(self.folded)
             self._fold()
             inlined = self._inline_constant_ifs()
             missing = self._missing_shapes()
             if not missing and not inlined:
-                return
+                # Shapes that became static in this round (a Reshape whose target folded
+                # last) can let a Shape or Size of them fold now: fold until nothing moves.
+                before = len(self.folded)
+                self._fold()
+                if len(self.folded) == before:
+                    return
             self._infer(self._partially_folded(model))
-            if not inlined:  # an inlined branch is new graph: its rounds start afresh
+            # An inlined branch is new graph: its rounds start afresh; so does a round that
+            # folded something (a deep model's shape arithmetic folds a block per round, and
+            # the folded set only grows, so this ends).
+            if not inlined and len(self.folded) == progress:
                 rounds += 1
         missing = self._missing_shapes()
         if missing:

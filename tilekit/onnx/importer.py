@@ -83,8 +83,10 @@ def import_model(model: onnx.ModelProto, *, name: str = "model",
     An input dimension that the model leaves open (a `dim_param`, or unknown) and `shapes`
     does not fix becomes a symbol of the module's `dims` (`tilekit.onnx.symbolic`); `dims`
     maps a symbol to its `--dim` (`symbolic.DimFlag`: a range, or one size)."""
+    from tilekit.onnx.standard import standard_form
     from tilekit.onnx.symbolic import import_symbolic
 
+    model = standard_form(model)
     if random_weights is not None:
         from tilekit.onnx.random_weights import randomize
 

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 from tilekit.errors import TilekitError
+from tilekit.ir.keys import read_number
 from tilekit.ir.model import Module, default_kernels
 from tilekit.ir.payloads import round_sig
 import numpy as np
@@ -70,7 +71,7 @@ def group_busy_us(module: Module, k: int, profile) -> float:
     ops = {op.name: op for op in module.ops}
     times = []
     if isinstance(recorded, Mapping) and "time_us" in recorded:
-        times = [float(recorded["time_us"])]
+        times = [_time_us(recorded["time_us"], f"kernels[{k}].estimate.time_us")]
     else:
         for name in kernel.ops:
             tile = ops[name].tile or {}
@@ -78,8 +79,23 @@ def group_busy_us(module: Module, k: int, profile) -> float:
             if not isinstance(est, Mapping) or "time_us" not in est:
                 raise TilekitError(f"op {name} of kernel group {kernel.name} has no CPU "
                                    "estimate", f"kernels[{k}]", _HINT)
-            times.append(float(est["time_us"]))
+            times.append(_time_us(est["time_us"], f"ops.{name}.tile.estimate.time_us"))
     return max(sum(t - fork for t in times), 1e-3)
+
+
+#: The longest estimate the planner takes (about 11.6 days): past it, float spacing leaves
+#: the packing no room to place a task.
+_MAX_TIME_US = 1e12
+
+
+def _time_us(value, where: str) -> float:
+    """A recorded estimate's time, refused (exit 2) when it is not a number of microseconds
+    in [0, _MAX_TIME_US]."""
+    time = read_number(value, where, 0, _HINT)
+    if time > _MAX_TIME_US:
+        raise TilekitError(f"estimate of {time:g} us is over the planner's limit of "
+                           f"{_MAX_TIME_US:g} us", where, _HINT)
+    return time
 
 
 def cpu_operators(module: Module, profile, kernels: Sequence[CpuKernel]

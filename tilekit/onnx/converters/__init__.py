@@ -1,7 +1,8 @@
 """The converter registry: ONNX op type -> function emitting tile-IR ops.
 
 One entry per op type, registered with `@converter("Relu", ...)` in the family modules below
-(elementwise, reduce, nn, matmul, layout, rnn, opaque, control). `ignore` lists attributes that do not
+(elementwise, reduce, nn, matmul, layout, rnn, opaque, control,
+attention). `ignore` lists attributes that do not
 change the inference result (`consumed_inputs`, `momentum`, ...); any other attribute that a
 converter did not read is refused, so nothing is silently dropped. An op type with no entry is
 an `UnsupportedError` that lists the known ones.
@@ -32,6 +33,6 @@ def _load() -> None:
     global _LOADED
     if _LOADED:
         return
-    from tilekit.onnx.converters import (control, elementwise, layout, matmul,  # noqa: F401
-                                         nn, opaque, reduce, rnn)
+    from tilekit.onnx.converters import (attention, control, elementwise,  # noqa: F401
+                                         layout, matmul, nn, opaque, reduce, rnn)
     _LOADED = True

@@ -47,6 +47,7 @@ _UNARY = {
     "Sinh": "(exp({x}) - exp(-{x})) / 2", "Cosh": "(exp({x}) + exp(-{x})) / 2",
     "Asinh": "log({x} + sqrt({x} * {x} + 1))", "Acosh": "log({x} + sqrt({x} * {x} - 1))",
     "Atanh": "log((1 + {x}) / (1 - {x})) / 2",
+    "Asin": "asin({x})", "Acos": "acos({x})", "Atan": "atan({x})",
     "IsNaN": "{x} != {x}",
     "Mish": "{x} * tanh(max({x}, 0) + log(1 + exp(-abs({x}))))",
 }
@@ -103,6 +104,12 @@ def hard_sigmoid(ctx: NodeContext) -> None:
     alpha = _lit(ctx, ctx.attr("alpha", 0.2))
     beta = _lit(ctx, ctx.attr("beta", 0.5))
     _emit(ctx, lambda x: f"max(0, min(1, {alpha} * {x} + {beta}))", ctx.inputs()[:1])
+
+
+@converter("Swish", summary="x * sigmoid(alpha*x)")
+def swish(ctx: NodeContext) -> None:
+    alpha = _lit(ctx, ctx.attr("alpha", 1.0))
+    _emit(ctx, lambda x: f"{x} * sigmoid({alpha} * {x})", ctx.inputs()[:1])
 
 
 @converter("HardSwish", summary="x * max(0, min(1, x/6 + 0.5))")

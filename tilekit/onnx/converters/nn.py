@@ -10,7 +10,7 @@
   a constant or, where windows are clipped by padding, by a count computed from axis values with
   min/max (count_include_pad both ways, ceil_mode).
 - BatchNormalization (inference), InstanceNormalization, LayerNormalization,
-  GroupNormalization, LRN: decomposed into reductions and one elementwise statement.
+  RMSNormalization, GroupNormalization, LRN: decomposed into reductions and one elementwise statement.
 """
 
 from __future__ import annotations
@@ -395,6 +395,22 @@ def layer_normalization(ctx: NodeContext) -> None:
         ctx.assign(r, text.axes(r.rank), "=",
                    f"1 / sqrt({ctx.access(var, text.axes(r.rank)[:axis])} + {eps})",
                    step="inv_std")
+
+
+@converter("RMSNormalization", ignore=("stash_type",),
+           summary="t += x*x / n over the trailing dims; y = x / sqrt(t + eps) * s")
+def rms_normalization(ctx: NodeContext) -> None:
+    x, scale, out = ctx.input(0), ctx.input(1), ctx.output(0)
+    axis = ctx.axis("axis", -1, x.rank)
+    eps = text.literal(ctx.attr("epsilon", 1e-5), x.dtype)
+    reduced = list(range(axis, x.rank))
+    n = int(np.prod([x.shape[d] for d in reduced], dtype=np.int64))
+    small = reduced_shape(x.shape, reduced, False)
+    ms = reduce_to(ctx, x, ctx.temp("meansq", small, x.dtype), reduced, False, "+=",
+                   "{x} * {x} / " + str(n), step="meansq")
+    ax = text.axes(x.rank)
+    ctx.assign(out, ax, "=", f"{ctx.access(x, ax)} / sqrt({ctx.access(ms, ax[:axis])} + {eps})"
+                             f" * {ctx.read(scale, ax, x.shape)}")
 
 
 @converter("GroupNormalization", ignore=("stash_type",),

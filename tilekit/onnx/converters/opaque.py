@@ -2,7 +2,9 @@
 
 Where a constant makes an op affine it is written as an expression instead: Resize/Upsample in
 nearest mode with integer scale factors (and a coordinate mode that maps to `x // s`) is
-`y[n, c, h, w] = x[n, c, h // 2, w // 2]`; Gather with constant indices is in `layout`.
+`y[n, c, h, w] = x[n, c, h // 2, w // 2]`; any other float Resize with constant scales or
+sizes (linear, cubic, nearest by other factors) is separable, one contraction with a constant
+interpolation matrix per resized axis; Gather with constant indices is in `layout`.
 """
 
 from __future__ import annotations
@@ -137,11 +139,62 @@ def _resize(ctx: NodeContext, mode: str, coord: str, nearest: str,
             attrs[key] = ctx.attr(key)
     if coord == "tf_crop_and_resize":
         raise ctx.unsupported("coordinate_transformation_mode='tf_crop_and_resize'")
-    ctx.opaque("Resize", [x], [out], attrs)
+    matrices = _axis_matrices(x, out, attrs)
+    if matrices is None:
+        ctx.opaque("Resize", [x], [out], attrs)
+        return
+    if not matrices:            # every axis keeps its size at scale 1: a copy
+        ctx.copy(0, x)
+        return
+    # Separable: one contraction per resized axis, y[.., o, ..] += w[o, r] * x[.., r, ..].
+    ax = text.axes(out.rank)
+    cur, shape = x, list(x.shape)
+    last = max(matrices)
+    for d in sorted(matrices):
+        shape[d] = out.shape[d]
+        w = ctx.weight(f"resize{d}", matrices[d].astype(x.dtype))
+        dst = out if d == last else ctx.temp(f"resize{d}", shape, x.dtype)
+        src = list(ax)
+        src[d] = "r"
+        ctx.assign(dst, ax, "+=", f"{ctx.access(w, [ax[d], 'r'])} * {ctx.access(cur, src)}",
+                   step=None if d == last else f"resize{d}")
+        cur = dst
 
 
-@converter("Resize", summary="nearest by integer factors: x[.., h // s, ..]; otherwise opaque "
-                             "Resize")
+#: The largest interpolation matrix (output x input points of one axis) written as a weight;
+#: a larger resize stays an opaque op.
+_MAX_MATRIX = 1 << 22
+
+
+def _axis_matrices(x, out, attrs: dict) -> dict[int, np.ndarray] | None:
+    """Resize (every mode but tf_crop_and_resize) is separable: along each axis the output
+    is a fixed matrix times the input. The matrix of axis d is the ONNX reference Resize of
+    the identity along that axis (the other axis kept by scale 1, which every coordinate
+    mode maps onto itself). {axis: [out, in] matrix} for the axes that change; None for
+    non-float tensors or matrices over `_MAX_MATRIX` (the opaque op then resizes)."""
+    from tilekit import opaque
+
+    if np.dtype(x.dtype).kind != "f" or x.dtype == "bfloat16":
+        return None
+    scales = attrs.get("scales")
+    found = {}
+    for d, (n, m) in enumerate(zip(x.shape, out.shape)):
+        scale = 1.0 if scales is None else scales[d]
+        if n == m and scale == 1.0:
+            continue
+        if n * m > _MAX_MATRIX:
+            return None
+        axis_attrs = dict(attrs, sizes=[n, m])
+        if scales is not None:
+            axis_attrs["scales"] = [1.0, scale]
+        basis = opaque.run("Resize", [np.eye(n, dtype=np.float64)], axis_attrs)[0]
+        found[d] = np.ascontiguousarray(basis.T)
+    return found
+
+
+@converter("Resize", summary="nearest by integer factors: x[.., h // s, ..]; otherwise per "
+                             "resized axis y += w[o, r] * x[.., r, ..] (w: the constant "
+                             "interpolation matrix)")
 def resize(ctx: NodeContext) -> None:
     for i in range(1, 4):
         if ctx.has_input(i) and ctx.const(i) is None:
