@@ -37,7 +37,7 @@ PARAMS = [pytest.param(m, marks=pytest.mark.xdist_group(f"ram-{m}")) for m in MO
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def model_dir(tmp_path_factory):
     return tmp_path_factory.mktemp("ram-models")
 
