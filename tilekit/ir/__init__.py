@@ -11,12 +11,16 @@ __all__ = [
     "read_module", "verify", "write_module",
 ]
 
+# `verify` is imported now, not on first use: the module `tilekit.ir.verify` has the
+# function's name, and importing that module (as the stages do) binds the name here to the
+# module unless the function was bound after it.
+from tilekit.ir.verify import verify
+
 if TYPE_CHECKING:
     from tilekit.ir.codec import (FORMATS, InvalidOutputError, detect_format, dumps, loads,
                                   read_module, write_module)
     from tilekit.ir.model import (DTYPES, OP_KINDS, PAD_VALUES, ROLES, Kernel, Module, Op, Tensor,
                                   default_kernels)
-    from tilekit.ir.verify import verify
 
 
 # The names above are loaded on first use (from the module each is listed with): importing
@@ -39,7 +43,6 @@ _LAZY = {
     "Op": "model",
     "Tensor": "model",
     "default_kernels": "model",
-    "verify": "verify",
 }
 
 
