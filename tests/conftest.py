@@ -1,9 +1,11 @@
-"""Shared pytest set-up: the `--update-goldens` option and skipping `gpu` tests without a GPU."""
+"""Shared pytest set-up: the `--update-goldens` option, skipping `gpu` tests without a GPU, and
+the environment every test and the commands it starts share (OpenMP waits, PATH)."""
 
 from __future__ import annotations
 
 import functools
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,6 +16,19 @@ REPO = Path(__file__).resolve().parent.parent
 # spinning waits would hold a core the other worker needs, and a barrier can then wait for
 # a thread that is not scheduled (a 0.3 ms run took 100 ms). Waiting threads sleep instead.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+# The pipes the tests run start bin/tk-* through `#!/usr/bin/env python3`. With the Python
+# running the tests first on PATH, that is it, and the shim runs the command in place;
+# otherwise it finds another python3 (a version manager's shim, a few processes, on many
+# machines) and then starts this one again: three starts instead of one, for every command.
+os.environ["PATH"] = os.pathsep.join([str(Path(sys.executable).parent),
+                                      os.environ.get("PATH", "")])
+
+# Expensive shared set-ups (a model imported, a wheel built, a program packed) are fixtures of
+# scope "session", not "module": a worker of `pytest -n 2 --dist loadgroup` runs the tests it
+# is sent in the order they come, other files' between them, and pytest ends a module
+# fixture whenever the next test is from another file, so "once per module" was once per
+# visit, several times a run.
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

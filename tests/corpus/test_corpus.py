@@ -167,7 +167,7 @@ def _stage(key: str, stage: str, folder: Path) -> Path:
     return path
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def workdir(tmp_path_factory):
     return tmp_path_factory.mktemp("corpus")
 

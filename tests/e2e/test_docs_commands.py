@@ -193,9 +193,9 @@ FIXTURES = {
 }
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def fixtures(tmp_path_factory) -> Path:
-    """A folder the fixture files are made in, once per module, as blocks ask for them."""
+    """A folder the fixture files are made in, once per session, as blocks ask for them."""
     return tmp_path_factory.mktemp("doc-fixtures")
 
 

@@ -61,7 +61,7 @@ def _model(path: Path) -> None:
 invoke = run_in
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def imported(tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("dyn")
     _model(folder / "m.onnx")

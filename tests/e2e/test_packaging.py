@@ -25,7 +25,7 @@ from models import onnx_models  # noqa: E402
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("packaging")]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def installed(tmp_path_factory) -> Path:
     """A wheel of this checkout installed into its own folder (its `site`)."""
     work = tmp_path_factory.mktemp("wheel")

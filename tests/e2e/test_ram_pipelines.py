@@ -37,7 +37,7 @@ PARAMS = [pytest.param(m, marks=pytest.mark.xdist_group(f"ram-{m}")) for m in MO
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def model_dir(tmp_path_factory):
     return tmp_path_factory.mktemp("ram-models")
 
@@ -67,7 +67,14 @@ def test_ram_program_mode_check(name, model_dir):
     assert_checked(run_pipe(pipe, model_dir), pipe)
 
 
-@pytest.mark.parametrize("name", PARAMS)
+#: Groups made as tk-weld makes them (tests/models/ram_models.weld_style) on the LSTM and the
+#: NASNet cell; the ResNeXt block's groups come from tk-weld itself in
+#: test_stages_together.py (test_weld_then_ram_runs_as_a_program), the same path, and run
+#: here too with TILEKIT_RAM_ALL_MODELS=1.
+WELD_STYLE_PARAMS = [p for p in PARAMS if EVERY or p.values[0] != "resnext_block"]
+
+
+@pytest.mark.parametrize("name", WELD_STYLE_PARAMS)
 def test_ram_after_weld_style_groups(name, model_dir):
     from tilekit.ir import read_module, write_module
 

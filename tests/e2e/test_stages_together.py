@@ -50,7 +50,7 @@ DENSE = {"bert_encoder_layer": onnx_models.bert_encoder_layer,
 DENSE_DEFAULT = ("bert_encoder_layer", "resnext_block")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def folder(tmp_path_factory):
     return tmp_path_factory.mktemp("together")
 

@@ -49,7 +49,7 @@ def test_output_over_the_input_is_refused(tmp_path, tool, extra):
     assert ir.read_bytes() == before
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def planned(tmp_path_factory) -> dict:
     """An MLP with a tk-ram program (one persistent segment), as JSON data."""
     folder = tmp_path_factory.mktemp("planned")
@@ -116,7 +116,7 @@ def _lstm_through(folder: Path, stage: str) -> dict:
     return {"folder": folder, "doc": json.loads((folder / "out.json").read_text())}
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def ground(tmp_path_factory) -> dict:
     """The LSTM-as-a-Loop model imported, rolled and ground, as JSON data."""
     return _lstm_through(tmp_path_factory.mktemp("ground"), "tk-grind")
@@ -139,7 +139,7 @@ def test_tampered_control_records(ground, case, change, words):
         assert_refused(run(tool, path, *extra, folder=ground["folder"]), tool, *words)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def welded_loop(tmp_path_factory) -> dict:
     """The LSTM-as-a-Loop model welded: its loop body holds welded groups."""
     return _lstm_through(tmp_path_factory.mktemp("welded-loop"), "tk-weld")
@@ -179,7 +179,7 @@ def test_tampered_tiles_inside_a_region(welded_loop, field, value):
                    "tk-grind", "control.lstm.body.ops[", f".tile.{field}")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def rolled_plan(tmp_path_factory) -> dict:
     """The MLP rolled with runners-up and planned by tk-ram, as JSON data."""
     folder = tmp_path_factory.mktemp("rolled-plan")

@@ -1,8 +1,11 @@
-"""tk-codegen end to end through bin/tk-codegen: IR out, files, warnings, exit codes."""
+"""tk-codegen end to end: IR out, files, warnings, exit codes.
+
+Most cases run the command in process (tests/clirun.py: the same entry point, exit code,
+stdout and stderr, without a Python start-up each); the first two start bin/tk-codegen (the
+IR on a real stdout, and read from a real stdin)."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,19 +15,27 @@ import pytest
 from tilekit.codegen.nvcc import find_nvcc
 from tilekit.ir.codec import loads
 
+from clirun import completed
 from codegen_support import DATA
+from tilekit.cli import tk_codegen as tk_codegen_command
 
 ROOT = Path(__file__).resolve().parents[2]
 TK_CODEGEN = ROOT / "bin" / "tk-codegen"
 
 
 def tk_codegen(*args, stdin: bytes | None = None, env=None) -> subprocess.CompletedProcess:
+    """`tk-codegen args` in process."""
+    return completed(tk_codegen_command.main, args, None, stdin, env)
+
+
+def tk_codegen_process(*args, stdin: bytes | None = None) -> subprocess.CompletedProcess:
+    """`bin/tk-codegen args` as a process."""
     return subprocess.run([sys.executable, str(TK_CODEGEN), *map(str, args)], input=stdin,
-                          capture_output=True, timeout=300, env={**os.environ, **(env or {})})
+                          capture_output=True, timeout=300)
 
 
 def test_writes_the_codegen_section_to_stdout():
-    proc = tk_codegen(DATA / "softmax.yaml")
+    proc = tk_codegen_process(DATA / "softmax.yaml")
     assert proc.returncode == 0, proc.stderr.decode()
     assert proc.stderr == b""
     module = loads(proc.stdout.decode())
@@ -37,8 +48,8 @@ def test_writes_the_codegen_section_to_stdout():
 
 def test_stdin_json_and_the_output_file(tmp_path):
     out = tmp_path / "out.json"
-    proc = tk_codegen("-", "--format", "json", "-o", out, "--arch", "sm_80",
-                      stdin=(DATA / "matmul_aligned.yaml").read_bytes())
+    proc = tk_codegen_process("-", "--format", "json", "-o", out, "--arch", "sm_80",
+                              stdin=(DATA / "matmul_aligned.yaml").read_bytes())
     assert proc.returncode == 0, proc.stderr.decode()
     text = out.read_text()
     assert text.startswith("{") and loads(text).codegen["arch"] == "sm_80"

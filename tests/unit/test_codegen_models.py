@@ -9,9 +9,8 @@ backend/test/data/light/, about a minute each for ResNet-50).
 
 from __future__ import annotations
 
+import importlib
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -40,9 +39,11 @@ def light_model(name: str) -> Path:
 
 
 def tool(name: str, *args) -> None:
-    proc = subprocess.run([sys.executable, str(ROOT / "bin" / name), *map(str, args)],
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr
+    """`name args` run in process (tests/clirun.py)."""
+    from clirun import completed
+    command = importlib.import_module(f"tilekit.cli.{name.replace('-', '_')}").main
+    proc = completed(command, args)
+    assert proc.returncode == 0, proc.stderr.decode()
 
 
 def reference_env(module, folder: Path) -> dict:

@@ -68,7 +68,7 @@ REFUSED = {
 }
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def node_cases():
     """The cases of the four generator modules (importing one registers its cases; the
     whole collection, every op, takes seconds)."""

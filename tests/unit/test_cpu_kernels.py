@@ -172,7 +172,7 @@ def _model() -> onnx.ModelProto:
     return h.make_model(graph, opset_imports=[h.make_opsetid("", 18)])
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def kinds():
     imported = import_model(_model())
     module = imported.module

@@ -164,7 +164,7 @@ def _cpu_profile():
     return load_profile("milan").with_cpu(cores=2)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def packed_cell(tmp_path_factory):
     folder = tmp_path_factory.mktemp("cell")
     module, weights = _imported(folder, ram_models.inception_block(channels=8, size=6,

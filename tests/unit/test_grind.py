@@ -37,7 +37,7 @@ def ground(model: onnx.ModelProto, place: str = "auto", passes=("roll", "grind",
     return imported, module
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def models():
     """Every test model imported, rolled, ground and generated (once)."""
     return {name: ground(build()) for name, build in MODELS.items()}

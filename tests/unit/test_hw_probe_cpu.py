@@ -333,12 +333,12 @@ def test_flag_errors_are_one_line(args, message, monkeypatch):
 needs_cxx = pytest.mark.skipif(not HAS_CXX, reason="no g++ to build the CPU probe")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def cache_dir(tmp_path_factory):
     return tmp_path_factory.getbasetemp().parent / "tk-cache"
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def probed_here(cache_dir, tmp_path_factory):
     """`tk-hw probe --cpu --quick` run once through the command line."""
     import os

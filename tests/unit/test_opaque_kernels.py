@@ -55,7 +55,7 @@ def _model():
     return h.make_model(graph, opset_imports=[h.make_opsetid("", 18)])
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def case():
     imported = import_model(_model())
     module = imported.module

@@ -5,6 +5,7 @@ tolerances."""
 
 from __future__ import annotations
 
+import importlib
 import subprocess
 import sys
 from pathlib import Path
@@ -163,7 +164,11 @@ def test_generated_half_kernels_follow_the_reference_rule(tmp_path):
 
 
 def tool(name: str, *args) -> subprocess.CompletedProcess:
-    proc = subprocess.run([sys.executable, str(ROOT / "bin" / name), *map(str, args)],
-                          capture_output=True, text=True, timeout=300)
+    """`name args` run in process (tests/clirun.py), its output as text."""
+    from clirun import completed
+    command = importlib.import_module(f"tilekit.cli.{name.replace('-', '_')}").main
+    proc = completed(command, args)
+    proc = subprocess.CompletedProcess(proc.args, proc.returncode, proc.stdout.decode(),
+                                       proc.stderr.decode())
     assert proc.returncode == 0, proc.stderr
     return proc

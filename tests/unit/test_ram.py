@@ -39,12 +39,12 @@ def _compiled(tmp_path_factory, name: str, passes=("roll", "ram")):
                             ir_path=folder / f"{name}.tk.yaml")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def resnext(tmp_path_factory):
     return _compiled(tmp_path_factory, "resnext_block")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def nasnet(tmp_path_factory):
     return _compiled(tmp_path_factory, "nasnet_cell")
 
@@ -221,7 +221,7 @@ def test_program_mode_after_weld_style_groups(tmp_path_factory):
     np.testing.assert_allclose(got["out"], want["out"], rtol=1e-5, atol=1e-5)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def welded(tmp_path_factory):
     """The ResNeXt-style block through tk-weld (fused multi-stage conv groups) and tk-ram."""
     return _compiled(tmp_path_factory, "resnext_block", passes=("roll", "weld", "ram"))

@@ -31,7 +31,7 @@ pytestmark = pytest.mark.xdist_group("ram")
 needs_cxx = pytest.mark.skipif(find_cxx() is None, reason="no C++ compiler")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def programs(tmp_path_factory):
     out = {}
     for name in ("resnext_block", "nasnet_cell"):

@@ -84,7 +84,7 @@ def fake_cupy(blocks_per_sm: int, launches: list):
         zeros=lambda n, dtype: FakeArray((n,), dtype))
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def program(tmp_path_factory):
     folder = tmp_path_factory.mktemp("cudafake")
     path = folder / "nasnet_cell.onnx"

@@ -11,7 +11,7 @@ from tilekit.runtime.occupancy import FixedOccupancy, check_coresident
 from tilekit.schedule.residency import common_residency, residency
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def h100():
     return load_profile("h100")
 

@@ -20,7 +20,7 @@ H100 = load_profile("h100")
 NAMES = ("mobilenetv2_fc", "resnet50_l4_3x3_512", "gemm_1024")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def rolled():
     by_name = {w.name: w for w in load_workloads()}
     return {n: roll_module(by_name[n].module(), H100) for n in NAMES}

@@ -30,12 +30,12 @@ from tilekit.schedule.shape import Target, analysis_facts
 pytestmark = pytest.mark.xdist_group("runtime-fidelity")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def h100():
     return load_profile("h100")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def sample(h100):
     return F.build_suite_sample(h100)
 

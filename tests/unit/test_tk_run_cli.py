@@ -1,4 +1,8 @@
-"""tk-run end to end through bin/tk-run: results, files, exit codes and one-line errors."""
+"""tk-run end to end: results, files, exit codes and one-line errors.
+
+Most cases run the command in process (tests/clirun.py: the same entry point, exit code,
+stdout and stderr, without a Python start-up each); those about the process itself (a real
+stdin, binary stdout, bin/tk-run, a pipe between two commands) start bin/tk-run."""
 
 from __future__ import annotations
 
@@ -12,6 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from clirun import completed
+from tilekit.cli import tk_run as tk_run_command
 from tilekit.runtime.io import npz_bytes
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -26,6 +32,13 @@ W2 = np.linspace(1, -1, 24, dtype=np.float32).reshape(8, 3)
 
 
 def tk_run(*args, cwd=None, stdin: bytes | None = None, env=None) -> subprocess.CompletedProcess:
+    """`tk-run args` in process."""
+    return completed(tk_run_command.main, args, cwd, stdin, env)
+
+
+def tk_run_process(*args, cwd=None, stdin: bytes | None = None,
+                   env=None) -> subprocess.CompletedProcess:
+    """`bin/tk-run args` as a process."""
     return subprocess.run([sys.executable, str(TK_RUN), *map(str, args)], cwd=cwd, input=stdin,
                           capture_output=True, env={**os.environ, **(env or {})}, timeout=120)
 
@@ -77,7 +90,7 @@ def assert_one_line_error(proc, *words):
 def test_run_with_literal_input_and_output_file(mlp, tmp_path):
     x = np.arange(8, dtype=np.float32).reshape(2, 4) / 8
     out = tmp_path / "out.npz"
-    proc = tk_run(mlp, "--input", "x=" + ",".join(str(v) for v in x.ravel()), "-o", out)
+    proc = tk_run_process(mlp, "--input", "x=" + ",".join(str(v) for v in x.ravel()), "-o", out)
     assert proc.returncode == 0, text(proc)
     assert re.match(r"y: float32\[2,3\]  min \S+  max \S+  mean \S+\n$", text(proc, "stdout"))
     with np.load(out) as got:
@@ -90,8 +103,8 @@ def test_npy_input_and_stdin_ir(mlp, tmp_path):
     x = np.random.default_rng(0).standard_normal((2, 4), dtype=np.float32)
     np.save(tmp_path / "x.npy", x)
     # Through stdin, the weights path is relative to the current directory.
-    proc = tk_run("--input", "x=@x.npy", "-o", "out.npz", cwd=tmp_path,
-                  stdin=mlp.read_bytes())
+    proc = tk_run_process("--input", "x=@x.npy", "-o", "out.npz", cwd=tmp_path,
+                          stdin=mlp.read_bytes())
     assert proc.returncode == 0, text(proc)
     with np.load(tmp_path / "out.npz") as got:
         np.testing.assert_allclose(got["y"], mlp_reference(x), rtol=1e-5, atol=1e-6)
@@ -106,7 +119,7 @@ def test_seed_is_deterministic_and_outputs_are_byte_identical(mlp, tmp_path):
 
 
 def test_output_to_stdout_moves_results_to_stderr(mlp):
-    proc = tk_run(mlp, "--seed", 1, "-o", "-")
+    proc = tk_run_process(mlp, "--seed", 1, "-o", "-")
     assert proc.returncode == 0
     assert proc.stdout.startswith(b"PK") and "y: float32[2,3]" in text(proc)
 
@@ -159,8 +172,8 @@ def test_check_after_a_stage_runs_the_mode_the_stage_made(tmp_path):
     ir.write_text(ir.read_text().replace("inputs: [x, mask]",
                                          "stages: [{name: import}]\ninputs: [x, mask]"))
     rolled = tmp_path / "rolled.yaml"
-    proc = subprocess.run([sys.executable, str(ROOT / "bin" / "tk-roll"), "--hw", "h100",
-                           str(ir), "-o", str(rolled)], capture_output=True, timeout=120)
+    from tilekit.cli import tk_roll
+    proc = completed(tk_roll.main, ["--hw", "h100", ir, "-o", rolled])
     assert proc.returncode == 0, text(proc)
     out = text(tk_run(rolled, "--check"), "stdout")
     assert ("check: cpu (tiled mode, the IR's stages: tk-roll's tiles, block by block) "
@@ -370,7 +383,7 @@ def test_output_never_overwrites_the_ir_weights_or_inputs(mlp, tmp_path):
 
 
 def test_missing_ir_file(tmp_path):
-    assert_one_line_error(tk_run(tmp_path / "none.yaml"), "no such file")
+    assert_one_line_error(tk_run_process(tmp_path / "none.yaml"), "no such file")
 
 
 # -- the real pipe: tk-import | tk-run --check ------------------------------------------

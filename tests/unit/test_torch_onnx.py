@@ -106,7 +106,7 @@ def test_with_batch_keeps_weight_reshapes():
 
 # -- the interpreter (needs PyTorch) -------------------------------------------------------
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def torch_onnx():
     torch = pytest.importorskip("torch")
     torch.set_num_threads(min(2, torch.get_num_threads()))

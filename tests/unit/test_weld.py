@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "tests" / "data" / "weld"
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def h100():
     return load_profile("h100")
 

@@ -43,7 +43,7 @@ EXPECTED = {
 }
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def h100():
     return load_profile("h100")
 

@@ -25,7 +25,37 @@ decisions codegen shares with the cost model are in `tilekit.schedule`. Layout o
 section and kernel shapes: docs/codegen.md.
 """
 
-from tilekit.codegen.module import (CodegenResult, CompileReport, compile_module, generate,
-                                    unit_source)
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING
 
 __all__ = ["CodegenResult", "CompileReport", "compile_module", "generate", "unit_source"]
+
+if TYPE_CHECKING:
+    from tilekit.codegen.module import (CodegenResult, CompileReport, compile_module, generate,
+                                        unit_source)
+
+
+# The names above are loaded on first use (from the module each is listed with): importing
+# one module of the package runs this file, which then imports none of the others, so a
+# command loads only the modules it uses.
+_LAZY = {
+    "CodegenResult": "module",
+    "CompileReport": "module",
+    "compile_module": "module",
+    "generate": "module",
+    "unit_source": "module",
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        value = getattr(import_module(f"{__name__}.{_LAZY[name]}"), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_LAZY])

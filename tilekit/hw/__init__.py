@@ -17,13 +17,10 @@ measurements -> a profile, pure; the measuring needs a device and lives in
     cpu.cores, cpu.simd_bytes, cpu.cache("l2").bandwidth, cpu.fork_join_s, cpu.march
 """
 
-from tilekit.hw.cpu import CpuLevel, CpuSpec
-from tilekit.hw.profile import (DTYPES, FEATURES, KINDS, Achievable, Features, MemoryLevel,
-                                MmaShape, Profile)
-from tilekit.hw.registry import (ENV_VAR, builtin_dir, list_profiles, load_profile,
-                                 load_recorded_profile, profile_dirs, profile_names,
-                                 read_profile_file, recorded_profile, resolve)
-from tilekit.hw.schema import SCHEMA_VERSION
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING
 
 __all__ = [
     "Achievable", "CpuLevel", "CpuSpec", "DTYPES", "ENV_VAR", "FEATURES", "Features", "KINDS", "MemoryLevel",
@@ -31,3 +28,52 @@ __all__ = [
     "load_recorded_profile", "profile_dirs", "profile_names", "read_profile_file",
     "recorded_profile", "resolve",
 ]
+
+if TYPE_CHECKING:
+    from tilekit.hw.cpu import CpuLevel, CpuSpec
+    from tilekit.hw.profile import (DTYPES, FEATURES, KINDS, Achievable, Features, MemoryLevel,
+                                    MmaShape, Profile)
+    from tilekit.hw.registry import (ENV_VAR, builtin_dir, list_profiles, load_profile,
+                                     load_recorded_profile, profile_dirs, profile_names,
+                                     read_profile_file, recorded_profile, resolve)
+    from tilekit.hw.schema import SCHEMA_VERSION
+
+
+# The names above are loaded on first use (from the module each is listed with): importing
+# one module of the package runs this file, which then imports none of the others, so a
+# command loads only the modules it uses.
+_LAZY = {
+    "CpuLevel": "cpu",
+    "CpuSpec": "cpu",
+    "DTYPES": "profile",
+    "FEATURES": "profile",
+    "KINDS": "profile",
+    "Achievable": "profile",
+    "Features": "profile",
+    "MemoryLevel": "profile",
+    "MmaShape": "profile",
+    "Profile": "profile",
+    "ENV_VAR": "registry",
+    "builtin_dir": "registry",
+    "list_profiles": "registry",
+    "load_profile": "registry",
+    "load_recorded_profile": "registry",
+    "profile_dirs": "registry",
+    "profile_names": "registry",
+    "read_profile_file": "registry",
+    "recorded_profile": "registry",
+    "resolve": "registry",
+    "SCHEMA_VERSION": "schema",
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        value = getattr(import_module(f"{__name__}.{_LAZY[name]}"), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_LAZY])

@@ -8,11 +8,46 @@
 - `tilekit.roll.workloads`: the operator suite of specs/workloads.yaml.
 """
 
-from tilekit.roll.construct import Candidate, roll_problem
-from tilekit.roll.cost import Estimate, cost_tiles, machine
-from tilekit.roll.problem import Problem, problem_from_analysis
-from tilekit.roll.rtile import RTile
-from tilekit.roll.schedule import module_estimate, roll_module
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING
 
 __all__ = ["Candidate", "Estimate", "Problem", "RTile", "cost_tiles", "machine",
            "module_estimate", "problem_from_analysis", "roll_module", "roll_problem"]
+
+if TYPE_CHECKING:
+    from tilekit.roll.construct import Candidate, roll_problem
+    from tilekit.roll.cost import Estimate, cost_tiles, machine
+    from tilekit.roll.problem import Problem, problem_from_analysis
+    from tilekit.roll.rtile import RTile
+    from tilekit.roll.schedule import module_estimate, roll_module
+
+
+# The names above are loaded on first use (from the module each is listed with): importing
+# one module of the package runs this file, which then imports none of the others, so a
+# command loads only the modules it uses.
+_LAZY = {
+    "Candidate": "construct",
+    "roll_problem": "construct",
+    "Estimate": "cost",
+    "cost_tiles": "cost",
+    "machine": "cost",
+    "Problem": "problem",
+    "problem_from_analysis": "problem",
+    "RTile": "rtile",
+    "module_estimate": "schedule",
+    "roll_module": "schedule",
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        value = getattr(import_module(f"{__name__}.{_LAZY[name]}"), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_LAZY])
