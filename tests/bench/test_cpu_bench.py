@@ -119,15 +119,16 @@ def side_by_side(name: str, model: Path, engines, runs: int = RUNS) -> dict:
 
 def record(row: dict, results: Path = RESULTS,
            command: str = "make bench (tests/bench/test_cpu_bench.py)", runs: int = RUNS,
-           method: str | None = None) -> None:
+           method: str | None = None, threads: int | None = None) -> None:
     """Merge `row` into the results file `results`, with the run's command, date, device,
-    threads and method (by default this file's: alternating fresh processes)."""
+    threads (default: this file's) and method (by default this file's: alternating fresh
+    processes)."""
     data = json.loads(results.read_text()) if results.exists() else {}
     data.update({
         "command": command,
         "date": datetime.date.today().isoformat(),
         "device": cpu_description(),
-        "threads": THREADS,
+        "threads": THREADS if threads is None else threads,
         "python": platform.python_version(),
         "method": method or f"{ROUNDS} alternating fresh processes per engine, {runs} timed "
                             "runs each after one warm-up; median of all runs; peak RSS of the "

@@ -20,10 +20,6 @@ does.
 
 from __future__ import annotations
 
-import datetime
-import json
-import os
-import platform
 import resource
 import statistics
 import time
@@ -31,6 +27,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
+from test_cpu_bench import record
 
 ROOT = Path(__file__).resolve().parents[2]
 CORPUS = ROOT / "tests" / "data" / "corpus"
@@ -142,21 +140,8 @@ def test_one_symbolic_import_against_an_import_per_size(model, tmp_path, monkeyp
           f"{row['compile']['symbolic']['wall_s']} s, specialised "
           f"{row['compile']['specialised']['wall_s']} s; run symbolic/specialised "
           + ", ".join(f"seq {s}: {r['ratio']}" for s, r in rows.items()))
-    _record(row)
-
-
-def _record(row: dict) -> None:
-    from tilekit.runtime.bench import cpu_description
-
-    data = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
-    data.update({
-        "command": "make bench (tests/bench/test_dynamic_bench.py)",
-        "date": datetime.date.today().isoformat(),
-        "device": cpu_description(),
-        "threads": THREADS,
-        "python": platform.python_version(),
-        "method": f"in one process; compile: import + generate + g++ from an empty cache; "
+    record(row, RESULTS, "make bench (tests/bench/test_dynamic_bench.py)",
+           method="in one process; compile: import + generate + g++ from an empty cache; "
                   f"run: the two programs alternating, {RUNS} runs each, median",
-    })
-    data.setdefault("models", {})[row["model"]] = row
-    RESULTS.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+           threads=THREADS)
+

@@ -170,8 +170,9 @@ def test_stages_specialise_a_symbolic_module_given_sizes(imported):
     ("static.yaml", ["--dim", "batch=2"], "the module has no symbolic dimensions"),
 ])
 def test_stage_sizes_are_checked(imported, file, args, message):
-    invoke(tk_import.main, ["m.onnx", "--dim", "batch=2", "--dim", "seq=4", "-o",
-                            "static.yaml"], imported)
+    if not (imported / "static.yaml").exists():
+        invoke(tk_import.main, ["m.onnx", "--dim", "batch=2", "--dim", "seq=4", "-o",
+                                "static.yaml"], imported)
     result = invoke(tk_weld.main, ["--hw", "milan", file, "-o", "welded.yaml"] + args,
                     imported)
     assert result.exit_code == 2, result.output

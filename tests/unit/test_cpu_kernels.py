@@ -232,18 +232,27 @@ def test_an_accumulator_row_unrolls_a_small_window(kinds):
     assert "j0" in loops[_op_of(module, "dw_wide")]           # 300 points: chunks of 256
 
 
+def _close(module, got, want, threads: int) -> None:
+    for out in module.outputs:
+        np.testing.assert_allclose(got[out], want[out], rtol=2e-5, atol=2e-5,
+                                   err_msg=f"{out}, {threads} thread(s)")
+
+
+def _equals_reference(module, generated, inputs, weights) -> None:
+    """The compiled program of `generated` equals the reference executor on `module`, on one
+    thread and on two."""
+    want = run_module(module, inputs, weights)
+    for threads in (1, 2):
+        _close(module, CpuProgram(generated, threads).run(inputs, weights), want, threads)
+
+
 @needs_cxx
 def test_each_kind_equals_the_reference(kinds):
     module, generated, weights = kinds
     rng = np.random.default_rng(0)
     inputs = {n: rng.standard_normal(module.tensors[n].shape).astype(np.float32)
               for n in module.inputs}
-    want = run_module(module, inputs, weights)
-    for threads in (1, 2):
-        got = CpuProgram(generated, threads).run(inputs, weights)
-        for out in module.outputs:
-            np.testing.assert_allclose(got[out], want[out], rtol=2e-5, atol=2e-5,
-                                       err_msg=f"{out}, {threads} thread(s)")
+    _equals_reference(module, generated, inputs, weights)
 
 
 @needs_cxx
@@ -299,12 +308,7 @@ def test_tall_blocks_run_their_rows_in_l2_slices():
         assert mc > tiles.mc and "for (int ic = 0;" in k["source"], k["name"]
     inputs = {n: rng.standard_normal(module.tensors[n].shape).astype(np.float32)
               for n in module.inputs}
-    want = run_module(module, inputs, imported.weights)
-    for threads in (1, 2):
-        got = CpuProgram(generated, threads).run(inputs, imported.weights)
-        for out in module.outputs:
-            np.testing.assert_allclose(got[out], want[out], rtol=2e-5, atol=2e-5,
-                                       err_msg=f"{out}, {threads} thread(s)")
+    _equals_reference(module, generated, inputs, imported.weights)
 
 
 @needs_cxx
@@ -336,11 +340,8 @@ def test_weights_as_b_are_packed_once_and_repacked_when_they_change():
     for threads in (1, 2):
         program = CpuProgram(generated, threads)
         for weights in (imported.weights, other, imported.weights):
-            want = run_module(module, inputs, weights)
-            got = program.run(inputs, weights)
-            for out in module.outputs:
-                np.testing.assert_allclose(got[out], want[out], rtol=2e-5, atol=2e-5,
-                                           err_msg=f"{out}, {threads} thread(s)")
+            _close(module, program.run(inputs, weights), run_module(module, inputs, weights),
+                   threads)
 
 
 @needs_cxx
@@ -371,12 +372,7 @@ def test_a_ragged_n_of_pixels_takes_the_m_role():
     three = shapes[_op_of(module, "z")][1]["gemm"]
     assert three["m"] == ["f"] and three["n"] == ["n", "h", "w"], three
     inputs = {"x": rng.standard_normal((1, 24, 7, 7)).astype(np.float32)}
-    want = run_module(module, inputs, imported.weights)
-    for threads in (1, 2):
-        got = CpuProgram(generated, threads).run(inputs, imported.weights)
-        for out in module.outputs:
-            np.testing.assert_allclose(got[out], want[out], rtol=2e-5, atol=2e-5,
-                                       err_msg=f"{out}, {threads} thread(s)")
+    _equals_reference(module, generated, inputs, imported.weights)
 
 
 def _attention() -> onnx.ModelProto:

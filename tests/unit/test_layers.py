@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "tilekit"
-LAYERS = [("errors", "fileio", "limits", "resources", "textdoc", "outputs"), ("expr", "opaque"), ("ir", "tile"), ("hw",), ("schedule",),
+LAYERS = [("errors", "fileio", "lazy", "limits", "resources", "textdoc", "outputs"), ("expr", "opaque"), ("ir", "tile"), ("hw",), ("schedule",),
           ("onnx", "roll"), ("weld", "grind", "ram"), ("codegen",), ("runtime",),
           ("pipeline",), ("cli", "__main__")]
 LEVEL = {name: level for level, names in enumerate(LAYERS) for name in names}

@@ -116,13 +116,12 @@ def main(input, device, mode, threads, input_flags, inputs_npz, seed, dim_flags,
     folder = base_dir(input)
     for path in input_files(input_flags, inputs_npz):
         note_input(path)
-    #: what every size of a symbolic module shares, read by the first run: its weights (and
-    #: the source model's check), not read again for each size
-    shared: dict[str, object] = {}
+    #: the source model checked by the first run (a symbolic module runs once per size)
+    source_checked: list[bool] = []
 
-    def run_one(module, values, given_weights=None) -> int:
-        """One run of a static module (a symbolic one's instance at `values`, with the weights
-        its folded values joined: `given_weights`)."""
+    def run_one(module, values, weights=None) -> int:
+        """One run of a static module (a symbolic one's instance at `values`, with its
+        `weights`: the module's, read once for every size, and its folded values)."""
         mode, seed, report = given_mode, given_seed, given_report
         chosen = None  # the mode --check picked from the stages, when --mode was not given
         if mode is None:
@@ -138,12 +137,12 @@ def main(input, device, mode, threads, input_flags, inputs_npz, seed, dim_flags,
                 warn(TOOL, "--threads sets the compiled CPU code's threads; ignored in this mode")
             runner = _backend(module, device, mode, threads, input, defaulted=chosen is None
                               and given_mode is None)  # refuses what it cannot run, early
-            if not shared:
-                shared["weights"] = load_weights(module, folder) if given_weights is None \
-                    else given_weights
+            if weights is None:
+                weights = load_weights(module, folder)
+            if not source_checked:
+                source_checked.append(True)
                 if check and (module.source or {}).get("onnx"):  # a bad one fails before the run
                     resolve_sidecar(module.source, "onnx", folder, "source", limits.MODEL_BYTES)
-            weights = shared["weights"] if given_weights is None else given_weights
             seed_given = seed is not None
             if seed is None and not input_flags and inputs_npz is None and module.inputs:
                 seed = DEFAULT_SEED  # nothing given: random inputs, said once, deterministic

@@ -27,8 +27,9 @@ section and kernel shapes: docs/codegen.md.
 
 from __future__ import annotations
 
-from importlib import import_module
 from typing import TYPE_CHECKING
+
+from tilekit.lazy import lazy_attributes
 
 __all__ = ["CodegenResult", "CompileReport", "compile_module", "generate", "unit_source"]
 
@@ -37,9 +38,7 @@ if TYPE_CHECKING:
                                         unit_source)
 
 
-# The names above are loaded on first use (from the module each is listed with): importing
-# one module of the package runs this file, which then imports none of the others, so a
-# command loads only the modules it uses.
+# The names above, loaded on first use from the module each is listed with (tilekit.lazy).
 _LAZY = {
     "CodegenResult": "module",
     "CompileReport": "module",
@@ -49,13 +48,4 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str):
-    if name in _LAZY:
-        value = getattr(import_module(f"{__name__}.{_LAZY[name]}"), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *_LAZY])
+__getattr__, __dir__ = lazy_attributes(__name__, _LAZY)

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from importlib import import_module
 from typing import TYPE_CHECKING
+
+from tilekit.lazy import lazy_attributes
 
 __all__ = [
     "Access", "AccessInfo", "Analysis", "Axis", "Binary", "Call", "IndexMap", "Node", "Num",
@@ -20,9 +21,7 @@ if TYPE_CHECKING:
     from tilekit.expr.parser import parse, parse_index
 
 
-# The names above are loaded on first use (from the module each is listed with): importing
-# one module of the package runs this file, which then imports none of the others, so a
-# command loads only the modules it uses.
+# The names above, loaded on first use from the module each is listed with (tilekit.lazy).
 _LAZY = {
     "AccessInfo": "analysis",
     "Analysis": "analysis",
@@ -47,13 +46,4 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str):
-    if name in _LAZY:
-        value = getattr(import_module(f"{__name__}.{_LAZY[name]}"), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *_LAZY])
+__getattr__, __dir__ = lazy_attributes(__name__, _LAZY)

@@ -19,8 +19,9 @@ measurements -> a profile, pure; the measuring needs a device and lives in
 
 from __future__ import annotations
 
-from importlib import import_module
 from typing import TYPE_CHECKING
+
+from tilekit.lazy import lazy_attributes
 
 __all__ = [
     "Achievable", "CpuLevel", "CpuSpec", "DTYPES", "ENV_VAR", "FEATURES", "Features", "KINDS", "MemoryLevel",
@@ -39,9 +40,7 @@ if TYPE_CHECKING:
     from tilekit.hw.schema import SCHEMA_VERSION
 
 
-# The names above are loaded on first use (from the module each is listed with): importing
-# one module of the package runs this file, which then imports none of the others, so a
-# command loads only the modules it uses.
+# The names above, loaded on first use from the module each is listed with (tilekit.lazy).
 _LAZY = {
     "CpuLevel": "cpu",
     "CpuSpec": "cpu",
@@ -67,13 +66,4 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str):
-    if name in _LAZY:
-        value = getattr(import_module(f"{__name__}.{_LAZY[name]}"), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *_LAZY])
+__getattr__, __dir__ = lazy_attributes(__name__, _LAZY)

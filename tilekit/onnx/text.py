@@ -95,6 +95,21 @@ def access(name: str, indices: Sequence[str]) -> str:
     return f"{name}[{', '.join(indices)}]"
 
 
+def gather_access(name: str, extent: int, axis: int, indices: np.ndarray,
+                  out_axes: Sequence[str]) -> str | None:
+    """The read `name[.., index, ..]` of a Gather along `axis` (of `extent` points) at the
+    constant `indices` (negative ones from the end), for the output indexed by `out_axes`,
+    when the indices form an affine index (`affine_index`); else None (a general Gather)."""
+    rank = np.ndim(indices)
+    if np.size(indices) < 1:
+        return None
+    index = affine_index(np.asarray(indices).astype(np.int64) % extent,
+                         out_axes[axis:axis + rank])
+    if index is None:
+        return None
+    return access(name, list(out_axes[:axis]) + [index] + list(out_axes[axis + rank:]))
+
+
 def broadcast_indices(shape: Sequence[int], out_axes: Sequence[str],
                       out_shape: Sequence[int]) -> list[str]:
     """Indices reading a tensor of `shape` broadcast (NumPy rules) to the output's axes.

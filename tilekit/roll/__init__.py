@@ -10,8 +10,9 @@
 
 from __future__ import annotations
 
-from importlib import import_module
 from typing import TYPE_CHECKING
+
+from tilekit.lazy import lazy_attributes
 
 __all__ = ["Candidate", "Estimate", "Problem", "RTile", "cost_tiles", "machine",
            "module_estimate", "problem_from_analysis", "roll_module", "roll_problem"]
@@ -24,9 +25,7 @@ if TYPE_CHECKING:
     from tilekit.roll.schedule import module_estimate, roll_module
 
 
-# The names above are loaded on first use (from the module each is listed with): importing
-# one module of the package runs this file, which then imports none of the others, so a
-# command loads only the modules it uses.
+# The names above, loaded on first use from the module each is listed with (tilekit.lazy).
 _LAZY = {
     "Candidate": "construct",
     "roll_problem": "construct",
@@ -41,13 +40,4 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str):
-    if name in _LAZY:
-        value = getattr(import_module(f"{__name__}.{_LAZY[name]}"), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *_LAZY])
+__getattr__, __dir__ = lazy_attributes(__name__, _LAZY)

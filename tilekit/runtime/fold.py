@@ -29,14 +29,22 @@ from tilekit.ir.model import Module, Op, Tensor
 
 def foldable_ops(module: Module) -> list[int]:
     """Indices of the ops whose reads are all weights or written by foldable ops."""
+    return _foldable(module, _tensors_of(module))
+
+
+def _tensors_of(module: Module) -> list[tuple[tuple[str, ...], tuple[str, ...]]]:
+    """(reads, writes) of every op, in order (a control op's: none; it never folds)."""
+    return [((), ()) if op.kind == "control" else op_tensors(op, module.control)
+            for op in module.ops]
+
+
+def _foldable(module: Module, rw) -> list[int]:
     constant = {n for n, t in module.tensors.items() if t.role == "weight"}
     outputs = set(module.outputs)
     out = []
     for index, op in enumerate(module.ops):
-        if op.kind == "control":
-            continue
-        reads, writes = op_tensors(op, module.control)
-        if set(reads) <= constant and not set(writes) & outputs:
+        reads, writes = rw[index]
+        if op.kind != "control" and set(reads) <= constant and not set(writes) & outputs:
             constant.update(writes)
             out.append(index)
     return out
@@ -48,33 +56,26 @@ def fold_constants(module: Module, weights: Mapping[str, np.ndarray]
     rest reads); the module and weights unchanged when nothing folds."""
     from tilekit.runtime.cpu import prepare
 
-    folded = foldable_ops(module) if module.codegen is None else []
+    if module.codegen is not None:
+        return module, dict(weights)
+    rw = _tensors_of(module)
+    folded = set(_foldable(module, rw))
     if not folded:
         return module, dict(weights)
-    fold_set = set(folded)
-    made: set[str] = set()
-    for i in folded:
-        made.update(op_tensors(module.ops[i], module.control)[1])
-    kept_ops = tuple(op for i, op in enumerate(module.ops) if i not in fold_set)
-    needed = []
-    for op in kept_ops:
-        for name in op_tensors(op, module.control)[0]:
-            if name in made and name not in needed:
-                needed.append(name)
-    ops = tuple(module.ops[i] for i in folded)
-    touched = {n for op in ops for part in op_tensors(op, module.control) for n in part}
-    sub = Module(model=module.model, ops=ops, inputs=(), outputs=tuple(needed),
+    made = {n for i in folded for n in rw[i][1]}
+    kept = [i for i in range(len(module.ops)) if i not in folded]
+    needed = tuple(dict.fromkeys(n for i in kept for n in rw[i][0] if n in made))
+    touched = {n for i in folded for part in rw[i] for n in part}
+    sub = Module(model=module.model, ops=tuple(module.ops[i] for i in sorted(folded)),
+                 inputs=(), outputs=needed,
                  tensors={n: t for n, t in module.tensors.items() if n in touched})
     values = dict(prepare(sub).run({}, weights, mode="whole")) if needed else {}
-    tensors = {}
-    for name, t in module.tensors.items():
-        if name in made and name not in values:
-            continue  # read only by folded ops
-        tensors[name] = Tensor(t.shape, t.dtype, "weight") if name in values else t
-    kept_ops, unread = _gathers_as_maps(module, kept_ops, values)
+    kept_ops, unread = _gathers_as_maps(module, tuple(module.ops[i] for i in kept), values)
     for name in unread:
-        del values[name], tensors[name]
-    dropped = {op.name for op in ops}
+        del values[name]
+    tensors = {name: Tensor(t.shape, t.dtype, "weight") if name in values else t
+               for name, t in module.tensors.items() if name not in made or name in values}
+    dropped = {module.ops[i].name for i in folded}
     kernels = tuple(replace(k, ops=tuple(o for o in k.ops if o not in dropped))
                     for k in module.kernels if set(k.ops) - dropped)
     out = dict(weights)
@@ -96,16 +97,13 @@ def _gathers_as_maps(module: Module, ops: tuple[Op, ...], values: Mapping[str, n
         inputs = list(spec.get("inputs", ()))
         if op.kind == "opaque" and spec.get("type") == "Gather" and len(inputs) == 2 \
                 and inputs[1] in values and len(spec.get("outputs", ())) == 1:
-            x, ind, y = inputs[0], values[inputs[1]], spec["outputs"][0]
+            x, y = inputs[0], spec["outputs"][0]
             axis = int((spec.get("attrs") or {}).get("axis", 0))
             shape = module.tensors[x].shape
             ax = text.axes(len(module.tensors[y].shape))
-            index = None
-            if ind.size >= 1 and 0 <= axis < len(shape):
-                index = text.affine_index(ind.astype(np.int64) % shape[axis],
-                                          ax[axis:axis + ind.ndim])
-            if index is not None:
-                read = text.access(x, list(ax[:axis]) + [index] + list(ax[axis + ind.ndim:]))
+            read = text.gather_access(x, shape[axis], axis, values[inputs[1]], ax) \
+                if 0 <= axis < len(shape) else None
+            if read is not None:
                 op = Op(op.name, f"{text.access(y, ax)} = {read}", origin=op.origin)
         out.append(op)
     read = {n for op in out for n in op_tensors(op, module.control)[0]}

@@ -219,14 +219,12 @@ def gather(ctx: NodeContext) -> None:
     x, ind, out = ctx.input(0), ctx.input(1), ctx.output(0)
     axis = ctx.axis("axis", 0, x.rank)
     ax = text.axes(out.rank)
-    index = None
-    if ind.const is not None and ind.size >= 1:
-        values = ind.const.astype(np.int64) % x.shape[axis]
-        index = text.affine_index(values, ax[axis:axis + ind.rank])
-    if index is None:
+    read = None if ind.const is None else text.gather_access(
+        ctx.name_of(x), x.shape[axis], axis, ind.const, ax)
+    if read is None:
         ctx.opaque("Gather", [x, ind], [out], {"axis": axis})
         return
-    ctx.assign(out, ax, "=", ctx.access(x, ax[:axis] + [index] + ax[axis + ind.rank:]))
+    ctx.assign(out, ax, "=", read)
 
 
 # -- padding -----------------------------------------------------------------------------
