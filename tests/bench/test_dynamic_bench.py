@@ -6,16 +6,15 @@ corpus exported with a dynamic batch and sequence and each sequence length in `S
 (batch 1):
 
 - **compile cost**: the symbolic path imports once and, per size, instantiates the module,
-  computes what the sizes alone decide (`tilekit.runtime.fold`, as `tk-run` does) and
-  generates and builds its C++ (`tk-codegen --target cpu`, g++); the specialised path imports, generates and builds per size. Each path starts
-  from an empty compile cache; wall time and CPU time (this process and its compilers);
+  computes what the sizes alone decide (`tilekit.runtime.fold`, as `tk-run` does), generates
+  its C++ and runs it through the module's `CompiledFamily` (tilekit.runtime.family: the
+  sizes whose code has one structure share one build, their sizes read at run time); the
+  specialised path imports, generates and builds per size. Each path starts from an empty
+  compile cache; wall time, CPU time (this process and its compilers) and the builds made;
 - **run time** of each size's two programs, alternating run by run (median of `RUNS`, one
   thread), and their ratio; the outputs must agree.
 
-Results: tests/bench/results/dynamic-cpu.json. What this measures is today's design, in
-which a symbolic module's compiled code is generated and built for each size it runs
-(docs/dims.md): its compile cost grows with the number of sizes as the specialised path's
-does.
+Results: tests/bench/results/dynamic-cpu.json.
 """
 
 from __future__ import annotations
@@ -34,7 +33,8 @@ ROOT = Path(__file__).resolve().parents[2]
 CORPUS = ROOT / "tests" / "data" / "corpus"
 RESULTS = ROOT / "tests" / "bench" / "results" / "dynamic-cpu.json"
 MODELS = ("gpt2.ts17.dynamic", "bert.ts17.dynamic")
-SIZES = (1, 16, 64)
+#: A decode step's length and prompt lengths (the corpus models have 64 positions)
+SIZES = (1, 17, 23, 31, 40, 50, 63)
 RUNS = 200
 THREADS = 1
 
@@ -88,6 +88,7 @@ def _feeds(module, values, seed: int = 0) -> dict[str, np.ndarray]:
 def test_one_symbolic_import_against_an_import_per_size(model, tmp_path, monkeypatch):
     import tilekit
     from tilekit.ir.dims import instantiate
+    from tilekit.runtime.family import CompiledFamily
     from tilekit.runtime.fold import fold_constants
 
     path = CORPUS / f"{model}.onnx"
@@ -99,11 +100,13 @@ def test_one_symbolic_import_against_an_import_per_size(model, tmp_path, monkeyp
     seq = next(s for s in module.dims if "seq" in s)
     batch = next(s for s in module.dims if s != seq)
     programs = {}
+    family = CompiledFamily(module, symbolic.weights)
     for size in SIZES:
         values = {batch: 1, seq: size}
         with symbolic_clock:
             instance, weights = fold_constants(instantiate(module, values), symbolic.weights)
-            programs[size] = [_program(instance, weights)]
+            programs[size] = [(family.program(instance, values, THREADS),
+                               {k: np.ascontiguousarray(v) for k, v in weights.items()})]
     monkeypatch.setenv("TILEKIT_CACHE", str(tmp_path / "specialised"))
     for size in SIZES:
         values = {batch: 1, seq: size}
@@ -130,18 +133,19 @@ def test_one_symbolic_import_against_an_import_per_size(model, tmp_path, monkeyp
         "model": model, "sizes": {"batch": 1, "sequence": list(SIZES)},
         "compile": {
             "symbolic": {"wall_s": round(symbolic_clock.wall, 2),
-                         "cpu_s": round(symbolic_clock.cpu, 2)},
+                         "cpu_s": round(symbolic_clock.cpu, 2), "builds": family.builds},
             "specialised": {"wall_s": round(specialised_clock.wall, 2),
-                            "cpu_s": round(specialised_clock.cpu, 2)},
+                            "cpu_s": round(specialised_clock.cpu, 2), "builds": len(SIZES)},
         },
         "run": rows,
     }
     print(f"\n{model}: compile for {len(SIZES)} sizes: symbolic "
-          f"{row['compile']['symbolic']['wall_s']} s, specialised "
+          f"{row['compile']['symbolic']['wall_s']} s ({family.builds} builds), specialised "
           f"{row['compile']['specialised']['wall_s']} s; run symbolic/specialised "
           + ", ".join(f"seq {s}: {r['ratio']}" for s, r in rows.items()))
     record(row, RESULTS, "make bench (tests/bench/test_dynamic_bench.py)",
-           method="in one process; compile: import + generate + g++ from an empty cache; "
+           method="in one process; compile: import + generate + g++ from an empty cache "
+                  "(symbolic: builds shared by sizes of one structure); "
                   f"run: the two programs alternating, {RUNS} runs each, median",
            threads=THREADS)
 

@@ -132,7 +132,7 @@ def test_bad_sizes_are_one_line_errors(imported, args, message):
 
 
 @pytest.mark.parametrize("command,args", [
-    (tk_roll.main, ["--hw", "milan"]), (tk_weld.main, ["--hw", "h100"]),
+    (tk_roll.main, ["--hw", "h100"]), (tk_weld.main, ["--hw", "h100"]),
     (tk_codegen.main, []), (tk_codegen.main, ["--target", "cpu"]),
 ])
 def test_stages_that_need_sizes_refuse_a_symbolic_module(imported, command, args):
@@ -141,6 +141,25 @@ def test_stages_that_need_sizes_refuse_a_symbolic_module(imported, command, args
     assert "needs static sizes; this module has symbolic dimensions batch (1..4096), seq " \
            "(1..32)" in result.output and "--dim batch=1 --dim seq=1" in result.output
     assert not (imported / "staged.yaml").exists()
+
+
+def test_one_roll_serves_the_range_on_a_cpu(imported):
+    """tk-roll on a symbolic module for a CPU profile: the module stays symbolic, each op's
+    tile has its micro-kernel and its kernel decided by size (priced at the pricing sizes),
+    and one rolled file runs and checks at several sizes, compiled."""
+    result = invoke(tk_roll.main, ["m.yaml", "--hw", "milan", "-o", "rolled.yaml"], imported)
+    assert result.exit_code == 0, result.output
+    doc = yaml.safe_load((imported / "rolled.yaml").read_text())
+    assert doc["dims"] == {"batch": {"min": 1, "max": 4096}, "seq": {"min": 1, "max": 32}}
+    tiles = [op["tile"] for op in doc["ops"] if op.get("kind", "expr") == "expr"]
+    assert tiles and all(t["kernel"] == {"shape": "by size"} and len(t["priced"]) > 1
+                         and len(t["micro"]) == 2 for t in tiles)
+    again = invoke(tk_roll.main, ["m.yaml", "--hw", "milan", "-o", "again.yaml"], imported)
+    assert (imported / "again.yaml").read_text() == (imported / "rolled.yaml").read_text()
+    result = invoke(tk_run.main, ["rolled.yaml", "--dim", "batch=1,2", "--dim", "seq=5,20",
+                                  "--mode", "compiled", "--check", "-q"], imported)
+    assert result.exit_code == 0, result.output
+    assert result.output.count("check: pass") == 4, result.output
 
 
 def test_stages_specialise_a_symbolic_module_given_sizes(imported):
@@ -214,8 +233,11 @@ def test_compile_takes_sizes_for_the_passes(imported):
     compiled = tilekit.compile(imported / "m.onnx", ["roll"], hw="milan",
                                dims={"batch": 2, "seq": 4})
     assert compiled.module.tensors["x"].shape == (2, 4, 8) and not compiled.module.dims
-    with pytest.raises(TilekitError, match="tk-roll needs static sizes"):
-        tilekit.compile(imported / "m.onnx", ["roll"], hw="milan")
+    # a CPU profile rolls the range; a GPU profile needs the sizes
+    assert set(tilekit.compile(imported / "m.onnx", ["roll"], hw="milan").module.dims) == {
+        "batch", "seq"}
+    with pytest.raises(TilekitError, match="for the GPU profile 'h100' needs static sizes"):
+        tilekit.compile(imported / "m.onnx", ["roll"], hw="h100")
     assert set(tilekit.compile(imported / "m.onnx", []).module.dims) == {"batch", "seq"}
 
 
@@ -278,3 +300,77 @@ def test_a_key_value_cache_decodes_and_prefills_from_one_import(tmp_path):
                         tmp_path)
         assert result.exit_code == 0 and "check: pass (3 outputs)" in result.output, \
             result.output
+
+
+def _kv_family(tmp_path):
+    import tilekit
+    from tilekit.runtime.family import CompiledFamily
+
+    _kv_cache_model(tmp_path / "kv.onnx")
+    compiled = tilekit.compile(tmp_path / "kv.onnx", [])
+    return compiled, CompiledFamily(compiled.module, compiled.weights)
+
+
+def _kv_run(compiled, family, seq: int, past: int):
+    """The family's program at (seq, past), its outputs on random inputs, and the reference
+    executor's."""
+    from tilekit.ir.dims import instantiate
+    from tilekit.runtime import backend
+    from tilekit.runtime.fold import fold_constants
+
+    values = {"seq": seq, "past": past}
+    instance, weights = fold_constants(instantiate(compiled.module, values), compiled.weights)
+    rng = np.random.default_rng(seq * 100 + past)
+    feeds = {"x": rng.standard_normal((1, seq, 8)).astype(np.float32),
+             "past_k": rng.standard_normal((1, past, 8)).astype(np.float32),
+             "past_v": rng.standard_normal((1, past, 8)).astype(np.float32)}
+    program = family.program(instance, values, threads=2)
+    expected = backend(instance, "cpu", "whole").run(feeds, weights)
+    return program, feeds, weights, expected
+
+
+def test_decode_steps_share_one_build(tmp_path):
+    """Token-by-token decoding: the cache grows every step, and the steps whose code has one
+    structure run one build with their sizes as parameters (tilekit.runtime.family), each
+    equal to the reference executor; the size tables are what makes each step right. (A
+    template is widened when a size changes a number its samples shared: a build more.)"""
+    compiled, family = _kv_family(tmp_path)
+    runs = {}
+    for past in range(36, 47):
+        program, feeds, weights, expected = _kv_run(compiled, family, 1, past)
+        out = program.run(feeds, weights)
+        for name in expected:
+            np.testing.assert_allclose(out[name], expected[name], rtol=1e-5, atol=1e-6)
+        runs[past] = (program, feeds, weights, expected)
+    assert family.builds <= 3, family.builds
+    assert len({p.lib._name for p, *_ in runs.values()}) == family.builds
+    # an earlier step's tables (of the same build) in the last step's program: wrong
+    # results (the sizes are read)
+    program, feeds, weights, expected = runs[46]
+    earlier = next(p for p, *_ in runs.values() if p.lib._name == program.lib._name)
+    assert earlier is not program
+    program.sizes = earlier.sizes
+    wrong = program.run(feeds, weights)
+    assert not np.allclose(wrong["y"], expected["y"], rtol=1e-5, atol=1e-6)
+
+
+def test_a_template_prints_the_same_unit_for_every_size(tmp_path):
+    from tilekit.codegen import generate
+    from tilekit.codegen.parametric import abstract, template, unit
+    from tilekit.ir.dims import instantiate
+    from tilekit.ir.payloads import CodegenSection
+    from tilekit.runtime.fold import fold_constants
+
+    compiled, _ = _kv_family(tmp_path)
+    made = {}
+    for past in (36, 41, 50):
+        instance, _ = fold_constants(instantiate(compiled.module, {"seq": 1, "past": past}),
+                                     compiled.weights)
+        result = generate(instance, None, target="cpu")
+        made[past] = (result.kernels, CodegenSection.read(result.module.codegen).kernels)
+    t = template([abstract(kernels) for kernels, _ in made.values()])
+    assert t.holes and all(t.match(abstract(kernels)) for kernels, _ in made.values())
+    units = [unit(t, *made[p]) for p in (36, 41, 50)]
+    assert units[0].source == units[1].source == units[2].source
+    assert "tk_iz[" in units[0].source and "tk_set_sizes" in units[0].source
+    assert len({u.ints for u in units}) == 3

@@ -98,6 +98,7 @@ def main(input, device, mode, threads, input_flags, inputs_npz, seed, dim_flags,
     from tilekit.outputs import OutputSet
     from tilekit.ir.dims import instantiate, is_symbolic
     from tilekit.ir.verify import verify
+    from tilekit.runtime.family import CompiledFamily
     from tilekit.runtime.fold import fold_constants
     from tilekit.runtime.io import (base_dir, check_inputs, check_run_budget, gather_inputs,
                                     input_files, load_weights, npz_bytes, resolve_sidecar)
@@ -119,9 +120,10 @@ def main(input, device, mode, threads, input_flags, inputs_npz, seed, dim_flags,
     #: the source model checked by the first run (a symbolic module runs once per size)
     source_checked: list[bool] = []
 
-    def run_one(module, values, weights=None) -> int:
+    def run_one(module, values, weights=None, family=None) -> int:
         """One run of a static module (a symbolic one's instance at `values`, with its
-        `weights`: the module's, read once for every size, and its folded values)."""
+        `weights`: the module's, read once for every size, and its folded values; `family`:
+        the symbolic module's compiled code, shared by its sizes)."""
         mode, seed, report = given_mode, given_seed, given_report
         chosen = None  # the mode --check picked from the stages, when --mode was not given
         if mode is None:
@@ -136,7 +138,7 @@ def main(input, device, mode, threads, input_flags, inputs_npz, seed, dim_flags,
             if threads is not None and mode != "compiled":
                 warn(TOOL, "--threads sets the compiled CPU code's threads; ignored in this mode")
             runner = _backend(module, device, mode, threads, input, defaulted=chosen is None
-                              and given_mode is None)  # refuses what it cannot run, early
+                              and given_mode is None, family=family, values=values)
             if weights is None:
                 weights = load_weights(module, folder)
             if not source_checked:
@@ -223,13 +225,14 @@ def main(input, device, mode, threads, input_flags, inputs_npz, seed, dim_flags,
                            "sizes", "-o", "give one size per symbol with -o")
     status = EXIT_OK
     base = load_weights(module, folder)  # every size's weights, read once
+    family = CompiledFamily(module, base)   # compiled code shared by the sizes
     for values in bindings:
         instance = instantiate(module, values)
         verify(instance, origin=input)
         check_run_budget(instance, input)
         # what the sizes alone decide (positions, masks) computed once, as an import folds it
         instance, weights = fold_constants(instance, base)
-        status = max(status, run_one(instance, values, weights))
+        status = max(status, run_one(instance, values, weights, family))
     return status
 
 
@@ -277,10 +280,12 @@ def _bench(runner, inputs, weights, runs: int, warmup: int, advance):
     return time_runs(lambda: runner.run(inputs, weights), runs, warmup, on_run=advance)
 
 
-def _backend(module, device: str, mode: str, threads, input: str, defaulted: bool):
+def _backend(module, device: str, mode: str, threads, input: str, defaulted: bool,
+             family=None, values=None):
     """The runner; compiled CPU code is generated here when the IR has none (with the CPU
-    profile it was rolled for). When the mode was not asked for and no compiled code can be
-    made, the reference executor runs instead, said on stderr."""
+    profile it was rolled for; a symbolic module's instance through its `family`, at
+    `values`). When the mode was not asked for and no compiled code can be made, the
+    reference executor runs instead, said on stderr."""
     from tilekit.cli.common import module_profile
     from tilekit.runtime import backend
     from tilekit.runtime.compiled import is_cpu_code
@@ -290,8 +295,10 @@ def _backend(module, device: str, mode: str, threads, input: str, defaulted: boo
         from tilekit.ir.payloads import cpu_rolled
         if cpu_rolled(module):   # the profile it records, found as tk-codegen finds it
             profile, _ = module_profile(None, module, input, "-")
+            if family is not None:
+                family.profile = profile
     try:
-        return backend(module, device, mode, threads, profile)
+        return backend(module, device, mode, threads, profile, family=family, values=values)
     except UnsupportedError as exc:   # an op without a CPU kernel, no compiler: not bad input
         if not defaulted or mode != "compiled":
             raise

@@ -17,7 +17,9 @@ softmax and layer norm as one CPU kernel, rows in L1), `cpu_program` (the CPU un
 entry: every kernel in one call and one OpenMP team, tk-ram's CPU plans), `cpu_ram` (the CPU
 kernels tk-ram packs); `persistent` (what persistent kernels share),
 `program` (tk-ram's persistent programs), `control` (tk-grind's device loops and branches),
-`recorded` (recorded kernels checked against a fresh generation before they run), `report`
+`recorded` (recorded kernels checked against a fresh generation before they run),
+`parametric` (one build for the sizes of a symbolic module whose code has one structure:
+templates, their holes, the units that read sizes at run time), `report`
 (each kernel's counters from the tile interpreter), `helpers` (runtime.cuh, runtime_cpu.h
 and their hashes), `nvcc` (compile, ptxas resources, cache), `cxx` (the CPU target's build:
 the system C++ compiler, cache), `emulate` (the generated CUDA run on the CPU). The schedule

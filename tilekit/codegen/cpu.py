@@ -183,7 +183,10 @@ def _accumulator_row(b: Builder, module, plan: GroupPlan, axes, at: dict, vec: i
                          global_resolver)
     kind = probe.acc_kind(p)
     dtype = KIND_DTYPE[kind]
-    row = b.alloc("accrow", dtype, (chunk,), "accumulators of a row of the vector axis")
+    # storage rounded up to a power of two: rows of nearby lengths have the same code
+    # (tilekit.codegen.parametric shares one build between their sizes)
+    row = b.alloc("accrow", dtype, (1 << (chunk - 1).bit_length(),),
+                  "accumulators of a row of the vector axis")
     va = axes[vec]
     looped, unrolled = _window_split(p.reduction)
 

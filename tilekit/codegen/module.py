@@ -47,7 +47,8 @@ from tilekit.codegen.opaque import opaque_kernel
 from tilekit.codegen.plan import (GroupPlan, GroupSplit, OpaquePlan, plan_each, plan_group,
                                   readers)
 from tilekit.codegen.program import compose, coresident_problems, program_module
-from tilekit.ir.payloads import (CodegenSection, Launch, Tile, cpu_rolled, is_cpu_tile,
+from tilekit.ir.payloads import (CPU_BY_SIZE, CodegenSection, Launch, Tile, cpu_rolled,
+                                 is_cpu_tile,
                                   read_split_k, read_tile)
 from tilekit.schedule.cpu import cpu_shape, recorded_tiles
 from tilekit.schedule.defaults import STATIC_SMEM_LIMIT
@@ -428,7 +429,10 @@ def _rolled_cpu_kernel(module: Module, plan: GroupPlan, entry: str, target: Targ
         g = cpu_kernel(module, plan, entry, cpu_shape(facts, target.cpu), target)
         return replace(g, schedule={**g.schedule, "tile_ignored": CPU_INLINED_NOTE})
     tiles = recorded_tiles(main.op.tile, target.cpu.machine, where)
-    shape = cpu_shape(facts, tiles, main.op.tile.get("kernel") or {}, where)
+    recorded = main.op.tile.get("kernel") or {}
+    if recorded.get("shape") == CPU_BY_SIZE:    # a symbolic module's roll: decided at these sizes
+        recorded = None
+    shape = cpu_shape(facts, tiles, recorded, where)
     g = cpu_kernel(module, plan, entry, shape, target)
     return replace(g, schedule={**g.schedule, "tiles": "rolled"})
 

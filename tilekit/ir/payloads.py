@@ -36,8 +36,10 @@ BOUNDS = ("compute", "smem", "dram", "launch", "latency", "cache")
 #: The marker of an op tile rolled for a CPU profile (`target: cpu`): a `CpuOpTile`, which
 #: no GPU reader takes (`read_tile` refuses it).
 CPU_TARGET = "cpu"
-#: The kernels a CPU op tile names (tilekit.schedule.cpu; opaque ops: their implementation).
-CPU_KERNELS = ("cpu_gemm", "cpu_loops", "opaque")
+#: The kernels a CPU op tile names (tilekit.schedule.cpu; opaque ops: their implementation;
+#: `by size`: decided at each size of a symbolic module, tilekit.roll.dynamic).
+CPU_BY_SIZE = "by size"
+CPU_KERNELS = ("cpu_gemm", "cpu_loops", "opaque", CPU_BY_SIZE)
 
 Axes = Sequence[tuple[str, int]]    # (axis name, extent), in order
 

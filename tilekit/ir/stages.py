@@ -73,12 +73,15 @@ def _ungrind(control):
 
 
 def run_stage(module: Module, name: str, work: Callable[[Module], Module],
-              options: Mapping[str, Any] | None = None) -> Module:
+              options: Mapping[str, Any] | None = None, symbolic: bool = False) -> Module:
     """Drop what stage `name` invalidates, run `work`, record the stage (see the module
-    docstring). `options` are JSON-like values; `dropped` is added when something went."""
+    docstring). `options` are JSON-like values; `dropped` is added when something went.
+    `symbolic`: the stage takes a symbolic module (else it refuses one: the stages after
+    import schedule static sizes, but for tk-roll on a CPU profile)."""
     from tilekit.ir.dims import require_static
 
-    require_static(module, f"tk-{name}")  # the stages after import schedule static sizes
+    if not symbolic:
+        require_static(module, f"tk-{name}")
     clean, dropped = drop(module, INVALIDATES.get(name, ()))
     out = work(clean)
     recorded = dict(options or {})

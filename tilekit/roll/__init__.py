@@ -5,6 +5,7 @@
 - `tilekit.roll.cost`: the micro performance model, shared by every stage that estimates;
 - `tilekit.roll.construct`: scale-up and scale-out, ranking by the model;
 - `tilekit.roll.schedule`: the pass `roll_module(module, profile, top_k) -> Module`;
+- `tilekit.roll.dynamic`: a symbolic module rolled once for a CPU (DietCode's micro-kernels);
 - `tilekit.roll.workloads`: the operator suite of specs/workloads.yaml.
 """
 

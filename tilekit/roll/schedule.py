@@ -30,6 +30,7 @@ from typing import Any, Mapping
 
 from tilekit.errors import IRError, TilekitError, UnsupportedError
 from tilekit.ir.control import region_module, with_control
+from tilekit.ir.dims import is_symbolic, require_static
 from tilekit.ir.graph import control_records, graph, op_analysis
 from tilekit.ir.stages import run_stage
 from tilekit.ir.model import OP_KINDS, Kernel, Module, Op, default_kernels
@@ -42,6 +43,7 @@ from tilekit.schedule.shape import OpFacts, Target, analysis_facts, decide, defa
 from tilekit.roll.problem import ITEMSIZE, Problem, problem_from_analysis
 from tilekit.ir.payloads import CpuOpTile, is_cpu_tile
 from tilekit.roll import cpu_cost
+from tilekit.roll.dynamic import pricing_sizes, roll_symbolic
 from tilekit.schedule.cpu import CpuTiles, cpu_shape, cpu_tiles
 from tilekit.schedule.defaults import DEFAULT_THREADS, default_grid
 
@@ -94,8 +96,10 @@ def roll_module(module: Module, profile, top_k: int = 1, hardware: str | None = 
     options: dict[str, Any] = {"top_k": top_k}
     if precision != "fp32":
         options["precision"] = precision
+    if is_symbolic(module) and not profile.is_cpu:
+        require_static(module, f"tk-roll for the GPU profile '{profile.name}'")
     return run_stage(module, STAGE, lambda m: _roll(m, profile, top_k, hardware, precision),
-                     options)
+                     options, symbolic=profile.is_cpu)
 
 
 def _roll(module: Module, profile, top_k: int, hardware: str | None,
@@ -105,6 +109,13 @@ def _roll(module: Module, profile, top_k: int, hardware: str | None,
     rolled: dict[str, RolledOp] = {}
     records: dict[str, Any] = {}
     dtypes = dtypes_of(module)
+    if is_symbolic(module):       # a CPU profile: one roll for the range (roll.dynamic)
+        ops, estimates = roll_symbolic(module, profile, dtypes, roll_opaque, tensor_bytes)
+        rolled = {op.name: RolledOp(op.tile, estimates[op.name]) for op in ops}
+        kernels = tuple(roll_kernel(module, k, rolled, profile)
+                        for k in (module.kernels or default_kernels(module.ops)))
+        return replace(module, ops=ops, kernels=kernels, hardware=hardware or profile.name,
+                       hardware_sha256=profile.content_hash)
     tiles = cpu_tiles(profile) if profile.is_cpu else None
     ops = []
     for index, op in enumerate(module.ops):
@@ -356,6 +367,10 @@ def report_title(module: Module) -> str:
                   "the kernels' estimates, below the sum of the ops' rows)")
     if any(op.kind == "control" for op in module.ops):
         title += "; control ops: one run of each region (tk-grind prices the iterations)"
+    if is_symbolic(module):
+        at = pricing_sizes(module.dims)[0]
+        title += (" at " + ", ".join(f"{k}={v}" for k, v in sorted(at.items()))
+                  + " (kernels decided by size; each op's tile lists its priced sizes)")
     return title
 
 

@@ -3,6 +3,7 @@
 - `tilekit.runtime.cpu`: `run_module`, `prepare` / `Program`, execution modes;
 - `tilekit.runtime.io`: weights, inputs and outputs, with their checks;
 - `tilekit.runtime.fold`: what a module computes from its weights alone, computed once;
+- `tilekit.runtime.family`: a symbolic module's compiled code, one build per structure;
 - `tilekit.runtime.check`: comparison with onnxruntime or the CPU reference;
 - `tilekit.runtime.bench`: timing and the device's name;
 - `tilekit.runtime.cuda`: the same `run_module` on an NVIDIA GPU (through CuPy).
@@ -60,7 +61,7 @@ def default_mode(module: Module, device: str) -> str:
 
 
 def backend(module: Module, device: str = "cpu", mode: str | None = None,
-            threads: int | None = None, profile=None) -> Backend:
+            threads: int | None = None, profile=None, family=None, values=None) -> Backend:
     """Prepare `module` for `device` ("cpu" or "cuda"); refuses what that device cannot run.
 
     `mode` is the CPU execution mode: "compiled" (the module's C++ kernels, generated here
@@ -68,14 +69,18 @@ def backend(module: Module, device: str = "cpu", mode: str | None = None,
     the default wherever a C++ compiler is found), "whole" (the NumPy reference executor), or one
     added with `register_mode` ("tiled", "program"); the CUDA runtime runs the generated
     kernels and has no modes, so any other mode is refused there. `threads`: the compiled
-    code's threads (default: OpenMP's, every core).
+    code's threads (default: OpenMP's, every core). `family` (tilekit.runtime.family): for
+    an instance of a symbolic module at `values`, the compiled code its sizes share.
     """
     from tilekit.runtime.bench import cpu_description
 
     mode = mode or default_mode(module, device)
     if device == "cpu" and mode == "compiled":
-        from tilekit.runtime.compiled import CpuProgram, with_cpu_code
-        compiled = CpuProgram(with_cpu_code(module, profile), threads)
+        from tilekit.runtime.compiled import CpuProgram, is_cpu_code, with_cpu_code
+        if family is not None and values is not None and not is_cpu_code(module):
+            compiled = family.program(module, values, threads)
+        else:
+            compiled = CpuProgram(with_cpu_code(module, profile), threads)
         from tilekit.runtime.bench import cpu_model
         return Backend("cpu", f"cpu ({cpu_model()}, {compiled.threads} "
                        f"thread{'s' if compiled.threads != 1 else ''}), compiled",

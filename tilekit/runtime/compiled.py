@@ -164,13 +164,16 @@ class CpuProgram:
     """A module's compiled CPU kernels loaded in this process, with their buffers."""
 
     def __init__(self, module: Module, threads: int | None = None,
-                 per_kernel: bool = False, use_plan: bool = True, overlap: bool = True
-                 ) -> None:
+                 per_kernel: bool = False, use_plan: bool = True, overlap: bool = True,
+                 unit=None) -> None:
         """`threads`: the team's size (default: OpenMP's). `per_kernel`: call each kernel's
         own entry (one ctypes call and parallel region each). `use_plan`: run a tk-ram CPU
         plan's persistent segments on their vEUs (else op by op). `overlap`: no barrier
         between independent kernels in a row (else one after every kernel: strictly op by
-        op)."""
+        op). `unit`: the build to run instead of the module's own unit, a template whose
+        sizes are parameters with this module's size tables (tilekit.codegen.parametric:
+        the same kernels, the same argument table); every run sets the tables first, since
+        other programs of other sizes may share the loaded library."""
         from tilekit.codegen.cpu_program import program_unit
         from tilekit.codegen.recorded import check_recorded_kernels
         from tilekit.runtime.cpu import check_runnable
@@ -179,9 +182,17 @@ class CpuProgram:
         check_recorded_kernels(module)
         section = CodegenSection.read(module.codegen)
         self.kernel_records = section.kernels
-        source, self.plan = program_unit(module, plan=use_plan)
+        if unit is None:
+            source, self.plan = program_unit(module, plan=use_plan)
+        else:
+            source, self.plan = unit.source, None
         os.environ.setdefault("OMP_WAIT_POLICY", "passive")     # the module docstring
         self.lib = ctypes.CDLL(str(build(source)))
+        self.sizes = None if unit is None else (np.array(unit.ints, np.int64),
+                                                np.array(unit.floats or (0.0,), np.float64))
+        if self.sizes is not None:
+            self.lib.tk_set_sizes.restype = None
+            self.lib.tk_set_sizes.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
         self.lib.tk_run.restype = None
         self.lib.tk_run.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
                                     ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
@@ -313,6 +324,7 @@ class CpuProgram:
                 changed = self._bind_weight(name, weights[name]) or changed
         if changed:         # the weights' packed panels are stale (runtime_cpu.h tk_packed_b)
             self.lib.tk_weights_changed()
+        self._set_sizes()
         for name in self.inputs:
             if name in self.slots:
                 self._point(name, direct.get(name, self.buffers[name]))
@@ -345,6 +357,11 @@ class CpuProgram:
         for name, count in self.trims.items():
             out[name] = out[name][:int(np.asarray(self.buffers[count]).reshape(-1)[0])]
         return out
+
+    def _set_sizes(self) -> None:
+        """A template's size tables at this program's sizes (see `__init__`)."""
+        if self.sizes is not None:
+            self.lib.tk_set_sizes(self.sizes[0].ctypes.data, self.sizes[1].ctypes.data)
 
     def _point(self, name: str, array: np.ndarray) -> None:
         """The argument table's entries for buffer `name` at `array`."""

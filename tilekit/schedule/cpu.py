@@ -108,8 +108,20 @@ def cpu_tiles(profile=None) -> CpuTiles:
     vectors = max(vectors, 2 if m.f32_lanes * 2 <= 2 * NR_ALIGN else 1)
     nr = max(NR_ALIGN, vectors * m.f32_lanes)
     nr = -(-nr // NR_ALIGN) * NR_ALIGN
-    v = nr // m.f32_lanes
-    mr = max(1, min(16, (m.vector_registers - v - 1) // v))
+    return tiles_for(m, max_mr(m, nr), nr)
+
+
+def max_mr(m: CpuMachine, nr: int) -> int:
+    """The most rows of a micro-tile `nr` columns wide whose accumulators, B vectors and one
+    broadcast of A fit the vector registers (0: none fits)."""
+    v = -(-nr // m.f32_lanes)
+    return max(0, min(16, (m.vector_registers - v - 1) // v))
+
+
+def tiles_for(m: CpuMachine, mr: int, nr: int) -> CpuTiles:
+    """The cache tiles of an `mr x nr` micro-tile on `m`: a `kc x nr` B micro-panel in half
+    of L1, an `mc x kc` A block in a quarter of L2, a `kc x nc` B panel in half of it."""
+    mr = max(1, mr)
     kc = _floor_to(m.l1_bytes // 2 // (nr * 4), 16, lowest=16)
     mc = _floor_to(m.l2_bytes // 4 // (kc * 4), mr, lowest=mr)
     nc = _floor_to(m.l2_bytes // 2 // (kc * 4), nr, lowest=nr)
@@ -486,4 +498,4 @@ def recorded_tiles(payload: Mapping[str, Any], machine: CpuMachine, where: str) 
 __all__ = ["CPU_SHAPES", "CpuGemm", "CpuLoops", "CpuMachine", "CpuShape", "CpuTiles",
            "GEMM_MIN_REUSE", "GemmBlocks", "HOST_DEFAULTS", "LOOP_MODES", "NR_ALIGN",
            "cpu_shape", "cpu_tiles", "gemm_blocks", "gemm_reuse", "gemm_roles", "machine_of",
-           "one_thread", "recorded_tiles", "rows_per_block"]
+           "max_mr", "one_thread", "recorded_tiles", "rows_per_block", "tiles_for"]

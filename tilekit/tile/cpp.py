@@ -34,14 +34,17 @@ from tilekit import __version__
 from tilekit.errors import InternalError
 from tilekit.tile.cstyle import CStyle
 from tilekit.tile.emit import INDENT, Emitter, check_line, comment_text
-from tilekit.tile.expr import BLOCK, NBLOCKS, Call, Const
-from tilekit.tile.nodes import Barrier, Buffer, CallBody, Kernel, Threads
+from tilekit.tile.expr import BLOCK, NBLOCKS, Call, Const, Expr, as_expr
+from tilekit.tile.nodes import Barrier, Buffer, CallBody, Kernel, Seq, Threads
 
 SMEM = "tk_smem"
 HELPERS = "runtime_cpu.h"
 #: Block memory above this many bytes comes from each thread's arena (runtime_cpu.h
 #: tk_block_memory), not the stack: a worker thread's stack may be as small as 2 MiB.
 STACK_BLOCK_MEMORY = 32 * 1024
+#: The unit's size tables, when its sizes are parameters (tilekit.codegen.parametric): the
+#: integers and the floats that differ between sizes, set by `tk_set_sizes` before a run.
+SIZE_TABLES = (("tk_iz", "int64"), ("tk_fz", "float64"))
 
 
 class CppPrinter(CStyle):
@@ -56,6 +59,8 @@ class CppPrinter(CStyle):
         super().__init__(kernel)
         for t in kernel.tables:
             self.buffers[t.name] = Buffer(t.name, "global", "int32", (len(t.values),))
+        for name, dtype in SIZE_TABLES:
+            self.buffers.setdefault(name, Buffer(name, "global", dtype, (1,)))
 
     def unroll_pragma(self, e: Emitter) -> None:
         pass        # -O3 unrolls constant trip counts by itself
@@ -101,30 +106,35 @@ def body_function(k: Kernel) -> str:
         for b in k.shared:
             note = f"  // {comment_text(b.comment)}" if b.comment else ""
             e.line(f"{p.ctype(b.dtype)}* {b.name} = reinterpret_cast<{p.ctype(b.dtype)}*>"
-                   f"({SMEM} + {b.offset});{note}")
+                   f"({SMEM} + {p.expr(as_expr(b.offset, 'int32'))});{note}")
         p.stmts(k.body, e)
     return e.text()
 
 
-def entry_function(k: Kernel) -> str:
+def entry_function(k: Kernel, smem: int | Expr | None = None) -> str:
+    """The kernel's `extern "C"` entry: its grid's blocks over the cores. `smem`: the block
+    memory its body needs (default: the kernel's own); the grid and `smem` may be expressions
+    of the unit's size tables (then at least two blocks, and the memory from the arena)."""
     p = CppPrinter(k)
     e = Emitter()
-    smem = max(k.smem_bytes, 16)
-    args = [b.name for b in k.params] + ["tk_b", str(k.grid), SMEM]
+    smem = max(k.smem_bytes, 16) if smem is None else smem
+    grid = p.expr(as_expr(k.grid, "int32"))
+    several = not isinstance(k.grid, int) or k.grid > 1
+    args = [b.name for b in k.params] + ["tk_b", grid, SMEM]
     with e.block(f'extern "C" void {k.name}({", ".join(_params(k, p))})'):
-        if smem > STACK_BLOCK_MEMORY:  # each thread's arena, taken once per call
-            if k.grid > 1:
+        if not isinstance(smem, int) or smem > STACK_BLOCK_MEMORY:  # each thread's arena
+            if several:
                 e.line("#pragma omp parallel")
             with e.block():
-                e.line(f"unsigned char* {SMEM} = tk_block_memory({smem});")
-                if k.grid > 1:
+                e.line(f"unsigned char* {SMEM} = tk_block_memory({p.expr(as_expr(smem))});")
+                if several:
                     e.line("#pragma omp for schedule(static)")
-                with e.block(f"for (int tk_b = 0; tk_b < {k.grid}; ++tk_b)"):
+                with e.block(f"for (int tk_b = 0; tk_b < {grid}; ++tk_b)"):
                     e.line(f"{k.name}_body({', '.join(args)});")
         else:
-            if k.grid > 1:
+            if several:
                 e.line("#pragma omp parallel for schedule(static)")
-            with e.block(f"for (int tk_b = 0; tk_b < {k.grid}; ++tk_b)"):
+            with e.block(f"for (int tk_b = 0; tk_b < {grid}; ++tk_b)"):
                 e.line(f"alignas(64) unsigned char {SMEM}[{smem}];")
                 e.line(f"{k.name}_body({', '.join(args)});")
     return e.text()
@@ -140,8 +150,9 @@ def table_lines(k: Kernel, per_line: int = 8) -> list[str]:
     return lines
 
 
-def kernel_text(k: Kernel) -> str:
-    """The kernel's text after the file's preamble (as tilekit.tile.cuda.kernel_text)."""
+def kernel_text(k: Kernel, smem: int | Expr | None = None) -> str:
+    """The kernel's text after the file's preamble (as tilekit.tile.cuda.kernel_text);
+    `smem` as `entry_function` takes it."""
     parts = ["".join(f"// {comment_text(c)}\n" for c in k.comments)]
     seen: set[str] = set()
     for callee in k.calls:
@@ -150,7 +161,7 @@ def kernel_text(k: Kernel) -> str:
             parts.append(body_function(callee) + "\n")
     if k.tables:
         parts.append("\n".join(table_lines(k)) + "\n")
-    parts.append(body_function(k) + "\n" + entry_function(k))
+    parts.append(body_function(k) + "\n" + entry_function(k, smem))
     text = "".join(parts)
     for line in text.splitlines():
         check_line(line)
@@ -168,8 +179,29 @@ def file_preamble(name: str, ops, shape: str) -> str:
     return preamble(["// " + comment_text(f"kernel {name}: ops {', '.join(ops)}; shape {shape}")])
 
 
-def unit_text(bodies) -> str:
-    return preamble([]) + "\n".join(bodies)
+def unit_text(bodies, sizes: tuple[int, int] | None = None) -> str:
+    """One translation unit of kernel texts; with `sizes` (how many integers and floats),
+    the size tables the kernels read and their setter first."""
+    return preamble([]) + (size_tables(*sizes) if sizes else "") + "\n".join(bodies)
+
+
+def size_tables(ints: int, floats: int) -> str:
+    """The size tables of a unit whose sizes are parameters, and `tk_set_sizes`, which fills
+    them (the caller's arrays of `ints` and `floats` values) before a run."""
+    (iname, itype), (fname, ftype) = SIZE_TABLES
+    p = CppPrinter(Kernel("tk_sizes", (), (), Seq(()), 1, 1))
+    return (f"static {p.ctype(itype)} {iname}[{max(ints, 1)}];\n"
+            f"static {p.ctype(ftype)} {fname}[{max(floats, 1)}];\n"
+            f'extern "C" void tk_set_sizes(const {p.ctype(itype)}* i, const {p.ctype(ftype)}* f) {{\n'
+            f"  for (int k = 0; k < {ints}; ++k) {iname}[k] = i[k];\n"
+            f"  for (int k = 0; k < {floats}; ++k) {fname}[k] = f[k];\n"
+            "}\n\n")
+
+
+def size_expr(e: Expr | int) -> str:
+    """A size of the program entries (a grid, the block memory): a constant, or an
+    expression of the size tables."""
+    return CppPrinter(Kernel("tk_sizes", (), (), Seq(()), 1, 1)).expr(as_expr(e, "int32"))
 
 
 # -- the CPU unit's program entries (tilekit.codegen.cpu_program decides them) ----------
@@ -299,16 +331,17 @@ extern "C" int tk_run_plan(void* const* tk_a, int tk_segment) {
 """
 
 
-def _body_call(entry: str, at: int, grid: int, block: str) -> str:
-    return f"tk_call<{entry}_body>(tk_a + {at}, {block}, {grid}, tk_smem)"
+def _body_call(entry: str, at: int, grid: int | Expr, block: str) -> str:
+    return f"tk_call<{entry}_body>(tk_a + {at}, {block}, {size_expr(grid)}, tk_smem)"
 
 
-def program_entries(calls: Sequence[tuple[str, int, int, bool]], smem: int,
+def program_entries(calls: Sequence[tuple[str, int, int | Expr, bool]], smem: int | Expr,
                     plan: tuple | None = None) -> str:
     """The CPU unit's program entries (`tk_run`, and `tk_run_plan` for a plan): `calls` are
     each kernel's (entry, offset of its pointers in the argument table, blocks, whether its
     blocks are shared out over the team: else the first thread runs them), `smem` the
-    block memory a body needs, `plan` tk-ram's (operators, segments) or None.
+    block memory a body needs, `plan` tk-ram's (operators, segments) or None. A grid and
+    `smem` may be expressions of the size tables (tilekit.codegen.parametric).
     tilekit.codegen.cpu_program decides all of it; this prints it."""
     lines = [CALL_TEMPLATES]
     lines.append("// A kernel inside the team: its blocks shared out, no barrier after.")
@@ -319,11 +352,12 @@ def program_entries(calls: Sequence[tuple[str, int, int, bool]], smem: int,
         lines.append(f"  case {i}: {{")
         if shared:
             lines.append("#pragma omp for schedule(static) nowait")
-            lines.append(f"    for (int tk_b = 0; tk_b < {grid}; ++tk_b) "
+            lines.append(f"    for (int tk_b = 0; tk_b < {size_expr(grid)}; ++tk_b) "
                          f"{_body_call(entry, at, grid, 'tk_b')};")
-        elif grid > 1:           # the first thread: such kernels in a row need no barrier
-            lines.append(f"    if (omp_get_thread_num() == 0) for (int tk_b = 0; tk_b < {grid}; "
-                         f"++tk_b) {_body_call(entry, at, grid, 'tk_b')};")
+        elif not isinstance(grid, int) or grid > 1:
+            # the first thread: such kernels in a row need no barrier
+            lines.append(f"    if (omp_get_thread_num() == 0) for (int tk_b = 0; tk_b < "
+                         f"{size_expr(grid)}; ++tk_b) {_body_call(entry, at, grid, 'tk_b')};")
         else:
             lines.append(f"    if (omp_get_thread_num() == 0) {_body_call(entry, at, grid, '0')};")
         lines.append("  } break;")
@@ -344,7 +378,7 @@ extern "C" void tk_run(void* const* tk_a, const int* tk_seq, const unsigned char
                        int tk_n, int tk_parallel, double* tk_times) {{
 #pragma omp parallel if (tk_parallel)
   {{
-    unsigned char* tk_smem = tk_block_memory({smem});
+    unsigned char* tk_smem = tk_block_memory({size_expr(smem)});
     if (tk_times) {{
 #pragma omp barrier
 #pragma omp master
@@ -404,5 +438,6 @@ def _ints(values) -> str:
     return ",\n  ".join(", ".join(values[i:i + 24]) for i in range(0, len(values), 24))
 
 
-__all__ = ["CppPrinter", "HELPERS", "body_function", "entry_function", "file_preamble",
-           "kernel_text", "preamble", "unit_text", "program_entries"]
+__all__ = ["CppPrinter", "HELPERS", "SIZE_TABLES", "body_function", "entry_function",
+           "file_preamble", "kernel_text", "preamble", "program_entries", "size_expr",
+           "size_tables", "unit_text"]

@@ -98,10 +98,16 @@ class Buffer:
         strides, acc = [], 1
         for k in range(len(self.shape) - 1, -1, -1):
             strides.append(acc)
-            acc *= row if k == len(self.shape) - 1 else self.shape[k]
+            acc = acc * (row if k == len(self.shape) - 1 else self.shape[k])
         strides.reverse()
         dtype = "int64" if any(i.dtype == "int64" for i in index) else "int32"
-        return linear(zip(strides, index), 0, dtype)
+        if all(isinstance(s, int) for s in strides):
+            return linear(zip(strides, index), 0, dtype)
+        # sizes read at run time (tilekit.codegen.parametric): the same sum, unsimplified
+        out: Expr = Const(0, dtype)
+        for stride, i in zip(strides, index):
+            out = out + stride * i
+        return out
 
 
 # -- statements -----------------------------------------------------------------------------

@@ -1,0 +1,84 @@
+"""Sizes as parameters of compiled CPU code (tilekit.codegen.parametric): templates, their
+holes, and the printer's forms for sizes read at run time. End to end (one build for the
+decode steps of a key/value cache): tests/e2e/test_dynamic_shapes.py."""
+
+from __future__ import annotations
+
+from tilekit.codegen.parametric import INT_SIZES, Abstract, Template, programs, template
+from tilekit.tile import cpp
+from tilekit.tile import expr as tx
+from tilekit.tile.nodes import Buffer, Kernel, Seq, Store
+
+
+def _abstract(*leaves):
+    return Abstract(("structure",), tuple(leaves))
+
+
+def test_a_template_has_holes_where_its_samples_differ():
+    t = template([_abstract(1, 37, 8), _abstract(1, 41, 8), _abstract(1, 50, 8)])
+    assert t.holes == (1,)
+    assert t.match(_abstract(1, 44, 8))
+    assert not t.match(_abstract(1, 44, 7))                 # a constant it does not share
+    assert not t.match(Abstract(("other",), (1, 44, 8)))    # another structure
+    assert t.values(_abstract(1, 44, 8)) == ((44,), ())
+
+
+def test_widening_adds_the_leaves_a_size_changes():
+    t = template([_abstract(1, 37, 8), _abstract(1, 41, 8)])
+    wider = t.widened(_abstract(1, 44, 7))
+    assert wider.holes == (1, 2) and wider.match(_abstract(1, 44, 7))
+    assert wider.values(_abstract(2.5, 44, 7)) == ((44, 7), ())   # position 0 is no hole
+
+
+def test_float_and_integer_holes_go_to_their_tables():
+    t = Template(("s",), (0.25, 3), (0, 1))
+    assert t.values(Abstract(("s",), (0.5, 4))) == ((4,), (0.5,))
+
+
+def test_a_shared_buffer_with_a_size_read_at_run_time_indexes_through_it():
+    rows = tx.Cast(tx.Load(INT_SIZES, (tx.Const(2, "int32"),), "int64"), "int32")
+    b = Buffer("s_a", "shared", "float32", (4, rows))
+    i, j = tx.Var("i", "int32"), tx.Var("j", "int32")
+    flat = b.flat((i, j))
+    k = Kernel("k", (), (b,), Store("s_a", (i, j), tx.Const(1.0, "float32")), 1, 1)
+    text = cpp.CppPrinter(k).expr(flat)
+    assert "tk_iz[2]" in text and "i" in text and "j" in text
+    # a constant shape keeps the simplified form
+    assert cpp.CppPrinter(k).expr(Buffer("c", "shared", "float32", (4, 8)).flat((i, j))) \
+        == "8 * i + j"
+
+
+def test_a_grid_read_at_run_time_prints_in_the_entries():
+    grid = tx.Cast(tx.Load(INT_SIZES, (tx.Const(0, "int32"),), "int64"), "int32")
+    k = Kernel("tk_k", (), (), Seq(()), 1, grid)
+    entry = cpp.entry_function(k, tx.Cast(tx.Load(INT_SIZES, (tx.Const(1, "int32"),),
+                                                  "int64"), "int32"))
+    assert "tk_b < ((int)(tk_iz[0]))" in entry
+    assert "tk_block_memory" in entry      # memory of a size read at run time: the arena
+    entries = cpp.program_entries([("tk_k", 0, grid, True)], 64)
+    assert "tk_iz[0]" in entries
+    tables = cpp.size_tables(3, 1)
+    assert "tk_iz[3]" in tables and "tk_fz[1]" in tables and "tk_set_sizes" in tables
+
+
+def test_programs_read_only_the_holes():
+    """A template's programs: a hole is a read of the tables, every other leaf its value."""
+    from tilekit.codegen.parametric import _Walk
+
+    body = Store("out", (tx.Var("i", "int32"),),
+                 tx.Const(2.0, "float32") * tx.Load("x", (tx.Const(7, "int32"),), "float32"))
+    k = Kernel("tk_k", (Buffer("out", "global", "float32", (8,), access="write"),
+                        Buffer("x", "global", "float32", (8,))), (), body, 1, 4)
+    blank = _Walk(lambda v, d: v if d in ("grid", "smem", "dim") else tx.Const(0, d),
+                  blank=True).kernel(k)
+    structure = (("n", "e", (), "s", (), (), (1, 1, 1), False, blank),)
+    # leaves in walk order: grid 4, smem 0, the float 2.0, the index 7
+    t = Template(structure, (4, 0, 2.0, 7), (0, 3))
+    (made, smem), = programs(t)
+    text = cpp.body_function(made)
+    # the hole read once at the body's start, a local constant after
+    assert "const int tk_zi1 = (int)(tk_iz[1]);" in text.replace("((int)(tk_iz[1]))",
+                                                                  "(int)(tk_iz[1])")
+    store = text.splitlines()[-2]
+    assert smem == 0 and "tk_zi1" in store and "2.0" in store and "7" not in store
+    assert made.grid == tx.Cast(tx.Load(INT_SIZES, (tx.Const(0, "int32"),), "int64"), "int32")

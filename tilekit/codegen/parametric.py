@@ -1,0 +1,251 @@
+"""Compiled CPU code whose sizes are parameters: one build serves every size of a symbolic
+module whose tile programs have the same structure.
+
+The code generators decide with integers (extents, strides, rows per block, grids): a
+symbolic module's CPU code is generated for the sizes a run binds (`tilekit.ir.dims
+.instantiate`). Generating is cheap (a fraction of a second for a 2-layer GPT-2); building
+the C++ is not (about 10 s). So the build is shared across sizes instead:
+
+- **abstract** a generated module: every kernel's tile program (lowered, as printed) with
+  each *size leaf* taken out: an integer or float constant of an expression (not a template
+  argument of the micro-kernels: `gemm_micro<mr, nr>`), and the grid. What is left, the
+  *structure*, keeps everything else: statements, loop kinds, buffers and their shapes, types,
+  whether a kernel has one block, which thread runs it.
+- a **template** is one structure with, per leaf, a constant or a *hole*: the leaves whose
+  values differ between the sizes it was made from (the sizes asked for and a few more of
+  the symbols' ranges, kept when their structure is the same). Printed by the C++ printer
+  with each hole read from the unit's size tables (`tk_iz`, `tk_fz`: tilekit.tile.cpp
+  `size_tables`), filled by `tk_set_sizes` before a run.
+- a size **matches** a template when its structure is the template's and every leaf that is
+  no hole has the template's value; its holes' values are then its own leaves. A matched size
+  runs the template's build with those values, which computes what its own program would: the
+  same statements, the same numbers. A size that matches none makes a new template (and a
+  build, cached by its source like any other).
+
+This is what DietCode's shape-generic kernels are for the code that tilekit's schedules
+make: the variants are the structures, the dispatch rule is the match, and the number of
+builds grows with the structures a run meets, not with its sizes (docs/dims.md).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence
+
+from tilekit.errors import InternalError
+from tilekit.tile.expr import FLOAT_DTYPES, INT_DTYPES, Call, Cast, Const, Expr, Load, Var
+from tilekit.tile.nodes import Buffer, Comment, Kernel, Let, seq
+
+#: Names of the unit's size tables (printed by tilekit.tile.cpp `size_tables`).
+INT_SIZES = "tk_iz"
+FLOAT_SIZES = "tk_fz"
+#: Calls whose first arguments must be constants of the C++ code (template arguments).
+CONSTANT_ARGUMENTS = {"gemm_micro": 2, "gemm_micro_rows": 2, "pack_row": 1, "packed_b": 1}
+
+
+# -- leaves: one traversal, used both to read them and to replace them --------------------
+
+def _leaf_dtype(e: Const) -> bool:
+    return e.dtype in INT_DTYPES or e.dtype in FLOAT_DTYPES
+
+
+class _Walk:
+    """Rebuilds a tile program with `leaf(value, dtype)` in place of every size leaf, in one
+    fixed order. Comments and the shapes of global (flat) buffers are no part of the
+    structure: a comment may name a size, and the printer never reads a flat shape."""
+
+    def __init__(self, leaf: Callable[[Any, str], Any], blank: bool) -> None:
+        self.leaf = leaf
+        self.blank = blank          # comments and flat shapes out (a structure), else kept
+
+    def kernel(self, k: Kernel) -> Kernel:
+        grid = self.leaf(k.grid, "grid")
+        smem = self.leaf(k.smem_bytes, "smem")
+        shared = tuple(dataclasses.replace(b, offset=self.leaf(b.offset, "dim"),
+                                           shape=tuple(self.leaf(d, "dim") for d in b.shape))
+                       for b in k.shared)
+        k = dataclasses.replace(k, shared=shared, body=self.node(k.body), grid=grid,
+                                calls=tuple(self.kernel(c) for c in k.calls))
+        if not self.blank:
+            return dataclasses.replace(k, comments=(smem,) + k.comments)
+        return dataclasses.replace(
+            k, params=tuple(dataclasses.replace(b, shape=(0,), comment="") for b in k.params),
+            shared=tuple(dataclasses.replace(b, comment="") for b in k.shared), comments=())
+
+    def node(self, x: Any) -> Any:
+        if isinstance(x, Const):
+            return self.leaf(x.value, x.dtype) if _leaf_dtype(x) else x
+        if isinstance(x, Comment):
+            return Comment("") if self.blank else x
+        if isinstance(x, Buffer):
+            return dataclasses.replace(x, comment="") if self.blank else x
+        if isinstance(x, Call) and x.fn in CONSTANT_ARGUMENTS:
+            n = CONSTANT_ARGUMENTS[x.fn]
+            return dataclasses.replace(x, args=x.args[:n] + tuple(self.node(a)
+                                                                  for a in x.args[n:]))
+        if isinstance(x, tuple):
+            return tuple(self.node(i) for i in x)
+        if dataclasses.is_dataclass(x) and not isinstance(x, type):
+            changes = {}
+            for f in dataclasses.fields(x):
+                v = getattr(x, f.name)
+                if isinstance(v, (tuple, Expr)) or dataclasses.is_dataclass(v):
+                    new = self.node(v)
+                    if new is not v:
+                        changes[f.name] = new
+            return dataclasses.replace(x, **changes) if changes else x
+        return x
+
+
+@dataclass(frozen=True)
+class Abstract:
+    """A generated module's structure (`kernels`: each tile program with its leaves zeroed,
+    and what the unit prints from its record) and its leaves, in walk order."""
+
+    structure: tuple
+    leaves: tuple
+
+
+def abstract(kernels: Sequence[Any]) -> Abstract:
+    """The structure and leaves of generated CPU kernels (`GeneratedKernel`s)."""
+    leaves: list = []
+
+    def leaf(value, dtype):
+        leaves.append(value)
+        if dtype == "grid":
+            return 1 if value == 1 else 2     # one block or several: printed differently
+        return 0 if dtype in ("smem", "dim") else Const(0, dtype)
+
+    walk = _Walk(leaf, blank=True)
+    structure = tuple(
+        (g.name, g.entry, g.ops, g.shape, g.args, g.writes, g.block,
+         bool(g.schedule.get("one_thread")), walk.kernel(g.program))
+        for g in kernels)
+    return Abstract(structure, tuple(leaves))
+
+
+@dataclass(frozen=True)
+class Template:
+    """A structure with holes: `holes` are leaf positions (in walk order) whose values a size
+    gives; every other leaf is `constants`'s value."""
+
+    structure: tuple
+    constants: tuple
+    holes: tuple[int, ...]
+
+    def match(self, a: Abstract) -> bool:
+        if a.structure != self.structure:
+            return False
+        holes = set(self.holes)
+        return all(i in holes or x == y for i, (x, y) in enumerate(zip(a.leaves,
+                                                                        self.constants)))
+
+    def widened(self, a: Abstract) -> "Template":
+        """This template with holes also where `a` (of its structure) differs."""
+        holes = set(self.holes) | {i for i, (x, y) in enumerate(zip(a.leaves, self.constants))
+                                   if x != y}
+        return Template(self.structure, self.constants, tuple(sorted(holes)))
+
+    def values(self, a: Abstract) -> tuple[tuple[int, ...], tuple[float, ...]]:
+        """The size tables of a matched size: its hole values, integers and floats apart."""
+        ints, floats = [], []
+        for i in self.holes:
+            (floats if isinstance(a.leaves[i], float) else ints).append(a.leaves[i])
+        return tuple(int(v) for v in ints), tuple(float(v) for v in floats)
+
+
+def template(samples: Sequence[Abstract]) -> Template:
+    """The template of samples of one structure: a hole wherever their leaves differ."""
+    first = samples[0]
+    assert all(s.structure == first.structure for s in samples[1:])
+    holes = tuple(i for i, v in enumerate(first.leaves)
+                  if any(s.leaves[i] != v for s in samples[1:]))
+    return Template(first.structure, first.leaves, holes)
+
+
+def programs(t: Template) -> list[tuple[Kernel, Expr | int]]:
+    """The tile programs of template `t` (its structure's, so the same text for every size
+    it serves: no comment of one size) with every hole a read of the size tables (grids and
+    shared buffers' offsets and shapes included), and each kernel's block memory (a hole's
+    read, or the constant)."""
+    holes = {pos: n for n, pos in enumerate(t.holes)}
+    kinds: dict[int, tuple[str, int]] = {}
+    counts = {"i": 0, "f": 0}
+    for pos in t.holes:
+        kind = "f" if isinstance(t.constants[pos], float) else "i"
+        kinds[pos] = (kind, counts[kind])
+        counts[kind] += 1
+    position = [0]
+    hoisted: dict[str, Let] = {}      # the body's hole values, read once at its start
+
+    def leaf(_, dtype):
+        pos = position[0]
+        position[0] += 1
+        value = t.constants[pos]
+        plain = dtype in ("grid", "smem", "dim")       # no expression's constant
+        if pos not in holes:
+            return value if plain else Const(value, dtype)
+        kind, slot = kinds[pos]
+        table = FLOAT_SIZES if kind == "f" else INT_SIZES
+        read = Load(table, (Const(slot, "int32"),), "float64" if kind == "f" else "int64")
+        target = "int32" if plain else dtype
+        read = read if read.dtype == target else Cast(read, target)
+        if plain:
+            return read
+        # a local constant: the compiler knows it for the whole body (a table read inside a
+        # loop may be read again after every store it cannot tell apart from the table)
+        var = Var(f"tk_z{kind}{slot}", target)
+        hoisted[var.name] = Let(var, read)
+        return var
+
+    walk = _Walk(leaf, blank=False)
+    out = []
+    for entry in t.structure:
+        hoisted.clear()
+        made = walk.kernel(entry[-1])
+        if made.calls:
+            raise InternalError(f"kernel {made.name} composes others: its sizes cannot be "
+                                "parameters")
+        smem = made.comments[0]
+        made = dataclasses.replace(
+            made, body=seq(*(hoisted[n] for n in sorted(hoisted)), made.body),
+            comments=("sizes are parameters: read from the size tables",))
+        out.append((made, smem))
+    return out
+
+
+@dataclass(frozen=True)
+class Unit:
+    """A template's translation unit (kernels, size tables, program entries) and the size
+    tables of one size that matches it: the integer table ends with the program's block
+    memory."""
+
+    source: str
+    ints: tuple[int, ...]
+    floats: tuple[float, ...]
+
+
+def unit(t: Template, kernels: Sequence[Any], records: Sequence[Any]) -> Unit:
+    """The unit of template `t` for a size that matches it, whose generated `kernels` and
+    their `records` (its codegen section's) are given: the kernels and the program entries
+    printed as for any module (tilekit.codegen.cpu_program), with the holes, the grids and
+    the block memory read from the size tables."""
+    from tilekit.codegen.cpu_program import block_memory, offsets, on_first_thread
+    from tilekit.codegen.cxx import RUNTIME_TAIL
+    from tilekit.tile import cpp
+
+    made = programs(t)
+    ints, floats = t.values(abstract(kernels))
+    memory = Cast(Load(INT_SIZES, (Const(len(ints), "int32"),), "int64"), "int32")
+    source = cpp.unit_text([cpp.kernel_text(p, smem) for p, smem in made],
+                           sizes=(len(ints) + 1, len(floats))) + RUNTIME_TAIL
+    at = offsets(records)
+    calls = [(r.entry, at[i], p.grid, not on_first_thread(r))
+             for i, (r, (p, _)) in enumerate(zip(records, made))]
+    source += cpp.program_entries(calls, memory)
+    return Unit(source, ints + (block_memory(records),), floats)
+
+
+__all__ = ["Abstract", "CONSTANT_ARGUMENTS", "FLOAT_SIZES", "INT_SIZES", "Template", "Unit",
+           "abstract", "programs", "template", "unit"]
