@@ -342,8 +342,7 @@ def test_decode_steps_share_one_build(tmp_path):
         for name in expected:
             np.testing.assert_allclose(out[name], expected[name], rtol=1e-5, atol=1e-6)
         runs[past] = (program, feeds, weights, expected)
-    assert family.builds <= 3, family.builds
-    assert len({p.lib._name for p, *_ in runs.values()}) == family.builds
+    assert len({p.lib._name for p, *_ in runs.values()}) <= 3
     # an earlier step's tables (of the same build) in the last step's program: wrong
     # results (the sizes are read)
     program, feeds, weights, expected = runs[46]
@@ -374,3 +373,18 @@ def test_a_template_prints_the_same_unit_for_every_size(tmp_path):
     assert units[0].source == units[1].source == units[2].source
     assert "tk_iz[" in units[0].source and "tk_set_sizes" in units[0].source
     assert len({u.ints for u in units}) == 3
+
+
+def test_a_later_process_finds_the_templates(tmp_path, monkeypatch):
+    """The templates are kept in the build cache: a second family of the same module (another
+    tk-run) matches them, builds nothing new and loads the same library."""
+    monkeypatch.setenv("TILEKIT_CACHE", str(tmp_path / "cache"))
+    compiled, first = _kv_family(tmp_path)
+    a = _kv_run(compiled, first, 1, 40)[0]
+    assert first.builds == 1
+    from tilekit.runtime.family import CompiledFamily
+
+    second = CompiledFamily(compiled.module, compiled.weights)
+    b, feeds, weights, expected = _kv_run(compiled, second, 1, 41)
+    assert second.builds == 0 and b.lib._name == a.lib._name
+    np.testing.assert_allclose(b.run(feeds, weights)["y"], expected["y"], rtol=1e-5, atol=1e-6)

@@ -18,10 +18,19 @@ at `values`, folded by `tilekit.runtime.fold`, as tk-run makes it):
 
 A size whose structure none of the samples shares gets a template without holes: its own
 build, as before sizes were parameters. `builds` counts the templates made.
+
+The templates are kept in the build cache too (`$TILEKIT_CACHE/families/<key>.json`, the
+key covering the symbolic module's document and the profile): a later process (one
+`tk-run` per size) matches them first, so its sizes print the units built before and find
+them built, instead of sampling again and perhaps choosing other holes.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
+from pathlib import Path
 from typing import Any, Mapping
 
 import numpy as np
@@ -32,6 +41,10 @@ SAMPLES = 5
 TRIES = 10
 #: Other structures in a row after which a symbol's tries stop.
 MISSES = 3
+#: A sample's tensors may take this many times the bytes of the size asked for, and this
+#: much more.
+SAMPLE_BYTES = 4
+SAMPLE_SLACK = 64 << 20
 
 
 class CompiledFamily:
@@ -43,17 +56,58 @@ class CompiledFamily:
         self.profile = profile
         self.templates: list = []
         self.builds = 0         # templates made or widened: the units built for the sizes
+        self._stored: list | None = None   # the cache's records, read on first need
+
+    def _store(self) -> Path:
+        from tilekit.codegen.nvcc import cache_dir
+        from tilekit.ir.codec import dumps
+
+        text = dumps(self.module, "json") + (self.profile.content_hash if self.profile
+                                             else "")
+        return cache_dir() / "families" / f"{hashlib.sha256(text.encode()).hexdigest()}.json"
+
+    def _stored_templates(self) -> list:
+        """The templates an earlier process kept for this module: (structure digest, holes,
+        constants)."""
+        if self._stored is None:
+            try:
+                self._stored = json.loads(self._store().read_text())
+            except (OSError, ValueError):
+                self._stored = []
+        return self._stored
+
+    def _keep(self, t) -> None:
+        """Add template `t` to the cache's records (best effort: a cache that cannot be
+        written costs samples later, nothing else)."""
+        records = [r for r in self._stored_templates() if r[0] != _digest(t.structure)]
+        records.append([_digest(t.structure), list(t.holes), list(t.constants)])
+        self._stored = records
+        path = self._store()
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(records))
+            os.replace(tmp, path)
+        except OSError:
+            pass
 
     def _generated(self, instance):
         from tilekit.codegen import generate
 
         return generate(instance, self.profile, target="cpu")
 
-    def _sample(self, values: Mapping[str, int]):
+    def _sample(self, values: Mapping[str, int], budget: int):
+        """The generated code at `values`; None for a size whose tensors take more than
+        `budget` bytes (a sample is never much larger than the size asked for: the range's
+        end of a sequence may be a mask of gigabytes)."""
         from tilekit.ir.dims import instantiate
         from tilekit.runtime.fold import fold_constants
+        from tilekit.runtime.io import run_bytes
 
-        instance, _ = fold_constants(instantiate(self.module, values), self.weights)
+        instance = instantiate(self.module, values)
+        if run_bytes(instance) > budget:
+            return None
+        instance, _ = fold_constants(instance, self.weights)
         return self._generated(instance)
 
     def sample_sizes(self, values: Mapping[str, int]) -> list[list[dict[str, int]]]:
@@ -79,24 +133,39 @@ class CompiledFamily:
         `kernels` and codegen `records` are given."""
         from tilekit.codegen.parametric import abstract, template, unit
         from tilekit.errors import TilekitError
+        from tilekit.ir.dims import instantiate
+        from tilekit.runtime.io import run_bytes
+
+        from tilekit.codegen.parametric import Template
 
         mine = abstract(kernels)
         for t in self.templates:
             if t.match(mine):
                 return unit(t, kernels, records)
+        digest = _digest(mine.structure)
+        for key, holes, constants in self._stored_templates():
+            t = Template(mine.structure, tuple(constants), tuple(holes))
+            if key == digest and len(constants) == len(mine.leaves) and t.match(mine):
+                self.templates.append(t)
+                return unit(t, kernels, records)
         for n, t in enumerate(self.templates):
             if t.structure == mine.structure:
                 self.templates[n] = wider = t.widened(mine)
                 self.builds += 1
+                self._keep(wider)
                 return unit(wider, kernels, records)
+        budget = SAMPLE_BYTES * run_bytes(instantiate(self.module, values)) + SAMPLE_SLACK
         samples = [mine]
         for candidates in self.sample_sizes(values):
             found = missed = 0
             for other in candidates:
                 try:
-                    a = abstract(self._sample(other).kernels)
+                    generated = self._sample(other, budget)
                 except TilekitError:  # a size the model refuses (its tables' bounds): skip
                     continue
+                if generated is None:
+                    continue
+                a = abstract(generated.kernels)
                 if a.structure == mine.structure:
                     samples.append(a)
                     found, missed = found + 1, 0
@@ -109,17 +178,23 @@ class CompiledFamily:
         t = template(samples)
         self.templates.append(t)
         self.builds += 1
+        self._keep(t)
         return unit(t, kernels, records)
 
     def program(self, instance, values: Mapping[str, int], threads: int | None = None):
         """The compiled program of `instance` (the module at `values`, folded)."""
+        from tilekit.ir.payloads import CodegenSection
         from tilekit.runtime.compiled import CpuProgram
 
         generated = self._generated(instance)
-        from tilekit.ir.payloads import CodegenSection
         records = CodegenSection.read(generated.module.codegen).kernels
         return CpuProgram(generated.module, threads,
                           unit=self.unit(generated.kernels, records, values))
 
 
-__all__ = ["CompiledFamily", "MISSES", "SAMPLES", "TRIES"]
+def _digest(structure) -> str:
+    """A structure's digest (its nodes' reprs are deterministic: frozen dataclasses)."""
+    return hashlib.sha256(repr(structure).encode()).hexdigest()
+
+
+__all__ = ["CompiledFamily", "MISSES", "SAMPLES", "SAMPLE_BYTES", "SAMPLE_SLACK", "TRIES"]
