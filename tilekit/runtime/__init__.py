@@ -82,8 +82,10 @@ def backend(module: Module, device: str = "cpu", mode: str | None = None,
         else:
             compiled = CpuProgram(with_cpu_code(module, profile), threads)
         from tilekit.runtime.bench import cpu_model
+        # (a build shared by the sizes of one structure: tilekit.runtime.family)
+        shared = "" if compiled.sizes is None else ", sizes read at run time"
         return Backend("cpu", f"cpu ({cpu_model()}, {compiled.threads} "
-                       f"thread{'s' if compiled.threads != 1 else ''}), compiled",
+                       f"thread{'s' if compiled.threads != 1 else ''}), compiled{shared}",
                        compiled.run, trace=lambda i, w: (compiled.run(i, w),
                                                          compiled.tensors())[1],
                        profile=compiled.profile)
