@@ -149,3 +149,80 @@ def test_one_symbolic_import_against_an_import_per_size(model, tmp_path, monkeyp
                   f"run: the two programs alternating, {RUNS} runs each, median",
            threads=THREADS)
 
+
+
+#: The cache lengths of the decode bench: one new token per step.
+DECODE_STEPS = tuple(range(33, 65))
+
+
+def test_decode_steps_against_a_build_per_step(tmp_path, monkeypatch):
+    """Token-by-token decoding over a growing key/value cache (tests/models' `kv_cache_step`,
+    hidden 64): the symbolic module run through its `CompiledFamily` (builds shared by the
+    steps of one structure) against a module imported and built for each step; the compile
+    cost of all the steps on both paths, and the run time of every eighth step."""
+    import onnx
+
+    import tilekit
+    from models.onnx_models import kv_cache_step
+    from tilekit.ir.dims import instantiate
+    from tilekit.runtime.family import CompiledFamily
+    from tilekit.runtime.fold import fold_constants
+
+    path = tmp_path / "kv.onnx"
+    onnx.save(kv_cache_step(hidden=64), str(path))
+    symbolic_clock, specialised_clock = _Clock(), _Clock()
+    monkeypatch.setenv("TILEKIT_CACHE", str(tmp_path / "symbolic"))
+    with symbolic_clock:
+        symbolic = tilekit.compile(path, [])
+        family = CompiledFamily(symbolic.module, symbolic.weights)
+    programs = {}
+    for past in DECODE_STEPS:
+        values = {"seq": 1, "past": past}
+        with symbolic_clock:
+            instance, weights = fold_constants(instantiate(symbolic.module, values),
+                                               symbolic.weights)
+            programs[past] = [(family.program(instance, values, THREADS), weights)]
+    monkeypatch.setenv("TILEKIT_CACHE", str(tmp_path / "specialised"))
+    for past in DECODE_STEPS:
+        with specialised_clock:
+            one = tilekit.compile(path, [], dims={"seq": 1, "past": past})
+            programs[past].append(_program(one.module, one.weights))
+    rows = {}
+    for past in DECODE_STEPS[::8]:
+        rng = np.random.default_rng(past)
+        feeds = {"x": rng.standard_normal((1, 1, 64)).astype(np.float32),
+                 "past_k": rng.standard_normal((1, past, 64)).astype(np.float32),
+                 "past_v": rng.standard_normal((1, past, 64)).astype(np.float32)}
+        (sym, sym_w), (spec, spec_w) = programs[past]
+        a, b = sym.run(feeds, sym_w), spec.run(feeds, spec_w)
+        np.testing.assert_allclose(a["y"], b["y"], rtol=1e-5, atol=1e-6)
+        times: dict[str, list[float]] = {"symbolic": [], "specialised": []}
+        for _ in range(RUNS):
+            for key, (prog, w) in (("symbolic", (sym, sym_w)), ("specialised", (spec, spec_w))):
+                t0 = time.perf_counter()
+                prog.run(feeds, w)
+                times[key].append(time.perf_counter() - t0)
+        ms = {k: round(statistics.median(v) * 1e3, 4) for k, v in times.items()}
+        rows[str(past)] = {"symbolic_ms": ms["symbolic"], "specialised_ms": ms["specialised"],
+                           "ratio": round(ms["symbolic"] / ms["specialised"], 3)}
+    row = {
+        "model": "kv_cache_step (hidden 64), decode", "sizes": {
+            "seq": 1, "past": [DECODE_STEPS[0], DECODE_STEPS[-1]]},
+        "compile": {
+            "symbolic": {"wall_s": round(symbolic_clock.wall, 2),
+                         "cpu_s": round(symbolic_clock.cpu, 2), "builds": family.builds},
+            "specialised": {"wall_s": round(specialised_clock.wall, 2),
+                            "cpu_s": round(specialised_clock.cpu, 2),
+                            "builds": len(DECODE_STEPS)},
+        },
+        "run": rows,
+    }
+    print(f"\ndecode, {len(DECODE_STEPS)} steps: compile symbolic "
+          f"{row['compile']['symbolic']['wall_s']} s ({family.builds} builds), specialised "
+          f"{row['compile']['specialised']['wall_s']} s; run symbolic/specialised "
+          + ", ".join(f"past {s}: {r['ratio']}" for s, r in rows.items()))
+    record(row, RESULTS, "make bench (tests/bench/test_dynamic_bench.py)",
+           method="in one process; compile: import + generate + g++ from an empty cache "
+                  "(symbolic: builds shared by sizes of one structure); "
+                  f"run: the two programs alternating, {RUNS} runs each, median",
+           threads=THREADS)

@@ -15,6 +15,7 @@ import yaml
 from clirun import run_in
 from onnx import TensorProto, helper, numpy_helper
 
+from models.onnx_models import kv_cache_step
 from tilekit.cli import tk_codegen, tk_import, tk_roll, tk_run, tk_weld
 from tilekit.errors import TilekitError
 
@@ -242,45 +243,7 @@ def test_compile_takes_sizes_for_the_passes(imported):
 
 
 def _kv_cache_model(path: Path) -> None:
-    """One attention head over a key/value cache: x[1, seq, 8] and the cache past_k, past_v
-    [1, past, 8] -> k, v = the cache with this step's keys and values appended [1, past+seq,
-    8]; position i of the step sees the cache and the step's positions up to its own (a mask
-    from Range over past+seq against past + Range over seq); y = softmax(q k^T / sqrt 8) v."""
-    rng = np.random.default_rng(1)
-    inits = [numpy_helper.from_array(rng.standard_normal((8, 8)).astype(np.float32), n)
-             for n in ("wq", "wk", "wv")]
-    inits += [numpy_helper.from_array(np.array(v, dtype), n) for n, v, dtype in
-              (("zero", 0, np.int64), ("one", 1, np.int64), ("i1", [1], np.int64),
-               ("scale", 8 ** -0.5, np.float32), ("ninf", -1e9, np.float32),
-               ("ax0", [0], np.int64), ("ax1", [1], np.int64))]
-    n = helper.make_node
-    nodes = [
-        n("MatMul", ["x", "wq"], ["q"]), n("MatMul", ["x", "wk"], ["k_new"]),
-        n("MatMul", ["x", "wv"], ["v_new"]),
-        n("Concat", ["past_k", "k_new"], ["k"], axis=1),
-        n("Concat", ["past_v", "v_new"], ["v"], axis=1),
-        n("Transpose", ["k"], ["kt"], perm=[0, 2, 1]),
-        n("MatMul", ["q", "kt"], ["raw"]), n("Mul", ["raw", "scale"], ["scores"]),
-        n("Shape", ["past_k"], ["pshape"]), n("Gather", ["pshape", "i1"], ["p1"], axis=0),
-        n("Shape", ["x"], ["xshape"]), n("Gather", ["xshape", "i1"], ["s1"], axis=0),
-        n("Squeeze", ["p1"], ["p"]), n("Squeeze", ["s1"], ["s"]), n("Add", ["p", "s"], ["t"]),
-        n("Range", ["zero", "t", "one"], ["cols"]),
-        n("Range", ["zero", "s", "one"], ["steps"]), n("Add", ["steps", "p"], ["rows"]),
-        n("Unsqueeze", ["rows", "ax1"], ["rows_col"]),
-        n("Unsqueeze", ["cols", "ax0"], ["cols_row"]),
-        n("LessOrEqual", ["cols_row", "rows_col"], ["seen"]),
-        n("Where", ["seen", "scores", "ninf"], ["masked"]),
-        n("Softmax", ["masked"], ["attn"], axis=-1), n("MatMul", ["attn", "v"], ["y"]),
-    ]
-    vi = helper.make_tensor_value_info
-    graph = helper.make_graph(
-        nodes, "kv", [vi("x", TensorProto.FLOAT, [1, "seq", 8]),
-                      vi("past_k", TensorProto.FLOAT, [1, "past", 8]),
-                      vi("past_v", TensorProto.FLOAT, [1, "past", 8])],
-        [vi("y", TensorProto.FLOAT, [1, "seq", 8]), vi("k", TensorProto.FLOAT, None),
-         vi("v", TensorProto.FLOAT, None)], inits)
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]),
-              str(path))
+    onnx.save(kv_cache_step(), str(path))
 
 
 def test_a_key_value_cache_decodes_and_prefills_from_one_import(tmp_path):
@@ -388,3 +351,20 @@ def test_a_later_process_finds_the_templates(tmp_path, monkeypatch):
     b, feeds, weights, expected = _kv_run(compiled, second, 1, 41)
     assert second.builds == 0 and b.lib._name == a.lib._name
     np.testing.assert_allclose(b.run(feeds, weights)["y"], expected["y"], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("content", ["not json", '{"a": 1}', '[1, ["x", [5], [1]], '
+                                     '["d", [0, 0], [1, 2]], ["d", [1], [1, "2"]], '
+                                     '["good", [1], [3, 4]]]'])
+def test_a_damaged_template_store_is_left_out(tmp_path, monkeypatch, content):
+    """A cache file of another form is not trusted: its records of another form are left
+    out (they cost a template's samples later, nothing else)."""
+    from tilekit.runtime.family import CompiledFamily
+
+    monkeypatch.setenv("TILEKIT_CACHE", str(tmp_path / "cache"))
+    compiled, _ = _kv_family(tmp_path)
+    family = CompiledFamily(compiled.module, compiled.weights)
+    family._store().parent.mkdir(parents=True, exist_ok=True)
+    family._store().write_text(content)
+    kept = family._stored_templates()
+    assert kept == ([["good", [1], [3, 4]]] if "good" in content else [])

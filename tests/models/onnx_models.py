@@ -9,7 +9,9 @@
 - `mlp_mixer_block`: token mixing through Transpose, channel mixing, LayerNormalization;
 - `lstm_model`: the ONNX LSTM op with biases and initial states;
 - `softmax_chain`, `layer_norm_chain` (the op, or `decomposed` as exporters write it) and
-  `mlp_epilogue` (MatMul, bias, erf GELU, residual): the memory-bound chains alone.
+  `mlp_epilogue` (MatMul, bias, erf GELU, residual): the memory-bound chains alone;
+- `kv_cache_step`: one attention head over a key/value cache of dynamic length (symbolic
+  `seq` and `past`), the decoder step of the dynamic-shape tests and bench.
 
 `with_batch(model, n)` rebuilds a batch-1 model (the bundled light_* ones) at batch `n`.
 """
@@ -275,6 +277,48 @@ def mlp_epilogue(tokens: int = 6, d_in: int = 8, d_out: int = 12, seed: int = 7
 ALL = {"bert_encoder_layer": bert_encoder_layer, "gpt_block": gpt_block,
        "mobilenet_block": mobilenet_block, "mlp_mixer_block": mlp_mixer_block,
        "lstm_model": lstm_model}
+
+
+def kv_cache_step(hidden: int = 8, seed: int = 1) -> onnx.ModelProto:
+    """One attention head over a key/value cache: x[1, seq, hidden] and the cache past_k,
+    past_v [1, past, hidden] -> k, v = the cache with this step's keys and values appended
+    [1, past+seq, hidden]; position i of the step sees the cache and the step's positions up
+    to its own (a mask from Range over past+seq against past + Range over seq);
+    y = softmax(q k^T / sqrt hidden) v."""
+    rng = np.random.default_rng(seed)
+    inits = [numpy_helper.from_array(rng.standard_normal((hidden, hidden)).astype(np.float32),
+                                     n) for n in ("wq", "wk", "wv")]
+    inits += [numpy_helper.from_array(np.array(v, dtype), n) for n, v, dtype in
+              (("zero", 0, np.int64), ("one", 1, np.int64), ("i1", [1], np.int64),
+               ("scale", hidden ** -0.5, np.float32), ("ninf", -1e9, np.float32),
+               ("ax0", [0], np.int64), ("ax1", [1], np.int64))]
+    n = helper.make_node
+    nodes = [
+        n("MatMul", ["x", "wq"], ["q"]), n("MatMul", ["x", "wk"], ["k_new"]),
+        n("MatMul", ["x", "wv"], ["v_new"]),
+        n("Concat", ["past_k", "k_new"], ["k"], axis=1),
+        n("Concat", ["past_v", "v_new"], ["v"], axis=1),
+        n("Transpose", ["k"], ["kt"], perm=[0, 2, 1]),
+        n("MatMul", ["q", "kt"], ["raw"]), n("Mul", ["raw", "scale"], ["scores"]),
+        n("Shape", ["past_k"], ["pshape"]), n("Gather", ["pshape", "i1"], ["p1"], axis=0),
+        n("Shape", ["x"], ["xshape"]), n("Gather", ["xshape", "i1"], ["s1"], axis=0),
+        n("Squeeze", ["p1"], ["p"]), n("Squeeze", ["s1"], ["s"]), n("Add", ["p", "s"], ["t"]),
+        n("Range", ["zero", "t", "one"], ["cols"]),
+        n("Range", ["zero", "s", "one"], ["steps"]), n("Add", ["steps", "p"], ["rows"]),
+        n("Unsqueeze", ["rows", "ax1"], ["rows_col"]),
+        n("Unsqueeze", ["cols", "ax0"], ["cols_row"]),
+        n("LessOrEqual", ["cols_row", "rows_col"], ["seen"]),
+        n("Where", ["seen", "scores", "ninf"], ["masked"]),
+        n("Softmax", ["masked"], ["attn"], axis=-1), n("MatMul", ["attn", "v"], ["y"]),
+    ]
+    vi = helper.make_tensor_value_info
+    graph = helper.make_graph(
+        nodes, "kv", [vi("x", FLOAT, [1, "seq", hidden]),
+                      vi("past_k", FLOAT, [1, "past", hidden]),
+                      vi("past_v", FLOAT, [1, "past", hidden])],
+        [vi("y", FLOAT, [1, "seq", hidden]), vi("k", FLOAT, None), vi("v", FLOAT, None)],
+        inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
 def with_batch(model: onnx.ModelProto, batch: int) -> onnx.ModelProto:

@@ -71,9 +71,12 @@ class CompiledFamily:
         constants)."""
         if self._stored is None:
             try:
-                self._stored = json.loads(self._store().read_text())
+                records = json.loads(self._store().read_text())
             except (OSError, ValueError):
-                self._stored = []
+                records = []
+            # a cache file is not trusted: a record of another form is left out
+            self._stored = [r for r in records if _well_formed(r)] \
+                if isinstance(records, list) else []
         return self._stored
 
     def _keep(self, t) -> None:
@@ -190,6 +193,17 @@ class CompiledFamily:
         records = CodegenSection.read(generated.module.codegen).kernels
         return CpuProgram(generated.module, threads,
                           unit=self.unit(generated.kernels, records, values))
+
+
+def _well_formed(record) -> bool:
+    """[digest, holes, constants]: holes ascending positions of the constants."""
+    if not (isinstance(record, list) and len(record) == 3 and isinstance(record[0], str)
+            and isinstance(record[1], list) and isinstance(record[2], list)):
+        return False
+    holes, constants = record[1], record[2]
+    return (all(type(h) is int and 0 <= h < len(constants) for h in holes)
+            and holes == sorted(set(holes))
+            and all(type(c) in (int, float) for c in constants))
 
 
 def _digest(structure) -> str:
