@@ -160,6 +160,11 @@ class _PlanSegment:
             self.fallback(buffers)
 
 
+#: Per loaded library whose sizes are parameters, the size tables it holds (the program's
+#: `sizes` that set them last).
+_TABLES_SET: dict[str, Any] = {}
+
+
 class CpuProgram:
     """A module's compiled CPU kernels loaded in this process, with their buffers."""
 
@@ -359,9 +364,11 @@ class CpuProgram:
         return out
 
     def _set_sizes(self) -> None:
-        """A template's size tables at this program's sizes (see `__init__`)."""
-        if self.sizes is not None:
+        """A template's size tables at this program's sizes (see `__init__`), unless this
+        program set them last (a ctypes call is a few microseconds of a decode step)."""
+        if self.sizes is not None and _TABLES_SET.get(self.lib._name) is not self.sizes:
             self.lib.tk_set_sizes(self.sizes[0].ctypes.data, self.sizes[1].ctypes.data)
+            _TABLES_SET[self.lib._name] = self.sizes
 
     def _point(self, name: str, array: np.ndarray) -> None:
         """The argument table's entries for buffer `name` at `array`."""
