@@ -50,7 +50,7 @@ def agreement_problems(module, result) -> list[str]:
             got["staged"] = [{"tensor": b["tensor"], "box": b["box"]}
                              for b in g.schedule["smem_buffers"]]
             got["step"] = list(g.schedule["step"].values())
-        if g.shape in ("mma", "wgmma"):
+        if g.shape in ("mma", "wgmma", "simt"):
             got[g.shape] = g.schedule[g.shape]
         if g.shape == "default" and g.schedule.get("lanes", 1) > 1:
             got["lanes"] = g.schedule["lanes"]

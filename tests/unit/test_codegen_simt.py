@@ -1,0 +1,252 @@
+"""fp32 contractions on CUDA cores as the SIMT GEMM (`simt`), checked without a GPU.
+
+The generated kernels run in the CPU emulation (host_emul.h: threads as fibers, real
+barriers) on sampled blocks against a float64 reference: square, ragged M/N/K, batched and
+transposed operands, a fused chain, the scalar fallback; the tile interpreter counts fully
+coalesced global accesses and conflict-free shared ones for the aligned kernels; a wrong
+fragment index fails; nvcc builds them for sm_80 and sm_90 without spills or local memory
+(`TILEKIT_ALL_ARCHS=1`: more tiles); tk-roll prices and picks the shape.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from tilekit.codegen import generate
+from tilekit.codegen.emulate import emulate
+from tilekit.codegen.report import _memory, program_report
+from tilekit.hw import load_profile
+from tilekit.ir import Kernel, Module, Op, Tensor
+from tilekit.ir.payloads import CodegenSection, Tile
+from tilekit.roll.schedule import roll_module
+from tilekit.schedule.shape import analysis_facts, decide
+from tilekit.schedule.simt import simt_plan
+from tilekit.tile.interp import interpret
+
+H100 = load_profile("h100")
+RNG = np.random.default_rng(11)
+ALL = os.environ.get("TILEKIT_ALL_ARCHS") == "1"
+#: fp32 products summed in fp32 against float64: a few ulps times sqrt(K)
+TOLERANCE = 1e-5
+
+
+def tile(bm=64, bn=128, tm=8, tn=8, bk=8, batch=False) -> dict:
+    out = {"block": {"i": bm, "j": bn}, "thread": {"i": tm, "j": tn}, "step": {"k": bk}}
+    if batch:
+        for key in ("block", "thread"):
+            out[key] = {"z": 1, **out[key]}
+    return out
+
+
+def gemm(m: int, n: int, k: int, t: dict | None = None, a_mk: bool = True,
+         b_kn: bool = True, batch: int = 0, chain: bool = False) -> Module:
+    z = "z," if batch else ""
+    zs = (batch,) if batch else ()
+    a = f"a[{z}i,k]" if a_mk else f"a[{z}k,i]"
+    b = f"b[{z}k,j]" if b_kn else f"b[{z}j,k]"
+    tensors = {"a": Tensor(zs + ((m, k) if a_mk else (k, m)), "float32", "input"),
+               "b": Tensor(zs + ((k, n) if b_kn else (n, k)), "float32", "input"),
+               "c": Tensor(zs + (m, n), "float32", "output")}
+    ops = [Op("mm", f"c[{z}i,j] += {a} * {b}", tile=t or tile(batch=bool(batch)))]
+    inputs, outputs = ("a", "b"), ("c",)
+    if chain:   # bias + ReLU in the epilogue
+        tensors["c"] = Tensor(zs + (m, n), "float32", "intermediate")
+        tensors["bias"] = Tensor((n,), "float32", "input")
+        tensors["y"] = Tensor(zs + (m, n), "float32", "output")
+        ops.append(Op("act", f"y[{z}i,j] = max(c[{z}i,j] + bias[j], 0.0)"))
+        inputs, outputs = ("a", "b", "bias"), ("y",)
+    kernels = (Kernel("k0", ("mm", "act")),) if chain else ()
+    return Module(model="simt", tensors=tensors, ops=tuple(ops), inputs=inputs,
+                  outputs=outputs, kernels=kernels, stages=({"name": "import"},))
+
+
+def values(module: Module) -> dict[str, np.ndarray]:
+    return {n: RNG.standard_normal(module.tensors[n].shape).astype(np.float32)
+            for n in module.inputs}
+
+
+def reference(module: Module, v: dict, a_mk: bool, b_kn: bool) -> np.ndarray:
+    a = v["a"].astype(np.float64)
+    b = v["b"].astype(np.float64)
+    a = a if a_mk else np.swapaxes(a, -1, -2)
+    b = b if b_kn else np.swapaxes(b, -1, -2)
+    out = a @ b
+    if "bias" in v:
+        out = np.maximum(out + v["bias"].astype(np.float64), 0.0)
+    return out
+
+
+def rel_err(got, want) -> float:
+    return float(np.linalg.norm(got - want) / np.linalg.norm(want))
+
+
+def simt_kernel(module: Module):
+    result = generate(module, H100)
+    (g,) = result.kernels
+    assert g.shape == "simt", (g.shape, g.schedule)
+    return result, g
+
+
+CASES = {
+    "square": dict(m=128, n=128, k=64, t=tile(128, 128, 8, 8, 8)),
+    "ragged": dict(m=100, n=72, k=44, t=tile(64, 64, 4, 4, 16)),         # 16-byte loads kept
+    "a_transposed": dict(m=96, n=160, k=40, t=tile(64, 128, 8, 8, 8), a_mk=False),
+    "b_transposed": dict(m=96, n=160, k=40, t=tile(64, 128, 8, 8, 8), b_kn=False),
+    "both_transposed_ragged": dict(m=70, n=90, k=37, t=tile(64, 64, 8, 4, 16), a_mk=False,
+                                   b_kn=False),                      # scalar fallback
+    "batched": dict(m=40, n=48, k=24, t=tile(32, 32, 4, 4, 8, batch=True), batch=3),
+    "chain": dict(m=64, n=96, k=32, t=tile(64, 64, 8, 8, 32), chain=True),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_simt_gemm_equals_the_reference(case):
+    kw = dict(CASES[case])
+    a_mk, b_kn = kw.get("a_mk", True), kw.get("b_kn", True)
+    module = gemm(**kw)
+    result, g = simt_kernel(module)
+    v = values(module)
+    got = emulate(result.module, v, {})[module.outputs[0]]
+    assert rel_err(got, reference(module, v, a_mk, b_kn)) < TOLERANCE
+
+
+def test_the_scalar_fallback_guards_rows_that_are_not_16_byte_units():
+    module = gemm(**CASES["both_transposed_ragged"])
+    _, g = simt_kernel(module)
+    assert g.schedule["simt"]["vector"] == []
+    assert "float4*>(&t_" not in g.source.replace("(&t_c", "")    # no 16-byte global loads
+    _, aligned = simt_kernel(gemm(**CASES["ragged"]))
+    assert aligned.schedule["simt"]["vector"] == ["a", "b"]
+
+
+@pytest.mark.parametrize("case", ["square", "a_transposed", "b_transposed", "batched",
+                                  "chain"])
+def test_the_counters_show_coalesced_and_conflict_free_accesses(case):
+    """Aligned kernels (rows whole 16-byte units): every global request reads whole
+    sectors, every shared request takes the fewest wavefronts (first and last block)."""
+    _, g = simt_kernel(gemm(**CASES[case]))
+    report = program_report(g.program)
+    assert report["bank_conflict_degree"] == 1.0, report.get("worst")
+    if case != "chain":
+        assert report["coalescing"] == 1.0, report.get("worst")
+        return
+    # the chain's own reads (the bias, point by point) are its own: the GEMM's are whole
+    counters = interpret(g.program, _memory(g.program), [0, g.program.grid - 1])
+    for site in counters.sites.values():
+        if site.scope == "global" and site.buffer != "t_bias":
+            assert site.sectors == site.ideal, site
+
+
+def test_unpadded_transposed_buffers_would_conflict():
+    """The 4-float row padding of a transposed operand is what keeps its stores apart."""
+    from tilekit.tile.nodes import Layout
+
+    _, g = simt_kernel(gemm(**CASES["square"]))
+    program = g.program
+    offset, shared = 0, []
+    for b in program.shared:
+        b = replace(b, layout=Layout(), offset=offset)
+        offset += b.aligned_bytes
+        shared.append(b)
+    unpadded = replace(program, shared=tuple(shared))
+    sites = interpret(unpadded, _memory(unpadded), [0]).sites.values()
+    stores = [s for s in sites if s.buffer == "s_a" and s.kind == "store"]
+    assert len(stores) == 8          # four scalar stores per chunk, before and in the loop
+    assert all(s.wavefronts == 2 * s.ideal_wavefronts for s in stores)   # 2-way conflicts
+
+
+def test_a_wrong_fragment_index_fails_the_emulation():
+    """B's second sub-tile read 64 columns too early (the first one twice) gives wrong
+    numbers: the emulation is strict enough to catch fragment indexing."""
+    module = gemm(**CASES["square"])
+    result, g = simt_kernel(module)
+    section = CodegenSection.read(result.module.codegen)
+    (k,) = section.kernels
+    good = "128 * kk + t_n * 4 + 64]"
+    assert good in k.source
+    broken = k.source.replace(good, "128 * kk + t_n * 4]")
+    bad = replace(result.module, codegen=replace(section, kernels=(replace(k, source=broken),))
+                  .record())
+    v = values(module)
+    want = reference(module, v, True, True)
+    assert rel_err(emulate(bad, v, {})["c"], want) > 0.1
+    assert rel_err(emulate(result.module, v, {})["c"], want) < TOLERANCE
+
+
+def test_one_barrier_per_step_and_the_next_step_loaded_ahead():
+    _, g = simt_kernel(gemm(**CASES["square"]))
+    loop = g.source[g.source.index("for (int s = 0;"):]
+    loop = loop[:loop.index("\n  }\n")]
+    assert loop.count("__syncthreads()") == 1
+    # the next step's loads come before this step's fragments, its stores after them
+    assert loop.index("(s + 1) * 8") < loop.index("f_a[0]") < loop.index("(s + 1) & 1")
+
+
+def test_plan_refusals_keep_the_staged_shape():
+    """Convolutions (gathered windows), thread tiles other than 4/8, too few thread columns
+    and non-float32 operands are refused with a reason; the decision then stages."""
+    c = Module(model="conv", tensors={
+        "x": Tensor((1, 32, 14, 14), "float32", "input"),
+        "w": Tensor((64, 32, 3, 3), "float32", "input"),
+        "y": Tensor((1, 64, 14, 14), "float32", "output")},
+        ops=(Op("conv", "y[n,f,h,w] += x[n,c,h+kh-1,w+kw-1] * w[f,c,kh,kw]", pad="0",
+                tile={"block": {"n": 1, "f": 64, "h": 4, "w": 16},
+                      "thread": {"n": 1, "f": 8, "h": 1, "w": 4},
+                      "step": {"c": 8, "kh": 3, "kw": 3}}),),
+        inputs=("x", "w"), outputs=("y",), stages=({"name": "import"},))
+    assert generate(c, H100).kernels[0].shape == "staged"
+    module = gemm(128, 128, 64)
+    from tilekit.ir.graph import op_analysis
+    facts = analysis_facts(op_analysis(module, 0), {n: t.dtype for n, t in
+                                                    module.tensors.items()})
+    c_ = facts.contraction
+    shape_of = lambda i: facts.reads[i].shape                      # noqa: E731
+    spatial, reduction = facts.spatial, facts.reduction
+    assert "4 or 8" in simt_plan(c_, spatial, reduction, (64, 64), (2, 2), (8,), 49152, shape_of)
+    assert "thread columns" in simt_plan(c_, spatial, reduction, (64, 32), (4, 8), (8,), 49152,
+                                         shape_of)
+    assert "step 64" in simt_plan(c_, spatial, reduction, (64, 64), (4, 4), (64,), 49152,
+                                  shape_of)
+    assert decide(facts, Tile((64, 64), (2, 2), (8,)), 49152).shape == "staged"
+    assert decide(facts, Tile((64, 64), (4, 4), (8,)), 49152).shape == "simt"
+    half = replace(c_, dtype="float16")
+    assert "float16" in simt_plan(half, spatial, reduction, (64, 64), (4, 4), (8,), 49152,
+                                  shape_of)
+
+
+def test_roll_prices_and_picks_the_simt_gemm():
+    fp32 = gemm(1024, 1024, 1024, t=None)
+    fp32 = replace(fp32, ops=(replace(fp32.ops[0], tile=None),))
+    rolled = roll_module(fp32, H100)
+    kernel = rolled.ops[0].tile["kernel"]
+    assert kernel["shape"] == "simt", kernel
+    g = generate(rolled, H100).kernels[0]
+    assert g.shape == "simt" and g.smem_planned == kernel["smem_bytes"]
+    # with tf32 asked for, tensor cores come first
+    tf32 = roll_module(fp32, H100, precision="tf32")
+    assert tf32.ops[0].tile["kernel"]["shape"] == "mma"
+
+
+NVCC_TILES = [tile(128, 128, 8, 8, 8), tile(64, 128, 8, 8, 32)] + (
+    [tile(128, 128, 8, 8, 16), tile(64, 64, 4, 4, 8), tile(128, 64, 8, 4, 16),
+     tile(32, 64, 4, 4, 32)] if ALL else [])
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_simt_kernels_compile_without_spills_or_local_memory(arch):
+    from tilekit.codegen import compile_module
+    for t in NVCC_TILES:
+        for a_mk in ((True, False) if ALL else (True,)):
+            result = generate(gemm(1024, 1024, 1024, t=t, a_mk=a_mk), H100)
+            assert result.kernels[0].shape == "simt"
+            report = compile_module(result, arch, H100)
+            assert not report.problems, report.problems
+            res = report.module.codegen["kernels"][0]["resources"]
+            assert res["spill_stores"] == 0 and res["spill_loads"] == 0, (t, res)
+            assert res["stack"] == 0 and res["registers"] <= 255, (t, res)
