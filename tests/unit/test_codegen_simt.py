@@ -250,3 +250,19 @@ def test_simt_kernels_compile_without_spills_or_local_memory(arch):
             res = report.module.codegen["kernels"][0]["resources"]
             assert res["spill_stores"] == 0 and res["spill_loads"] == 0, (t, res)
             assert res["stack"] == 0 and res["registers"] <= 255, (t, res)
+
+
+@pytest.mark.parametrize("nth", [0, 1])
+def test_emulation_catches_a_missing_barrier(nth):
+    """Without the barrier before the loop (0) or the one per step (1), threads read buffers
+    others have not written yet or overwrite ones still read: wrong numbers (the emulation
+    runs threads in a pseudo-random order between barriers)."""
+    from test_codegen_emulate import without_barrier
+
+    module = gemm(**CASES["square"])
+    result, g = simt_kernel(module)
+    record = dict(result.module.codegen["kernels"][0])
+    record["source"] = without_barrier(g, nth)
+    broken = replace(result.module, codegen={**result.module.codegen, "kernels": [record]})
+    v = values(module)
+    assert rel_err(emulate(broken, v, {})["c"], reference(module, v, True, True)) > 1e-3
