@@ -5,10 +5,12 @@ For a block tile of `BM x BN` outputs, `TM x TN` per thread, `BK` reduction poin
 
 1. **Global loads, a step ahead.** Per step each operand's `BM x BK` (`BN x BK`) tile is
    `BM x BK / 4` chunks of four elements along the tensor's contiguous dimension; thread `t`
-   loads chunks `t, t + T, ...` into registers: one 16-byte load each where the plan proves
-   the rows whole 16-byte units (`vector`), else four scalar loads, each guarded; chunks
-   outside the tensor (ragged M, N, K) load zeros. A K-contiguous operand's chunks go two to
-   a row, then the next row, so a warp request reads whole 32-byte sectors.
+   loads chunks `t, t + T, ...` into registers, one 16-byte load each, where the plan proves
+   the rows whole 16-byte units (`vector`); a K-contiguous operand's chunks go two to a row,
+   then the next row, so a warp request reads whole 32-byte sectors. Otherwise thread `t`
+   loads elements `t, t + T, ...`, each guarded, consecutive lanes along the contiguous
+   dimension (8 k of a row at a time for a K-contiguous operand). Whatever lies outside the
+   tensor (ragged M, N, K) loads as zero.
 2. **Shared memory, two buffers per operand**, both K-major (`[k][m]`, `[k][n]`): an
    M/N-contiguous chunk is one 16-byte store; a K-contiguous one is transposed, four scalar
    stores into rows padded by 4 floats (conflict-free: tilekit.schedule.simt).
@@ -160,34 +162,71 @@ def _each_chunk(b: Builder, ctx: _Context, which: str, tid: Var):
 
 def _load_chunks(b: Builder, ctx: _Context, which: str, tid: Var, step: Expr, regs: Buffer
                  ) -> None:
-    """The thread's chunks of step `step` of an operand into its registers."""
+    """The thread's chunks (or elements) of step `step` of an operand into its registers."""
     op, read = ctx.ops[which]
     sp = ctx.sp
-    vector = sp.a_vector if which == "a" else sp.b_vector
     (mn_axis,) = op.mn_axes
-    stack, it, f = _each_chunk(b, ctx, which, tid)
-    with stack:
-        mn, k = _chunk(b, ctx, which, f)
+
+    def at(mn: Expr, k: Expr) -> dict[str, Expr]:
         code = {mn_axis: ctx.origins[mn_axis] + tx.cast(ctx.idx_t, mn),
                 ctx.k_axis: tx.cast(ctx.idx_t, step * sp.bk + k)}
         code.update({a: ctx.origins[a] for a in sp.contraction.batch_axes})
-        inner = ctx.k_axis if op.k_inner else mn_axis
-        if vector:
-            ok = tx.and_(*_bounds(ctx, code, op))
-            value = tx.select(ok, Load(tvar(read.tensor), (flat_offset(read, code, {}),),
-                                       "float4", 4), Const(0.0, "float4"))
-            b.store(regs, (it, 0), value, lanes=4)
-            return
-        for e in range(4):
-            at = dict(code, **{inner: code[inner] + e})
-            ok = tx.and_(*_bounds(ctx, at, op))
-            b.store(regs, (it, e), tx.select(
-                ok, Load(tvar(read.tensor), (flat_offset(read, at, {}),), "float32"),
-                tx.const(0.0)))
+        return code
+
+    if not _vector(sp, which):
+        for stack, slot, g in _each_element(b, ctx, which, tid):
+            with stack:
+                code = at(*_element(b, ctx, which, g))
+                ok = tx.and_(*_bounds(ctx, code, op))
+                b.store(regs, slot, tx.select(
+                    ok, Load(tvar(read.tensor), (flat_offset(read, code, {}),), "float32"),
+                    tx.const(0.0)))
+        return
+    stack, it, f = _each_chunk(b, ctx, which, tid)
+    with stack:
+        code = at(*_chunk(b, ctx, which, f))
+        ok = tx.and_(*_bounds(ctx, code, op))
+        value = tx.select(ok, Load(tvar(read.tensor), (flat_offset(read, code, {}),),
+                                   "float4", 4), Const(0.0, "float4"))
+        b.store(regs, (it, 0), value, lanes=4)
+
+
+def _vector(sp: SimtPlan, which: str) -> bool:
+    return sp.a_vector if which == "a" else sp.b_vector
+
+
+def _each_element(b: Builder, ctx: _Context, which: str, tid: Var):
+    """Without 16-byte loads: the thread's elements `tid + n * threads` (n < 4 x loads), each
+    with its register slot and a guard past the tile's end."""
+    op, _ = ctx.ops[which]
+    sp = ctx.sp
+    total = 4 * sp.chunks(op)
+    for n in range(4 * sp.loads_per_thread(op)):
+        stack = ExitStack()
+        g = b.let(f"{which}_g_", tid + n * sp.threads)
+        if (n + 1) * sp.threads > total:
+            stack.enter_context(b.if_(tx.lt(g, total)))
+        yield stack, (tx.const(n // 4), tx.const(n % 4)), g
+
+
+def _element(b: Builder, ctx: _Context, which: str, g: Expr) -> tuple[Expr, Expr]:
+    """Element `g`'s (mn, k) in the operand's step tile, consecutive lanes along the tensor's
+    contiguous dimension: for a K-contiguous operand 8 k of a row (one sector's worth; a
+    warp's transposing stores then take 32 banks: 8 k apart by 4 banks, 4 rows), then the
+    next row, then the next 8 k; else along MN, then K."""
+    op, _ = ctx.ops[which]
+    sp = ctx.sp
+    mn = sp.extent(op)
+    if op.k_inner:
+        w = min(8, sp.bk)
+        return (b.let(f"{which}_mn_", tx.mod(tx.div(g, w), mn)),
+                b.let(f"{which}_k_", tx.div(g, w * mn) * w + tx.mod(g, w)))
+    return b.let(f"{which}_mn_", tx.mod(g, mn)), b.let(f"{which}_k_", tx.div(g, mn))
 
 
 def _bounds(ctx: _Context, code: dict[str, Expr], op: Operand) -> list[Expr]:
-    """`axis < extent` on the axes whose tiles or steps overhang the tensor."""
+    """`axis < extent` on the axes whose tiles or steps overhang the tensor (for a chunk: at
+    its first element, the chunk being wholly in or out)."""
     out = []
     (mn_axis,) = op.mn_axes
     size = ctx.sp.bm if op is ctx.sp.contraction.a else ctx.sp.bn
@@ -204,6 +243,12 @@ def _store_chunks(b: Builder, ctx: _Context, which: str, tid: Var, buf: Expr, re
     K-contiguous)."""
     op, _ = ctx.ops[which]
     s_buf = ctx.bufs[which]
+    if not _vector(ctx.sp, which):
+        for stack, slot, g in _each_element(b, ctx, which, tid):
+            with stack:
+                mn, k = _element(b, ctx, which, g)
+                b.store(s_buf, (buf, k, mn), Load(regs.name, slot, "float32"))
+        return
     stack, it, f = _each_chunk(b, ctx, which, tid)
     with stack:
         mn, k = _chunk(b, ctx, which, f)

@@ -21,9 +21,9 @@ thread and `BK` reduction points per step, as:
   multiple of 8;
 - **global loads**: per step each thread loads `BM x BK / 4 / threads` chunks of 4 elements
   of A (and of B), 16-byte vector loads when the tensor's rows are whole 16-byte units
-  (`vector`), else four guarded scalar loads; chunks are assigned so that a warp request
-  reads whole 32-byte sectors (for a K-contiguous operand: two chunks of one row, then the
-  next row);
+  (`vector`), else element by element, guarded (at most `MAX_SCALAR_LOADS` per thread);
+  chunks are assigned so that a warp request reads whole 32-byte sectors (for a
+  K-contiguous operand: two chunks of one row, then the next row);
 - **pipeline**: the next step's chunks are loaded into registers while the current step
   computes from the other buffer; stored after the compute, then one barrier per step.
 
@@ -48,6 +48,10 @@ MIN_THREADS, MAX_THREADS = 32, 512
 #: Thread columns (along N) per warp row must fill the 8 lanes of a 16-byte shared access.
 PHASE = 8
 ITEM = 4
+#: Elements per thread and step an operand without 16-byte loads may take: each is a load of
+#: its own address and guard (ptxas 13.0, sm_90: 64x128x32 with both operands scalar, 32
+#: elements of B per thread, spilled 8 bytes at 255 registers; 16 stayed under 240).
+MAX_SCALAR_LOADS = 16
 
 
 @dataclass(frozen=True)
@@ -147,6 +151,10 @@ def simt_plan(c: Contraction, spatial, reduction, block, thread, step, smem_limi
     if bm < 32 or bn < 32:
         return "a block extent under 32"
     plan = SimtPlan(c, bm, bn, bk, tm, tn, _vector(c.a, shape_of), _vector(c.b, shape_of))
+    for op, vector in ((c.a, plan.a_vector), (c.b, plan.b_vector)):
+        if not vector and 4 * plan.loads_per_thread(op) > MAX_SCALAR_LOADS:
+            return (f"{4 * plan.loads_per_thread(op)} scalar loads per thread and step (rows "
+                    f"not 16-byte units): at most {MAX_SCALAR_LOADS}")
     if plan.smem_bytes > smem_limit:
         return f"{plan.smem_bytes} bytes of shared memory > {smem_limit}"
     return plan
@@ -159,4 +167,4 @@ def _vector(op: Operand, shape_of) -> bool:
     return shape_of(op.index)[-1] % 4 == 0
 
 
-__all__ = ["STEPS", "SimtPlan", "THREAD_SIZES", "TRANSPOSED_PAD", "simt_plan"]
+__all__ = ["MAX_SCALAR_LOADS", "STEPS", "SimtPlan", "THREAD_SIZES", "TRANSPOSED_PAD", "simt_plan"]
