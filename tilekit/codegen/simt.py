@@ -61,10 +61,11 @@ def simt_kernel(module, plan: GroupPlan, entry: str, decision: KernelShape, targ
     smem = SharedMemory()
     bufs = {}
     for which, (op, read) in ops.items():
+        layout = f"[k][{'m' if which == 'a' else 'n'}]" + (", transposed" if op.k_inner else "")
         bufs[which] = smem.carve(
             f"s_{which}", "float32", (2, sp.bk, sp.extent(op)),
-            f"{read.tensor}: 2 buffers of {sp.bk}x{sp.extent(op)} ([k][{'m' if which == 'a' else 'n'}]"
-            f"{', transposed' if op.k_inner else ''})", Layout(pad=sp.pad(op)))
+            f"{read.tensor}: 2 buffers of {sp.bk}x{sp.extent(op)} ({layout})",
+            Layout(pad=sp.pad(op)))
     b = Builder()
     origins = dict(zip(axes, block_origins(b, axes, extents, tile.block, idx_t)))
     k_axis, k_extent = p.reduction[0]
@@ -102,13 +103,13 @@ def simt_kernel(module, plan: GroupPlan, entry: str, decision: KernelShape, targ
         _epilogue(b, ctx, plan, tid, acc)
     sched = tile.describe(tuple(axes), tuple(a for a, _ in p.reduction))
     sched["simt"] = sp.record()
+    vector = sched["simt"]["vector"]
     kernel = finish(plan, entry, sig, b.build(), shape="simt", schedule=sched,
                     threads=sp.threads, grid=math.prod(tile.grid(tuple(extents))),
                     shared=smem.all(), register_tile=True, target=target,
                     comments=[f"simt: a {sp.bm}x{sp.bn}x{sp.bk} block GEMM on CUDA cores, "
                               f"{sp.tm}x{sp.tn} per thread, double-buffered shared memory"
-                              + (f", 16-byte loads of {', '.join(sp.record()['vector'])}"
-                                 if sp.record()["vector"] else ""),
+                              + (f", 16-byte loads of {', '.join(vector)}" if vector else ""),
                               f"shared memory: {sp.smem_bytes} bytes",
                               f"tile: {tile_text(tile, p)}"])
     assert kernel.smem_planned == sp.smem_bytes, "the program and the simt plan disagree"
