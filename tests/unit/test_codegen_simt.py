@@ -273,3 +273,28 @@ def test_emulation_catches_a_missing_barrier(nth):
     broken = replace(result.module, codegen={**result.module.codegen, "kernels": [record]})
     v = values(module)
     assert rel_err(emulate(broken, v, {})["c"], reference(module, v, True, True)) > 1e-3
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
+def test_the_sass_has_16_byte_loads_and_ffma_in_the_step_loop_and_no_local_memory():
+    """The 16-byte accesses survive compilation: LDG.E.128 and LDS.128 (the register-array
+    fragments stay in registers) inside the step loop with the FFMAs, no LDL/STL."""
+    import re
+    import subprocess
+
+    from test_codegen_wgmma import _cuobjdump, loops_with
+    from tilekit.codegen.module import unit_source
+    from tilekit.codegen.nvcc import compile_unit
+
+    tool = _cuobjdump()
+    if tool is None:
+        pytest.skip("cuobjdump/nvdisasm not installed (pip install nvidia-cuda-cuobjdump "
+                    "nvidia-cuda-nvdisasm)")
+    result = generate(gemm(1024, 1024, 1024, t=tile(128, 128, 8, 8, 8)), H100)
+    cubin = compile_unit(unit_source(result.kernels), "sm_90").cubin
+    sass = subprocess.run([tool[0], "-sass", str(cubin)], capture_output=True, text=True,
+                          env=tool[1], check=True).stdout
+    for opcode in ("LDG.E.128", "LDS.128", "FFMA", "BAR.SYNC"):
+        assert loops_with(sass, opcode) >= 1, f"no {opcode} inside a loop"
+    assert sass.count("FFMA") >= 8 * 8 * 8          # the step's 8 points of 8x8 unrolled
+    assert not re.search(r"\b(LDL|STL)\b", sass), "local memory in the SASS"
