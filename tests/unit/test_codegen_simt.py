@@ -298,3 +298,33 @@ def test_the_sass_has_16_byte_loads_and_ffma_in_the_step_loop_and_no_local_memor
         assert loops_with(sass, opcode) >= 1, f"no {opcode} inside a loop"
     assert sass.count("FFMA") >= 8 * 8 * 8          # the step's 8 points of 8x8 unrolled
     assert not re.search(r"\b(LDL|STL)\b", sass), "local memory in the SASS"
+
+
+@pytest.mark.skipif(not ALL, reason="the rolled suite's simt kernels: TILEKIT_ALL_ARCHS=1")
+@pytest.mark.parametrize("hw", ["h100", "a100"])
+def test_every_simt_kernel_of_the_rolled_suite_emulates_the_reference(hw):
+    """The 119-op suite rolled for the profile: every op that becomes a simt kernel (BERT's
+    projections, batched attention products, GEMMs of odd sizes, GEMVs) runs its first,
+    middle and last blocks in the emulation against the reference executor."""
+    from tilekit.codegen.emulate import emulate_blocks
+    from tilekit.roll.workloads import load_workloads
+    from tilekit.runtime.cpu import run_module
+
+    profile = load_profile(hw)
+    checked, failures = 0, []
+    for w in load_workloads():
+        module = roll_module(w.module(), profile)
+        if module.ops[0].tile["kernel"]["shape"] != "simt":
+            continue
+        result = generate(module, profile)
+        grid = result.module.codegen["kernels"][0]["grid"][0]
+        v = values(module)
+        want = run_module(module, v, {})
+        for name, got in emulate_blocks(result.module, 0, v, sorted({0, grid // 2, grid - 1})
+                                        ).items():
+            written = ~np.isnan(got)
+            err = np.abs(got[written] - want[name][written]).max() / np.abs(want[name]).max()
+            if not written.any() or err > 1e-4:
+                failures.append(f"{w.name}: {name} off by {err:.1e}")
+        checked += 1
+    assert checked >= 10 and not failures, failures
