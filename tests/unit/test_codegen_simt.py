@@ -1,21 +1,23 @@
 """fp32 contractions on CUDA cores as the SIMT GEMM (`simt`), checked without a GPU.
 
 The generated kernels run in the CPU emulation (host_emul.h: threads as fibers, real
-barriers) on sampled blocks against a float64 reference: square, ragged M/N/K, batched and
-transposed operands, a fused chain, the scalar fallback; the tile interpreter counts fully
+barriers; every block of these small problems) against a float64 reference: square, ragged
+M/N/K, batched and transposed operands, a fused chain, the scalar fallback; a missing
+barrier fails; the tile interpreter counts fully
 coalesced global accesses and conflict-free shared ones for the aligned kernels; a wrong
 fragment index fails; nvcc builds them for sm_80 and sm_90 without spills or local memory
-(`TILEKIT_ALL_ARCHS=1`: more tiles); tk-roll prices and picks the shape.
+(`TILEKIT_ALL_ARCHS=1`: more tiles, and every simt kernel of the rolled suite emulated);
+tk-roll prices and picks the shape.
 """
 
 from __future__ import annotations
 
-import os
 import shutil
 from dataclasses import replace
 
 import numpy as np
 import pytest
+from scope import on
 
 from tilekit.codegen import generate
 from tilekit.codegen.emulate import emulate
@@ -30,7 +32,7 @@ from tilekit.tile.interp import interpret
 
 H100 = load_profile("h100")
 RNG = np.random.default_rng(11)
-ALL = os.environ.get("TILEKIT_ALL_ARCHS") == "1"
+ALL = on("TILEKIT_ALL_ARCHS")
 #: fp32 products summed in fp32 against float64: a few ulps times sqrt(K)
 TOLERANCE = 1e-5
 
@@ -328,3 +330,36 @@ def test_every_simt_kernel_of_the_rolled_suite_emulates_the_reference(hw):
                 failures.append(f"{w.name}: {name} off by {err:.1e}")
         checked += 1
     assert checked >= 10 and not failures, failures
+
+
+def _vector_reads(row_of_lane) -> tuple[int, int]:
+    """(wavefronts, fewest) of one warp's 16-byte loads of s[row_of_lane(l)][0:4] from a
+    shared [32][4] float buffer (rows of 16 bytes: eight rows span the 32 banks)."""
+    from tilekit.tile import expr as tx
+    from tilekit.tile.expr import Load
+    from tilekit.tile.nodes import Buffer, Kernel, Store, Threads
+
+    s = Buffer("s_t", "shared", "float32", (32, 4))
+    y = Buffer("t_y", "global", "float32", (32 * 4,), access="write")
+    tid = tx.Var("tid", "int32")
+    value = Load("s_t", (row_of_lane(tid), tx.const(0)), "float4", 4)
+    body = Threads(tid, 32, Store("t_y", (tid * 4,), value, 4))
+    k = Kernel("reads", (y,), (s,), body, 32, 1)
+    (site,) = [x for x in interpret(k, {"t_y": np.zeros(128, np.float32)}).sites.values()
+               if x.scope == "shared"]
+    return site.wavefronts, site.ideal_wavefronts
+
+
+def test_a_16_byte_broadcast_is_not_a_conflict_but_a_shared_bank_is():
+    """The interpreter's fewest wavefronts for a 16-byte access: one per quarter warp (a
+    wavefront returns a register per lane), so lanes sharing an address (the A fragment's
+    broadcast) count as conflict-free; rows 8 apart in one quarter warp conflict."""
+    from tilekit.tile import expr as tx
+
+    assert _vector_reads(lambda t: tx.const(0)) == (4, 4)              # all lanes: one row
+    # 8 rows in each quarter warp: 32 banks
+    assert _vector_reads(lambda t: tx.mod(t, 8)) == (4, 4)
+    # rows 0-3 and 8-11 in a quarter warp: rows 8 apart share banks (2-way); 0, 1, 8, 9,
+    # 16, 17, 24, 25: 4-way
+    assert _vector_reads(lambda t: tx.div(tx.mod(t, 8), 4) * 8 + tx.mod(t, 4)) == (8, 4)
+    assert _vector_reads(lambda t: tx.div(tx.mod(t, 8), 2) * 8 + tx.mod(t, 2)) == (16, 4)
