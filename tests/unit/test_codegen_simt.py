@@ -363,3 +363,21 @@ def test_a_16_byte_broadcast_is_not_a_conflict_but_a_shared_bank_is():
     # 16, 17, 24, 25: 4-way
     assert _vector_reads(lambda t: tx.div(tx.mod(t, 8), 4) * 8 + tx.mod(t, 4)) == (8, 4)
     assert _vector_reads(lambda t: tx.div(tx.mod(t, 8), 2) * 8 + tx.mod(t, 2)) == (16, 4)
+
+
+def test_a_transposed_scaled_output_stores_point_by_point():
+    """`c[j,i] += a[i,k] * b[k,j] * 0.5`: M is the output's contiguous axis, so the epilogue
+    stores point by point (no 16-byte stores), with the constant factor applied."""
+    m, n, k = 70, 96, 40
+    module = Module(model="t", tensors={
+        "a": Tensor((m, k), "float32", "input"), "b": Tensor((k, n), "float32", "input"),
+        "c": Tensor((n, m), "float32", "output")},
+        ops=(Op("mm", "c[j,i] += a[i,k] * b[k,j] * 0.5",
+                tile={"block": {"j": 64, "i": 64}, "thread": {"j": 4, "i": 8},
+                      "step": {"k": 8}}),),
+        inputs=("a", "b"), outputs=("c",), stages=({"name": "import"},))
+    result, g = simt_kernel(module)
+    assert "float4*>(&t_c" not in g.source
+    v = values(module)
+    want = (v["a"].astype(np.float64) @ v["b"].astype(np.float64)).T * 0.5
+    assert rel_err(emulate(result.module, v, {})["c"], want) < TOLERANCE
