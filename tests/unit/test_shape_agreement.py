@@ -50,7 +50,7 @@ def agreement_problems(module, result) -> list[str]:
             got["staged"] = [{"tensor": b["tensor"], "box": b["box"]}
                              for b in g.schedule["smem_buffers"]]
             got["step"] = list(g.schedule["step"].values())
-        if g.shape in ("mma", "wgmma"):
+        if g.shape in ("mma", "wgmma", "simt"):
             got[g.shape] = g.schedule[g.shape]
         if g.shape == "default" and g.schedule.get("lanes", 1) > 1:
             got["lanes"] = g.schedule["lanes"]
@@ -96,8 +96,9 @@ def test_float16_is_staged_in_two_bytes():
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
 def test_register_estimate_against_ptxas(capsys):
-    """The roll's register estimate against ptxas on the suite's staged and tiled kernels:
-    the spread is printed; a miss of more than 2x plus 32 registers is a bug in the model.
+    """The roll's register estimate against ptxas on the suite's staged, tiled, mma and simt
+    kernels: the spread is printed; a miss of more than 2x plus 32 registers is a bug in the
+    model.
     The 119 kernels compile as one translation unit (their entries are unique): one nvcc
     call instead of 119, the same ptxas figures per entry. The default suite compiles every
     fourth kernel (all with TILEKIT_ALL_ARCHS=1)."""
@@ -105,7 +106,8 @@ def test_register_estimate_against_ptxas(capsys):
     from tilekit.codegen.nvcc import compile_unit
     profile, suite = rolled_suite("h100")
     kernels = [(module, g) for _, module, result in suite for g in result.kernels
-               if g.shape in ("staged", "tiled", "mma")][::1 if on("TILEKIT_ALL_ARCHS") else 4]
+               if g.shape in ("staged", "tiled", "mma", "simt")
+               ][::1 if on("TILEKIT_ALL_ARCHS") else 4]
     resources = compile_unit(unit_source([g for _, g in kernels]), "sm_90").resources
     ratios, misses = [], []
     for module, g in kernels:

@@ -55,6 +55,7 @@ from tilekit.schedule.defaults import STATIC_SMEM_LIMIT
 from tilekit.schedule.mma import recorded_precision
 from tilekit.schedule.shape import Target, decide, kept_default
 from tilekit.codegen.mma import mma_kernel
+from tilekit.codegen.simt import simt_kernel
 from tilekit.codegen.wgmma import wgmma_kernels
 from tilekit.codegen.staged import op_facts, staged_kernel
 from tilekit.errors import TilekitError
@@ -407,6 +408,8 @@ def _single_stage(module: Module, plan: GroupPlan, entry: str, target: Target, n
         return [mma_kernel(module, plan, entry, decision, target)]
     if decision.shape == "wgmma":
         return wgmma_kernels(module, plan, entry, decision, target, reduce_entry)
+    if decision.shape == "simt":
+        return [simt_kernel(module, plan, entry, decision, target)]
     if decision.shape == "staged":
         return [staged_kernel(module, plan, entry, decision, target)]
     if decision.shape == "tiled":

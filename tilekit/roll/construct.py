@@ -68,6 +68,8 @@ def roll_problem(problem: Problem, profile, top_k: int = 1, precision: str = "fp
     tiles = construct_tiles(problem, profile, m)
     if tensor_compute(problem, m) is not None:
         tiles += [t for t in tensor_core_tiles(problem, m) if t not in set(tiles)]
+    else:
+        tiles += [t for t in simt_tiles(problem, m) if t not in set(tiles)]
     ranked = rank(problem, m, tiles, max(top_k, THREAD_CHOICES))
     # The front runners get the coalescing step growth too (some come from mid-trajectory).
     bsizes = [block_sizes(problem, m.transaction_bytes, a) for a in range(len(problem.axes))]
@@ -454,6 +456,38 @@ def wgmma_tiles(problem: Problem) -> list[RTile]:
         if thread is None:
             continue
         out.append(RTile(block, thread, (min(WGMMA_BK, ext[c.k_axes[0]]),)))
+    return out
+
+
+#: Block GEMMs offered to a float32 contraction on CUDA cores (tilekit.schedule.simt):
+#: (BM, BN, TM, TN), each 64-256 threads with 8 or 16 thread columns, and steps. Scale-up
+#: finds register tiles by reuse alone; these are the ones the SIMT GEMM's 16-byte fragments
+#: and conflict-free lanes need, offered on every machine so that the pick does not depend on
+#: the search path (costed with the rest; the plan decides whether each runs so).
+SIMT_BLOCKS = ((128, 128, 8, 8), (64, 128, 8, 8), (128, 64, 8, 4), (64, 64, 4, 4),
+               (32, 64, 4, 4), (32, 32, 4, 4))
+SIMT_STEPS = (8, 16, 32)
+
+
+def simt_tiles(problem: Problem, m: Machine) -> list[RTile]:
+    """The SIMT block GEMMs of a float32 contraction with one M, one N and one K axis (batch
+    axes 1), for a CUDA machine; none otherwise."""
+    c = problem.contraction
+    if c is None or c.dtype != "float32" or m.distributed or len(c.m_axes) != 1 \
+            or len(c.n_axes) != 1 or len(c.k_axes) != 1:
+        return []
+    ext = dict(zip(problem.axes, problem.extents))
+    names = problem.axes[:problem.n_spatial]
+    (ma,), (na,) = c.m_axes, c.n_axes
+    out = []
+    for bm, bn, tm, tn in SIMT_BLOCKS:
+        if bm > 2 * ext[ma] and bm > 32 or bn > 2 * ext[na] and bn > 32:
+            continue           # more than half the block would be padding
+        block = {ma: bm, na: bn, **{a: 1 for a in c.batch_axes}}
+        thread = {ma: tm, na: tn, **{a: 1 for a in c.batch_axes}}
+        for step in SIMT_STEPS:
+            out.append(RTile(tuple(block[a] for a in names), tuple(thread[a] for a in names),
+                             (step,)))
     return out
 
 

@@ -66,6 +66,7 @@ from tilekit.schedule.mma import (MMA, WGMMA, compute_type, mma_plan, offered, w
                                   wgmma_plan)
 from tilekit.schedule.residency import blocks_per_sm
 from tilekit.schedule.shape import MIN_REUSE, SMEM_ALIGN, STREAM_RATIO
+from tilekit.schedule.simt import simt_plan
 
 #: Registers a thread spends beyond its tile (addresses, loop counters, predicates).
 REG_OVERHEAD = 12
@@ -94,6 +95,11 @@ MMA_SYNC_SHARE = 0.34
 #: 13.0, sm_90a: 128 accumulators took 168 registers).
 WGMMA_TWO_CONSUMER_REGS = 168
 WGMMA_BASE_REGS = 40
+#: Registers ptxas gives a SIMT GEMM kernel beyond its tile's (accumulators, fragments, the
+#: next step's chunks): `SIMT_BASE + step` (addresses, the unrolled step's hoisted index
+#: math). ptxas 13.0, sm_90: 124 for 128x128x8 (8x8 per thread), 197 for 64x128x32, 77 for
+#: 64x64x8 (4x4), 94 for 128x64x16 (8x4); this gives 128, 196, 76, 108.
+SIMT_BASE = 36
 
 
 @dataclass(frozen=True, eq=False)
@@ -274,11 +280,13 @@ def cost_tiles(problem: Problem, m: Machine, block: np.ndarray, thread: np.ndarr
     g = _Grid(problem, block, thread, step)
     staged, box_bytes = _decide_staging(problem, g)
     tc = _tensor_core_plans(problem, m, g)
-    staged = staged & ~tc.on
+    simt = _simt_plans(problem, m, g, thread, tc.on)
+    staged = staged & ~tc.on & ~simt.on
     # (A CUDA code generator's decision: a distributed machine has no lanes to give.)
-    lanes_default = (~staged & ~tc.on & problem.has_reduction & (problem.lanes >= WARP)
-                     & (not m.distributed))
-    smem_tile = np.where(tc.on, tc.smem, np.where(staged, box_bytes, 0))
+    lanes_default = (~staged & ~tc.on & ~simt.on & problem.has_reduction
+                     & (problem.lanes >= WARP) & (not m.distributed))
+    smem_tile = np.where(tc.on, tc.smem, np.where(simt.on, simt.smem,
+                                                  np.where(staged, box_bytes, 0)))
     loads, stores = _global_traffic(problem, g, m.transaction_bytes)
     dram_bytes = (g.blocks * (loads + stores)).astype(np.float64)
 
@@ -290,19 +298,23 @@ def cost_tiles(problem: Problem, m: Machine, block: np.ndarray, thread: np.ndarr
         per_point = per_point + op.footprint(unit) * op.itemsize
     smem_traffic = np.where(staged, (g.blocks * g.threads * g.red_points * per_point).astype(
         np.float64) + (g.blocks * g.nsteps * smem_tile).astype(np.float64), 0.0)
+    # (a SIMT GEMM writes each step's tiles once and reads the register tiles' operands)
+    smem_traffic = np.where(simt.on, (g.blocks * g.threads * g.red_points * per_point).astype(
+        np.float64) + g.blocks * g.nsteps * simt.step_traffic, smem_traffic)
     smem_traffic = np.where(tc.on, g.blocks * g.nsteps * tc.step_traffic, smem_traffic)
 
     regs = registers_per_thread(problem, thread, staged, ptxas=not m.distributed)
-    regs = np.where(tc.on, tc.regs, regs)
+    regs = np.where(tc.on, tc.regs, np.where(simt.on, simt.regs, regs))
     # a wgmma kernel adds its producer warpgroup to the tile's (consumer) threads
     threads = np.where(tc.threads > 0, tc.threads, g.threads)
-    # tensor-core kernels pipeline their steps (cp.async, TMA): no staging latency
+    # tensor-core kernels pipeline their steps (cp.async, TMA): no staging latency; a SIMT
+    # GEMM loads each step while computing the one before: one round trip, its first step
     work = Work(flops=g.work, peak=np.where(tc.on, tc.peak, m.peak),
                 smem_traffic=smem_traffic, block_bytes=(loads + stores).astype(np.float64),
                 traffic=dram_bytes, blocks=g.blocks,
                 unique=float(_unique_bytes(problem) if unique is None else unique),
                 threads=threads, registers=regs, smem_bytes=smem_tile,
-                latency_steps=np.where(staged, g.nsteps, 0))
+                latency_steps=np.where(staged, g.nsteps, np.where(simt.on, 1, 0)))
     p = predict(m, work)
     costs = TileCosts(time_s=p.time_s, flops=g.flops, dram_bytes=dram_bytes,
                       smem_bytes=smem_traffic, smem_tile=smem_tile, box_bytes=box_bytes,
@@ -405,6 +417,31 @@ def _tensor_core_plans(problem: Problem, m: Machine, g: _Grid) -> _TensorCores:
         acc = plan.mt * plan.nt * 4
         frags = 4 * plan.mt + 2 * plan.nt
         out.regs[k] = -(-(STAGED_BASE + acc + frags) // REG_GRANULE) * REG_GRANULE
+    return out
+
+
+def _simt_plans(problem: Problem, m: Machine, g: _Grid, thread: np.ndarray,
+                tensor_cores: np.ndarray) -> _TensorCores:
+    """Per candidate: runs as the SIMT GEMM (tilekit.schedule.simt: the shared decision
+    after tensor cores), its shared memory, the bytes a block writes per step, registers."""
+    n = g.n
+    out = _TensorCores(np.zeros(n, dtype=bool), np.zeros(n, dtype=np.int64),
+                       np.zeros(n, dtype=np.float64), np.zeros(n, dtype=np.int64))
+    c = problem.contraction
+    if c is None or m.distributed or c.dtype != "float32":
+        return out
+    shapes = [tuple(d.size for d in op.dims) for op in problem.operands]
+    for k in range(n):
+        if tensor_cores[k]:
+            continue
+        plan = simt_plan(c, problem.spatial, problem.reduction, tuple(g.block[:, k]),
+                         tuple(thread[:, k]), tuple(g.step[:, k]), m.hw.smem_per_block,
+                         lambda i: shapes[i])
+        if isinstance(plan, str):
+            continue
+        out.on[k], out.smem[k] = True, plan.smem_bytes
+        out.step_traffic[k] = float((plan.bm + plan.bn) * plan.bk * 4)
+        out.regs[k] = -(-(plan.registers + SIMT_BASE + plan.bk) // REG_GRANULE) * REG_GRANULE
     return out
 
 

@@ -10,6 +10,9 @@ kernel runs it, with which threads and which shared memory:
   as implicit GEMM) whose compute type has an `mma.sync` instruction on the profile (fp16,
   bf16; fp32 only with the explicit precision `tf32`) and whose tile maps onto whole warps of
   instruction tiles (`tilekit.schedule.mma.mma_plan`);
+- `simt`: on CUDA, a float32 contraction on CUDA cores whose operands are plain strided
+  tensors and whose tile has the SIMT GEMM's form (`tilekit.schedule.simt.simt_plan`:
+  thread tiles of 4 or 8 per axis, steps of 4-32, double-buffered shared memory);
 - `staged`: a reduction whose reads are all affine, whose body uses no axis value and no
   `select` guard, and where some read's per-step box is used at least `MIN_REUSE` times per
   element (points of the block tile x step >= MIN_REUSE x box volume), unless the reads used
@@ -42,6 +45,7 @@ from tilekit.tile.nodes import SMEM_ALIGN
 from tilekit.schedule.defaults import (DEFAULT_THREADS, LANE_MIN_EXTENT, STATIC_SMEM_LIMIT,
                                        WARP, default_grid, lane_count)
 from tilekit.schedule.cpu import CpuTiles, cpu_tiles
+from tilekit.schedule.simt import SimtPlan, simt_plan
 from tilekit.schedule.mma import (Contraction, MmaPlan, WgmmaPlan, compute_type, contraction,
                                   mma_plan, offered, wgmma_offered, wgmma_plan)
 
@@ -250,7 +254,7 @@ def fit_steps(facts: OpFacts, tile: Tile, limit: int) -> Tile | None:
 class KernelShape:
     """How one op (or one stage of a group) runs."""
 
-    shape: str                        # mma | staged | tiled | default
+    shape: str                        # wgmma | mma | simt | staged | tiled | default
     tile: Tile | None                 # as run (staged: steps fitted to shared memory)
     threads: int
     lanes: int = 1
@@ -258,9 +262,12 @@ class KernelShape:
     note: str = ""                    # why the tile was set aside or changed
     mma: MmaPlan | None = None
     wgmma: WgmmaPlan | None = None
+    simt: SimtPlan | None = None
 
     @property
     def smem_bytes(self) -> int:
+        if self.simt is not None:
+            return self.simt.smem_bytes
         if self.mma is not None:
             return self.mma.smem_bytes
         if self.wgmma is not None:
@@ -274,6 +281,8 @@ class KernelShape:
             out["mma"] = self.mma.record()
         if self.wgmma is not None:
             out["wgmma"] = self.wgmma.record()
+        if self.simt is not None:
+            out["simt"] = self.simt.record()
         if self.lanes > 1:
             out["lanes"] = self.lanes
         if self.staged:
@@ -348,6 +357,20 @@ def mma_shape(facts: OpFacts, tile: Tile, target: Target, split_k: int = 1
     return KernelShape("mma", tile, tile.threads, mma=plan)
 
 
+def simt_shape(facts: OpFacts, tile: Tile, target: Target) -> KernelShape | str:
+    """The `simt` shape of this tile (a float32 contraction on CUDA cores), or why not."""
+    c = facts.contraction
+    if isinstance(c, str):
+        return c
+    if target.kind != "cuda":
+        return "the SIMT GEMM is a CUDA kernel"
+    plan = simt_plan(c, facts.spatial, facts.reduction, tile.block, tile.thread, tile.step,
+                     target.smem_limit, lambda i: facts.reads[i].shape)
+    if isinstance(plan, str):
+        return plan
+    return KernelShape("simt", tile, plan.threads, simt=plan)
+
+
 def decide(facts: OpFacts, tile: Tile | None, target: Target | int, split_k: int = 1
            ) -> KernelShape:
     """The kernel shape of an op with `tile` (None: no stage chose one) for `target` (a
@@ -362,6 +385,9 @@ def decide(facts: OpFacts, tile: Tile | None, target: Target | int, split_k: int
     tensor = mma_shape(facts, tile, target, split_k)
     if not isinstance(tensor, str):
         return tensor
+    cores = simt_shape(facts, tile, target)
+    if not isinstance(cores, str):
+        return cores
     why = reuse_reason(facts, tile)
     if why is not None and facts.lanes >= WARP and target.lanes:
         return KernelShape("default", None, DEFAULT_THREADS, facts.lanes,
@@ -396,4 +422,4 @@ def default_blocks(facts: OpFacts, shape: KernelShape) -> int:
 __all__ = ["ITEMSIZE", "KernelShape", "TARGET_KINDS", "Target", "LANE_MIN_EXTENT", "MIN_REUSE", "OpFacts", "ReadFacts",
            "STREAM_RATIO",
            "StagedBox", "analysis_facts", "buffer_bytes", "decide", "default_shape", "facts_of",
-           "fit_steps", "kept_default", "reuse_reason", "staged_boxes"]
+           "fit_steps", "kept_default", "reuse_reason", "simt_shape", "staged_boxes"]

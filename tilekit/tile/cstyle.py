@@ -256,7 +256,8 @@ class CStyle:
         b = s.buffer
         dims = "".join(f"[{d}]" for d in b.shape) or "[1]"
         note = f"  // {comment_text(b.comment)}" if b.comment else ""
-        e.line(f"{self.ctype(b.dtype)} {b.name}{dims};{note}")
+        align = f"alignas({b.align}) " if b.align else ""
+        e.line(f"{align}{self.ctype(b.dtype)} {b.name}{dims};{note}")
 
     def s_Store(self, s: Store, e: Emitter) -> None:
         v = s.value

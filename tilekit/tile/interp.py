@@ -13,7 +13,10 @@ site, for the blocks it ran:
 - **shared memory**: per warp request, the wavefronts (conflict degree) the bank mapping
   needs: for each bank, the number of distinct 4-byte words the active lanes address
   (one address broadcasts), the maximum over the 32 banks; 16-byte accesses are served a
-  quarter warp at a time, `ldmatrix` one 8x8 matrix (eight 16-byte rows) at a time;
+  quarter warp at a time, `ldmatrix` one 8x8 matrix (eight 16-byte rows) at a time; the
+  fewest a request needs are its unique bytes over 128, and at least one per quarter warp
+  for 16-byte accesses (a wavefront returns one register per lane: a broadcast 16-byte
+  load still takes four);
 - **work**: floating-point operations on the FMA pipe (an add, a multiply), special-function
   calls (exp, tanh, ...: the SFU), tensor-core operations (2 x M x N x K per mma), integer
   and logic operations, per active thread.
@@ -384,13 +387,24 @@ class _Frame:
         lanes = e.lanes
         if b.scope == "local":
             idx = [np.asarray(self.expr(i, env, mask), dtype=np.int64) for i in e.index]
-            if mask is None:
-                return array[(0, *[int(i) for i in idx])] if array.ndim == len(idx) + 1 \
-                    else array[tuple(int(i) for i in idx)]
-            t = np.arange(self.threads)
-            sel = tuple(np.broadcast_to(i, t.shape) for i in idx)
-            safe = tuple(np.where(mask, i, 0) for i in sel)
-            return array[(t, *safe)]
+            if lanes > 1:       # consecutive elements of the innermost dimension
+                return np.stack([self.local_load(array, idx[:-1] + [idx[-1] + j], mask)
+                                 for j in range(lanes)], axis=-1)
+            return self.local_load(array, idx, mask)
+        return self.memory_load(e, b, array, env, mask)
+
+    def local_load(self, array, idx, mask):
+        """Element `idx` of a local buffer per thread (thread 0's in block-level code)."""
+        if mask is None:
+            return array[(0, *[int(i) for i in idx])] if array.ndim == len(idx) + 1 \
+                else array[tuple(int(i) for i in idx)]
+        t = np.arange(self.threads)
+        sel = tuple(np.broadcast_to(i, t.shape) for i in idx)
+        safe = tuple(np.where(mask, i, 0) for i in sel)
+        return array[(t, *safe)]
+
+    def memory_load(self, e: Load, b: Buffer, array, env: dict, mask):
+        lanes = e.lanes
         flat = self.offsets(b, e.index, env, mask)
         if mask is None:
             flat = np.asarray(flat)
@@ -420,14 +434,27 @@ class _Frame:
         value = self.expr(s.value, env, mask)
         if b.scope == "local":
             idx = [np.asarray(self.expr(i, env, mask), dtype=np.int64) for i in s.index]
-            if mask is None:
-                array[(slice(None), *[int(i) for i in idx])] = value
+            if s.lanes > 1:     # consecutive elements of the innermost dimension
+                lanes = np.broadcast_to(np.asarray(value), np.shape(value)[:-1] + (s.lanes,)) \
+                    if np.ndim(value) else np.full(s.lanes, value)
+                for j in range(s.lanes):
+                    self.local_store(array, idx[:-1] + [idx[-1] + j], lanes[..., j], mask)
                 return
-            t = np.nonzero(mask)[0]
-            sel = tuple(np.broadcast_to(i, mask.shape)[t] for i in idx)
-            array[(t, *sel)] = np.broadcast_to(np.asarray(value), (self.threads,) + np.shape(
-                value)[1:])[t] if np.ndim(value) else value
+            self.local_store(array, idx, value, mask)
             return
+        self.memory_store(s, b, array, value, env, mask)
+
+    def local_store(self, array, idx, value, mask) -> None:
+        """Element `idx` of a local buffer, for the active threads (all in block-level code)."""
+        if mask is None:
+            array[(slice(None), *[int(i) for i in idx])] = value
+            return
+        t = np.nonzero(mask)[0]
+        sel = tuple(np.broadcast_to(i, mask.shape)[t] for i in idx)
+        array[(t, *sel)] = np.broadcast_to(np.asarray(value), (self.threads,) + np.shape(
+            value)[1:])[t] if np.ndim(value) else value
+
+    def memory_store(self, s: Store, b: Buffer, array, value, env: dict, mask) -> None:
         flat = self.offsets(b, s.index, env, mask)
         if mask is None:
             n = int(flat)
@@ -474,7 +501,13 @@ class _Frame:
                 site.ideal += max(1, -(-len(np.unique(a)) * width // SECTOR))
             else:
                 site.wavefronts += _wavefronts(a, width)
-                site.ideal_wavefronts += max(1, -(-len(np.unique(a)) * width // (BANKS * 4)))
+                # The fewest: the unique bytes over 128 per wavefront, and at least one per
+                # phase: a wavefront returns 128 bytes to the registers (one 4-byte register
+                # per lane), so a 16-byte access takes a quarter warp at a time even when
+                # lanes share an address (a broadcast).
+                phases = -(-len(a) // max(1, (BANKS * 4) // max(width, 4)))
+                site.ideal_wavefronts += max(1, phases,
+                                             -(-len(np.unique(a)) * width // (BANKS * 4)))
 
     # -- expressions ----------------------------------------------------------------------
     def expr(self, e: Expr, env: dict, mask):

@@ -66,6 +66,8 @@ class Buffer:
     offset: int = 0                  # shared: bytes from the block's shared base
     comment: str = ""
     access: str = "read"             # global: read | write (a written one is not const)
+    align: int = 0                   # local: bytes its storage is aligned to (vector
+                                     # accesses to it; 0: its dtype's alignment)
 
     def __post_init__(self) -> None:
         if self.scope not in SCOPES:

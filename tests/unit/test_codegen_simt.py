@@ -1,0 +1,383 @@
+"""fp32 contractions on CUDA cores as the SIMT GEMM (`simt`), checked without a GPU.
+
+The generated kernels run in the CPU emulation (host_emul.h: threads as fibers, real
+barriers; every block of these small problems) against a float64 reference: square, ragged
+M/N/K, batched and transposed operands, a fused chain, the scalar fallback; a missing
+barrier fails; the tile interpreter counts fully
+coalesced global accesses and conflict-free shared ones for the aligned kernels; a wrong
+fragment index fails; nvcc builds them for sm_80 and sm_90 without spills or local memory
+(`TILEKIT_ALL_ARCHS=1`: more tiles, and every simt kernel of the rolled suite emulated);
+tk-roll prices and picks the shape.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from scope import on
+
+from tilekit.codegen import generate
+from tilekit.codegen.emulate import emulate
+from tilekit.codegen.report import _memory, program_report
+from tilekit.hw import load_profile
+from tilekit.ir import Kernel, Module, Op, Tensor
+from tilekit.ir.payloads import CodegenSection, Tile
+from tilekit.roll.schedule import roll_module
+from tilekit.schedule.shape import analysis_facts, decide
+from tilekit.schedule.simt import simt_plan
+from tilekit.tile.interp import interpret
+
+H100 = load_profile("h100")
+RNG = np.random.default_rng(11)
+ALL = on("TILEKIT_ALL_ARCHS")
+#: fp32 products summed in fp32 against float64: a few ulps times sqrt(K)
+TOLERANCE = 1e-5
+
+
+def tile(bm=64, bn=128, tm=8, tn=8, bk=8, batch=False) -> dict:
+    out = {"block": {"i": bm, "j": bn}, "thread": {"i": tm, "j": tn}, "step": {"k": bk}}
+    if batch:
+        for key in ("block", "thread"):
+            out[key] = {"z": 1, **out[key]}
+    return out
+
+
+def gemm(m: int, n: int, k: int, t: dict | None = None, a_mk: bool = True,
+         b_kn: bool = True, batch: int = 0, chain: bool = False) -> Module:
+    z = "z," if batch else ""
+    zs = (batch,) if batch else ()
+    a = f"a[{z}i,k]" if a_mk else f"a[{z}k,i]"
+    b = f"b[{z}k,j]" if b_kn else f"b[{z}j,k]"
+    tensors = {"a": Tensor(zs + ((m, k) if a_mk else (k, m)), "float32", "input"),
+               "b": Tensor(zs + ((k, n) if b_kn else (n, k)), "float32", "input"),
+               "c": Tensor(zs + (m, n), "float32", "output")}
+    ops = [Op("mm", f"c[{z}i,j] += {a} * {b}", tile=t or tile(batch=bool(batch)))]
+    inputs, outputs = ("a", "b"), ("c",)
+    if chain:   # bias + ReLU in the epilogue
+        tensors["c"] = Tensor(zs + (m, n), "float32", "intermediate")
+        tensors["bias"] = Tensor((n,), "float32", "input")
+        tensors["y"] = Tensor(zs + (m, n), "float32", "output")
+        ops.append(Op("act", f"y[{z}i,j] = max(c[{z}i,j] + bias[j], 0.0)"))
+        inputs, outputs = ("a", "b", "bias"), ("y",)
+    kernels = (Kernel("k0", ("mm", "act")),) if chain else ()
+    return Module(model="simt", tensors=tensors, ops=tuple(ops), inputs=inputs,
+                  outputs=outputs, kernels=kernels, stages=({"name": "import"},))
+
+
+def values(module: Module) -> dict[str, np.ndarray]:
+    return {n: RNG.standard_normal(module.tensors[n].shape).astype(np.float32)
+            for n in module.inputs}
+
+
+def reference(module: Module, v: dict, a_mk: bool, b_kn: bool) -> np.ndarray:
+    a = v["a"].astype(np.float64)
+    b = v["b"].astype(np.float64)
+    a = a if a_mk else np.swapaxes(a, -1, -2)
+    b = b if b_kn else np.swapaxes(b, -1, -2)
+    out = a @ b
+    if "bias" in v:
+        out = np.maximum(out + v["bias"].astype(np.float64), 0.0)
+    return out
+
+
+def rel_err(got, want) -> float:
+    return float(np.linalg.norm(got - want) / np.linalg.norm(want))
+
+
+def simt_kernel(module: Module):
+    result = generate(module, H100)
+    (g,) = result.kernels
+    assert g.shape == "simt", (g.shape, g.schedule)
+    return result, g
+
+
+CASES = {
+    "square": dict(m=128, n=128, k=64, t=tile(128, 128, 8, 8, 8)),
+    "ragged": dict(m=100, n=72, k=44, t=tile(64, 64, 4, 4, 16)),         # 16-byte loads kept
+    "a_transposed": dict(m=96, n=160, k=40, t=tile(64, 128, 8, 8, 8), a_mk=False),
+    "b_transposed": dict(m=96, n=160, k=40, t=tile(64, 128, 8, 8, 8), b_kn=False),
+    "both_transposed_ragged": dict(m=70, n=90, k=37, t=tile(64, 64, 8, 4, 16), a_mk=False,
+                                   b_kn=False),                      # scalar fallback
+    "batched": dict(m=40, n=48, k=24, t=tile(32, 32, 4, 4, 8, batch=True), batch=3),
+    "chain": dict(m=64, n=96, k=32, t=tile(64, 64, 8, 8, 32), chain=True),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_simt_gemm_equals_the_reference(case):
+    kw = dict(CASES[case])
+    a_mk, b_kn = kw.get("a_mk", True), kw.get("b_kn", True)
+    module = gemm(**kw)
+    result, g = simt_kernel(module)
+    v = values(module)
+    got = emulate(result.module, v, {})[module.outputs[0]]
+    assert rel_err(got, reference(module, v, a_mk, b_kn)) < TOLERANCE
+
+
+def test_the_scalar_fallback_guards_rows_that_are_not_16_byte_units():
+    module = gemm(**CASES["both_transposed_ragged"])
+    _, g = simt_kernel(module)
+    assert g.schedule["simt"]["vector"] == []
+    assert "float4*>(&t_" not in g.source.replace("(&t_c", "")    # no 16-byte global loads
+    _, aligned = simt_kernel(gemm(**CASES["ragged"]))
+    assert aligned.schedule["simt"]["vector"] == ["a", "b"]
+
+
+@pytest.mark.parametrize("case", ["square", "a_transposed", "b_transposed", "batched",
+                                  "chain"])
+def test_the_counters_show_coalesced_and_conflict_free_accesses(case):
+    """Aligned kernels (rows whole 16-byte units): every global request reads whole
+    sectors, every shared request takes the fewest wavefronts (first and last block)."""
+    _, g = simt_kernel(gemm(**CASES[case]))
+    report = program_report(g.program)
+    assert report["bank_conflict_degree"] == 1.0, report.get("worst")
+    if case != "chain":
+        assert report["coalescing"] == 1.0, report.get("worst")
+        return
+    # the chain's own reads (the bias, point by point) are its own: the GEMM's are whole
+    counters = interpret(g.program, _memory(g.program), [0, g.program.grid - 1])
+    for site in counters.sites.values():
+        if site.scope == "global" and site.buffer != "t_bias":
+            assert site.sectors == site.ideal, site
+
+
+def test_unpadded_transposed_buffers_would_conflict():
+    """The 4-float row padding of a transposed operand is what keeps its stores apart."""
+    from tilekit.tile.nodes import Layout
+
+    _, g = simt_kernel(gemm(**CASES["square"]))
+    program = g.program
+    offset, shared = 0, []
+    for b in program.shared:
+        b = replace(b, layout=Layout(), offset=offset)
+        offset += b.aligned_bytes
+        shared.append(b)
+    unpadded = replace(program, shared=tuple(shared))
+    sites = interpret(unpadded, _memory(unpadded), [0]).sites.values()
+    stores = [s for s in sites if s.buffer == "s_a" and s.kind == "store"]
+    assert len(stores) == 8          # four scalar stores per chunk, before and in the loop
+    assert all(s.wavefronts == 2 * s.ideal_wavefronts for s in stores)   # 2-way conflicts
+
+
+def test_a_wrong_fragment_index_fails_the_emulation():
+    """B's second sub-tile read 64 columns too early (the first one twice) gives wrong
+    numbers: the emulation is strict enough to catch fragment indexing."""
+    module = gemm(**CASES["square"])
+    result, g = simt_kernel(module)
+    section = CodegenSection.read(result.module.codegen)
+    (k,) = section.kernels
+    good = "128 * kk + t_n * 4 + 64]"
+    assert good in k.source
+    broken = k.source.replace(good, "128 * kk + t_n * 4]")
+    bad = replace(result.module, codegen=replace(section, kernels=(replace(k, source=broken),))
+                  .record())
+    v = values(module)
+    want = reference(module, v, True, True)
+    assert rel_err(emulate(bad, v, {})["c"], want) > 0.1
+    assert rel_err(emulate(result.module, v, {})["c"], want) < TOLERANCE
+
+
+def test_one_barrier_per_step_and_the_next_step_loaded_ahead():
+    _, g = simt_kernel(gemm(**CASES["square"]))
+    loop = g.source[g.source.index("for (int s = 0;"):]
+    loop = loop[:loop.index("\n  }\n")]
+    assert loop.count("__syncthreads()") == 1
+    # the next step's loads come before this step's fragments, its stores after them
+    assert loop.index("(s + 1) * 8") < loop.index("f_a[0]") < loop.index("(s + 1) & 1")
+
+
+def test_plan_refusals_keep_the_staged_shape():
+    """Convolutions (gathered windows), thread tiles other than 4/8, too few thread columns
+    and non-float32 operands are refused with a reason; the decision then stages."""
+    c = Module(model="conv", tensors={
+        "x": Tensor((1, 32, 14, 14), "float32", "input"),
+        "w": Tensor((64, 32, 3, 3), "float32", "input"),
+        "y": Tensor((1, 64, 14, 14), "float32", "output")},
+        ops=(Op("conv", "y[n,f,h,w] += x[n,c,h+kh-1,w+kw-1] * w[f,c,kh,kw]", pad="0",
+                tile={"block": {"n": 1, "f": 64, "h": 4, "w": 16},
+                      "thread": {"n": 1, "f": 8, "h": 1, "w": 4},
+                      "step": {"c": 8, "kh": 3, "kw": 3}}),),
+        inputs=("x", "w"), outputs=("y",), stages=({"name": "import"},))
+    assert generate(c, H100).kernels[0].shape == "staged"
+    module = gemm(128, 128, 64)
+    from tilekit.ir.graph import op_analysis
+    facts = analysis_facts(op_analysis(module, 0), {n: t.dtype for n, t in
+                                                    module.tensors.items()})
+    c_ = facts.contraction
+    shape_of = lambda i: facts.reads[i].shape                      # noqa: E731
+    spatial, reduction = facts.spatial, facts.reduction
+    assert "4 or 8" in simt_plan(c_, spatial, reduction, (64, 64), (2, 2), (8,), 49152, shape_of)
+    assert "thread columns" in simt_plan(c_, spatial, reduction, (64, 32), (4, 8), (8,), 49152,
+                                         shape_of)
+    assert "step 64" in simt_plan(c_, spatial, reduction, (64, 64), (4, 4), (64,), 49152,
+                                  shape_of)
+    assert decide(facts, Tile((64, 64), (2, 2), (8,)), 49152).shape == "staged"
+    assert decide(facts, Tile((64, 64), (4, 4), (8,)), 49152).shape == "simt"
+    half = replace(c_, dtype="float16")
+    assert "float16" in simt_plan(half, spatial, reduction, (64, 64), (4, 4), (8,), 49152,
+                                  shape_of)
+
+
+def test_roll_prices_and_picks_the_simt_gemm():
+    fp32 = gemm(1024, 1024, 1024, t=None)
+    fp32 = replace(fp32, ops=(replace(fp32.ops[0], tile=None),))
+    rolled = roll_module(fp32, H100)
+    kernel = rolled.ops[0].tile["kernel"]
+    assert kernel["shape"] == "simt", kernel
+    g = generate(rolled, H100).kernels[0]
+    assert g.shape == "simt" and g.smem_planned == kernel["smem_bytes"]
+    # with tf32 asked for, tensor cores come first
+    tf32 = roll_module(fp32, H100, precision="tf32")
+    assert tf32.ops[0].tile["kernel"]["shape"] == "mma"
+
+
+NVCC_TILES = [tile(128, 128, 8, 8, 8), tile(64, 128, 8, 8, 32)] + (
+    [tile(128, 128, 8, 8, 16), tile(64, 64, 4, 4, 8), tile(128, 64, 8, 4, 16),
+     tile(32, 64, 4, 4, 32)] if ALL else [])
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_simt_kernels_compile_without_spills_or_local_memory(arch):
+    from tilekit.codegen import compile_module
+    shapes = [(1024, 1024, 1024, True, True), (1000, 1000, 1001, True, True)]  # + scalar A
+    if ALL:
+        shapes += [(1024, 1024, 1024, False, False), (1000, 1001, 1001, False, False)]
+    for t in NVCC_TILES:
+        for m, n, k, a_mk, b_kn in shapes:
+            result = generate(gemm(m, n, k, t=t, a_mk=a_mk, b_kn=b_kn), H100)
+            if t["step"]["k"] == 32 and t["block"]["j"] == 128 and not b_kn and n % 4:
+                # 32 scalar loads of B per thread: refused (MAX_SCALAR_LOADS), staged
+                assert result.kernels[0].shape == "staged"
+                continue
+            assert result.kernels[0].shape == "simt"
+            report = compile_module(result, arch, H100)
+            assert not report.problems, report.problems
+            res = report.module.codegen["kernels"][0]["resources"]
+            assert res["spill_stores"] == 0 and res["spill_loads"] == 0, (t, res)
+            assert res["stack"] == 0 and res["registers"] <= 255, (t, res)
+
+
+@pytest.mark.parametrize("nth", [0, 1])
+def test_emulation_catches_a_missing_barrier(nth):
+    """Without the barrier before the loop (0) or the one per step (1), threads read buffers
+    others have not written yet or overwrite ones still read: wrong numbers (the emulation
+    runs threads in a pseudo-random order between barriers)."""
+    from test_codegen_emulate import without_barrier
+
+    module = gemm(**CASES["square"])
+    result, g = simt_kernel(module)
+    record = dict(result.module.codegen["kernels"][0])
+    record["source"] = without_barrier(g, nth)
+    broken = replace(result.module, codegen={**result.module.codegen, "kernels": [record]})
+    v = values(module)
+    assert rel_err(emulate(broken, v, {})["c"], reference(module, v, True, True)) > 1e-3
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
+def test_the_sass_has_16_byte_loads_and_ffma_in_the_step_loop_and_no_local_memory():
+    """The 16-byte accesses survive compilation: LDG.E.128 and LDS.128 (the register-array
+    fragments stay in registers) inside the step loop with the FFMAs, no LDL/STL."""
+    import re
+    import subprocess
+
+    from test_codegen_wgmma import _cuobjdump, loops_with
+    from tilekit.codegen.module import unit_source
+    from tilekit.codegen.nvcc import compile_unit
+
+    tool = _cuobjdump()
+    if tool is None:
+        pytest.skip("cuobjdump/nvdisasm not installed (pip install nvidia-cuda-cuobjdump "
+                    "nvidia-cuda-nvdisasm)")
+    result = generate(gemm(1024, 1024, 1024, t=tile(128, 128, 8, 8, 8)), H100)
+    cubin = compile_unit(unit_source(result.kernels), "sm_90").cubin
+    sass = subprocess.run([tool[0], "-sass", str(cubin)], capture_output=True, text=True,
+                          env=tool[1], check=True).stdout
+    for opcode in ("LDG.E.128", "LDS.128", "FFMA", "BAR.SYNC"):
+        assert loops_with(sass, opcode) >= 1, f"no {opcode} inside a loop"
+    assert sass.count("FFMA") >= 8 * 8 * 8          # the step's 8 points of 8x8 unrolled
+    assert not re.search(r"\b(LDL|STL)\b", sass), "local memory in the SASS"
+
+
+@pytest.mark.skipif(not ALL, reason="the rolled suite's simt kernels: TILEKIT_ALL_ARCHS=1")
+@pytest.mark.parametrize("hw", ["h100", "a100"])
+def test_every_simt_kernel_of_the_rolled_suite_emulates_the_reference(hw):
+    """The 119-op suite rolled for the profile: every op that becomes a simt kernel (BERT's
+    projections, batched attention products, GEMMs of odd sizes, GEMVs) runs its first,
+    middle and last blocks in the emulation against the reference executor."""
+    from tilekit.codegen.emulate import emulate_blocks
+    from tilekit.roll.workloads import load_workloads
+    from tilekit.runtime.cpu import run_module
+
+    profile = load_profile(hw)
+    checked, failures = 0, []
+    for w in load_workloads():
+        module = roll_module(w.module(), profile)
+        if module.ops[0].tile["kernel"]["shape"] != "simt":
+            continue
+        result = generate(module, profile)
+        grid = result.module.codegen["kernels"][0]["grid"][0]
+        v = values(module)
+        want = run_module(module, v, {})
+        for name, got in emulate_blocks(result.module, 0, v, sorted({0, grid // 2, grid - 1})
+                                        ).items():
+            written = ~np.isnan(got)
+            err = np.abs(got[written] - want[name][written]).max() / np.abs(want[name]).max()
+            if not written.any() or err > 1e-4:
+                failures.append(f"{w.name}: {name} off by {err:.1e}")
+        checked += 1
+    assert checked >= 10 and not failures, failures
+
+
+def _vector_reads(row_of_lane) -> tuple[int, int]:
+    """(wavefronts, fewest) of one warp's 16-byte loads of s[row_of_lane(l)][0:4] from a
+    shared [32][4] float buffer (rows of 16 bytes: eight rows span the 32 banks)."""
+    from tilekit.tile import expr as tx
+    from tilekit.tile.expr import Load
+    from tilekit.tile.nodes import Buffer, Kernel, Store, Threads
+
+    s = Buffer("s_t", "shared", "float32", (32, 4))
+    y = Buffer("t_y", "global", "float32", (32 * 4,), access="write")
+    tid = tx.Var("tid", "int32")
+    value = Load("s_t", (row_of_lane(tid), tx.const(0)), "float4", 4)
+    body = Threads(tid, 32, Store("t_y", (tid * 4,), value, 4))
+    k = Kernel("reads", (y,), (s,), body, 32, 1)
+    (site,) = [x for x in interpret(k, {"t_y": np.zeros(128, np.float32)}).sites.values()
+               if x.scope == "shared"]
+    return site.wavefronts, site.ideal_wavefronts
+
+
+def test_a_16_byte_broadcast_is_not_a_conflict_but_a_shared_bank_is():
+    """The interpreter's fewest wavefronts for a 16-byte access: one per quarter warp (a
+    wavefront returns a register per lane), so lanes sharing an address (the A fragment's
+    broadcast) count as conflict-free; rows 8 apart in one quarter warp conflict."""
+    from tilekit.tile import expr as tx
+
+    assert _vector_reads(lambda t: tx.const(0)) == (4, 4)              # all lanes: one row
+    # 8 rows in each quarter warp: 32 banks
+    assert _vector_reads(lambda t: tx.mod(t, 8)) == (4, 4)
+    # rows 0-3 and 8-11 in a quarter warp: rows 8 apart share banks (2-way); 0, 1, 8, 9,
+    # 16, 17, 24, 25: 4-way
+    assert _vector_reads(lambda t: tx.div(tx.mod(t, 8), 4) * 8 + tx.mod(t, 4)) == (8, 4)
+    assert _vector_reads(lambda t: tx.div(tx.mod(t, 8), 2) * 8 + tx.mod(t, 2)) == (16, 4)
+
+
+def test_a_transposed_scaled_output_stores_point_by_point():
+    """`c[j,i] += a[i,k] * b[k,j] * 0.5`: M is the output's contiguous axis, so the epilogue
+    stores point by point (no 16-byte stores), with the constant factor applied."""
+    m, n, k = 70, 96, 40
+    module = Module(model="t", tensors={
+        "a": Tensor((m, k), "float32", "input"), "b": Tensor((k, n), "float32", "input"),
+        "c": Tensor((n, m), "float32", "output")},
+        ops=(Op("mm", "c[j,i] += a[i,k] * b[k,j] * 0.5",
+                tile={"block": {"j": 64, "i": 64}, "thread": {"j": 4, "i": 8},
+                      "step": {"k": 8}}),),
+        inputs=("a", "b"), outputs=("c",), stages=({"name": "import"},))
+    result, g = simt_kernel(module)
+    assert "float4*>(&t_c" not in g.source
+    v = values(module)
+    want = (v["a"].astype(np.float64) @ v["b"].astype(np.float64)).T * 0.5
+    assert rel_err(emulate(result.module, v, {})["c"], want) < TOLERANCE

@@ -1,0 +1,170 @@
+"""fp32 contractions on CUDA cores as a CUTLASS-SIMT-class block GEMM: whether a tile runs so,
+and how (read by the shape decision, the cost model and tilekit.codegen.simt).
+
+A contraction (tilekit.schedule.mma.Contraction) of two float32 operands that are plain
+strided tensors (every index one axis: matmul, batched matmul, either operand transposed) with
+one M, one N and one K axis runs, for a tile of `BM x BN` outputs per block, `TM x TN` per
+thread and `BK` reduction points per step, as:
+
+- **threads**: `(BM / TM) x (BN / TN)`, thread `t` at `(t / (BN / TN), t % (BN / TN))`: a
+  thread's register tile is `TM / 4 x TN / 4` sub-tiles of 4 x 4, strided by `BM / (TM / 4)`
+  rows and `BN / (TN / 4)` columns (an 8 x 8 tile of a 128 x 128 block: 2 x 2 sub-tiles 64
+  apart), so that each sub-tile's operand values are one 16-byte shared load;
+- **shared memory**: two buffers per operand (double buffering), each `BK` rows of the M (or
+  N) extent: A is stored K-major (`[k][m]`), transposed on the way when the tensor is
+  K-contiguous, so that both fragments are 16-byte loads along M and N. A transposed
+  operand's rows are padded by 4 floats (`TRANSPOSED_PAD`): its scalar stores then fall in 32
+  distinct banks (16 rows x 2 four-wide k chunks per warp request);
+- **bank behaviour**: a warp holds `32 / (BN / TN)` rows of threads whose 8-lane quarters
+  (the phases of a 16-byte shared access) read one A sub-tile (a broadcast) and 8
+  consecutive B sub-tiles (32 distinct banks): conflict-free. Hence `BN / TN` must be a
+  multiple of 8;
+- **global loads**: per step each thread loads `BM x BK / 4 / threads` chunks of 4 elements
+  of A (and of B), 16-byte vector loads when the tensor's rows are whole 16-byte units
+  (`vector`), else element by element, guarded (at most `MAX_SCALAR_LOADS` per thread);
+  chunks are assigned so that a warp request reads whole 32-byte sectors (for a
+  K-contiguous operand: two chunks of one row, then the next row);
+- **pipeline**: the next step's chunks are loaded into registers while the current step
+  computes from the other buffer; stored after the compute, then one barrier per step.
+
+`simt_plan` returns the plan or why the tile does not have this form; anything else keeps
+the `staged` shape (convolutions: their gathered windows are not plain strided operands).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tilekit.schedule.mma import Contraction, Operand
+
+#: Register-tile edges along M and N: sub-tiles of 4 (one 16-byte load each), one or two.
+THREAD_SIZES = (4, 8)
+#: Reduction points per step.
+STEPS = (4, 8, 16, 32)
+#: Floats of padding per row of a buffer filled by transposing scalar stores.
+TRANSPOSED_PAD = 4
+#: Threads per block (at least one warp, at most what the register tile leaves room for).
+MIN_THREADS, MAX_THREADS = 32, 512
+#: Thread columns (along N) per warp row must fill the 8 lanes of a 16-byte shared access.
+PHASE = 8
+ITEM = 4
+#: Elements per thread and step an operand without 16-byte loads may take: each is a load of
+#: its own address and guard (ptxas 13.0, sm_90: 64x128x32 with both operands scalar, 32
+#: elements of B per thread, spilled 8 bytes at 255 registers; 16 stayed under 240).
+MAX_SCALAR_LOADS = 16
+
+
+@dataclass(frozen=True)
+class SimtPlan:
+    """How a tile of a float32 contraction runs on CUDA cores (module docstring)."""
+
+    contraction: Contraction
+    bm: int
+    bn: int
+    bk: int
+    tm: int
+    tn: int
+    #: 16-byte global loads of A's and B's chunks (their rows are whole 16-byte units)
+    a_vector: bool
+    b_vector: bool
+
+    @property
+    def threads_m(self) -> int:
+        return self.bm // self.tm
+
+    @property
+    def threads_n(self) -> int:
+        return self.bn // self.tn
+
+    @property
+    def threads(self) -> int:
+        return self.threads_m * self.threads_n
+
+    def extent(self, operand: Operand) -> int:
+        """The operand's M (A) or N (B) extent in the block."""
+        return self.bm if operand is self.contraction.a else self.bn
+
+    def pad(self, operand: Operand) -> int:
+        """Row padding of the operand's buffers: K-contiguous operands are transposed."""
+        return TRANSPOSED_PAD if operand.k_inner else 0
+
+    def buffer_bytes(self, operand: Operand) -> int:
+        return 2 * self.bk * (self.extent(operand) + self.pad(operand)) * ITEM
+
+    @property
+    def smem_bytes(self) -> int:
+        c = self.contraction
+        return self.buffer_bytes(c.a) + self.buffer_bytes(c.b)
+
+    def chunks(self, operand: Operand) -> int:
+        """Four-element chunks of the operand per step."""
+        return self.extent(operand) * self.bk // 4
+
+    def loads_per_thread(self, operand: Operand) -> int:
+        return -(-self.chunks(operand) // self.threads)
+
+    @property
+    def registers(self) -> int:
+        """Registers the tile holds: accumulators, two fragments, the next step's chunks."""
+        c = self.contraction
+        return (self.tm * self.tn + self.tm + self.tn
+                + 4 * (self.loads_per_thread(c.a) + self.loads_per_thread(c.b)))
+
+    def record(self) -> dict:
+        c = self.contraction
+        return {"block_gemm": [self.bm, self.bn, self.bk], "thread": [self.tm, self.tn],
+                "buffers": 2,
+                "layout": {"a": "mk" if c.a.k_inner else "km",
+                           "b": "nk" if c.b.k_inner else "kn"},
+                "vector": [n for n, on in (("a", self.a_vector), ("b", self.b_vector)) if on]}
+
+
+def simt_plan(c: Contraction, spatial, reduction, block, thread, step, smem_limit: int,
+              shape_of) -> SimtPlan | str:
+    """The SIMT plan of a tile (per spatial axis `block` and `thread`, per reduction axis
+    `step`), or why it has none. `shape_of(i)` is the shape of the contraction's read `i`."""
+    if c.dtype != "float32":
+        return f"{c.dtype} operands (the SIMT GEMM is built for float32)"
+    if len(c.m_axes) != 1 or len(c.n_axes) != 1 or len(c.k_axes) != 1:
+        return "not one M, one N and one K axis"
+    if c.a.dim_axes is None or c.b.dim_axes is None:
+        return "an operand is not a plain strided tensor (a gathered window, an offset)"
+    names = [a for a, _ in spatial]
+    size = dict(zip(names, block))
+    per_thread = dict(zip(names, thread))
+    if any(size[a] != 1 or per_thread[a] != 1 for a in c.batch_axes):
+        return "a batch axis' block is not 1"
+    (m,), (n,) = c.m_axes, c.n_axes
+    bm, bn, tm, tn = size[m], size[n], per_thread[m], per_thread[n]
+    (bk,) = step
+    if tm not in THREAD_SIZES or tn not in THREAD_SIZES:
+        return f"thread tile {tm}x{tn}: the SIMT GEMM takes 4 or 8 per axis"
+    if bm % tm or bn % tn:
+        return "the thread tile does not divide the block"
+    if bk not in STEPS:
+        return f"step {bk}: the SIMT GEMM takes steps of {', '.join(map(str, STEPS))}"
+    threads = (bm // tm) * (bn // tn)
+    if (bn // tn) % PHASE:
+        return f"{bn // tn} thread columns: a multiple of {PHASE} reads B without conflicts"
+    if threads % 32 or not MIN_THREADS <= threads <= MAX_THREADS:
+        return f"{threads} threads: whole warps, {MIN_THREADS}-{MAX_THREADS}"
+    if bm < 32 or bn < 32:
+        return "a block extent under 32"
+    plan = SimtPlan(c, bm, bn, bk, tm, tn, _vector(c.a, shape_of), _vector(c.b, shape_of))
+    for op, vector in ((c.a, plan.a_vector), (c.b, plan.b_vector)):
+        if not vector and 4 * plan.loads_per_thread(op) > MAX_SCALAR_LOADS:
+            return (f"{4 * plan.loads_per_thread(op)} scalar loads per thread and step (rows "
+                    f"not 16-byte units): at most {MAX_SCALAR_LOADS}")
+    if plan.smem_bytes > smem_limit:
+        return f"{plan.smem_bytes} bytes of shared memory > {smem_limit}"
+    return plan
+
+
+def _vector(op: Operand, shape_of) -> bool:
+    """16-byte loads: the tensor's rows are whole 16-byte units (plain indices: every other
+    dimension's stride is a multiple of the last dimension's extent, and a block's and a
+    step's origins on the last dimension are multiples of 4)."""
+    return shape_of(op.index)[-1] % 4 == 0
+
+
+__all__ = ["MAX_SCALAR_LOADS", "STEPS", "SimtPlan", "THREAD_SIZES", "TRANSPOSED_PAD", "simt_plan"]
