@@ -8,7 +8,9 @@ printed for CUDA or for CPUs.
 Modules: `module` (the pass), `plan` (a group's stages, chains, inlining), `values` (tensor
 expressions to tile-program expressions: kinds, casts, padding, index maps), the kernel
 shapes, each building a tile program (tilekit.tile): `kernel` (shared pieces; `default` and
-`tiled`), `staged` (contractions with boxes copied to shared memory), `mma` (tensor-core
+`tiled`), `staged` (contractions with boxes copied to shared memory), `simt` (float32
+GEMMs on CUDA cores: register tiles of 4x4 sub-tiles, 16-byte loads, double-buffered shared
+memory), `mma` (tensor-core
 contractions, pipelined), `wgmma` (Hopper contractions: TMA, mbarriers, warp roles, wgmma;
 split-K), `fused` (multi-stage groups), `flash` (welded attention with online softmax) and
 `opaque` (kernels of opaque ops); `cpu` (the CPU target's kernels: packed GEMM panels around
