@@ -46,7 +46,8 @@ CONSTANT_ARGUMENTS = {"gemm_micro": 2, "gemm_micro_rows": 2, "pack_row": 1, "pac
 
 # -- leaves: one traversal, used both to read them and to replace them --------------------
 
-def _leaf_dtype(e: Const) -> bool:
+def _is_leaf(e: Const) -> bool:
+    """A constant a size may change: a number (not a truth value)."""
     return e.dtype in INT_DTYPES or e.dtype in FLOAT_DTYPES
 
 
@@ -75,7 +76,7 @@ class _Walk:
 
     def node(self, x: Any) -> Any:
         if isinstance(x, Const):
-            return self.leaf(x.value, x.dtype) if _leaf_dtype(x) else x
+            return self.leaf(x.value, x.dtype) if _is_leaf(x) else x
         if isinstance(x, Comment):
             return Comment("") if self.blank else x
         if isinstance(x, Buffer):
