@@ -419,6 +419,9 @@ def test_wgmma_kernels_compile_for_sm90a_with_hgmma_in_the_loop_and_no_local_mem
     for dtype, block, consumers, a in (("float16", (128, 256), 2, "mk"),
                                        ("bfloat16", (128, 128), 1, "km")):
         result = generate(gemm(4096, 4096, 4096, dtype, a, "kn", block, consumers), H100)
+        # more tiles than SMs: the persistent form (a block per SM looping over tiles)
+        assert result.kernels[0].schedule["wgmma"]["schedule"]["persistent"]
+        assert result.kernels[0].grid[0] == H100.sm_count
         report = compile_module(result, None, H100)
         assert "-gencode=arch=compute_90a,code=sm_90a" in report.command
         assert not report.problems, report.problems
@@ -489,3 +492,137 @@ def test_split_k_kernels_compile_without_spills():
     report = compile_module(generate(module, H100), None, H100)
     assert not report.problems, report.problems
     assert [k["shape"] for k in report.module.codegen["kernels"]] == ["wgmma", "splitk_reduce"]
+
+
+# -- the persistent tile scheduler --------------------------------------------------------------
+
+#: A Hopper with 5 SMs of one block each: small grids become persistent (a block per SM,
+#: each looping over several tiles) at sizes the emulation runs in a second or two.
+SMALL = replace(H100, sm_count=5, max_blocks_per_sm=1)
+
+
+def grouped_tiles(gm: int, gn: int, group: int = 8) -> list[tuple[int, int]]:
+    """The (m, n) tile of each piece of work, in order: groups of `group` M tiles (fewer in
+    the last), down M first, then across N (written out here as a list, not as the kernel's
+    arithmetic)."""
+    order = []
+    for first in range(0, gm, group):
+        rows = range(first, min(first + group, gm))
+        order += [(m, n) for n in range(gn) for m in rows]
+    return order
+
+
+@needs_cxx
+def test_persistent_blocks_loop_over_tiles_with_barrier_phases_carried_over():
+    """12 tiles on 5 blocks: blocks 0 and 1 run 3 tiles (the last one ragged on both axes),
+    the others 2; 6 steps per tile on 4 stages, so the stage and parity counters wrap inside
+    a tile and carry over from one tile to the next."""
+    module = gemm(200, 136, 328, "float16", "mk", "kn", (64, 64), 1)
+    result = generate(module, SMALL)
+    (kern,) = result.kernels
+    sched = kern.schedule["wgmma"]
+    assert sched["schedule"] == {"blocks": 5, "tiles": 12, "persistent": True,
+                                 "order": "groups of 8 tiles along M"}
+    assert kern.grid[0] == 5 and sched["stages"] == 4
+    v = values(module)
+    want = reference(module, v)
+    assert rel_err(emulate(result.module, v, {})["c"], want) < 1e-5
+    assert rel_err(interpreted(result, module, v), want) < 1e-5
+    # block 1 alone writes its three tiles, 1, 6 and 11 of the grouped order
+    got = emulate_blocks(result.module, 0, v, [1])["c"]
+    mine = np.zeros(got.shape, bool)
+    for m, n in [grouped_tiles(4, 3)[t] for t in (1, 6, 11)]:
+        mine[64 * m:64 * m + 64, 64 * n:64 * n + 64] = True
+    assert (~np.isnan(got) == mine).all()
+    np.testing.assert_allclose(got[mine], want[mine], rtol=1e-4, atol=1e-3)
+
+
+def test_the_tile_order_groups_eight_tiles_along_m():
+    """30 tiles (10 along M, 3 along N) on 5 blocks: each block's tiles are those of the
+    grouped order (the interpreter runs one block at a time)."""
+    module = gemm(600, 136, 64, "float16", "mk", "kn", (64, 64), 1)
+    result = generate(module, SMALL)
+    (kern,) = result.kernels
+    assert (kern.grid[0], kern.schedule["wgmma"]["schedule"]["tiles"]) == (5, 30)
+    order = grouped_tiles(10, 3)
+    assert order[:9] == [(m, 0) for m in range(8)] + [(0, 1)] and order[24] == (8, 0)
+    v = values(module)
+    for block in (0, 3):
+        memory = {tvar(name): (np.asarray(v[name], numpy_dtype(t.dtype)).reshape(-1).copy()
+                               if name in v else np.full(t.size, np.nan, np.float32))
+                  for name, t in module.tensors.items()}
+        interpret(kern.program, memory, blocks=[block])
+        got = memory[tvar("c")].reshape(600, 136)
+        mine = np.zeros(got.shape, bool)
+        for m, n in order[block::5]:
+            mine[64 * m:64 * m + 64, 64 * n:64 * n + 64] = True
+        assert (~np.isnan(got) == mine).all(), block
+
+
+@needs_cxx
+@pytest.mark.parametrize("what", ["restarted_per_tile", "consumer_restarted"]
+                         + (["parity_restarted"] if ALL else []))
+def test_a_wrong_stage_or_parity_across_tiles_fails(what):
+    """The step counter that gives each step its stage and parity runs across the block's
+    tiles; restarting it at every tile (in both roles: the stages are then refilled out of
+    phase with the barriers; in the consumers only, or the parity only: they wait for
+    phases that never complete) gives wrong numbers or a deadlock."""
+    module = gemm(200, 136, 328, "float16", "mk", "kn", (64, 64), 1)
+    result = generate(module, SMALL)
+    cons = [("const int cst = cg % 4;", "const int cst = cs % 4;"),
+            ("const int cph = (cg / 4) & 1;", "const int cph = (cs / 4) & 1;")]
+    prod = [("const int pst = pg % 4;", "const int pst = ps % 4;"),
+            ("const int pph = (pg / 4) & 1;", "const int pph = (ps / 4) & 1;")]
+    edits = {"restarted_per_tile": cons + prod, "consumer_restarted": cons,
+             "parity_restarted": cons[1:] + prod[1:]}[what]
+
+    def edit(k):
+        source = k.source
+        for old, new in edits:
+            assert old in source, old
+            source = source.replace(old, new)
+        return replace(k, source=source)
+    bad = _with_source(result, edit)
+    v = values(module)
+    try:
+        got = emulate(bad, v, {})["c"]
+    except RuntimeError as e:
+        assert "deadlock" in str(e) or "exit 7" in str(e), e
+        return
+    assert not rel_err(got, reference(module, v)) < 0.05
+
+
+@needs_cxx
+def test_persistent_split_k_varies_the_steps_per_piece():
+    """Split-K on a persistent grid: 6 tiles x 3 slices = 18 pieces on 5 blocks (4 or 3
+    each), slices of 6, 6 and 4 steps, so the barrier phases carry over pieces of different
+    lengths; the reduction kernel adds the slices and runs bias + ReLU."""
+    module = gemm(100, 136, 1000, "float16", "mk", "kn", (64, 64), 1, bias_relu=True)
+    module = replace(module, ops=(replace(module.ops[0], tile={**module.ops[0].tile,
+                                                               "split_k": 3}),
+                                  module.ops[1]))
+    result = generate(module, SMALL)
+    first, second = result.kernels
+    assert first.schedule["wgmma"]["schedule"]["tiles"] == 18 and first.grid[0] == 5
+    v = values(module)
+    assert rel_err(emulate(result.module, v, {})["y"], reference(module, v)) < 1e-5
+
+
+def test_the_grid_is_one_wave_of_resident_blocks():
+    """On the H100: 512 tiles of 128 x 256 (two consumers, one block per SM) on 132 blocks;
+    128 tiles stay a block each; 64 x 64 tiles (three blocks per SM by shared memory and
+    registers) persistent only beyond 396; tk-codegen --report shows the decision."""
+    from tilekit.cli.tk_codegen import report_data
+    from tilekit.codegen.module import run_codegen
+
+    def schedule(m, n, block, consumers):
+        (k,) = generate(gemm(m, n, 256, "float16", "mk", "kn", block, consumers),
+                        H100).kernels
+        return k.grid[0], k.schedule["wgmma"]["schedule"]["persistent"]
+    assert schedule(4096, 4096, (128, 256), 2) == (132, True)
+    assert schedule(2048, 1024, (128, 128), 2) == (128, False)
+    assert schedule(1216, 1280, (64, 64), 1) == (380, False)       # 19 x 20 tiles
+    assert schedule(1280, 1280, (64, 64), 1) == (396, True)        # 20 x 20
+    result = run_codegen(gemm(2048, 2048, 256, "float16", "mk", "kn", (128, 128), 2), H100,
+                         None, target="cuda")
+    assert report_data(result)["kernels"][0]["tiles"] == "256 on 132 blocks, persistent"

@@ -34,18 +34,20 @@ from __future__ import annotations
 
 import math
 
+from contextlib import contextmanager
 from dataclasses import replace
+from typing import Iterator
 
 from tilekit.codegen.kernel import (GeneratedKernel, PointBuilder, Signature, avar,
-                                    block_origins, decompose, generated, global_resolver,
+                                    c_name, decompose, generated, global_resolver,
                                     grid_stride_end, group_signature, index_type, store_sink,
                                     tvar, tile_text)
 from tilekit.schedule.defaults import DEFAULT_THREADS, default_grid
 from tilekit.codegen.plan import GroupPlan, Read
 from tilekit.codegen.staged import read_key
 from tilekit.codegen.values import literal
-from tilekit.schedule.mma import (SWIZZLE_ALIGN, WARPGROUP, WGMMA, WGMMA_M, Operand,
-                                  WgmmaPlan)
+from tilekit.schedule.mma import (RASTER_GROUP, SWIZZLE_ALIGN, WARPGROUP, WGMMA, WGMMA_M,
+                                  Operand, WgmmaPlan)
 from tilekit.schedule.shape import KernelShape, Target
 from tilekit.tile import expr as tx
 from tilekit.tile.build import Builder, SharedMemory
@@ -105,20 +107,14 @@ def wgmma_kernel(module, plan: GroupPlan, entry: str, decision: KernelShape, tar
     maps = {w: _tensor_map(w, op, read, wp, c) for w, (op, read) in ops.items()}
     b = Builder()
     tiles = math.prod(tile.grid(tuple(extents)))
+    assert tiles == wp.tiles, "the program and the wgmma plan disagree on the tiles"
     total = -(-dict(p.reduction)[c.k_axes[0]] // wp.bk)
-    if scratch is None:
-        origins = dict(zip(axes, block_origins(b, axes, extents, tile.block, idx_t)))
-        nsteps, k_first, slice_ = tx.const(total), tx.const(0), None
-    else:
-        b.comment(f"split-K: block = slice x {tiles} + tile; slice s adds reduction steps "
-                  f"[s x {wp.steps_per_split}, (s + 1) x {wp.steps_per_split})")
-        slice_ = b.let("sk", tx.div(BLOCK, tiles))
-        origins = dict(zip(axes, block_origins(b, axes, extents, tile.block, idx_t,
-                                               tx.mod(BLOCK, tiles))))
-        k_first = b.let("kf", tx.mul(slice_, wp.steps_per_split))
-        nsteps = b.let("nk", tx.call("min", wp.steps_per_split, tx.sub(total, k_first)))
-    g = _Gen(b, module, plan, wp, ops, bufs, bars, maps, origins, nsteps, idx_t)
-    g.k_first, g.scratch, g.slice = k_first, scratch, slice_
+    b.comment(f"{wp.units} pieces of work ({tiles} output tiles"
+              + (f" x {wp.split} reduction slices" if scratch is not None else "")
+              + f") on {wp.grid} blocks: piece u = blockIdx + i x gridDim"
+              + (" (persistent)" if wp.persistent else ""))
+    g = _Gen(b, module, plan, wp, ops, bufs, bars, maps, axes, extents, total, idx_t)
+    g.scratch = scratch
     g.init_barriers()
     with b.threads(wp.threads) as tid:
         wg = b.let("wg", tx.div(tid, WARPGROUP))
@@ -129,11 +125,14 @@ def wgmma_kernel(module, plan: GroupPlan, entry: str, decision: KernelShape, tar
     sched = tile.describe(tuple(axes), tuple(a for a, _ in p.reduction))
     sched["wgmma"] = wp.record()
     name = WGMMA[wp.compute][0]
-    program = Kernel(entry, params, smem.all(), b.build(), wp.threads, tiles * wp.split, 1, (
+    program = Kernel(entry, params, smem.all(), b.build(), wp.threads, wp.grid, 1, (
                          f"wgmma: wgmma.mma_async.m64n{wp.bn}k16.f32.{name} on a "
                          f"{wp.bm}x{wp.bn}x{wp.bk} block GEMM, a producer warpgroup (TMA) and "
                          f"{wp.consumers} consumer warpgroup(s) of {wp.mt} instruction(s) "
                          f"each, {wp.stages} stages on mbarriers",
+                         f"schedule: {wp.units} tiles on {wp.grid} blocks"
+                         + (", persistent" if wp.persistent else "")
+                         + f", in groups of {RASTER_GROUP} along M",
                          f"shared memory: {wp.smem_bytes} bytes (128-byte swizzled tiles)",
                          f"tile: {tile_text(tile, p)}"),
                      tensor_maps=(maps["a"], maps["b"]), smem_align=SWIZZLE_ALIGN)
@@ -234,13 +233,17 @@ class _Gen:
     """The pieces of one wgmma program (module docstring)."""
 
     def __init__(self, b: Builder, module, plan: GroupPlan, wp: WgmmaPlan, ops, bufs, bars,
-                 maps, origins, nsteps: int, idx_t: str) -> None:
+                 maps, axes: list[str], extents: list[int], total: int, idx_t: str) -> None:
         self.b, self.module, self.plan, self.wp = b, module, plan, wp
         self.ops, self.bufs, self.bars, self.maps = ops, bufs, bars, maps
-        self.origins, self.nsteps, self.idx_t = origins, nsteps, idx_t
-        self.k_first: Expr = tx.const(0)     # split-K: this block's first step
+        self.axes, self.extents, self.total, self.idx_t = axes, extents, total, idx_t
         self.scratch: str | None = None      # split-K: the partial sums' buffer
+        # the piece of work in progress (`work`): its tile's origins, its reduction slice,
+        # its first step and its steps
+        self.origins: dict[str, Expr] = {}
         self.slice: Expr | None = None
+        self.k_first: Expr = tx.const(0)
+        self.nsteps: Expr = tx.const(total)
 
     def full(self, stage: Expr) -> Addr:
         return Addr(self.bars.name, (stage,))
@@ -260,25 +263,86 @@ class _Gen:
                 b.evaluate(tx.call("mbar_fence_init"))
         b.barrier()
 
-    def _step(self, s: Var, prefix: str) -> tuple[Var, Var]:
-        stage = self.b.let(f"{prefix}st", tx.mod(s, self.wp.stages))
-        parity = self.b.let(f"{prefix}ph", tx.binary("&", tx.div(s, self.wp.stages), 1))
+    @contextmanager
+    def pieces(self, prefix: str) -> Iterator[None]:
+        """This block's pieces of work `u = blockIdx + i x gridDim` (one when the grid has a
+        block per piece), each with its tile's origins, slice and steps set (`work`)."""
+        with self.b.loop(f"{prefix}u", BLOCK, self.wp.units, NBLOCKS) as u:
+            self.work(u, prefix)
+            yield
+
+    def work(self, u: Var, prefix: str) -> None:
+        """Piece `u`: slice `u / tiles` of the reduction (split-K) of tile `u % tiles`, the
+        tile in the grouped order (`tile_origins`)."""
+        b, wp = self.b, self.wp
+        if wp.split == 1:
+            t = u
+        else:
+            self.slice = b.let(f"{prefix}sk", tx.div(u, wp.tiles))
+            t = b.let(f"{prefix}t", tx.mod(u, wp.tiles))
+            self.k_first = b.let(f"{prefix}kf", tx.mul(self.slice, wp.steps_per_split))
+            self.nsteps = b.let(f"{prefix}nk", tx.call("min", wp.steps_per_split,
+                                                        tx.sub(self.total, self.k_first)))
+        self.origins = self.tile_origins(t, prefix)
+
+    def tile_origins(self, t: Expr, prefix: str) -> dict[str, Expr]:
+        """The origins of tile `t` in the grouped order (`RASTER_GROUP`): batch tiles
+        outermost; within a batch, groups of `RASTER_GROUP` M tiles (fewer in the last
+        group), walked down M first, then across N."""
+        b, c, wp = self.b, self.wp.contraction, self.wp
+        grid = {a: -(-n // s) for a, n, s in zip(self.axes, self.extents,
+                                                 self.plan_tile_block())}
+        m_axis, n_axis = c.m_axes[0], c.n_axes[0]
+        gm, gn = grid[m_axis], grid[n_axis]
+        per_batch = gm * gn
+        group = min(RASTER_GROUP, gm)
+        width = group * gn
+        r = b.let(f"{prefix}r", tx.mod(t, per_batch)) if per_batch < wp.tiles else t
+        first = b.let(f"{prefix}m0", tx.mul(tx.div(r, width), group))
+        rows = b.let(f"{prefix}gm", tx.call("min", tx.sub(gm, first), group))
+        within = b.let(f"{prefix}in", tx.mod(r, width))
+        tm = tx.add(first, tx.mod(within, rows))
+        tn = tx.div(within, rows)
+        origins = {m_axis: b.let(f"{prefix}o_m", tx.mul(tx.cast(self.idx_t, tm), wp.bm),
+                                 self.idx_t),
+                   n_axis: b.let(f"{prefix}o_n", tx.mul(tx.cast(self.idx_t, tn), wp.bn),
+                                 self.idx_t)}
+        batch = [a for a in self.axes if a in c.batch_axes]
+        if batch:
+            bt = b.let(f"{prefix}bt", tx.div(t, per_batch))
+            coords = decompose(b, bt, [grid[a] for a in batch],
+                               [f"{prefix}o_{c_name(a)}" for a in batch], self.idx_t)
+            origins.update(zip(batch, coords))
+        return origins
+
+    def _step(self, g: Var, prefix: str) -> tuple[Var, Var]:
+        """The stage and parity of the block's `g`-th step: `g` counts every step the block
+        ran, across its pieces of work, so the barriers' phases continue from one tile to the
+        next (they are initialised once)."""
+        stage = self.b.let(f"{prefix}st", tx.mod(g, self.wp.stages))
+        parity = self.b.let(f"{prefix}ph", tx.binary("&", tx.div(g, self.wp.stages), 1))
         return stage, parity
 
     # -- producer -------------------------------------------------------------------------
     def producer(self, tid: Var) -> None:
         b, wp = self.b, self.wp
-        b.comment("producer warpgroup: one thread issues the TMA copies of every step")
+        b.comment("producer warpgroup: one thread issues the TMA copies of every step of "
+                  "every piece of work; it runs ahead into the next tile while the consumers "
+                  "finish the last one")
         if wp.setmaxnreg:
             b.evaluate(tx.call("setmaxnreg_dec", wp.setmaxnreg[0]))
         with b.if_(tx.eq(tid, 0)):
-            with b.loop("ps", 0, self.nsteps) as s:
-                stage, parity = self._step(s, "p")
-                b.evaluate(tx.call("mbar_wait", self.empty(stage), tx.binary("^", parity, 1)))
-                b.evaluate(tx.call("mbar_expect_tx", self.full(stage), wp.stage_bytes))
-                k0 = b.let("pk0", tx.mul(tx.add(self.k_first, s), wp.bk))
-                for which in ("a", "b"):
-                    self._copies(which, stage, k0)
+            g = b.decl("pg", "int32", tx.const(0))
+            with self.pieces("p"):
+                with b.loop("ps", 0, self.nsteps) as s:
+                    stage, parity = self._step(g, "p")
+                    b.evaluate(tx.call("mbar_wait", self.empty(stage),
+                                       tx.binary("^", parity, 1)))
+                    b.evaluate(tx.call("mbar_expect_tx", self.full(stage), wp.stage_bytes))
+                    k0 = b.let("pk0", tx.mul(tx.add(self.k_first, s), wp.bk))
+                    for which in ("a", "b"):
+                        self._copies(which, stage, k0)
+                    b.assign(g, tx.add(g, 1))
 
     def _copies(self, which: str, stage: Var, k0: Var) -> None:
         """The TMA copies of one operand's tile of a step: one box (K-major) or one per
@@ -305,34 +369,38 @@ class _Gen:
     # -- consumers ------------------------------------------------------------------------
     def consumer(self, tid: Var, wg: Var) -> None:
         b, wp = self.b, self.wp
-        b.comment("consumer warpgroups: wgmma on each stage, then release it")
+        b.comment("consumer warpgroups: per piece of work, wgmma on each stage, release it, "
+                  "then the epilogue (overlapping the producer's loads of the next piece)")
         if wp.setmaxnreg:
             b.evaluate(tx.call("setmaxnreg_inc", wp.setmaxnreg[1]))
         acc = b.alloc("acc", "float32", (wp.mt, wp.bn // 2),
                       "this thread's accumulators (wgmma's D fragment)")
-        with b.loop("i", 0, wp.mt, kind="unroll") as i:
-            with b.loop("v", 0, wp.bn // 2, kind="unroll") as v:
-                b.store(acc, (i, v), tx.const(0.0))
         cw = b.let("cw", tx.sub(wg, 1))
         whole = Addr(acc.name, ())
-        with b.loop("cs", 0, self.nsteps) as s:
-            stage, parity = self._step(s, "c")
-            b.evaluate(tx.call("mbar_wait", self.full(stage), parity))
-            b.evaluate(tx.call("wgmma_fence", whole))
-            with b.loop("kk", 0, wp.bk // 16, kind="unroll") as kk:
-                db = b.let("db", self._descriptor("b", stage, kk, None), "int64")
-                with b.loop("i", 0, wp.mt, kind="unroll") as i:
-                    da = b.let("da", self._descriptor("a", stage, kk,
-                                                      tx.add(tx.mul(cw, wp.mt), i)), "int64")
-                    fn = "wgmma_f16" if wp.compute == "float16" else "wgmma_bf16"
-                    b.evaluate(tx.call(fn, Addr(acc.name, (i,)), da, db, wp.bn,
-                                       int(not self.ops["a"][0].k_inner),
-                                       int(not self.ops["b"][0].k_inner)))
-            b.evaluate(tx.call("wgmma_commit"))
-            b.evaluate(tx.call("wgmma_wait", whole, 0))
-            with b.if_(tx.eq(tx.mod(tid, WARPGROUP), 0)):
-                b.evaluate(tx.call("mbar_arrive", self.empty(stage)))
-        self.epilogue(tid, cw, acc)
+        g = b.decl("cg", "int32", tx.const(0))
+        with self.pieces("c"):
+            with b.loop("i", 0, wp.mt, kind="unroll") as i:
+                with b.loop("v", 0, wp.bn // 2, kind="unroll") as v:
+                    b.store(acc, (i, v), tx.const(0.0))
+            with b.loop("cs", 0, self.nsteps):
+                stage, parity = self._step(g, "c")
+                b.evaluate(tx.call("mbar_wait", self.full(stage), parity))
+                b.evaluate(tx.call("wgmma_fence", whole))
+                with b.loop("kk", 0, wp.bk // 16, kind="unroll") as kk:
+                    db = b.let("db", self._descriptor("b", stage, kk, None), "int64")
+                    with b.loop("i", 0, wp.mt, kind="unroll") as i:
+                        da = b.let("da", self._descriptor(
+                            "a", stage, kk, tx.add(tx.mul(cw, wp.mt), i)), "int64")
+                        fn = "wgmma_f16" if wp.compute == "float16" else "wgmma_bf16"
+                        b.evaluate(tx.call(fn, Addr(acc.name, (i,)), da, db, wp.bn,
+                                           int(not self.ops["a"][0].k_inner),
+                                           int(not self.ops["b"][0].k_inner)))
+                b.evaluate(tx.call("wgmma_commit"))
+                b.evaluate(tx.call("wgmma_wait", whole, 0))
+                with b.if_(tx.eq(tx.mod(tid, WARPGROUP), 0)):
+                    b.evaluate(tx.call("mbar_arrive", self.empty(stage)))
+                b.assign(g, tx.add(g, 1))
+            self.epilogue(tid, cw, acc)
 
     def _descriptor(self, which: str, stage: Expr, kk: Expr, block64: Expr | None) -> Expr:
         """The descriptor of k-slice `kk` (16 elements) of an operand's stage tile, from its

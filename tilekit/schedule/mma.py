@@ -25,11 +25,12 @@ it and codegen (tilekit.codegen.mma) emits it.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 from tilekit.expr.analysis import index_map
 from tilekit.expr.ast import Access, Binary, Call, Node, Num
+from tilekit.schedule.residency import blocks_per_sm
 from tilekit.tile.passes.layout import conflict_free_pad
 
 #: Instruction per compute type: (name, m, n, k, profile dtype key, element bytes in smem).
@@ -234,6 +235,18 @@ CONSUMER_REGS = 232
 WGMMA_STAGES = (2, 4)
 #: The shared base is rounded up to this (a 128-byte swizzle repeats every 1024 bytes).
 SWIZZLE_ALIGN = 1024
+#: Registers of a wgmma kernel's threads (occupancy: the cost model and the persistent grid):
+#: with two consumers, what __launch_bounds__(384, 1) gives every thread at launch (65536 /
+#: 384, rounded down to 8; setmaxnreg moves them from the producer to the consumers); with
+#: one, the accumulators and this much more, in units of 8 (ptxas 13.0, sm_90a: 128
+#: accumulators took 168 registers).
+WGMMA_TWO_CONSUMER_REGS = 168
+WGMMA_BASE_REGS = 40
+#: The tile order: consecutive pieces of work walk `RASTER_GROUP` tiles down M, then the
+#: next N column of that group (Triton's "GROUP_M", CUTLASS's swizzled rasterisation), so a
+#: wave of blocks shares a few A row panels and B column panels in L2 instead of sweeping
+#: all of B for each row of tiles.
+RASTER_GROUP = 8
 
 
 @dataclass(frozen=True)
@@ -258,10 +271,31 @@ class WgmmaPlan:
     #: order (deterministic) and runs the chain (1: no split)
     split: int = 1
     steps_per_split: int = 0
+    #: output tiles (blocks of the block GEMM over the output); with `split` slices each,
+    #: `units` = tiles x split pieces of work
+    tiles: int = 1
+    #: blocks launched: `units` (a block per piece of work), or fewer (persistent: each block
+    #: loops over pieces `blockIdx + i x gridDim`; `persistent_blocks`)
+    grid: int = 1
 
     @property
     def threads(self) -> int:
         return WARPGROUP * (self.consumers + 1)
+
+    @property
+    def units(self) -> int:
+        """Pieces of work: an output tile and a slice of the reduction each."""
+        return self.tiles * self.split
+
+    @property
+    def persistent(self) -> bool:
+        """Fewer blocks than pieces of work: each block loops over several."""
+        return self.grid < self.units
+
+    @property
+    def registers(self) -> int:
+        """Registers per thread the occupancy assumes (`wgmma_registers`)."""
+        return wgmma_registers(self.consumers, self.mt * self.bn // 2)
 
     @property
     def mt(self) -> int:
@@ -298,6 +332,9 @@ class WgmmaPlan:
         if self.split > 1:
             out["split_k"] = {"slices": self.split, "steps": self.steps_per_split,
                               "reduce": "a second kernel, slices added in order"}
+        out["schedule"] = {"blocks": self.grid, "tiles": self.units,
+                           "persistent": self.persistent,
+                           "order": f"groups of {RASTER_GROUP} tiles along M"}
         return out
 
 
@@ -334,6 +371,27 @@ def tma_operand(op: Operand, c: Contraction, shape: Sequence[int], item: int) ->
     return None
 
 
+def wgmma_registers(consumers: int, accumulators: int) -> int:
+    """Registers per thread of a wgmma kernel with this many consumers and accumulators per
+    consumer thread (`WGMMA_TWO_CONSUMER_REGS`, `WGMMA_BASE_REGS`)."""
+    if consumers == 2:
+        return WGMMA_TWO_CONSUMER_REGS
+    return -(-(accumulators + WGMMA_BASE_REGS) // 8) * 8
+
+
+def persistent_blocks(threads: int, registers: int, smem_bytes: int, units: int,
+                      profile) -> int:
+    """Blocks to launch for `units` pieces of work: one per piece while they fit in one
+    wave of resident blocks (the profile's SMs x the blocks an SM holds:
+    tilekit.schedule.residency.blocks_per_sm), else that wave, each block looping over
+    pieces (persistent). Without a profile (or a non-SIMT one): a block per piece."""
+    if profile is None or getattr(profile, "kind", None) != "simt":
+        return units
+    per_sm, _ = blocks_per_sm(profile, threads, registers, smem_bytes)
+    slots = int(profile.sm_count) * max(int(per_sm), 1)
+    return units if units <= slots else slots
+
+
 def wgmma_smem(bm: int, bn: int, stages: int, item: int = 2) -> int:
     """Shared memory of a wgmma block (tilekit.codegen.wgmma's layout): the stages of A and
     B, 2 x stages mbarriers, the slack that aligns the base."""
@@ -353,13 +411,14 @@ def split_steps(k_extent: int, split: int) -> tuple[int, int]:
 
 
 def wgmma_plan(c: Contraction, spatial, reduction, block: Sequence[int], step: Sequence[int],
-               threads: int, compute: str, smem_limit: int, extents_of, split: int = 1
-               ) -> WgmmaPlan | str:
+               threads: int, compute: str, smem_limit: int, extents_of, split: int = 1,
+               profile=None) -> WgmmaPlan | str:
     """The Hopper plan of this tile, or why it has none: the tile's threads are its
     consumer warpgroups (128 or 256; the producer warpgroup is added), its block a whole
     number of 64-row instructions per consumer by one instruction's N (64, 128 or 256), its
     step 64 along the one K axis, both operands loaded by TMA (`tma_operand`); `split`:
-    split-K slices (`split_steps`)."""
+    split-K slices (`split_steps`); `profile`: the blocks to launch (`persistent_blocks`;
+    without one, a block per tile and slice)."""
     item = WGMMA[compute][2]
     size = {a: b for (a, _), b in zip(spatial, block)}
     size.update({a: s for (a, _), s in zip(reduction, step)})
@@ -388,8 +447,11 @@ def wgmma_plan(c: Contraction, spatial, reduction, block: Sequence[int], step: S
         return (f"{WGMMA_STAGES[0]} stages of {(bm + bn) * bk * item} bytes do not fit "
                 f"{smem_limit} bytes")
     slices, per = split_steps(k_extent, split)
-    return WgmmaPlan(c, compute, bm, bn, WGMMA_BK, consumers, fits[0],
-                     wgmma_smem(bm, bn, fits[0], item), slices, per)
+    tiles = math.prod(-(-n // size[a]) for a, n in spatial)
+    plan = WgmmaPlan(c, compute, bm, bn, WGMMA_BK, consumers, fits[0],
+                     wgmma_smem(bm, bn, fits[0], item), slices, per, tiles, tiles * slices)
+    return replace(plan, grid=persistent_blocks(plan.threads, plan.registers,
+                                                plan.smem_bytes, plan.units, profile))
 
 
 def compute_type(dtype: str, precision: str) -> str | None:
