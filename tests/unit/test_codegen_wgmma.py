@@ -416,9 +416,11 @@ def test_wgmma_kernels_compile_for_sm90a_with_hgmma_in_the_loop_and_no_local_mem
     from tilekit.codegen.module import unit_source
     from tilekit.codegen.nvcc import compile_unit
 
-    for dtype, block, consumers, a in (("float16", (128, 256), 2, "mk"),
-                                       ("bfloat16", (128, 128), 1, "km")):
-        result = generate(gemm(4096, 4096, 4096, dtype, a, "kn", block, consumers), H100)
+    for dtype, block, consumers, a, b in (("float16", (128, 256), 2, "mk", "kn"),
+                                          ("bfloat16", (128, 128), 1, "km", "kn"),
+                                          ("float32", (128, 256), 2, "mk", "nk")):
+        module = gemm(4096, 4096, 4096, dtype, a, b, block, consumers)
+        result = generate(tf32(module) if dtype == "float32" else module, H100)
         # more tiles than SMs: the persistent form (a block per SM looping over tiles)
         assert result.kernels[0].schedule["wgmma"]["schedule"]["persistent"]
         assert result.kernels[0].grid[0] == H100.sm_count
@@ -435,6 +437,7 @@ def test_wgmma_kernels_compile_for_sm90a_with_hgmma_in_the_loop_and_no_local_mem
         sass = subprocess.run([tool[0], "-sass", str(cubin)], capture_output=True,
                               text=True, env=tool[1], check=True).stdout
         assert "HGMMA.64x" in sass
+        assert ("TF32" in sass) == (dtype == "float32")
         assert loops_with(sass, "HGMMA") >= 1, "no HGMMA inside a loop"
         assert loops_with(sass, "UTMALDG") >= 1, "no TMA load inside a loop"
         assert not re.search(r"\b(LDL|STL)\b", sass), "local memory in the SASS"
@@ -626,3 +629,73 @@ def test_the_grid_is_one_wave_of_resident_blocks():
     result = run_codegen(gemm(2048, 2048, 256, "float16", "mk", "kn", (128, 128), 2), H100,
                          None, target="cuda")
     assert report_data(result)["kernels"][0]["tiles"] == "256 on 132 blocks, persistent"
+
+
+# -- TF32 ---------------------------------------------------------------------------------------
+
+def tf32(module: Module) -> Module:
+    """The module as `tk-roll --precision tf32` records it."""
+    return replace(module, stages=module.stages + ({"name": "roll",
+                                                     "options": {"precision": "tf32"}},))
+
+
+def tf32_reference(module: Module, v: dict[str, np.ndarray]) -> np.ndarray:
+    """The product of the inputs as the tensor cores read them: the upper 19 bits of each
+    fp32 word (TMA copies fp32 words; wgmma ignores their low 13 mantissa bits)."""
+    cut = {k: (np.asarray(x, np.float32).view(np.uint32) & np.uint32(0xFFFFE000)
+               ).view(np.float32) if k in ("a", "b") else x for k, x in v.items()}
+    return reference(module, cut)
+
+
+def test_tf32_wgmma_only_with_the_precision_flag_and_k_major_operands():
+    plain = gemm(256, 256, 256, "float32", "mk", "nk", (128, 128), 1)
+    assert generate(plain, H100).kernels[0].shape not in ("wgmma", "mma")    # CUDA cores
+    (k,) = generate(tf32(plain), H100).kernels
+    assert k.shape == "wgmma"
+    assert k.schedule["wgmma"]["instruction"] == "wgmma.mma_async.m64n128k8.f32.tf32"
+    # 32 fp32 elements per 128-byte swizzle row: boxes of 32, two per operand and step
+    assert [m["box"] for m in k.tensor_maps] == [[32, 128], [32, 128]]
+    assert k.source.count("tk_tma_load_2d(") == 4 and "tk_wgmma<128, 2, 0, 0>" in k.source
+    # an N-major B (a plain x @ w) keeps mma.sync's tf32: wgmma's tf32 reads K-major only
+    assert generate(tf32(gemm(256, 256, 256, "float32", "mk", "kn", (128, 128), 1)), H100
+                    ).kernels[0].shape == "mma"
+
+
+TF32_CASES = {
+    # persistent (12 tiles on 5 blocks of SMALL), ragged on every axis, one consumer
+    "persistent_64x64": (200, 136, 328, (64, 64), 1, SMALL),
+    # two consumers, N 256 (2 stages of 96 KiB)
+    "two_consumers_n256": (130, 300, 200, (128, 256), 2, H100),
+}
+
+
+@needs_cxx
+@pytest.mark.parametrize("case", sorted(TF32_CASES) if ALL else ["persistent_64x64"])
+def test_tf32_wgmma_computes_the_tf32_product(case):
+    m, n, k, block, consumers, profile = TF32_CASES[case]
+    module = tf32(gemm(m, n, k, "float32", "mk", "nk", block, consumers))
+    result = generate(module, profile)
+    (kern,) = result.kernels
+    assert kern.shape == "wgmma"
+    v = values(module)
+    want = tf32_reference(module, v)
+    got = emulate(result.module, v, {})["c"]
+    assert rel_err(got, want) < 1e-5
+    assert 1e-5 < rel_err(got, reference(module, v)) < 5e-3       # tf32, not fp32
+    assert rel_err(interpreted(result, module, v), want) < 1e-5
+
+
+@needs_cxx
+@pytest.mark.parametrize("what", ["second_atom_coordinate"]
+                         + (["second_atom_descriptor"] if ALL else []))
+def test_a_wrong_tf32_atom_gives_wrong_numbers(what):
+    """A step's 64 fp32 k are two swizzle atoms of 32: loading the second from the first's
+    k, or reading the second atom's slices from the first, must give wrong numbers."""
+    module = tf32(gemm(128, 64, 128, "float32", "mk", "nk", (64, 64), 1))
+    result = generate(module, H100)
+    edit = {"second_atom_coordinate": _mutated_source("pk0 + 32, po_m", "pk0, po_m"),
+            "second_atom_descriptor": _mutated_source("2048 * (kk / 4)", "0 * (kk / 4)")}[what]
+    v = values(module)
+    assert rel_err(emulate(result.module, v, {})["c"], tf32_reference(module, v)) < 1e-5
+    bad = _with_source(result, edit)
+    assert not rel_err(emulate(bad, v, {})["c"], tf32_reference(module, v)) < 0.05

@@ -528,7 +528,8 @@ template <int N> inline void tk_cp_async_wait() {}
 // aborts (exit 7). wgmma is a warpgroup's collective: a committed batch runs, for all 128
 // threads of the warpgroup at once, when the last of them commits it (before that none can
 // have passed the wait for it), reading shared memory then through its descriptors (only
-// 128-byte swizzled 16-bit operands are emulated: anything else aborts, exit 7); a thread's
+// 128-byte swizzled operands, 16-bit or K-major tf32, are emulated: anything else aborts,
+// exit 7); a thread's
 // wgmma_wait gives way until its warpgroup has run all but the newest N of the batches it
 // committed, so accumulators read before the wait hold their old values and a warpgroup of
 // which one thread never issues the batch deadlocks.
@@ -626,38 +627,48 @@ inline void tma_load(void* dst, const tk_tensor_map& m, void* bar, const int* c)
   mbar_complete_tx(bar, (long long)(rows * row_bytes));
 }
 
-// Element (mn, k) of a 16-bit operand through its descriptor (the canonical layouts of the PTX
-// ISA, "Shared Memory Matrix Layout", 128-byte swizzle): K-major, rows of mn 128 bytes apart,
-// groups of 8 rows SBO apart, k contiguous; MN-major (transposed), mn contiguous in rows of 64,
-// 64-element groups LBO apart, rows of k 128 bytes apart, groups of 8 k SBO apart.
-inline unsigned short desc_element(unsigned long long desc, int trans, unsigned mn, unsigned k) {
+// Element (mn, k) of an operand of `item` bytes (2: f16/bf16, 4: tf32) through its descriptor
+// (the canonical layouts of the PTX ISA, "Shared Memory Matrix Layout", 128-byte swizzle):
+// K-major, rows of mn 128 bytes apart, groups of 8 rows SBO apart, k contiguous; MN-major
+// (transposed, 16-bit only), mn contiguous in rows of 64, 64-element groups LBO apart, rows of
+// k 128 bytes apart, groups of 8 k SBO apart. Returns the element's bits.
+inline unsigned desc_element(unsigned long long desc, int trans, unsigned mn, unsigned k,
+                             unsigned item) {
   if ((desc >> 62) != 1) fail("a wgmma descriptor without the 128-byte swizzle mode");
   if (((desc >> 49) & 7u) != 0) fail("a wgmma descriptor with a base offset");
   const unsigned long long start = (desc & 0x3fffu) << 4, lbo = ((desc >> 16) & 0x3fffu) << 4,
                            sbo = ((desc >> 32) & 0x3fffu) << 4;
   unsigned long long a;
   if (trans) {
+    if (item != 2) fail("a transposed wgmma operand that is not 16-bit");
     a = start + (mn / 64) * lbo + ((mn / 8) % 8) * 16 + (mn % 8) * 2 + (k / 8) * sbo + (k % 8) * 128;
   } else {
-    a = start + (mn / 8) * sbo + (mn % 8) * 128 + (k / 8) * 16 + (k % 8) * 2;
+    a = start + (mn / 8) * sbo + (mn % 8) * 128 + (unsigned long long)k * item;
   }
   a = swizzle128(a);
-  if (a + 2 > block().smem.size() * sizeof(float4)) fail("a wgmma operand outside shared memory");
-  unsigned short v;
-  std::memcpy(&v, smem_base() + a, 2);
+  if (a + item > block().smem.size() * sizeof(float4)) fail("a wgmma operand outside shared memory");
+  unsigned v = 0;
+  std::memcpy(&v, smem_base() + a, item);
   return v;
 }
-// D (64 x N) += A (64 x 16) B (16 x N) for this thread's N/2 accumulators (the layout of
-// runtime.cuh's tk_wgmma).
+// An operand element's value: f16/bf16 from its 16 bits; tf32 from the upper 19 bits of its
+// 32-bit word (the tensor cores ignore the low 13 mantissa bits of an fp32 in shared memory).
+inline float wgmma_value(unsigned bits, int kind) {
+  if (kind == 2) return __int_as_float((int)(bits & 0xffffe000u));
+  return lo16(bits, kind == 1);
+}
+// D (64 x N) += A (64 x K) B (K x N) for this thread's N/2 accumulators (the layout of
+// runtime.cuh's tk_wgmma); K is 32 bytes of elements: 16 (f16, bf16) or 8 (tf32).
 inline void wgmma_run(const WgmmaOp& op) {
   const unsigned t = fibers[current].thread % 128, warp = t / 32, lane = t % 32;
-  const bool bf = op.kind == 1;
+  const unsigned item = op.kind == 2 ? 4 : 2, depth = 32 / item;
   for (int i = 0; i < op.n / 2; ++i) {
     const unsigned row = 16 * warp + lane / 4 + 8 * ((i / 2) % 2);
     const unsigned col = 8 * (i / 4) + 2 * (lane % 4) + i % 2;
     float sum = 0.0f;
-    for (unsigned k = 0; k < 16; ++k) {
-      sum += lo16(desc_element(op.a, op.ta, row, k), bf) * lo16(desc_element(op.b, op.tb, col, k), bf);
+    for (unsigned k = 0; k < depth; ++k) {
+      sum += wgmma_value(desc_element(op.a, op.ta, row, k, item), op.kind) *
+             wgmma_value(desc_element(op.b, op.tb, col, k, item), op.kind);
     }
     op.d[i] += sum;
   }

@@ -126,7 +126,7 @@ def wgmma_kernel(module, plan: GroupPlan, entry: str, decision: KernelShape, tar
     sched["wgmma"] = wp.record()
     name = WGMMA[wp.compute][0]
     program = Kernel(entry, params, smem.all(), b.build(), wp.threads, wp.grid, 1, (
-                         f"wgmma: wgmma.mma_async.m64n{wp.bn}k16.f32.{name} on a "
+                         f"wgmma: wgmma.mma_async.m64n{wp.bn}k{wp.ik}.f32.{name} on a "
                          f"{wp.bm}x{wp.bn}x{wp.bk} block GEMM, a producer warpgroup (TMA) and "
                          f"{wp.consumers} consumer warpgroup(s) of {wp.mt} instruction(s) "
                          f"each, {wp.stages} stages on mbarriers",
@@ -195,11 +195,12 @@ def split_reduce_kernel(module, plan: GroupPlan, entry: str, wp: WgmmaPlan, scra
 
 def _stage_buffer(smem: SharedMemory, wp: WgmmaPlan, which: str, op: Operand, read: Read
                   ) -> Buffer:
-    """`stages` tiles of an operand: K-major `[stage][mn][64]` (rows of 128 bytes), M/N-major
-    `[stage][strip][64 k][64 mn]` (strips of 64 elements along M or N)."""
+    """`stages` tiles of an operand: K-major `[stage][atom][mn][128 bytes of k]` (rows of 128
+    bytes; a step's 64 k are one atom of 16-bit elements, two of tf32), M/N-major
+    `[stage][strip][64 k][64 mn]` (strips of 64 16-bit elements along M or N)."""
     mn = wp.bm if which == "a" else wp.bn
     if op.k_inner:
-        shape, how = (wp.stages, mn, wp.bk), f"[mn {mn}][k {wp.bk}]"
+        shape, how = (wp.stages, wp.atoms, mn, wp.row), f"[atom {wp.atoms}][mn {mn}][k {wp.row}]"
     else:
         shape, how = (wp.stages, mn // 64, wp.bk, 64), f"[strip {mn // 64}][k {wp.bk}][mn 64]"
     return smem.carve(f"s_{which}", read.dtype, shape,
@@ -208,16 +209,16 @@ def _stage_buffer(smem: SharedMemory, wp: WgmmaPlan, which: str, op: Operand, re
 
 
 def _tensor_map(which: str, op: Operand, read: Read, wp: WgmmaPlan, c) -> TensorMap:
-    """The operand's TMA descriptor: its tensor, innermost dimension first, a box of 64
-    contiguous elements by the tile's rows (the MN tile for K-major, 64 k for M/N-major; 1
-    along batch axes)."""
+    """The operand's TMA descriptor: its tensor, innermost dimension first, a box of one
+    128-byte row of contiguous elements (64 16-bit, 32 tf32) by the tile's rows (the MN tile
+    for K-major, 64 k for M/N-major; 1 along batch axes)."""
     shape = tuple(read.shape)
     item = ITEMSIZE[read.dtype]
     mn = wp.bm if which == "a" else wp.bn
     box = []
     for d, a in enumerate(op.dim_axes):
         if d == len(shape) - 1:
-            box.append(64)
+            box.append(SWIZZLE_ROW // item)
         elif a == c.k_axes[0]:
             box.append(wp.bk)
         elif a == op.mn_axes[0]:
@@ -345,24 +346,24 @@ class _Gen:
                     b.assign(g, tx.add(g, 1))
 
     def _copies(self, which: str, stage: Var, k0: Var) -> None:
-        """The TMA copies of one operand's tile of a step: one box (K-major) or one per
-        64-element strip (M/N-major)."""
+        """The TMA copies of one operand's tile of a step: one box per swizzle atom (K-major:
+        one, tf32 two) or per 64-element strip (M/N-major)."""
         op, read = self.ops[which]
         m = self.maps[which]
-        c = self.wp.contraction
-        strips = 1 if op.k_inner else (self.wp.bm if which == "a" else self.wp.bn) // 64
+        wp = self.wp
+        c = wp.contraction
+        strips = wp.atoms if op.k_inner else (wp.bm if which == "a" else wp.bn) // 64
         for j in range(strips):
             coords = []
             for a in reversed(op.dim_axes):          # innermost first
                 if a == c.k_axes[0]:
-                    at = k0
+                    at = tx.add(k0, wp.row * j) if op.k_inner and j else k0
                 else:
                     at = self.origins[a]
-                    if a == op.mn_axes[0] and j:
+                    if a == op.mn_axes[0] and j and not op.k_inner:
                         at = tx.add(at, 64 * j)
                 coords.append(tx.cast("int32", at))
-            dst = tuple(tx.as_expr(x) for x in ((stage, 0, 0) if op.k_inner
-                                                 else (stage, j, 0, 0)))
+            dst = tuple(tx.as_expr(x) for x in (stage, j, 0, 0))
             self.b.evaluate(tx.call(f"tma_load_{len(coords)}d", Addr(self.bufs[which].name, dst),
                                     Var(m.name, "ptr"), self.full(stage), *coords))
 
@@ -386,12 +387,12 @@ class _Gen:
                 stage, parity = self._step(g, "c")
                 b.evaluate(tx.call("mbar_wait", self.full(stage), parity))
                 b.evaluate(tx.call("wgmma_fence", whole))
-                with b.loop("kk", 0, wp.bk // 16, kind="unroll") as kk:
+                with b.loop("kk", 0, wp.bk // wp.ik, kind="unroll") as kk:
                     db = b.let("db", self._descriptor("b", stage, kk, None), "int64")
                     with b.loop("i", 0, wp.mt, kind="unroll") as i:
                         da = b.let("da", self._descriptor(
                             "a", stage, kk, tx.add(tx.mul(cw, wp.mt), i)), "int64")
-                        fn = "wgmma_f16" if wp.compute == "float16" else "wgmma_bf16"
+                        fn = f"wgmma_{WGMMA[wp.compute][0]}"
                         b.evaluate(tx.call(fn, Addr(acc.name, (i,)), da, db, wp.bn,
                                            int(not self.ops["a"][0].k_inner),
                                            int(not self.ops["b"][0].k_inner)))
@@ -403,15 +404,20 @@ class _Gen:
             self.epilogue(tid, cw, acc)
 
     def _descriptor(self, which: str, stage: Expr, kk: Expr, block64: Expr | None) -> Expr:
-        """The descriptor of k-slice `kk` (16 elements) of an operand's stage tile, from its
-        64-row block `block64` (A; B: the whole N). K-major: rows of 128 bytes, 8-row groups
-        1024 apart, the slice 32 bytes along the row; M/N-major: 64-element strips (the
-        leading offset), 8 k-rows per 1024 bytes, the slice 16 rows down."""
+        """The descriptor of k-slice `kk` (one instruction's K: 32 bytes, 16 16-bit or 8 tf32
+        elements) of an operand's stage tile, from its 64-row block `block64` (A; B: the whole
+        N). K-major: rows of 128 bytes, 8-row groups 1024 apart, the slice 32 bytes along the
+        row of its atom; M/N-major: 64-element strips (the leading offset), 8 k-rows per 1024
+        bytes, the slice 16 rows down."""
         op, _ = self.ops[which]
         buf = self.bufs[which]
+        wp = self.wp
         first = tx.const(0) if block64 is None else block64
         if op.k_inner:
-            index = (stage, tx.mul(first, WGMMA_M), tx.mul(kk, 16))
+            per_atom = wp.row // wp.ik                        # slices per swizzle row: 4
+            atom, at = (tx.const(0), kk) if wp.atoms == 1 else \
+                (tx.div(kk, per_atom), tx.mod(kk, per_atom))
+            index = (stage, atom, tx.mul(first, WGMMA_M), tx.mul(at, wp.ik))
             lbo = UNUSED_LBO
         else:
             index = (stage, first, tx.mul(kk, 16), tx.const(0))

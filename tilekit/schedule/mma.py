@@ -215,10 +215,14 @@ class MmaPlan:
 
 # -- Hopper: warpgroup MMA (wgmma) with TMA ----------------------------------------------------
 
-#: wgmma.mma_async per compute type: (PTX type, profile dtype key, element bytes). fp16 and
-#: bf16 only: tf32 contractions keep mma.sync (not built).
-WGMMA = {"float16": ("f16", "fp16", 2), "bfloat16": ("bf16", "bf16", 2)}
-#: Reduction points per step: one 128-byte swizzle row of 16-bit elements.
+#: wgmma.mma_async per compute type: (PTX type, profile dtype key, element bytes, K of one
+#: instruction: 32 bytes of elements). tf32 (fp32 contractions rolled with `--precision
+#: tf32`, never otherwise) reads both operands K-major from shared memory: a contraction with
+#: an M- or N-major operand keeps mma.sync for tf32.
+WGMMA = {"float16": ("f16", "fp16", 2, 16), "bfloat16": ("bf16", "bf16", 2, 16),
+         "tf32": ("tf32", "tf32", 4, 8)}
+#: Reduction points per step: one 128-byte swizzle row of 16-bit elements (two rows of 32
+#: for tf32: a K-major tile is then two swizzle atoms along K).
 WGMMA_BK = 64
 #: wgmma's M per instruction, and a warpgroup's threads.
 WGMMA_M = 64
@@ -254,12 +258,13 @@ class WgmmaPlan:
     """How a tile of a contraction runs as a Hopper kernel (tilekit.codegen.wgmma): a
     producer warpgroup issues TMA box copies of the A and B tiles (128-byte swizzle) into
     `stages` shared buffers, completing on mbarriers; `consumers` warpgroups each own
-    `BM / consumers` rows of the block GEMM and run `mt` wgmma.m64nBNk16 per k-slice of 16,
+    `BM / consumers` rows of the block GEMM and run `mt` wgmma.m64nBNkK per k-slice of K
+    (16; tf32 8),
     reading both operands from shared memory through descriptors, fp32 accumulators in
     registers; the epilogue maps each accumulator back through the stage's chain."""
 
     contraction: Contraction
-    compute: str                    # float16 | bfloat16 (a key of WGMMA)
+    compute: str                    # float16 | bfloat16 | tf32 (a key of WGMMA)
     bm: int
     bn: int
     bk: int
@@ -306,6 +311,21 @@ class WgmmaPlan:
     def item(self) -> int:
         return WGMMA[self.compute][2]
 
+    @property
+    def ik(self) -> int:
+        """Reduction points of one wgmma instruction (16, tf32 8)."""
+        return WGMMA[self.compute][3]
+
+    @property
+    def row(self) -> int:
+        """Elements of one 128-byte swizzle row (64, tf32 32)."""
+        return 128 // self.item
+
+    @property
+    def atoms(self) -> int:
+        """Swizzle rows per K-major tile row of a step (1, tf32 2)."""
+        return self.bk // self.row
+
     def tile_bytes(self, operand: Operand) -> int:
         mn = self.bm if operand is self.contraction.a else self.bn
         return mn * self.bk * self.item
@@ -322,7 +342,7 @@ class WgmmaPlan:
 
     def record(self) -> dict:
         c = self.contraction
-        out = {"instruction": f"wgmma.mma_async.m64n{self.bn}k16.f32."
+        out = {"instruction": f"wgmma.mma_async.m64n{self.bn}k{self.ik}.f32."
                               f"{WGMMA[self.compute][0]}",
                "warpgroups": {"producer": 1, "consumers": self.consumers},
                "block_gemm": [self.bm, self.bn, self.bk], "stages": self.stages,
@@ -426,6 +446,8 @@ def wgmma_plan(c: Contraction, spatial, reduction, block: Sequence[int], step: S
         why = tma_operand(op, c, extents_of(op.index), item)
         if why is not None:
             return f"TMA: {why}"
+    if compute == "tf32" and not (c.a.k_inner and c.b.k_inner):
+        return "tf32 wgmma reads K-major operands only (an operand is M- or N-major)"
     if any(size[a] != 1 for a in c.batch_axes):
         return "a batch axis has a block of more than 1"
     bm, bn, bk = size[c.m_axes[0]], size[c.n_axes[0]], size[c.k_axes[0]]

@@ -60,7 +60,7 @@ class CudaPrinter(CStyle):
         "wgmma_desc": "tk_wgmma_desc", "wgmma_fence": "tk_wgmma_fence",
         "wgmma_commit": "tk_wgmma_commit"}
     #: wgmma's element type: runtime.cuh's `tk_wgmma<N, KIND, TRANS_A, TRANS_B>`.
-    WGMMA_KIND = {"wgmma_f16": 0, "wgmma_bf16": 1}
+    WGMMA_KIND = {"wgmma_f16": 0, "wgmma_bf16": 1, "wgmma_tf32": 2}
     WARP = {"warp_sum": "tk_warp_sum", "warp_prod": "tk_warp_prod", "warp_max": "tk_warp_max",
             "warp_min": "tk_warp_min"}
 

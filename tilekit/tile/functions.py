@@ -82,9 +82,11 @@ FUNCTIONS: dict[str, Function] = {f.name: f for f in (
     # matrix descriptor (128-byte swizzle) of the tile that starts at addr
     Function("wgmma_desc", 3, "intrinsic", "int64", True),
     # wgmma_<type>(accumulator row, desc a, desc b, N, trans a, trans b): D (64 x N, fp32)
-    # += A (64 x 16) B (16 x N); N, trans a and trans b are constants
+    # += A (64 x K) B (K x N), K 16 (f16, bf16) or 8 (tf32: both operands K-major, trans 0);
+    # N, trans a and trans b are constants
     Function("wgmma_f16", 6, "intrinsic", "int32", True),
     Function("wgmma_bf16", 6, "intrinsic", "int32", True),
+    Function("wgmma_tf32", 6, "intrinsic", "int32", True),
     # wgmma_fence(acc) before the first wgmma that reads or writes `acc`, wgmma_commit() after
     # a batch, wgmma_wait(acc, n) until at most n batches are in flight (acc readable again)
     Function("wgmma_fence", 1, "intrinsic", "int32", True),
@@ -117,11 +119,11 @@ FUNCTIONS: dict[str, Function] = {f.name: f for f in (
 #: Calls every lane of a warp must make together (never in divergent code).
 WARP_COLLECTIVES = frozenset(n for n, f in FUNCTIONS.items() if f.family == "warp") | {
     "ldmatrix_x4", "ldmatrix_x4_trans", "mma_m16n8k16_f16", "mma_m16n8k16_bf16",
-    "mma_m16n8k8_tf32", "wgmma_f16", "wgmma_bf16", "wgmma_fence", "wgmma_commit", "wgmma_wait",
+    "mma_m16n8k8_tf32", "wgmma_f16", "wgmma_bf16", "wgmma_tf32", "wgmma_fence", "wgmma_commit", "wgmma_wait",
     "setmaxnreg_inc", "setmaxnreg_dec"}
 #: Warpgroup-collective tensor-core instructions (wgmma): every thread of a warpgroup of four
 #: consecutive warps, starting at a warp index divisible by 4, calls them together.
-WGMMA = frozenset({"wgmma_f16", "wgmma_bf16"})
+WGMMA = frozenset({"wgmma_f16", "wgmma_bf16", "wgmma_tf32"})
 #: The tensor map argument's position in each TMA copy.
 TMA_LOADS = {f"tma_load_{r}d": r for r in range(1, 6)}
 
