@@ -167,7 +167,7 @@ def test_fused_bias_relu_epilogue_and_batches():
     result = generate(module, H100)
     (kern,) = result.kernels
     assert kern.shape == "wgmma" and kern.ops == ("mm", "bias_relu")
-    assert [len(m["dims"]) for m in kern.tensor_maps] == [3, 3]
+    assert [len(m["dims"]) for m in kern.tensor_maps] == [3, 3, 3]   # a, b, y (TMA store)
     v = values(module)
     want = reference(module, v)
     assert rel_err(emulate(result.module, v, {})["y"], want) < 1e-5
@@ -328,12 +328,15 @@ def test_wgmma_is_chosen_for_hopper_only_and_for_plain_operands():
 def test_the_launch_plan_records_the_tensor_maps():
     module = gemm(200, 136, 328, "float16", "mk", "kn", (128, 128), 1)
     (kern,) = generate(module, H100).kernels
-    a, b = kern.tensor_maps
+    a, b, c = kern.tensor_maps
     # a [200][328] K-major: boxes of 64 k by 128 rows; b [328][136] N-major: 64 n by 64 k
     assert a == {"name": "tm_a", "tensor": "a", "dtype": "float16", "dims": [328, 200],
                  "strides": [656], "box": [64, 128], "swizzle": 128}
     assert b == {"name": "tm_b", "tensor": "b", "dtype": "float16", "dims": [136, 328],
                  "strides": [272], "box": [64, 64], "swizzle": 128}
+    # c [200][136] fp32, stored with TMA: strips of 32 columns by a warpgroup's 128 rows
+    assert c == {"name": "tm_c", "tensor": "c", "dtype": "float32", "dims": [136, 200],
+                 "strides": [544], "box": [32, 128], "swizzle": 128}
     assert "const __grid_constant__ tk_tensor_map tm_a" in kern.source
 
 
@@ -440,6 +443,7 @@ def test_wgmma_kernels_compile_for_sm90a_with_hgmma_in_the_loop_and_no_local_mem
         assert ("TF32" in sass) == (dtype == "float32")
         assert loops_with(sass, "HGMMA") >= 1, "no HGMMA inside a loop"
         assert loops_with(sass, "UTMALDG") >= 1, "no TMA load inside a loop"
+        assert loops_with(sass, "UTMASTG") >= 1, "no TMA store inside the tile loop"
         assert not re.search(r"\b(LDL|STL)\b", sass), "local memory in the SASS"
         assert "USETMAXREG" in sass if consumers == 2 else True
 
@@ -654,7 +658,7 @@ def test_tf32_wgmma_only_with_the_precision_flag_and_k_major_operands():
     assert k.shape == "wgmma"
     assert k.schedule["wgmma"]["instruction"] == "wgmma.mma_async.m64n128k8.f32.tf32"
     # 32 fp32 elements per 128-byte swizzle row: boxes of 32, two per operand and step
-    assert [m["box"] for m in k.tensor_maps] == [[32, 128], [32, 128]]
+    assert [m["box"] for m in k.tensor_maps][:2] == [[32, 128], [32, 128]]
     assert k.source.count("tk_tma_load_2d(") == 4 and "tk_wgmma<128, 2, 0, 0>" in k.source
     # an N-major B (a plain x @ w) keeps mma.sync's tf32: wgmma's tf32 reads K-major only
     assert generate(tf32(gemm(256, 256, 256, "float32", "mk", "kn", (128, 128), 1)), H100
@@ -699,3 +703,74 @@ def test_a_wrong_tf32_atom_gives_wrong_numbers(what):
     assert rel_err(emulate(result.module, v, {})["c"], tf32_reference(module, v)) < 1e-5
     bad = _with_source(result, edit)
     assert not rel_err(emulate(bad, v, {})["c"], tf32_reference(module, v)) < 0.05
+
+
+# -- the TMA-store epilogue ---------------------------------------------------------------------
+
+@needs_cxx
+def test_the_tma_store_epilogue_writes_through_swizzled_strips():
+    """An fp16 output (strips of 64 columns) and a fused bias + ReLU stored through shared
+    memory with TMA, ragged on both axes; with two warpgroups of consumers, each storing its
+    rows."""
+    module = gemm(200, 136, 200, "float16", "mk", "kn", (128, 128), 2)
+    module = replace(module, tensors={**module.tensors,
+                                      "c": replace(module.tensors["c"], dtype="float16")})
+    result = generate(module, H100)
+    (kern,) = result.kernels
+    assert kern.schedule["wgmma"]["epilogue"] == "tma_store"
+    assert kern.tensor_maps[2]["box"] == [64, 64] and "tk_named_barrier(cw + 1, 128)" in \
+        kern.source
+    v = values(module)
+    assert rel_err(emulate(result.module, v, {})["c"], reference(module, v)) < 1e-3
+    assert rel_err(interpreted(result, module, v), reference(module, v)) < 1e-3
+    fused = gemm(100, 72, 136, "bfloat16", "mk", "nk", (64, 128), 1, bias_relu=True)
+    (kern,) = generate(fused, H100).kernels
+    assert kern.schedule["wgmma"]["epilogue"] == "tma_store"
+    assert [m["tensor"] for m in kern.tensor_maps] == ["a", "b", "y"]
+
+
+def test_the_epilogue_stores_directly_where_tma_cannot():
+    """Split-K's partial sums, a stage that stores two tensors, an output whose last axis is
+    not N: stores from the registers (recorded with the reason)."""
+    both = gemm(100, 72, 136, "float16", "mk", "kn", (64, 64), 1, bias_relu=True)
+    both = replace(both, tensors={**both.tensors, "c": replace(both.tensors["c"],
+                                                                role="output")},
+                   outputs=("c", "y"))
+    (kern,) = generate(both, H100).kernels
+    assert kern.schedule["wgmma"]["epilogue"] == \
+        "direct (the group stores 2 tensors of this stage)"
+    assert len(kern.tensor_maps) == 2 and "tk_tma_store" not in kern.source
+    split = gemm(100, 136, 1000, "float16", "mk", "kn", (64, 64), 1)
+    split = replace(split, ops=(replace(split.ops[0], tile={**split.ops[0].tile,
+                                                            "split_k": 3}),))
+    assert generate(split, H100).kernels[0].schedule["wgmma"]["epilogue"] == "direct"
+    transposed = Module(model="t", tensors={
+        "a": Tensor((128, 64), "float16", "input"), "b": Tensor((64, 128), "float16", "input"),
+        "c": Tensor((128, 128), "float32", "output")},
+        ops=(Op("mm", "c[j,i] += a[i,k] * b[k,j]", tile={
+            "block": {"j": 64, "i": 64}, "thread": {"j": 1, "i": 32}, "step": {"k": 64}}),),
+        inputs=("a", "b"), outputs=("c",), stages=({"name": "import"},))
+    (kern,) = generate(transposed, H100).kernels
+    assert kern.shape == "wgmma" and kern.schedule["wgmma"]["epilogue"] == "direct"
+
+
+@needs_cxx
+@pytest.mark.parametrize("what", ["no_wait_before_reuse", "unswizzled"]
+                         + (["no_wait_before_exit"] if ALL else []))
+def test_a_wrong_tma_store_fails(what):
+    """Writing a strip before the previous store has read the buffer, writing it without
+    the swizzle the tensor map reads it with, or exiting before the stores are done fails
+    (wrong numbers, or the emulator's check)."""
+    module = gemm(200, 136, 328, "float16", "mk", "kn", (64, 64), 1)
+    result = generate(module, SMALL)
+    edit = {"no_wait_before_reuse": _mutated_source("tk_bulk_wait_read<0>();", ""),
+            "unswizzled": _mutated_source(" ^ ((row % 8) * 16)", ""),
+            "no_wait_before_exit": _mutated_source("tk_bulk_wait<0>();", "")}[what]
+    bad = _with_source(result, edit)
+    v = values(module)
+    try:
+        got = emulate(bad, v, {})["c"]
+    except RuntimeError as e:
+        assert "did not wait" in str(e), e
+        return
+    assert not rel_err(got, reference(module, v)) < 0.05

@@ -85,6 +85,7 @@ struct Block {
   alignas(16) unsigned frag[kMaxThreads][8];
   const void* rows[kMaxThreads];
   unsigned wgmma_done[kMaxThreads / 128];  // wgmma batches each warpgroup has executed
+  unsigned named_arrived[16], named_gen[16];  // named barriers (bar.sync id, count)
 };
 
 struct Stack {  // reserved, not touched: a page is committed only when a fiber uses it
@@ -108,6 +109,13 @@ struct WgmmaOp {
   int n, kind, ta, tb;
   unsigned long long a, b;
 };
+// One TMA store a thread issued, not yet executed (it reads shared memory at the wait that
+// retires its group: data overwritten before that wait is what lands).
+struct BulkStore {
+  const void* map;  // tk_tensor_map (declared below)
+  unsigned long long src;  // shared address
+  int c[5];
+};
 
 struct Fiber {
   ucontext_t ctx;
@@ -117,6 +125,8 @@ struct Fiber {
   bool fenced = false;
   std::vector<WgmmaOp> wgmma_open;                 // issued since the last commit
   std::vector<std::vector<WgmmaOp>> wgmma_groups;  // committed, oldest first (never removed)
+  std::vector<BulkStore> bulk_open;                 // TMA stores since the last commit
+  std::vector<std::vector<BulkStore>> bulk_groups;  // committed, not yet retired, oldest first
 };
 
 inline ucontext_t scheduler;
@@ -135,8 +145,11 @@ inline void give_way(Wait why) {
 }
 inline void barrier() { give_way(Wait::kBlockBarrier); }
 
+[[noreturn]] inline void fail(const char* what);
 inline void trampoline() {
   entry(entry_arg);
+  if (!fibers[current].bulk_open.empty() || !fibers[current].bulk_groups.empty())
+    fail("a thread exits with TMA stores it did not wait for (cp.async.bulk.wait_group)");
   fibers[current].wait = Wait::kDone;  // returning resumes the scheduler (uc_link)
 }
 
@@ -146,6 +159,8 @@ inline void reset(Fiber& f) {
   f.fenced = false;
   f.wgmma_open.clear();
   f.wgmma_groups.clear();
+  f.bulk_open.clear();
+  f.bulk_groups.clear();
   getcontext(&f.ctx);
   f.ctx.uc_stack.ss_sp = f.stack->base;
   f.ctx.uc_stack.ss_size = kStack;
@@ -302,6 +317,7 @@ void launch(unsigned grid, unsigned block, F body, const unsigned* ids = nullptr
       reset(f);
     }
     for (unsigned& w : slots[0]->wgmma_done) w = 0;
+    for (unsigned i = 0; i < 16; ++i) slots[0]->named_arrived[i] = slots[0]->named_gen[i] = 0;
     run(1, block);
   }
 }
@@ -317,6 +333,7 @@ void launch_concurrent(unsigned grid, unsigned block, F body) {
       reset(f);
     }
     for (unsigned& w : slots[b]->wgmma_done) w = 0;
+    for (unsigned i = 0; i < 16; ++i) slots[b]->named_arrived[i] = slots[b]->named_gen[i] = 0;
   }
   run(grid, block);
 }
@@ -627,6 +644,46 @@ inline void tma_load(void* dst, const tk_tensor_map& m, void* bar, const int* c)
   mbar_complete_tx(bar, (long long)(rows * row_bytes));
 }
 
+// A TMA store (tma_load's layout, the other way): element i of box row r from shared memory at
+// src + r * row bytes + i * elem (swizzled) to the tensor, elements outside the tensor skipped.
+inline void tma_store(const BulkStore& st) {
+  const tk_tensor_map& m = *static_cast<const tk_tensor_map*>(st.map);
+  if (st.src % 128) fail("a TMA store source not 128-byte aligned");
+  if (m.swizzle != 0 && m.swizzle != 128) fail("a TMA swizzle other than 128 bytes");
+  const unsigned long long row_bytes = (unsigned long long)m.box[0] * m.elem;
+  if (m.swizzle == 128 && row_bytes > 128) fail("a 128-byte swizzled box row over 128 bytes");
+  unsigned long long rows = 1;
+  for (unsigned d = 1; d < m.rank; ++d) rows *= m.box[d];
+  unsigned char* base = const_cast<unsigned char*>(m.base);
+  for (unsigned long long r = 0; r < rows; ++r) {
+    unsigned long long rest = r, offset = 0;
+    bool inside = true;
+    for (unsigned d = 1; d < m.rank; ++d) {
+      const long long at = st.c[d] + (long long)(rest % m.box[d]);
+      rest /= m.box[d];
+      inside = inside && at >= 0 && at < (long long)m.dims[d];
+      offset += (unsigned long long)at * m.strides[d];
+    }
+    for (unsigned i = 0; i < m.box[0] && inside; ++i) {
+      const long long x = st.c[0] + (long long)i;
+      if (x < 0 || x >= (long long)m.dims[0]) continue;
+      unsigned long long a = st.src + r * row_bytes + (unsigned long long)i * m.elem;
+      if (m.swizzle == 128) a = swizzle128(a);
+      if (a + m.elem > block().smem.size() * sizeof(float4)) fail("a TMA store outside shared memory");
+      std::memcpy(base + offset + (unsigned long long)x * m.elem, smem_base() + a, m.elem);
+    }
+  }
+}
+// Retire all but the newest n of this thread's committed TMA store groups (their reads of
+// shared memory and their writes happen now).
+inline void bulk_retire(unsigned n) {
+  Fiber& f = fibers[current];
+  while (f.bulk_groups.size() > n) {
+    for (const BulkStore& st : f.bulk_groups.front()) tma_store(st);
+    f.bulk_groups.erase(f.bulk_groups.begin());
+  }
+}
+
 // Element (mn, k) of an operand of `item` bytes (2: f16/bf16, 4: tf32) through its descriptor
 // (the canonical layouts of the PTX ISA, "Shared Memory Matrix Layout", 128-byte swizzle):
 // K-major, rows of mn 128 bytes apart, groups of 8 rows SBO apart, k contiguous; MN-major
@@ -710,6 +767,52 @@ inline void tk_tma_load_5d(void* dst, const tk_tensor_map& m, void* bar, int c0,
                            int c3, int c4) {
   const int c[5] = {c0, c1, c2, c3, c4};
   tk_emul::tma_load(dst, m, bar, c);
+}
+template <int R>
+inline void tk_emul_tma_store(const tk_tensor_map& m, const void* src, const int (&c)[R]) {
+  tk_emul::BulkStore st{&m, tk_emul::shared_addr(src), {0, 0, 0, 0, 0}};
+  for (int d = 0; d < R; ++d) st.c[d] = c[d];
+  tk_emul::fibers[tk_emul::current].bulk_open.push_back(st);
+}
+inline void tk_tma_store_1d(const tk_tensor_map& m, const void* src, int c0) {
+  tk_emul_tma_store<1>(m, src, {c0});
+}
+inline void tk_tma_store_2d(const tk_tensor_map& m, const void* src, int c0, int c1) {
+  tk_emul_tma_store<2>(m, src, {c0, c1});
+}
+inline void tk_tma_store_3d(const tk_tensor_map& m, const void* src, int c0, int c1, int c2) {
+  tk_emul_tma_store<3>(m, src, {c0, c1, c2});
+}
+inline void tk_tma_store_4d(const tk_tensor_map& m, const void* src, int c0, int c1, int c2,
+                            int c3) {
+  tk_emul_tma_store<4>(m, src, {c0, c1, c2, c3});
+}
+inline void tk_tma_store_5d(const tk_tensor_map& m, const void* src, int c0, int c1, int c2,
+                            int c3, int c4) {
+  tk_emul_tma_store<5>(m, src, {c0, c1, c2, c3, c4});
+}
+inline void tk_bulk_commit() {
+  tk_emul::Fiber& f = tk_emul::fibers[tk_emul::current];
+  f.bulk_groups.push_back(std::move(f.bulk_open));
+  f.bulk_open.clear();
+}
+// The stores run when a wait retires them: a `.read` wait retires them too (the data is read
+// then, which is all the program may rely on before it reuses the buffer).
+template <int N> inline void tk_bulk_wait() { tk_emul::bulk_retire(N); }
+template <int N> inline void tk_bulk_wait_read() { tk_emul::bulk_retire(N); }
+inline void tk_fence_proxy_async() {}
+// A barrier of `threads` threads on barrier `id`: the last arrival releases the others.
+inline void tk_named_barrier(int id, int threads) {
+  using namespace tk_emul;
+  if (id < 1 || id > 15) fail("a named barrier id outside 1..15");
+  unsigned& arrived = block().named_arrived[id];
+  const unsigned gen = block().named_gen[id];
+  if (++arrived == (unsigned)threads) {
+    arrived = 0;
+    ++block().named_gen[id];
+    return;
+  }
+  while (block().named_gen[id] == gen) give_way(Wait::kSpin);
 }
 inline unsigned long long tk_wgmma_desc(const void* p, unsigned lbo, unsigned sbo) {
   return ((tk_emul::shared_addr(p) & 0x3FFFFu) >> 4) |

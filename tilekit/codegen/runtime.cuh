@@ -281,6 +281,49 @@ TK_DEVICE void tk_tma_load_5d(void* dst, const tk_tensor_map& m, void* bar, int 
                " [%0], [%1, {%3, %4, %5, %6, %7}], [%2];\n" :: "r"(tk_smem_addr(dst)), "l"(&m),
                "r"(tk_smem_addr(bar)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4) : "memory");
 }
+// TMA store: the map's box at coordinates c0.. of its tensor from shared memory at src (in the
+// map's swizzled layout; elements outside the tensor are not written), in this thread's bulk
+// group; commit closes the group; wait<N> / wait_read<N> until at most N groups are incomplete
+// / still reading shared memory. The writes of the threads that filled src must be fenced for
+// the async proxy first (tk_fence_proxy_async) and a barrier must order them before the store.
+TK_DEVICE void tk_tma_store_1d(const tk_tensor_map& m, const void* src, int c0) {
+  asm volatile("cp.async.bulk.tensor.1d.global.shared::cta.bulk_group [%0, {%2}], [%1];\n"
+               :: "l"(&m), "r"(tk_smem_addr(src)), "r"(c0) : "memory");
+}
+TK_DEVICE void tk_tma_store_2d(const tk_tensor_map& m, const void* src, int c0, int c1) {
+  asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];\n"
+               :: "l"(&m), "r"(tk_smem_addr(src)), "r"(c0), "r"(c1) : "memory");
+}
+TK_DEVICE void tk_tma_store_3d(const tk_tensor_map& m, const void* src, int c0, int c1, int c2) {
+  asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%2, %3, %4}], [%1];\n"
+               :: "l"(&m), "r"(tk_smem_addr(src)), "r"(c0), "r"(c1), "r"(c2) : "memory");
+}
+TK_DEVICE void tk_tma_store_4d(const tk_tensor_map& m, const void* src, int c0, int c1, int c2,
+                               int c3) {
+  asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%2, %3, %4, %5}], [%1];\n"
+               :: "l"(&m), "r"(tk_smem_addr(src)), "r"(c0), "r"(c1), "r"(c2), "r"(c3) : "memory");
+}
+TK_DEVICE void tk_tma_store_5d(const tk_tensor_map& m, const void* src, int c0, int c1, int c2,
+                               int c3, int c4) {
+  asm volatile("cp.async.bulk.tensor.5d.global.shared::cta.bulk_group [%0, {%2, %3, %4, %5, %6}], [%1];\n"
+               :: "l"(&m), "r"(tk_smem_addr(src)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4)
+               : "memory");
+}
+TK_DEVICE void tk_bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+template <int N> TK_DEVICE void tk_bulk_wait() {
+  asm volatile("cp.async.bulk.wait_group %0;\n" :: "n"(N) : "memory");
+}
+template <int N> TK_DEVICE void tk_bulk_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" :: "n"(N) : "memory");
+}
+TK_DEVICE void tk_fence_proxy_async() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+// A barrier of `threads` threads (a multiple of 32) on hardware barrier `id` (1..15; 0 is
+// __syncthreads'): the consumer warpgroups synchronise without the producer.
+TK_DEVICE void tk_named_barrier(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" :: "r"(id), "r"(threads) : "memory");
+}
 // The shared-memory matrix descriptor (PTX ISA, "Matrix Descriptor Format"): start address,
 // leading and stride byte offsets (each >> 4, 14 bits), base offset 0, 128-byte swizzle (1
 // in bits 62-63).

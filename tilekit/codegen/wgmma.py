@@ -45,9 +45,9 @@ from tilekit.codegen.kernel import (GeneratedKernel, PointBuilder, Signature, av
 from tilekit.schedule.defaults import DEFAULT_THREADS, default_grid
 from tilekit.codegen.plan import GroupPlan, Read
 from tilekit.codegen.staged import read_key
-from tilekit.codegen.values import literal
-from tilekit.schedule.mma import (RASTER_GROUP, SWIZZLE_ALIGN, WARPGROUP, WGMMA, WGMMA_M,
-                                  Operand, WgmmaPlan)
+from tilekit.codegen.values import literal, store_value
+from tilekit.schedule.mma import (RASTER_GROUP, STORE_STRIP, SWIZZLE_ALIGN, WARPGROUP, WGMMA,
+                                  WGMMA_M, Operand, WgmmaPlan)
 from tilekit.schedule.shape import KernelShape, Target
 from tilekit.tile import expr as tx
 from tilekit.tile.build import Builder, SharedMemory
@@ -102,9 +102,22 @@ def wgmma_kernel(module, plan: GroupPlan, entry: str, decision: KernelShape, tar
     idx_t = index_type(module, sig.args)
     smem = SharedMemory()
     bufs = {w: _stage_buffer(smem, wp, w, op, read) for w, (op, read) in ops.items()}
+    store = None if scratch is None else "split-K stores partial sums"
+    store = store or _store_reason(module, plan, wp, extents)
+    out = None
+    if wp.tma_store:          # the strip buffer the plan reserved (unused when `store`)
+        out = next(t for t in plan.stages[0].outputs if t in plan.stored) if store is None \
+            else None
+        dtype = module.tensors[out].dtype if out else "float32"
+        strips = smem.carve("s_c", dtype, (wp.bm, STORE_STRIP // ITEMSIZE[dtype]),
+                            f"the TMA store's strips: {wp.bm} rows of {STORE_STRIP} bytes, "
+                            "128-byte swizzle" + ("" if out else f" (unused: {store})"),
+                            Layout(swizzle=SWIZZLE_ROW))
     bars = smem.carve("s_bar", "int64", (2 * wp.stages,),
                       f"mbarriers: full[{wp.stages}] then empty[{wp.stages}]")
     maps = {w: _tensor_map(w, op, read, wp, c) for w, (op, read) in ops.items()}
+    if out is not None:
+        maps["c"] = _store_map(module, out, wp)
     b = Builder()
     tiles = math.prod(tile.grid(tuple(extents)))
     assert tiles == wp.tiles, "the program and the wgmma plan disagree on the tiles"
@@ -115,6 +128,8 @@ def wgmma_kernel(module, plan: GroupPlan, entry: str, decision: KernelShape, tar
               + (" (persistent)" if wp.persistent else ""))
     g = _Gen(b, module, plan, wp, ops, bufs, bars, maps, axes, extents, total, idx_t)
     g.scratch = scratch
+    if out is not None:
+        g.store = (out, strips)
     g.init_barriers()
     with b.threads(wp.threads) as tid:
         wg = b.let("wg", tx.div(tid, WARPGROUP))
@@ -124,6 +139,8 @@ def wgmma_kernel(module, plan: GroupPlan, entry: str, decision: KernelShape, tar
             g.consumer(tid, wg)
     sched = tile.describe(tuple(axes), tuple(a for a, _ in p.reduction))
     sched["wgmma"] = wp.record()
+    if wp.tma_store and out is None:
+        sched["wgmma"]["epilogue"] = f"direct ({store})"
     name = WGMMA[wp.compute][0]
     program = Kernel(entry, params, smem.all(), b.build(), wp.threads, wp.grid, 1, (
                          f"wgmma: wgmma.mma_async.m64n{wp.bn}k{wp.ik}.f32.{name} on a "
@@ -135,7 +152,7 @@ def wgmma_kernel(module, plan: GroupPlan, entry: str, decision: KernelShape, tar
                          + f", in groups of {RASTER_GROUP} along M",
                          f"shared memory: {wp.smem_bytes} bytes (128-byte swizzled tiles)",
                          f"tile: {tile_text(tile, p)}"),
-                     tensor_maps=(maps["a"], maps["b"]), smem_align=SWIZZLE_ALIGN)
+                     tensor_maps=tuple(maps.values()), smem_align=SWIZZLE_ALIGN)
     kernel = generated(program, name=plan.name, group=plan.kernel.name,
                        ops=tuple(plan.kernel.ops), shape="wgmma", schedule=sched,
                        args=args, writes=writes, target=target.kind)
@@ -193,6 +210,36 @@ def split_reduce_kernel(module, plan: GroupPlan, entry: str, wp: WgmmaPlan, scra
     return replace(kernel, scratch={scratch: wp.split * points})
 
 
+def _store_reason(module, plan: GroupPlan, wp: WgmmaPlan, extents: list[int]) -> str | None:
+    """Why this group's epilogue cannot use the TMA store the plan allows (None: it can):
+    the stage must store exactly one tensor, over the op's output points, of fp32, fp16 or
+    bf16."""
+    stage = plan.stages[0]
+    stored = [t for t in stage.outputs if t in plan.stored]
+    if len(stored) != 1:
+        return f"the group stores {len(stored)} tensors of this stage"
+    t = module.tensors[stored[0]]
+    if tuple(t.shape) != tuple(extents):
+        return f"{stored[0]} is not over the op's output points"
+    if t.dtype not in ("float32", "float16", "bfloat16"):
+        return f"{stored[0]} is {t.dtype}"
+    if (t.shape[-1] * ITEMSIZE[t.dtype]) % 16:
+        return f"rows of {stored[0]} are not whole 16-byte units"
+    return None
+
+
+def _store_map(module, tensor: str, wp: WgmmaPlan) -> TensorMap:
+    """The output's TMA descriptor: boxes of one 128-byte strip (32 fp32 or 64 16-bit
+    columns) by a consumer warpgroup's rows (1 along batch axes)."""
+    t = module.tensors[tensor]
+    shape = tuple(t.shape)
+    item = ITEMSIZE[t.dtype]
+    box = [1] * (len(shape) - 2) + [wp.mt * WGMMA_M, STORE_STRIP // item]
+    strides = [item * math.prod(shape[d + 1:]) for d in range(len(shape))]
+    return TensorMap("tm_c", tvar(tensor), t.dtype, tuple(reversed(shape)),
+                     tuple(reversed(strides[:-1])), tuple(reversed(box)), SWIZZLE_ROW)
+
+
 def _stage_buffer(smem: SharedMemory, wp: WgmmaPlan, which: str, op: Operand, read: Read
                   ) -> Buffer:
     """`stages` tiles of an operand: K-major `[stage][atom][mn][128 bytes of k]` (rows of 128
@@ -239,6 +286,8 @@ class _Gen:
         self.ops, self.bufs, self.bars, self.maps = ops, bufs, bars, maps
         self.axes, self.extents, self.total, self.idx_t = axes, extents, total, idx_t
         self.scratch: str | None = None      # split-K: the partial sums' buffer
+        #: the TMA store epilogue: (the stored tensor, the strip buffer), or None
+        self.store: tuple[str, Buffer] | None = None
         # the piece of work in progress (`work`): its tile's origins, its reduction slice,
         # its first step and its steps
         self.origins: dict[str, Expr] = {}
@@ -401,7 +450,13 @@ class _Gen:
                 with b.if_(tx.eq(tx.mod(tid, WARPGROUP), 0)):
                     b.evaluate(tx.call("mbar_arrive", self.empty(stage)))
                 b.assign(g, tx.add(g, 1))
-            self.epilogue(tid, cw, acc)
+            if self.store is None:
+                self.epilogue(tid, cw, acc)
+            else:
+                self.store_epilogue(tid, cw, acc)
+        if self.store is not None:
+            with b.if_(tx.eq(tx.mod(tid, WARPGROUP), 0)):
+                b.evaluate(tx.call("bulk_wait", 0))      # the last stores done before exit
 
     def _descriptor(self, which: str, stage: Expr, kk: Expr, block64: Expr | None) -> Expr:
         """The descriptor of k-slice `kk` (one instruction's K: 32 bytes, 16 16-bit or 8 tf32
@@ -463,6 +518,71 @@ class _Gen:
                     with b.if_(bounds):
                         pb.epilogue(pb.main_value(p, (value, "f")),
                                     store_sink(module, b, self.plan.stored, vars_))
+
+    def store_epilogue(self, tid: Var, cw: Var, acc: Buffer) -> None:
+        """The epilogue through shared memory: per column strip of 128 bytes, the warpgroup's
+        first thread waits until its previous TMA store has read the strip buffer, the
+        warpgroup (a named barrier of its 128 threads) writes its values there (after the
+        chain; swizzled), fences them for the async proxy, meets again, and the first thread
+        stores the strip with TMA (outside the tensor nothing is written)."""
+        b, wp, module = self.b, self.wp, self.module
+        c = wp.contraction
+        p = self.plan.stages[0].main
+        out, buf = self.store
+        item = ITEMSIZE[buf.dtype]
+        per = STORE_STRIP // item                     # columns per strip
+        rows = wp.mt * WGMMA_M                        # a warpgroup's rows
+        m_axis, n_axis = c.m_axes[0], c.n_axes[0]
+        b.comment(f"epilogue: {wp.bn // per} strip(s) of {per} columns through shared memory, "
+                  "stored with TMA")
+        t = b.let("t", tx.mod(tid, WARPGROUP))
+        lane = b.let("lane", tx.mod(t, 32))
+        row0 = b.let("row0", tx.add(tx.mul(tx.div(t, 32), 16), tx.div(lane, 4)))
+        col0 = b.let("col0", tx.mul(tx.mod(lane, 4), 2))
+        first_row = b.let("srow", tx.mul(cw, rows))
+        size = {a: s for (a, _), s in zip(p.spatial, self.plan_tile_block())}
+        leader = tx.eq(t, 0)
+        for strip in range(wp.bn // per):
+            with b.if_(leader):
+                b.evaluate(tx.call("bulk_wait_read", 0))
+            b.evaluate(tx.call("named_barrier", tx.add(cw, 1), WARPGROUP))
+            with b.loop("i", 0, wp.mt, kind="unroll") as i:
+                with b.loop("v", strip * per // 2, (strip + 1) * per // 2, kind="unroll") as v:
+                    row = b.let("row", row0 + i * WGMMA_M + tx.mod(tx.div(v, 2), 2) * 8)
+                    col = b.let("col", col0 + tx.div(v, 4) * 8 + tx.mod(v, 2))
+                    code = {m_axis: tx.add(self.origins[m_axis], tx.add(first_row, row)),
+                            n_axis: tx.add(self.origins[n_axis], col)}
+                    code.update({a: self.origins[a] for a in c.batch_axes})
+                    vars_ = [b.let(avar(a), code[a], self.idx_t) for a, _ in p.spatial]
+                    pb = PointBuilder(module, b, self.plan.stages[0], vars_, global_resolver)
+                    bounds = tx.and_(*(tx.lt(x, n) for x, (a, n) in zip(vars_, p.spatial)
+                                       if n % size[a]))
+                    # the strip's 128-byte row `row`, its 16-byte chunks swizzled by row % 8
+                    at = tx.div(tx.binary("^", tx.mul(tx.sub(col, strip * per), item),
+                                          tx.mul(tx.mod(row, 8), 16)), item)
+                    value = Load(acc.name, (i, v), "float32")
+                    if c.scale != 1.0:
+                        value = tx.mul(value, literal(c.scale, "f"))
+
+                    def sink(tensor, x, kind, row=row, at=at):
+                        if tensor == out:
+                            b.store(buf, (tx.add(first_row, row), at), store_value(x, buf.dtype))
+                    with b.if_(bounds):
+                        pb.epilogue(pb.main_value(p, (value, "f")), sink)
+            b.evaluate(tx.call("fence_proxy_async"))
+            b.evaluate(tx.call("named_barrier", tx.add(cw, 1), WARPGROUP))
+            with b.if_(leader):
+                coords = []
+                for a, _ in reversed(p.spatial):            # innermost first
+                    at = self.origins[a]
+                    if a == n_axis and strip:
+                        at = tx.add(at, strip * per)
+                    elif a == m_axis:
+                        at = tx.add(at, first_row)
+                    coords.append(tx.cast("int32", at))
+                b.evaluate(tx.call(f"tma_store_{len(coords)}d", Var(self.maps["c"].name, "ptr"),
+                                   Addr(buf.name, (first_row, tx.const(0))), *coords))
+                b.evaluate(tx.call("bulk_commit"))
 
     def plan_tile_block(self) -> tuple[int, ...]:
         c, wp = self.wp.contraction, self.wp

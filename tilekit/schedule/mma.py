@@ -282,6 +282,9 @@ class WgmmaPlan:
     #: blocks launched: `units` (a block per piece of work), or fewer (persistent: each block
     #: loops over pieces `blockIdx + i x gridDim`; `persistent_blocks`)
     grid: int = 1
+    #: the epilogue stores through shared memory with TMA (`tma_store_reason`): a buffer of
+    #: `BM` rows of 128 bytes, each consumer warpgroup staging its rows in column strips
+    tma_store: bool = False
 
     @property
     def threads(self) -> int:
@@ -348,7 +351,8 @@ class WgmmaPlan:
                "block_gemm": [self.bm, self.bn, self.bk], "stages": self.stages,
                "layout": {"a": "mk" if c.a.k_inner else "km",
                           "b": "nk" if c.b.k_inner else "kn"},
-               "tma": ["a", "b"], "swizzle": 128}
+               "tma": ["a", "b"], "swizzle": 128,
+               "epilogue": "tma_store" if self.tma_store else "direct"}
         if self.split > 1:
             out["split_k"] = {"slices": self.split, "steps": self.steps_per_split,
                               "reduce": "a second kernel, slices added in order"}
@@ -412,10 +416,36 @@ def persistent_blocks(threads: int, registers: int, smem_bytes: int, units: int,
     return units if units <= slots else slots
 
 
-def wgmma_smem(bm: int, bn: int, stages: int, item: int = 2) -> int:
+def wgmma_smem(bm: int, bn: int, stages: int, item: int = 2, store: bool = False) -> int:
     """Shared memory of a wgmma block (tilekit.codegen.wgmma's layout): the stages of A and
-    B, 2 x stages mbarriers, the slack that aligns the base."""
-    return stages * (bm + bn) * WGMMA_BK * item + 16 * stages + (SWIZZLE_ALIGN - 16)
+    B, the TMA store's strip buffer (`BM` rows of `STORE_STRIP` bytes), 2 x stages
+    mbarriers, the slack that aligns the base."""
+    return (stages * (bm + bn) * WGMMA_BK * item + (bm * STORE_STRIP if store else 0)
+            + 16 * stages + (SWIZZLE_ALIGN - 16))
+
+
+#: Bytes of a row of the TMA store's strip buffer: one 128-byte swizzle row (32 fp32 or 64
+#: 16-bit outputs per strip).
+STORE_STRIP = 128
+
+
+def tma_store_reason(c: Contraction, spatial, split: int) -> str | None:
+    """Why the epilogue of this contraction cannot store its tile with TMA (None: it can):
+    the output (an op's output is row-major over its spatial axes) must end with the M axis
+    then the N axis (batch axes before), N a multiple of 8 (rows of whole 16-byte units for
+    any 16- or 32-bit output; the code generator checks the stored tensor's dtype), no split-K
+    (the partial sums go to a scratch buffer)."""
+    if split > 1:
+        return "split-K stores partial sums"
+    names = [a for a, _ in spatial]
+    if len(c.m_axes) != 1 or len(c.n_axes) != 1 or names[-2:] != [c.m_axes[0], c.n_axes[0]]:
+        return "the output's last two axes are not M then N"
+    extents = dict(spatial)
+    if extents[c.n_axes[0]] % 8:
+        return f"N = {extents[c.n_axes[0]]} is not a multiple of 8"
+    if len(spatial) > 5 or any(n >= 2 ** 31 for _, n in spatial):
+        return "more than 5 dimensions or one of 2^31 elements"
+    return None
 
 
 #: Split-K factors tk-roll tries for contractions whose output tiles leave SMs idle.
@@ -463,15 +493,17 @@ def wgmma_plan(c: Contraction, spatial, reduction, block: Sequence[int], step: S
         return f"M block {bm} is not 1 or 2 instructions of {WGMMA_M} rows per consumer"
     if bm // (WGMMA_M * consumers) * bn // 2 > WGMMA_MAX_ACC:
         return f"{bm // consumers}x{bn} accumulators per warpgroup exceed the registers"
+    slices, per = split_steps(k_extent, split)
+    store = tma_store_reason(c, spatial, slices) is None
     fits = [n for n in range(WGMMA_STAGES[1], WGMMA_STAGES[0] - 1, -1)
-            if wgmma_smem(bm, bn, n, item) <= smem_limit]
+            if wgmma_smem(bm, bn, n, item, store) <= smem_limit]
     if not fits:
         return (f"{WGMMA_STAGES[0]} stages of {(bm + bn) * bk * item} bytes do not fit "
                 f"{smem_limit} bytes")
-    slices, per = split_steps(k_extent, split)
     tiles = math.prod(-(-n // size[a]) for a, n in spatial)
     plan = WgmmaPlan(c, compute, bm, bn, WGMMA_BK, consumers, fits[0],
-                     wgmma_smem(bm, bn, fits[0], item), slices, per, tiles, tiles * slices)
+                     wgmma_smem(bm, bn, fits[0], item, store), slices, per, tiles,
+                     tiles * slices, store)
     return replace(plan, grid=persistent_blocks(plan.threads, plan.registers,
                                                 plan.smem_bytes, plan.units, profile))
 

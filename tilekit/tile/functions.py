@@ -78,6 +78,19 @@ FUNCTIONS: dict[str, Function] = {f.name: f for f in (
     # first) of the map's tensor into shared memory at dst (zeros outside the tensor), in the
     # map's swizzled layout; its bytes complete on `bar`
     *(Function(f"tma_load_{r}d", 3 + r, "intrinsic", "int32", True) for r in range(1, 6)),
+    # tma_store_<r>d(tensor map, src, c0 .. c<r-1>): the map's box at coordinates c of its
+    # tensor from shared memory at src (in the map's swizzled layout; elements outside the
+    # tensor are not written), asynchronously, in the issuing thread's open bulk group;
+    # bulk_commit() closes the group; bulk_wait(n) / bulk_wait_read(n) (n a constant) wait
+    # until at most n of the thread's groups are incomplete / still reading shared memory;
+    # fence_proxy_async() orders the thread's shared-memory writes before the async proxy's
+    # reads; named_barrier(id, threads): a barrier of `threads` threads on barrier `id` (1..15)
+    *(Function(f"tma_store_{r}d", 2 + r, "intrinsic", "int32", True) for r in range(1, 6)),
+    Function("bulk_commit", 0, "intrinsic", "int32", True),
+    Function("bulk_wait", 1, "intrinsic", "int32", True),
+    Function("bulk_wait_read", 1, "intrinsic", "int32", True),
+    Function("fence_proxy_async", 0, "intrinsic", "int32", True),
+    Function("named_barrier", 2, "intrinsic", "int32", True),
     # wgmma_desc(addr, leading byte offset, stride byte offset): the 64-bit shared-memory
     # matrix descriptor (128-byte swizzle) of the tile that starts at addr
     Function("wgmma_desc", 3, "intrinsic", "int64", True),
@@ -126,6 +139,8 @@ WARP_COLLECTIVES = frozenset(n for n, f in FUNCTIONS.items() if f.family == "war
 WGMMA = frozenset({"wgmma_f16", "wgmma_bf16", "wgmma_tf32"})
 #: The tensor map argument's position in each TMA copy.
 TMA_LOADS = {f"tma_load_{r}d": r for r in range(1, 6)}
+#: TMA stores by name: their rank.
+TMA_STORES = {f"tma_store_{r}d": r for r in range(1, 6)}
 
 #: Reduction assignment -> its warp reducer.
 WARP_REDUCERS = {"+=": "warp_sum", "*=": "warp_prod", "max=": "warp_max", "min=": "warp_min"}

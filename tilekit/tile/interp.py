@@ -36,15 +36,17 @@ import numpy as np
 from tilekit.errors import InternalError, TilekitError
 from tilekit.tile.expr import (HALF, INT_DTYPES, Addr, Binary, Call, Cast, Const, Expr, Load,
                                Select, Unary, Var, children as _expr_children)
-from tilekit.tile.functions import TMA_LOADS, WGMMA
+from tilekit.tile.functions import TMA_LOADS, TMA_STORES, WGMMA
 from tilekit.tile.nodes import (Alloc, Assign, Barrier, Break, Buffer, CallBody, Comment,
                                 Continue, Copy, Decl, Evaluate, For, If, Kernel, Let, Seq, Stmt,
                                 Store, Switch, Threads, While, exprs, walk)
 
-#: Hopper intrinsics with no effect here: fences, register budgets, the wgmma batch
-#: bookkeeping (wgmma runs when issued).
+#: Hopper intrinsics with no effect here: fences, register budgets, the wgmma batch and bulk
+#: store bookkeeping (wgmma and TMA stores run when issued), named barriers (a role's threads
+#: run in step).
 HOPPER_NOOPS = frozenset({"mbar_fence_init", "wgmma_fence", "wgmma_commit", "wgmma_wait",
-                          "setmaxnreg_inc", "setmaxnreg_dec"})
+                          "setmaxnreg_inc", "setmaxnreg_dec", "bulk_commit", "bulk_wait",
+                          "bulk_wait_read", "fence_proxy_async", "named_barrier"})
 
 WARP = 32
 SECTOR = 32
@@ -659,6 +661,8 @@ class _Frame:
             return self.mbarrier(e, env, mask, m)
         if fn in TMA_LOADS:
             return self.tma_load(e, env, mask, m)
+        if fn in TMA_STORES:
+            return self.tma_store(e, env, mask, m)
         if fn == "wgmma_desc":
             addr, lbo, sbo = e.args
             b, off = self.address(addr, env, mask)
@@ -880,6 +884,46 @@ class _Frame:
             site.sectors += rows * -(-row_bytes // SECTOR)
             site.ideal += rows * -(-row_bytes // SECTOR)
             self._bar_arrive(int(at[t]), 0, -rows * row_bytes)
+        return np.int32(0)
+
+    def tma_store(self, e: Call, env, mask, m):
+        """The map's box from shared memory (swizzled) to the tensor, elements outside it
+        skipped (host_emul.h's tma_store), at once."""
+        rank = TMA_STORES[e.fn]
+        tmap, src = e.args[:2]
+        tm = self.expr(tmap, env, mask)
+        b, soff = self.address(src, env, mask)
+        start = b.offset + soff.astype(np.int64) * np_dtype(b.dtype).itemsize
+        coords = [np.broadcast_to(np.asarray(self.expr(c, env, mask), np.int64), m.shape)
+                  for c in e.args[2:]]
+        dst = self.arrays[tm.buffer]
+        item = np_dtype(tm.dtype).itemsize
+        bits = dst.view({1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[item])
+        src_bits = self.smem[:self.smem.shape[0] // item * item].view(bits.dtype)
+        grids = np.meshgrid(*[np.arange(n) for n in reversed(tm.box)], indexing="ij")
+        rel = [g.reshape(-1) for g in reversed(grids)]
+        rows = math.prod(tm.box[1:])
+        row_bytes = tm.box[0] * item
+        local = np.arange(rows * tm.box[0], dtype=np.int64)
+        for t in np.nonzero(m)[0]:
+            if int(start[t]) % 128:
+                raise TilekitError(f"kernel {self.k.name}: a TMA store source not 128-byte "
+                                   "aligned", "--report", "a kernel bug: report it")
+            pos = [int(c[t]) + r for c, r in zip(coords, rel)]
+            inside = np.ones(local.shape, bool)
+            offset = np.zeros(local.shape, np.int64)
+            strides = (item,) + tuple(tm.strides)
+            for d in range(rank):
+                inside &= (pos[d] >= 0) & (pos[d] < tm.dims[d])
+                offset += np.where(inside, pos[d], 0) * strides[d]
+            addr = int(start[t]) + (local // tm.box[0]) * row_bytes + (local % tm.box[0]) * item
+            if tm.swizzle == 128:
+                addr = _swizzle128(addr)
+            bits[offset[inside] // item] = src_bits[addr[inside] // item]
+            site = self.counters.site(e, Buffer(tm.buffer, "global", tm.dtype, (0,)), "store")
+            site.requests += 1
+            site.sectors += rows * -(-row_bytes // SECTOR)
+            site.ideal += rows * -(-row_bytes // SECTOR)
         return np.int32(0)
 
     def _operand(self, desc: int, trans: int, mn: int, item: int = 2) -> np.ndarray:
