@@ -1,30 +1,42 @@
 """The `wgmma` kernel shape: a contraction on Hopper's tensor cores, per the shared plan.
 
 `tilekit.schedule.mma.wgmma_plan` decided the block GEMM (`BM x BN` outputs, 64 reduction
-points per step), the consumer warpgroups and the pipeline depth; this module builds its tile
-program, one block of `128 x (consumers + 1)` threads:
+points per step), the consumer warpgroups, the pipeline depth, the grid and the epilogue;
+this module builds its tile program, blocks of `128 x (consumers + 1)` threads:
 
-1. **Barriers.** Thread 0 initialises two mbarriers per stage: `full[s]` (one arrival: the
-   producer's `expect_tx` of the stage's bytes; the TMA copies complete the rest) and
-   `empty[s]` (one arrival per consumer warpgroup), then fences them for the asynchronous
-   proxy; a block barrier publishes them.
+0. **Pieces of work.** A piece is an output tile (with split-K, a tile and a slice of the
+   reduction). Block `b` runs pieces `b, b + gridDim, ...`: one when the grid has a block per
+   piece, several when the plan made the grid persistent (more pieces than resident blocks).
+   Piece `u`'s tile is the `u`-th of a grouped order (`RASTER_GROUP` tiles down M, then
+   across N) so that the blocks running at once share operand panels in L2.
+1. **Barriers.** Thread 0 initialises two mbarriers per stage, once per block: `full[s]` (one
+   arrival: the producer's `expect_tx` of the stage's bytes; the TMA copies complete the
+   rest) and `empty[s]` (one arrival per consumer warpgroup), then fences them for the
+   asynchronous proxy; a block barrier publishes them.
 2. **Producer** (warpgroup 0, `setmaxnreg` down to 40 registers with two consumers; one
-   thread issues): for every step, wait until the consumers released the stage buffer
-   (`empty`, the parity trick: the first round passes at once), announce the stage's bytes
-   on `full` and issue the TMA box copies of the A and B tiles. A tensor map per operand
-   (`TensorMap`: the tensor's dimensions innermost first, a box of 64 contiguous elements by
-   the tile, 128-byte swizzle) is a kernel parameter (`__grid_constant__`), built by the host
-   at launch from the kernel record (`tensor_maps`); the copies zero-fill outside the tensor,
-   so boundary tiles and a partial last step need no other code.
-3. **Consumers** (warpgroups 1.., `setmaxnreg` up to 232 with two): wait for `full`, then per
-   k-slice of 16 one `wgmma.mma_async.m64nBNk16` per 64 rows they own, both operands read from
+   thread issues): for every step of every piece, wait until the consumers released the
+   stage buffer (`empty`, the parity trick: the first round passes at once), announce the
+   stage's bytes on `full` and issue the TMA box copies of the A and B tiles. A tensor map
+   per operand (`TensorMap`: the tensor's dimensions innermost first, a box of one 128-byte
+   row of contiguous elements by the tile, 128-byte swizzle) is a kernel parameter
+   (`__grid_constant__`), built by the host at launch from the kernel record
+   (`tensor_maps`); the copies zero-fill outside the tensor, so boundary tiles and a partial
+   last step need no other code.
+3. **Consumers** (warpgroups 1.., `setmaxnreg` up to 232 with two): per piece, zero the
+   accumulators; per step wait for `full`, then per k-slice (16 elements; tf32 8) one
+   `wgmma.mma_async.m64nBNk16` (`k8` for tf32) per 64 rows they own, both operands read from
    shared memory through matrix descriptors (K-major tiles: rows of 128 bytes, 8-row groups
    1024 bytes apart; M/N-major tiles: 64-element strips, `trans` set), commit, wait, release
-   the stage (`empty`).
+   the stage (`empty`). Both roles count the steps they ran over all their pieces: step `g`
+   uses stage `g % stages` and parity `(g / stages) & 1`, so the barriers' phases carry
+   over from one tile to the next, and the producer runs into the next piece's loads while
+   the consumers finish the last one's epilogue.
 4. **Epilogue.** Each accumulator (the PTX ISA's layout of wgmma's D: warp `w` of the
    warpgroup holds rows `16w..16w+15`, value `i` of lane `l` is row `16w + l/4 + 8((i/2)%2)`,
    column `8(i/4) + 2(l%4) + i%2`) is mapped back to the output's axes, scaled, and goes
-   through the stage's elementwise chain to memory (boundary tiles guarded).
+   through the stage's chain; then either to shared memory in 128-byte swizzled column
+   strips that the warpgroup's first thread stores with TMA (`store_epilogue`), or straight
+   to memory (`epilogue`, boundary tiles guarded).
 
 The intrinsics are runtime.cuh's helpers (inline PTX for sm_90a), emulated on the CPU by
 host_emul.h and by the tile interpreter from the same documented layouts.
