@@ -490,6 +490,10 @@ def test_the_roll_splits_long_reductions_with_small_outputs():
     big = roll_module(replace(gemm(4096, 4096, 4096, "float16"), ops=(
         replace(gemm(4096, 4096, 4096, "float16").ops[0], tile=None),)), H100)
     assert "split_k" not in big.ops[0].tile                  # enough output tiles already
+    # ... more than the SMs hold at once: persistent, the same record in the roll and codegen
+    rolled = big.ops[0].tile["kernel"]["wgmma"]
+    assert rolled["schedule"]["persistent"] and rolled["epilogue"] == "tma_store"
+    assert generate(big, H100).kernels[0].schedule["wgmma"] == rolled
     kernels = generate(long, H100).kernels
     assert [k.shape for k in kernels] == ["wgmma", "splitk_reduce"]
 
