@@ -136,7 +136,7 @@ def wgmma_kernel(module, plan: GroupPlan, entry: str, decision: KernelShape, tar
     total = -(-dict(p.reduction)[c.k_axes[0]] // wp.bk)
     b.comment(f"{wp.units} pieces of work ({tiles} output tiles"
               + (f" x {wp.split} reduction slices" if scratch is not None else "")
-              + f") on {wp.grid} blocks: piece u = blockIdx + i x gridDim"
+              + f") on {wp.grid} blocks: block b runs pieces b, b + blocks, ..."
               + (" (persistent)" if wp.persistent else ""))
     g = _Gen(b, module, plan, wp, ops, bufs, bars, maps, axes, extents, total, idx_t)
     g.scratch = scratch
