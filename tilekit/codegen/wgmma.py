@@ -552,6 +552,10 @@ class _Gen:
         row0 = b.let("row0", tx.add(tx.mul(tx.div(t, 32), 16), tx.div(lane, 4)))
         col0 = b.let("col0", tx.mul(tx.mod(lane, 4), 2))
         first_row = b.let("srow", tx.mul(cw, rows))
+        # fp32: a store writes one word per lane, 8 rows x 4 column pairs; lanes 2 and 3 of
+        # each row take the other value of their pair, so that the warp's words fall in 4
+        # distinct word slots of 8 distinct swizzled chunks: 32 banks, no conflict
+        flip = b.let("flip", tx.div(tx.mod(lane, 4), 2)) if item == 4 else None
         size = {a: s for (a, _), s in zip(p.spatial, self.plan_tile_block())}
         leader = tx.eq(t, 0)
         for strip in range(wp.bn // per):
@@ -561,7 +565,8 @@ class _Gen:
             with b.loop("i", 0, wp.mt, kind="unroll") as i:
                 with b.loop("v", strip * per // 2, (strip + 1) * per // 2, kind="unroll") as v:
                     row = b.let("row", row0 + i * WGMMA_M + tx.mod(tx.div(v, 2), 2) * 8)
-                    col = b.let("col", col0 + tx.div(v, 4) * 8 + tx.mod(v, 2))
+                    pair = tx.mod(v, 2) if flip is None else tx.binary("^", tx.mod(v, 2), flip)
+                    col = b.let("col", col0 + tx.div(v, 4) * 8 + pair)
                     code = {m_axis: tx.add(self.origins[m_axis], tx.add(first_row, row)),
                             n_axis: tx.add(self.origins[n_axis], col)}
                     code.update({a: self.origins[a] for a in c.batch_axes})
@@ -573,6 +578,9 @@ class _Gen:
                     at = tx.div(tx.binary("^", tx.mul(tx.sub(col, strip * per), item),
                                           tx.mul(tx.mod(row, 8), 16)), item)
                     value = Load(acc.name, (i, v), "float32")
+                    if flip is not None:        # both indices constant once unrolled
+                        value = tx.select(tx.eq(flip, 1), Load(acc.name, (i, tx.binary(
+                            "^", v, 1)), "float32"), value)
                     if c.scale != 1.0:
                         value = tx.mul(value, literal(c.scale, "f"))
 
