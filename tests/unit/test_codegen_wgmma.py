@@ -211,19 +211,25 @@ def _mutated_source(old: str, new: str):
 
 
 @needs_cxx
-@pytest.mark.parametrize("what", ["stride_offset", "swizzle", "accumulator_rows", "transpose"]
-                         + (["leading_offset", "accumulator_columns"] if ALL else []))
+@pytest.mark.parametrize("what", ["stride_offset", "swizzle", "accumulator_rows", "transpose",
+                                  "accumulator_rows_direct"]
+                         + (["leading_offset", "accumulator_columns",
+                             "accumulator_columns_direct"] if ALL else []))
 def test_a_wrong_layout_gives_wrong_numbers(what):
     """A descriptor's offsets, the tensor map's swizzle, the accumulator layout in the
-    epilogue or the majorness flag, each made wrong, must make the emulated result wrong."""
-    module, result, v, want, good = _layout_case()
+    epilogue (through the TMA store, or stored directly: `_direct`) or the majorness flag,
+    each made wrong, must make the emulated result wrong."""
+    module, result, v, want, good = _layout_case(what.endswith("_direct"))
     edits = {
         "stride_offset": _mutated_source(", 8192, 1024);", ", 8192, 512);"),
         "leading_offset": _mutated_source(", 8192, 1024);", ", 4096, 1024);"),
         "swizzle": lambda k: replace(k, tensor_maps=tuple({**m, "swizzle": 0}
                                                           for m in k.tensor_maps)),
         "accumulator_rows": _mutated_source("(v / 2 % 2) * 8", "(v % 2) * 8"),
-        "accumulator_columns": _mutated_source("(v / 4) * 8 + v % 2", "(v / 4) * 8"),
+        "accumulator_columns": _mutated_source("(v / 4) * 8 + ((v % 2) ^ flip)",
+                                               "(v / 4) * 8 + flip"),
+        "accumulator_rows_direct": _mutated_source("(v / 2 % 2) * 8", "(v % 2) * 8"),
+        "accumulator_columns_direct": _mutated_source("(v / 4) * 8 + v % 2", "(v / 4) * 8"),
         "transpose": _mutated_source("tk_wgmma<128, 0, 1, 1>", "tk_wgmma<128, 0, 0, 1>"),
     }
     bad = _with_source(result, edits[what])
@@ -232,13 +238,20 @@ def test_a_wrong_layout_gives_wrong_numbers(what):
 
 
 @functools.lru_cache(maxsize=None)
-def _layout_case():
+def _layout_case(direct: bool = False):
     """The module the layout mutations edit, its kernels, values, the reference and the
-    error of the unedited kernels' emulation: the same for every mutation, emulated once."""
-    module = gemm(128, 128, 128, "float16", "km", "kn", (128, 128), 1)
+    error of the unedited kernels' emulation: the same for every mutation, emulated once.
+    `direct`: `c` and a bias + ReLU of it both stored, so the epilogue stores directly."""
+    module = gemm(128, 128, 128, "float16", "km", "kn", (128, 128), 1, bias_relu=direct)
+    if direct:
+        module = replace(module, tensors={**module.tensors, "c": replace(module.tensors["c"],
+                                                                          role="output")},
+                         outputs=("c", "y"))
     result = generate(module, H100)
+    assert result.kernels[0].schedule["wgmma"]["epilogue"].startswith(
+        "direct" if direct else "tma_store")
     v = values(module)
-    want = reference(module, v)
+    want = reference(module, {"a": v["a"], "b": v["b"]})
     return module, result, v, want, rel_err(emulate(result.module, v, {})["c"], want)
 
 
