@@ -621,6 +621,26 @@ def test_a_wrong_stage_or_parity_across_tiles_fails(what):
 
 
 @needs_cxx
+def test_a_stage_released_before_its_wgmma_has_run_gives_wrong_numbers():
+    """The consumers keep one wgmma batch in flight and release a step's stage after the
+    next step's wait; without that wait the stage is released while its batch may still
+    read it (the emulator runs a batch as late as the hardware may: at the wait that
+    retires it) and before the warpgroup's other threads are done with it: the producer
+    refills it first (wrong numbers) or the barrier's phases run ahead of the slower threads
+    (a deadlock)."""
+    module = gemm(200, 136, 328, "float16", "mk", "kn", (64, 64), 1)
+    result = generate(module, SMALL)
+    bad = _with_source(result, _mutated_source("tk_wgmma_wait<1>(acc);", ""))
+    v = values(module)
+    try:
+        got = emulate(bad, v, {})["c"]
+    except RuntimeError as e:
+        assert "deadlock" in str(e), e
+        return
+    assert not rel_err(got, reference(module, v)) < 0.05
+
+
+@needs_cxx
 def test_persistent_split_k_varies_the_steps_per_piece():
     """Split-K on a persistent grid: 6 tiles x 3 slices = 18 pieces on 5 blocks (4 or 3
     each), slices of 6, 6 and 4 steps, so the barrier phases carry over pieces of different

@@ -543,8 +543,10 @@ template <int N> inline void tk_cp_async_wait() {}
 // completed, so a consumer that waits for data no producer announced deadlocks (exit 5). A
 // barrier that receives more arrivals than it expects, or more bytes than were announced,
 // aborts (exit 7). wgmma is a warpgroup's collective: a committed batch runs, for all 128
-// threads of the warpgroup at once, when the last of them commits it (before that none can
-// have passed the wait for it), reading shared memory then through its descriptors (only
+// threads of the warpgroup at once, as late as the hardware may run it: when a thread of the
+// warpgroup waits for it (wgmma.wait_group) and all 128 have committed it, reading shared
+// memory then through its descriptors (so a stage released before the wait that retires its
+// batch can be refilled before the batch reads it: wrong numbers) (only
 // 128-byte swizzled operands, 16-bit or K-major tf32, are emulated: anything else aborts,
 // exit 7); a thread's
 // wgmma_wait gives way until its warpgroup has run all but the newest N of the batches it
@@ -820,32 +822,39 @@ inline unsigned long long tk_wgmma_desc(const void* p, unsigned lbo, unsigned sb
          ((unsigned long long)((sbo & 0x3FFFFu) >> 4) << 32) | (1ull << 62);
 }
 template <int R, int C> inline void tk_wgmma_fence(float (&)[R][C]) {}
+namespace tk_emul {
+// Run the warpgroup's oldest batch not yet run, when all 128 of its threads have committed it
+// (false: some thread has not).
+inline bool wgmma_run_next(unsigned first, unsigned wg) {
+  unsigned& done = block().wgmma_done[wg];
+  for (unsigned t = 0; t < 128; ++t) {
+    if (fibers[first + t].wgmma_groups.size() <= done) return false;
+  }
+  for (unsigned t = 0; t < 128; ++t) {
+    const unsigned keep = current;
+    current = first + t;  // wgmma_run reads the thread's position from `current`
+    for (const WgmmaOp& op : fibers[first + t].wgmma_groups[done]) wgmma_run(op);
+    current = keep;
+  }
+  ++done;
+  return true;
+}
+}  // namespace tk_emul
 inline void tk_wgmma_commit() {
   using namespace tk_emul;
   Fiber& f = fibers[current];
+  if (f.thread - f.thread % 128 + 128 > blockDim.x) fail("wgmma by a partial warpgroup");
   f.wgmma_groups.push_back(std::move(f.wgmma_open));
   f.wgmma_open.clear();
-  // Run every batch that all 128 threads of this warpgroup have committed, oldest first.
-  const unsigned first = current - f.thread % 128, wg = f.thread / 128;
-  if (f.thread - f.thread % 128 + 128 > blockDim.x) fail("wgmma by a partial warpgroup");
-  unsigned& done = block().wgmma_done[wg];
-  for (;;) {
-    for (unsigned t = 0; t < 128; ++t) {
-      if (fibers[first + t].wgmma_groups.size() <= done) return;
-    }
-    for (unsigned t = 0; t < 128; ++t) {
-      const unsigned keep = current;
-      current = first + t;  // wgmma_run reads the thread's position from `current`
-      for (const WgmmaOp& op : fibers[first + t].wgmma_groups[done]) wgmma_run(op);
-      current = keep;
-    }
-    ++done;
-  }
 }
+// Batches run as late as the hardware may run them: when a thread waits for them.
 template <int N, int R, int C> inline void tk_wgmma_wait(float (&)[R][C]) {
   using namespace tk_emul;
   const Fiber& f = fibers[current];
-  while (block().wgmma_done[f.thread / 128] + N < f.wgmma_groups.size()) give_way(Wait::kSpin);
+  const unsigned first = current - f.thread % 128, wg = f.thread / 128;
+  while (block().wgmma_done[wg] + N < f.wgmma_groups.size()) {
+    if (!wgmma_run_next(first, wg)) give_way(Wait::kSpin);
+  }
 }
 template <int R> inline void tk_setmaxnreg_inc() {}
 template <int R> inline void tk_setmaxnreg_dec() {}

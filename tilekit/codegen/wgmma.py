@@ -26,8 +26,9 @@ this module builds its tile program, blocks of `128 x (consumers + 1)` threads:
    accumulators; per step wait for `full`, then per k-slice (16 elements; tf32 8) one
    `wgmma.mma_async.m64nBNk16` (`k8` for tf32) per 64 rows they own, both operands read from
    shared memory through matrix descriptors (K-major tiles: rows of 128 bytes, 8-row groups
-   1024 bytes apart; M/N-major tiles: 64-element strips, `trans` set), commit, wait, release
-   the stage (`empty`). Both roles count the steps they ran over all their pieces: step `g`
+   1024 bytes apart; M/N-major tiles: 64-element strips, `trans` set), commit, wait until
+   only that batch is in flight and release the previous step's stage (`empty`; after a
+   piece's last step, wait for all and release its stage). Both roles count the steps they ran over all their pieces: step `g`
    uses stage `g % stages` and parity `(g / stages) & 1`, so the barriers' phases carry
    over from one tile to the next, and the producer runs into the next piece's loads while
    the consumers finish the last one's epilogue.
@@ -444,7 +445,7 @@ class _Gen:
             with b.loop("i", 0, wp.mt, kind="unroll") as i:
                 with b.loop("v", 0, wp.bn // 2, kind="unroll") as v:
                     b.store(acc, (i, v), tx.const(0.0))
-            with b.loop("cs", 0, self.nsteps):
+            with b.loop("cs", 0, self.nsteps) as cs:
                 stage, parity = self._step(g, "c")
                 b.evaluate(tx.call("mbar_wait", self.full(stage), parity))
                 b.evaluate(tx.call("wgmma_fence", whole))
@@ -458,10 +459,16 @@ class _Gen:
                                            int(not self.ops["a"][0].k_inner),
                                            int(not self.ops["b"][0].k_inner)))
                 b.evaluate(tx.call("wgmma_commit"))
-                b.evaluate(tx.call("wgmma_wait", whole, 0))
-                with b.if_(tx.eq(tx.mod(tid, WARPGROUP), 0)):
-                    b.evaluate(tx.call("mbar_arrive", self.empty(stage)))
+                # one batch in flight: wait for the previous step's, then release its stage
+                b.evaluate(tx.call("wgmma_wait", whole, 1))
+                with b.if_(tx.and_(tx.gt(cs, 0), tx.eq(tx.mod(tid, WARPGROUP), 0))):
+                    b.evaluate(tx.call("mbar_arrive", self.empty(
+                        tx.mod(tx.add(g, wp.stages - 1), wp.stages))))
                 b.assign(g, tx.add(g, 1))
+            b.evaluate(tx.call("wgmma_wait", whole, 0))
+            with b.if_(tx.eq(tx.mod(tid, WARPGROUP), 0)):      # the piece's last stage
+                b.evaluate(tx.call("mbar_arrive", self.empty(
+                    tx.mod(tx.add(g, wp.stages - 1), wp.stages))))
             if self.store is None:
                 self.epilogue(tid, cw, acc)
             else:
