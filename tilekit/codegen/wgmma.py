@@ -577,7 +577,9 @@ class _Gen:
                     code = {m_axis: tx.add(self.origins[m_axis], tx.add(first_row, row)),
                             n_axis: tx.add(self.origins[n_axis], col)}
                     code.update({a: self.origins[a] for a in c.batch_axes})
-                    vars_ = [b.let(avar(a), code[a], self.idx_t) for a, _ in p.spatial]
+                    # expressions, not variables: the TMA store needs them only for the
+                    # bounds and the chain's reads, which a whole tile without a chain has not
+                    vars_ = [tx.cast(self.idx_t, code[a]) for a, _ in p.spatial]
                     pb = PointBuilder(module, b, self.plan.stages[0], vars_, global_resolver)
                     bounds = tx.and_(*(tx.lt(x, n) for x, (a, n) in zip(vars_, p.spatial)
                                        if n % size[a]))
