@@ -796,19 +796,28 @@ def test_the_epilogue_stores_directly_where_tma_cannot():
 
 
 @needs_cxx
-@pytest.mark.parametrize("what", ["no_wait_before_reuse"]
+@pytest.mark.parametrize("what", ["no_wait_before_reuse", "second_buffer_overrun"]
                          + (["unswizzled", "no_wait_before_exit"] if ALL else []))
 def test_a_wrong_tma_store_fails(what):
-    """Writing a strip before the previous store has read the buffer, writing it without
-    the swizzle the tensor map reads it with, or exiting before the stores are done fails
-    (wrong numbers, or the emulator's check)."""
-    module = gemm(200, 136, 328, "float16", "mk", "kn", (64, 64), 1)
-    result = generate(module, SMALL)
+    """Writing a strip before the store that last read its buffer is done (one buffer: the
+    previous strip's; two: the one before), writing it without the swizzle the tensor map
+    reads it with, or exiting before the stores are done fails (wrong numbers, or the
+    emulator's check)."""
+    if what == "second_buffer_overrun":     # N 128: 4 fp32 strips per tile on 2 buffers
+        module = gemm(200, 136, 328, "float16", "mk", "kn", (128, 128), 1)
+        result = generate(module, SMALL)
+        assert result.kernels[0].schedule["wgmma"]["store_buffers"] == 2
+    else:
+        module = gemm(200, 136, 328, "float16", "mk", "kn", (64, 64), 1)
+        result = generate(module, SMALL)
     edit = {"no_wait_before_reuse": _mutated_source("tk_bulk_wait_read<0>();", ""),
+            "second_buffer_overrun": _mutated_source("tk_bulk_wait_read<1>();",
+                                                     "tk_bulk_wait_read<2>();"),
             "unswizzled": _mutated_source(" ^ ((row % 8) * 16)", ""),
             "no_wait_before_exit": _mutated_source("tk_bulk_wait<0>();", "")}[what]
     bad = _with_source(result, edit)
     v = values(module)
+    assert rel_err(emulate(result.module, v, {})["c"], reference(module, v)) < 1e-5
     try:
         got = emulate(bad, v, {})["c"]
     except RuntimeError as e:

@@ -122,9 +122,11 @@ def wgmma_kernel(module, plan: GroupPlan, entry: str, decision: KernelShape, tar
         out = next(t for t in plan.stages[0].outputs if t in plan.stored) if store is None \
             else None
         dtype = module.tensors[out].dtype if out else "float32"
-        strips = smem.carve("s_c", dtype, (wp.bm, STORE_STRIP // ITEMSIZE[dtype]),
-                            f"the TMA store's strips: {wp.bm} rows of {STORE_STRIP} bytes, "
-                            "128-byte swizzle" + ("" if out else f" (unused: {store})"),
+        strips = smem.carve("s_c", dtype, (wp.store_buffers, wp.bm,
+                                           STORE_STRIP // ITEMSIZE[dtype]),
+                            f"the TMA store's strips: {wp.store_buffers} x {wp.bm} rows of "
+                            f"{STORE_STRIP} bytes, 128-byte swizzle"
+                            + ("" if out else f" (unused: {store})"),
                             Layout(swizzle=SWIZZLE_ROW))
     bars = smem.carve("s_bar", "int64", (2 * wp.stages,),
                       f"mbarriers: full[{wp.stages}] then empty[{wp.stages}]")
@@ -548,6 +550,7 @@ class _Gen:
         c = wp.contraction
         p = self.plan.stages[0].main
         out, buf = self.store
+        nbuf = wp.store_buffers           # 2: strip s fills buffer s % 2 (even strips/tile)
         item = ITEMSIZE[buf.dtype]
         per = STORE_STRIP // item                     # columns per strip
         rows = wp.mt * WGMMA_M                        # a warpgroup's rows
@@ -566,8 +569,8 @@ class _Gen:
         size = {a: s for (a, _), s in zip(p.spatial, self.plan_tile_block())}
         leader = tx.eq(t, 0)
         for strip in range(wp.bn // per):
-            with b.if_(leader):
-                b.evaluate(tx.call("bulk_wait_read", 0))
+            with b.if_(leader):       # the store that last read this strip's buffer is done
+                b.evaluate(tx.call("bulk_wait_read", nbuf - 1))
             b.evaluate(tx.call("named_barrier", tx.add(cw, 1), WARPGROUP))
             with b.loop("i", 0, wp.mt, kind="unroll") as i:
                 with b.loop("v", strip * per // 2, (strip + 1) * per // 2, kind="unroll") as v:
@@ -595,7 +598,8 @@ class _Gen:
 
                     def sink(tensor, x, kind, row=row, at=at):
                         if tensor == out:
-                            b.store(buf, (tx.add(first_row, row), at), store_value(x, buf.dtype))
+                            b.store(buf, (strip % nbuf, tx.add(first_row, row), at),
+                                    store_value(x, buf.dtype))
                     with b.if_(bounds):
                         pb.epilogue(pb.main_value(p, (value, "f")), sink)
             b.evaluate(tx.call("fence_proxy_async"))
@@ -610,7 +614,8 @@ class _Gen:
                         at = tx.add(at, first_row)
                     coords.append(tx.cast("int32", at))
                 b.evaluate(tx.call(f"tma_store_{len(coords)}d", Var(self.maps["c"].name, "ptr"),
-                                   Addr(buf.name, (first_row, tx.const(0))), *coords))
+                                   Addr(buf.name, (tx.const(strip % nbuf), first_row,
+                                                   tx.const(0))), *coords))
                 b.evaluate(tx.call("bulk_commit"))
 
     def plan_tile_block(self) -> tuple[int, ...]:

@@ -282,9 +282,10 @@ class WgmmaPlan:
     #: blocks launched: `units` (a block per piece of work), or fewer (persistent: each block
     #: loops over pieces `blockIdx + i x gridDim`; `persistent_blocks`)
     grid: int = 1
-    #: the epilogue stores through shared memory with TMA (`tma_store_reason`): a buffer of
-    #: `BM` rows of 128 bytes, each consumer warpgroup staging its rows in column strips
-    tma_store: bool = False
+    #: the epilogue stores through shared memory with TMA (`tma_store_reason`) when > 0:
+    #: this many strip buffers of `BM` rows of 128 bytes, each consumer warpgroup staging its
+    #: rows in column strips (2: one filled while the other is stored; `store_buffers`)
+    store_buffers: int = 0
 
     @property
     def threads(self) -> int:
@@ -299,6 +300,10 @@ class WgmmaPlan:
     def persistent(self) -> bool:
         """Fewer blocks than pieces of work: each block loops over several."""
         return self.grid < self.units
+
+    @property
+    def tma_store(self) -> bool:
+        return self.store_buffers > 0
 
     @property
     def registers(self) -> int:
@@ -353,6 +358,8 @@ class WgmmaPlan:
                           "b": "nk" if c.b.k_inner else "kn"},
                "tma": ["a", "b"], "swizzle": 128,
                "epilogue": "tma_store" if self.tma_store else "direct"}
+        if self.tma_store:
+            out["store_buffers"] = self.store_buffers
         if self.split > 1:
             out["split_k"] = {"slices": self.split, "steps": self.steps_per_split,
                               "reduce": "a second kernel, slices added in order"}
@@ -416,12 +423,21 @@ def persistent_blocks(threads: int, registers: int, smem_bytes: int, units: int,
     return units if units <= slots else slots
 
 
-def wgmma_smem(bm: int, bn: int, stages: int, item: int = 2, store: bool = False) -> int:
+def wgmma_smem(bm: int, bn: int, stages: int, item: int = 2, buffers: int = 0) -> int:
     """Shared memory of a wgmma block (tilekit.codegen.wgmma's layout): the stages of A and
-    B, the TMA store's strip buffer (`BM` rows of `STORE_STRIP` bytes), 2 x stages
-    mbarriers, the slack that aligns the base."""
-    return (stages * (bm + bn) * WGMMA_BK * item + (bm * STORE_STRIP if store else 0)
+    B, the TMA store's `buffers` strip buffers (`BM` rows of `STORE_STRIP` bytes each),
+    2 x stages mbarriers, the slack that aligns the base."""
+    return (stages * (bm + bn) * WGMMA_BK * item + buffers * bm * STORE_STRIP
             + 16 * stages + (SWIZZLE_ALIGN - 16))
+
+
+def store_buffer_choices(bn: int) -> tuple[int, ...]:
+    """Strip buffer counts a TMA-store epilogue with an N block of `bn` may take, preferred
+    first: two when a tile has an even number of strips for every output dtype (`bn` >= 128:
+    2 or more of 64 16-bit columns, 4 or more of 32 fp32), so that a warpgroup fills one
+    while the other is being stored (the buffer alternates strip by strip across tiles);
+    else one."""
+    return (2, 1) if bn >= 128 else (1,)
 
 
 #: Bytes of a row of the TMA store's strip buffer: one 128-byte swizzle row (32 fp32 or 64
@@ -494,16 +510,23 @@ def wgmma_plan(c: Contraction, spatial, reduction, block: Sequence[int], step: S
     if bm // (WGMMA_M * consumers) * bn // 2 > WGMMA_MAX_ACC:
         return f"{bm // consumers}x{bn} accumulators per warpgroup exceed the registers"
     slices, per = split_steps(k_extent, split)
-    store = tma_store_reason(c, spatial, slices) is None
-    fits = [n for n in range(WGMMA_STAGES[1], WGMMA_STAGES[0] - 1, -1)
-            if wgmma_smem(bm, bn, n, item, store) <= smem_limit]
-    if not fits:
+    # the most stages first, then the most strip buffers of the TMA store (if any) with them
+    choices = store_buffer_choices(bn) if tma_store_reason(c, spatial, slices) is None \
+        else (0,)
+    best = None
+    for buffers in choices:
+        fits = [n for n in range(WGMMA_STAGES[1], WGMMA_STAGES[0] - 1, -1)
+                if wgmma_smem(bm, bn, n, item, buffers) <= smem_limit]
+        if fits and (best is None or fits[0] > best[0]):
+            best = (fits[0], buffers)
+    if best is None:
         return (f"{WGMMA_STAGES[0]} stages of {(bm + bn) * bk * item} bytes do not fit "
                 f"{smem_limit} bytes")
+    stages, buffers = best
     tiles = math.prod(-(-n // size[a]) for a, n in spatial)
-    plan = WgmmaPlan(c, compute, bm, bn, WGMMA_BK, consumers, fits[0],
-                     wgmma_smem(bm, bn, fits[0], item, store), slices, per, tiles,
-                     tiles * slices, store)
+    plan = WgmmaPlan(c, compute, bm, bn, WGMMA_BK, consumers, stages,
+                     wgmma_smem(bm, bn, stages, item, buffers), slices, per, tiles,
+                     tiles * slices, buffers)
     return replace(plan, grid=persistent_blocks(plan.threads, plan.registers,
                                                 plan.smem_bytes, plan.units, profile))
 
