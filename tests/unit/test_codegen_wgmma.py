@@ -4,11 +4,15 @@ GPU.
 The generated kernels run in the CPU emulation (host_emul.h: TMA box copies into the 128-byte
 swizzled layout, mbarrier phases, wgmma reading shared memory through its descriptors and
 writing the PTX ISA's accumulator layout) and in the tile interpreter (the same semantics in
-NumPy) against a float64 reference, for fp16 and bf16, every operand majorness, ragged
-shapes and a fused epilogue; mutations of a descriptor, of the swizzle, of the accumulator
-layout and of a barrier parity must fail; the kernels compile for sm_90a without local memory
-and with HGMMA in the main loop (when nvcc and cuobjdump are installed); the runtime's
-tensor-map encoding is checked against a stand-in driver.
+NumPy) against a float64 reference, for fp16 and bf16 (tf32 against the product of the
+inputs' upper 19 bits), every operand majorness, ragged shapes and a fused epilogue, on
+grids of a block per tile and on persistent grids (a 5-SM profile: several tiles per block,
+the barrier phases carried across them, split-K pieces of different lengths, the grouped
+tile order), with the TMA-store epilogue and the direct one; mutations of a descriptor, of
+the swizzle, of the accumulator layout, of a barrier parity, of the step counter across
+tiles, of a tf32 atom and of the store's waits must fail; the kernels compile for sm_90a
+without local memory and with HGMMA, TMA loads and stores in loops (when nvcc and cuobjdump
+are installed); the runtime's tensor-map encoding is checked against a stand-in driver.
 """
 
 from __future__ import annotations
@@ -167,7 +171,7 @@ def test_fused_bias_relu_epilogue_and_batches():
     result = generate(module, H100)
     (kern,) = result.kernels
     assert kern.shape == "wgmma" and kern.ops == ("mm", "bias_relu")
-    assert [len(m["dims"]) for m in kern.tensor_maps] == [3, 3]
+    assert [len(m["dims"]) for m in kern.tensor_maps] == [3, 3, 3]   # a, b, y (TMA store)
     v = values(module)
     want = reference(module, v)
     assert rel_err(emulate(result.module, v, {})["y"], want) < 1e-5
@@ -208,18 +212,23 @@ def _mutated_source(old: str, new: str):
 
 @needs_cxx
 @pytest.mark.parametrize("what", ["stride_offset", "swizzle", "accumulator_rows", "transpose"]
-                         + (["leading_offset", "accumulator_columns"] if ALL else []))
+                         + (["leading_offset", "accumulator_columns", "accumulator_rows_direct",
+                             "accumulator_columns_direct"] if ALL else []))
 def test_a_wrong_layout_gives_wrong_numbers(what):
     """A descriptor's offsets, the tensor map's swizzle, the accumulator layout in the
-    epilogue or the majorness flag, each made wrong, must make the emulated result wrong."""
-    module, result, v, want, good = _layout_case()
+    epilogue (through the TMA store, or stored directly: `_direct`) or the majorness flag,
+    each made wrong, must make the emulated result wrong."""
+    module, result, v, want, good = _layout_case(what.endswith("_direct"))
     edits = {
         "stride_offset": _mutated_source(", 8192, 1024);", ", 8192, 512);"),
         "leading_offset": _mutated_source(", 8192, 1024);", ", 4096, 1024);"),
         "swizzle": lambda k: replace(k, tensor_maps=tuple({**m, "swizzle": 0}
                                                           for m in k.tensor_maps)),
         "accumulator_rows": _mutated_source("(v / 2 % 2) * 8", "(v % 2) * 8"),
-        "accumulator_columns": _mutated_source("(v / 4) * 8 + v % 2", "(v / 4) * 8"),
+        "accumulator_columns": _mutated_source("(v / 4) * 8 + ((v % 2) ^ flip)",
+                                               "(v / 4) * 8 + flip"),
+        "accumulator_rows_direct": _mutated_source("(v / 2 % 2) * 8", "(v % 2) * 8"),
+        "accumulator_columns_direct": _mutated_source("(v / 4) * 8 + v % 2", "(v / 4) * 8"),
         "transpose": _mutated_source("tk_wgmma<128, 0, 1, 1>", "tk_wgmma<128, 0, 0, 1>"),
     }
     bad = _with_source(result, edits[what])
@@ -228,13 +237,20 @@ def test_a_wrong_layout_gives_wrong_numbers(what):
 
 
 @functools.lru_cache(maxsize=None)
-def _layout_case():
+def _layout_case(direct: bool = False):
     """The module the layout mutations edit, its kernels, values, the reference and the
-    error of the unedited kernels' emulation: the same for every mutation, emulated once."""
-    module = gemm(128, 128, 128, "float16", "km", "kn", (128, 128), 1)
+    error of the unedited kernels' emulation: the same for every mutation, emulated once.
+    `direct`: `c` and a bias + ReLU of it both stored, so the epilogue stores directly."""
+    module = gemm(128, 128, 128, "float16", "km", "kn", (128, 128), 1, bias_relu=direct)
+    if direct:
+        module = replace(module, tensors={**module.tensors, "c": replace(module.tensors["c"],
+                                                                          role="output")},
+                         outputs=("c", "y"))
     result = generate(module, H100)
+    assert result.kernels[0].schedule["wgmma"]["epilogue"].startswith(
+        "direct" if direct else "tma_store")
     v = values(module)
-    want = reference(module, v)
+    want = reference(module, {"a": v["a"], "b": v["b"]})
     return module, result, v, want, rel_err(emulate(result.module, v, {})["c"], want)
 
 
@@ -328,12 +344,15 @@ def test_wgmma_is_chosen_for_hopper_only_and_for_plain_operands():
 def test_the_launch_plan_records_the_tensor_maps():
     module = gemm(200, 136, 328, "float16", "mk", "kn", (128, 128), 1)
     (kern,) = generate(module, H100).kernels
-    a, b = kern.tensor_maps
+    a, b, c = kern.tensor_maps
     # a [200][328] K-major: boxes of 64 k by 128 rows; b [328][136] N-major: 64 n by 64 k
     assert a == {"name": "tm_a", "tensor": "a", "dtype": "float16", "dims": [328, 200],
                  "strides": [656], "box": [64, 128], "swizzle": 128}
     assert b == {"name": "tm_b", "tensor": "b", "dtype": "float16", "dims": [136, 328],
                  "strides": [272], "box": [64, 64], "swizzle": 128}
+    # c [200][136] fp32, stored with TMA: strips of 32 columns by a warpgroup's 128 rows
+    assert c == {"name": "tm_c", "tensor": "c", "dtype": "float32", "dims": [136, 200],
+                 "strides": [544], "box": [32, 128], "swizzle": 128}
     assert "const __grid_constant__ tk_tensor_map tm_a" in kern.source
 
 
@@ -416,9 +435,14 @@ def test_wgmma_kernels_compile_for_sm90a_with_hgmma_in_the_loop_and_no_local_mem
     from tilekit.codegen.module import unit_source
     from tilekit.codegen.nvcc import compile_unit
 
-    for dtype, block, consumers, a in (("float16", (128, 256), 2, "mk"),
-                                       ("bfloat16", (128, 128), 1, "km")):
-        result = generate(gemm(4096, 4096, 4096, dtype, a, "kn", block, consumers), H100)
+    for dtype, block, consumers, a, b in (("float16", (128, 256), 2, "mk", "kn"),
+                                          ("bfloat16", (128, 128), 1, "km", "kn"),
+                                          ("float32", (128, 256), 2, "mk", "nk")):
+        module = gemm(4096, 4096, 4096, dtype, a, b, block, consumers)
+        result = generate(tf32(module) if dtype == "float32" else module, H100)
+        # more tiles than SMs: the persistent form (a block per SM looping over tiles)
+        assert result.kernels[0].schedule["wgmma"]["schedule"]["persistent"]
+        assert result.kernels[0].grid[0] == H100.sm_count
         report = compile_module(result, None, H100)
         assert "-gencode=arch=compute_90a,code=sm_90a" in report.command
         assert not report.problems, report.problems
@@ -432,8 +456,10 @@ def test_wgmma_kernels_compile_for_sm90a_with_hgmma_in_the_loop_and_no_local_mem
         sass = subprocess.run([tool[0], "-sass", str(cubin)], capture_output=True,
                               text=True, env=tool[1], check=True).stdout
         assert "HGMMA.64x" in sass
+        assert ("TF32" in sass) == (dtype == "float32")
         assert loops_with(sass, "HGMMA") >= 1, "no HGMMA inside a loop"
         assert loops_with(sass, "UTMALDG") >= 1, "no TMA load inside a loop"
+        assert loops_with(sass, "UTMASTG") >= 1, "no TMA store inside the tile loop"
         assert not re.search(r"\b(LDL|STL)\b", sass), "local memory in the SASS"
         assert "USETMAXREG" in sass if consumers == 2 else True
 
@@ -476,6 +502,10 @@ def test_the_roll_splits_long_reductions_with_small_outputs():
     big = roll_module(replace(gemm(4096, 4096, 4096, "float16"), ops=(
         replace(gemm(4096, 4096, 4096, "float16").ops[0], tile=None),)), H100)
     assert "split_k" not in big.ops[0].tile                  # enough output tiles already
+    # ... more than the SMs hold at once: persistent, the same record in the roll and codegen
+    rolled = big.ops[0].tile["kernel"]["wgmma"]
+    assert rolled["schedule"]["persistent"] and rolled["epilogue"] == "tma_store"
+    assert generate(big, H100).kernels[0].schedule["wgmma"] == rolled
     kernels = generate(long, H100).kernels
     assert [k.shape for k in kernels] == ["wgmma", "splitk_reduce"]
 
@@ -489,3 +519,324 @@ def test_split_k_kernels_compile_without_spills():
     report = compile_module(generate(module, H100), None, H100)
     assert not report.problems, report.problems
     assert [k["shape"] for k in report.module.codegen["kernels"]] == ["wgmma", "splitk_reduce"]
+
+
+# -- the persistent tile scheduler --------------------------------------------------------------
+
+#: A Hopper with 5 SMs of one block each: small grids become persistent (a block per SM,
+#: each looping over several tiles) at sizes the emulation runs in a second or two.
+SMALL = replace(H100, sm_count=5, max_blocks_per_sm=1)
+
+
+def grouped_tiles(gm: int, gn: int, group: int = 8) -> list[tuple[int, int]]:
+    """The (m, n) tile of each piece of work, in order: groups of `group` M tiles (fewer in
+    the last), down M first, then across N (written out here as a list, not as the kernel's
+    arithmetic)."""
+    order = []
+    for first in range(0, gm, group):
+        rows = range(first, min(first + group, gm))
+        order += [(m, n) for n in range(gn) for m in rows]
+    return order
+
+
+@needs_cxx
+def test_persistent_blocks_loop_over_tiles_with_barrier_phases_carried_over():
+    """12 tiles on 5 blocks: blocks 0 and 1 run 3 tiles (the last one ragged on both axes),
+    the others 2; 6 steps per tile on 4 stages, so the stage and parity counters wrap inside
+    a tile and carry over from one tile to the next."""
+    module = gemm(200, 136, 328, "float16", "mk", "kn", (64, 64), 1)
+    result = generate(module, SMALL)
+    (kern,) = result.kernels
+    sched = kern.schedule["wgmma"]
+    assert sched["schedule"] == {"blocks": 5, "tiles": 12, "persistent": True,
+                                 "order": "groups of 8 tiles along M"}
+    assert kern.grid[0] == 5 and sched["stages"] == 4
+    v = values(module)
+    want = reference(module, v)
+    assert rel_err(emulate(result.module, v, {})["c"], want) < 1e-5
+    assert rel_err(interpreted(result, module, v), want) < 1e-5
+    # block 1 alone writes its three tiles, 1, 6 and 11 of the grouped order
+    got = emulate_blocks(result.module, 0, v, [1])["c"]
+    mine = np.zeros(got.shape, bool)
+    for m, n in [grouped_tiles(4, 3)[t] for t in (1, 6, 11)]:
+        mine[64 * m:64 * m + 64, 64 * n:64 * n + 64] = True
+    assert (~np.isnan(got) == mine).all()
+    np.testing.assert_allclose(got[mine], want[mine], rtol=1e-4, atol=1e-3)
+
+
+def test_the_tile_order_groups_eight_tiles_along_m():
+    """30 tiles (10 along M, 3 along N) on 5 blocks: each block's tiles are those of the
+    grouped order (the interpreter runs one block at a time)."""
+    module = gemm(600, 136, 64, "float16", "mk", "kn", (64, 64), 1)
+    result = generate(module, SMALL)
+    (kern,) = result.kernels
+    assert (kern.grid[0], kern.schedule["wgmma"]["schedule"]["tiles"]) == (5, 30)
+    order = grouped_tiles(10, 3)
+    assert order[:9] == [(m, 0) for m in range(8)] + [(0, 1)] and order[24] == (8, 0)
+    v = values(module)
+    for block in (0, 3):
+        memory = {tvar(name): (np.asarray(v[name], numpy_dtype(t.dtype)).reshape(-1).copy()
+                               if name in v else np.full(t.size, np.nan, np.float32))
+                  for name, t in module.tensors.items()}
+        interpret(kern.program, memory, blocks=[block])
+        got = memory[tvar("c")].reshape(600, 136)
+        mine = np.zeros(got.shape, bool)
+        for m, n in order[block::5]:
+            mine[64 * m:64 * m + 64, 64 * n:64 * n + 64] = True
+        assert (~np.isnan(got) == mine).all(), block
+
+
+@needs_cxx
+@pytest.mark.parametrize("what", ["restarted_per_tile"]
+                         + (["consumer_restarted", "parity_restarted"] if ALL else []))
+def test_a_wrong_stage_or_parity_across_tiles_fails(what):
+    """The step counter that gives each step its stage and parity runs across the block's
+    tiles; restarting it at every tile (in both roles: the stages are then refilled out of
+    phase with the barriers; in the consumers only, or the parity only: they wait for
+    phases that never complete) gives wrong numbers or a deadlock."""
+    module = gemm(200, 136, 328, "float16", "mk", "kn", (64, 64), 1)
+    result = generate(module, SMALL)
+    cons = [("const int cst = cg % 4;", "const int cst = cs % 4;"),
+            ("const int cph = (cg / 4) & 1;", "const int cph = (cs / 4) & 1;")]
+    prod = [("const int pst = pg % 4;", "const int pst = ps % 4;"),
+            ("const int pph = (pg / 4) & 1;", "const int pph = (ps / 4) & 1;")]
+    edits = {"restarted_per_tile": cons + prod, "consumer_restarted": cons,
+             "parity_restarted": cons[1:] + prod[1:]}[what]
+
+    def edit(k):
+        source = k.source
+        for old, new in edits:
+            assert old in source, old
+            source = source.replace(old, new)
+        return replace(k, source=source)
+    bad = _with_source(result, edit)
+    v = values(module)
+    try:
+        got = emulate(bad, v, {})["c"]
+    except RuntimeError as e:
+        assert "deadlock" in str(e) or "exit 7" in str(e), e
+        return
+    assert not rel_err(got, reference(module, v)) < 0.05
+
+
+@needs_cxx
+def test_a_stage_released_before_its_wgmma_has_run_gives_wrong_numbers():
+    """The consumers keep one wgmma batch in flight and release a step's stage after the
+    next step's wait; without that wait the stage is released while its batch may still
+    read it (the emulator runs a batch as late as the hardware may: at the wait that
+    retires it) and before the warpgroup's other threads are done with it: the producer
+    refills it first (wrong numbers) or the barrier's phases run ahead of the slower threads
+    (a deadlock)."""
+    module = gemm(200, 136, 328, "float16", "mk", "kn", (64, 64), 1)
+    result = generate(module, SMALL)
+    bad = _with_source(result, _mutated_source("tk_wgmma_wait<1>(acc);", ""))
+    v = values(module)
+    try:
+        got = emulate(bad, v, {})["c"]
+    except RuntimeError as e:
+        assert "deadlock" in str(e), e
+        return
+    assert not rel_err(got, reference(module, v)) < 0.05
+
+
+@needs_cxx
+def test_persistent_split_k_varies_the_steps_per_piece():
+    """Split-K on a persistent grid: 6 tiles x 3 slices = 18 pieces on 5 blocks (4 or 3
+    each), slices of 6, 6 and 4 steps, so the barrier phases carry over pieces of different
+    lengths; the reduction kernel adds the slices and runs bias + ReLU."""
+    module = gemm(100, 136, 1000, "float16", "mk", "kn", (64, 64), 1, bias_relu=True)
+    module = replace(module, ops=(replace(module.ops[0], tile={**module.ops[0].tile,
+                                                               "split_k": 3}),
+                                  module.ops[1]))
+    result = generate(module, SMALL)
+    first, second = result.kernels
+    assert first.schedule["wgmma"]["schedule"]["tiles"] == 18 and first.grid[0] == 5
+    v = values(module)
+    assert rel_err(emulate(result.module, v, {})["y"], reference(module, v)) < 1e-5
+
+
+def test_the_grid_is_one_wave_of_resident_blocks():
+    """On the H100: 512 tiles of 128 x 256 (two consumers, one block per SM) on 132 blocks;
+    128 tiles stay a block each; 64 x 64 tiles (three blocks per SM by shared memory and
+    registers) persistent only beyond 396; tk-codegen --report shows the decision."""
+    from tilekit.cli.tk_codegen import report_data
+    from tilekit.codegen.module import run_codegen
+
+    def schedule(m, n, block, consumers):
+        (k,) = generate(gemm(m, n, 256, "float16", "mk", "kn", block, consumers),
+                        H100).kernels
+        return k.grid[0], k.schedule["wgmma"]["schedule"]["persistent"]
+    assert schedule(4096, 4096, (128, 256), 2) == (132, True)
+    assert schedule(2048, 1024, (128, 128), 2) == (128, False)
+    assert schedule(1216, 1280, (64, 64), 1) == (380, False)       # 19 x 20 tiles
+    assert schedule(1280, 1280, (64, 64), 1) == (396, True)        # 20 x 20
+    result = run_codegen(gemm(2048, 2048, 256, "float16", "mk", "kn", (128, 128), 2), H100,
+                         None, target="cuda")
+    assert report_data(result)["kernels"][0]["tiles"] == "256 on 132 blocks, persistent"
+
+
+# -- TF32 ---------------------------------------------------------------------------------------
+
+def tf32(module: Module) -> Module:
+    """The module as `tk-roll --precision tf32` records it."""
+    return replace(module, stages=module.stages + ({"name": "roll",
+                                                     "options": {"precision": "tf32"}},))
+
+
+def tf32_reference(module: Module, v: dict[str, np.ndarray]) -> np.ndarray:
+    """The product of the inputs as the tensor cores read them: the upper 19 bits of each
+    fp32 word (TMA copies fp32 words; wgmma ignores their low 13 mantissa bits)."""
+    cut = {k: (np.asarray(x, np.float32).view(np.uint32) & np.uint32(0xFFFFE000)
+               ).view(np.float32) if k in ("a", "b") else x for k, x in v.items()}
+    return reference(module, cut)
+
+
+def test_tf32_wgmma_only_with_the_precision_flag_and_k_major_operands():
+    plain = gemm(256, 256, 256, "float32", "mk", "nk", (128, 128), 1)
+    assert generate(plain, H100).kernels[0].shape not in ("wgmma", "mma")    # CUDA cores
+    (k,) = generate(tf32(plain), H100).kernels
+    assert k.shape == "wgmma"
+    assert k.schedule["wgmma"]["instruction"] == "wgmma.mma_async.m64n128k8.f32.tf32"
+    # 32 fp32 elements per 128-byte swizzle row: boxes of 32, two per operand and step
+    assert [m["box"] for m in k.tensor_maps][:2] == [[32, 128], [32, 128]]
+    assert k.source.count("tk_tma_load_2d(") == 4 and "tk_wgmma<128, 2, 0, 0>" in k.source
+    # an N-major B (a plain x @ w) keeps mma.sync's tf32: wgmma's tf32 reads K-major only
+    assert generate(tf32(gemm(256, 256, 256, "float32", "mk", "kn", (128, 128), 1)), H100
+                    ).kernels[0].shape == "mma"
+
+
+TF32_CASES = {
+    # persistent (12 tiles on 5 blocks of SMALL), ragged on every axis, one consumer
+    "persistent_64x64": (200, 136, 328, (64, 64), 1, SMALL),
+    # two consumers, N 256 (2 stages of 96 KiB)
+    "two_consumers_n256": (130, 300, 200, (128, 256), 2, H100),
+}
+
+
+@needs_cxx
+@pytest.mark.parametrize("case", sorted(TF32_CASES) if ALL else ["persistent_64x64"])
+def test_tf32_wgmma_computes_the_tf32_product(case):
+    m, n, k, block, consumers, profile = TF32_CASES[case]
+    module = tf32(gemm(m, n, k, "float32", "mk", "nk", block, consumers))
+    result = generate(module, profile)
+    (kern,) = result.kernels
+    assert kern.shape == "wgmma"
+    v = values(module)
+    want = tf32_reference(module, v)
+    got = emulate(result.module, v, {})["c"]
+    assert rel_err(got, want) < 1e-5
+    assert 1e-5 < rel_err(got, reference(module, v)) < 5e-3       # tf32, not fp32
+    assert rel_err(interpreted(result, module, v), want) < 1e-5
+
+
+@needs_cxx
+@pytest.mark.parametrize("what", ["second_atom_coordinate"]
+                         + (["second_atom_descriptor"] if ALL else []))
+def test_a_wrong_tf32_atom_gives_wrong_numbers(what):
+    """A step's 64 fp32 k are two swizzle atoms of 32: loading the second from the first's
+    k, or reading the second atom's slices from the first, must give wrong numbers."""
+    module = tf32(gemm(128, 64, 128, "float32", "mk", "nk", (64, 64), 1))
+    result = generate(module, H100)
+    edit = {"second_atom_coordinate": _mutated_source("pk0 + 32, po_m", "pk0, po_m"),
+            "second_atom_descriptor": _mutated_source("2048 * (kk / 4)", "0 * (kk / 4)")}[what]
+    v = values(module)
+    assert rel_err(emulate(result.module, v, {})["c"], tf32_reference(module, v)) < 1e-5
+    bad = _with_source(result, edit)
+    assert not rel_err(emulate(bad, v, {})["c"], tf32_reference(module, v)) < 0.05
+
+
+# -- the TMA-store epilogue ---------------------------------------------------------------------
+
+@needs_cxx
+def test_the_tma_store_epilogue_writes_through_swizzled_strips():
+    """An fp16 output (strips of 64 columns) and a fused bias + ReLU stored through shared
+    memory with TMA, ragged on both axes; with two warpgroups of consumers, each storing its
+    rows."""
+    module = gemm(200, 136, 200, "float16", "mk", "kn", (128, 128), 2)
+    module = replace(module, tensors={**module.tensors,
+                                      "c": replace(module.tensors["c"], dtype="float16")})
+    result = generate(module, H100)
+    (kern,) = result.kernels
+    assert kern.schedule["wgmma"]["epilogue"] == "tma_store"
+    assert kern.tensor_maps[2]["box"] == [64, 64] and "tk_named_barrier(cw + 1, 128)" in \
+        kern.source
+    v = values(module)
+    assert rel_err(emulate(result.module, v, {})["c"], reference(module, v)) < 1e-3
+    assert rel_err(interpreted(result, module, v), reference(module, v)) < 1e-3
+    fused = gemm(100, 72, 136, "bfloat16", "mk", "nk", (64, 128), 1, bias_relu=True)
+    (kern,) = generate(fused, H100).kernels
+    assert kern.schedule["wgmma"]["epilogue"] == "tma_store"
+    assert [m["tensor"] for m in kern.tensor_maps] == ["a", "b", "y"]
+
+
+def test_the_epilogue_stores_directly_where_tma_cannot():
+    """Split-K's partial sums, a stage that stores two tensors, an output whose last axis is
+    not N: stores from the registers (recorded with the reason)."""
+    both = gemm(100, 72, 136, "float16", "mk", "kn", (64, 64), 1, bias_relu=True)
+    both = replace(both, tensors={**both.tensors, "c": replace(both.tensors["c"],
+                                                                role="output")},
+                   outputs=("c", "y"))
+    (kern,) = generate(both, H100).kernels
+    assert kern.schedule["wgmma"]["epilogue"] == \
+        "direct (the group stores 2 tensors of this stage)"
+    assert len(kern.tensor_maps) == 2 and "tk_tma_store" not in kern.source
+    split = gemm(100, 136, 1000, "float16", "mk", "kn", (64, 64), 1)
+    split = replace(split, ops=(replace(split.ops[0], tile={**split.ops[0].tile,
+                                                            "split_k": 3}),))
+    assert generate(split, H100).kernels[0].schedule["wgmma"]["epilogue"] == "direct"
+    transposed = Module(model="t", tensors={
+        "a": Tensor((128, 64), "float16", "input"), "b": Tensor((64, 128), "float16", "input"),
+        "c": Tensor((128, 128), "float32", "output")},
+        ops=(Op("mm", "c[j,i] += a[i,k] * b[k,j]", tile={
+            "block": {"j": 64, "i": 64}, "thread": {"j": 1, "i": 32}, "step": {"k": 64}}),),
+        inputs=("a", "b"), outputs=("c",), stages=({"name": "import"},))
+    (kern,) = generate(transposed, H100).kernels
+    assert kern.shape == "wgmma" and kern.schedule["wgmma"]["epilogue"] == "direct"
+
+
+@needs_cxx
+@pytest.mark.parametrize("what", ["no_wait_before_reuse"]
+                         + (["second_buffer_overrun", "unswizzled", "no_wait_before_exit"]
+                            if ALL else []))
+def test_a_wrong_tma_store_fails(what):
+    """Writing a strip before the store that last read its buffer is done (one buffer: the
+    previous strip's; two: the one before), writing it without the swizzle the tensor map
+    reads it with, or exiting before the stores are done fails (wrong numbers, or the
+    emulator's check)."""
+    if what == "second_buffer_overrun":     # N 128: 4 fp32 strips per tile on 2 buffers
+        module = gemm(200, 136, 328, "float16", "mk", "kn", (128, 128), 1)
+        result = generate(module, SMALL)
+        assert result.kernels[0].schedule["wgmma"]["store_buffers"] == 2
+    else:
+        module = gemm(200, 136, 328, "float16", "mk", "kn", (64, 64), 1)
+        result = generate(module, SMALL)
+    edit = {"no_wait_before_reuse": _mutated_source("tk_bulk_wait_read<0>();", ""),
+            "second_buffer_overrun": _mutated_source("tk_bulk_wait_read<1>();",
+                                                     "tk_bulk_wait_read<2>();"),
+            "unswizzled": _mutated_source(" ^ ((row % 8) * 16)", ""),
+            "no_wait_before_exit": _mutated_source("tk_bulk_wait<0>();", "")}[what]
+    bad = _with_source(result, edit)
+    v = values(module)
+    assert rel_err(emulate(result.module, v, {})["c"], reference(module, v)) < 1e-5
+    try:
+        got = emulate(bad, v, {})["c"]
+    except RuntimeError as e:
+        assert "did not wait" in str(e), e
+        return
+    assert not rel_err(got, reference(module, v)) < 0.05
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_the_tma_store_epilogue_is_conflict_free_and_coalesced(dtype):
+    """The interpreter's counters on sampled blocks: strips written to shared memory without
+    bank conflicts (fp32: lanes 2 and 3 of a row write the other value of their pair) and
+    whole rows stored by TMA."""
+    from tilekit.codegen.report import program_report
+
+    module = gemm(256, 512, 128, "float16", "mk", "kn", (128, 256), 2)
+    module = replace(module, tensors={**module.tensors,
+                                      "c": replace(module.tensors["c"], dtype=dtype)})
+    (kern,) = generate(module, H100).kernels
+    assert kern.schedule["wgmma"]["epilogue"] == "tma_store"
+    report = program_report(kern.program, H100)
+    assert report["bank_conflict_degree"] == 1.0 and report["coalescing"] == 1.0, report

@@ -155,7 +155,8 @@ def report_data(result, profile=None) -> dict:
     section = module.codegen or {}
     data = {"model": module.model, "hardware": module.hardware, "arch": section.get("arch"),
             "target": section.get("target", "cuda"),
-            "kernels": [{"kernel": k.name, "ops": list(k.ops), **dict(k.launch or {})}
+            "kernels": [{"kernel": k.name, "ops": list(k.ops), **dict(k.launch or {}),
+                         **_tile_schedule(result.kernels, k.name)}
                         for k in module.kernels],
             "notes": list(result.notes), "problems": list(result.problems)}
     if data["target"] == "cuda":
@@ -164,6 +165,17 @@ def report_data(result, profile=None) -> dict:
         data["counters"] = kernel_reports(result.kernels, profile,
                                           {e: r for e, r in compiled.items() if r})
     return data
+
+
+def _tile_schedule(kernels, group: str) -> dict:
+    """A wgmma kernel's tiles per block (tilekit.schedule.mma.WgmmaPlan.record): e.g.
+    `{"tiles": "512 on 132 blocks, persistent"}`; nothing for the other kernels."""
+    for g in kernels:
+        sched = (g.schedule.get("wgmma") or {}).get("schedule") if g.group == group else None
+        if sched:
+            return {"tiles": f"{sched['tiles']} on {sched['blocks']} blocks"
+                             + (", persistent" if sched["persistent"] else "")}
+    return {}
 
 
 def report_table(result, profile=None) -> tuple[str, tuple[str, ...], list[tuple[str, ...]]]:

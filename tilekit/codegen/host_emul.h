@@ -85,6 +85,7 @@ struct Block {
   alignas(16) unsigned frag[kMaxThreads][8];
   const void* rows[kMaxThreads];
   unsigned wgmma_done[kMaxThreads / 128];  // wgmma batches each warpgroup has executed
+  unsigned named_arrived[16], named_gen[16];  // named barriers (bar.sync id, count)
 };
 
 struct Stack {  // reserved, not touched: a page is committed only when a fiber uses it
@@ -108,6 +109,13 @@ struct WgmmaOp {
   int n, kind, ta, tb;
   unsigned long long a, b;
 };
+// One TMA store a thread issued, not yet executed (it reads shared memory at the wait that
+// retires its group: data overwritten before that wait is what lands).
+struct BulkStore {
+  const void* map;  // tk_tensor_map (declared below)
+  unsigned long long src;  // shared address
+  int c[5];
+};
 
 struct Fiber {
   ucontext_t ctx;
@@ -117,6 +125,8 @@ struct Fiber {
   bool fenced = false;
   std::vector<WgmmaOp> wgmma_open;                 // issued since the last commit
   std::vector<std::vector<WgmmaOp>> wgmma_groups;  // committed, oldest first (never removed)
+  std::vector<BulkStore> bulk_open;                 // TMA stores since the last commit
+  std::vector<std::vector<BulkStore>> bulk_groups;  // committed, not yet retired, oldest first
 };
 
 inline ucontext_t scheduler;
@@ -135,8 +145,11 @@ inline void give_way(Wait why) {
 }
 inline void barrier() { give_way(Wait::kBlockBarrier); }
 
+[[noreturn]] inline void fail(const char* what);
 inline void trampoline() {
   entry(entry_arg);
+  if (!fibers[current].bulk_open.empty() || !fibers[current].bulk_groups.empty())
+    fail("a thread exits with TMA stores it did not wait for (cp.async.bulk.wait_group)");
   fibers[current].wait = Wait::kDone;  // returning resumes the scheduler (uc_link)
 }
 
@@ -146,6 +159,8 @@ inline void reset(Fiber& f) {
   f.fenced = false;
   f.wgmma_open.clear();
   f.wgmma_groups.clear();
+  f.bulk_open.clear();
+  f.bulk_groups.clear();
   getcontext(&f.ctx);
   f.ctx.uc_stack.ss_sp = f.stack->base;
   f.ctx.uc_stack.ss_size = kStack;
@@ -302,6 +317,7 @@ void launch(unsigned grid, unsigned block, F body, const unsigned* ids = nullptr
       reset(f);
     }
     for (unsigned& w : slots[0]->wgmma_done) w = 0;
+    for (unsigned i = 0; i < 16; ++i) slots[0]->named_arrived[i] = slots[0]->named_gen[i] = 0;
     run(1, block);
   }
 }
@@ -317,6 +333,7 @@ void launch_concurrent(unsigned grid, unsigned block, F body) {
       reset(f);
     }
     for (unsigned& w : slots[b]->wgmma_done) w = 0;
+    for (unsigned i = 0; i < 16; ++i) slots[b]->named_arrived[i] = slots[b]->named_gen[i] = 0;
   }
   run(grid, block);
 }
@@ -526,9 +543,12 @@ template <int N> inline void tk_cp_async_wait() {}
 // completed, so a consumer that waits for data no producer announced deadlocks (exit 5). A
 // barrier that receives more arrivals than it expects, or more bytes than were announced,
 // aborts (exit 7). wgmma is a warpgroup's collective: a committed batch runs, for all 128
-// threads of the warpgroup at once, when the last of them commits it (before that none can
-// have passed the wait for it), reading shared memory then through its descriptors (only
-// 128-byte swizzled 16-bit operands are emulated: anything else aborts, exit 7); a thread's
+// threads of the warpgroup at once, as late as the hardware may run it: when a thread of the
+// warpgroup waits for it (wgmma.wait_group) and all 128 have committed it, reading shared
+// memory then through its descriptors (so a stage released before the wait that retires its
+// batch can be refilled before the batch reads it: wrong numbers) (only
+// 128-byte swizzled operands, 16-bit or K-major tf32, are emulated: anything else aborts,
+// exit 7); a thread's
 // wgmma_wait gives way until its warpgroup has run all but the newest N of the batches it
 // committed, so accumulators read before the wait hold their old values and a warpgroup of
 // which one thread never issues the batch deadlocks.
@@ -626,38 +646,88 @@ inline void tma_load(void* dst, const tk_tensor_map& m, void* bar, const int* c)
   mbar_complete_tx(bar, (long long)(rows * row_bytes));
 }
 
-// Element (mn, k) of a 16-bit operand through its descriptor (the canonical layouts of the PTX
-// ISA, "Shared Memory Matrix Layout", 128-byte swizzle): K-major, rows of mn 128 bytes apart,
-// groups of 8 rows SBO apart, k contiguous; MN-major (transposed), mn contiguous in rows of 64,
-// 64-element groups LBO apart, rows of k 128 bytes apart, groups of 8 k SBO apart.
-inline unsigned short desc_element(unsigned long long desc, int trans, unsigned mn, unsigned k) {
+// A TMA store (tma_load's layout, the other way): element i of box row r from shared memory at
+// src + r * row bytes + i * elem (swizzled) to the tensor, elements outside the tensor skipped.
+inline void tma_store(const BulkStore& st) {
+  const tk_tensor_map& m = *static_cast<const tk_tensor_map*>(st.map);
+  if (st.src % 128) fail("a TMA store source not 128-byte aligned");
+  if (m.swizzle != 0 && m.swizzle != 128) fail("a TMA swizzle other than 128 bytes");
+  const unsigned long long row_bytes = (unsigned long long)m.box[0] * m.elem;
+  if (m.swizzle == 128 && row_bytes > 128) fail("a 128-byte swizzled box row over 128 bytes");
+  unsigned long long rows = 1;
+  for (unsigned d = 1; d < m.rank; ++d) rows *= m.box[d];
+  unsigned char* base = const_cast<unsigned char*>(m.base);
+  for (unsigned long long r = 0; r < rows; ++r) {
+    unsigned long long rest = r, offset = 0;
+    bool inside = true;
+    for (unsigned d = 1; d < m.rank; ++d) {
+      const long long at = st.c[d] + (long long)(rest % m.box[d]);
+      rest /= m.box[d];
+      inside = inside && at >= 0 && at < (long long)m.dims[d];
+      offset += (unsigned long long)at * m.strides[d];
+    }
+    for (unsigned i = 0; i < m.box[0] && inside; ++i) {
+      const long long x = st.c[0] + (long long)i;
+      if (x < 0 || x >= (long long)m.dims[0]) continue;
+      unsigned long long a = st.src + r * row_bytes + (unsigned long long)i * m.elem;
+      if (m.swizzle == 128) a = swizzle128(a);
+      if (a + m.elem > block().smem.size() * sizeof(float4)) fail("a TMA store outside shared memory");
+      std::memcpy(base + offset + (unsigned long long)x * m.elem, smem_base() + a, m.elem);
+    }
+  }
+}
+// Retire all but the newest n of this thread's committed TMA store groups (their reads of
+// shared memory and their writes happen now).
+inline void bulk_retire(unsigned n) {
+  Fiber& f = fibers[current];
+  while (f.bulk_groups.size() > n) {
+    for (const BulkStore& st : f.bulk_groups.front()) tma_store(st);
+    f.bulk_groups.erase(f.bulk_groups.begin());
+  }
+}
+
+// Element (mn, k) of an operand of `item` bytes (2: f16/bf16, 4: tf32) through its descriptor
+// (the canonical layouts of the PTX ISA, "Shared Memory Matrix Layout", 128-byte swizzle):
+// K-major, rows of mn 128 bytes apart, groups of 8 rows SBO apart, k contiguous; MN-major
+// (transposed, 16-bit only), mn contiguous in rows of 64, 64-element groups LBO apart, rows of
+// k 128 bytes apart, groups of 8 k SBO apart. Returns the element's bits.
+inline unsigned desc_element(unsigned long long desc, int trans, unsigned mn, unsigned k,
+                             unsigned item) {
   if ((desc >> 62) != 1) fail("a wgmma descriptor without the 128-byte swizzle mode");
   if (((desc >> 49) & 7u) != 0) fail("a wgmma descriptor with a base offset");
   const unsigned long long start = (desc & 0x3fffu) << 4, lbo = ((desc >> 16) & 0x3fffu) << 4,
                            sbo = ((desc >> 32) & 0x3fffu) << 4;
   unsigned long long a;
   if (trans) {
+    if (item != 2) fail("a transposed wgmma operand that is not 16-bit");
     a = start + (mn / 64) * lbo + ((mn / 8) % 8) * 16 + (mn % 8) * 2 + (k / 8) * sbo + (k % 8) * 128;
   } else {
-    a = start + (mn / 8) * sbo + (mn % 8) * 128 + (k / 8) * 16 + (k % 8) * 2;
+    a = start + (mn / 8) * sbo + (mn % 8) * 128 + (unsigned long long)k * item;
   }
   a = swizzle128(a);
-  if (a + 2 > block().smem.size() * sizeof(float4)) fail("a wgmma operand outside shared memory");
-  unsigned short v;
-  std::memcpy(&v, smem_base() + a, 2);
+  if (a + item > block().smem.size() * sizeof(float4)) fail("a wgmma operand outside shared memory");
+  unsigned v = 0;
+  std::memcpy(&v, smem_base() + a, item);
   return v;
 }
-// D (64 x N) += A (64 x 16) B (16 x N) for this thread's N/2 accumulators (the layout of
-// runtime.cuh's tk_wgmma).
+// An operand element's value: f16/bf16 from its 16 bits; tf32 from the upper 19 bits of its
+// 32-bit word (the tensor cores ignore the low 13 mantissa bits of an fp32 in shared memory).
+inline float wgmma_value(unsigned bits, int kind) {
+  if (kind == 2) return __int_as_float((int)(bits & 0xffffe000u));
+  return lo16(bits, kind == 1);
+}
+// D (64 x N) += A (64 x K) B (K x N) for this thread's N/2 accumulators (the layout of
+// runtime.cuh's tk_wgmma); K is 32 bytes of elements: 16 (f16, bf16) or 8 (tf32).
 inline void wgmma_run(const WgmmaOp& op) {
   const unsigned t = fibers[current].thread % 128, warp = t / 32, lane = t % 32;
-  const bool bf = op.kind == 1;
+  const unsigned item = op.kind == 2 ? 4 : 2, depth = 32 / item;
   for (int i = 0; i < op.n / 2; ++i) {
     const unsigned row = 16 * warp + lane / 4 + 8 * ((i / 2) % 2);
     const unsigned col = 8 * (i / 4) + 2 * (lane % 4) + i % 2;
     float sum = 0.0f;
-    for (unsigned k = 0; k < 16; ++k) {
-      sum += lo16(desc_element(op.a, op.ta, row, k), bf) * lo16(desc_element(op.b, op.tb, col, k), bf);
+    for (unsigned k = 0; k < depth; ++k) {
+      sum += wgmma_value(desc_element(op.a, op.ta, row, k, item), op.kind) *
+             wgmma_value(desc_element(op.b, op.tb, col, k, item), op.kind);
     }
     op.d[i] += sum;
   }
@@ -700,38 +770,91 @@ inline void tk_tma_load_5d(void* dst, const tk_tensor_map& m, void* bar, int c0,
   const int c[5] = {c0, c1, c2, c3, c4};
   tk_emul::tma_load(dst, m, bar, c);
 }
+template <int R>
+inline void tk_emul_tma_store(const tk_tensor_map& m, const void* src, const int (&c)[R]) {
+  tk_emul::BulkStore st{&m, tk_emul::shared_addr(src), {0, 0, 0, 0, 0}};
+  for (int d = 0; d < R; ++d) st.c[d] = c[d];
+  tk_emul::fibers[tk_emul::current].bulk_open.push_back(st);
+}
+inline void tk_tma_store_1d(const tk_tensor_map& m, const void* src, int c0) {
+  tk_emul_tma_store<1>(m, src, {c0});
+}
+inline void tk_tma_store_2d(const tk_tensor_map& m, const void* src, int c0, int c1) {
+  tk_emul_tma_store<2>(m, src, {c0, c1});
+}
+inline void tk_tma_store_3d(const tk_tensor_map& m, const void* src, int c0, int c1, int c2) {
+  tk_emul_tma_store<3>(m, src, {c0, c1, c2});
+}
+inline void tk_tma_store_4d(const tk_tensor_map& m, const void* src, int c0, int c1, int c2,
+                            int c3) {
+  tk_emul_tma_store<4>(m, src, {c0, c1, c2, c3});
+}
+inline void tk_tma_store_5d(const tk_tensor_map& m, const void* src, int c0, int c1, int c2,
+                            int c3, int c4) {
+  tk_emul_tma_store<5>(m, src, {c0, c1, c2, c3, c4});
+}
+inline void tk_bulk_commit() {
+  tk_emul::Fiber& f = tk_emul::fibers[tk_emul::current];
+  f.bulk_groups.push_back(std::move(f.bulk_open));
+  f.bulk_open.clear();
+}
+// The stores run when a wait retires them: a `.read` wait retires them too (the data is read
+// then, which is all the program may rely on before it reuses the buffer).
+template <int N> inline void tk_bulk_wait() { tk_emul::bulk_retire(N); }
+template <int N> inline void tk_bulk_wait_read() { tk_emul::bulk_retire(N); }
+inline void tk_fence_proxy_async() {}
+// A barrier of `threads` threads on barrier `id`: the last arrival releases the others.
+inline void tk_named_barrier(int id, int threads) {
+  using namespace tk_emul;
+  if (id < 1 || id > 15) fail("a named barrier id outside 1..15");
+  unsigned& arrived = block().named_arrived[id];
+  const unsigned gen = block().named_gen[id];
+  if (++arrived == (unsigned)threads) {
+    arrived = 0;
+    ++block().named_gen[id];
+    return;
+  }
+  while (block().named_gen[id] == gen) give_way(Wait::kSpin);
+}
 inline unsigned long long tk_wgmma_desc(const void* p, unsigned lbo, unsigned sbo) {
   return ((tk_emul::shared_addr(p) & 0x3FFFFu) >> 4) |
          ((unsigned long long)((lbo & 0x3FFFFu) >> 4) << 16) |
          ((unsigned long long)((sbo & 0x3FFFFu) >> 4) << 32) | (1ull << 62);
 }
 template <int R, int C> inline void tk_wgmma_fence(float (&)[R][C]) {}
+namespace tk_emul {
+// Run the warpgroup's oldest batch not yet run, when all 128 of its threads have committed it
+// (false: some thread has not).
+inline bool wgmma_run_next(unsigned first, unsigned wg) {
+  unsigned& done = block().wgmma_done[wg];
+  for (unsigned t = 0; t < 128; ++t) {
+    if (fibers[first + t].wgmma_groups.size() <= done) return false;
+  }
+  for (unsigned t = 0; t < 128; ++t) {
+    const unsigned keep = current;
+    current = first + t;  // wgmma_run reads the thread's position from `current`
+    for (const WgmmaOp& op : fibers[first + t].wgmma_groups[done]) wgmma_run(op);
+    current = keep;
+  }
+  ++done;
+  return true;
+}
+}  // namespace tk_emul
 inline void tk_wgmma_commit() {
   using namespace tk_emul;
   Fiber& f = fibers[current];
+  if (f.thread - f.thread % 128 + 128 > blockDim.x) fail("wgmma by a partial warpgroup");
   f.wgmma_groups.push_back(std::move(f.wgmma_open));
   f.wgmma_open.clear();
-  // Run every batch that all 128 threads of this warpgroup have committed, oldest first.
-  const unsigned first = current - f.thread % 128, wg = f.thread / 128;
-  if (f.thread - f.thread % 128 + 128 > blockDim.x) fail("wgmma by a partial warpgroup");
-  unsigned& done = block().wgmma_done[wg];
-  for (;;) {
-    for (unsigned t = 0; t < 128; ++t) {
-      if (fibers[first + t].wgmma_groups.size() <= done) return;
-    }
-    for (unsigned t = 0; t < 128; ++t) {
-      const unsigned keep = current;
-      current = first + t;  // wgmma_run reads the thread's position from `current`
-      for (const WgmmaOp& op : fibers[first + t].wgmma_groups[done]) wgmma_run(op);
-      current = keep;
-    }
-    ++done;
-  }
 }
+// Batches run as late as the hardware may run them: when a thread waits for them.
 template <int N, int R, int C> inline void tk_wgmma_wait(float (&)[R][C]) {
   using namespace tk_emul;
   const Fiber& f = fibers[current];
-  while (block().wgmma_done[f.thread / 128] + N < f.wgmma_groups.size()) give_way(Wait::kSpin);
+  const unsigned first = current - f.thread % 128, wg = f.thread / 128;
+  while (block().wgmma_done[wg] + N < f.wgmma_groups.size()) {
+    if (!wgmma_run_next(first, wg)) give_way(Wait::kSpin);
+  }
 }
 template <int R> inline void tk_setmaxnreg_inc() {}
 template <int R> inline void tk_setmaxnreg_dec() {}

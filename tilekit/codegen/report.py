@@ -35,6 +35,7 @@ from tilekit.codegen.kernel import GeneratedKernel
 from tilekit.ir.payloads import Estimate
 from tilekit.schedule.defaults import DEFAULT_REGS
 from tilekit.tile.expr import ITEMSIZE
+from tilekit.tile.functions import WGMMA
 from tilekit.tile.interp import Counters, Interpreter, np_dtype
 from tilekit.tile.nodes import Kernel
 
@@ -81,7 +82,7 @@ def _tensor_unit(k: Kernel) -> str | None:
             while stack:
                 x = stack.pop()
                 if isinstance(x, Call) and (x.fn.startswith("mma_")
-                                            or x.fn in ("wgmma_f16", "wgmma_bf16")):
+                                            or x.fn in WGMMA):
                     return {"f16": "fp16", "bf16": "bf16", "tf32": "tf32"}[x.fn.rsplit("_", 1)[1]]
                 stack.extend(children(x))
     return None

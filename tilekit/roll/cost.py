@@ -22,7 +22,10 @@ The model (docs/roll.md has the derivation and the distributed-machine mapping):
   smaller than one full wave is spread over the SMs first (`blocks-per-SM` is then
   `ceil(r / SMs)`); an SM holding fewer than `SATURATING_WARPS` warps issues at that fraction
   of its peak (saturation); a block that does not fill whole warps idles the rest of its last
-  warp (lanes);
+  warp (lanes). A persistent wgmma kernel (`tilekit.schedule.mma.persistent_blocks`: `m`
+  blocks, each looping over tiles `blockIdx + i x m`) has the same quantisation, its busiest
+  block running `ceil(r/m)` tiles, so `r` counts its tiles and it is priced as these waves
+  (the epilogue it overlaps with the next tile's loads is not priced either way);
 - global: each block loads its input tiles once per reduction step and stores its output
   tile, every contiguous run rounded up to whole transactions. On a SIMT GPU, what is
   re-read is served by L2 when the op's tensors fit in it, by DRAM otherwise; the compulsory
@@ -89,12 +92,6 @@ LONG_LOOP = 64
 #: this project's H100 SXM (docs/codegen.md), 0.34 of 0.81 x 989.4 TFLOP/s (the profile's
 #: achievable rate, measured with cuBLAS's wgmma kernels).
 MMA_SYNC_SHARE = 0.34
-#: Registers of a wgmma kernel's threads: with two consumers, what __launch_bounds__(384, 1)
-#: gives every thread at launch (65536 / 384, rounded down to 8; setmaxnreg moves them from
-#: the producer to the consumers); with one, the accumulators and this much more (ptxas
-#: 13.0, sm_90a: 128 accumulators took 168 registers).
-WGMMA_TWO_CONSUMER_REGS = 168
-WGMMA_BASE_REGS = 40
 #: Registers ptxas gives a SIMT GEMM kernel beyond its tile's (accumulators, fragments, the
 #: next step's chunks): `SIMT_BASE + step` (addresses, the unrolled step's hoisted index
 #: math). ptxas 13.0, sm_90: 124 for 128x128x8 (8x8 per thread), 197 for 64x128x32, 77 for
@@ -400,9 +397,7 @@ def _tensor_core_plans(problem: Problem, m: Machine, g: _Grid) -> _TensorCores:
                 # TMA writes each tile once; each consumer reads its A rows and all of B
                 out.step_traffic[k] = float((2 * plan.bm + (1 + plan.consumers) * plan.bn)
                                             * plan.bk * w)
-                acc = plan.mt * plan.bn // 2
-                out.regs[k] = WGMMA_TWO_CONSUMER_REGS if plan.consumers == 2 else \
-                    -(-(acc + WGMMA_BASE_REGS) // REG_GRANULE) * REG_GRANULE
+                out.regs[k] = plan.registers   # the persistent grid's occupancy too
                 continue
         plan = mma_plan(c, problem.spatial, problem.reduction, tuple(g.block[:, k]),
                         tuple(g.step[:, k]), int(g.threads[k]), compute,

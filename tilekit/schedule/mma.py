@@ -25,11 +25,12 @@ it and codegen (tilekit.codegen.mma) emits it.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 from tilekit.expr.analysis import index_map
 from tilekit.expr.ast import Access, Binary, Call, Node, Num
+from tilekit.schedule.residency import blocks_per_sm
 from tilekit.tile.passes.layout import conflict_free_pad
 
 #: Instruction per compute type: (name, m, n, k, profile dtype key, element bytes in smem).
@@ -214,10 +215,14 @@ class MmaPlan:
 
 # -- Hopper: warpgroup MMA (wgmma) with TMA ----------------------------------------------------
 
-#: wgmma.mma_async per compute type: (PTX type, profile dtype key, element bytes). fp16 and
-#: bf16 only: tf32 contractions keep mma.sync (not built).
-WGMMA = {"float16": ("f16", "fp16", 2), "bfloat16": ("bf16", "bf16", 2)}
-#: Reduction points per step: one 128-byte swizzle row of 16-bit elements.
+#: wgmma.mma_async per compute type: (PTX type, profile dtype key, element bytes, K of one
+#: instruction: 32 bytes of elements). tf32 (fp32 contractions rolled with `--precision
+#: tf32`, never otherwise) reads both operands K-major from shared memory: a contraction with
+#: an M- or N-major operand keeps mma.sync for tf32.
+WGMMA = {"float16": ("f16", "fp16", 2, 16), "bfloat16": ("bf16", "bf16", 2, 16),
+         "tf32": ("tf32", "tf32", 4, 8)}
+#: Reduction points per step: one 128-byte swizzle row of 16-bit elements (two rows of 32
+#: for tf32: a K-major tile is then two swizzle atoms along K).
 WGMMA_BK = 64
 #: wgmma's M per instruction, and a warpgroup's threads.
 WGMMA_M = 64
@@ -234,6 +239,18 @@ CONSUMER_REGS = 232
 WGMMA_STAGES = (2, 4)
 #: The shared base is rounded up to this (a 128-byte swizzle repeats every 1024 bytes).
 SWIZZLE_ALIGN = 1024
+#: Registers of a wgmma kernel's threads (occupancy: the cost model and the persistent grid):
+#: with two consumers, what __launch_bounds__(384, 1) gives every thread at launch (65536 /
+#: 384, rounded down to 8; setmaxnreg moves them from the producer to the consumers); with
+#: one, the accumulators and this much more, in units of 8 (ptxas 13.0, sm_90a: 128
+#: accumulators took 168 registers).
+WGMMA_TWO_CONSUMER_REGS = 168
+WGMMA_BASE_REGS = 40
+#: The tile order: consecutive pieces of work walk `RASTER_GROUP` tiles down M, then the
+#: next N column of that group (Triton's "GROUP_M", CUTLASS's swizzled rasterisation), so a
+#: wave of blocks shares a few A row panels and B column panels in L2 instead of sweeping
+#: all of B for each row of tiles.
+RASTER_GROUP = 8
 
 
 @dataclass(frozen=True)
@@ -241,12 +258,13 @@ class WgmmaPlan:
     """How a tile of a contraction runs as a Hopper kernel (tilekit.codegen.wgmma): a
     producer warpgroup issues TMA box copies of the A and B tiles (128-byte swizzle) into
     `stages` shared buffers, completing on mbarriers; `consumers` warpgroups each own
-    `BM / consumers` rows of the block GEMM and run `mt` wgmma.m64nBNk16 per k-slice of 16,
+    `BM / consumers` rows of the block GEMM and run `mt` wgmma.m64nBNkK per k-slice of K
+    (16; tf32 8),
     reading both operands from shared memory through descriptors, fp32 accumulators in
     registers; the epilogue maps each accumulator back through the stage's chain."""
 
     contraction: Contraction
-    compute: str                    # float16 | bfloat16 (a key of WGMMA)
+    compute: str                    # float16 | bfloat16 | tf32 (a key of WGMMA)
     bm: int
     bn: int
     bk: int
@@ -258,10 +276,39 @@ class WgmmaPlan:
     #: order (deterministic) and runs the chain (1: no split)
     split: int = 1
     steps_per_split: int = 0
+    #: output tiles (blocks of the block GEMM over the output); with `split` slices each,
+    #: `units` = tiles x split pieces of work
+    tiles: int = 1
+    #: blocks launched: `units` (a block per piece of work), or fewer (persistent: each block
+    #: loops over pieces `blockIdx + i x gridDim`; `persistent_blocks`)
+    grid: int = 1
+    #: the epilogue stores through shared memory with TMA (`tma_store_reason`) when > 0:
+    #: this many strip buffers of `BM` rows of 128 bytes, each consumer warpgroup staging its
+    #: rows in column strips (2: one filled while the other is stored; `store_buffers`)
+    store_buffers: int = 0
 
     @property
     def threads(self) -> int:
         return WARPGROUP * (self.consumers + 1)
+
+    @property
+    def units(self) -> int:
+        """Pieces of work: an output tile and a slice of the reduction each."""
+        return self.tiles * self.split
+
+    @property
+    def persistent(self) -> bool:
+        """Fewer blocks than pieces of work: each block loops over several."""
+        return self.grid < self.units
+
+    @property
+    def tma_store(self) -> bool:
+        return self.store_buffers > 0
+
+    @property
+    def registers(self) -> int:
+        """Registers per thread the occupancy assumes (`wgmma_registers`)."""
+        return wgmma_registers(self.consumers, self.mt * self.bn // 2)
 
     @property
     def mt(self) -> int:
@@ -271,6 +318,21 @@ class WgmmaPlan:
     @property
     def item(self) -> int:
         return WGMMA[self.compute][2]
+
+    @property
+    def ik(self) -> int:
+        """Reduction points of one wgmma instruction (16, tf32 8)."""
+        return WGMMA[self.compute][3]
+
+    @property
+    def row(self) -> int:
+        """Elements of one 128-byte swizzle row (64, tf32 32)."""
+        return 128 // self.item
+
+    @property
+    def atoms(self) -> int:
+        """Swizzle rows per K-major tile row of a step (1, tf32 2)."""
+        return self.bk // self.row
 
     def tile_bytes(self, operand: Operand) -> int:
         mn = self.bm if operand is self.contraction.a else self.bn
@@ -288,16 +350,22 @@ class WgmmaPlan:
 
     def record(self) -> dict:
         c = self.contraction
-        out = {"instruction": f"wgmma.mma_async.m64n{self.bn}k16.f32."
+        out = {"instruction": f"wgmma.mma_async.m64n{self.bn}k{self.ik}.f32."
                               f"{WGMMA[self.compute][0]}",
                "warpgroups": {"producer": 1, "consumers": self.consumers},
                "block_gemm": [self.bm, self.bn, self.bk], "stages": self.stages,
                "layout": {"a": "mk" if c.a.k_inner else "km",
                           "b": "nk" if c.b.k_inner else "kn"},
-               "tma": ["a", "b"], "swizzle": 128}
+               "tma": ["a", "b"], "swizzle": 128,
+               "epilogue": "tma_store" if self.tma_store else "direct"}
+        if self.tma_store:
+            out["store_buffers"] = self.store_buffers
         if self.split > 1:
             out["split_k"] = {"slices": self.split, "steps": self.steps_per_split,
                               "reduce": "a second kernel, slices added in order"}
+        out["schedule"] = {"blocks": self.grid, "tiles": self.units,
+                           "persistent": self.persistent,
+                           "order": f"groups of {RASTER_GROUP} tiles along M"}
         return out
 
 
@@ -334,10 +402,66 @@ def tma_operand(op: Operand, c: Contraction, shape: Sequence[int], item: int) ->
     return None
 
 
-def wgmma_smem(bm: int, bn: int, stages: int, item: int = 2) -> int:
+def wgmma_registers(consumers: int, accumulators: int) -> int:
+    """Registers per thread of a wgmma kernel with this many consumers and accumulators per
+    consumer thread (`WGMMA_TWO_CONSUMER_REGS`, `WGMMA_BASE_REGS`)."""
+    if consumers == 2:
+        return WGMMA_TWO_CONSUMER_REGS
+    return -(-(accumulators + WGMMA_BASE_REGS) // 8) * 8
+
+
+def persistent_blocks(threads: int, registers: int, smem_bytes: int, units: int,
+                      profile) -> int:
+    """Blocks to launch for `units` pieces of work: one per piece while they fit in one
+    wave of resident blocks (the profile's SMs x the blocks an SM holds:
+    tilekit.schedule.residency.blocks_per_sm), else that wave, each block looping over
+    pieces (persistent). Without a profile (or a non-SIMT one): a block per piece."""
+    if profile is None or getattr(profile, "kind", None) != "simt":
+        return units
+    per_sm, _ = blocks_per_sm(profile, threads, registers, smem_bytes)
+    slots = int(profile.sm_count) * max(int(per_sm), 1)
+    return units if units <= slots else slots
+
+
+def wgmma_smem(bm: int, bn: int, stages: int, item: int = 2, buffers: int = 0) -> int:
     """Shared memory of a wgmma block (tilekit.codegen.wgmma's layout): the stages of A and
-    B, 2 x stages mbarriers, the slack that aligns the base."""
-    return stages * (bm + bn) * WGMMA_BK * item + 16 * stages + (SWIZZLE_ALIGN - 16)
+    B, the TMA store's `buffers` strip buffers (`BM` rows of `STORE_STRIP` bytes each),
+    2 x stages mbarriers, the slack that aligns the base."""
+    return (stages * (bm + bn) * WGMMA_BK * item + buffers * bm * STORE_STRIP
+            + 16 * stages + (SWIZZLE_ALIGN - 16))
+
+
+def store_buffer_choices(bn: int) -> tuple[int, ...]:
+    """Strip buffer counts a TMA-store epilogue with an N block of `bn` may take, preferred
+    first: two when a tile has an even number of strips for every output dtype (`bn` >= 128:
+    2 or more of 64 16-bit columns, 4 or more of 32 fp32), so that a warpgroup fills one
+    while the other is being stored (the buffer alternates strip by strip across tiles);
+    else one."""
+    return (2, 1) if bn >= 128 else (1,)
+
+
+#: Bytes of a row of the TMA store's strip buffer: one 128-byte swizzle row (32 fp32 or 64
+#: 16-bit outputs per strip).
+STORE_STRIP = 128
+
+
+def tma_store_reason(c: Contraction, spatial, split: int) -> str | None:
+    """Why the epilogue of this contraction cannot store its tile with TMA (None: it can):
+    the output (an op's output is row-major over its spatial axes) must end with the M axis
+    then the N axis (batch axes before), N a multiple of 8 (rows of whole 16-byte units for
+    any 16- or 32-bit output; the code generator checks the stored tensor's dtype), no split-K
+    (the partial sums go to a scratch buffer)."""
+    if split > 1:
+        return "split-K stores partial sums"
+    names = [a for a, _ in spatial]
+    if len(c.m_axes) != 1 or len(c.n_axes) != 1 or names[-2:] != [c.m_axes[0], c.n_axes[0]]:
+        return "the output's last two axes are not M then N"
+    extents = dict(spatial)
+    if extents[c.n_axes[0]] % 8:
+        return f"N = {extents[c.n_axes[0]]} is not a multiple of 8"
+    if len(spatial) > 5 or any(n >= 2 ** 31 for _, n in spatial):
+        return "more than 5 dimensions or one of 2^31 elements"
+    return None
 
 
 #: Split-K factors tk-roll tries for contractions whose output tiles leave SMs idle.
@@ -353,13 +477,14 @@ def split_steps(k_extent: int, split: int) -> tuple[int, int]:
 
 
 def wgmma_plan(c: Contraction, spatial, reduction, block: Sequence[int], step: Sequence[int],
-               threads: int, compute: str, smem_limit: int, extents_of, split: int = 1
-               ) -> WgmmaPlan | str:
+               threads: int, compute: str, smem_limit: int, extents_of, split: int = 1,
+               profile=None) -> WgmmaPlan | str:
     """The Hopper plan of this tile, or why it has none: the tile's threads are its
     consumer warpgroups (128 or 256; the producer warpgroup is added), its block a whole
     number of 64-row instructions per consumer by one instruction's N (64, 128 or 256), its
     step 64 along the one K axis, both operands loaded by TMA (`tma_operand`); `split`:
-    split-K slices (`split_steps`)."""
+    split-K slices (`split_steps`); `profile`: the blocks to launch (`persistent_blocks`;
+    without one, a block per tile and slice)."""
     item = WGMMA[compute][2]
     size = {a: b for (a, _), b in zip(spatial, block)}
     size.update({a: s for (a, _), s in zip(reduction, step)})
@@ -367,6 +492,8 @@ def wgmma_plan(c: Contraction, spatial, reduction, block: Sequence[int], step: S
         why = tma_operand(op, c, extents_of(op.index), item)
         if why is not None:
             return f"TMA: {why}"
+    if compute == "tf32" and not (c.a.k_inner and c.b.k_inner):
+        return "tf32 wgmma reads K-major operands only (an operand is M- or N-major)"
     if any(size[a] != 1 for a in c.batch_axes):
         return "a batch axis has a block of more than 1"
     bm, bn, bk = size[c.m_axes[0]], size[c.n_axes[0]], size[c.k_axes[0]]
@@ -382,14 +509,26 @@ def wgmma_plan(c: Contraction, spatial, reduction, block: Sequence[int], step: S
         return f"M block {bm} is not 1 or 2 instructions of {WGMMA_M} rows per consumer"
     if bm // (WGMMA_M * consumers) * bn // 2 > WGMMA_MAX_ACC:
         return f"{bm // consumers}x{bn} accumulators per warpgroup exceed the registers"
-    fits = [n for n in range(WGMMA_STAGES[1], WGMMA_STAGES[0] - 1, -1)
-            if wgmma_smem(bm, bn, n, item) <= smem_limit]
-    if not fits:
+    slices, per = split_steps(k_extent, split)
+    # the most stages first, then the most strip buffers of the TMA store (if any) with them
+    choices = store_buffer_choices(bn) if tma_store_reason(c, spatial, slices) is None \
+        else (0,)
+    best = None
+    for buffers in choices:
+        fits = [n for n in range(WGMMA_STAGES[1], WGMMA_STAGES[0] - 1, -1)
+                if wgmma_smem(bm, bn, n, item, buffers) <= smem_limit]
+        if fits and (best is None or fits[0] > best[0]):
+            best = (fits[0], buffers)
+    if best is None:
         return (f"{WGMMA_STAGES[0]} stages of {(bm + bn) * bk * item} bytes do not fit "
                 f"{smem_limit} bytes")
-    slices, per = split_steps(k_extent, split)
-    return WgmmaPlan(c, compute, bm, bn, WGMMA_BK, consumers, fits[0],
-                     wgmma_smem(bm, bn, fits[0], item), slices, per)
+    stages, buffers = best
+    tiles = math.prod(-(-n // size[a]) for a, n in spatial)
+    plan = WgmmaPlan(c, compute, bm, bn, WGMMA_BK, consumers, stages,
+                     wgmma_smem(bm, bn, stages, item, buffers), slices, per, tiles,
+                     tiles * slices, buffers)
+    return replace(plan, grid=persistent_blocks(plan.threads, plan.registers,
+                                                plan.smem_bytes, plan.units, profile))
 
 
 def compute_type(dtype: str, precision: str) -> str | None:

@@ -35,7 +35,7 @@ the same rules over arrays of candidate tiles (`tilekit.roll.cost`), and the agr
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Mapping
 
 from tilekit.expr.ast import Access, Axis, Call, Node, children, walk
@@ -316,6 +316,8 @@ class Target:
     cpu: CpuTiles | None = None     # the CPU kernels' tiles (kind cpu)
     #: the compute types that run on wgmma (Hopper: tilekit.schedule.mma.wgmma_offered)
     wgmma: frozenset[str] = frozenset()
+    #: the hardware profile (a wgmma kernel's persistent grid: its SMs and occupancy)
+    profile: object = field(default=None, compare=False, repr=False)
 
     @property
     def lanes(self) -> bool:
@@ -331,7 +333,7 @@ class Target:
         if kind == "cpu":
             return Target(limit, frozenset(), precision, "cpu", cpu_tiles(profile))
         return Target(limit, offered(profile), precision, kind,
-                      wgmma=wgmma_offered(profile, arch))
+                      wgmma=wgmma_offered(profile, arch), profile=profile)
 
 
 def mma_shape(facts: OpFacts, tile: Tile, target: Target, split_k: int = 1
@@ -345,7 +347,7 @@ def mma_shape(facts: OpFacts, tile: Tile, target: Target, split_k: int = 1
     if compute is not None and compute in target.wgmma:
         hopper = wgmma_plan(c, facts.spatial, facts.reduction, tile.block, tile.step,
                             tile.threads, compute, target.smem_limit,
-                            lambda i: facts.reads[i].shape, split_k)
+                            lambda i: facts.reads[i].shape, split_k, target.profile)
         if not isinstance(hopper, str):
             return KernelShape("wgmma", tile, hopper.threads, wgmma=hopper)
     if compute is None or compute not in target.mma:

@@ -57,10 +57,13 @@ class CudaPrinter(CStyle):
         "mbar_fence_init": "tk_mbar_fence_init", "mbar_expect_tx": "tk_mbar_expect_tx",
         "mbar_arrive": "tk_mbar_arrive", "mbar_wait": "tk_mbar_wait",
         **{f"tma_load_{r}d": f"tk_tma_load_{r}d" for r in range(1, 6)},
+        **{f"tma_store_{r}d": f"tk_tma_store_{r}d" for r in range(1, 6)},
+        "bulk_commit": "tk_bulk_commit", "fence_proxy_async": "tk_fence_proxy_async",
+        "named_barrier": "tk_named_barrier",
         "wgmma_desc": "tk_wgmma_desc", "wgmma_fence": "tk_wgmma_fence",
         "wgmma_commit": "tk_wgmma_commit"}
     #: wgmma's element type: runtime.cuh's `tk_wgmma<N, KIND, TRANS_A, TRANS_B>`.
-    WGMMA_KIND = {"wgmma_f16": 0, "wgmma_bf16": 1}
+    WGMMA_KIND = {"wgmma_f16": 0, "wgmma_bf16": 1, "wgmma_tf32": 2}
     WARP = {"warp_sum": "tk_warp_sum", "warp_prod": "tk_warp_prod", "warp_max": "tk_warp_max",
             "warp_min": "tk_warp_min"}
 
@@ -77,6 +80,8 @@ class CudaPrinter(CStyle):
             return f"{self.WARP[e.fn]}<{lanes.value}>({args[0]})"
         if e.fn == "cp_async_wait":
             return f"tk_cp_async_wait<{args[0]}>()"
+        if e.fn in ("bulk_wait", "bulk_wait_read"):
+            return f"tk_{e.fn}<{_constant(e.args[0], e.fn)}>()"
         if e.fn in self.WGMMA_KIND:     # the shape and the majorness are template arguments
             n, ta, tb = (_constant(a, e.fn) for a in e.args[3:])
             return (f"tk_wgmma<{n}, {self.WGMMA_KIND[e.fn]}, {ta}, {tb}>"

@@ -78,13 +78,28 @@ FUNCTIONS: dict[str, Function] = {f.name: f for f in (
     # first) of the map's tensor into shared memory at dst (zeros outside the tensor), in the
     # map's swizzled layout; its bytes complete on `bar`
     *(Function(f"tma_load_{r}d", 3 + r, "intrinsic", "int32", True) for r in range(1, 6)),
+    # tma_store_<r>d(tensor map, src, c0 .. c<r-1>): the map's box at coordinates c of its
+    # tensor from shared memory at src (in the map's swizzled layout; elements outside the
+    # tensor are not written), asynchronously, in the issuing thread's open bulk group;
+    # bulk_commit() closes the group; bulk_wait(n) / bulk_wait_read(n) (n a constant) wait
+    # until at most n of the thread's groups are incomplete / still reading shared memory;
+    # fence_proxy_async() orders the thread's shared-memory writes before the async proxy's
+    # reads; named_barrier(id, threads): a barrier of `threads` threads on barrier `id` (1..15)
+    *(Function(f"tma_store_{r}d", 2 + r, "intrinsic", "int32", True) for r in range(1, 6)),
+    Function("bulk_commit", 0, "intrinsic", "int32", True),
+    Function("bulk_wait", 1, "intrinsic", "int32", True),
+    Function("bulk_wait_read", 1, "intrinsic", "int32", True),
+    Function("fence_proxy_async", 0, "intrinsic", "int32", True),
+    Function("named_barrier", 2, "intrinsic", "int32", True),
     # wgmma_desc(addr, leading byte offset, stride byte offset): the 64-bit shared-memory
     # matrix descriptor (128-byte swizzle) of the tile that starts at addr
     Function("wgmma_desc", 3, "intrinsic", "int64", True),
     # wgmma_<type>(accumulator row, desc a, desc b, N, trans a, trans b): D (64 x N, fp32)
-    # += A (64 x 16) B (16 x N); N, trans a and trans b are constants
+    # += A (64 x K) B (K x N), K 16 (f16, bf16) or 8 (tf32: both operands K-major, trans 0);
+    # N, trans a and trans b are constants
     Function("wgmma_f16", 6, "intrinsic", "int32", True),
     Function("wgmma_bf16", 6, "intrinsic", "int32", True),
+    Function("wgmma_tf32", 6, "intrinsic", "int32", True),
     # wgmma_fence(acc) before the first wgmma that reads or writes `acc`, wgmma_commit() after
     # a batch, wgmma_wait(acc, n) until at most n batches are in flight (acc readable again)
     Function("wgmma_fence", 1, "intrinsic", "int32", True),
@@ -117,13 +132,15 @@ FUNCTIONS: dict[str, Function] = {f.name: f for f in (
 #: Calls every lane of a warp must make together (never in divergent code).
 WARP_COLLECTIVES = frozenset(n for n, f in FUNCTIONS.items() if f.family == "warp") | {
     "ldmatrix_x4", "ldmatrix_x4_trans", "mma_m16n8k16_f16", "mma_m16n8k16_bf16",
-    "mma_m16n8k8_tf32", "wgmma_f16", "wgmma_bf16", "wgmma_fence", "wgmma_commit", "wgmma_wait",
+    "mma_m16n8k8_tf32", "wgmma_f16", "wgmma_bf16", "wgmma_tf32", "wgmma_fence", "wgmma_commit", "wgmma_wait",
     "setmaxnreg_inc", "setmaxnreg_dec"}
 #: Warpgroup-collective tensor-core instructions (wgmma): every thread of a warpgroup of four
 #: consecutive warps, starting at a warp index divisible by 4, calls them together.
-WGMMA = frozenset({"wgmma_f16", "wgmma_bf16"})
+WGMMA = frozenset({"wgmma_f16", "wgmma_bf16", "wgmma_tf32"})
 #: The tensor map argument's position in each TMA copy.
 TMA_LOADS = {f"tma_load_{r}d": r for r in range(1, 6)}
+#: TMA stores by name: their rank.
+TMA_STORES = {f"tma_store_{r}d": r for r in range(1, 6)}
 
 #: Reduction assignment -> its warp reducer.
 WARP_REDUCERS = {"+=": "warp_sum", "*=": "warp_prod", "max=": "warp_max", "min=": "warp_min"}

@@ -39,15 +39,17 @@ import numpy as np
 from tilekit.errors import InternalError, TilekitError
 from tilekit.tile.expr import (HALF, INT_DTYPES, Addr, Binary, Call, Cast, Const, Expr, Load,
                                Select, Unary, Var, children as _expr_children)
-from tilekit.tile.functions import TMA_LOADS
+from tilekit.tile.functions import TMA_LOADS, TMA_STORES, WGMMA
 from tilekit.tile.nodes import (Alloc, Assign, Barrier, Break, Buffer, CallBody, Comment,
                                 Continue, Copy, Decl, Evaluate, For, If, Kernel, Let, Seq, Stmt,
                                 Store, Switch, Threads, While, exprs, walk)
 
-#: Hopper intrinsics with no effect here: fences, register budgets, the wgmma batch
-#: bookkeeping (wgmma runs when issued).
+#: Hopper intrinsics with no effect here: fences, register budgets, the wgmma batch and bulk
+#: store bookkeeping (wgmma and TMA stores run when issued), named barriers (a role's threads
+#: run in step).
 HOPPER_NOOPS = frozenset({"mbar_fence_init", "wgmma_fence", "wgmma_commit", "wgmma_wait",
-                          "setmaxnreg_inc", "setmaxnreg_dec"})
+                          "setmaxnreg_inc", "setmaxnreg_dec", "bulk_commit", "bulk_wait",
+                          "bulk_wait_read", "fence_proxy_async", "named_barrier"})
 
 WARP = 32
 SECTOR = 32
@@ -692,6 +694,8 @@ class _Frame:
             return self.mbarrier(e, env, mask, m)
         if fn in TMA_LOADS:
             return self.tma_load(e, env, mask, m)
+        if fn in TMA_STORES:
+            return self.tma_store(e, env, mask, m)
         if fn == "wgmma_desc":
             addr, lbo, sbo = e.args
             b, off = self.address(addr, env, mask)
@@ -699,7 +703,7 @@ class _Frame:
             lbo, sbo = (np.asarray(self.expr(x, env, mask), np.int64) for x in (lbo, sbo))
             return (((start & 0x3FFFF) >> 4) | (((lbo & 0x3FFFF) >> 4) << 16)
                     | (((sbo & 0x3FFFF) >> 4) << 32) | (1 << 62)).astype(np.int64)
-        if fn in ("wgmma_f16", "wgmma_bf16"):
+        if fn in WGMMA:
             return self.wgmma(e, env, m)
         raise TilekitError(f"kernel {self.k.name}: {fn} is not interpreted (its blocks wait on "
                            "each other)", "--report", "interpret its bodies instead")
@@ -915,28 +919,69 @@ class _Frame:
             self._bar_arrive(int(at[t]), 0, -rows * row_bytes)
         return np.int32(0)
 
-    def _operand(self, desc: int, trans: int, mn: int) -> np.ndarray:
-        """A wgmma operand (mn x 16, 16-bit patterns) through its descriptor (host_emul.h's
-        desc_element)."""
+    def tma_store(self, e: Call, env, mask, m):
+        """The map's box from shared memory (swizzled) to the tensor, elements outside it
+        skipped (host_emul.h's tma_store), at once."""
+        rank = TMA_STORES[e.fn]
+        tmap, src = e.args[:2]
+        tm = self.expr(tmap, env, mask)
+        b, soff = self.address(src, env, mask)
+        start = b.offset + soff.astype(np.int64) * np_dtype(b.dtype).itemsize
+        coords = [np.broadcast_to(np.asarray(self.expr(c, env, mask), np.int64), m.shape)
+                  for c in e.args[2:]]
+        dst = self.arrays[tm.buffer]
+        item = np_dtype(tm.dtype).itemsize
+        bits = dst.view({1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[item])
+        src_bits = self.smem[:self.smem.shape[0] // item * item].view(bits.dtype)
+        grids = np.meshgrid(*[np.arange(n) for n in reversed(tm.box)], indexing="ij")
+        rel = [g.reshape(-1) for g in reversed(grids)]
+        rows = math.prod(tm.box[1:])
+        row_bytes = tm.box[0] * item
+        local = np.arange(rows * tm.box[0], dtype=np.int64)
+        for t in np.nonzero(m)[0]:
+            if int(start[t]) % 128:
+                raise TilekitError(f"kernel {self.k.name}: a TMA store source not 128-byte "
+                                   "aligned", "--report", "a kernel bug: report it")
+            pos = [int(c[t]) + r for c, r in zip(coords, rel)]
+            inside = np.ones(local.shape, bool)
+            offset = np.zeros(local.shape, np.int64)
+            strides = (item,) + tuple(tm.strides)
+            for d in range(rank):
+                inside &= (pos[d] >= 0) & (pos[d] < tm.dims[d])
+                offset += np.where(inside, pos[d], 0) * strides[d]
+            addr = int(start[t]) + (local // tm.box[0]) * row_bytes + (local % tm.box[0]) * item
+            if tm.swizzle == 128:
+                addr = _swizzle128(addr)
+            bits[offset[inside] // item] = src_bits[addr[inside] // item]
+            site = self.counters.site(e, Buffer(tm.buffer, "global", tm.dtype, (0,)), "store")
+            site.requests += 1
+            site.sectors += rows * -(-row_bytes // SECTOR)
+            site.ideal += rows * -(-row_bytes // SECTOR)
+        return np.int32(0)
+
+    def _operand(self, desc: int, trans: int, mn: int, item: int = 2) -> np.ndarray:
+        """A wgmma operand (mn x 32 bytes of k: 16 16-bit or 8 32-bit patterns) through its
+        descriptor (host_emul.h's desc_element)."""
         if desc >> 62 != 1 or (desc >> 49) & 7:
             raise TilekitError(f"kernel {self.k.name}: a wgmma descriptor without the "
                                "128-byte swizzle or with a base offset", "--report",
                                "a kernel bug: report it")
         start, lbo, sbo = ((desc & 0x3FFF) << 4, ((desc >> 16) & 0x3FFF) << 4,
                            ((desc >> 32) & 0x3FFF) << 4)
-        i, k = np.meshgrid(np.arange(mn, dtype=np.int64), np.arange(16, dtype=np.int64),
+        i, k = np.meshgrid(np.arange(mn, dtype=np.int64), np.arange(32 // item, dtype=np.int64),
                            indexing="ij")
         if trans:
             a = start + (i // 64) * lbo + ((i // 8) % 8) * 16 + (i % 8) * 2 + (k // 8) * sbo \
                 + (k % 8) * 128
         else:
-            a = start + (i // 8) * sbo + (i % 8) * 128 + (k // 8) * 16 + (k % 8) * 2
+            a = start + (i // 8) * sbo + (i % 8) * 128 + k * item
         a = _swizzle128(a)
-        u16 = self._u16()
-        if (a // 2 >= u16.shape[0]).any():
+        words = self._u16() if item == 2 else \
+            self.smem[:self.smem.shape[0] // 4 * 4].view(np.uint32)
+        if (a // item >= words.shape[0]).any():
             raise TilekitError(f"kernel {self.k.name}: a wgmma operand outside shared memory",
                                "--report", "a kernel bug: report it")
-        return u16[a // 2]
+        return words[a // item]
 
     def wgmma(self, e: Call, env, m):
         """D (64 x N) += A (64 x 16) B (16 x N) for every warpgroup with active threads, all
@@ -947,7 +992,13 @@ class _Frame:
         D = self.arrays[fb.name]
         da = np.broadcast_to(np.asarray(self.expr(da, env, None), np.int64), m.shape)
         db = np.broadcast_to(np.asarray(self.expr(db, env, None), np.int64), m.shape)
-        half = np_dtype("bfloat16" if e.fn.endswith("bf16") else "float16")
+        item, depth = (4, 8) if e.fn == "wgmma_tf32" else (2, 16)
+
+        def values(words):
+            if item == 4:    # tf32: the tensor cores read the upper 19 bits of each word
+                return (words & np.uint32(0xFFFFE000)).view(np.float32).astype(np.float64)
+            half = np_dtype("bfloat16" if e.fn.endswith("bf16") else "float16")
+            return words.view(half).astype(np.float64)
         for w in range(0, self.threads, 128):
             wm = m[w:w + 128]
             if not wm.any():
@@ -959,10 +1010,10 @@ class _Frame:
             if (da[w:w + 128] != a0).any() or (db[w:w + 128] != b0).any():
                 raise TilekitError(f"kernel {self.k.name}: a warpgroup's threads give wgmma "
                                    "different descriptors", "--report", "a kernel bug")
-            A = self._operand(a0, ta, 64).view(half).astype(np.float64)
-            B = self._operand(b0, tb, n).view(half).astype(np.float64)
+            A = values(self._operand(a0, ta, 64, item))
+            B = values(self._operand(b0, tb, n, item))
             C = A @ B.T                                        # 64 x n
-            self.counters.tensor_flops += 2 * 64 * n * 16
+            self.counters.tensor_flops += 2 * 64 * n * depth
             site = self.counters.site(e, Buffer("wgmma_operands", "shared", "float16", (0,)),
                                       "load")
             site.requests += 1
