@@ -375,6 +375,39 @@ def test_a_ragged_n_of_pixels_takes_the_m_role():
     _equals_reference(module, generated, inputs, imported.weights)
 
 
+@needs_cxx
+def test_a_whole_n_keeps_its_role_however_m_pads():
+    """N in whole micro-panels keeps the output's contiguous axis: the input projection of a
+    32-step recurrence (x [32, 24] by a weight [96, 24] transposed: M = 32 pads to 36 rows of
+    6, the other way round 96 x 32 would pad nothing) and a 1x1 convolution of 32 filters on
+    a 16 x 16 image (256 pixels) are not swapped, so the weight stays B packed once (or the
+    filters A read in place) and the output tile is stored row by row. Both equal the
+    reference, on one thread and on two."""
+    rng = np.random.default_rng(7)
+    vi = h.make_tensor_value_info
+    nodes = [h.make_node("Gemm", ["x", "w", "c"], ["y"], transB=1),
+             h.make_node("Conv", ["img", "f"], ["z"])]
+    graph = h.make_graph(
+        nodes, "whole", [vi("x", T.FLOAT, [32, 24]), vi("img", T.FLOAT, [1, 40, 16, 16])],
+        [vi("y", T.FLOAT, None), vi("z", T.FLOAT, None)],
+        [nh.from_array(rng.standard_normal((96, 24)).astype(np.float32), "w"),
+         nh.from_array(rng.standard_normal(96).astype(np.float32), "c"),
+         nh.from_array(rng.standard_normal((32, 40, 1, 1)).astype(np.float32), "f")])
+    imported = import_model(h.make_model(graph, opset_imports=[h.make_opsetid("", 18)]))
+    module = imported.module
+    generated = generate(module, target="cpu").module
+    shapes = _shapes(generated)
+    proj = shapes[_op_of(module, "y_mm")][1]["gemm"]
+    assert proj["m"] == ["i"] and proj["n"] == ["j"], proj
+    assert proj["a"] == "rows" and proj["b"] == "weight panels"
+    conv = shapes[_op_of(module, "z")][1]["gemm"]
+    assert conv["m"] == ["f"] and conv["n"] == ["n", "h", "w"], conv
+    assert conv["a"] == "rows"
+    inputs = {n: rng.standard_normal(module.tensors[n].shape).astype(np.float32)
+              for n in module.inputs}
+    _equals_reference(module, generated, inputs, imported.weights)
+
+
 def _attention() -> onnx.ModelProto:
     """softmax(q k^T / 8) v: tk-weld puts both products and the softmax in one group."""
     vi = h.make_tensor_value_info

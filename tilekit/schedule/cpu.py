@@ -231,9 +231,15 @@ CPU_SHAPES = ("cpu_gemm", "cpu_loops")
 LOOP_MODES = ("lane partials", "accumulator row", "pointwise", "scalar")
 
 
-#: The roles are swapped (the output's contiguous axis in M) when that leaves at most this
-#: share of the padded micro-tiles' work: strided stores of the output tile and a packed A
-#: cost a little, a ragged N (a 7 x 7 image's 49 pixels in 64 columns) costs every step.
+#: The roles are swapped (the output's contiguous axis in M) when N is ragged and the swap
+#: leaves at most this share of the padded micro-tiles' work: strided stores of the output
+#: tile and a packed A cost a little, a ragged N (a 7 x 7 image's 49 pixels in 64 columns)
+#: costs every step. A whole N is never swapped for M's padding in rows of `mr`: the swap
+#: would save about 10% of padded work (32 rows in 36) and cost more (measured on Zen 3, one
+#: core: the LSTM's input projection, 32 steps x 2048 gates x 256, 0.51 ms swapped against
+#: 0.42 ms with its weight as B packed once; the MobileNet block's 1 x 1 projection to 32
+#: filters, 3136 pixels as M with the input packed by a strided gather, 1.22 ms against
+#: 0.77 ms with the filters read in place).
 SWAP_WORK = 0.9
 
 
@@ -242,10 +248,10 @@ def gemm_roles(c: Contraction, spatial, tiles: CpuTiles | None = None, reads=Non
     """Which read is A (its axes are the GEMM's M) and which is B (N, the micro-kernel's
     vector direction): B holds the output's innermost axis, so that a row of the output tile
     is contiguous in the output. With `tiles` and the op's `reads` (ReadFacts), the other
-    way round when M is whole micro-panels of `nr` columns, the micro-tiles padded to
-    `mr x nr` do at most `SWAP_WORK` of the work so (N = 49 pixels take 64 columns, as M they
-    take 54 rows; 512 filters as N take 512) and the read that becomes A is no
-    window (no index sums two axes: a 1 x 1 convolution's pixels, not a 3 x 3 one's im2col,
+    way round when N is not whole micro-panels of `nr` columns and M is, the micro-tiles
+    padded to `mr x nr` do at most `SWAP_WORK` of the work so (N = 49 pixels take 64
+    columns, as M they take 54 rows; 512 filters as N take 512) and the read that becomes A
+    is no window (no index sums two axes: a 1 x 1 convolution's pixels, not a 3 x 3 one's im2col,
     whose packing into `mr`-row panels is a gather with bounds checks per element: measured
     slower than the padding it saves on Zen 3). None when that axis is a batch axis (no GEMM
     view pays)."""
@@ -266,7 +272,7 @@ def gemm_roles(c: Contraction, spatial, tiles: CpuTiles | None = None, reads=Non
         def padded(rows: int, cols: int) -> int:
             return -(-rows // tiles.mr) * tiles.mr * -(-cols // tiles.nr) * tiles.nr
 
-        if m % tiles.nr == 0 and padded(n, m) <= SWAP_WORK * padded(m, n):
+        if n % tiles.nr and m % tiles.nr == 0 and padded(n, m) <= SWAP_WORK * padded(m, n):
             roles = roles[::-1]
     return roles
 
