@@ -232,6 +232,45 @@ def test_an_accumulator_row_unrolls_a_small_window(kinds):
     assert "j0" in loops[_op_of(module, "dw_wide")]           # 300 points: chunks of 256
 
 
+@needs_cxx
+def test_a_padded_window_reads_staged_rows():
+    """An accumulator row whose window crosses the padding stages the rows it reads (the
+    padding included) once per output row, so each window point is a vector loop with
+    constant bounds and no guard: a 3 x 3 depthwise convolution, the same dilated by 2 (the
+    window's offsets step by 2), a 3 x 3 max pool of stride 1 (padding -inf) and a grouped
+    convolution whose channels are a loop (staged per channel). A strided window and a row
+    wider than an accumulator row read the tensor. All equal the reference, on one thread
+    and on two."""
+    import re
+
+    rng = np.random.default_rng(8)
+    vi = h.make_tensor_value_info
+    nodes = [h.make_node("Conv", ["x", "wd"], ["dw"], group=6, pads=[1, 1, 1, 1]),
+             h.make_node("Conv", ["x", "wd"], ["dil"], group=6, pads=[2, 2, 2, 2],
+                         dilations=[2, 2]),
+             h.make_node("MaxPool", ["x"], ["pool"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+             h.make_node("Conv", ["x", "wg"], ["grp"], group=2, pads=[1, 1, 1, 1]),
+             h.make_node("Conv", ["x", "wd"], ["strided"], group=6, pads=[1, 1, 1, 1],
+                         strides=[2, 2])]
+    graph = h.make_graph(
+        nodes, "staged", [vi("x", T.FLOAT, [1, 6, 9, 20])],
+        [vi(n, T.FLOAT, None) for n in ("dw", "dil", "pool", "grp", "strided")],
+        [nh.from_array(rng.standard_normal((6, 1, 3, 3)).astype(np.float32), "wd"),
+         nh.from_array(rng.standard_normal((4, 3, 3, 3)).astype(np.float32), "wg")])
+    imported = import_model(h.make_model(graph, opset_imports=[h.make_opsetid("", 18)]))
+    module = imported.module
+    generated = generate(module, target="cpu").module
+    source = {op: k["source"] for k in generated.codegen["kernels"] for op in k["ops"]}
+    for out in ("dw", "dil", "pool", "grp"):
+        src = source[_op_of(module, out)]
+        assert "srow0[" in src, out
+        points = re.findall(r"accrow\[jj\] = .*|accrow\[jj\] [+]= .*", src)
+        assert points and not any("tk_in" in line or "t_x[" in line for line in points), out
+    assert "srow0[" not in source[_op_of(module, "strided")]
+    inputs = {"x": rng.standard_normal((1, 6, 9, 20)).astype(np.float32)}
+    _equals_reference(module, generated, inputs, imported.weights)
+
+
 def _close(module, got, want, threads: int) -> None:
     for out in module.outputs:
         np.testing.assert_allclose(got[out], want[out], rtol=2e-5, atol=2e-5,

@@ -43,8 +43,9 @@ import math
 from contextlib import ExitStack
 
 from tilekit.codegen.kernel import (GeneratedKernel, PointBuilder, avar, c_name,
-                                    decompose, finish, global_resolver, group_signature,
-                                    index_type, needs_check, store_sink, strides, tvar)
+                                    decompose, finish, full_ranges, global_read,
+                                    global_resolver, group_signature, index_type, needs_check,
+                                    store_sink, strides, tvar)
 from tilekit.codegen.plan import GroupPlan, OpPlan, Read
 from tilekit.codegen.staged import op_facts, read_key
 from tilekit.codegen.values import (accumulator_kind, combine, identity, literal, pad_literal)
@@ -187,11 +188,21 @@ def _accumulator_row(b: Builder, module, plan: GroupPlan, axes, at: dict, vec: i
     va = axes[vec]
     looped, unrolled = _window_split(p.reduction)
 
-    def accumulate(j0: Expr, count: Expr, code: dict) -> None:
+    def accumulate(j0: Expr, count: Expr, code: dict, rows: dict | None = None) -> None:
+        """Fold one window point into the accumulator row; `rows` maps a staged read's key
+        to its row buffer and this point's offset in it."""
         with b.loop("jj", 0, count, kind="simd", dtype=idx_t) as jj:
             v = b.let(avar(va), tx.add(j0, jj), idx_t)
             vars_ = [v if a == va else at[a] for a in axes]
-            pb = PointBuilder(module, b, stage, vars_, global_resolver)
+            resolver = global_resolver
+            if rows:
+                def resolver(plan_, node, axis, jj=jj):
+                    hit = rows.get(read_key(plan_.read(node)))
+                    if hit is None:
+                        return global_resolver(plan_, node, axis)
+                    buf, row_, offset = hit
+                    return Load(buf.name, (tx.const(row_), tx.add(jj, offset)), buf.dtype)
+            pb = PointBuilder(module, b, stage, vars_, resolver)
             comp = pb.compiler(p, pb.axis_code(p, code))
             value = comp.emit(p.body, kind)
             b.store(row, (jj,), combine(p.assign, Load(row.name, (jj,), dtype),
@@ -204,9 +215,12 @@ def _accumulator_row(b: Builder, module, plan: GroupPlan, axes, at: dict, vec: i
         with ExitStack() as loops:
             for a, extent in looped:
                 code[a] = loops.enter_context(b.loop(avar(a), 0, extent))
+            for st in staged:
+                st.fill(b, p, at, code, va, idx_t)
             for point in itertools.product(*(range(n) for _, n in unrolled)):
-                code.update({a: tx.const(i) for (a, _), i in zip(unrolled, point)})
-                accumulate(j0, count, code)
+                at_point = {a: i for (a, _), i in zip(unrolled, point)}
+                code.update({a: tx.const(i) for a, i in at_point.items()})
+                accumulate(j0, count, code, {st.key: st.at(at_point) for st in staged})
         with b.loop("jj", 0, count, kind="simd", dtype=idx_t) as jj:
             v = b.let(avar(va), tx.add(j0, jj), idx_t)
             vars_ = [v if a == va else at[a] for a in axes]
@@ -215,11 +229,91 @@ def _accumulator_row(b: Builder, module, plan: GroupPlan, axes, at: dict, vec: i
             pb.epilogue(pb.main_value(p, (Load(row.name, (jj,), dtype), kind)), sink)
 
     if chunk >= vlen:
+        staged = [_StagedRow(r, k, b) for k, r in enumerate(_staged_reads(p, va, vlen, unrolled))]
         run_chunk(tx.const(0, idx_t), tx.const(vlen, idx_t))
         return
+    staged = []
     with b.loop("j0", 0, vlen, chunk, dtype=idx_t) as j0:
         run_chunk(j0, b.let("jn", tx.call("min", tx.const(chunk, idx_t), tx.sub(vlen, j0)),
                             idx_t))
+
+
+class _StagedRow:
+    """A read staged once per row (`_staged_reads`): `window` the unrolled window axes in its
+    vector dimension and their coefficients, `group` the other unrolled axes it reads by
+    (with their extents: a row each, a 3 x 3 window's 3 input rows), `buffer` those rows of
+    `vlen + halo` values, padding included."""
+
+    def __init__(self, staged: tuple, k: int, b: Builder):
+        r, self.window, self.group, length = staged
+        self.read, self.key = r, read_key(r)
+        self.buffer = b.alloc(f"srow{k}", r.dtype, (self.rows, length),
+                              f"{r.tensor}: the rows the window reads, padding included")
+
+    @property
+    def rows(self) -> int:
+        return math.prod(n for _, n in self.group)
+
+    def _row(self, values: dict) -> int:
+        row = 0
+        for a, n in self.group:
+            row = row * n + values[a]
+        return row
+
+    def at(self, point: dict) -> tuple:
+        """(buffer, its row, the offset in the row) of a window point's values."""
+        return (self.buffer, self._row(point),
+                sum(cf * point[a] for a, cf in self.window.items()))
+
+    def fill(self, b: Builder, p: OpPlan, at: dict, code: dict, va: str, idx_t: str) -> None:
+        """The buffer's rows: the read with the vector axis at each position, the window
+        axes in its dimension at 0 and the group's at each value (its bounds checks run here,
+        once per value, and the guard split leaves them at the row's edges)."""
+        length = self.buffer.shape[1]
+        for values in itertools.product(*(range(n) for _, n in self.group)):
+            group = dict(zip((a for a, _ in self.group), values))
+            with b.loop("q", 0, length, kind="simd", dtype=idx_t) as q:
+                axis = {**code, **at, va: q}
+                axis.update({a: tx.const(0) for a in self.window})
+                axis.update({a: tx.const(v) for a, v in group.items()})
+                b.store(self.buffer, (tx.const(self._row(group)), q),
+                        global_read(self.read, axis, full_ranges(p)))
+
+
+def _staged_reads(p: OpPlan, va: str, vlen: int, unrolled) -> list[tuple]:
+    """The reads an accumulator row stages (`_StagedRow`): float32, the vector axis `va` with
+    coefficient 1 in one affine dimension that can leave the tensor (a convolution's
+    padding) and in no other, the unrolled window axes of that dimension with positive
+    coefficients and in no other dimension. Each point of the window then reads the row at
+    `jj + sum(coef * window index)`: a vector loop with constant bounds and no guard, where
+    reading the tensor takes a guard split per point (a scalar edge and an interior one lane
+    short of whole vectors). As (read, window, group, length)."""
+    names = {a for a, _ in unrolled}
+    extent = dict(p.spatial) | dict(p.reduction)
+    out, seen = [], set()
+    for r in p.read_list():
+        key = read_key(r)
+        if key in seen or r.dtype != "float32":
+            continue
+        seen.add(key)
+        dims = [set(m.axes) for m in r.maps]
+        with_va = [d for d, t in enumerate(dims) if va in t]
+        if len(with_va) != 1 or not r.maps[with_va[0]].affine:
+            continue
+        d = with_va[0]
+        terms = dict(r.maps[d].terms)
+        if terms.get(va) != 1 or not needs_check(r, full_ranges(p))[d]:
+            continue
+        window = {a: cf for a, cf in terms.items() if a != va and cf}
+        if any(a not in names or cf < 1 for a, cf in window.items()):
+            continue
+        if any(a in t for a in window for k, t in enumerate(dims) if k != d):
+            continue
+        group = tuple((a, n) for a, n in unrolled if a not in window
+                      and any(a in t for t in dims))
+        halo = sum(cf * (extent[a] - 1) for a, cf in window.items())
+        out.append((r, window, group, vlen + halo))
+    return out
 
 
 def _window_split(reduction) -> tuple[list, list]:
