@@ -77,6 +77,20 @@ def test_gemm_blocks_split_n_evenly_over_the_cores():
     assert deep.n_blocks == 1 and deep.m_blocks == cores    # M splits, A is read once
 
 
+def test_a_gemm_takes_fewer_rows_per_micro_tile_where_that_pads_less():
+    """gemm_mr: down to two thirds of the register tile's rows, when the padded rows shrink
+    by at least 1 - MR_PADDING; the register tile's rows otherwise."""
+    from tilekit.schedule.cpu import gemm_mr, register_rows
+
+    assert register_rows(HOST_DEFAULTS, 16) == 6
+    assert gemm_mr(6, 32) == 4          # 36 rows in tiles of 6, 32 in tiles of 4
+    assert gemm_mr(6, 49) == 5          # 54 / 50 / 52
+    assert gemm_mr(6, 128) == 6         # 132 / 130 / 128: within 5%
+    assert gemm_mr(6, 36) == 6 and gemm_mr(6, 1000) == 6
+    assert gemm_mr(16, 33) == 11        # 48 rows in tiles of 16, 33 in tiles of 11
+    assert gemm_mr(1, 7) == 1
+
+
 def test_rows_per_block():
     t = cpu_tiles()
     assert rows_per_block(1, 100, t) == 1
@@ -408,6 +422,7 @@ def test_a_ragged_n_of_pixels_takes_the_m_role():
     one = shapes[_op_of(module, "p_conv")][1]["gemm"]
     assert one["m"] == ["n", "h", "w"] and one["n"] == ["f"], one
     assert one["a"] == "packed" and one["b"] == "weight panels"
+    assert one["micro"] == [5, 16]      # 49 rows: 50 in tiles of 5, 54 in tiles of 6
     three = shapes[_op_of(module, "z")][1]["gemm"]
     assert three["m"] == ["f"] and three["n"] == ["n", "h", "w"], three
     inputs = {"x": rng.standard_normal((1, 24, 7, 7)).astype(np.float32)}
@@ -442,6 +457,8 @@ def test_a_whole_n_keeps_its_role_however_m_pads():
     conv = shapes[_op_of(module, "z")][1]["gemm"]
     assert conv["m"] == ["f"] and conv["n"] == ["n", "h", "w"], conv
     assert conv["a"] == "rows"
+    # 32 rows: micro-tiles of 4 rows (32), not 6 (36; gemm_mr)
+    assert proj["micro"] == [4, 16] and conv["micro"] == [4, 16]
     inputs = {n: rng.standard_normal(module.tensors[n].shape).astype(np.float32)
               for n in module.inputs}
     _equals_reference(module, generated, inputs, imported.weights)
