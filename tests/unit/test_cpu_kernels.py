@@ -285,6 +285,37 @@ def test_a_padded_window_reads_staged_rows():
     _equals_reference(module, generated, inputs, imported.weights)
 
 
+@needs_cxx
+def test_lane_partial_rows_run_in_groups_of_four():
+    """A loop nest without a vector axis whose rows reduce in lane partials runs its rows 4
+    at a time along the innermost row axis (ROW_GROUP): a matrix-vector product with rows of
+    weights (64 rows, 8 per block) and a sum over the last axis of [4, 8, 40] (groups within
+    each of the 4 outer rows: the vector they share is one expression); 24 rows in blocks of
+    3 run one by one. Each equals the reference, on one thread and on two."""
+    rng = np.random.default_rng(9)
+    vi = h.make_tensor_value_info
+    nodes = [h.make_node("Gemm", ["v", "w"], ["mv"], transB=1),
+             h.make_node("Gemm", ["v", "w24"], ["mv24"], transB=1),
+             h.make_node("ReduceSum", ["x", "axes"], ["rs"], keepdims=0)]
+    graph = h.make_graph(
+        nodes, "groups", [vi("v", T.FLOAT, [1, 40]), vi("x", T.FLOAT, [4, 8, 40])],
+        [vi(n, T.FLOAT, None) for n in ("mv", "mv24", "rs")],
+        [nh.from_array(rng.standard_normal((64, 40)).astype(np.float32), "w"),
+         nh.from_array(rng.standard_normal((24, 40)).astype(np.float32), "w24"),
+         nh.from_array(np.array([2], np.int64), "axes")])
+    imported = import_model(h.make_model(graph, opset_imports=[h.make_opsetid("", 18)]))
+    module = imported.module
+    generated = generate(module, target="cpu").module
+    kernels = {op: k for k in generated.codegen["kernels"] for op in k["ops"]}
+    for out, grouped in (("mv", True), ("mv24", False), ("rs", True)):
+        k = kernels[_op_of(module, out)]
+        assert k["schedule"]["reduction"] == "lane partials", out
+        assert ("part3[" in k["source"]) == grouped, out
+    inputs = {n: rng.standard_normal(module.tensors[n].shape).astype(np.float32)
+              for n in module.inputs}
+    _equals_reference(module, generated, inputs, imported.weights)
+
+
 def _close(module, got, want, threads: int) -> None:
     for out in module.outputs:
         np.testing.assert_allclose(got[out], want[out], rtol=2e-5, atol=2e-5,
