@@ -12,13 +12,14 @@ spatial axis but the vector axis) in blocks of about `block_work` operations; pe
 - a reduction whose innermost axis walks a read's contiguous dimension for at least `nr`
   points (softmax's sums, layer norm's means, a matrix-vector product with rows of weights):
   per point, `nr` partial accumulators filled by a `simd` loop over that axis, folded at the
-  end;
+  end; without a vector axis, `ROW_GROUP` rows at a time (one loop fills their partials);
 - any other reduction (over channels of NCHW, a depthwise convolution's window, a
   matrix-vector product with columns of weights): an accumulator row of up to
   `vector_chunk` points of the vector axis, the reduction loops outside and a `simd` loop over
   the row inside, then the epilogue in a `simd` loop. A small window (the trailing reduction
   axes, up to `UNROLLED_WINDOW` points) is unrolled, so each of its points is a `simd` loop
-  with constant bounds.
+  with constant bounds; a read of it that crosses the padding is staged once per row
+  (`_StagedRow`), so those loops have no guard either.
 
 `cpu_gemm` (a float32 contraction, `tilekit.schedule.mma.contraction`: matmul, batched matmul,
 Gemm, convolution as an implicit GEMM), the BLIS algorithm: a block owns `mc x nc` outputs of
@@ -136,7 +137,7 @@ def loops_kernel(module, plan: GroupPlan, entry: str, shape: CpuShape, target: T
 #: Rows of a loop nest without a vector axis whose lane-partial reductions run side by side
 #: (`_lane_points`): a matrix-vector product with rows of weights (the LSTM's recurrent
 #: product, 2048 rows of 512) loads its vector once per 4 rows and streams 4 rows at a time,
-#: 68 us a step against 78 us row by row on one Zen 3 core (a harness, the least of 300).
+#: 67 us a step against 78 us row by row on one Zen 3 core (a harness, the least of 300).
 ROW_GROUP = 4
 
 
