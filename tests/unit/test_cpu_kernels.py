@@ -77,6 +77,20 @@ def test_gemm_blocks_split_n_evenly_over_the_cores():
     assert deep.n_blocks == 1 and deep.m_blocks == cores    # M splits, A is read once
 
 
+def test_a_gemm_takes_fewer_rows_per_micro_tile_where_that_pads_less():
+    """gemm_mr: down to two thirds of the register tile's rows, when the padded rows shrink
+    by at least 1 - MR_PADDING; the register tile's rows otherwise."""
+    from tilekit.schedule.cpu import gemm_mr, register_rows
+
+    assert register_rows(HOST_DEFAULTS, 16) == 6
+    assert gemm_mr(6, 32) == 4          # 36 rows in tiles of 6, 32 in tiles of 4
+    assert gemm_mr(6, 49) == 5          # 54 / 50 / 52
+    assert gemm_mr(6, 128) == 6         # 132 / 130 / 128: within 5%
+    assert gemm_mr(6, 36) == 6 and gemm_mr(6, 1000) == 6
+    assert gemm_mr(16, 33) == 11        # 48 rows in tiles of 16, 33 in tiles of 11
+    assert gemm_mr(1, 7) == 1
+
+
 def test_rows_per_block():
     t = cpu_tiles()
     assert rows_per_block(1, 100, t) == 1
@@ -232,6 +246,76 @@ def test_an_accumulator_row_unrolls_a_small_window(kinds):
     assert "j0" in loops[_op_of(module, "dw_wide")]           # 300 points: chunks of 256
 
 
+@needs_cxx
+def test_a_padded_window_reads_staged_rows():
+    """An accumulator row whose window crosses the padding stages the rows it reads (the
+    padding included) once per output row, so each window point is a vector loop with
+    constant bounds and no guard: a 3 x 3 depthwise convolution, the same dilated by 2 (the
+    window's offsets step by 2), a 3 x 3 max pool of stride 1 (padding -inf) and a grouped
+    convolution whose channels are a loop (staged per channel). A strided window and a row
+    wider than an accumulator row read the tensor. All equal the reference, on one thread
+    and on two."""
+    import re
+
+    rng = np.random.default_rng(8)
+    vi = h.make_tensor_value_info
+    nodes = [h.make_node("Conv", ["x", "wd"], ["dw"], group=6, pads=[1, 1, 1, 1]),
+             h.make_node("Conv", ["x", "wd"], ["dil"], group=6, pads=[2, 2, 2, 2],
+                         dilations=[2, 2]),
+             h.make_node("MaxPool", ["x"], ["pool"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+             h.make_node("Conv", ["x", "wg"], ["grp"], group=2, pads=[1, 1, 1, 1]),
+             h.make_node("Conv", ["x", "wd"], ["strided"], group=6, pads=[1, 1, 1, 1],
+                         strides=[2, 2])]
+    graph = h.make_graph(
+        nodes, "staged", [vi("x", T.FLOAT, [1, 6, 9, 20])],
+        [vi(n, T.FLOAT, None) for n in ("dw", "dil", "pool", "grp", "strided")],
+        [nh.from_array(rng.standard_normal((6, 1, 3, 3)).astype(np.float32), "wd"),
+         nh.from_array(rng.standard_normal((4, 3, 3, 3)).astype(np.float32), "wg")])
+    imported = import_model(h.make_model(graph, opset_imports=[h.make_opsetid("", 18)]))
+    module = imported.module
+    generated = generate(module, target="cpu").module
+    source = {op: k["source"] for k in generated.codegen["kernels"] for op in k["ops"]}
+    for out in ("dw", "dil", "pool", "grp"):
+        src = source[_op_of(module, out)]
+        assert "srow0[" in src, out
+        points = re.findall(r"accrow\[jj\] = .*|accrow\[jj\] [+]= .*", src)
+        assert points and not any("tk_in" in line or "t_x[" in line for line in points), out
+    assert "srow0[" not in source[_op_of(module, "strided")]
+    inputs = {"x": rng.standard_normal((1, 6, 9, 20)).astype(np.float32)}
+    _equals_reference(module, generated, inputs, imported.weights)
+
+
+@needs_cxx
+def test_lane_partial_rows_run_in_groups_of_four():
+    """A loop nest without a vector axis whose rows reduce in lane partials runs its rows 4
+    at a time along the innermost row axis (ROW_GROUP): a matrix-vector product with rows of
+    weights (64 rows, 8 per block) and a sum over the last axis of [4, 8, 40] (groups within
+    each of the 4 outer rows: the vector they share is one expression); 24 rows in blocks of
+    3 run one by one. Each equals the reference, on one thread and on two."""
+    rng = np.random.default_rng(9)
+    vi = h.make_tensor_value_info
+    nodes = [h.make_node("Gemm", ["v", "w"], ["mv"], transB=1),
+             h.make_node("Gemm", ["v", "w24"], ["mv24"], transB=1),
+             h.make_node("ReduceSum", ["x", "axes"], ["rs"], keepdims=0)]
+    graph = h.make_graph(
+        nodes, "groups", [vi("v", T.FLOAT, [1, 40]), vi("x", T.FLOAT, [4, 8, 40])],
+        [vi(n, T.FLOAT, None) for n in ("mv", "mv24", "rs")],
+        [nh.from_array(rng.standard_normal((64, 40)).astype(np.float32), "w"),
+         nh.from_array(rng.standard_normal((24, 40)).astype(np.float32), "w24"),
+         nh.from_array(np.array([2], np.int64), "axes")])
+    imported = import_model(h.make_model(graph, opset_imports=[h.make_opsetid("", 18)]))
+    module = imported.module
+    generated = generate(module, target="cpu").module
+    kernels = {op: k for k in generated.codegen["kernels"] for op in k["ops"]}
+    for out, grouped in (("mv", True), ("mv24", False), ("rs", True)):
+        k = kernels[_op_of(module, out)]
+        assert k["schedule"]["reduction"] == "lane partials", out
+        assert ("part3[" in k["source"]) == grouped, out
+    inputs = {n: rng.standard_normal(module.tensors[n].shape).astype(np.float32)
+              for n in module.inputs}
+    _equals_reference(module, generated, inputs, imported.weights)
+
+
 def _close(module, got, want, threads: int) -> None:
     for out in module.outputs:
         np.testing.assert_allclose(got[out], want[out], rtol=2e-5, atol=2e-5,
@@ -369,9 +453,45 @@ def test_a_ragged_n_of_pixels_takes_the_m_role():
     one = shapes[_op_of(module, "p_conv")][1]["gemm"]
     assert one["m"] == ["n", "h", "w"] and one["n"] == ["f"], one
     assert one["a"] == "packed" and one["b"] == "weight panels"
+    assert one["micro"] == [5, 16]      # 49 rows: 50 in tiles of 5, 54 in tiles of 6
     three = shapes[_op_of(module, "z")][1]["gemm"]
     assert three["m"] == ["f"] and three["n"] == ["n", "h", "w"], three
     inputs = {"x": rng.standard_normal((1, 24, 7, 7)).astype(np.float32)}
+    _equals_reference(module, generated, inputs, imported.weights)
+
+
+@needs_cxx
+def test_a_whole_n_keeps_its_role_however_m_pads():
+    """N in whole micro-panels keeps the output's contiguous axis: the input projection of a
+    32-step recurrence (x [32, 24] by a weight [96, 24] transposed: M = 32 pads to 36 rows of
+    6, the other way round 96 x 32 would pad nothing) and a 1x1 convolution of 32 filters on
+    a 16 x 16 image (256 pixels) are not swapped, so the weight stays B packed once (or the
+    filters A read in place) and the output tile is stored row by row. Both equal the
+    reference, on one thread and on two."""
+    rng = np.random.default_rng(7)
+    vi = h.make_tensor_value_info
+    nodes = [h.make_node("Gemm", ["x", "w", "c"], ["y"], transB=1),
+             h.make_node("Conv", ["img", "f"], ["z"])]
+    graph = h.make_graph(
+        nodes, "whole", [vi("x", T.FLOAT, [32, 24]), vi("img", T.FLOAT, [1, 40, 16, 16])],
+        [vi("y", T.FLOAT, None), vi("z", T.FLOAT, None)],
+        [nh.from_array(rng.standard_normal((96, 24)).astype(np.float32), "w"),
+         nh.from_array(rng.standard_normal(96).astype(np.float32), "c"),
+         nh.from_array(rng.standard_normal((32, 40, 1, 1)).astype(np.float32), "f")])
+    imported = import_model(h.make_model(graph, opset_imports=[h.make_opsetid("", 18)]))
+    module = imported.module
+    generated = generate(module, target="cpu").module
+    shapes = _shapes(generated)
+    proj = shapes[_op_of(module, "y_mm")][1]["gemm"]
+    assert proj["m"] == ["i"] and proj["n"] == ["j"], proj
+    assert proj["a"] == "rows" and proj["b"] == "weight panels"
+    conv = shapes[_op_of(module, "z")][1]["gemm"]
+    assert conv["m"] == ["f"] and conv["n"] == ["n", "h", "w"], conv
+    assert conv["a"] == "rows"
+    # 32 rows: micro-tiles of 4 rows (32), not 6 (36; gemm_mr)
+    assert proj["micro"] == [4, 16] and conv["micro"] == [4, 16]
+    inputs = {n: rng.standard_normal(module.tensors[n].shape).astype(np.float32)
+              for n in module.inputs}
     _equals_reference(module, generated, inputs, imported.weights)
 
 

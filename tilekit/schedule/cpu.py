@@ -44,7 +44,7 @@ partials, an accumulator row, or none). The decision with its blocks is a `CpuSh
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
 from tilekit.errors import IRError
@@ -108,7 +108,7 @@ def cpu_tiles(profile=None) -> CpuTiles:
     vectors = max(vectors, 2 if m.f32_lanes * 2 <= 2 * NR_ALIGN else 1)
     nr = max(NR_ALIGN, vectors * m.f32_lanes)
     nr = -(-nr // NR_ALIGN) * NR_ALIGN
-    return tiles_for(m, max_mr(m, nr), nr)
+    return tiles_for(m, register_rows(m, nr), nr)
 
 
 def max_mr(m: CpuMachine, nr: int) -> int:
@@ -127,6 +127,32 @@ def tiles_for(m: CpuMachine, mr: int, nr: int) -> CpuTiles:
     nc = _floor_to(m.l2_bytes // 2 // (kc * 4), nr, lowest=nr)
     nc = max(nr, min(nc, _floor_to(m.l2_bytes // 4 // (mc * 4), nr, lowest=nr)))
     return CpuTiles(m, mr, nr, kc, mc, nc)
+
+
+def register_rows(m: CpuMachine, nr: int) -> int:
+    """The most rows of an `mr x nr` register tile: its accumulators, a row of B and a
+    broadcast of A in the vector registers (at most 16; at least 1)."""
+    return max(1, max_mr(m, nr))
+
+
+#: A GEMM whose M pads the register tile's rows takes fewer rows per micro-tile (down to two
+#: thirds of them: their accumulators still cover the FMA pipes' latency) when that leaves
+#: at most this share of the padded rows: 32 rows are 36 in tiles of 6, 32 in tiles of 4.
+MR_PADDING = 0.95
+
+
+def gemm_mr(mr: int, m: int) -> int:
+    """The micro-tile's rows for a GEMM of `m` rows, `mr` the register tile's most
+    (`MR_PADDING`): on Zen 3, one core, the LSTM's input projection (M = 32) took 0.37 ms in
+    tiles of 4 rows against 0.41 ms in tiles of 6."""
+    def padded(r: int) -> int:
+        return -(-m // r) * r
+
+    best = mr
+    for r in range(mr - 1, max(1, -(-2 * mr // 3)) - 1, -1):
+        if padded(r) < padded(best) and padded(r) <= MR_PADDING * padded(mr):
+            best = r
+    return best
 
 
 def _floor_to(x: int, multiple: int, lowest: int) -> int:
@@ -243,9 +269,15 @@ CPU_SHAPES = ("cpu_gemm", "cpu_loops")
 LOOP_MODES = ("lane partials", "accumulator row", "pointwise", "scalar")
 
 
-#: The roles are swapped (the output's contiguous axis in M) when that leaves at most this
-#: share of the padded micro-tiles' work: strided stores of the output tile and a packed A
-#: cost a little, a ragged N (a 7 x 7 image's 49 pixels in 64 columns) costs every step.
+#: The roles are swapped (the output's contiguous axis in M) when N is ragged and the swap
+#: leaves at most this share of the padded micro-tiles' work: strided stores of the output
+#: tile and a packed A cost a little, a ragged N (a 7 x 7 image's 49 pixels in 64 columns)
+#: costs every step. A whole N is never swapped for M's padding in rows of `mr`: the swap
+#: would save about 10% of padded work (32 rows in 36) and cost more (measured on Zen 3, one
+#: core: the LSTM's input projection, 32 steps x 2048 gates x 256, 0.51 ms swapped against
+#: 0.42 ms with its weight as B packed once; the MobileNet block's 1 x 1 projection to 32
+#: filters, 3136 pixels as M with the input packed by a strided gather, 1.22 ms against
+#: 0.77 ms with the filters read in place).
 SWAP_WORK = 0.9
 
 
@@ -254,10 +286,10 @@ def gemm_roles(c: Contraction, spatial, tiles: CpuTiles | None = None, reads=Non
     """Which read is A (its axes are the GEMM's M) and which is B (N, the micro-kernel's
     vector direction): B holds the output's innermost axis, so that a row of the output tile
     is contiguous in the output. With `tiles` and the op's `reads` (ReadFacts), the other
-    way round when M is whole micro-panels of `nr` columns, the micro-tiles padded to
-    `mr x nr` do at most `SWAP_WORK` of the work so (N = 49 pixels take 64 columns, as M they
-    take 54 rows; 512 filters as N take 512) and the read that becomes A is no
-    window (no index sums two axes: a 1 x 1 convolution's pixels, not a 3 x 3 one's im2col,
+    way round when N is not whole micro-panels of `nr` columns and M is, the micro-tiles
+    padded to `mr x nr` do at most `SWAP_WORK` of the work so (N = 49 pixels take 64
+    columns, as M they take 54 rows; 512 filters as N take 512) and the read that becomes A
+    is no window (no index sums two axes: a 1 x 1 convolution's pixels, not a 3 x 3 one's im2col,
     whose packing into `mr`-row panels is a gather with bounds checks per element: measured
     slower than the padding it saves on Zen 3). None when that axis is a batch axis (no GEMM
     view pays)."""
@@ -275,10 +307,12 @@ def gemm_roles(c: Contraction, spatial, tiles: CpuTiles | None = None, reads=Non
         m = math.prod(extent[a] for a in ops[roles[0]].mn_axes)
         n = math.prod(extent[a] for a in ops[roles[1]].mn_axes)
 
-        def padded(rows: int, cols: int) -> int:
-            return -(-rows // tiles.mr) * tiles.mr * -(-cols // tiles.nr) * tiles.nr
+        mr = register_rows(tiles.machine, tiles.nr)   # not a GEMM's own (`gemm_mr`)
 
-        if m % tiles.nr == 0 and padded(n, m) <= SWAP_WORK * padded(m, n):
+        def padded(rows: int, cols: int) -> int:
+            return -(-rows // mr) * mr * -(-cols // tiles.nr) * tiles.nr
+
+        if n % tiles.nr and m % tiles.nr == 0 and padded(n, m) <= SWAP_WORK * padded(m, n):
             roles = roles[::-1]
     return roles
 
@@ -381,6 +415,8 @@ def cpu_shape(facts, tiles: CpuTiles, recorded: Mapping[str, Any] | None = None,
     elif gemm_reuse(c, facts.spatial) < GEMM_MIN_REUSE:
         why = f"operands used fewer than {GEMM_MIN_REUSE} times (no packing pays)"
     if not why:
+        if recorded is None:
+            tiles = _gemm_tiles(c, facts.spatial, facts.reads, tiles)
         shape = CpuShape("cpu_gemm", tiles, gemm=_gemm(c, facts.spatial, facts.reduction,
                                                        facts.reads, tiles))
     else:
@@ -388,6 +424,18 @@ def cpu_shape(facts, tiles: CpuTiles, recorded: Mapping[str, Any] | None = None,
     if recorded is None:
         return shape
     return _with_recorded(shape, recorded, where)
+
+
+def _gemm_tiles(c: Contraction, spatial, reads, tiles: CpuTiles) -> CpuTiles:
+    """`tiles` with the micro-tile's rows for this GEMM's M (`gemm_mr`), `mc` a whole number
+    of them."""
+    roles = gemm_roles(c, spatial, tiles, reads)
+    extent = dict(spatial)
+    m = math.prod(extent[a] for a in {"a": c.a, "b": c.b}[roles[0]].mn_axes)
+    mr = gemm_mr(tiles.mr, m)
+    if mr == tiles.mr:
+        return tiles
+    return replace(tiles, mr=mr, mc=_floor_to(tiles.mc, mr, lowest=mr))
 
 
 def _gemm(c: Contraction, spatial, reduction, reads, tiles: CpuTiles) -> CpuGemm:
@@ -496,6 +544,7 @@ def recorded_tiles(payload: Mapping[str, Any], machine: CpuMachine, where: str) 
 
 
 __all__ = ["CPU_SHAPES", "CpuGemm", "CpuLoops", "CpuMachine", "CpuShape", "CpuTiles",
-           "GEMM_MIN_REUSE", "GemmBlocks", "HOST_DEFAULTS", "LOOP_MODES", "NR_ALIGN",
-           "cpu_shape", "cpu_tiles", "gemm_blocks", "gemm_reuse", "gemm_roles", "machine_of",
-           "max_mr", "one_thread", "recorded_tiles", "rows_per_block", "tiles_for"]
+           "GEMM_MIN_REUSE", "GemmBlocks", "HOST_DEFAULTS", "LOOP_MODES", "MR_PADDING",
+           "NR_ALIGN", "cpu_shape", "cpu_tiles", "gemm_blocks", "gemm_mr", "gemm_reuse",
+           "gemm_roles", "machine_of", "max_mr", "one_thread", "recorded_tiles",
+           "register_rows", "rows_per_block", "tiles_for"]
