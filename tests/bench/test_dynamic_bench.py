@@ -68,6 +68,19 @@ def _program(module, weights):
                                             for k, v in weights.items()}
 
 
+def _alternate(feeds, sym, sym_w, spec, spec_w) -> dict:
+    """The two programs run alternately `RUNS` times each: their medians and ratio."""
+    times: dict[str, list[float]] = {"symbolic": [], "specialised": []}
+    for _ in range(RUNS):
+        for key, (prog, w) in (("symbolic", (sym, sym_w)), ("specialised", (spec, spec_w))):
+            t0 = time.perf_counter()
+            prog.run(feeds, w)
+            times[key].append(time.perf_counter() - t0)
+    ms = {k: round(statistics.median(v) * 1e3, 4) for k, v in times.items()}
+    return {"symbolic_ms": ms["symbolic"], "specialised_ms": ms["specialised"],
+            "ratio": round(ms["symbolic"] / ms["specialised"], 3)}
+
+
 def _feeds(module, values, seed: int = 0) -> dict[str, np.ndarray]:
     from tilekit.ir.dims import evaluate_shape
 
@@ -120,15 +133,7 @@ def test_one_symbolic_import_against_an_import_per_size(model, tmp_path, monkeyp
         a, b = sym.run(feeds, sym_w), spec.run(feeds, spec_w)
         for name in a:
             np.testing.assert_allclose(a[name], b[name], rtol=1e-4, atol=1e-5)
-        times: dict[str, list[float]] = {"symbolic": [], "specialised": []}
-        for _ in range(RUNS):
-            for key, (prog, w) in (("symbolic", (sym, sym_w)), ("specialised", (spec, spec_w))):
-                t0 = time.perf_counter()
-                prog.run(feeds, w)
-                times[key].append(time.perf_counter() - t0)
-        ms = {k: round(statistics.median(v) * 1e3, 4) for k, v in times.items()}
-        rows[str(size)] = {"symbolic_ms": ms["symbolic"], "specialised_ms": ms["specialised"],
-                           "ratio": round(ms["symbolic"] / ms["specialised"], 3)}
+        rows[str(size)] = _alternate(feeds, sym, sym_w, spec, spec_w)
     row = {
         "model": model, "sizes": {"batch": 1, "sequence": list(SIZES)},
         "compile": {
@@ -196,15 +201,7 @@ def test_decode_steps_against_a_build_per_step(tmp_path, monkeypatch):
         (sym, sym_w), (spec, spec_w) = programs[past]
         a, b = sym.run(feeds, sym_w), spec.run(feeds, spec_w)
         np.testing.assert_allclose(a["y"], b["y"], rtol=1e-5, atol=1e-6)
-        times: dict[str, list[float]] = {"symbolic": [], "specialised": []}
-        for _ in range(RUNS):
-            for key, (prog, w) in (("symbolic", (sym, sym_w)), ("specialised", (spec, spec_w))):
-                t0 = time.perf_counter()
-                prog.run(feeds, w)
-                times[key].append(time.perf_counter() - t0)
-        ms = {k: round(statistics.median(v) * 1e3, 4) for k, v in times.items()}
-        rows[str(past)] = {"symbolic_ms": ms["symbolic"], "specialised_ms": ms["specialised"],
-                           "ratio": round(ms["symbolic"] / ms["specialised"], 3)}
+        rows[str(past)] = _alternate(feeds, sym, sym_w, spec, spec_w)
     row = {
         "model": "kv_cache_step (hidden 64), decode", "sizes": {
             "seq": 1, "past": [DECODE_STEPS[0], DECODE_STEPS[-1]]},

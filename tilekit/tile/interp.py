@@ -876,87 +876,74 @@ class _Frame:
             return np.int32(0)
         raise InternalError(f"cannot interpret {fn}")  # pragma: no cover
 
+    def _tma_boxes(self, e: Call, tm, start, coords, m, what: str):
+        """Per active thread of a TMA copy: the box's elements inside the tensor (a mask),
+        their element indices in the tensor and their byte addresses in shared memory
+        (swizzled), for `tm`'s box at the thread's coordinates; the copy's sectors counted
+        at its site."""
+        item = np_dtype(tm.dtype).itemsize
+        grids = np.meshgrid(*[np.arange(n) for n in reversed(tm.box)], indexing="ij")
+        rel = [g.reshape(-1) for g in reversed(grids)]          # innermost first, row-major
+        rows = math.prod(tm.box[1:])
+        row_bytes = tm.box[0] * item
+        local = np.arange(rows * tm.box[0], dtype=np.int64)
+        strides = (item,) + tuple(tm.strides)
+        for t in np.nonzero(m)[0]:
+            if int(start[t]) % 128:
+                raise TilekitError(f"kernel {self.k.name}: a TMA {what} not 128-byte "
+                                   "aligned", "--report", "a kernel bug: report it")
+            pos = [int(c[t]) + r for c, r in zip(coords, rel)]
+            inside = np.ones(local.shape, bool)
+            offset = np.zeros(local.shape, np.int64)
+            for d in range(len(coords)):
+                inside &= (pos[d] >= 0) & (pos[d] < tm.dims[d])
+                offset += np.where(inside, pos[d], 0) * strides[d]
+            addr = int(start[t]) + (local // tm.box[0]) * row_bytes + (local % tm.box[0]) * item
+            if tm.swizzle == 128:
+                addr = _swizzle128(addr)
+            site = self.counters.site(e, Buffer(tm.buffer, "global", tm.dtype, (0,)),
+                                      "load" if what == "destination" else "store")
+            site.requests += 1
+            site.sectors += rows * -(-row_bytes // SECTOR)
+            site.ideal += rows * -(-row_bytes // SECTOR)
+            yield t, inside, offset // item, addr // item, rows * row_bytes
+
     def tma_load(self, e: Call, env, mask, m):
         """The box at the coordinates into shared memory, swizzled, zeros outside the
         tensor; its bytes complete on the barrier (host_emul.h's tma_load)."""
-        rank = TMA_LOADS[e.fn]
         dst, tmap, bar = e.args[:3]
         tm = self.expr(tmap, env, mask)
         b, doff = self.address(dst, env, mask)
         start = b.offset + doff.astype(np.int64) * np_dtype(b.dtype).itemsize
         at = self._bar_bytes(bar, env, mask, m)
         coords = [np.broadcast_to(np.asarray(self.expr(c, env, mask), np.int64), m.shape)
-                  for c in e.args[3:]]
-        src = self.arrays[tm.buffer]
+                  for c in e.args[3:3 + TMA_LOADS[e.fn]]]
         item = np_dtype(tm.dtype).itemsize
-        bits = src.view({1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[item])
+        bits = self.arrays[tm.buffer].view(
+            {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[item])
         dst_bits = self.smem[:self.smem.shape[0] // item * item].view(bits.dtype)
-        grids = np.meshgrid(*[np.arange(n) for n in reversed(tm.box)], indexing="ij")
-        rel = [g.reshape(-1) for g in reversed(grids)]          # innermost first, row-major
-        rows = math.prod(tm.box[1:])
-        row_bytes = tm.box[0] * item
-        local = np.arange(rows * tm.box[0], dtype=np.int64)
-        for t in np.nonzero(m)[0]:
-            if int(start[t]) % 128:
-                raise TilekitError(f"kernel {self.k.name}: a TMA destination not 128-byte "
-                                   "aligned", "--report", "a kernel bug: report it")
-            pos = [int(c[t]) + r for c, r in zip(coords, rel)]
-            inside = np.ones(local.shape, bool)
-            offset = np.zeros(local.shape, np.int64)
-            strides = (item,) + tuple(tm.strides)
-            for d in range(rank):
-                inside &= (pos[d] >= 0) & (pos[d] < tm.dims[d])
-                offset += np.where(inside, pos[d], 0) * strides[d]
-            values = np.where(inside, bits[np.where(inside, offset // item, 0)], 0)
-            addr = int(start[t]) + (local // tm.box[0]) * row_bytes + (local % tm.box[0]) * item
-            if tm.swizzle == 128:
-                addr = _swizzle128(addr)
-            dst_bits[addr // item] = values
-            site = self.counters.site(e, Buffer(tm.buffer, "global", tm.dtype, (0,)), "load")
-            site.requests += 1
-            site.sectors += rows * -(-row_bytes // SECTOR)
-            site.ideal += rows * -(-row_bytes // SECTOR)
-            self._bar_arrive(int(at[t]), 0, -rows * row_bytes)
+        for t, inside, element, slot, nbytes in self._tma_boxes(e, tm, start, coords, m,
+                                                                "destination"):
+            dst_bits[slot] = np.where(inside, bits[np.where(inside, element, 0)], 0)
+            self._bar_arrive(int(at[t]), 0, -nbytes)
         return np.int32(0)
 
     def tma_store(self, e: Call, env, mask, m):
         """The map's box from shared memory (swizzled) to the tensor, elements outside it
         skipped (host_emul.h's tma_store), at once."""
-        rank = TMA_STORES[e.fn]
         tmap, src = e.args[:2]
         tm = self.expr(tmap, env, mask)
         b, soff = self.address(src, env, mask)
         start = b.offset + soff.astype(np.int64) * np_dtype(b.dtype).itemsize
         coords = [np.broadcast_to(np.asarray(self.expr(c, env, mask), np.int64), m.shape)
-                  for c in e.args[2:]]
-        dst = self.arrays[tm.buffer]
+                  for c in e.args[2:2 + TMA_STORES[e.fn]]]
         item = np_dtype(tm.dtype).itemsize
-        bits = dst.view({1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[item])
+        bits = self.arrays[tm.buffer].view(
+            {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[item])
         src_bits = self.smem[:self.smem.shape[0] // item * item].view(bits.dtype)
-        grids = np.meshgrid(*[np.arange(n) for n in reversed(tm.box)], indexing="ij")
-        rel = [g.reshape(-1) for g in reversed(grids)]
-        rows = math.prod(tm.box[1:])
-        row_bytes = tm.box[0] * item
-        local = np.arange(rows * tm.box[0], dtype=np.int64)
-        for t in np.nonzero(m)[0]:
-            if int(start[t]) % 128:
-                raise TilekitError(f"kernel {self.k.name}: a TMA store source not 128-byte "
-                                   "aligned", "--report", "a kernel bug: report it")
-            pos = [int(c[t]) + r for c, r in zip(coords, rel)]
-            inside = np.ones(local.shape, bool)
-            offset = np.zeros(local.shape, np.int64)
-            strides = (item,) + tuple(tm.strides)
-            for d in range(rank):
-                inside &= (pos[d] >= 0) & (pos[d] < tm.dims[d])
-                offset += np.where(inside, pos[d], 0) * strides[d]
-            addr = int(start[t]) + (local // tm.box[0]) * row_bytes + (local % tm.box[0]) * item
-            if tm.swizzle == 128:
-                addr = _swizzle128(addr)
-            bits[offset[inside] // item] = src_bits[addr[inside] // item]
-            site = self.counters.site(e, Buffer(tm.buffer, "global", tm.dtype, (0,)), "store")
-            site.requests += 1
-            site.sectors += rows * -(-row_bytes // SECTOR)
-            site.ideal += rows * -(-row_bytes // SECTOR)
+        for _, inside, element, slot, _ in self._tma_boxes(e, tm, start, coords, m,
+                                                           "store source"):
+            bits[element[inside]] = src_bits[slot[inside]]
         return np.int32(0)
 
     def _operand(self, desc: int, trans: int, mn: int, item: int = 2) -> np.ndarray:
