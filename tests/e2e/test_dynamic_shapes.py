@@ -355,7 +355,8 @@ def test_a_later_process_finds_the_templates(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("content", ["not json", '{"a": 1}', '[1, ["x", [5], [1]], '
                                      '["d", [0, 0], [1, 2]], ["d", [1], [1, "2"]], '
-                                     '["good", [1], [3, 4]]]'])
+                                     '["short", [1], [3, 4]], ["slots", [1], [3, 4], [1]], '
+                                     '["good", [1], [3, 4], [0]]]'])
 def test_a_damaged_template_store_is_left_out(tmp_path, monkeypatch, content):
     """A cache file of another form is not trusted: its records of another form are left
     out (they cost a template's samples later, nothing else)."""
@@ -367,4 +368,4 @@ def test_a_damaged_template_store_is_left_out(tmp_path, monkeypatch, content):
     family._store().parent.mkdir(parents=True, exist_ok=True)
     family._store().write_text(content)
     kept = family._stored_templates()
-    assert kept == ([["good", [1], [3, 4]]] if "good" in content else [])
+    assert kept == ([["good", [1], [3, 4], [0]]] if "good" in content else [])

@@ -30,8 +30,17 @@ def test_widening_adds_the_leaves_a_size_changes():
     assert wider.values(_abstract(2.5, 44, 7)) == ((44, 7), ())   # position 0 is no hole
 
 
+def test_holes_equal_at_every_sample_share_a_slot():
+    t = template([_abstract(37, 37, 8, 74), _abstract(41, 41, 8, 82)])
+    assert t.holes == (0, 1, 3) and t.slots == (0, 0, 1)
+    assert t.values(_abstract(44, 44, 8, 88)) == ((44, 88), ())
+    assert not t.match(_abstract(44, 45, 8, 88))        # a slot's holes must agree
+    wider = t.widened(_abstract(44, 45, 8, 88))
+    assert wider.slots == (0, 1, 2) and wider.match(_abstract(44, 45, 8, 88))
+
+
 def test_float_and_integer_holes_go_to_their_tables():
-    t = Template(("s",), (0.25, 3), (0, 1))
+    t = Template(("s",), (0.25, 3), (0, 1), (0, 1))
     assert t.values(Abstract(("s",), (0.5, 4))) == ((4,), (0.5,))
 
 
@@ -73,7 +82,7 @@ def test_programs_read_only_the_holes():
                   blank=True).kernel(k)
     structure = (("n", "e", (), "s", (), (), (1, 1, 1), False, blank),)
     # leaves in walk order: grid 4, smem 0, the float 2.0, the index 7
-    t = Template(structure, (4, 0, 2.0, 7), (0, 3))
+    t = Template(structure, (4, 0, 2.0, 7), (0, 3), (0, 1))
     (made, smem), = programs(t)
     text = cpp.body_function(made)
     # the hole read once at the body's start, a local constant after

@@ -90,16 +90,19 @@ def smem_limit(profile) -> int:
     return int(profile.smem_per_block) if profile is not None else STATIC_SMEM_LIMIT
 
 
-def generate(module: Module, profile=None, arch: str | None = None, target: str = "cuda"
-             ) -> CodegenResult:
+def generate(module: Module, profile=None, arch: str | None = None, target: str = "cuda",
+             generic: bool = False) -> CodegenResult:
     """Generate every kernel of `module` for `target` (cuda | cpu); see the module
-    docstring."""
+    docstring. `generic`: CPU code for one size of a symbolic module, its micro-tiles fixed
+    whatever the size (`tilekit.schedule.cpu.CpuTiles.generic`)."""
     kind = target
     if kind == "cuda":
         refuse_cpu_module(module, profile)
     the_arch = target_arch(arch, profile) if kind == "cuda" else "cpu"
     target = Target.of(profile, recorded_precision(module), kind,
                        the_arch if kind == "cuda" else None)
+    if generic and target.cpu is not None:
+        target = replace(target, cpu=replace(target.cpu, generic=True))
     if module.program is not None or kind != "cuda":
         # tk-ram composes kernel bodies into persistent blocks; a wgmma body (warp roles,
         # TMA descriptors as kernel parameters) does not compose: mma.sync there
@@ -186,6 +189,8 @@ def generate(module: Module, profile=None, arch: str | None = None, target: str 
         from tilekit.codegen.control import check_entries_unique
         check_entries_unique(generated)
     extra: dict[str, Any] = {"target": kind} if kind != "cuda" else {}
+    if target.cpu is not None and target.cpu.generic:
+        extra["generic"] = True     # a symbolic module's size (checked as generated)
     if control:
         extra["control"] = control
     section = CodegenSection(the_arch, helpers_record(kind),
@@ -431,7 +436,8 @@ def _rolled_cpu_kernel(module: Module, plan: GroupPlan, entry: str, target: Targ
     if plan.inlined:
         g = cpu_kernel(module, plan, entry, cpu_shape(facts, target.cpu), target)
         return replace(g, schedule={**g.schedule, "tile_ignored": CPU_INLINED_NOTE})
-    tiles = recorded_tiles(main.op.tile, target.cpu.machine, where)
+    tiles = replace(recorded_tiles(main.op.tile, target.cpu.machine, where),
+                    generic=target.cpu.generic)
     recorded = main.op.tile.get("kernel") or {}
     if recorded.get("shape") == CPU_BY_SIZE:    # a symbolic module's roll: decided at these sizes
         recorded = None

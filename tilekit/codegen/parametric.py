@@ -129,40 +129,65 @@ def abstract(kernels: Sequence[Any]) -> Abstract:
 @dataclass(frozen=True)
 class Template:
     """A structure with holes: `holes` are leaf positions (in walk order) whose values a size
-    gives; every other leaf is `constants`'s value."""
+    gives; every other leaf is `constants`'s value. `slots` (one per hole, in order) groups
+    holes that were equal at every size the template was made from (the same size: a
+    sequence length as an extent, a loop bound and a divisor), which must be equal at a size
+    that matches: one table entry and one local constant each, so that the compiler sees a
+    remainder and a quotient by the same value (one division)."""
 
     structure: tuple
     constants: tuple
     holes: tuple[int, ...]
+    slots: tuple[int, ...]
 
     def match(self, a: Abstract) -> bool:
         if a.structure != self.structure:
             return False
         holes = set(self.holes)
-        return all(i in holes or x == y for i, (x, y) in enumerate(zip(a.leaves,
-                                                                        self.constants)))
+        if not all(i in holes or x == y for i, (x, y) in enumerate(zip(a.leaves,
+                                                                       self.constants))):
+            return False
+        first: dict[int, Any] = {}
+        return all(first.setdefault(slot, a.leaves[i]) == a.leaves[i]
+                   for i, slot in zip(self.holes, self.slots))
 
     def widened(self, a: Abstract) -> "Template":
-        """This template with holes also where `a` (of its structure) differs."""
-        holes = set(self.holes) | {i for i, (x, y) in enumerate(zip(a.leaves, self.constants))
-                                   if x != y}
-        return Template(self.structure, self.constants, tuple(sorted(holes)))
+        """This template with holes also where `a` (of its structure) differs, and a slot's
+        holes apart where `a` gives them different values."""
+        holes = sorted(set(self.holes) | {i for i, (x, y) in enumerate(zip(a.leaves,
+                                                                           self.constants))
+                                          if x != y})
+        slot_of = dict(zip(self.holes, self.slots))
+        keys = [(slot_of.get(i, ("new", i)), a.leaves[i]) for i in holes]
+        return Template(self.structure, self.constants, tuple(holes), _numbered(keys))
 
     def values(self, a: Abstract) -> tuple[tuple[int, ...], tuple[float, ...]]:
-        """The size tables of a matched size: its hole values, integers and floats apart."""
-        ints, floats = [], []
-        for i in self.holes:
-            (floats if isinstance(a.leaves[i], float) else ints).append(a.leaves[i])
+        """The size tables of a matched size: one value per slot, integers and floats
+        apart."""
+        ints, floats, seen = [], [], set()
+        for i, slot in zip(self.holes, self.slots):
+            if slot not in seen:
+                seen.add(slot)
+                (floats if isinstance(a.leaves[i], float) else ints).append(a.leaves[i])
         return tuple(int(v) for v in ints), tuple(float(v) for v in floats)
 
 
+def _numbered(keys: Sequence[Any]) -> tuple[int, ...]:
+    """Slots numbered in order of first appearance: equal keys, one slot."""
+    index: dict[Any, int] = {}
+    return tuple(index.setdefault(k, len(index)) for k in keys)
+
+
 def template(samples: Sequence[Abstract]) -> Template:
-    """The template of samples of one structure: a hole wherever their leaves differ."""
+    """The template of samples of one structure: a hole wherever their leaves differ, holes
+    equal at every sample (and of one kind) in one slot."""
     first = samples[0]
     assert all(s.structure == first.structure for s in samples[1:])
     holes = tuple(i for i, v in enumerate(first.leaves)
                   if any(s.leaves[i] != v for s in samples[1:]))
-    return Template(first.structure, first.leaves, holes)
+    keys = [(type(first.leaves[i]).__name__, tuple(s.leaves[i] for s in samples))
+            for i in holes]
+    return Template(first.structure, first.leaves, holes, _numbered(keys))
 
 
 def programs(t: Template) -> list[tuple[Kernel, Expr | int]]:
@@ -170,13 +195,16 @@ def programs(t: Template) -> list[tuple[Kernel, Expr | int]]:
     it serves: no comment of one size) with every hole a read of the size tables (grids and
     shared buffers' offsets and shapes included), and each kernel's block memory (a hole's
     read, or the constant)."""
-    holes = {pos: n for n, pos in enumerate(t.holes)}
-    kinds: dict[int, tuple[str, int]] = {}
+    holes = set(t.holes)
+    kinds: dict[int, tuple[str, int]] = {}      # hole position -> (table, entry)
+    entries: dict[int, tuple[str, int]] = {}    # slot -> (table, entry)
     counts = {"i": 0, "f": 0}
-    for pos in t.holes:
-        kind = "f" if isinstance(t.constants[pos], float) else "i"
-        kinds[pos] = (kind, counts[kind])
-        counts[kind] += 1
+    for pos, slot in zip(t.holes, t.slots):
+        if slot not in entries:
+            kind = "f" if isinstance(t.constants[pos], float) else "i"
+            entries[slot] = (kind, counts[kind])
+            counts[kind] += 1
+        kinds[pos] = entries[slot]
     position = [0]
     hoisted: dict[str, Let] = {}      # the body's hole values, read once at its start
 
@@ -196,7 +224,8 @@ def programs(t: Template) -> list[tuple[Kernel, Expr | int]]:
             return read
         # a local constant: the compiler knows it for the whole body (a table read inside a
         # loop may be read again after every store it cannot tell apart from the table)
-        var = Var(f"tk_z{kind}{slot}", target)
+        var = Var(f"tk_z{kind}{slot}" + ("" if target in ("int32", "float32") else
+                                          f"_{target}"), target)
         hoisted[var.name] = Let(var, read)
         return var
 

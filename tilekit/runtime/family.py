@@ -37,8 +37,8 @@ import numpy as np
 
 #: Samples per symbol a template is made from, and the sizes per symbol tried to find them
 #: (each one generated, never built).
-SAMPLES = 5
-TRIES = 10
+SAMPLES = 3
+TRIES = 6
 #: Other structures in a row after which a symbol's tries stop.
 MISSES = 3
 #: A sample's tensors may take this many times the bytes of the size asked for, and this
@@ -68,7 +68,7 @@ class CompiledFamily:
 
     def _stored_templates(self) -> list:
         """The templates an earlier process kept for this module: (structure digest, holes,
-        constants)."""
+        constants, slots)."""
         if self._stored is None:
             try:
                 records = json.loads(self._store().read_text())
@@ -83,7 +83,8 @@ class CompiledFamily:
         """Add template `t` to the cache's records (best effort: a cache that cannot be
         written costs samples later, nothing else)."""
         records = [r for r in self._stored_templates() if r[0] != _digest(t.structure)]
-        records.append([_digest(t.structure), list(t.holes), list(t.constants)])
+        records.append([_digest(t.structure), list(t.holes), list(t.constants),
+                        list(t.slots)])
         self._stored = records
         path = self._store()
         try:
@@ -97,7 +98,7 @@ class CompiledFamily:
     def _generated(self, instance):
         from tilekit.codegen import generate
 
-        return generate(instance, self.profile, target="cpu")
+        return generate(instance, self.profile, target="cpu", generic=True)
 
     def _sample(self, values: Mapping[str, int], budget: int):
         """The generated code at `values`; None for a size whose tensors take more than
@@ -145,8 +146,8 @@ class CompiledFamily:
             if t.match(mine):
                 return unit(t, kernels, records)
         digest = _digest(mine.structure)
-        for key, holes, constants in self._stored_templates():
-            t = Template(mine.structure, tuple(constants), tuple(holes))
+        for key, holes, constants, slots in self._stored_templates():
+            t = Template(mine.structure, tuple(constants), tuple(holes), tuple(slots))
             if key == digest and len(constants) == len(mine.leaves) and t.match(mine):
                 self.templates.append(t)
                 return unit(t, kernels, records)
@@ -197,14 +198,17 @@ class CompiledFamily:
 
 
 def _well_formed(record) -> bool:
-    """[digest, holes, constants]: holes ascending positions of the constants."""
-    if not (isinstance(record, list) and len(record) == 3 and isinstance(record[0], str)
-            and isinstance(record[1], list) and isinstance(record[2], list)):
+    """[digest, holes, constants, slots]: holes ascending positions of the constants, a slot
+    per hole numbered in order of first appearance."""
+    if not (isinstance(record, list) and len(record) == 4 and isinstance(record[0], str)
+            and all(isinstance(r, list) for r in record[1:])):
         return False
-    holes, constants = record[1], record[2]
+    holes, constants, slots = record[1], record[2], record[3]
     return (all(type(h) is int and 0 <= h < len(constants) for h in holes)
             and holes == sorted(set(holes))
-            and all(type(c) in (int, float) for c in constants))
+            and all(type(c) in (int, float) for c in constants)
+            and len(slots) == len(holes) and all(type(x) is int for x in slots)
+            and all(x <= max(slots[:n], default=-1) + 1 for n, x in enumerate(slots)))
 
 
 def _digest(structure) -> str:

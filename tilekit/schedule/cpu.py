@@ -83,6 +83,10 @@ class CpuTiles:
     block_work: int = 32768          # element operations per block of a loop nest
     blocks_per_core: int = 4
     vector_chunk: int = 256          # output points per accumulator row of a reduction
+    #: one micro-tile whatever a GEMM's M pads (no `gemm_mr`): code generated for the sizes
+    #: of a symbolic module, whose sizes share a build only where its structure (the
+    #: micro-kernel's template arguments included) is the same (tilekit.runtime.family)
+    generic: bool = False
 
     def record(self) -> dict:
         return {"micro": [self.mr, self.nr], "cache": {"mc": self.mc, "nc": self.nc,
@@ -429,6 +433,8 @@ def cpu_shape(facts, tiles: CpuTiles, recorded: Mapping[str, Any] | None = None,
 def _gemm_tiles(c: Contraction, spatial, reads, tiles: CpuTiles) -> CpuTiles:
     """`tiles` with the micro-tile's rows for this GEMM's M (`gemm_mr`), `mc` a whole number
     of them."""
+    if tiles.generic:
+        return tiles
     roles = gemm_roles(c, spatial, tiles, reads)
     extent = dict(spatial)
     m = math.prod(extent[a] for a in {"a": c.a, "b": c.b}[roles[0]].mn_axes)
