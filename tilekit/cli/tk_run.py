@@ -295,8 +295,6 @@ def _backend(module, device: str, mode: str, threads, input: str, defaulted: boo
         from tilekit.ir.payloads import cpu_rolled
         if cpu_rolled(module):   # the profile it records, found as tk-codegen finds it
             profile, _ = module_profile(None, module, input, "-")
-            if family is not None:
-                family.profile = profile
     try:
         return backend(module, device, mode, threads, profile, family=family, values=values)
     except UnsupportedError as exc:   # an op without a CPU kernel, no compiler: not bad input

@@ -189,8 +189,6 @@ def generate(module: Module, profile=None, arch: str | None = None, target: str 
         from tilekit.codegen.control import check_entries_unique
         check_entries_unique(generated)
     extra: dict[str, Any] = {"target": kind} if kind != "cuda" else {}
-    if target.cpu is not None and target.cpu.generic:
-        extra["generic"] = True     # a symbolic module's size (checked as generated)
     if control:
         extra["control"] = control
     section = CodegenSection(the_arch, helpers_record(kind),

@@ -256,26 +256,38 @@ class Unit:
     floats: tuple[float, ...]
 
 
-def unit(t: Template, kernels: Sequence[Any], records: Sequence[Any]) -> Unit:
-    """The unit of template `t` for a size that matches it, whose generated `kernels` and
-    their `records` (its codegen section's) are given: the kernels and the program entries
-    printed as for any module (tilekit.codegen.cpu_program), with the holes, the grids and
-    the block memory read from the size tables."""
-    from tilekit.codegen.cpu_program import block_memory, offsets, on_first_thread
+def unit_source(t: Template, records: Sequence[Any]) -> str:
+    """The translation unit of template `t` (the same for every size that matches it;
+    `records`: such a size's codegen records, for the entries and the argument table): the
+    kernels and the program entries printed as for any module (tilekit.codegen.cpu_program),
+    with the holes, the grids and the block memory read from the size tables."""
+    from tilekit.codegen.cpu_program import offsets, on_first_thread
     from tilekit.codegen.cxx import RUNTIME_TAIL
     from tilekit.tile import cpp
 
     made = programs(t)
-    ints, floats = t.values(abstract(kernels))
-    memory = Cast(Load(INT_SIZES, (Const(len(ints), "int32"),), "int64"), "int32")
+    ints = len({slot for pos, slot in zip(t.holes, t.slots)
+                if not isinstance(t.constants[pos], float)})
+    floats = len(set(t.slots)) - ints
+    memory = Cast(Load(INT_SIZES, (Const(ints, "int32"),), "int64"), "int32")
     source = cpp.unit_text([cpp.kernel_text(p, smem) for p, smem in made],
-                           sizes=(len(ints) + 1, len(floats))) + RUNTIME_TAIL
+                           sizes=(ints + 1, floats)) + RUNTIME_TAIL
     at = offsets(records)
     calls = [(r.entry, at[i], p.grid, not on_first_thread(r))
              for i, (r, (p, _)) in enumerate(zip(records, made))]
-    source += cpp.program_entries(calls, memory)
-    return Unit(source, ints + (block_memory(records),), floats)
+    return source + cpp.program_entries(calls, memory)
+
+
+def unit(t: Template, a: Abstract, records: Sequence[Any], source: str | None = None) -> Unit:
+    """The unit that runs a size matching template `t` (`a`: the size's abstract, `records`
+    its codegen records): the template's source (`unit_source`, printed here unless given)
+    and the size's tables, the integers ending with the program's block memory."""
+    from tilekit.codegen.cpu_program import block_memory
+
+    ints, floats = t.values(a)
+    return Unit(source if source is not None else unit_source(t, records),
+                ints + (block_memory(records),), floats)
 
 
 __all__ = ["Abstract", "CONSTANT_ARGUMENTS", "FLOAT_SIZES", "INT_SIZES", "Template", "Unit",
-           "abstract", "programs", "template", "unit"]
+           "abstract", "programs", "template", "unit", "unit_source"]

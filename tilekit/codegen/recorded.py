@@ -83,8 +83,7 @@ def check_recorded_kernels(module: Module, ir_path: str | None = None) -> None:
     have = [{key: k.get(key) for key in COMPARED} for k in recorded]
     first_difference = None
     for profile in _candidate_profiles(module, ir_path, target):
-        made = generate(bare, profile, arch, target,
-                        generic=codegen.get("generic") is True).module
+        made = generate(bare, profile, arch, target).module
         want = [{key: k.get(key) for key in COMPARED} for k in made.codegen["kernels"]]
         if have != want:
             first_difference = first_difference or _difference(have, want)

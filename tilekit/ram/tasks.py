@@ -41,7 +41,7 @@ from tilekit.ir.payloads import (Estimate, GroupTile, OpTile, Tile, read_group_t
                                   welded)
 from tilekit.roll.cost import estimate_bytes, registers_per_thread
 from tilekit.roll.problem import problem_from_analysis
-from tilekit.roll.schedule import tensor_bytes
+from tilekit.roll.problem import tensor_bytes
 from tilekit.schedule.block import BARRIER_SHAPES
 from tilekit.schedule.defaults import (DEFAULT_REGS, DEFAULT_THREADS, FUSED_REGS, WARP,
                                        default_grid)

@@ -44,8 +44,10 @@ from typing import Sequence
 
 from tilekit.ir.payloads import Estimate
 from tilekit.roll.cost import _unique_bytes
-from tilekit.roll.problem import Problem
+from tilekit.ir.graph import graph, op_analysis
+from tilekit.roll.problem import Problem, problem_from_analysis, tensor_bytes
 from tilekit.schedule.cpu import CpuShape
+from tilekit.schedule.shape import OpFacts, analysis_facts
 
 #: The cache levels a working set may live in, innermost first (see the module docstring).
 SERVING_LEVELS = ("l2", "l3")
@@ -105,6 +107,15 @@ def kernel_estimate(profile, flops: float, traffic: float, working_set: float, b
                     wave_efficiency=blocks / (waves * cores))
 
 
+def op_inputs(module, index: int, dtypes) -> tuple[OpFacts, Problem, int]:
+    """What an expr op is priced from: its facts (what the CPU kernel decision reads), its
+    problem, and the bytes of the tensors it reads or writes."""
+    analysis = op_analysis(module, index)
+    node = graph(module).nodes[index]
+    return (analysis_facts(analysis, dtypes), problem_from_analysis(analysis, dtypes),
+            tensor_bytes(module, dict.fromkeys(node.reads + node.writes)))
+
+
 def op_estimate(profile, problem: Problem, shape: CpuShape, working_set: float) -> Estimate:
     """An expression op run as `shape` (its CPU kernel and blocks)."""
     flops = float(problem.output_points * problem.reduction_points * problem.flops_per_point)
@@ -136,5 +147,5 @@ def group_estimate(profile, parts: Sequence[Estimate], saved_bytes: float, block
                            smem_bytes=max(p.smem_bytes for p in parts))
 
 
-__all__ = ["Level", "group_estimate", "kernel_estimate", "op_estimate", "peak_per_core",
+__all__ = ["Level", "group_estimate", "kernel_estimate", "op_estimate", "op_inputs", "peak_per_core",
            "serving_level"]

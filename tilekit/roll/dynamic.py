@@ -36,13 +36,10 @@ import math
 from dataclasses import replace
 from typing import Any, Mapping
 
-from tilekit.ir.graph import graph, op_analysis
 from tilekit.ir.payloads import CPU_BY_SIZE, CpuOpTile
 from tilekit.roll import cpu_cost
-from tilekit.roll.problem import problem_from_analysis
 from tilekit.schedule.cpu import (MAX_MR, MAX_NR, NR_ALIGN, CpuTiles, cpu_shape, cpu_tiles,
                                   machine_of, max_mr, tiles_for)
-from tilekit.schedule.shape import analysis_facts
 
 #: The tile's `kernel.shape` of an op whose kernel is decided at each size.
 BY_SIZE = CPU_BY_SIZE
@@ -84,10 +81,9 @@ def micro_candidates(profile) -> list[CpuTiles]:
     return out
 
 
-def roll_symbolic(module, profile, dtypes: Mapping[str, str], opaque, tensor_bytes):
+def roll_symbolic(module, profile, dtypes: Mapping[str, str], opaque):
     """The ops' CPU tiles of a symbolic module (the module docstring): (ops, estimates by op
-    name). `opaque(module, op, profile)` rolls an opaque op (tilekit.roll.schedule's), and
-    `tensor_bytes(module, names)` is what tensors move."""
+    name). `opaque(module, op, profile)` rolls an opaque op (tilekit.roll.schedule's)."""
     from tilekit.ir.dims import instantiate
 
     sizes = pricing_sizes(module.dims)
@@ -100,13 +96,7 @@ def roll_symbolic(module, profile, dtypes: Mapping[str, str], opaque, tensor_byt
             ops.append(replace(op, tile=rolled.tile))
             estimates[op.name] = rolled.estimate
             continue
-        per_size = []
-        for inst in instances:
-            analysis = op_analysis(inst, index)
-            node = graph(inst).nodes[index]
-            per_size.append((analysis_facts(analysis, dtypes),
-                             problem_from_analysis(analysis, dtypes),
-                             tensor_bytes(inst, dict.fromkeys(node.reads + node.writes))))
+        per_size = [cpu_cost.op_inputs(inst, index, dtypes) for inst in instances]
         best, best_time, best_rows = None, math.inf, None
         for tiles in candidates:
             rows = []

@@ -229,3 +229,9 @@ def problem_from_analysis(analysis: Analysis, dtypes: Mapping[str, str] | None =
                    stageable=facts.stageable is None, lanes=facts.lanes,
                    contraction=facts.contraction if isinstance(facts.contraction, Contraction)
                    else None)
+
+
+def tensor_bytes(module, names) -> int:
+    """Bytes of the module's tensors `names` (each once)."""
+    return sum(module.tensors[n].size * ITEMSIZE.get(module.tensors[n].dtype, 4) for n in names)
+

@@ -40,7 +40,7 @@ from tilekit.roll.cost import (Estimate, combine_estimates, default_estimate, es
                                machine)
 from tilekit.schedule.mma import PRECISIONS
 from tilekit.schedule.shape import OpFacts, Target, analysis_facts, decide, default_shape
-from tilekit.roll.problem import ITEMSIZE, Problem, problem_from_analysis
+from tilekit.roll.problem import Problem, problem_from_analysis, tensor_bytes
 from tilekit.ir.payloads import CpuOpTile, is_cpu_tile
 from tilekit.roll import cpu_cost
 from tilekit.roll.dynamic import pricing_sizes, roll_symbolic
@@ -110,7 +110,7 @@ def _roll(module: Module, profile, top_k: int, hardware: str | None,
     records: dict[str, Any] = {}
     dtypes = dtypes_of(module)
     if is_symbolic(module):       # a CPU profile: one roll for the range (roll.dynamic)
-        ops, estimates = roll_symbolic(module, profile, dtypes, roll_opaque, tensor_bytes)
+        ops, estimates = roll_symbolic(module, profile, dtypes, roll_opaque)
         rolled = {op.name: RolledOp(op.tile, estimates[op.name]) for op in ops}
         kernels = tuple(roll_kernel(module, k, rolled, profile)
                         for k in (module.kernels or default_kernels(module.ops)))
@@ -236,12 +236,9 @@ def roll_cpu(module: Module, index: int, profile, tiles: CpuTiles,
              dtypes: Mapping[str, str]) -> RolledOp:
     """An expr op's CPU tile (module docstring): the shared decision with the profile's
     tiles, priced by the CPU roofline."""
-    analysis = op_analysis(module, index)
-    problem = problem_from_analysis(analysis, dtypes)
-    shape = cpu_shape(analysis_facts(analysis, dtypes), tiles)
-    node = graph(module).nodes[index]
-    est = cpu_cost.op_estimate(profile, problem, shape,
-                               tensor_bytes(module, dict.fromkeys(node.reads + node.writes)))
+    facts, problem, moved = cpu_cost.op_inputs(module, index, dtypes)
+    shape = cpu_shape(facts, tiles)
+    est = cpu_cost.op_estimate(profile, problem, shape, moved)
     t = shape.tiles
     tile = CpuOpTile(profile.name, shape.record(), shape.grid, est, (t.mr, t.nr),
                      {"mc": t.mc, "nc": t.nc, "kc": t.kc})
@@ -283,10 +280,6 @@ def cpu_group_estimate(module: Module, ops, members: Mapping[str, tuple[Any, Est
         if g.nodes[index[main]].writes else "float32"
     return cpu_cost.group_estimate(profile, [members[n][1] for n in ops], saved, blocks,
                                    tensor_bytes(module, touched), dtype)
-
-
-def tensor_bytes(module: Module, names) -> int:
-    return sum(module.tensors[n].size * ITEMSIZE.get(module.tensors[n].dtype, 4) for n in names)
 
 
 # -- the report (tk-roll --report) -----------------------------------------------------------

@@ -78,7 +78,7 @@ def backend(module: Module, device: str = "cpu", mode: str | None = None,
     if device == "cpu" and mode == "compiled":
         from tilekit.runtime.compiled import CpuProgram, is_cpu_code, with_cpu_code
         if family is not None and values is not None and not is_cpu_code(module):
-            compiled = family.program(module, values, threads)
+            compiled = family.program(module, values, threads, profile)
         else:
             compiled = CpuProgram(with_cpu_code(module, profile), threads)
         from tilekit.runtime.bench import cpu_model

@@ -178,13 +178,16 @@ class CpuProgram:
         op). `unit`: the build to run instead of the module's own unit, a template whose
         sizes are parameters with this module's size tables (tilekit.codegen.parametric:
         the same kernels, the same argument table); every run sets the tables first, since
-        other programs of other sizes may share the loaded library."""
+        other programs of other sizes may share the loaded library. Such a module's kernels
+        were generated in this process (tilekit.runtime.family), so they are not generated
+        again to check them, as recorded kernels are."""
         from tilekit.codegen.cpu_program import program_unit
         from tilekit.codegen.recorded import check_recorded_kernels
         from tilekit.runtime.cpu import check_runnable
 
         check_runnable(module, "the compiled CPU runtime", control=True)
-        check_recorded_kernels(module)
+        if unit is None:
+            check_recorded_kernels(module)
         section = CodegenSection.read(module.codegen)
         self.kernel_records = section.kernels
         if unit is None:

@@ -50,43 +50,43 @@ SAMPLE_SLACK = 64 << 20
 class CompiledFamily:
     """The templates of one symbolic module (see the module docstring)."""
 
-    def __init__(self, module: Any, weights: Mapping[str, np.ndarray], profile=None) -> None:
+    def __init__(self, module: Any, weights: Mapping[str, np.ndarray]) -> None:
         self.module = module
         self.weights = weights
-        self.profile = profile
         self.templates: list = []
         self.builds = 0         # templates made or widened: the units built for the sizes
-        self._stored: list | None = None   # the cache's records, read on first need
+        self._stored: dict[str, list] = {}   # per store file, its records (read once)
+        self._sources: dict[int, str] = {}   # per template (its id), its unit's source
 
-    def _store(self) -> Path:
+    def _store(self, profile) -> Path:
         from tilekit.codegen.nvcc import cache_dir
         from tilekit.ir.codec import dumps
 
-        text = dumps(self.module, "json") + (self.profile.content_hash if self.profile
-                                             else "")
+        text = dumps(self.module, "json") + (profile.content_hash if profile else "")
         return cache_dir() / "families" / f"{hashlib.sha256(text.encode()).hexdigest()}.json"
 
-    def _stored_templates(self) -> list:
-        """The templates an earlier process kept for this module: (structure digest, holes,
-        constants, slots)."""
-        if self._stored is None:
+    def _stored_templates(self, profile) -> list:
+        """The templates an earlier process kept for this module and profile: (structure
+        digest, holes, constants, slots)."""
+        path = self._store(profile)
+        if str(path) not in self._stored:
             try:
-                records = json.loads(self._store().read_text())
+                records = json.loads(path.read_text())
             except (OSError, ValueError):
                 records = []
             # a cache file is not trusted: a record of another form is left out
-            self._stored = [r for r in records if _well_formed(r)] \
+            self._stored[str(path)] = [r for r in records if _well_formed(r)] \
                 if isinstance(records, list) else []
-        return self._stored
+        return self._stored[str(path)]
 
-    def _keep(self, t) -> None:
+    def _keep(self, t, profile) -> None:
         """Add template `t` to the cache's records (best effort: a cache that cannot be
         written costs samples later, nothing else)."""
-        records = [r for r in self._stored_templates() if r[0] != _digest(t.structure)]
-        records.append([_digest(t.structure), list(t.holes), list(t.constants),
-                        list(t.slots)])
-        self._stored = records
-        path = self._store()
+        digest = _digest(t.structure)
+        path = self._store(profile)
+        records = [r for r in self._stored_templates(profile) if r[0] != digest]
+        records.append([digest, list(t.holes), list(t.constants), list(t.slots)])
+        self._stored[str(path)] = records
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_suffix(f".{os.getpid()}.tmp")
@@ -95,12 +95,7 @@ class CompiledFamily:
         except OSError:
             pass
 
-    def _generated(self, instance):
-        from tilekit.codegen import generate
-
-        return generate(instance, self.profile, target="cpu", generic=True)
-
-    def _sample(self, values: Mapping[str, int], budget: int):
+    def _sample(self, values: Mapping[str, int], budget: int, profile):
         """The generated code at `values`; None for a size whose tensors take more than
         `budget` bytes (a sample is never much larger than the size asked for: the range's
         end of a sequence may be a mask of gigabytes)."""
@@ -112,7 +107,7 @@ class CompiledFamily:
         if run_bytes(instance) > budget:
             return None
         instance, _ = fold_constants(instance, self.weights)
-        return self._generated(instance)
+        return _generated(instance, profile)
 
     def sample_sizes(self, values: Mapping[str, int]) -> list[list[dict[str, int]]]:
         """Per symbol, the other sizes a template for `values` may be made from: values of
@@ -132,32 +127,51 @@ class CompiledFamily:
             out.append(picked[:TRIES])
         return out
 
-    def unit(self, kernels, records, values: Mapping[str, int]):
-        """The unit (tilekit.codegen.parametric.Unit) that runs the size whose generated
-        `kernels` and codegen `records` are given."""
-        from tilekit.codegen.parametric import abstract, template, unit
-        from tilekit.ir.dims import instantiate
-        from tilekit.runtime.io import run_bytes
-
-        from tilekit.codegen.parametric import Template
+    def unit(self, kernels, records, instance, values: Mapping[str, int], profile=None):
+        """The unit (tilekit.codegen.parametric.Unit) that runs `instance` (the module at
+        `values`), whose generated `kernels` and codegen `records` are given (`profile`: the
+        CPU profile they were generated for)."""
+        from tilekit.codegen.parametric import abstract, unit
 
         mine = abstract(kernels)
+        t = self._matching(mine, profile) or self._made(mine, instance, values, profile)
+        if id(t) not in self._sources:     # one printing per template, not per size
+            self._sources[id(t)] = unit(t, mine, records).source
+        return unit(t, mine, records, self._sources[id(t)])
+
+    def _matching(self, mine, profile):
+        """A template `mine` (a size's abstract) matches: one of this process's, else one an
+        earlier process kept, else one of its structure widened; None when none has its
+        structure."""
+        from tilekit.codegen.parametric import Template
+
         for t in self.templates:
             if t.match(mine):
-                return unit(t, kernels, records)
+                return t
         digest = _digest(mine.structure)
-        for key, holes, constants, slots in self._stored_templates():
+        for key, holes, constants, slots in self._stored_templates(profile):
+            if key != digest or len(constants) != len(mine.leaves):
+                continue
             t = Template(mine.structure, tuple(constants), tuple(holes), tuple(slots))
-            if key == digest and len(constants) == len(mine.leaves) and t.match(mine):
+            if t.match(mine):
                 self.templates.append(t)
-                return unit(t, kernels, records)
+                return t
         for n, t in enumerate(self.templates):
             if t.structure == mine.structure:
                 self.templates[n] = wider = t.widened(mine)
+                self._sources.pop(id(t), None)
                 self.builds += 1
-                self._keep(wider)
-                return unit(wider, kernels, records)
-        budget = SAMPLE_BYTES * run_bytes(instantiate(self.module, values)) + SAMPLE_SLACK
+                self._keep(wider, profile)
+                return wider
+        return None
+
+    def _made(self, mine, instance, values: Mapping[str, int], profile):
+        """A new template from `mine` and the samples of its structure (the module
+        docstring)."""
+        from tilekit.codegen.parametric import abstract, template
+        from tilekit.runtime.io import run_bytes
+
+        budget = SAMPLE_BYTES * run_bytes(instance) + SAMPLE_SLACK
         samples = [mine]
         for candidates in self.sample_sizes(values):
             found = missed = 0
@@ -165,7 +179,7 @@ class CompiledFamily:
                 # a sample only finds holes: a size the model refuses (its tables' bounds,
                 # symbols it ties together) is left out, whatever the refusal raised
                 try:
-                    generated = self._sample(other, budget)
+                    generated = self._sample(other, budget, profile)
                 except Exception:  # noqa: BLE001 - see above
                     continue
                 if generated is None:
@@ -183,18 +197,27 @@ class CompiledFamily:
         t = template(samples)
         self.templates.append(t)
         self.builds += 1
-        self._keep(t)
-        return unit(t, kernels, records)
+        self._keep(t, profile)
+        return t
 
-    def program(self, instance, values: Mapping[str, int], threads: int | None = None):
-        """The compiled program of `instance` (the module at `values`, folded)."""
+    def program(self, instance, values: Mapping[str, int], threads: int | None = None,
+                profile=None):
+        """The compiled program of `instance` (the module at `values`, folded), its code
+        generated for `profile` (the CPU profile a rolled module records) or the host."""
         from tilekit.ir.payloads import CodegenSection
         from tilekit.runtime.compiled import CpuProgram
 
-        generated = self._generated(instance)
+        generated = _generated(instance, profile)
         records = CodegenSection.read(generated.module.codegen).kernels
         return CpuProgram(generated.module, threads,
-                          unit=self.unit(generated.kernels, records, values))
+                          unit=self.unit(generated.kernels, records, instance, values, profile))
+
+
+def _generated(instance, profile):
+    """A size's CPU code, its micro-tiles fixed whatever the size (CpuTiles.generic)."""
+    from tilekit.codegen import generate
+
+    return generate(instance, profile, target="cpu", generic=True)
 
 
 def _well_formed(record) -> bool:

@@ -28,6 +28,7 @@ includes runtime_cpu.h, the same helpers as the device's.
 
 from __future__ import annotations
 
+import functools
 from typing import Sequence
 
 from tilekit import __version__
@@ -189,7 +190,7 @@ def size_tables(ints: int, floats: int) -> str:
     """The size tables of a unit whose sizes are parameters, and `tk_set_sizes`, which fills
     them (the caller's arrays of `ints` and `floats` values) before a run."""
     (iname, itype), (fname, ftype) = SIZE_TABLES
-    p = CppPrinter(Kernel("tk_sizes", (), (), Seq(()), 1, 1))
+    p = _sizes_printer()
     return (f"static {p.ctype(itype)} {iname}[{max(ints, 1)}];\n"
             f"static {p.ctype(ftype)} {fname}[{max(floats, 1)}];\n"
             f'extern "C" void tk_set_sizes(const {p.ctype(itype)}* i, const {p.ctype(ftype)}* f) {{\n'
@@ -201,7 +202,14 @@ def size_tables(ints: int, floats: int) -> str:
 def size_expr(e: Expr | int) -> str:
     """A size of the program entries (a grid, the block memory): a constant, or an
     expression of the size tables."""
-    return CppPrinter(Kernel("tk_sizes", (), (), Seq(()), 1, 1)).expr(as_expr(e, "int32"))
+    return _sizes_printer().expr(as_expr(e, "int32"))
+
+
+@functools.cache
+def _sizes_printer() -> CppPrinter:
+    """A printer of no kernel: what it prints outside kernels reads only the size tables
+    (every printer knows them) and constants."""
+    return CppPrinter(Kernel("tk_sizes", (), (), Seq(()), 1, 1))
 
 
 # -- the CPU unit's program entries (tilekit.codegen.cpu_program decides them) ----------

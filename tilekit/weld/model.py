@@ -31,7 +31,7 @@ from tilekit.ir.payloads import Estimate
 from tilekit.roll.cost import Work, combine_estimates, machine, predict, prediction_estimate
 from tilekit.roll.problem import ITEMSIZE
 from tilekit.schedule.defaults import FUSED_REGS
-from tilekit.roll.schedule import tensor_bytes as total_bytes
+from tilekit.roll.problem import tensor_bytes as total_bytes
 from tilekit.weld.structure import Propagation, Structure
 
 #: Threads of a fused kernel whose tile has more points (extra points loop).

@@ -13,7 +13,7 @@ from tilekit.ir.control import region_module
 from tilekit.ir.graph import control_records, graph
 from tilekit.ir.model import Module
 from tilekit.ir.payloads import is_cpu_tile
-from tilekit.roll.schedule import tensor_bytes
+from tilekit.roll.problem import tensor_bytes
 from tilekit.weld.model import compulsory_bytes
 
 COLUMNS = ("kernel", "ops", "stages", "block", "levels (reg/shared/stored)", "dram saved",
