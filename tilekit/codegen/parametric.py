@@ -34,12 +34,12 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 from tilekit.errors import InternalError
+from tilekit.tile.cpp import SIZE_TABLES
 from tilekit.tile.expr import FLOAT_DTYPES, INT_DTYPES, Call, Cast, Const, Expr, Load, Var
 from tilekit.tile.nodes import Buffer, Comment, Kernel, Let, seq
 
-#: Names of the unit's size tables (printed by tilekit.tile.cpp `size_tables`).
-INT_SIZES = "tk_iz"
-FLOAT_SIZES = "tk_fz"
+#: The unit's size tables (printed by tilekit.tile.cpp `size_tables`): names and types.
+(INT_SIZES, INT_TYPE), (FLOAT_SIZES, FLOAT_TYPE) = SIZE_TABLES
 #: Calls whose first arguments must be constants of the C++ code (template arguments).
 CONSTANT_ARGUMENTS = {"gemm_micro": 2, "gemm_micro_rows": 2, "pack_row": 1, "packed_b": 1}
 
@@ -62,14 +62,14 @@ class _Walk:
 
     def kernel(self, k: Kernel) -> Kernel:
         grid = self.leaf(k.grid, "grid")
-        smem = self.leaf(k.smem_bytes, "smem")
+        self.leaf(k.smem_bytes, "smem")      # its block memory: a leaf, no field of its own
         shared = tuple(dataclasses.replace(b, offset=self.leaf(b.offset, "dim"),
                                            shape=tuple(self.leaf(d, "dim") for d in b.shape))
                        for b in k.shared)
         k = dataclasses.replace(k, shared=shared, body=self.node(k.body), grid=grid,
                                 calls=tuple(self.kernel(c) for c in k.calls))
         if not self.blank:
-            return dataclasses.replace(k, comments=(smem,) + k.comments)
+            return k
         return dataclasses.replace(
             k, params=tuple(dataclasses.replace(b, shape=(0,), comment="") for b in k.params),
             shared=tuple(dataclasses.replace(b, comment="") for b in k.shared), comments=())
@@ -206,6 +206,7 @@ def programs(t: Template) -> list[tuple[Kernel, Expr | int]]:
             counts[kind] += 1
         kinds[pos] = entries[slot]
     position = [0]
+    memory: list = [0]                # the kernel's block memory (its "smem" leaf)
     hoisted: dict[str, Let] = {}      # the body's hole values, read once at its start
 
     def leaf(_, dtype):
@@ -214,12 +215,17 @@ def programs(t: Template) -> list[tuple[Kernel, Expr | int]]:
         value = t.constants[pos]
         plain = dtype in ("grid", "smem", "dim")       # no expression's constant
         if pos not in holes:
-            return value if plain else Const(value, dtype)
+            made = value if plain else Const(value, dtype)
+            if dtype == "smem":
+                memory[0] = made
+            return made
         kind, slot = kinds[pos]
         table = FLOAT_SIZES if kind == "f" else INT_SIZES
-        read = Load(table, (Const(slot, "int32"),), "float64" if kind == "f" else "int64")
+        read = Load(table, (Const(slot, "int32"),), FLOAT_TYPE if kind == "f" else INT_TYPE)
         target = "int32" if plain else dtype
         read = read if read.dtype == target else Cast(read, target)
+        if dtype == "smem":
+            memory[0] = read
         if plain:
             return read
         # a local constant: the compiler knows it for the whole body (a table read inside a
@@ -237,11 +243,10 @@ def programs(t: Template) -> list[tuple[Kernel, Expr | int]]:
         if made.calls:
             raise InternalError(f"kernel {made.name} composes others: its sizes cannot be "
                                 "parameters")
-        smem = made.comments[0]
         made = dataclasses.replace(
             made, body=seq(*(hoisted[n] for n in sorted(hoisted)), made.body),
             comments=("sizes are parameters: read from the size tables",))
-        out.append((made, smem))
+        out.append((made, memory[0]))
     return out
 
 
@@ -269,7 +274,7 @@ def unit_source(t: Template, records: Sequence[Any]) -> str:
     ints = len({slot for pos, slot in zip(t.holes, t.slots)
                 if not isinstance(t.constants[pos], float)})
     floats = len(set(t.slots)) - ints
-    memory = Cast(Load(INT_SIZES, (Const(ints, "int32"),), "int64"), "int32")
+    memory = Cast(Load(INT_SIZES, (Const(ints, "int32"),), INT_TYPE), "int32")
     source = cpp.unit_text([cpp.kernel_text(p, smem) for p, smem in made],
                            sizes=(ints + 1, floats)) + RUNTIME_TAIL
     at = offsets(records)
