@@ -31,17 +31,20 @@ class ControlModel(torch.nn.Module):
         self.opset = next((o.version for o in model.opset_import
                            if o.domain in ("", "ai.onnx")), 1)
         self.graph = model.graph
-        self._consts: dict[int, dict[str, torch.Tensor]] = {}
+        self._consts: dict[int, tuple] = {}
         self.input_names = [vi.name for vi in model.graph.input
                             if vi.name not in {t.name for t in model.graph.initializer}]
         self.output_names = [vi.name for vi in model.graph.output]
 
     def _constants(self, graph) -> dict[str, torch.Tensor]:
-        if id(graph) not in self._consts:
-            self._consts[id(graph)] = {
+        # keyed by id, holding the graph: a branch read from its node's attributes may be a
+        # new object per read, and a freed one's id is reused by the next
+        held = self._consts.get(id(graph))
+        if held is None or held[0] is not graph:
+            held = self._consts[id(graph)] = (graph, {
                 t.name: torch.from_numpy(numpy_helper.to_array(t).copy()).to(self.device)
-                for t in graph.initializer}
-        return self._consts[id(graph)]
+                for t in graph.initializer})
+        return held[1]
 
     def run_graph(self, graph, scope: dict, inputs: dict) -> list[torch.Tensor]:
         values = {**scope, **self._constants(graph), **inputs}

@@ -23,7 +23,11 @@ Steps, in order (`--steps` picks some):
                 ones) through `tk-import | tk-roll --hw H | tk-codegen`, with the default
                 schedules (no roll), welded (`| tk-weld |`) and as a tk-ram program
                 (`tk-roll --top-k 4 | tk-weld | tk-ram |`; `--variants` picks some), then
-                `tk-run --device cuda --check --bench`
+                `tk-run --device cuda --check` (in parallel), then one at a time
+                `tk-run --bench --report` (the median, and each kernel's time)
+    profile     Nsight Compute (ncu) sections of the kernels of three built models: throughput,
+                occupancy, memory, warp stalls (CSV in the logs; ncu-summary.json: the
+                longest launches with their metrics and ncu's findings, `ncu_summary`)
     sanitizer   compute-sanitizer memcheck and racecheck on three models' kernels
     bench       tests/bench/test_gpu_bench.py (tilekit against cuBLAS/cuDNN/PyTorch, ratios)
     stages      tests/bench/test_gpu_weld.py, test_gpu_ram.py, test_gpu_grind.py: welded
@@ -54,7 +58,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 BIN = ROOT / "bin"
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
-STEPS = ("env", "probe", "pytest", "models", "sanitizer", "bench", "stages", "fidelity")
+STEPS = ("env", "probe", "pytest", "models", "profile", "sanitizer", "bench", "stages",
+         "fidelity")
 #: How each model is compiled in the models step ({n}: the model, {out}: the IR written).
 VARIANTS = {
     "rolled": "tk-roll --hw {hw} {n}.tk.yaml | tk-codegen --compile -o {out}",
@@ -194,24 +199,139 @@ def step_models(run: Runner, args) -> None:
                                                work)))
         return done
 
-    # Import, roll and codegen (CPU work, nvcc) in parallel; the GPU runs one at a time.
+    # Import, roll and codegen (CPU work, nvcc) in parallel; then the checks in parallel (the
+    # CPU reference is most of their time); then the timings one at a time, nothing beside them.
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         built = [item for items in pool.map(build, names) for item in items]
+    ready = []
     for name, variant, r in built:
         if r["rc"] != 0:
             run.record("models", model=name, variant=variant, stage="build", rc=r["rc"],
                        error=r["output"].strip().splitlines()[-1:])
-            continue
-        res = run.sh(f"models-{name}", f"tk-run {name}.{variant}.cuda.yaml --device cuda "
-                     f"--seed 0 --check --bench {args.runs} --warmup 3", 600, work)
-        tail = [] if res["rc"] == 0 else res["output"].strip().splitlines()[-3:]
+        else:
+            ready.append((name, variant))
+
+    def check(item: tuple[str, str]) -> tuple[str, str, dict]:
+        name, variant = item
+        ir = f"{name}.{variant}.cuda.yaml"
+        res = run.sh(f"models-{name}", f"tk-run {ir} --device cuda --seed 0 --check", 600, work)
+        res["tail"] = [] if res["rc"] == 0 else res["output"].strip().splitlines()[-3:]
         if res["rc"] == 1:
             # Where the difference starts: every tensor against the CPU reference executor.
-            diag = run.sh(f"models-{name}", f"tk-run {name}.{variant}.cuda.yaml --device cuda "
-                          "--seed 0 --check-tensors --quiet", 600, work)
-            tail += [ln for ln in diag["output"].splitlines() if ln.startswith(("check-", "  "))]
-        run.record("models", model=name, variant=variant, rc=res["rc"],
-                   seconds=res["seconds"], **_parse_run(res["output"]), tail=tail[:25])
+            diag = run.sh(f"models-{name}", f"tk-run {ir} --device cuda --seed 0 "
+                          "--check-tensors --quiet", 600, work)
+            res["tail"] += [ln for ln in diag["output"].splitlines()
+                            if ln.startswith(("check-", "  "))]
+        return name, variant, res
+
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        checked = list(pool.map(check, ready))
+    for name, variant, res in checked:
+        timed = run.sh(f"models-{name}", f"tk-run {name}.{variant}.cuda.yaml --device cuda "
+                       f"--seed 0 --bench {args.runs} --warmup 3 --report --report-format json",
+                       300, work)
+        figures: dict = {}
+        try:
+            doc = json.loads(timed["output"].strip().splitlines()[-1])
+            figures = {"median_ms": doc["bench"]["p50_ms"],
+                       "slowest": doc.get("report", {}).get("slowest", [])}
+        except (ValueError, KeyError, IndexError):
+            figures = {"timing_error": timed["output"].strip().splitlines()[-1:]}
+        run.record("models", model=name, variant=variant, rc=res["rc"] or timed["rc"],
+                   seconds=res["seconds"], **_parse_run(res["output"]), **figures,
+                   tail=res["tail"][:25])
+
+
+NCU_SECTIONS = ("SpeedOfLight", "Occupancy", "LaunchStats", "MemoryWorkloadAnalysis",
+                "ComputeWorkloadAnalysis", "WarpStateStats", "SchedulerStats")
+#: (model, variant) whose kernels Nsight Compute reads in the profile step: the first launches
+#: of one run each (every kernel once, in launch order).
+PROFILED = (("resnet50", "rolled"), ("bert_encoder_layer", "welded"), ("gpt_block", "welded"))
+
+
+#: Nsight Compute metrics kept per kernel in the profile summary: (section, metric) -> key.
+NCU_METRICS = {
+    ("GPU Speed Of Light Throughput", "Duration"): "duration_ns",
+    ("GPU Speed Of Light Throughput", "Compute (SM) Throughput"): "sm_throughput_pct",
+    ("GPU Speed Of Light Throughput", "DRAM Throughput"): "dram_throughput_pct",
+    ("GPU Speed Of Light Throughput", "L2 Cache Throughput"): "l2_throughput_pct",
+    ("GPU Speed Of Light Throughput", "L1/TEX Cache Throughput"): "l1_throughput_pct",
+    ("Occupancy", "Achieved Occupancy"): "achieved_occupancy_pct",
+    ("Occupancy", "Theoretical Occupancy"): "theoretical_occupancy_pct",
+    ("Launch Statistics", "Registers Per Thread"): "registers",
+    ("Launch Statistics", "Waves Per SM"): "waves",
+    ("Launch Statistics", "Grid Size"): "grid",
+    ("Launch Statistics", "Block Size"): "block",
+    ("Launch Statistics", "Dynamic Shared Memory Per Block"): "dynamic_smem_bytes",
+    ("Launch Statistics", "Static Shared Memory Per Block"): "static_smem_bytes",
+    ("Memory Workload Analysis", "L2 Hit Rate"): "l2_hit_pct",
+    ("Memory Workload Analysis", "L1/TEX Hit Rate"): "l1_hit_pct",
+    ("Memory Workload Analysis", "Local Memory Spilling Requests"): "local_spill_requests",
+    ("Compute Workload Analysis", "Issue Slots Busy"): "issue_slots_busy_pct",
+    ("Scheduler Statistics", "Eligible Warps Per Scheduler"): "eligible_warps",
+    ("Scheduler Statistics", "No Eligible", ): "no_eligible_pct",
+    ("Warp State Statistics", "Warp Cycles Per Issued Instruction"): "cycles_per_issue",
+}
+
+
+def ncu_summary(paths: list[Path], top: int = 20) -> dict:
+    """Nsight Compute's CSV pages (`--csv --page details`, ncu-<model>.<variant>.csv) as one
+    document: per launch the metrics of `NCU_METRICS` and the rules' findings with their
+    estimated speed-ups; the `top` longest launches over all files first."""
+    import csv
+    import io
+
+    launches = []
+    for path in paths:
+        model, _, variant = path.stem.removeprefix("ncu-").partition(".")
+        lines = [ln for ln in path.read_text(errors="replace").splitlines(True)
+                 if ln.startswith('"')]
+        by_id: dict[str, dict] = {}
+        for row in csv.DictReader(io.StringIO("".join(lines))):
+            rec = by_id.setdefault(row["ID"], {"model": model, "variant": variant,
+                                               "kernel": row["Kernel Name"], "findings": []})
+            key = NCU_METRICS.get((row["Section Name"], row["Metric Name"]))
+            if key is not None:
+                value = row["Metric Value"].replace(",", "")
+                try:
+                    rec[key] = float(value)
+                except ValueError:
+                    rec[key] = value
+            if row.get("Rule Name") and row.get("Estimated Speedup"):
+                finding = {"rule": row["Rule Name"], "type": row.get("Rule Type", ""),
+                           "speedup_pct": row["Estimated Speedup"]}
+                if finding not in rec["findings"]:
+                    rec["findings"].append(finding)
+        launches += by_id.values()
+    launches.sort(key=lambda r: -float(r.get("duration_ns", 0) or 0))
+    return {"metrics": sorted(NCU_METRICS.values()), "launches": len(launches),
+            "top": launches[:top], "rest": launches[top:]}
+
+
+def step_profile(run: Runner, args) -> None:
+    """Nsight Compute's sections on the kernels of a few models built by the models step, as
+    CSV in the logs (ncu-<model>.<variant>.csv)."""
+    if shutil.which("ncu") is None:
+        run.record("profile", skipped="ncu is not on PATH")
+        return
+    work = run.work / "models"
+    for name, variant in PROFILED:
+        ir = work / f"{name}.{variant}.cuda.yaml"
+        if not ir.exists():
+            run.record("profile", model=name, variant=variant, skipped="not built")
+            continue
+        csv = run.logs / f"ncu-{name}.{variant}.csv"
+        sections = " ".join(f"--section {s}" for s in NCU_SECTIONS)
+        r = run.sh("profile", f"ncu --clock-control none --target-processes all {sections} "
+                   f"--launch-count {args.profile_kernels} --csv --page details "
+                   f"python3 {BIN / 'tk-run'} {ir.name} --device cuda --seed 0 -q > {csv}",
+                   args.limit_profile, work)
+        run.record("profile", model=name, variant=variant, rc=r["rc"], seconds=r["seconds"],
+                   csv_bytes=csv.stat().st_size if csv.exists() else 0)
+    written = sorted(run.logs.glob("ncu-*.csv"))
+    if written:
+        (run.out / "ncu-summary.json").write_text(json.dumps(ncu_summary(written), indent=1)
+                                                  + "\n")
 
 
 def step_sanitizer(run: Runner, args) -> None:
@@ -306,6 +426,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--limit-sanitizer", type=float, default=300)
     parser.add_argument("--limit-probe", type=float, default=180)
     parser.add_argument("--limit-fidelity", type=float, default=300)
+    parser.add_argument("--limit-profile", type=float, default=120)
+    parser.add_argument("--profile-kernels", type=int, default=60,
+                        help="kernel launches Nsight Compute reads per profiled model")
     args = parser.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -109,16 +109,30 @@ def test_kernel_timing_with_events():
     assert "CUDA events" in timing.line(cuda.device_description())
 
 
-def test_tk_run_device_cuda_check(tmp_path):
+def _tk_run_conv(tmp_path, *flags: str) -> subprocess.CompletedProcess:
+    """`tk-run --device cuda` on the generated conv + bias + ReLU fixture."""
     ir = tmp_path / "m.yaml"
     subprocess.run([sys.executable, str(ROOT / "bin" / "tk-codegen"), str(DATA / "conv_bias_relu.yaml"),
                     "-o", str(ir)], check=True)
     shutil.copy(DATA / "conv_bias_relu.weights.npz", tmp_path)
     proc = subprocess.run([sys.executable, str(ROOT / "bin" / "tk-run"), str(ir), "--device", "cuda",
-                           "--seed", "0", "--check", "--bench", "3"],
-                          capture_output=True, text=True, timeout=600)
+                           "--seed", "0", *flags], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "check: pass" in proc.stdout
+    return proc
+
+
+def test_tk_run_device_cuda_check(tmp_path):
+    assert "check: pass" in _tk_run_conv(tmp_path, "--check", "--bench", "3").stdout
+
+
+def test_tk_run_device_cuda_report(tmp_path):
+    """`--report` on the GPU: every kernel timed by events, shares of the kernels' total."""
+    import json
+    proc = _tk_run_conv(tmp_path, "--report", "--report-format", "json")
+    report = json.loads(proc.stdout.strip().splitlines()[-1])["report"]
+    assert report["slowest"] and all(row["ms"] > 0 for row in report["slowest"])
+    assert sum(row["share"] for row in report["slowest"]) <= 1 + 1e-6
+    assert report["ms_in_kernels"] > 0
 
 
 @pytest.mark.skipif(shutil.which("compute-sanitizer") is None, reason="no compute-sanitizer")

@@ -29,3 +29,32 @@ def test_unknown_steps_and_variants_are_refused_before_any_step(tmp_path, flag, 
     assert exit_.value.code == 2
     assert "unknown" in capsys.readouterr().err
     assert not (tmp_path / "out" / "summary.json").exists()
+
+
+def test_ncu_csv_pages_become_one_summary_longest_first(tmp_path):
+    """The profile step's summary: per launch the kept metrics (numbers, thousands separators
+    dropped) and ncu's findings once each, the longest launches first over every file."""
+    head = ('"ID","Kernel Name","Section Name","Metric Name","Metric Unit","Metric Value",'
+            '"Rule Name","Rule Type","Estimated Speedup"\n')
+
+    def row(i, kernel, section, metric, value, rule="", speedup=""):
+        return f'"{i}","{kernel}","{section}","{metric}","","{value}","{rule}","OPT","{speedup}"\n'
+
+    sol = "GPU Speed Of Light Throughput"
+    (tmp_path / "ncu-m.rolled.csv").write_text(
+        "==PROF== Connected to process 1\n" + head
+        + row(0, "k_small", sol, "Duration", "1,024")
+        + row(0, "k_small", "Occupancy", "Achieved Occupancy", "6.5", "AchievedOccupancy", "40")
+        + row(0, "k_small", "Occupancy", "Theoretical Occupancy", "50", "AchievedOccupancy",
+              "40")
+        + row(1, "k_big", sol, "Duration", "63,264")
+        + row(1, "k_big", "Launch Statistics", "Block Size", "128"))
+    (tmp_path / "ncu-n.welded.csv").write_text(head + row(0, "k_mid", sol, "Duration", "9000"))
+    doc = gpu_check.ncu_summary(sorted(tmp_path.glob("ncu-*.csv")), top=2)
+    assert doc["launches"] == 3
+    assert [(r["model"], r["variant"], r["kernel"]) for r in doc["top"]] == [
+        ("m", "rolled", "k_big"), ("n", "welded", "k_mid")]
+    assert doc["top"][0]["duration_ns"] == 63264.0 and doc["top"][0]["block"] == 128.0
+    small = doc["rest"][0]
+    assert small["achieved_occupancy_pct"] == 6.5 and small["theoretical_occupancy_pct"] == 50.0
+    assert small["findings"] == [{"rule": "AchievedOccupancy", "type": "OPT", "speedup_pct": "40"}]

@@ -74,11 +74,13 @@ def fake(monkeypatch, tmp_path):
     state: dict = {}
 
     class Function:
-        def __init__(self, name):
-            self.name = name
+        """As cupy.RawKernel: cooperative when its module was loaded so (no flag per call)."""
 
-        def __call__(self, grid, block, args, shared_mem=0, enable_cooperative_groups=False):
-            log.append((self.name, grid, enable_cooperative_groups))
+        def __init__(self, name, cooperative):
+            self.name, self.cooperative = name, cooperative
+
+        def __call__(self, grid, block, args, *, shared_mem=0):
+            log.append((self.name, grid, self.cooperative))
             record = state["records"][self.name]
             if record.coresident:
                 return  # a persistent kernel: not run by the fake
@@ -91,11 +93,12 @@ def fake(monkeypatch, tmp_path):
                     env[name][...] = value
 
     class RawModule:
-        def __init__(self, **_):
+        def __init__(self, enable_cooperative_groups=False, **_):
+            self.cooperative = enable_cooperative_groups
             log.append(("module",))
 
         def get_function(self, name):
-            return Function(name)
+            return Function(name, self.cooperative)
 
     cupy.RawModule = RawModule
     monkeypatch.setitem(sys.modules, "cupy", cupy)

@@ -162,8 +162,9 @@ def test_runtime_checks_occupancy_before_a_program_launch(programs):
     record = CodegenSection.read(module.codegen).kernels[index]
     calls = []
 
-    def function(grid, block, args, shared_mem=0, enable_cooperative_groups=False):
-        calls.append((grid, block, list(args[-1].values), enable_cooperative_groups))
+    def function(grid, block, args, *, shared_mem=0):
+        # as a cupy.RawKernel of the module loaded for cooperative launches: no flag per call
+        calls.append((grid, block, list(args[-1].values)))
 
     sms = -(-record.grid[0] // 2)
     with pytest.raises(TilekitError, match="not launched") as err:
@@ -173,4 +174,4 @@ def test_runtime_checks_occupancy_before_a_program_launch(programs):
     launch = coresident_launch(record, index, function, FakeCupy, FixedOccupancy(2, sms))
     launch.counters.values = [5] * record.counters  # left by a previous run
     launch({t: object() for t in record.args})
-    assert calls == [(record.grid, record.block, [0] * record.counters, True)]
+    assert calls == [(record.grid, record.block, [0] * record.counters)]

@@ -44,16 +44,19 @@ def fake_cupy(blocks_per_sm: int, launches: list):
     launch is recorded as (entry, cooperative, grid, block, counters at launch)."""
 
     class Function:
-        def __init__(self, entry, cooperative):
-            self.entry, self.cooperative, self.ptr = entry, cooperative, id(self)
+        """As cupy.RawKernel: launched cooperatively when its module was loaded so (a call
+        takes no such flag: CuPy passes the module's), its driver function under `kernel`."""
 
-        def __call__(self, grid, block, args, shared_mem=0, enable_cooperative_groups=False):
+        def __init__(self, entry, cooperative):
+            self.entry, self.cooperative = entry, cooperative
+            self.kernel = types.SimpleNamespace(ptr=id(self))
+
+        def __call__(self, grid, block, args, *, shared_mem=0):
             counters = None
             if self.entry.startswith("tk_program"):
                 counters = args[-1].data.tolist()
                 args[-1].data[...] = 7  # what a finished program leaves in its counters
-            launches.append((self.entry, self.cooperative and enable_cooperative_groups, grid,
-                             block, counters))
+            launches.append((self.entry, self.cooperative, grid, block, counters))
 
     class RawModule:
         def __init__(self, path=None, code=None, enable_cooperative_groups=False, **_):

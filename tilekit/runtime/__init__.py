@@ -43,8 +43,8 @@ class Backend:
     #: `(inputs, weights) -> every tensor the run computed` (intermediates included), for
     #: `tk-run --check-tensors`.
     trace: Runner | None = None
-    #: `(inputs, weights) -> (outputs, [(kernel, seconds)])`: one run with each kernel call
-    #: timed (the compiled CPU code), for `tk-run --report`.
+    #: `(inputs, weights) -> (outputs, [(kernel, seconds)])`: each kernel call timed (the
+    #: compiled CPU code: one run; CUDA: events, mean of a few runs), for `tk-run --report`.
     profile: Callable[..., Any] | None = None
 
 
@@ -125,6 +125,8 @@ def backend(module: Module, device: str = "cpu", mode: str | None = None,
                        lambda inputs, weights: cuda.run_module(module, inputs, weights),
                        lambda inputs, weights, runs, warmup: cuda.time_kernels(
                            module, inputs, weights, runs, warmup),
-                       trace=trace)
+                       trace=trace,
+                       # per-kernel events need every kernel once per run, in order
+                       profile=program.profile if program.steps is None else None)
     raise TilekitError(f"unknown device '{device}'", "--device",
                        f"known devices: {', '.join(DEVICES)}")

@@ -37,6 +37,9 @@ from tilekit.ir.model import Module, default_kernels
 from tilekit.ir.payloads import CodegenSection, KernelRecord
 from tilekit.runtime.bench import Timing
 
+#: Runs of every kernel that `tk-run --device cuda --report` averages (after one warm-up).
+PROFILE_RUNS = 5
+
 _PROGRAMS: dict[int, "CudaProgram"] = {}
 
 
@@ -99,13 +102,11 @@ class Launch:
             self.counters.fill(0)   # a memset on the same stream, before the kernel
             args += (self.counters,)
         args += self.tensor_maps
-        if self.cooperative:
-            # CuPy would shrink a 1-D cooperative grid that does not fit (with a warning);
-            # check_coresident refused that grid before, so the grid launched is the planned one
-            self.function(self.grid, self.block, args, shared_mem=self.smem_bytes,
-                          enable_cooperative_groups=True)
-        else:
-            self.function(self.grid, self.block, args, shared_mem=self.smem_bytes)
+        # A cooperative function comes from the module loaded for cooperative launches, which
+        # CuPy launches with cuLaunchCooperativeKernel (it would shrink a 1-D cooperative grid
+        # that does not fit, with a warning; check_coresident refused that grid before, so the
+        # grid launched is the planned one)
+        self.function(self.grid, self.block, args, shared_mem=self.smem_bytes)
 
 
 def coresident_launch(record: KernelRecord, index: int, cooperative_function: Any, cupy,
@@ -349,6 +350,16 @@ class CudaProgram:
         self.launch_all()
         self.cupy.cuda.get_current_stream().synchronize()
         return self.download(inputs, weights)
+
+    def profile(self, inputs: Mapping[str, np.ndarray], weights: Mapping[str, np.ndarray],
+                runs: int = PROFILE_RUNS) -> tuple[dict[str, np.ndarray], list[tuple[str, float]]]:
+        """Each kernel timed with CUDA events over `runs` runs after one warm-up: (outputs,
+        [(kernel entry, mean seconds per run)] in launch order; an entry launched twice per run
+        counts both launches)."""
+        self.upload(inputs, weights)
+        timing = self.time(runs, warmup=1, per_kernel=True)
+        outputs = self.download(inputs, weights)
+        return outputs, [(entry, sum(times) / runs) for entry, times in timing.per_kernel.items()]
 
     def time(self, runs: int, warmup: int = 1, per_kernel: bool = False) -> "KernelTiming":
         """Kernel time only (inputs already uploaded): CUDA events around each run of every

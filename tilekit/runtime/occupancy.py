@@ -35,8 +35,10 @@ class CupyOccupancy:
 
     def blocks_per_sm(self, function: Any, threads: int, dynamic_smem: int) -> int:
         driver = self.cupy.cuda.driver
+        # a RawKernel's driver function is its `kernel` (loaded on first use)
+        handle = getattr(function, "kernel", function)
         return int(driver.occupancyMaxActiveBlocksPerMultiprocessor(
-            function.ptr, int(threads), int(dynamic_smem)))
+            handle.ptr, int(threads), int(dynamic_smem)))
 
     def sm_count(self) -> int:
         device = self.cupy.cuda.Device()
