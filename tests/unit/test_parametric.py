@@ -91,3 +91,47 @@ def test_programs_read_only_the_holes():
     store = text.splitlines()[-2]
     assert smem == 0 and "tk_zi1" in store and "2.0" in store and "7" not in store
     assert made.grid == tx.Cast(tx.Load(INT_SIZES, (tx.Const(0, "int32"),), "int64"), "int32")
+
+
+def _kv_structures(pasts, seq=1):
+    """The structure digests of the key/value-cache step's CPU code at `pasts` (generated
+    as tk-run's family generates a symbolic module's sizes: knowing its varying axes)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from models.onnx_models import kv_cache_step
+
+    from tilekit.codegen.parametric import abstract
+    from tilekit.ir.dims import instantiate
+    from tilekit.onnx.importer import import_model
+    from tilekit.runtime.family import CompiledFamily, _digest, varying_axes
+    from tilekit.runtime.fold import fold_constants
+
+    imported = import_model(kv_cache_step())
+    family = CompiledFamily(imported.module, imported.weights)
+    found = {}
+    for past in pasts:
+        values = {"seq": seq, "past": past}
+        instance, _ = fold_constants(instantiate(imported.module, values), imported.weights)
+        kernels = family._generated(instance, values, None).kernels
+        found[past] = _digest(abstract(kernels).structure)
+    return found, varying_axes(imported.module, {"seq": seq, "past": 5})
+
+
+def test_varying_axes_are_the_extents_the_symbols_move():
+    _, varying = _kv_structures([])
+    ops = {op for op, _ in varying}
+    # the cache's concatenation runs along past + seq, the query projection along seq
+    assert ("Concat_3", "j") in varying and ("MatMul_0", "i") in varying
+    # the projections' weights are 8 x 8 whatever the sizes: their axes stay fixed
+    assert ("MatMul_0", "k") not in varying and ("MatMul_0", "j") not in varying
+    assert "MatMul_0" in ops
+
+
+def test_every_cache_length_of_a_decode_step_has_one_structure():
+    """Lengths that used to split the code: a reduction short enough to unroll (<= 32), a
+    tail of 0 lanes (a multiple of 16), a block of one row, one block or many, powers of two
+    (the accumulator row's storage)."""
+    found, _ = _kv_structures([1, 2, 7, 8, 15, 16, 31, 32, 47, 64, 129, 300])
+    assert len(set(found.values())) == 1, found

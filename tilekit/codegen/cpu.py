@@ -66,7 +66,8 @@ def cpu_kernel(module, plan: GroupPlan, entry: str, shape: CpuShape | CpuTiles,
     along an M or N axis and whose operands are each reused at least `GEMM_MIN_REUSE` times,
     else `cpu_loops`."""
     if isinstance(shape, CpuTiles):
-        shape = cpu_shape(op_facts(plan.stages[0].main), shape)
+        main = plan.stages[0].main
+        shape = cpu_shape(op_facts(main), shape, free=shape.free(main.op.name))
     if shape.shape == "cpu_gemm":
         c = op_facts(plan.stages[0].main).contraction
         return gemm_kernel(module, plan, entry, shape, target, c)
@@ -80,6 +81,7 @@ def loops_kernel(module, plan: GroupPlan, entry: str, shape: CpuShape, target: T
     stage = plan.stages[0]
     p = stage.main
     tiles, lp = shape.tiles, shape.loops
+    free = tiles.free(p.op.name)    # axes whose extents vary (a symbolic module's sizes)
     sig = group_signature(module, plan)
     idx_t = index_type(module, sig.args)
     axes = [a for a, _ in p.spatial]
@@ -94,10 +96,13 @@ def loops_kernel(module, plan: GroupPlan, entry: str, shape: CpuShape, target: T
     grid = lp.grid
     mode = lp.mode
     b = Builder()
-    first = b.let("r0", tx.mul(tx.cast(idx_t, BLOCK), per), idx_t)
-    stop = b.let("r1", tx.call("min", tx.add(first, per), tx.const(rows, idx_t)), idx_t)
-    if (vec is None and lanes_red and row_axes and row_extents[-1] % ROW_GROUP == 0
-            and per % ROW_GROUP == 0):
+    # where extents vary, the rows per block are a named constant: a block of one row keeps
+    # the form of a block of many (one code structure for every size)
+    per_ = b.let("per", tx.const(per, idx_t), idx_t) if free else per
+    first = b.let("r0", tx.mul(tx.cast(idx_t, BLOCK), per_), idx_t)
+    stop = b.let("r1", tx.call("min", tx.add(first, per_), tx.const(rows, idx_t)), idx_t)
+    if (vec is None and lanes_red and row_axes and row_axes[-1] not in free
+            and row_extents[-1] % ROW_GROUP == 0 and per % ROW_GROUP == 0):
         # rows in groups along the innermost row axis (a group never crosses an outer
         # row): their lane partials filled by one loop over the reduction, so a read the
         # rows share (a matrix-vector product's vector) is the same expression, loaded once,
@@ -110,22 +115,23 @@ def loops_kernel(module, plan: GroupPlan, entry: str, shape: CpuShape, target: T
                 at[row_axes[-1]] = b.let(f"{avar(row_axes[-1])}_", tx.add(vars_[-1], u),
                                          idx_t)
                 points.append([at[a] for a in axes])
-            _lane_points(b, module, plan, points, tiles)
+            _lane_points(b, module, plan, points, tiles, free)
     else:
         with b.loop("r", first, stop, dtype=idx_t) as r:
-            row_vars = decompose(b, r, row_extents, [avar(a) for a in row_axes], idx_t)
+            row_vars = decompose(b, r, row_extents, [avar(a) for a in row_axes], idx_t,
+                                 named=bool(free))
             at = dict(zip(row_axes, row_vars))
             if vec is None:
-                _point(b, module, plan, [at[a] for a in axes], tiles, lanes_red)
+                _point(b, module, plan, [at[a] for a in axes], tiles, lanes_red, free)
             elif not p.reduces:
                 with b.loop(avar(axes[vec]), 0, vlen, kind="simd", dtype=idx_t) as v:
                     at[axes[vec]] = v
-                    _point(b, module, plan, [at[a] for a in axes], tiles, False)
+                    _point(b, module, plan, [at[a] for a in axes], tiles, False, free)
             else:
-                _accumulator_row(b, module, plan, axes, at, vec, vlen, tiles, idx_t)
+                _accumulator_row(b, module, plan, axes, at, vec, vlen, tiles, idx_t, free)
     sched = {"source": "cpu", "rows": rows, "rows_per_block": per, "reduction": mode,
              "vector_axis": axes[vec] if vec is not None else None}
-    if grid > 1 and one_thread(rows * lp.work_per_row, tiles):
+    if grid > 1 and not free and one_thread(rows * lp.work_per_row, tiles):
         sched["one_thread"] = True
     return finish(plan, entry, sig, b.build(), shape="cpu_loops", schedule=sched, threads=1,
                   grid=grid, target=target,
@@ -142,12 +148,12 @@ ROW_GROUP = 4
 
 
 def _point(b: Builder, module, plan: GroupPlan, vars_: list[Expr], tiles: CpuTiles,
-           lane_partials: bool) -> None:
+           lane_partials: bool, free: frozenset[str]) -> None:
     """One output point: its reduction (scalar or in lane partials), epilogue and stores."""
     stage = plan.stages[0]
     p = stage.main
     if p.reduces and lane_partials:
-        _lane_points(b, module, plan, [vars_], tiles)
+        _lane_points(b, module, plan, [vars_], tiles, free)
         return
     pb = PointBuilder(module, b, stage, vars_, global_resolver)
     sink = store_sink(module, b, plan.stored, vars_)
@@ -162,10 +168,12 @@ def _point(b: Builder, module, plan: GroupPlan, vars_: list[Expr], tiles: CpuTil
 
 
 def _lane_points(b: Builder, module, plan: GroupPlan, points: list[list[Expr]],
-                 tiles: CpuTiles) -> None:
+                 tiles: CpuTiles, free: frozenset[str]) -> None:
     """Output points whose reductions keep `nr` partial accumulators each, filled in vector
     lanes by one loop over the innermost reduction axis (all the points' values per lane),
-    then each folded, its epilogue run and stored. Each point's sum is the same as alone."""
+    then each folded, its epilogue run and stored. Each point's sum is the same as alone.
+    The tail loop (the points after the last whole `nr`) is there whenever the axis is
+    `free` (its extent varies), empty at some sizes."""
     stage = plan.stages[0]
     p = stage.main
     pbs, sinks = [], []
@@ -197,10 +205,12 @@ def _lane_points(b: Builder, module, plan: GroupPlan, points: list[list[Expr]],
             for code in codes:
                 code[a] = v
         whole = n // lanes * lanes
+        if inner in free:   # named: no tail of 0 points folds away (one structure)
+            whole = b.let("whole", tx.const(whole))
         with b.loop("kb", 0, whole, lanes) as kb:
             with b.loop("l", 0, lanes, kind="simd") as l_:
                 fold(b.let(avar(inner), tx.add(kb, l_)), l_)
-        if whole < n:
+        if inner in free or whole < n:
             with b.loop(avar(inner), whole, n) as k:
                 fold(k, tx.sub(k, whole))
     for pb, sink, part in zip(pbs, sinks, parts):
@@ -218,11 +228,12 @@ UNROLLED_WINDOW = 32
 
 
 def _accumulator_row(b: Builder, module, plan: GroupPlan, axes, at: dict, vec: int, vlen: int,
-                     tiles: CpuTiles, idx_t: str) -> None:
+                     tiles: CpuTiles, idx_t: str, free: frozenset[str]) -> None:
     """A reduction vectorised over the output's vector axis: an accumulator row of up to
     `vector_chunk` points, the reduction loops outside the lanes (its trailing axes up to
-    `UNROLLED_WINDOW` points unrolled); a row that fits one chunk has no chunk loop, so its
-    bounds are constants."""
+    `UNROLLED_WINDOW` points unrolled, none that is `free`); a row that fits one chunk has
+    no chunk loop, so its bounds are constants. A `free` vector axis (its extent varies)
+    always has the chunk loop and a row of `vector_chunk` points."""
     stage = plan.stages[0]
     p = stage.main
     chunk = min(vlen, tiles.vector_chunk)
@@ -232,10 +243,11 @@ def _accumulator_row(b: Builder, module, plan: GroupPlan, axes, at: dict, vec: i
     dtype = KIND_DTYPE[kind]
     # storage rounded up to a power of two: rows of nearby lengths have the same code
     # (tilekit.codegen.parametric shares one build between their sizes)
-    row = b.alloc("accrow", dtype, (1 << (chunk - 1).bit_length(),),
-                  "accumulators of a row of the vector axis")
     va = axes[vec]
-    looped, unrolled = _window_split(p.reduction)
+    room = tiles.vector_chunk if va in free else chunk
+    row = b.alloc("accrow", dtype, (1 << (room - 1).bit_length(),),
+                  "accumulators of a row of the vector axis")
+    looped, unrolled = _window_split(p.reduction, free)
 
     def accumulate(j0: Expr, count: Expr, code: dict, rows: dict | None = None) -> None:
         """Fold one window point into the accumulator row; `rows` maps a staged read's key
@@ -277,7 +289,7 @@ def _accumulator_row(b: Builder, module, plan: GroupPlan, axes, at: dict, vec: i
             sink = store_sink(module, b, plan.stored, vars_)
             pb.epilogue(pb.main_value(p, (Load(row.name, (jj,), dtype), kind)), sink)
 
-    if chunk >= vlen:
+    if chunk >= vlen and va not in free:
         staged = [_StagedRow(r, k, b) for k, r in enumerate(_staged_reads(p, va, vlen, unrolled))]
         run_chunk(tx.const(0, idx_t), tx.const(vlen, idx_t))
         return
@@ -365,11 +377,13 @@ def _staged_reads(p: OpPlan, va: str, vlen: int, unrolled) -> list[tuple]:
     return out
 
 
-def _window_split(reduction) -> tuple[list, list]:
-    """The reduction axes in loops and the trailing ones unrolled (`UNROLLED_WINDOW`)."""
+def _window_split(reduction, free: frozenset[str] = frozenset()) -> tuple[list, list]:
+    """The reduction axes in loops and the trailing ones unrolled (`UNROLLED_WINDOW`; no
+    `free` axis, whose extent varies)."""
     axes = list(reduction)
     points, cut = 1, len(axes)
-    while cut > 0 and points * axes[cut - 1][1] <= UNROLLED_WINDOW:
+    while (cut > 0 and axes[cut - 1][0] not in free
+           and points * axes[cut - 1][1] <= UNROLLED_WINDOW):
         points *= axes[cut - 1][1]
         cut -= 1
     return axes[:cut], axes[cut:]
@@ -391,6 +405,7 @@ def gemm_kernel(module, plan: GroupPlan, entry: str, shape: CpuShape, target: Ta
     stage = plan.stages[0]
     p = stage.main
     tiles = shape.tiles
+    free = tiles.free(p.op.name)    # axes whose extents vary (a symbolic module's sizes)
     sig = group_signature(module, plan)
     idx_t = index_type(module, sig.args)
     extent = dict(p.spatial) | dict(p.reduction)
@@ -411,7 +426,7 @@ def gemm_kernel(module, plan: GroupPlan, entry: str, shape: CpuShape, target: Ta
     mr, nr = tiles.mr, tiles.nr
     mc_p, nc_p = -(-g.mc // mr) * mr, -(-g.nc // nr) * nr
     smem = SharedMemory()
-    direct = _direct_rows(A.read, m_axes, c.k_axes, extent)
+    direct = _direct_rows(A.read, m_axes, c.k_axes, extent, free)
     ap = None if direct is not None else smem.carve("s_a", "float32", (mc_p // mr, g.kc, mr),
                     f"{A.read.tensor}: A panel, {mc_p // mr} micro-panels of {g.kc}x{mr}")
     weight = _weight_panels(module, B.read, n_axes, c.k_axes, c.batch_axes, extent, g, nr)
@@ -422,32 +437,33 @@ def gemm_kernel(module, plan: GroupPlan, entry: str, shape: CpuShape, target: Ta
     b = Builder()
     counts = [extent[a] for a in c.batch_axes] + [g.m_blocks, g.n_blocks]
     names = [f"{avar(a)}_" for a in c.batch_axes] + ["mb", "nb"]
-    coords = decompose(b, BLOCK, counts, names, "int32")
+    coords = decompose(b, BLOCK, counts, names, "int32", named=bool(free))
     batch_at = dict(zip(c.batch_axes, coords[:len(c.batch_axes)]))
     m0 = b.let("m0", tx.mul(coords[-2], g.mc), idx_t)
     n0 = b.let("n0", tx.mul(coords[-1], g.nc), idx_t)
     mcount = b.let("mc", tx.call("min", tx.const(g.mc, idx_t), tx.sub(M, m0)), idx_t)
     ncount = b.let("nc", tx.call("min", tx.const(g.nc, idx_t), tx.sub(N, n0)), idx_t)
-    a_side = _side(b, "a", A.read, m_axes, m0, mcount, mc_p, mc_p, extent, batch_at, idx_t)
+    a_side = _side(b, "a", A.read, m_axes, m0, mcount, mc_p, mc_p, extent, batch_at, idx_t,
+                   free)
     if weight is not None:
         weight.start(b)
     b_side = None if weight is not None else _side(b, "b", B.read, n_axes, n0, ncount, nc_p,
-                                                   nc_p, extent, batch_at, idx_t)
+                                                   nc_p, extent, batch_at, idx_t, free)
     with b.loop("ks", 0, g.k_steps) as ks:
         k0 = b.let("k0", tx.mul(ks, g.kc), idx_t)
         kcount = b.let("kc", tx.call("min", tx.const(g.kc, idx_t), tx.sub(K, k0)), idx_t)
         if direct is None:
-            a_k = _k_side(b, "a", A.read, c.k_axes, k0, kcount, g.kc, extent, idx_t)
+            a_k = _k_side(b, "a", A.read, c.k_axes, k0, kcount, g.kc, extent, idx_t, free)
             b.comment(f"pack A: {A.read.tensor} into micro-panels of {mr} rows")
             _pack(b, A.read, ap, mr, mc_p, mcount, kcount, a_side, a_k, idx_t)
         if weight is None:
-            b_k = _k_side(b, "b", B.read, c.k_axes, k0, kcount, g.kc, extent, idx_t)
+            b_k = _k_side(b, "b", B.read, c.k_axes, k0, kcount, g.kc, extent, idx_t, free)
             b.comment(f"pack B: {B.read.tensor} into micro-panels of {nr} columns")
             _pack(b, B.read, bp, nr, nc_p, ncount, kcount, b_side, b_k, idx_t)
         panels = tx.div(tx.add(mcount, mr - 1), mr)
         slice_ = max(1, tiles.mc // mr)      # A's micro-panels per slice kept in L2
         with ExitStack() as slices:
-            if g.mc > slice_ * mr:
+            if g.mc > slice_ * mr or free & set(m_axes):
                 ic = slices.enter_context(b.loop("ic", 0, tx.div(tx.add(panels, slice_ - 1),
                                                                    slice_)))
                 ir_lo = b.let("ir0", tx.mul(ic, slice_))
@@ -583,9 +599,11 @@ def _parts(read: Read, axes: tuple[str, ...]) -> tuple[dict[str, int], list[dict
     return flat, per_dim
 
 
-def _row_major(axes: tuple[str, ...], flat: dict[str, int], extent: dict) -> int | None:
-    """c when the offset over `axes` is c x (their row-major flat index), else None."""
-    live = [a for a in axes if extent[a] > 1]
+def _row_major(axes: tuple[str, ...], flat: dict[str, int], extent: dict,
+               free: frozenset[str] = frozenset()) -> int | None:
+    """c when the offset over `axes` is c x (their row-major flat index), else None (an axis
+    of one point counts only when it is `free`: its extent varies)."""
+    live = [a for a in axes if extent[a] > 1 or a in free]
     if not live:
         return 0
     c = flat.get(live[-1], 0)
@@ -597,16 +615,16 @@ def _row_major(axes: tuple[str, ...], flat: dict[str, int], extent: dict) -> int
     return c
 
 
-def _direct_rows(read: Read, m_axes: tuple[str, ...], k_axes: tuple[str, ...], extent: dict
-                 ) -> int | None:
+def _direct_rows(read: Read, m_axes: tuple[str, ...], k_axes: tuple[str, ...], extent: dict,
+                 free: frozenset[str] = frozenset()) -> int | None:
     """The row stride of A when the micro-kernel can read it unpacked (runtime_cpu.h's
     `tk_gemm_micro` with `lda`): the K axes contiguous and row-major in the tensor, the M
     axes row-major, no index that can leave the tensor. None otherwise (A is packed)."""
     k_flat, _ = _parts(read, k_axes)
     m_flat, _ = _parts(read, m_axes)
-    if _row_major(k_axes, k_flat, extent) != 1 or _checked_dims(read, extent):
+    if _row_major(k_axes, k_flat, extent, free) != 1 or _checked_dims(read, extent):
         return None
-    lda = _row_major(m_axes, m_flat, extent)
+    lda = _row_major(m_axes, m_flat, extent, free)
     return lda if lda else None
 
 
@@ -616,14 +634,15 @@ def _checked_dims(read: Read, extent: dict) -> list[int]:
 
 
 def _side(b: Builder, name: str, read: Read, axes: tuple[str, ...], origin: Var, count: Expr,
-          size: int, fill: Expr, extent: dict, fixed: dict, idx_t: str) -> _Side:
+          size: int, fill: Expr, extent: dict, fixed: dict, idx_t: str,
+          free: frozenset[str] = frozenset()) -> _Side:
     """The side's tables, filled for local indices below `fill` (points past `count` read
     point 0's, never used). `fixed` are block-level axis values (the batch axes)."""
     flat, per_dim = _parts(read, axes)
     fixed_flat, fixed_dims = _parts(read, tuple(fixed))
     st = strides(read.shape)
     checked = _checked_dims(read, extent)
-    coef = _row_major(axes, flat, extent)
+    coef = _row_major(axes, flat, extent, free)
     const = tx.linear([(cf, fixed[a]) for a, cf in fixed_flat.items()],
                       sum(m.const * s for m, s in zip(read.maps, st)), idx_t)
     offsets = None if coef is not None else b.alloc(
@@ -648,12 +667,12 @@ def _side(b: Builder, name: str, read: Read, axes: tuple[str, ...], origin: Var,
 
 
 def _k_side(b: Builder, name: str, read: Read, k_axes: tuple[str, ...], k0: Var, count: Var,
-            size: int, extent: dict, idx_t: str) -> _Side:
+            size: int, extent: dict, idx_t: str, free: frozenset[str] = frozenset()) -> _Side:
     """A step's K side: no constant (the group side holds it), the dimension parts of the K
     axes alone."""
     flat, per_dim = _parts(read, k_axes)
     checked = _checked_dims(read, extent)
-    coef = _row_major(k_axes, flat, extent)
+    coef = _row_major(k_axes, flat, extent, free)
     offsets = None if coef is not None else b.alloc(
         f"{name}_koff", idx_t, (size,), f"{read.tensor}: offset part over "
         f"{', '.join(k_axes)} in this step")

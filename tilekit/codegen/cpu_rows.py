@@ -88,6 +88,8 @@ def rows_kernel(module, plan: GroupPlan, chain: RowChain, entry: str, target: Ta
     idx_t = index_type(module, sig.args)
     per = rows_per_block(nrows, length * len(ops), tiles)
     grid = -(-nrows // per)
+    # sizes that vary with a symbolic module's symbols: one code structure for all of them
+    free = any(tiles.free(p.op.name) for p in ops)
     smem = SharedMemory()
     rowbuf = {t: smem.carve(f"s_{c_name(t)}", "float32", (length,),
                             f"{t}: the row, kept for a later pass") for t in buffered}
@@ -95,11 +97,12 @@ def rows_kernel(module, plan: GroupPlan, chain: RowChain, entry: str, target: Ta
         rowbuf[t] = smem.carve(f"s_{c_name(ops[k].output)}_points", "float32", (length,),
                                f"{ops[k].output}'s value at each point, read again later")
     b = Builder()
-    first = b.let("r0", tx.mul(tx.cast(idx_t, BLOCK), per), idx_t)
-    stop = b.let("r1", tx.call("min", tx.add(first, per), tx.const(nrows, idx_t)), idx_t)
+    per_ = b.let("per", tx.const(per, idx_t), idx_t) if free else per
+    first = b.let("r0", tx.mul(tx.cast(idx_t, BLOCK), per_), idx_t)
+    stop = b.let("r1", tx.call("min", tx.add(first, per_), tx.const(nrows, idx_t)), idx_t)
     with b.loop("r", first, stop, dtype=idx_t) as r:
         row_vars = decompose(b, r, list(chain.rows), [f"w{k}_" for k in range(len(chain.rows))],
-                             idx_t)
+                             idx_t, named=free)
         scalars: dict[str, Expr] = {}
         for kind, ks in steps:
             members = [(ops[k], chain.ops[k], bodies[k]) for k in ks]
@@ -121,7 +124,7 @@ def rows_kernel(module, plan: GroupPlan, chain: RowChain, entry: str, target: Ta
     buffers = list(buffered) + [f"{ops[k].output}:points" for k in kept.values()]
     sched = {"source": "cpu", "rows": nrows, "rows_per_block": per, "length": length,
              "passes": names, "row_buffers": buffers}
-    if grid > 1 and one_thread(nrows * length * len(ops), tiles):
+    if grid > 1 and not free and one_thread(nrows * length * len(ops), tiles):
         sched["one_thread"] = True
     return finish(plan, entry, sig, b.build(), shape="cpu_rows", schedule=sched, threads=1,
                   grid=grid, shared=smem.all(), target=target,

@@ -451,8 +451,11 @@ def global_resolver(p: OpPlan, node: Access, axis: Mapping[str, Expr]) -> Expr:
 
 
 def decompose(b: Builder, index: Expr, extents: list[int], names: list[str], dtype: str,
-              offsets: list[Expr] | None = None) -> list[Var]:
-    """Declare `names[k]` = coordinate k of flat row-major `index` over `extents` (+ offset)."""
+              offsets: list[Expr] | None = None, named: bool = False) -> list[Var]:
+    """Declare `names[k]` = coordinate k of flat row-major `index` over `extents` (+ offset).
+    `named`: each extent a named constant, so that an extent of 1 keeps the division's form
+    (code for the sizes of a symbolic module, whose sizes share one form:
+    `tilekit.codegen.parametric`)."""
     n = len(extents)
     if n == 0:
         return []
@@ -463,12 +466,14 @@ def decompose(b: Builder, index: Expr, extents: list[int], names: list[str], dty
     rem = b.decl("rem_", dtype, index)
     for k in range(n - 1, 0, -1):
         base = offsets[k] if offsets else None
-        if extents[k] == 1:  # a size-1 axis: coordinate 0, nothing to divide
+        if extents[k] == 1 and not named:  # a size-1 axis: coordinate 0, nothing to divide
             out[k] = b.let(names[k], base if base is not None else tx.const(0, dtype), dtype)
             continue
-        coord = tx.mod(rem, extents[k])
+        extent = b.let(f"{names[k]}n", tx.const(extents[k], dtype), dtype) if named \
+            else extents[k]
+        coord = tx.mod(rem, extent)
         out[k] = b.let(names[k], tx.add(base, coord) if base is not None else coord, dtype)
-        b.assign(rem, tx.div(rem, extents[k]))
+        b.assign(rem, tx.div(rem, extent))
     out[0] = b.let(names[0], tx.add(offsets[0], rem) if offsets else rem, dtype)
     return out  # type: ignore[return-value]
 

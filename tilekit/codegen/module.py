@@ -91,18 +91,19 @@ def smem_limit(profile) -> int:
 
 
 def generate(module: Module, profile=None, arch: str | None = None, target: str = "cuda",
-             generic: bool = False) -> CodegenResult:
+             varying: frozenset[tuple[str, str]] | None = None) -> CodegenResult:
     """Generate every kernel of `module` for `target` (cuda | cpu); see the module
-    docstring. `generic`: CPU code for one size of a symbolic module, its micro-tiles fixed
-    whatever the size (`tilekit.schedule.cpu.CpuTiles.generic`)."""
+    docstring. `varying`: CPU code for one size of a symbolic module, given the (op, axis)
+    pairs whose extents change with its symbols: no decision that shapes the code reads
+    them (`tilekit.schedule.cpu.CpuTiles.varying`)."""
     kind = target
     if kind == "cuda":
         refuse_cpu_module(module, profile)
     the_arch = target_arch(arch, profile) if kind == "cuda" else "cpu"
     target = Target.of(profile, recorded_precision(module), kind,
                        the_arch if kind == "cuda" else None)
-    if generic and target.cpu is not None:
-        target = replace(target, cpu=replace(target.cpu, generic=True))
+    if varying is not None and target.cpu is not None:
+        target = replace(target, cpu=replace(target.cpu, varying=frozenset(varying)))
     if module.program is not None or kind != "cuda":
         # tk-ram composes kernel bodies into persistent blocks; a wgmma body (warp roles,
         # TMA descriptors as kernel parameters) does not compose: mma.sync there
@@ -432,14 +433,14 @@ def _rolled_cpu_kernel(module: Module, plan: GroupPlan, entry: str, target: Targ
     where = f"{main.where}.tile"
     facts = op_facts(main)
     if plan.inlined:
-        g = cpu_kernel(module, plan, entry, cpu_shape(facts, target.cpu), target)
+        g = cpu_kernel(module, plan, entry, target.cpu, target)
         return replace(g, schedule={**g.schedule, "tile_ignored": CPU_INLINED_NOTE})
     tiles = replace(recorded_tiles(main.op.tile, target.cpu.machine, where),
-                    generic=target.cpu.generic)
+                    varying=target.cpu.varying)
     recorded = main.op.tile.get("kernel") or {}
     if recorded.get("shape") == CPU_BY_SIZE:    # a symbolic module's roll: decided at these sizes
         recorded = None
-    shape = cpu_shape(facts, tiles, recorded, where)
+    shape = cpu_shape(facts, tiles, recorded, where, free=tiles.free(main.op.name))
     g = cpu_kernel(module, plan, entry, shape, target)
     return replace(g, schedule={**g.schedule, "tiles": "rolled"})
 

@@ -10,7 +10,12 @@ the C++ is not (about 10 s). So the build is shared across sizes instead:
   each *size leaf* taken out: an integer or float constant of an expression (not a template
   argument of the micro-kernels: `gemm_micro<mr, nr>`), and the grid. What is left, the
   *structure*, keeps everything else: statements, loop kinds, buffers and their shapes, types,
-  whether a kernel has one block, which thread runs it.
+  whether a kernel runs on the team's first thread (`one_thread`). A grid that is a hole is
+  shared out over the team whatever its value (one block at some sizes, many at others). The
+  code generators keep the structure the same across sizes where they can: given the axes
+  whose extents vary (`tilekit.runtime.family.varying_axes`), no decision that shapes the
+  code reads those extents, and sizes that may be 0 or 1 are named constants, so the
+  arithmetic around them keeps its form (`tilekit.schedule.cpu.CpuTiles.varying`).
 - a **template** is one structure with, per leaf, a constant or a *hole*: the leaves whose
   values differ between the sizes it was made from (the sizes asked for and a few more of
   the symbols' ranges, kept when their structure is the same). Printed by the C++ printer
@@ -114,9 +119,7 @@ def abstract(kernels: Sequence[Any]) -> Abstract:
 
     def leaf(value, dtype):
         leaves.append(value)
-        if dtype == "grid":
-            return 1 if value == 1 else 2     # one block or several: printed differently
-        return 0 if dtype in ("smem", "dim") else Const(0, dtype)
+        return 0 if dtype in ("grid", "smem", "dim") else Const(0, dtype)
 
     walk = _Walk(leaf, blank=True)
     structure = tuple(
@@ -278,7 +281,8 @@ def unit_source(t: Template, records: Sequence[Any]) -> str:
     source = cpp.unit_text([cpp.kernel_text(p, smem) for p, smem in made],
                            sizes=(ints + 1, floats)) + RUNTIME_TAIL
     at = offsets(records)
-    calls = [(r.entry, at[i], p.grid, not on_first_thread(r))
+    # a grid that is a hole may be one block at some sizes and many at others: shared out
+    calls = [(r.entry, at[i], p.grid, not on_first_thread(r) or not isinstance(p.grid, int))
              for i, (r, (p, _)) in enumerate(zip(records, made))]
     return source + cpp.program_entries(calls, memory)
 

@@ -5,7 +5,9 @@ code has the same structure (tilekit.codegen.parametric).
 `program(instance, values)` gives the compiled program of one size (`instance`: the module
 at `values`, folded by `tilekit.runtime.fold`, as tk-run makes it):
 
-1. its CPU code is generated (a fraction of a second; nothing is built);
+1. its CPU code is generated (a fraction of a second; nothing is built), knowing which
+   ops' axes vary with the symbols (`varying_axes`): no decision that shapes the code reads
+   their extents (tilekit.schedule.cpu `CpuTiles.varying`), so sizes share structures;
 2. a template it matches runs it: its build (one per template, cached by its source as any
    unit is) with this size's tables;
 3. a template of its structure whose constants it does not share is **widened**: those
@@ -57,6 +59,7 @@ class CompiledFamily:
         self.builds = 0         # templates made or widened: the units built for the sizes
         self._stored: dict[str, list] = {}   # per store file, its records (read once)
         self._sources: dict[int, str] = {}   # per template (its id), its unit's source
+        self._varying: frozenset[tuple[str, str]] | None = None
 
     def _store(self, profile) -> Path:
         from tilekit.codegen.nvcc import cache_dir
@@ -107,7 +110,7 @@ class CompiledFamily:
         if run_bytes(instance) > budget:
             return None
         instance, _ = fold_constants(instance, self.weights)
-        return _generated(instance, profile)
+        return self._generated(instance, values, profile)
 
     def sample_sizes(self, values: Mapping[str, int]) -> list[list[dict[str, int]]]:
         """Per symbol, the other sizes a template for `values` may be made from: values of
@@ -207,17 +210,48 @@ class CompiledFamily:
         from tilekit.ir.payloads import CodegenSection
         from tilekit.runtime.compiled import CpuProgram
 
-        generated = _generated(instance, profile)
+        generated = self._generated(instance, values, profile)
         records = CodegenSection.read(generated.module.codegen).kernels
         return CpuProgram(generated.module, threads,
                           unit=self.unit(generated.kernels, records, instance, values, profile))
 
 
-def _generated(instance, profile):
-    """A size's CPU code, its micro-tiles fixed whatever the size (CpuTiles.generic)."""
-    from tilekit.codegen import generate
+    def _generated(self, instance, values: Mapping[str, int], profile):
+        """A size's CPU code, generated knowing which extents vary (`varying_axes`, found
+        once, from the first size)."""
+        from tilekit.codegen import generate
 
-    return generate(instance, profile, target="cpu", generic=True)
+        if self._varying is None:
+            self._varying = varying_axes(self.module, values)
+        return generate(instance, profile, target="cpu", varying=self._varying)
+
+
+def varying_axes(module: Any, values: Mapping[str, int]) -> frozenset[tuple[str, str]]:
+    """The (op, axis) pairs of symbolic `module` whose extents change with its symbols: every
+    op's axes at `values` against the module at the ends of its ranges and one past `values`
+    (sizes the module refuses are left out). Only shapes are evaluated: no data."""
+    from tilekit.ir.dims import instantiate
+    from tilekit.ir.graph import graph
+
+    def extents(sizes: Mapping[str, int]) -> dict[tuple[str, str], int]:
+        out = {}
+        for node in graph(instantiate(module, sizes)).nodes:
+            if node.analysis is not None:
+                for axis, n in (*node.analysis.spatial, *node.analysis.reduction):
+                    out[(node.op.name, axis)] = n
+        return out
+
+    here = extents(values)
+    found: set[tuple[str, str]] = set()
+    dims = module.dims
+    for other in ({n: dims[n].min for n in values}, {n: dims[n].max for n in values},
+                  {n: v + 1 if v < dims[n].max else v - 1 for n, v in values.items()}):
+        try:
+            there = extents(other)
+        except Exception:  # noqa: BLE001 - a size the model refuses tells nothing
+            continue
+        found |= {key for key, n in here.items() if there.get(key, n) != n}
+    return frozenset(found)
 
 
 def _well_formed(record) -> bool:
@@ -239,4 +273,5 @@ def _digest(structure) -> str:
     return hashlib.sha256(repr(structure).encode()).hexdigest()
 
 
-__all__ = ["CompiledFamily", "MISSES", "SAMPLES", "SAMPLE_BYTES", "SAMPLE_SLACK", "TRIES"]
+__all__ = ["CompiledFamily", "MISSES", "SAMPLES", "SAMPLE_BYTES", "SAMPLE_SLACK", "TRIES",
+           "varying_axes"]

@@ -83,10 +83,20 @@ class CpuTiles:
     block_work: int = 32768          # element operations per block of a loop nest
     blocks_per_core: int = 4
     vector_chunk: int = 256          # output points per accumulator row of a reduction
-    #: one micro-tile whatever a GEMM's M pads (no `gemm_mr`): code generated for the sizes
-    #: of a symbolic module, whose sizes share a build only where its structure (the
-    #: micro-kernel's template arguments included) is the same (tilekit.runtime.family)
-    generic: bool = False
+    #: Code for one size of a symbolic module (None: a static module's): the (op, axis)
+    #: pairs whose extents change with the module's symbols. Its sizes share a build only
+    #: where the code's structure is the same (tilekit.runtime.family), so no decision that
+    #: shapes the code reads such an extent (`free`), and a GEMM keeps one micro-tile
+    #: whatever its M pads (no `gemm_mr`).
+    varying: frozenset[tuple[str, str]] | None = None
+
+    @property
+    def generic(self) -> bool:
+        return self.varying is not None
+
+    def free(self, op: str) -> frozenset[str]:
+        """The axes of op `op` whose extents vary with the symbols."""
+        return frozenset(a for o, a in self.varying or () if o == op)
 
     def record(self) -> dict:
         return {"micro": [self.mr, self.nr], "cache": {"mc": self.mc, "nc": self.nc,
@@ -285,8 +295,8 @@ LOOP_MODES = ("lane partials", "accumulator row", "pointwise", "scalar")
 SWAP_WORK = 0.9
 
 
-def gemm_roles(c: Contraction, spatial, tiles: CpuTiles | None = None, reads=None
-               ) -> tuple[str, str] | None:
+def gemm_roles(c: Contraction, spatial, tiles: CpuTiles | None = None, reads=None,
+               free: frozenset[str] = frozenset()) -> tuple[str, str] | None:
     """Which read is A (its axes are the GEMM's M) and which is B (N, the micro-kernel's
     vector direction): B holds the output's innermost axis, so that a row of the output tile
     is contiguous in the output. With `tiles` and the op's `reads` (ReadFacts), the other
@@ -296,7 +306,7 @@ def gemm_roles(c: Contraction, spatial, tiles: CpuTiles | None = None, reads=Non
     is no window (no index sums two axes: a 1 x 1 convolution's pixels, not a 3 x 3 one's im2col,
     whose packing into `mr`-row panels is a gather with bounds checks per element: measured
     slower than the padding it saves on Zen 3). None when that axis is a batch axis (no GEMM
-    view pays)."""
+    view pays). No swap where an M or N axis is `free` (its extent varies with a symbol)."""
     last = spatial[-1][0]
     if last in c.n_axes:
         roles = ("a", "b")
@@ -305,7 +315,7 @@ def gemm_roles(c: Contraction, spatial, tiles: CpuTiles | None = None, reads=Non
     else:
         return None
     ops = {"a": c.a, "b": c.b}
-    if tiles is not None and reads is not None and all(
+    if tiles is not None and reads is not None and not free & {*c.m_axes, *c.n_axes} and all(
             len(m.terms) <= 1 for m in reads[ops[roles[1]].index].maps):
         extent = dict(spatial)
         m = math.prod(extent[a] for a in ops[roles[0]].mn_axes)
@@ -401,13 +411,14 @@ class CpuShape:
 
 
 def cpu_shape(facts, tiles: CpuTiles, recorded: Mapping[str, Any] | None = None,
-              where: str = "tile") -> CpuShape:
+              where: str = "tile", free: frozenset[str] = frozenset()) -> CpuShape:
     """The CPU kernel of an op (`facts`: a `tilekit.schedule.shape.OpFacts`, its spatial and
     reduction axes, its contraction and whether its innermost reduction walks a read
     contiguously) with `tiles`: the module docstring's decision, blocks from `gemm_blocks` or
     `rows_per_block`. With `recorded` (a CPU op tile's `kernel`, as tk-roll wrote it), the
     decision must be the recorded one and the blocks are the recorded ones, checked to cover
-    the op (IRError at `where` otherwise)."""
+    the op (IRError at `where` otherwise). `free`: the op's axes whose extents vary with a
+    symbolic module's symbols (`CpuTiles.varying`), which the decision does not read."""
     c = facts.contraction
     why = ""
     if isinstance(c, str):
@@ -422,9 +433,9 @@ def cpu_shape(facts, tiles: CpuTiles, recorded: Mapping[str, Any] | None = None,
         if recorded is None:
             tiles = _gemm_tiles(c, facts.spatial, facts.reads, tiles)
         shape = CpuShape("cpu_gemm", tiles, gemm=_gemm(c, facts.spatial, facts.reduction,
-                                                       facts.reads, tiles))
+                                                       facts.reads, tiles, free))
     else:
-        shape = CpuShape("cpu_loops", tiles, loops=_loops(facts, tiles), why=why)
+        shape = CpuShape("cpu_loops", tiles, loops=_loops(facts, tiles, free), why=why)
     if recorded is None:
         return shape
     return _with_recorded(shape, recorded, where)
@@ -444,9 +455,10 @@ def _gemm_tiles(c: Contraction, spatial, reads, tiles: CpuTiles) -> CpuTiles:
     return replace(tiles, mr=mr, mc=_floor_to(tiles.mc, mr, lowest=mr))
 
 
-def _gemm(c: Contraction, spatial, reduction, reads, tiles: CpuTiles) -> CpuGemm:
+def _gemm(c: Contraction, spatial, reduction, reads, tiles: CpuTiles,
+          free: frozenset[str] = frozenset()) -> CpuGemm:
     extent = dict(spatial) | dict(reduction)
-    roles = gemm_roles(c, spatial, tiles, reads)
+    roles = gemm_roles(c, spatial, tiles, reads, free)
     ops = {"a": c.a, "b": c.b}
     m_axes, n_axes = ops[roles[0]].mn_axes, ops[roles[1]].mn_axes
     m = math.prod(extent[a] for a in m_axes)
@@ -458,15 +470,19 @@ def _gemm(c: Contraction, spatial, reduction, reads, tiles: CpuTiles) -> CpuGemm
                    m, n, k, batch, g.n_row, g)
 
 
-def _loops(facts, tiles: CpuTiles) -> CpuLoops:
+def _loops(facts, tiles: CpuTiles, free: frozenset[str] = frozenset()) -> CpuLoops:
     axes = [a for a, _ in facts.spatial]
     extents = [n for _, n in facts.spatial]
     reduces = bool(facts.reduction)
     reduce_size = math.prod(n for _, n in facts.reduction) if reduces else 1
     # Lane partials need a long contiguous innermost reduction (a depthwise window's 3
-    # points would all be the tail): otherwise the output's last axis takes the lanes.
+    # points would all be the tail): otherwise the output's last axis takes the lanes. An
+    # extent that varies with a symbol counts as long (the partials' tail loop takes a short
+    # one) and a varying last axis as more than one point.
+    inner = facts.reduction[-1] if reduces else None
     lanes_red = reduces and facts.contiguous_reduction and (
-        facts.reduction[-1][1] >= tiles.nr or not axes or extents[-1] == 1)
+        inner[1] >= tiles.nr or inner[0] in free or not axes
+        or (extents[-1] == 1 and axes[-1] not in free))
     vec = None if lanes_red or not axes else len(axes) - 1
     rows = math.prod(n for k, n in enumerate(extents) if k != vec)
     vlen = extents[vec] if vec is not None else 1
