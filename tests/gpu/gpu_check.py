@@ -28,7 +28,8 @@ Steps, in order (`--steps` picks some):
     profile     Nsight Compute (ncu) sections of the kernels of three built models: throughput,
                 occupancy, memory, warp stalls (CSV in the logs; ncu-summary.json: the
                 longest launches with their metrics and ncu's findings, `ncu_summary`)
-    sanitizer   compute-sanitizer memcheck and racecheck on three models' kernels
+    sanitizer   compute-sanitizer memcheck, racecheck and synccheck on three models' welded
+                kernels and tk-ram programs
     bench       tests/bench/test_gpu_bench.py (tilekit against cuBLAS/cuDNN/PyTorch, ratios)
     stages      tests/bench/test_gpu_weld.py, test_gpu_ram.py, test_gpu_grind.py: welded
                 against unwelded kernels, a program against per-kernel launches and a CUDA
@@ -335,6 +336,8 @@ def step_profile(run: Runner, args) -> None:
 
 
 def step_sanitizer(run: Runner, args) -> None:
+    """compute-sanitizer's memcheck, racecheck and synccheck on the welded kernels and the
+    tk-ram program of `SANITIZED_MODELS` (built by the models step when it ran, else here)."""
     if shutil.which("compute-sanitizer") is None:
         run.record("sanitizer", skipped="compute-sanitizer is not on PATH")
         return
@@ -342,21 +345,25 @@ def step_sanitizer(run: Runner, args) -> None:
     work.mkdir(exist_ok=True)
     for name in SANITIZED_MODELS:
         _write_model(name, work)
-        ir = work / f"{name}.rolled.cuda.yaml"
-        if not ir.exists():
-            r = run.sh("sanitizer", f"tk-import {name}.onnx | tk-roll --hw {args.hw} | "
-                       f"tk-codegen -o {ir.name}", 600, work)
-            if r["rc"]:
-                run.record("sanitizer", model=name, rc=r["rc"], stage="build")
-                continue
-        for tool in ("memcheck", "racecheck"):
-            r = run.sh("sanitizer", f"compute-sanitizer --tool={tool} --error-exitcode=9 "
-                       f"python3 {BIN / 'tk-run'} {ir.name} --device cuda --seed 0",
-                       args.limit_sanitizer, work)
-            errors = re.findall(r"ERROR SUMMARY: (\d+) error", r["output"])
-            hazards = re.findall(r"RACECHECK SUMMARY: (\d+) hazard", r["output"])
-            run.record("sanitizer", model=name, tool=tool, rc=r["rc"], seconds=r["seconds"],
-                       errors=errors[-1:] or hazards[-1:] or ["?"])
+        if not (work / f"{name}.tk.yaml").exists():
+            run.sh("sanitizer", f"tk-import {name}.onnx -o {name}.tk.yaml", 300, work)
+        for variant in ("welded", "program"):
+            ir = work / f"{name}.{variant}.cuda.yaml"
+            if not ir.exists():
+                r = run.sh("sanitizer", VARIANTS[variant].format(n=name, out=ir.name,
+                                                                 hw=args.hw), 600, work)
+                if r["rc"]:
+                    run.record("sanitizer", model=name, variant=variant, rc=r["rc"],
+                               stage="build")
+                    continue
+            for tool in ("memcheck", "racecheck", "synccheck"):
+                r = run.sh("sanitizer", f"compute-sanitizer --tool={tool} --error-exitcode=9 "
+                           f"python3 {BIN / 'tk-run'} {ir.name} --device cuda --seed 0",
+                           args.limit_sanitizer, work)
+                errors = re.findall(r"ERROR SUMMARY: (\d+) error", r["output"])
+                hazards = re.findall(r"RACECHECK SUMMARY: (\d+) hazard", r["output"])
+                run.record("sanitizer", model=name, variant=variant, tool=tool, rc=r["rc"],
+                           seconds=r["seconds"], errors=errors[-1:] or hazards[-1:] or ["?"])
 
 
 def _run_bench(run: Runner, step: str, command: str, limit: float,

@@ -131,7 +131,7 @@ def loops_kernel(module, plan: GroupPlan, entry: str, shape: CpuShape, target: T
                 _accumulator_row(b, module, plan, axes, at, vec, vlen, tiles, idx_t, free)
     sched = {"source": "cpu", "rows": rows, "rows_per_block": per, "reduction": mode,
              "vector_axis": axes[vec] if vec is not None else None}
-    if grid > 1 and not free and one_thread(rows * lp.work_per_row, tiles):
+    if grid > 1 and one_thread(rows * lp.work_per_row, tiles):
         sched["one_thread"] = True
     return finish(plan, entry, sig, b.build(), shape="cpu_loops", schedule=sched, threads=1,
                   grid=grid, target=target,
@@ -463,7 +463,7 @@ def gemm_kernel(module, plan: GroupPlan, entry: str, shape: CpuShape, target: Ta
         panels = tx.div(tx.add(mcount, mr - 1), mr)
         slice_ = max(1, tiles.mc // mr)      # A's micro-panels per slice kept in L2
         with ExitStack() as slices:
-            if g.mc > slice_ * mr or free & set(m_axes):
+            if g.mc > slice_ * mr:
                 ic = slices.enter_context(b.loop("ic", 0, tx.div(tx.add(panels, slice_ - 1),
                                                                    slice_)))
                 ir_lo = b.let("ir0", tx.mul(ic, slice_))

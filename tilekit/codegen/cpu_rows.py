@@ -124,7 +124,7 @@ def rows_kernel(module, plan: GroupPlan, chain: RowChain, entry: str, target: Ta
     buffers = list(buffered) + [f"{ops[k].output}:points" for k in kept.values()]
     sched = {"source": "cpu", "rows": nrows, "rows_per_block": per, "length": length,
              "passes": names, "row_buffers": buffers}
-    if grid > 1 and not free and one_thread(nrows * length * len(ops), tiles):
+    if grid > 1 and one_thread(nrows * length * len(ops), tiles):
         sched["one_thread"] = True
     return finish(plan, entry, sig, b.build(), shape="cpu_rows", schedule=sched, threads=1,
                   grid=grid, shared=smem.all(), target=target,

@@ -10,9 +10,10 @@ the C++ is not (about 10 s). So the build is shared across sizes instead:
   each *size leaf* taken out: an integer or float constant of an expression (not a template
   argument of the micro-kernels: `gemm_micro<mr, nr>`), and the grid. What is left, the
   *structure*, keeps everything else: statements, loop kinds, buffers and their shapes, types,
-  whether a kernel runs on the team's first thread (`one_thread`). A grid that is a hole is
-  shared out over the team whatever its value (one block at some sizes, many at others). The
-  code generators keep the structure the same across sizes where they can: given the axes
+  whether a kernel has one block, which thread runs it (the program entry runs a kernel of
+  one block, or of little work, on the team's first thread with no barrier: sharing such a
+  kernel out whatever its grid made a 2-layer BERT 8% slower on one thread). The code
+  generators keep the structure the same across sizes where they can: given the axes
   whose extents vary (`tilekit.runtime.family.varying_axes`), no decision that shapes the
   code reads those extents, and sizes that may be 0 or 1 are named constants, so the
   arithmetic around them keeps its form (`tilekit.schedule.cpu.CpuTiles.varying`).
@@ -119,7 +120,9 @@ def abstract(kernels: Sequence[Any]) -> Abstract:
 
     def leaf(value, dtype):
         leaves.append(value)
-        return 0 if dtype in ("grid", "smem", "dim") else Const(0, dtype)
+        if dtype == "grid":
+            return 1 if value == 1 else 2     # one block or several: printed differently
+        return 0 if dtype in ("smem", "dim") else Const(0, dtype)
 
     walk = _Walk(leaf, blank=True)
     structure = tuple(
@@ -281,8 +284,7 @@ def unit_source(t: Template, records: Sequence[Any]) -> str:
     source = cpp.unit_text([cpp.kernel_text(p, smem) for p, smem in made],
                            sizes=(ints + 1, floats)) + RUNTIME_TAIL
     at = offsets(records)
-    # a grid that is a hole may be one block at some sizes and many at others: shared out
-    calls = [(r.entry, at[i], p.grid, not on_first_thread(r) or not isinstance(p.grid, int))
+    calls = [(r.entry, at[i], p.grid, not on_first_thread(r))
              for i, (r, (p, _)) in enumerate(zip(records, made))]
     return source + cpp.program_entries(calls, memory)
 
