@@ -13,8 +13,8 @@ at `values`, folded by `tilekit.runtime.fold`, as tk-run makes it):
 3. a template of its structure whose constants it does not share is **widened**: those
    leaves become holes too (a new build, which serves both);
 4. else a new template is made from this size and **samples**: the same module at other
-   sizes (each symbol in turn moved to values of its range spread from the size: a
-   neighbour, twice and half the size, its likely values, its ends), those whose structure
+   sizes (each symbol in turn moved to values of its range spread from the size: twice
+   the size, 1.5x, a neighbour, half, its likely values, its ends), those whose structure
    is this size's. Their leaves that differ are the template's holes, so that later sizes
    of the same structure match without a new build.
 
@@ -114,13 +114,16 @@ class CompiledFamily:
 
     def sample_sizes(self, values: Mapping[str, int]) -> list[list[dict[str, int]]]:
         """Per symbol, the other sizes a template for `values` may be made from: values of
-        its range spread from the given one (neighbours, twice and half, its likely values,
+        its range spread from the given one (twice, 1.5x, neighbours, half, its likely values,
         its ends), the other symbols as given."""
         out = []
         for name in sorted(values):
             dim = self.module.dims[name]
             v = values[name]
-            near = [v + 1, v + 7, v + v // 2 + 1, 2 * v + 1, v // 2 + 1, v - 1, v + 3,
+            # twice the size first: sizes rounded up to a block (16 rows, a micro-panel)
+            # move only every few sizes, and neighbours would leave them constants that a
+            # later size widens
+            near = [2 * v + 1, v + v // 2 + 1, v + 1, v + 7, v // 2 + 1, v - 1, v + 3,
                     *dim.likely, (v + dim.max) // 2, dim.max, dim.min]
             seen, picked = {v}, []
             for c in near:
