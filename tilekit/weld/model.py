@@ -6,16 +6,21 @@ the kernel the group becomes.
   the group's estimate is the members' single-op estimates combined by
   `cost.combine_estimates`, less the DRAM bytes of the intermediates that stay in registers
   (their store, and every in-group reader's load).
-- **Several stages** (the fused kernel shape: each stage a block-wide loop over its region,
-  results for later stages in shared memory): priced directly. Compute is every member's
-  flops times its recompute over the SIMT peak and the wave efficiency; a stage that reduces
-  reads its non-shared operands from the memory system at every reduction point (the fused
-  shape does not stage them), served by L2; shared buffers are written once and read per
-  point; DRAM moves the box of each external tensor the members read (the bounding box over
-  its readers, once, times the worst reader's recompute: halos) and each stored result once,
-  priced by the one formula, `tilekit.roll.cost.predict` (as a candidate tile of tk-roll).
+- **Several stages** (the fused kernel shape: each stage a block-wide loop of passes over
+  its region, results for later stages in shared memory): priced as that kernel runs,
+  through the stage loops' thread mapping (a point per thread, or a lane group per point
+  splitting the reduction: `tilekit.schedule.defaults.fused_lanes`, codegen's count).
+  Compute is every member's flops times its recompute; the L1/shared-memory unit moves the
+  shared buffers and one line per wavefront of every global read (`read_bytes`: a warp
+  whose lanes read 32 rows costs 32 lines); global traffic is the reads' distinct
+  transactions and each stored result, against the compulsory bytes (the box of each
+  external tensor the members read, once) from DRAM; all priced by the one formula,
+  `tilekit.roll.cost.predict`. Two terms it does not hold are added as floors: the block's
+  passes in sequence, a memory round trip each (`ROUND_TRIP_S`, fitted on an H200), and a
+  contraction no faster than at its own rolled tile.
 
-Both are estimates, never measurements; docs/weld.md lists what the model cannot see.
+Both are estimates; docs/weld.md has the measurements they were checked against and lists
+what the model cannot see.
 """
 
 from __future__ import annotations
@@ -205,7 +210,9 @@ def read_bytes(maps, shape: tuple[int, ...], itemsize: int, txn: int, line: int,
         stride *= max(int(n), 1)
     byte = address * itemsize
     reads = npoints * (group if over_reduction else 1) * steps
-    lines = sum(len(np.unique(byte[:, :, t] // line)) for t in range(steps))
+    # distinct lines per iteration (one key per iteration and line), distinct transactions
+    # over all of them
+    lines = len(np.unique((byte // line) * steps + np.arange(steps, dtype=np.int64)))
     sectors = len(np.unique(byte // txn))
     return lines * line / reads, sectors * txn / reads
 
