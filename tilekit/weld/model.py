@@ -235,8 +235,17 @@ def member_reads(module: Module, s: Structure) -> tuple[tuple[_Read, ...], ...]:
     return cache[s.members]
 
 
-def _contracts(a) -> bool:
-    return bool(a.reduction) and len({acc.tensor for acc in a.accesses}) > 1
+#: Rolled kernel shapes that reuse a contraction's operands from shared memory or registers
+#: (tilekit.schedule.shape); the fused shape's plain loop does not.
+REUSING_SHAPES = frozenset({"staged", "simt", "mma", "wgmma", "tiled"})
+
+
+def _forced(module: Module, i: int, a) -> bool:
+    """Does the fused shape force a plain loop on op `i`, a contraction that tk-roll gave a
+    kernel reusing its operands?"""
+    shape = ((module.ops[i].tile or {}).get("kernel") or {}).get("shape")
+    return (bool(a.reduction) and len({acc.tensor for acc in a.accesses}) > 1
+            and shape in REUSING_SHAPES)
 
 
 def _fused(module, s: Structure, prop: Propagation, profile, parts, threads, smem) -> Estimate:
@@ -276,7 +285,7 @@ def _fused(module, s: Structure, prop: Propagation, profile, parts, threads, sme
             passes = -(-points // max(1, warps_threads // lanes))
             steps = -(-math.prod(n for _, n in a.reduction) // lanes) if a.reduction else 0
             trips += passes * (1 + -(-steps // LOOP_UNROLL))
-            if _contracts(a):
+            if _forced(module, i, a):
                 own = parts[k].time_us - parts[k].latency_us - m.launch_s * 1e6
                 floor += max(0.0, own) * 1e-6 * factor
             lanes_here = lanes
