@@ -163,3 +163,23 @@ def test_the_measured_losing_groups_of_bert_base_are_priced_as_losing(h100, bert
     before = sum(op.tile["estimate"]["time_us"] for op in bert_base.ops)
     after = sum(k.estimate["time_us"] for k in welded.kernels)
     assert after < before
+
+
+def test_the_block_per_pixel_mobilenet_group_is_priced_as_losing(h100):
+    """The 56x56 MobileNet block's depthwise + pointwise group as the H200 ran it (a block
+    per pixel, consecutive threads on channels 12.5 KB apart: 1.5x slower welded) is priced
+    above its ops apart; the group tk-weld makes of the same ops takes a row of pixels per
+    block and is priced below them."""
+    from tilekit.onnx import import_model
+    proto = onnx_models.mobilenet_block(channels=32, expand=6, size=56)
+    module = import_model(proto, name="mobilenet_block_56").module.with_stage("import")
+    rolled = roll_module(module, h100)
+    index = rolled.op_index()
+    ops = ("conv4_conv", "conv4", "clip6", "conv7_conv", "conv7", "add9")
+    members = [index[o] for o in ops]
+    apart = unwelded(rolled, members).time_us
+    assert priced(rolled, members, (1, 32, 1, 1), h100).time_us > 2 * apart
+    (group,) = [k for k in weld_module(rolled, h100).kernels if "conv4_conv" in k.ops]
+    assert group.ops == ops
+    assert list(group.tile["block"].values())[-1] > 1        # a row of pixels, not one
+    assert group.estimate["time_us"] < apart
