@@ -151,9 +151,10 @@ def group_estimate(module: Module, s: Structure, prop: Propagation | None, profi
 #: size) on an H200 (tests/bench/results/ncu-h200.json; docs/weld.md, "Measured"), in line
 #: with the L2 hit latency of an H100 (about 260 cycles at 1.98 GHz).
 ROUND_TRIP_S = 0.16e-6
-#: Iterations of a reduction loop whose loads ptxas issues together: it unrolls a loop of
-#: unknown trip count by 4 at least (by 16 in the body of a long one; sm_90, CUDA 13.0), so
-#: a loop of `n` iterations waits `ceil(n / LOOP_UNROLL)` round trips at most.
+#: Iterations of a reduction loop whose loads ptxas issues together: the body of the BERT-base
+#: FFN stage's lane loop (trip count unknown to ptxas) is unrolled by 16 with its 16 loads
+#: first (sm_90, CUDA 13.0; its remainder loop by 4), and short fixed loops are unrolled
+#: whole, so a loop of `n` iterations waits about `ceil(n / LOOP_UNROLL)` round trips.
 LOOP_UNROLL = 16
 
 
