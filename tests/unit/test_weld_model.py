@@ -13,15 +13,16 @@ from pathlib import Path
 
 import pytest
 
+from tilekit.expr.analysis import analyze
+from tilekit.expr.parser import parse
 from tilekit.hw import load_profile
 from tilekit.ir import Module, Op, Tensor
+from tilekit.ir.payloads import Tile
 from tilekit.roll.schedule import roll_module
 from tilekit.weld import weld_module
 from tilekit.weld.model import ROUND_TRIP_S, group_estimate, read_bytes, unwelded
 from tilekit.weld.search import thread_tile
 from tilekit.weld.structure import footprint, propagate, shared_buffers, structure
-from tilekit.expr.analysis import analyze
-from tilekit.expr.parser import parse
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from models import onnx_models  # noqa: E402
@@ -53,7 +54,6 @@ def priced(module: Module, members, block, profile):
     """The group of `members` at the fused shape's tile `block` (over the last op's axes)."""
     s = structure(module, members)
     prop = propagate(module, members, block)
-    from tilekit.ir.payloads import Tile
     threads = Tile(tuple(block), thread_tile(tuple(block)), (), "weld").threads
     return group_estimate(module, s, prop, profile, threads,
                           footprint(shared_buffers(module, s, prop)))

@@ -355,5 +355,7 @@ def threads_for(points: int) -> int:
     return max(32, min(FUSED_THREADS, -(-points // 32) * 32))
 
 
-__all__ = ["FUSED_THREADS", "Unwelded", "compulsory_bytes", "external_bytes", "gain_us", "group_estimate", "op_estimate",
-           "saved_bytes", "tensor_bytes", "threads_for", "unwelded"]
+__all__ = ["FUSED_THREADS", "LOOP_UNROLL", "REUSING_SHAPES", "ROUND_TRIP_S", "Unwelded",
+           "compulsory_bytes", "external_bytes", "gain_us", "group_estimate", "member_reads",
+           "op_estimate", "read_bytes", "saved_bytes", "tensor_bytes", "threads_for",
+           "unwelded"]
