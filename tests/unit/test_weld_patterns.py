@@ -22,8 +22,10 @@ PATTERNS = sorted(p.stem for p in DATA.glob("*.yaml"))
 #: pattern -> (ops in the group holding the first op, stages, {tensor: level})
 EXPECTED = {
     "conv_bias_relu": (("conv", "bias", "relu"), 1, {"t": "register", "a": "register"}),
-    "conv_chain": (("conv1", "relu1", "conv2", "relu2", "conv3"), 3,
-                   {"a": "register", "ra": "shared", "c": "register", "rc": "shared"}),
+    # The whole chain is one 3-stage group only when the model prices it below two kernels:
+    # on this 8x8 map the first 1x1 convolution's lane groups run 24 passes in sequence, so
+    # it stays the rolled kernel with its ReLU, and the 3x3 with the second 1x1 is the group.
+    "conv_chain": (("conv2", "relu2", "conv3"), 2, {"c": "register", "rc": "shared"}),
     "matmul_bias_gelu": (("mm", "bias", "erf", "gelu"), 1,
                          {"m": "register", "a": "register", "e": "register"}),
     "softmax": (("rmax", "rsum", "div"), 3, {"mx": "shared", "s": "shared"}),
@@ -38,8 +40,9 @@ EXPECTED = {
     "attention_long": (("qk", "scale_mask", "rmax", "rsum", "prob", "pv", "scale_out"), 5,
                        {"s": "register", "sm": "shared", "mx": "shared", "den": "shared",
                         "p": "shared", "o": "register"}),
-    "mixer_tokens": (("transpose", "fc1", "relu", "fc2", "back"), 4,
-                     {"xt": "shared", "h": "register", "g": "shared", "z": "shared"}),
+    # Token mixing whole (4 stages) waits 41 passes of lane groups in sequence on a 16x32
+    # map, more than the two groups it is welded as: transpose + fc1 + ReLU, fc2 + back.
+    "mixer_tokens": (("transpose", "fc1", "relu"), 2, {"xt": "shared", "h": "register"}),
 }
 
 

@@ -38,7 +38,7 @@ from tilekit.codegen.values import (combine, identity, index_expr, pad_literal, 
 from tilekit.expr.box import Span, clamp, map_box, tile_spans, union
 from tilekit.ir.payloads import Tile
 from tilekit.schedule.shape import Target
-from tilekit.schedule.defaults import (DEFAULT_THREADS, KIND_BYTES, WARP, lane_count,
+from tilekit.schedule.defaults import (DEFAULT_THREADS, KIND_BYTES, WARP, fused_lanes,
                                        shared_bytes)
 from tilekit.tile import expr as tx
 from tilekit.tile.build import Builder, SharedMemory
@@ -245,20 +245,9 @@ def _declare_regions(b: Builder, plan: GroupPlan, regions: Regions, extents: lis
 
 
 def stage_lanes(p: OpPlan, volume: int, threads: int) -> int:
-    """Lanes per point of a stage: a warp's worth for a contiguous reduction (lane_count),
-    more (up to the whole block) when the region has fewer points than warps, so that a
-    block reducing one long row keeps every warp busy."""
-    lanes = lane_count(p.reduction, contiguous_reduction(p))
-    if lanes < WARP:
-        return min(lanes, threads)
-    extent = p.reduction[-1][1]
-    points = 1 << max(0, (volume - 1).bit_length())          # next power of two
-    wide = max(WARP, threads // points)
-    # A lane group must divide the block (threads & -threads: its largest power-of-two
-    # divisor, a multiple of WARP): a thread past the last whole group would take part in a
-    # point that belongs to the next pass.
-    wide = min(wide, threads & -threads, 1 << (extent.bit_length() - 1))
-    return max(lanes, 1 << (wide.bit_length() - 1))
+    """Lanes per point of a stage (tilekit.schedule.defaults.fused_lanes, the count tk-weld
+    prices)."""
+    return fused_lanes(p.reduction, contiguous_reduction(p), volume, threads)
 
 
 def cross_warp_bytes(threads: int) -> int:

@@ -43,6 +43,26 @@ def lane_count(reduction: tuple[tuple[str, int], ...], contiguous: bool) -> int:
     return min(WARP, 1 << (extent.bit_length() - 1))
 
 
+def fused_lanes(reduction: tuple[tuple[str, int], ...], contiguous: bool, volume: int,
+                threads: int) -> int:
+    """Lanes per point of a stage of the fused kernel shape (tilekit.codegen.fused) whose
+    region has `volume` points, in a block of `threads` (whole warps): a warp's worth for a
+    contiguous reduction (`lane_count`), more (up to the whole block) when the region has
+    fewer points than warps, so that a block reducing one long row keeps every warp busy.
+    tk-weld prices the stage with the same count (tilekit.weld.model)."""
+    lanes = lane_count(reduction, contiguous)
+    if lanes < WARP:
+        return min(lanes, threads)
+    extent = reduction[-1][1]
+    points = 1 << max(0, (volume - 1).bit_length())          # next power of two
+    wide = max(WARP, threads // points)
+    # A lane group must divide the block (threads & -threads: its largest power-of-two
+    # divisor, a multiple of WARP): a thread past the last whole group would take part in a
+    # point that belongs to the next pass.
+    wide = min(wide, threads & -threads, 1 << (extent.bit_length() - 1))
+    return max(lanes, 1 << (wide.bit_length() - 1))
+
+
 def default_grid(points: int, points_per_block: int) -> int:
     return max(1, min(MAX_DEFAULT_GRID, -(-points // points_per_block)))
 

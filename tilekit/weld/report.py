@@ -16,8 +16,8 @@ from tilekit.ir.payloads import is_cpu_tile
 from tilekit.roll.problem import tensor_bytes
 from tilekit.weld.model import compulsory_bytes
 
-COLUMNS = ("kernel", "ops", "stages", "block", "levels (reg/shared/stored)", "dram saved",
-           "before us", "after us")
+COLUMNS = ("kernel", "ops", "stages", "block", "grid", "levels (reg/shared/stored)",
+           "dram saved", "before us", "after us", "bound")
 
 
 @dataclass(frozen=True)
@@ -137,15 +137,20 @@ def _group_rows(module: Module, full: bool, prefix: str, rows: list) -> None:
         stored = len(t.get("stored", []))
         saved = sum(e.get("dram_saved", 0) for e in edges)
         after = (k.estimate or {}).get("time_us", 0)
+        bound = (k.estimate or {}).get("bound", "")
+        # the grid as the group's kernel runs it: blocks x threads (a one-stage group keeps
+        # its main op's rolled kernel, whose threads its op tile records)
         if full:
             rows.append((prefix + k.name, list(k.ops), t.get("stages", 1), dict(t.get("block", {})),
+                         {"blocks": t.get("blocks", 0), "threads": t.get("threads", 0)},
                          {"register": n["register"], "shared": n["shared"], "stored": stored},
-                         saved, t["unwelded"]["time_us"], after))
+                         saved, t["unwelded"]["time_us"], after, bound))
             continue
         rows.append((prefix + k.name, ",".join(k.ops) if len(k.ops) <= 4 else
                      f"{k.ops[0]},..,{k.ops[-1]} ({len(k.ops)})", str(t.get("stages", 1)),
-                     _sizes(t.get("block", {})), f"{n['register']}/{n['shared']}/{stored}",
-                     f"{saved:,}", f"{t['unwelded']['time_us']:g}", f"{after:g}"))
+                     _sizes(t.get("block", {})), f"{t.get('blocks', 0)}x{t.get('threads', 0)}",
+                     f"{n['register']}/{n['shared']}/{stored}",
+                     f"{saved:,}", f"{t['unwelded']['time_us']:g}", f"{after:g}", bound))
 
 
 def _cpu_group(module: Module, k) -> bool:
@@ -164,13 +169,14 @@ def _cpu_row(module: Module, k, full: bool, prefix: str) -> tuple:
     ops = {op.name: op for op in module.ops}
     before = sum(float(ops[n].tile["estimate"]["time_us"]) for n in k.ops)
     after = (k.estimate or {}).get("time_us", 0)
+    bound = (k.estimate or {}).get("bound", "")
     if full:
-        return (prefix + k.name, list(k.ops), 1, {},
+        return (prefix + k.name, list(k.ops), 1, {}, {},
                 {"register": len(internal), "shared": 0, "stored": stored}, saved,
-                round(before, 4), after)
+                round(before, 4), after, bound)
     return (prefix + k.name, ",".join(k.ops) if len(k.ops) <= 4 else
-            f"{k.ops[0]},..,{k.ops[-1]} ({len(k.ops)})", "1", "cpu",
-            f"{len(internal)}/0/{stored}", f"{saved:,}", f"{before:g}", f"{after:g}")
+            f"{k.ops[0]},..,{k.ops[-1]} ({len(k.ops)})", "1", "cpu", "cpu",
+            f"{len(internal)}/0/{stored}", f"{saved:,}", f"{before:g}", f"{after:g}", bound)
 
 
 def summary(module: Module) -> str:
@@ -197,6 +203,6 @@ def report_data(module: Module) -> dict:
                        "compulsory_bytes": [t.compulsory_before, t.compulsory_after],
                        "time_us": [round(t.time_before, 3), round(t.time_after, 3)],
                        "control_ops": sum(op.kind == "control" for op in module.ops)},
-            "groups": [dict(zip(("kernel", "ops", "stages", "block", "levels", "dram_saved",
-                                 "before_us", "after_us"), row))
+            "groups": [dict(zip(("kernel", "ops", "stages", "block", "grid", "levels",
+                                 "dram_saved", "before_us", "after_us", "bound"), row))
                        for row in report_rows(module, full=True)]}
