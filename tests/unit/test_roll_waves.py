@@ -135,3 +135,47 @@ def test_split_k_staged_convolution_compiles_for_sm90():
     assert not report.problems, report.problems
     (k,) = report.module.codegen["kernels"]
     assert k["workspace"] == {"counters": 4 * 2} and k["resources"]["spill_stores"] == 0
+
+
+@needs_cxx
+def test_the_rolled_split_emulates_the_reference():
+    """End to end: the roll's own pick for a 7x7 3x3 convolution (128 channels, batch 1) is a
+    split-K staged tile; with bias and ReLU in its kernel (as tk-weld groups them), codegen's
+    kernel emulates the reference executor."""
+    from tilekit.ir.model import Kernel
+    from tilekit.roll.schedule import roll_module
+
+    module = conv3x3(128, 128, 7)
+    rolled = roll_module(module, H100)
+    tile = rolled.ops[0].tile
+    assert tile["split_k"] > 1 and tile["kernel"]["split_k"]["slices"] == tile["split_k"]
+    rolled = replace(rolled, kernels=(Kernel("k_conv", ("conv", "relu")),))
+    result = generate(rolled, H100)
+    (kernel,) = result.kernels
+    assert kernel.grid[0] == tile["blocks"] * tile["split_k"] and kernel.counters == tile["blocks"]
+    rng = np.random.default_rng(1)
+    v = {n: rng.standard_normal(module.tensors[n].shape).astype(np.float32)
+         for n in module.inputs}
+    got = emulate(result.module, v, {})["z"]
+    want = run_module(module, v, {})["z"]
+    assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
+
+
+def test_split_k_of_a_non_float32_accumulator_is_refused():
+    """The scratch buffers are float32: a float64 convolution with `split_k` is refused at
+    its tile's path (exit 2), and the roll never splits one."""
+    from tilekit.errors import TilekitError
+    from tilekit.roll.schedule import roll_module
+
+    tile = {"block": {"n": 1, "f": 8, "h": 4, "w": 7}, "thread": {"n": 1, "f": 1, "h": 1, "w": 1},
+            "step": {"c": 2, "kh": 3, "kw": 3}, "split_k": 2}
+    module = conv3x3(8, 8, 7, chain=False, tile=tile)
+    module = replace(module, tensors={n: replace(t, dtype="float64")
+                                      for n, t in module.tensors.items()})
+    with pytest.raises(TilekitError, match="float32 partial sums") as info:
+        generate(module, H100)
+    assert "tile.split_k" in str(info.value)     # where to fix it
+    wide = conv3x3(512, 512, 7, chain=False)
+    wide = replace(wide, tensors={n: replace(t, dtype="float64")
+                                  for n, t in wide.tensors.items()})
+    assert "split_k" not in roll_module(wide, H100).ops[0].tile

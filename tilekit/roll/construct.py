@@ -129,6 +129,8 @@ SPLIT_TILES = 8
 #: warps that hide latency, so that a split of its reduction is priced: a 2x2 register
 #: tile, the smallest that reuses both operands of a product.
 SPLIT_MIN_TILE = 4
+#: Output dtypes whose staged kernels accumulate in float32, the split-K scratch's type.
+SPLIT_DTYPES = ("float32", "float16", "bfloat16")
 
 
 def best_staged_split(problem: Problem, m: Machine, tiles: list[RTile]) -> Candidate | None:
@@ -144,7 +146,8 @@ def best_staged_split(problem: Problem, m: Machine, tiles: list[RTile]) -> Candi
     from tilekit.roll.cost import split_k_estimate
     from tilekit.schedule.mma import SPLIT_K
 
-    if m.distributed or not problem.has_reduction or tensor_compute(problem, m) is not None:
+    if m.distributed or not problem.has_reduction or tensor_compute(problem, m) is not None \
+            or problem.dtype not in SPLIT_DTYPES:
         return None
     fill = m.hw.sm_count * _warps_to_fill(problem, m)
     if not tiles or problem.output_points >= SPLIT_MIN_TILE * fill * m.hw.warp_size:

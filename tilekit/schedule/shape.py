@@ -470,7 +470,6 @@ def default_blocks(facts: OpFacts, shape: KernelShape) -> int:
 
 
 __all__ = ["ITEMSIZE", "KernelShape", "TARGET_KINDS", "Target", "LANE_MIN_EXTENT", "MIN_REUSE", "OpFacts", "ReadFacts",
-           "STREAM_RATIO",
-           "StagedBox", "StagedSplit", "analysis_facts", "buffer_bytes", "decide", "default_shape", "facts_of",
-           "fit_steps", "kept_default", "reuse_reason", "simt_shape", "staged_boxes",
-           "staged_split"]
+           "SPLIT_FLAG_BYTES", "STREAM_RATIO", "StagedBox", "StagedSplit", "analysis_facts",
+           "buffer_bytes", "decide", "default_shape", "facts_of", "fit_steps", "kept_default",
+           "reuse_reason", "simt_shape", "staged_boxes", "staged_split"]
