@@ -83,9 +83,7 @@ def roll_problem(problem: Problem, profile, top_k: int = 1, precision: str = "fp
     ranked = rank(problem, m, list(seen), top_k)
     split = best_split_k(problem, m, tiles)
     if split is None and tensor_compute(problem, m) is None and problem.has_reduction:
-        front = ranked if len(ranked) >= SPLIT_TILES else rank(problem, m, list(seen),
-                                                               SPLIT_TILES)
-        split = best_staged_split(problem, m, [c.tile for c in front[:SPLIT_TILES]])
+        split = best_staged_split(problem, m, list(seen))
     if split is not None and round_sig(split.estimate.time_us, 6) < round_sig(
             ranked[0].estimate.time_us, 6):
         ranked = [split] + ranked[:max(1, top_k) - 1]   # only the pick is split
@@ -123,7 +121,7 @@ def best_split_k(problem: Problem, m: Machine, tiles: list[RTile]) -> Candidate 
     return best
 
 
-#: The best unsplit tiles of a CUDA-core reduction whose split-K is priced.
+#: The fastest unsplit staged tiles of a CUDA-core reduction whose split-K is priced.
 SPLIT_TILES = 8
 #: Output points per thread below which a problem's output alone cannot give the SMs the
 #: warps that hide latency, so that a split of its reduction is priced: a 2x2 register
@@ -153,6 +151,11 @@ def best_staged_split(problem: Problem, m: Machine, tiles: list[RTile]) -> Candi
     if not tiles or problem.output_points >= SPLIT_MIN_TILE * fill * m.hw.warp_size:
         return None        # the output alone gives the SMs their warps
     costs = _cost(problem, m, tiles)
+    # the SPLIT_TILES fastest of the tiles that run staged (a SIMT GEMM's are not split)
+    staged = sorted((k for k in range(len(tiles)) if costs.valid[k] and costs.staged[k]),
+                    key=lambda k: (round_sig(costs.time_s[k], 6), k))[:SPLIT_TILES]
+    tiles = [tiles[k] for k in staged]
+    costs = _cost(problem, m, tiles) if tiles else costs
     best = None
     for k, tile in enumerate(tiles):
         warps = -(-int(costs.threads[k]) // m.hw.warp_size)
