@@ -179,3 +179,68 @@ def test_split_k_of_a_non_float32_accumulator_is_refused():
     wide = replace(wide, tensors={n: replace(t, dtype="float64")
                                   for n, t in wide.tensors.items()})
     assert "split_k" not in roll_module(wide, H100).ops[0].tile
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
+def test_the_cuda_runtime_zeroes_the_split_counters(monkeypatch):
+    """`tk-run --device cuda` against a stand-in CuPy (no GPU here; the kernels compiled for
+    real): a split kernel gets its per-tile counters zeroed before every launch (a finished
+    launch leaves them at `slices`) and its scratch buffer allocated."""
+    import sys
+    import types
+
+    from tilekit.runtime import cuda
+
+    launches = []
+
+    class Array:
+        def __init__(self, shape, dtype):
+            self.data = np.zeros(tuple(np.atleast_1d(shape)), np.dtype(dtype))
+            self.shape = self.data.shape
+
+        def set(self, array):
+            self.data = np.array(array, dtype=self.data.dtype).reshape(self.data.shape)
+
+        def get(self):
+            return self.data.copy()
+
+        def fill(self, value):
+            self.data[...] = value
+
+    def function(entry):
+        def call(grid, block, args, shared_mem=0):
+            counters = args[-1].data if args[-1].data.dtype == np.uint32 else None
+            launches.append((entry, grid, None if counters is None else counters.tolist(),
+                             [a.data.size for a in args]))
+            if counters is not None:
+                counters[...] = 2          # every tile's slices done
+        return call
+
+    class Device:
+        compute_capability = "90"
+        id = 0
+        attributes = {"MultiProcessorCount": 132, "MaxSharedMemoryPerBlockOptin": 232448}
+
+    fake = types.SimpleNamespace(
+        cuda=types.SimpleNamespace(
+            Device=Device, get_current_stream=lambda: types.SimpleNamespace(
+                synchronize=lambda: None),
+            runtime=types.SimpleNamespace(getDeviceCount=lambda: 1,
+                                          driverGetVersion=lambda: 13000,
+                                          runtimeGetVersion=lambda: 13000)),
+        RawModule=lambda **_: types.SimpleNamespace(get_function=function), uint32=np.uint32,
+        empty=lambda shape, dtype: Array(shape, dtype), zeros=lambda n, dtype: Array(n, dtype))
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    tile = {"block": {"n": 1, "f": 8, "h": 4, "w": 7}, "thread": {"n": 1, "f": 1, "h": 1, "w": 1},
+            "step": {"c": 4, "kh": 3, "kw": 3}, "split_k": 2}
+    module = generate(conv3x3(8, 16, 7, chain=False, tile=tile), H100).module
+    rng = np.random.default_rng(0)
+    inputs = {n: rng.standard_normal(module.tensors[n].shape).astype(np.float32)
+              for n in module.inputs}
+    program = cuda.CudaProgram(module)
+    program.run(inputs, {})
+    program.run(inputs, {})
+    split = [ln for ln in launches if ln[2] is not None]
+    assert len(split) == 2 and all(ln[1] == (8, 1, 1) for ln in split)   # 4 tiles x 2 slices
+    assert all(ln[2] == [0] * 4 for ln in split)                        # zeroed each launch
+    assert split[0][3][0] == 2 * 4 * 224                                 # the scratch
