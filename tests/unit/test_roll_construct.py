@@ -182,8 +182,11 @@ def test_module_contract():
     assert out.stages[-1] == {"name": "roll", "options": {"top_k": 2}}
     assert [k.ops for k in out.kernels] == [("fc",), ("relu",)]    # default schedule made
     for op, kernel in zip(out.ops, out.kernels):
-        assert set(op.tile) == {"block", "thread", "step", "grid", "blocks", "threads",
-                                "smem_bytes", "regs", "kernel", "estimate", "candidates"}
+        # (`split_k` only where the pick is split: the small fc here)
+        assert set(op.tile) - {"split_k"} == {"block", "thread", "step", "grid", "blocks",
+                                              "threads", "smem_bytes", "regs", "kernel",
+                                              "estimate", "candidates"}
+        assert op.tile.get("split_k", 2) > 1
         assert kernel.estimate == op.tile["estimate"] and kernel.tile is None
     assert out.ops[1].tile["step"] == {} and out.ops[1].tile["smem_bytes"] == 0
     total = module_estimate(out)

@@ -50,6 +50,8 @@ def agreement_problems(module, result) -> list[str]:
             got["staged"] = [{"tensor": b["tensor"], "box": b["box"]}
                              for b in g.schedule["smem_buffers"]]
             got["step"] = list(g.schedule["step"].values())
+            if "split_k" in g.schedule:
+                got["split_k"] = g.schedule["split_k"]
         if g.shape in ("mma", "wgmma", "simt"):
             got[g.shape] = g.schedule[g.shape]
         if g.shape == "default" and g.schedule.get("lanes", 1) > 1:
@@ -77,6 +79,7 @@ def test_float16_is_staged_in_two_bytes():
     """A 1024x1024x512 fp16 reduction with reuse rolled for H100 (a product of three reads,
     so CUDA cores) plans the shared memory its tile says: fp16 staged as half, not float."""
     from tilekit.ir import Module, Op, Tensor
+    from tilekit.schedule.shape import SPLIT_FLAG_BYTES
     profile = load_profile("h100")
     m = Module(model="mm16", tensors={"a": Tensor((1024, 512), "float16", "input"),
                                       "b": Tensor((512, 1024), "float16", "input"),
@@ -90,7 +93,9 @@ def test_float16_is_staged_in_two_bytes():
     assert g.shape == tile["kernel"]["shape"] == "staged"
     assert g.smem_planned == tile["smem_bytes"] == tile["kernel"]["smem_bytes"]
     boxes = {b["tensor"]: b["box"] for b in g.schedule["smem_buffers"]}
-    assert g.smem_planned == sum(-(-2 * bx[0] * bx[1] // 16) * 16 for bx in boxes.values())
+    flag = SPLIT_FLAG_BYTES if "split_k" in g.schedule else 0    # a split-K block's flag
+    assert g.smem_planned == sum(-(-2 * bx[0] * bx[1] // 16) * 16 for bx in boxes.values()) \
+        + flag
     assert "__half s_a_0[" in g.body or "__half* s_a_0" in g.body
 
 

@@ -168,8 +168,9 @@ def test_the_measured_losing_groups_of_bert_base_are_priced_as_losing(h100, bert
 def test_the_block_per_pixel_mobilenet_group_is_priced_as_losing(h100):
     """The 56x56 MobileNet block's depthwise + pointwise group as the H200 ran it (a block
     per pixel, consecutive threads on channels 12.5 KB apart: 1.5x slower welded) is priced
-    above its ops apart; the group tk-weld makes of the same ops takes a row of pixels per
-    block and is priced below them."""
+    above its ops apart; the group tk-weld makes of them (the whole chain, or its first
+    convolution with its epilogue where tk-roll splits the second's reduction) takes a row of
+    pixels per block and is priced below its ops apart."""
     from tilekit.onnx import import_model
     proto = onnx_models.mobilenet_block(channels=32, expand=6, size=56)
     module = import_model(proto, name="mobilenet_block_56").module.with_stage("import")
@@ -180,6 +181,6 @@ def test_the_block_per_pixel_mobilenet_group_is_priced_as_losing(h100):
     apart = unwelded(rolled, members).time_us
     assert priced(rolled, members, (1, 32, 1, 1), h100).time_us > 2 * apart
     (group,) = [k for k in weld_module(rolled, h100).kernels if "conv4_conv" in k.ops]
-    assert group.ops == ops
+    assert set(group.ops) <= set(ops) and len(group.ops) > 1
     assert list(group.tile["block"].values())[-1] > 1        # a row of pixels, not one
-    assert group.estimate["time_us"] < apart
+    assert group.estimate["time_us"] < unwelded(rolled, [index[o] for o in group.ops]).time_us

@@ -105,6 +105,9 @@ def device_kernel(module: Module, kernel: KernelGroup, rec: ControlOp,
     if any(g.program.tensor_maps for g in bodies):
         return ("a region kernel is a wgmma kernel (TMA descriptors as kernel parameters, warp "
                 "roles), which does not compose into a persistent kernel")
+    if any(g.counters or g.scratch for g in bodies):
+        return ("a region kernel is split-K (partial sums in scratch, per-tile counters), "
+                "which does not compose into a persistent kernel")
     threads = block_threads(bodies)
     if isinstance(threads, str):
         return threads

@@ -58,6 +58,16 @@ def program_module(module: Module) -> Module:
     program = read_program(module)
     kernels = module.kernels or default_kernels(module.ops)
     tiles: dict[str, dict[str, Any]] = {}
+    # A persistent segment runs each operator's blocks as rTasks of one body: a split-K
+    # tile (partial sums in scratch, per-tile counters, or a second kernel) runs unsplit.
+    for seg in program.segments:
+        if seg.kind == "kernel":
+            continue
+        for i in seg.operators:
+            for name in kernels[i].ops:
+                op = module.op(name)
+                if isinstance(op.tile, Mapping) and op.tile.get("split_k", 1) != 1:
+                    tiles[name] = {k: v for k, v in op.tile.items() if k != "split_k"}
     for o, kernel in zip(program.operators, kernels):
         if o.variant == 0:
             continue

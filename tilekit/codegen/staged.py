@@ -17,28 +17,42 @@ every read `X[map(axes)]` touches a box of X whose size is fixed (affine maps): 
 
 Boundary tiles: a partial last step runs a shorter loop (only when the step does not divide the
 extent), output points outside the tensor are computed on padding and never stored.
+
+Split-K (`decision.split`, tilekit.schedule.shape.StagedSplit; tk-roll chooses it when the
+output tiles alone leave the SMs short of warps): block `s x tiles + t` computes tile `t` over
+slice `s` of one reduction axis, writes its register tile's partial sums to a scratch buffer
+(`<entry>__splitk`, `[slice][tile][thread][point]`, float32 accumulators only), fences, and
+its thread 0 counts the slice done on the tile's counter (a workspace of one word per tile, zeroed before
+every launch). The block that brings the counter to `slices` (the last of its tile, whatever
+the order blocks run in) fences again, adds the slices' partials in slice order and runs the
+epilogue. The combination is in the same kernel rather than a second pass: the output is
+written once, through the chain (bias, activation) like an unsplit tile, with one launch, and
+the sum's order is fixed, so every run gives the same bits; float atomics on the output would
+need it zeroed first, could not run a non-linear epilogue and would add in a varying order.
 """
 
 from __future__ import annotations
 
 import math
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tilekit.codegen.kernel import (GeneratedKernel, PointBuilder, avar, block_origins, c_name,
-                                    finish, fold_into, global_resolver, group_signature,
+                                    finish, fold_into, generated, global_resolver,
+                                    group_signature,
                                     index_type, needs_check, register_loops, slot, store_sink,
                                     strides, thread_coords, tile_text, tvar)
 from tilekit.codegen.plan import GroupPlan, OpPlan, Read
 from tilekit.codegen.values import (ValueCompiler, identity, load_value, storage_kind,
                                     stored_pad)
+from tilekit.errors import UnsupportedError
 from tilekit.ir.payloads import Tile
 from tilekit.schedule.defaults import STATIC_SMEM_LIMIT
 from tilekit.schedule.shape import KernelShape, OpFacts, Target, facts_of
 from tilekit.tile import expr as tx
 from tilekit.tile.build import Builder, SharedMemory
-from tilekit.tile.expr import KIND_DTYPE, Expr, Load, Var
-from tilekit.tile.nodes import Buffer, Copy
+from tilekit.tile.expr import BLOCK, KIND_DTYPE, NBLOCKS, Addr, Expr, Load, Var
+from tilekit.tile.nodes import Buffer, Copy, Kernel
 
 
 @dataclass(frozen=True)
@@ -73,7 +87,9 @@ def staged_kernel(module, plan: GroupPlan, entry: str, decision: KernelShape,
     raxes = [a for a, _ in p.reduction]
     threads_per_axis = [s // t for s, t in zip(tile.block, tile.thread)]
     threads = tile.threads
-    grid = math.prod(tile.grid(tuple(extents)))
+    tiles = math.prod(tile.grid(tuple(extents)))
+    split = decision.split
+    grid = tiles * (split.slices if split is not None else 1)
     first_read = {}
     for r in p.read_list():
         first_read.setdefault(read_key(r), r)
@@ -88,13 +104,23 @@ def staged_kernel(module, plan: GroupPlan, entry: str, decision: KernelShape,
                          f"{r.tensor} box {list(sb.extents)}")
         boxes[key] = Box(r, buf, sb.extents, sb.adjust)
     total = decision.smem_bytes
+    if split is not None:
+        smem.carve(_LAST, "int32", (1,), "1: this block adds the slices")
     b = Builder()
-    origins = block_origins(b, axes, extents, tile.block, idx_t)
+    tile_of = slice_of = None
+    if split is not None:
+        tile_of = b.let("tile_", tx.mod(BLOCK, tiles), "int32")
+        slice_of = b.let("slice_", tx.div(BLOCK, tiles), "int32")
+    origins = block_origins(b, axes, extents, tile.block, idx_t, tile_of)
     pb_kind = PointBuilder(module, b, stage, [Var(avar(a), idx_t) for a in axes],
                            global_resolver)
     kind = pb_kind.acc_kind(p)
     npoints = math.prod(tile.thread)
     acc = b.alloc("acc", KIND_DTYPE[kind], (npoints,), "the thread's register tile")
+    if split is not None and acc.dtype != "float32":   # scratch buffers are float32
+        raise UnsupportedError(f"split-K needs float32 partial sums; this op accumulates "
+                               f"{acc.dtype}", f"{p.where}.tile.split_k",
+                               "remove split_k, or re-run tk-roll (it splits float ops only)")
     with b.threads(threads) as tid:
         with b.loop("k", 0, npoints, kind="unroll") as k:
             b.store(acc, (k,), identity(p.assign, kind))
@@ -102,11 +128,16 @@ def staged_kernel(module, plan: GroupPlan, entry: str, decision: KernelShape,
     # Step loops over the reduction axes (chunk origins q_<axis>).
     with ExitStack() as steps:
         q: dict[str, Expr] = {}
-        for (a, n), s in zip(p.reduction, tile.step):
+        for r, ((a, n), s) in enumerate(zip(p.reduction, tile.step)):
             if s >= n:  # one step covers the axis
                 q[a] = tx.const(0)
                 continue
-            q[a] = steps.enter_context(b.loop(f"q_{c_name(a)}", 0, n, s))
+            start, stop = 0, n
+            if split is not None and r == split.axis:   # this block's slice of the axis
+                start = b.let("q0_", tx.mul(slice_of, split.span), "int32")
+                stop = tx.select(tx.lt(n - split.span, start), tx.const(n),
+                                 start + split.span)
+            q[a] = steps.enter_context(b.loop(f"q_{c_name(a)}", start, stop, s))
         b.barrier()     # the previous step's buffers are no longer read
         base = dict(zip(axes, origins))
         base.update(q)
@@ -119,20 +150,102 @@ def staged_kernel(module, plan: GroupPlan, entry: str, decision: KernelShape,
         with b.threads(threads) as tid:
             thread_vars = thread_coords(b, tid, axes, threads_per_axis)
             _compute(b, p, tile, boxes, thread_vars, threads_per_axis, kind, module, acc, q)
-    with b.threads(threads) as tid:
-        _epilogue(b, module, plan, tile, origins, tid, idx_t, kind, acc)
+    scratch: dict[str, int] = {}
+    params_extra: tuple[Buffer, ...] = ()
+    if split is not None:
+        part, counters = _combine_slices(b, entry, split, tiles, threads, npoints, tile_of,
+                                         slice_of, acc)
+        scratch = {_scratch_name(entry): part.elements}
+        params_extra = (part,)
+        with b.if_(tx.eq(Load(_LAST, (tx.const(0),), "int32"), 1)):
+            with b.threads(threads) as tid:
+                _epilogue(b, module, plan, tile, origins, tid, idx_t, kind, acc)
+    else:
+        with b.threads(threads) as tid:
+            _epilogue(b, module, plan, tile, origins, tid, idx_t, kind, acc)
     sched = tile.describe(tuple(axes), tuple(raxes))
+    if split is not None:
+        sched["split_k"] = split.record()
     sched["smem_buffers"] = [{"tensor": box.read.tensor, "box": list(box.extents)}
                              for box in boxes.values()]
     kernel_body = b.build()
     sched["vectorized"] = _vectorized(copies, smem, sig, kernel_body, threads, grid)
-    kernel = finish(plan, entry, sig, kernel_body, shape="staged", schedule=sched,
-                    threads=threads, grid=grid, shared=smem.all(), register_tile=True,
-                    target=target, comments=[f"staged: {tile_text(tile, p)}",
-                              f"shared memory: {total} bytes "
-                              f"({'dynamic' if total > STATIC_SMEM_LIMIT else 'static'})"])
-    assert kernel.smem_planned == total, "the program and the shape decision disagree"
-    return kernel
+    comments = [f"staged: {tile_text(tile, p)}",
+                f"shared memory: {total} bytes "
+                f"({'dynamic' if total > STATIC_SMEM_LIMIT else 'static'})"]
+    if split is None:
+        kernel = finish(plan, entry, sig, kernel_body, shape="staged", schedule=sched,
+                        threads=threads, grid=grid, shared=smem.all(), register_tile=True,
+                        target=target, comments=comments)
+        assert kernel.smem_planned == total, "the program and the shape decision disagree"
+        return kernel
+    # split-K: the partial sums' scratch first (as the split wgmma's reduction kernel takes
+    # it), the tensors, then the counters' workspace; a flag in shared memory says "last"
+    comments.append(f"split-K: {split.slices} slices of {split.steps} steps of axis "
+                    f"{split.name}, the last block of a tile adds them in slice order")
+    program = Kernel(entry, params_extra + sig.params() + (counters,),
+                     smem.all(), kernel_body, threads, grid, 1, tuple(comments),
+                     counters=tiles)
+    kernel = generated(program, name=plan.name, group=plan.kernel.name,
+                       ops=tuple(plan.kernel.ops), shape="staged", schedule=sched,
+                       args=tuple(scratch) + sig.args,
+                       writes=tuple(scratch) + tuple(sig.writes),
+                       target=target.kind)
+    return replace(kernel, scratch=scratch)
+
+
+def _scratch_name(entry: str) -> str:
+    """The partial sums' buffer: named after the kernel's entry (unique in a module)."""
+    return f"{entry}__splitk"
+
+
+#: The shared flag of a split-K block: 1 when it is the last of its tile to finish.
+_LAST = "s_last_slice"
+
+
+def _combine_slices(b: Builder, entry: str, split, tiles: int, threads: int,
+                    npoints: int, tile_of: Expr, slice_of: Expr, acc: Buffer
+                    ) -> tuple[Buffer, Buffer]:
+    """Split-K's combination (module docstring): this block's partials to the scratch
+    buffer, a fence, the tile's counter; in the last block of the tile, `acc` becomes the sum
+    of the slices' partials in slice order. Returns the scratch and counter buffers."""
+    part = Buffer(tvar(_scratch_name(entry)), "global", acc.dtype,
+                  (split.slices * tiles * threads * npoints,),
+                  comment=f"{split.slices} slices of partial sums: [slice][tile][thread][point]",
+                  access="write")
+    counters = Buffer("tk_counters", "global", "uint32", (tiles,), access="write",
+                      comment="slices done per tile")
+
+    def at(sl: Expr, tid: Expr, k: Expr) -> Expr:
+        return ((sl * tiles + tile_of) * threads + tid) * npoints + k
+
+    with b.threads(threads) as tid:
+        with b.loop("k", 0, npoints, kind="unroll") as k:
+            b.store(part, (at(slice_of, tid, k),), Load(acc.name, (k,), acc.dtype))
+        b.evaluate(tx.call("threadfence"))   # release: every thread's partials
+    b.barrier()
+    with b.threads(threads) as tid:
+        with b.if_(tx.eq(tid, 0)):
+            b.evaluate(tx.call("threadfence"))
+            old = b.let("done_", tx.call("atomic_add", Addr(counters.name, (tile_of,)),
+                                         tx.cast("uint32", 1)), "uint32")
+            b.store(_LAST, (tx.const(0),),
+                    tx.select(tx.eq(old, tx.cast("uint32", split.slices - 1)), 1, 0))
+    b.barrier()
+    with b.if_(tx.eq(Load(_LAST, (tx.const(0),), "int32"), 1)):
+        with b.threads(threads) as tid:
+            b.evaluate(tx.call("threadfence"))   # acquire: the other slices' partials
+            # slice by slice, the register tile inside: a point's loads per slice only
+            # (per point over all slices, ptxas hoisted every load: 253 registers, not 127)
+            with b.loop("k", 0, npoints, kind="unroll") as k:
+                b.store(acc, (k,), Load(part.name, (at(tx.const(0), tid, k),), acc.dtype))
+            # (the slice count read as grid / tiles, not a constant: unrolled, ptxas hoisted
+            # every slice's loads, 144 registers against 96 on a 1x1 convolution in 8 slices)
+            with b.loop("sl", 1, tx.div(NBLOCKS, tiles)) as sl:
+                with b.loop("k", 0, npoints, kind="unroll") as k:
+                    b.store(acc, (k,), tx.add(Load(acc.name, (k,), acc.dtype),
+                                              Load(part.name, (at(sl, tid, k),), acc.dtype)))
+    return part, counters
 
 
 def _vectorized(copies: list[Copy], smem: SharedMemory, sig, body, threads: int,

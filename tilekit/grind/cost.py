@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, Mapping, NamedTuple
 
 from tilekit.ir.control import ControlOp, Region, read_control
 from tilekit.ir.keys import read_int, read_mapping
@@ -92,6 +92,11 @@ def body_kernels(region: Region, where: str = "region"
             continue
         figures = [_TileFigures.read(op.tile, f"{where}.ops[{position[op.name]}] ({op.name})"
                                               ".tile") for op in ops]
+        split = [op.name for op in ops if isinstance(op.tile, Mapping)
+                 and op.tile.get("split_k", 1) != 1]
+        if split:    # scratch partial sums and counters (or a second kernel): codegen's rule
+            why = why or (f"op '{split[0]}' is split-K, which does not compose into a "
+                          "persistent kernel")
         time_us = (Estimate.read(kernel.estimate, f"{where}.kernels ({kernel.name}).estimate")
                    .time_us if kernel.estimate else 0.0) or sum(f.time_us for f in figures)
         out.append(BodyKernel(kernel.name, max(f.blocks for f in figures),
@@ -123,9 +128,14 @@ class _TileFigures(NamedTuple):
         t = read_mapping(tile, where, "a tile", _HINT)
         est = t.get("estimate")
         k = read_mapping(t.get("kernel") or {}, f"{where}.kernel", "'kernel'", _HINT)
+        # the threads of the kernel codegen makes (`kernel.threads`: the default's when the
+        # roll kept it over the tile), else the tile's
+        threads = (read_int(k["threads"], f"{where}.kernel.threads", 1, hint=_HINT)
+                   if "threads" in k else
+                   read_int(t.get("threads", 1), f"{where}.threads", 1, hint=_HINT))
         return _TileFigures(
             read_int(t.get("blocks", 1), f"{where}.blocks", 1, hint=_HINT),
-            read_int(t.get("threads", 1), f"{where}.threads", 1, hint=_HINT),
+            threads,
             read_int(t.get("regs", 0), f"{where}.regs", hint=_HINT),
             read_int(t.get("smem_bytes", 0), f"{where}.smem_bytes", hint=_HINT),
             Estimate.read(est, f"{where}.estimate").time_us if est is not None else 0.0,

@@ -14,9 +14,12 @@ Tiles are constructed, not searched (Roller, OSDI'22; docs/roll.md):
    per byte of block footprint added) until the block is compute-bound against the memory
    level that serves it, no move saves traffic, or a capacity limit (threads, registers per
    block, shared memory per block) would break.
-3. **Scale-out**: while the grid has fewer blocks than SMs, shrink the block along the axis
-   whose shrinking costs the least traffic (the lowest-reuse axis); then grow its reduction
-   step for coalescing as in step 2.
+3. **Scale-out**: while the grid has fewer blocks than SMs or gives them fewer warps than
+   latency hiding needs, shrink the block along the axis whose shrinking costs the least
+   traffic (the lowest-reuse axis); then grow its reduction step for coalescing as in
+   step 2.
+4. **Split-K** (`best_split_k`, `best_staged_split`): where the output tiles alone leave the
+   SMs idle, the reduction split across blocks is priced too.
 
 Every tile visited on the way is a candidate; all are costed at once by the micro performance
 model (tilekit.roll.cost) and the `top_k` fastest valid ones are returned, best first.
@@ -31,8 +34,8 @@ import numpy as np
 
 from tilekit.errors import TilekitError
 from tilekit.ir.payloads import round_sig
-from tilekit.roll.cost import (Estimate, Machine, TileCosts, cost_tiles, machine,
-                               registers_per_thread, tensor_compute)
+from tilekit.roll.cost import (Estimate, Machine, TileCosts, cost_tiles, hiding_warps,
+                               machine, registers_per_thread, tensor_compute)
 from tilekit.roll.problem import Problem
 from tilekit.roll.rtile import RTile, block_sizes, thread_sizes
 
@@ -79,6 +82,8 @@ def roll_problem(problem: Problem, profile, top_k: int = 1, precision: str = "fp
             seen.setdefault(tile, None)
     ranked = rank(problem, m, list(seen), top_k)
     split = best_split_k(problem, m, tiles)
+    if split is None and tensor_compute(problem, m) is None and problem.has_reduction:
+        split = best_staged_split(problem, m, list(seen))
     if split is not None and round_sig(split.estimate.time_us, 6) < round_sig(
             ranked[0].estimate.time_us, 6):
         ranked = [split] + ranked[:max(1, top_k) - 1]   # only the pick is split
@@ -113,6 +118,61 @@ def best_split_k(problem: Problem, m: Machine, tiles: list[RTile]) -> Candidate 
             if best is None or round_sig(est.time_us, 6) < round_sig(best.estimate.time_us, 6):
                 best = Candidate(tile, est, plan.smem_bytes, 0, plan.threads, blocks * slices,
                                  slices)
+    return best
+
+
+#: The fastest unsplit staged tiles of a CUDA-core reduction whose split-K is priced.
+SPLIT_TILES = 8
+#: Output points per thread below which a problem's output alone cannot give the SMs the
+#: warps that hide latency, so that a split of its reduction is priced: a 2x2 register
+#: tile, the smallest that reuses both operands of a product.
+SPLIT_MIN_TILE = 4
+#: Output dtypes whose staged kernels accumulate in float32, the split-K scratch's type.
+SPLIT_DTYPES = ("float32", "float16", "bfloat16")
+
+
+def best_staged_split(problem: Problem, m: Machine, tiles: list[RTile]) -> Candidate | None:
+    """The fastest split-K of a staged tile on CUDA cores (tilekit.codegen.staged), or None.
+
+    Only for a problem whose output, at `SPLIT_MIN_TILE` points per thread, gives the SMs
+    fewer warps than latency hiding needs (`_warps_to_fill`: small spatial sizes at batch
+    1). Priced for each of `tiles` that runs staged and whose grid leaves the SMs short of
+    those warps, or fits on them at once with room for more blocks, with each factor of
+    `SPLIT_K`: slices of the outermost reduction axis with several steps
+    (tilekit.schedule.shape.staged_split), in blocks of their own; the last block of each
+    output tile adds the slices in slice order (deterministic)."""
+    from tilekit.roll.cost import split_k_estimate
+    from tilekit.schedule.mma import SPLIT_K
+
+    if m.distributed or not problem.has_reduction or tensor_compute(problem, m) is not None \
+            or problem.dtype not in SPLIT_DTYPES:
+        return None
+    fill = m.hw.sm_count * _warps_to_fill(problem, m)
+    if not tiles or problem.output_points >= SPLIT_MIN_TILE * fill * m.hw.warp_size:
+        return None        # the output alone gives the SMs their warps
+    costs = _cost(problem, m, tiles)
+    # the SPLIT_TILES fastest of the tiles that run staged (a SIMT GEMM's are not split)
+    staged = sorted((k for k in range(len(tiles)) if costs.valid[k] and costs.staged[k]),
+                    key=lambda k: (round_sig(costs.time_s[k], 6), k))[:SPLIT_TILES]
+    tiles = [tiles[k] for k in staged]
+    costs = _cost(problem, m, tiles) if tiles else costs
+    best = None
+    for k, tile in enumerate(tiles):
+        warps = -(-int(costs.threads[k]) // m.hw.warp_size)
+        blocks = int(costs.blocks[k])
+        # worth pricing: the SMs are short of warps, or hold the whole grid at once with
+        # room for more (then the steps each block waits for, t_latency, shrink by the split)
+        room = blocks < m.hw.sm_count * int(costs.blocks_per_sm[k])
+        if not (costs.valid[k] and costs.staged[k]) or (blocks * warps >= fill and not room):
+            continue
+        for factor in SPLIT_K:
+            est, slices = split_k_estimate(problem, m, tile.block, tile.thread, tile.step,
+                                           factor, staged=True)
+            if slices < 2 or not est.time_us < np.inf:
+                continue
+            if best is None or round_sig(est.time_us, 6) < round_sig(best.estimate.time_us, 6):
+                best = Candidate(tile, est, int(costs.smem_tile[k]), int(costs.regs[k]),
+                                 int(costs.threads[k]), int(costs.blocks[k]) * slices, slices)
     return best
 
 
@@ -201,7 +261,7 @@ def thread_choices(problem: Problem, m: Machine, trajectory: list[tuple[int, ...
     trajectory and, when those leave too few threads to fill the device (a small problem),
     also the largest one that still does (or the 1-element tile)."""
     chosen = trajectory[-THREAD_CHOICES:]
-    target = m.hw.sm_count * START_WARPS * m.hw.warp_size
+    target = m.hw.sm_count * _warps_to_fill(problem, m) * m.hw.warp_size
 
     def usable(t):
         return math.prod(-(-n // s) for n, s in zip(problem.extents, t))
@@ -398,13 +458,24 @@ def grow_steps(problem: Problem, m: Machine, bsizes, tile: RTile) -> list[RTile]
     return path
 
 
+def _warps_to_fill(problem: Problem, m: Machine) -> int:
+    """Warps per SM that construction aims for: what the model needs for latency hiding
+    (`HIDING_WARPS` for a reduction on CUDA cores, tilekit.roll.cost.hiding_warps), at least
+    `START_WARPS`."""
+    need = hiding_warps(problem, m, np.ones(1, dtype=bool))
+    return max(START_WARPS, min(int(np.max(need)), m.hw.max_warps_per_sm))
+
+
 def scale_out(problem: Problem, m: Machine, bsizes, tile: RTile) -> list[RTile]:
-    """Tiles visited while shrinking a block whose grid leaves SMs idle, along the axis whose
-    shrinking adds the least global traffic."""
+    """Tiles visited while shrinking a block whose grid leaves SMs idle or short of the warps
+    that hide latency (fewer than `_warps_to_fill` per SM), along the axis whose shrinking
+    adds the least global traffic."""
     path = []
     blocks = math.prod(tile.grid(problem))
+    warps = -(-tile.threads() // m.hw.warp_size)
+    fill = _warps_to_fill(problem, m)
     for _ in range(MAX_MOVES):
-        if blocks >= m.hw.sm_count:
+        if blocks >= m.hw.sm_count and blocks * warps >= m.hw.sm_count * fill:
             break
         moves = _moves(problem, bsizes, tile, grow=False)
         if not moves:
@@ -415,6 +486,7 @@ def scale_out(problem: Problem, m: Machine, bsizes, tile: RTile) -> list[RTile]:
         if not np.isfinite(traffic[best]):
             break
         tile, blocks = moves[best], int(costs.blocks[best])
+        warps = -(-int(costs.threads[best]) // m.hw.warp_size)
         path.append(tile)
     return path
 

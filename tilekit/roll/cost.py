@@ -20,8 +20,9 @@ The model (docs/roll.md has the derivation and the distributed-machine mapping):
 - waves: `r` blocks on `m = SMs x blocks-per-SM` slots (occupancy from threads, registers,
   shared memory and the per-SM block limit) run with efficiency `r / (m * ceil(r/m))`; a grid
   smaller than one full wave is spread over the SMs first (`blocks-per-SM` is then
-  `ceil(r / SMs)`); an SM holding fewer than `SATURATING_WARPS` warps issues at that fraction
-  of its peak (saturation); a block that does not fill whole warps idles the rest of its last
+  `ceil(r / SMs)`); an SM holding fewer than the warps that hide its kernel's latency
+  (`SATURATING_WARPS`; `HIDING_WARPS` for CUDA-core reductions that do not pipeline their
+  loads, fitted on an H200 profile) issues at that fraction of its peak (saturation); a block that does not fill whole warps idles the rest of its last
   warp (lanes). A persistent wgmma kernel (`tilekit.schedule.mma.persistent_blocks`: `m`
   blocks, each looping over tiles `blockIdx + i x m`) has the same quantisation, its busiest
   block running `ceil(r/m)` tiles, so `r` counts its tiles and it is priced as these waves
@@ -76,6 +77,14 @@ REG_OVERHEAD = 12
 #: Warps an SM needs to issue at its peak (one per scheduler: 4 on every NVIDIA SM since
 #: Maxwell); fewer leave issue slots idle. Capped by the profile's warps per SM.
 SATURATING_WARPS = 4
+#: Warps an SM needs to hide the latency of a CUDA-core reduction kernel that is not
+#: software-pipelined (`staged`, `tiled`: each reduction point loads its fragments and then
+#: folds them, each step waits at barriers). Fitted on Nsight Compute's profile of ResNet-50
+#: at batch 1 on an H200 (docs/roll.md, "Occupancy and latency hiding"): with one block of
+#: 3.5-4 warps per SM five such convolutions issued on 9-25% of cycles (no eligible warp on
+#: 75-82%) and ran 2.0-2.6x the time this model gave them at `SATURATING_WARPS`; 12 warps
+#: (3 per scheduler) reproduces 4 of the 5 within 25%. Capped by the profile's warps per SM.
+HIDING_WARPS = 12
 #: Registers are allocated per warp in units of this many per thread (NVIDIA: 8).
 REG_GRANULE = 8
 #: Registers ptxas gives a staged kernel beyond its accumulators: the box loaders' 64-bit
@@ -311,7 +320,8 @@ def cost_tiles(problem: Problem, m: Machine, block: np.ndarray, thread: np.ndarr
                 traffic=dram_bytes, blocks=g.blocks,
                 unique=float(_unique_bytes(problem) if unique is None else unique),
                 threads=threads, registers=regs, smem_bytes=smem_tile,
-                latency_steps=np.where(staged, g.nsteps, np.where(simt.on, 1, 0)))
+                latency_steps=np.where(staged, g.nsteps, np.where(simt.on, 1, 0)),
+                hiding_warps=hiding_warps(problem, m, ~tc.on & ~simt.on))
     p = predict(m, work)
     costs = TileCosts(time_s=p.time_s, flops=g.flops, dram_bytes=dram_bytes,
                       smem_bytes=smem_traffic, smem_tile=smem_tile, box_bytes=box_bytes,
@@ -323,6 +333,17 @@ def cost_tiles(problem: Problem, m: Machine, block: np.ndarray, thread: np.ndarr
     if lanes_default.any():
         _as_lane_kernels(problem, m, costs, lanes_default)
     return costs
+
+
+def hiding_warps(problem: Problem, m: Machine, cuda_cores) -> np.ndarray | int:
+    """Warps an SM needs to issue at its peak, per candidate: `HIDING_WARPS` for a
+    reduction on CUDA cores outside the SIMT GEMM (`cuda_cores`: the staged and tiled
+    kernels, which wait for each fragment and each step's barrier), `SATURATING_WARPS` for
+    the rest (pipelined tensor-core and SIMT GEMMs; ops without a reduction, whose time is
+    the global level's) and on a distributed machine."""
+    if m.distributed or not problem.has_reduction:
+        return SATURATING_WARPS
+    return np.where(cuda_cores, HIDING_WARPS, SATURATING_WARPS)
 
 
 class _Grid:
@@ -506,6 +527,9 @@ class Work:
     registers: object
     smem_bytes: object         # shared memory per block (occupancy)
     latency_steps: object      # round trips a block waits for in sequence (staged steps)
+    #: warps an SM needs to issue at its peak (`SATURATING_WARPS`; `HIDING_WARPS` for
+    #: CUDA-core reduction kernels that do not pipeline their loads)
+    hiding_warps: object = SATURATING_WARPS
 
 
 @dataclass
@@ -540,8 +564,8 @@ def predict(m: Machine, w: Work) -> Prediction:
     # blocks share an SM; the SM is saturated once it holds `SATURATING_WARPS`.
     resident = np.minimum(np.maximum(per_sm, 1), -(-blocks // m.hw.sm_count))
     eff, waves = wave_efficiency(blocks, m.hw.sm_count * resident)
-    saturation = np.minimum(1.0, warps * resident / min(SATURATING_WARPS,
-                                                          m.hw.max_warps_per_sm))
+    saturation = np.minimum(1.0, warps * resident / np.minimum(
+        np.asarray(w.hiding_warps, dtype=np.float64), m.hw.max_warps_per_sm))
     # Compute and shared memory are per-SM resources: a partial wave or an SM short of
     # warps leaves them idle. The global level is device-wide, so it is not quantised by
     # waves: its traffic (L2 or exchange to the SMs) is bounded by what the busiest SM can
@@ -604,17 +628,27 @@ def _as_lane_kernels(problem: Problem, m: Machine, costs: TileCosts, where: np.n
 SLICE_AXIS = "split_k_slice"
 
 
-def split_problem(problem: Problem, split: int) -> tuple[Problem, int]:
-    """A contraction's split-K partial-sum kernel as a problem of its own: an outer spatial
-    axis of the slices (no operand reads it), the K axis cut to one slice's steps (in
-    WGMMA_BK), fp32 outputs (the partial sums); and the number of slices."""
+def split_problem(problem: Problem, split: int, step=None) -> tuple[Problem, int]:
+    """A split-K partial-sum kernel as a problem of its own: an outer spatial axis of the
+    slices (no operand reads it), the split reduction axis cut to one slice's steps, fp32
+    outputs (the partial sums); and the number of slices (< 2: no split). Without `step`, a
+    wgmma contraction's (its K axis in steps of WGMMA_BK); with `step` (the tile's step per
+    reduction axis), a staged tile's (tilekit.schedule.shape.staged_split)."""
     from dataclasses import replace
     from tilekit.schedule.mma import WGMMA_BK, split_steps
+    from tilekit.schedule.shape import staged_split
 
-    k = problem.axes.index(problem.contraction.k_axes[0])
-    slices, per = split_steps(problem.extents[k], split)
     extents = list(problem.extents)
-    extents[k] = min(per * WGMMA_BK, extents[k])
+    if step is None:
+        k = problem.axes.index(problem.contraction.k_axes[0])
+        slices, per = split_steps(problem.extents[k], split)
+        extents[k] = min(per * WGMMA_BK, extents[k])
+    else:
+        cut = staged_split(problem.reduction, tuple(step), split)
+        if cut is None:
+            return problem, 1
+        k, slices = problem.n_spatial + cut.axis, cut.slices
+        extents[k] = cut.span
     operands = tuple(replace(op, dims=tuple(replace(d, coefs=(0,) + d.coefs) for d in op.dims),
                              axis_names=(SLICE_AXIS,) + op.axis_names)
                      for op in problem.operands)
@@ -622,14 +656,19 @@ def split_problem(problem: Problem, split: int) -> tuple[Problem, int]:
                    n_spatial=problem.n_spatial + 1, operands=operands, out_itemsize=4), slices
 
 
-def split_k_estimate(problem: Problem, m: Machine, block, thread, step, split: int
-                     ) -> tuple[Estimate, int]:
+def split_k_estimate(problem: Problem, m: Machine, block, thread, step, split: int,
+                     staged: bool = False) -> tuple[Estimate, int]:
     """A split-K contraction's estimate: the partial-sum kernel (the tile over the slice
     problem, `split_problem`: a block per output tile and slice, each slice's share of the
     reduction; every operand still read once, the partials written) plus the reduction
     kernel (the slices' partials read, the output written, one thread per point); and its
-    slices."""
-    sp, slices = split_problem(problem, split)
+    slices. `staged`: a staged tile's split (tilekit.codegen.staged), whose last block per
+    tile adds the slices in the same kernel: instead of a second kernel, the partials
+    written and read once more through L2 (they stay there), no second launch."""
+    sp, slices = split_problem(problem, split, step if staged else None)
+    if slices < 2:
+        return Estimate(time_us=np.inf, flops=0.0, dram_bytes=0.0, smem_bytes=0.0,
+                        bound="compute", waves=1, wave_efficiency=1.0), slices
     col = lambda xs: np.asarray(xs, dtype=np.int64).reshape(-1, 1)   # noqa: E731
     points = problem.output_points
     partials = 4.0 * slices * points
@@ -639,6 +678,15 @@ def split_k_estimate(problem: Problem, m: Machine, block, thread, step, split: i
     if not costs.valid[0]:
         return Estimate(time_us=np.inf, flops=first.flops, dram_bytes=0.0, smem_bytes=0.0,
                         bound="compute", waves=1, wave_efficiency=1.0), slices
+    if staged:
+        # the slice problem stores the partials; the last block of each tile reads them back
+        # (through L2, where they stay)
+        moved = partials
+        return Estimate(time_us=first.time_us + moved / m.l2_bw * 1e6, flops=first.flops,
+                        dram_bytes=first.dram_bytes + moved, smem_bytes=first.smem_bytes,
+                        bound=first.bound, waves=first.waves,
+                        wave_efficiency=first.wave_efficiency,
+                        latency_us=first.latency_us), slices
     second = estimate_bytes(m.hw, int(partials), points * problem.out_itemsize,
                             DEFAULT_THREADS, points)
     return Estimate(time_us=first.time_us + second.time_us, flops=first.flops,

@@ -201,9 +201,11 @@ def tile_record(problem: Problem, candidates: list[Candidate], facts: OpFacts,
         estimate, rolled = default, best.estimate
     record = OpTile(tile(best), tuple(a for a, _ in problem.spatial),
                     tuple(a for a, _ in problem.reduction), best.tile.grid(problem),
-                    best.smem_bytes, best.regs, estimate,
+                    kernel.smem_bytes if kernel.split is not None else best.smem_bytes,
+                    best.regs, estimate,
                     tuple(TileChoice(tile(c), c.estimate) for c in candidates[1:]),
-                    kernel.record(), rolled, best.split if kernel.shape == "wgmma" else 1)
+                    kernel.record(), rolled,
+                    best.split if kernel.shape == "wgmma" or kernel.split is not None else 1)
     return RolledOp(record.record(), estimate)
 
 

@@ -189,8 +189,10 @@ class CudaProgram:
             else:
                 maps = tuple(kernel_tensor_map(m, self.buffers[m["tensor"]].data.ptr)
                              for m in k.tensor_maps)
+                # (a split-K staged kernel's per-tile counters: zeroed before each launch)
+                counters = cupy.zeros(k.counters, dtype=np.uint32) if k.counters else None
                 self.launches.append(Launch(k.entry, fn, k.grid, k.block, k.smem_bytes,
-                                            k.args, tensor_maps=maps))
+                                            k.args, counters, tensor_maps=maps))
             written.update(k.writes)
         self._control(module, section, written, declared)
         self.inputs = tuple(module.inputs)

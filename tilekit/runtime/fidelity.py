@@ -130,7 +130,8 @@ def candidate_tiles(module: Module, op: Op, profile, where: str) -> list[dict[st
         rtile = RTile(tuple(int(b) for b in block[:, k]), tuple(int(t) for t in thread[:, k]),
                       tuple(int(s) for s in step[:, k]))
         cand = Candidate(rtile, costs.estimate(k), int(costs.smem_tile[k]), int(costs.regs[k]),
-                         int(costs.threads[k]), int(costs.blocks[k]))
+                         int(costs.threads[k]), int(costs.blocks[k]),
+                         int(entry.get("split_k", 1)))      # (only the pick is split)
         record = tile_record(problem, [cand], facts, Target.of(profile)).tile
         # the tile's own estimate (tk-roll may have kept the default over its pick)
         own = entry.get("rolled_estimate") or entry.get("estimate") or record["estimate"]
@@ -380,7 +381,18 @@ class CudaTimer:
             fn = self._function(k.entry)
             if k.smem_bytes > 48 * 1024:
                 fn.max_dynamic_shared_size_bytes = int(k.smem_bytes)
-            args = tuple(buffers[t] for t in k.args)
+            # a split-K kernel's partial sums (scratch) and per-tile counters, zeroed before
+            # every launch (as tilekit.runtime.cuda does), outside the timed interval
+            scratch = {n: cupy.empty(int(size), dtype=np.float32)
+                       for n, size in k.scratch.items()}
+            args = tuple(scratch[t] if t in scratch else buffers[t] for t in k.args)
+            counters = cupy.zeros(k.counters, dtype=np.uint32) if k.counters else None
+            if counters is not None:
+                args += (counters,)
+
+            def reset():
+                if counters is not None:
+                    counters.fill(0)
 
             def launch():
                 fn(k.grid, k.block, args, shared_mem=k.smem_bytes)
@@ -390,10 +402,12 @@ class CudaTimer:
                 # NaN (all bits set) first: a point the kernel never writes shows up.
                 target = buffers[out]
                 cupy.cuda.runtime.memsetAsync(target.data.ptr, 0xFF, target.nbytes, stream.ptr)
+                reset()
                 launch()
                 stream.synchronize()
                 err = relative_error(target.get(), want)
             for _ in range(self.warmup):
+                reset()
                 launch()
             stream.synchronize()
             times = []
@@ -402,6 +416,7 @@ class CudaTimer:
                 if self.flush is not None:
                     cupy.cuda.runtime.memsetAsync(self.flush.data.ptr, 0, self.flush.nbytes,
                                                   stream.ptr)
+                reset()
                 start.record(stream)
                 launch()
                 stop.record(stream)

@@ -263,6 +263,7 @@ class KernelShape:
     mma: MmaPlan | None = None
     wgmma: WgmmaPlan | None = None
     simt: SimtPlan | None = None
+    split: "StagedSplit | None" = None   # a staged kernel's split-K (staged_split)
 
     @property
     def smem_bytes(self) -> int:
@@ -272,7 +273,7 @@ class KernelShape:
             return self.mma.smem_bytes
         if self.wgmma is not None:
             return self.wgmma.smem_bytes
-        return sum(b.bytes for b in self.staged)
+        return sum(b.bytes for b in self.staged) + (SPLIT_FLAG_BYTES if self.split else 0)
 
     def record(self) -> dict:
         """The `kernel` entry of a rolled tile (what codegen will generate)."""
@@ -290,7 +291,51 @@ class KernelShape:
                              for b in self.staged]
         if self.tile is not None and self.shape == "staged":
             out["step"] = list(self.tile.step)
+        if self.split is not None:
+            out["split_k"] = self.split.record()
         return out
+
+
+#: Shared memory a split-K staged block adds: its "last of the tile" flag, one aligned unit.
+SPLIT_FLAG_BYTES = SMEM_ALIGN
+
+
+@dataclass(frozen=True)
+class StagedSplit:
+    """A staged kernel's split-K: the reduction axis `axis` (index among the reduction
+    axes: the outermost with more than one step) cut into `slices` slices of `steps` steps
+    each (the last may be shorter); the block of tile `t` and slice `s` is block
+    `s x tiles + t`. Each block writes its register tile's partial sums to a scratch buffer;
+    the last block of a tile to finish (a counter per tile) adds the slices in slice order
+    and runs the epilogue, so the result does not depend on the order blocks finish in."""
+
+    axis: int
+    name: str
+    slices: int
+    steps: int            # steps of `step[axis]` per slice
+    span: int             # reduction points of the axis per slice (steps x step)
+
+    def record(self) -> dict:
+        return {"axis": self.name, "slices": self.slices, "steps": self.steps}
+
+
+def staged_split(reduction, step, split: int) -> StagedSplit | None:
+    """The split-K of a staged tile into at most `split` slices (`reduction`: (axis,
+    extent) pairs; `step`: the tile's step per reduction axis), or None when the split
+    gives fewer than 2 slices (`split` 1, or no reduction axis with more than one step).
+    The slices are whole steps of the outermost reduction axis that has several, each
+    slice at least one step (fewer slices than asked when there are not enough)."""
+    if split <= 1:
+        return None
+    for r, ((name, n), st) in enumerate(zip(reduction, step)):
+        steps = -(-n // st)
+        if steps > 1:
+            per = -(-steps // split)
+            slices = -(-steps // per)
+            if slices < 2:
+                return None
+            return StagedSplit(r, name, slices, per, per * st)
+    return None
 
 
 def default_shape(facts: OpFacts, lanes_allowed: bool = True) -> KernelShape:
@@ -377,7 +422,8 @@ def decide(facts: OpFacts, tile: Tile | None, target: Target | int, split_k: int
            ) -> KernelShape:
     """The kernel shape of an op with `tile` (None: no stage chose one) for `target` (a
     `Target`, or just a shared-memory limit: no tensor cores), `split_k` the split-K slices
-    tk-roll chose (`tile.split_k`: a wgmma tile's only); the rules in order are the module
+    tk-roll chose (`tile.split_k`: a wgmma tile's, or a staged tile's on CUDA:
+    `staged_split`); the rules in order are the module
     docstring's."""
     if not isinstance(target, Target):
         target = Target(int(target))
@@ -400,8 +446,10 @@ def decide(facts: OpFacts, tile: Tile | None, target: Target | int, split_k: int
             note = "" if fitted.step == tile.step else (
                 f"reduction step shrunk from {list(tile.step)} to {list(fitted.step)} to fit "
                 f"{smem_limit} bytes of shared memory")
+            split = staged_split(facts.reduction, fitted.step, split_k) \
+                if target.kind == "cuda" else None
             return KernelShape("staged", fitted, tile.threads, 1,
-                               staged_boxes(facts, fitted), note)
+                               staged_boxes(facts, fitted), note, split=split)
         return KernelShape("tiled", tile, tile.threads,
                            note=f"staged buffers do not fit {smem_limit} bytes even with step "
                                 "1; using the tiled shape")
@@ -422,6 +470,6 @@ def default_blocks(facts: OpFacts, shape: KernelShape) -> int:
 
 
 __all__ = ["ITEMSIZE", "KernelShape", "TARGET_KINDS", "Target", "LANE_MIN_EXTENT", "MIN_REUSE", "OpFacts", "ReadFacts",
-           "STREAM_RATIO",
-           "StagedBox", "analysis_facts", "buffer_bytes", "decide", "default_shape", "facts_of",
-           "fit_steps", "kept_default", "reuse_reason", "simt_shape", "staged_boxes"]
+           "SPLIT_FLAG_BYTES", "STREAM_RATIO", "StagedBox", "StagedSplit", "analysis_facts",
+           "buffer_bytes", "decide", "default_shape", "facts_of", "fit_steps", "kept_default",
+           "reuse_reason", "simt_shape", "staged_boxes", "staged_split"]
