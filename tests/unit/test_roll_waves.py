@@ -29,6 +29,17 @@ def _cache(monkeypatch, tmp_path_factory):
         monkeypatch.setenv("TILEKIT_CACHE", str(tmp_path_factory.getbasetemp().parent / "tk-cache"))
 
 
+def assert_emulates_reference(result, module: Module, seed: int) -> None:
+    """The generated kernels, emulated on the CPU, compute `module`'s z as the reference
+    executor does (random inputs of `seed`)."""
+    rng = np.random.default_rng(seed)
+    v = {n: rng.standard_normal(module.tensors[n].shape).astype(np.float32)
+         for n in module.inputs}
+    got = emulate(result.module, v, {})["z"]
+    want = run_module(module, v, {})["z"]
+    assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
+
+
 def conv3x3(c: int, f: int, hw: int, chain: bool = True, tile: dict | None = None) -> Module:
     """A batch-1 3x3 convolution (stride 1, pad 1), then bias and ReLU when `chain`."""
     tensors = {"x": Tensor((1, c, hw, hw), "float32", "input"),
@@ -117,12 +128,7 @@ def test_split_k_staged_convolution_emulates_the_reference():
     assert first.grid[0] == tiles * 2 and first.counters == tiles
     # [slice][tile][thread][point]
     assert first.scratch == {"tk_k_conv__splitk": 2 * tiles * 112 * 2}
-    rng = np.random.default_rng(0)
-    v = {n: rng.standard_normal(module.tensors[n].shape).astype(np.float32)
-         for n in module.inputs}
-    got = emulate(result.module, v, {})["z"]
-    want = run_module(module, v, {})["z"]
-    assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
+    assert_emulates_reference(result, module, seed=0)
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
@@ -153,12 +159,7 @@ def test_the_rolled_split_emulates_the_reference():
     result = generate(rolled, H100)
     (kernel,) = result.kernels
     assert kernel.grid[0] == tile["blocks"] * tile["split_k"] and kernel.counters == tile["blocks"]
-    rng = np.random.default_rng(1)
-    v = {n: rng.standard_normal(module.tensors[n].shape).astype(np.float32)
-         for n in module.inputs}
-    got = emulate(result.module, v, {})["z"]
-    want = run_module(module, v, {})["z"]
-    assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
+    assert_emulates_reference(result, module, seed=1)
 
 
 def test_split_k_of_a_non_float32_accumulator_is_refused():
