@@ -28,6 +28,7 @@ kernel quality can be judged without a GPU. Kernels whose blocks wait on each ot
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import threading
 import warnings
@@ -161,7 +162,7 @@ class Interpreter:
 
     # -- running --------------------------------------------------------------------------
     def run(self, blocks=None) -> Counters:
-        if self.kernel.grid_sync or any(b.name == "tk_counters" for b in self.kernel.params):
+        if self.kernel.grid_sync or self._waits():
             raise TilekitError(f"kernel {self.kernel.name}: its blocks wait on each other; the "
                                "interpreter runs blocks one after another",
                                "--report", "interpret its bodies (the kernels it composes)")
@@ -171,6 +172,12 @@ class Interpreter:
             self.counters.blocks += 1
         return self.counters
 
+    def _waits(self) -> bool:
+        """Do its blocks wait on each other (a tk-ram program's progress counters, read in a
+        spin)? Counters only added to (a split-K kernel's slices done per tile) run here
+        block after block as on the device."""
+        return bool(self.kernel.calls) or _calls(self.kernel.body, "spin")
+
     def run_block(self, k: Kernel, block: int, nblocks: int, smem: np.ndarray) -> None:
         env = {"tk_block": np.int32(block), "tk_nblocks": np.int32(nblocks)}
         env.update({m.name: m for m in k.tensor_maps})      # TMA descriptors
@@ -179,6 +186,17 @@ class Interpreter:
             warnings.simplefilter("ignore")
             with np.errstate(all="ignore"):
                 frame.stmt(k.body, env, None)
+
+
+def _calls(node, fn: str) -> bool:
+    """Does `node` (a statement or expression, with everything under it) call `fn`?"""
+    if isinstance(node, Call) and node.fn == fn:
+        return True
+    if isinstance(node, (tuple, list)):
+        return any(_calls(x, fn) for x in node)
+    if dataclasses.is_dataclass(node) and not isinstance(node, type):
+        return any(_calls(getattr(node, f.name), fn) for f in dataclasses.fields(node))
+    return False
 
 
 class _Frame:
@@ -656,6 +674,18 @@ class _Frame:
         m = mask if mask is not None else np.ones(self.threads, bool)
         if fn in ("cp_async_commit", "cp_async_wait", "threadfence", "spin", "grid_sync"):
             return np.int32(0)
+        if fn == "atomic_add":      # the active threads one after another; each gets the old
+            dst, value = e.args
+            db, doff = self.address(dst, env, mask)
+            add = np.broadcast_to(np.asarray(self.expr(value, env, mask)), m.shape)
+            arr = self.arrays[db.name]
+            old = np.zeros(self.threads, dtype=arr.dtype)
+            for t in np.nonzero(m)[0]:
+                at = int(doff[t])
+                old[t] = arr[at]
+                arr[at] = arr[at] + add[t]
+            self.count(dst, db, "store", doff, m, 1)
+            return old
         if fn == "cp_async16":
             self.asynchronous = True
             dst, src, valid = e.args
