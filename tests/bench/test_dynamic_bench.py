@@ -81,6 +81,22 @@ def _alternate(feeds, sym, sym_w, spec, spec_w) -> dict:
             "ratio": round(ms["symbolic"] / ms["specialised"], 3)}
 
 
+def _compile_cost(symbolic: _Clock, symbolic_builds: int, specialised: _Clock,
+                  specialised_builds: int) -> dict:
+    return {"symbolic": {"wall_s": round(symbolic.wall, 2), "cpu_s": round(symbolic.cpu, 2),
+                         "builds": symbolic_builds},
+            "specialised": {"wall_s": round(specialised.wall, 2),
+                            "cpu_s": round(specialised.cpu, 2), "builds": specialised_builds}}
+
+
+def _record(row: dict) -> None:
+    record(row, RESULTS, "make bench (tests/bench/test_dynamic_bench.py)",
+           method="in one process; compile: import + generate + g++ from an empty cache "
+                  "(symbolic: builds shared by sizes of one structure); "
+                  f"run: the two programs alternating, {RUNS} runs each, median",
+           threads=THREADS)
+
+
 def _feeds(module, values, seed: int = 0) -> dict[str, np.ndarray]:
     from tilekit.ir.dims import evaluate_shape
 
@@ -136,23 +152,14 @@ def test_one_symbolic_import_against_an_import_per_size(model, tmp_path, monkeyp
         rows[str(size)] = _alternate(feeds, sym, sym_w, spec, spec_w)
     row = {
         "model": model, "sizes": {"batch": 1, "sequence": list(SIZES)},
-        "compile": {
-            "symbolic": {"wall_s": round(symbolic_clock.wall, 2),
-                         "cpu_s": round(symbolic_clock.cpu, 2), "builds": family.builds},
-            "specialised": {"wall_s": round(specialised_clock.wall, 2),
-                            "cpu_s": round(specialised_clock.cpu, 2), "builds": len(SIZES)},
-        },
+        "compile": _compile_cost(symbolic_clock, family.builds, specialised_clock, len(SIZES)),
         "run": rows,
     }
     print(f"\n{model}: compile for {len(SIZES)} sizes: symbolic "
           f"{row['compile']['symbolic']['wall_s']} s ({family.builds} builds), specialised "
           f"{row['compile']['specialised']['wall_s']} s; run symbolic/specialised "
           + ", ".join(f"seq {s}: {r['ratio']}" for s, r in rows.items()))
-    record(row, RESULTS, "make bench (tests/bench/test_dynamic_bench.py)",
-           method="in one process; compile: import + generate + g++ from an empty cache "
-                  "(symbolic: builds shared by sizes of one structure); "
-                  f"run: the two programs alternating, {RUNS} runs each, median",
-           threads=THREADS)
+    _record(row)
 
 
 
@@ -205,21 +212,12 @@ def test_decode_steps_against_a_build_per_step(tmp_path, monkeypatch):
     row = {
         "model": "kv_cache_step (hidden 64), decode", "sizes": {
             "seq": 1, "past": [DECODE_STEPS[0], DECODE_STEPS[-1]]},
-        "compile": {
-            "symbolic": {"wall_s": round(symbolic_clock.wall, 2),
-                         "cpu_s": round(symbolic_clock.cpu, 2), "builds": family.builds},
-            "specialised": {"wall_s": round(specialised_clock.wall, 2),
-                            "cpu_s": round(specialised_clock.cpu, 2),
-                            "builds": len(DECODE_STEPS)},
-        },
+        "compile": _compile_cost(symbolic_clock, family.builds, specialised_clock,
+                                 len(DECODE_STEPS)),
         "run": rows,
     }
     print(f"\ndecode, {len(DECODE_STEPS)} steps: compile symbolic "
           f"{row['compile']['symbolic']['wall_s']} s ({family.builds} builds), specialised "
           f"{row['compile']['specialised']['wall_s']} s; run symbolic/specialised "
           + ", ".join(f"past {s}: {r['ratio']}" for s, r in rows.items()))
-    record(row, RESULTS, "make bench (tests/bench/test_dynamic_bench.py)",
-           method="in one process; compile: import + generate + g++ from an empty cache "
-                  "(symbolic: builds shared by sizes of one structure); "
-                  f"run: the two programs alternating, {RUNS} runs each, median",
-           threads=THREADS)
+    _record(row)

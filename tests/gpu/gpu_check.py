@@ -168,15 +168,13 @@ def _write_model(name: str, folder: Path) -> Path:
     return path
 
 
-def _parse_run(text: str) -> dict:
+def _parse_check(text: str) -> dict:
+    """A `tk-run --check` run's outcome and its worst relative L2 error."""
     fields: dict = {"check": "pass" if "check: pass" in text else
                     ("FAIL" if "check: FAIL" in text else "none")}
     errs = [float(m.group(1)) for m in re.finditer(r"rel_l2 ([0-9.e+-]+)", text)]
     if errs:
         fields["worst_rel_l2"] = max(errs)
-    m = re.search(r"median ([0-9.]+) (\w+)", text)
-    if m:
-        fields["median"] = f"{m.group(1)} {m.group(2)}"
     return fields
 
 
@@ -239,7 +237,7 @@ def step_models(run: Runner, args) -> None:
         except (ValueError, KeyError, IndexError):
             figures = {"timing_error": timed["output"].strip().splitlines()[-1:]}
         run.record("models", model=name, variant=variant, rc=res["rc"] or timed["rc"],
-                   seconds=res["seconds"], **_parse_run(res["output"]), **figures,
+                   seconds=res["seconds"], **_parse_check(res["output"]), **figures,
                    tail=res["tail"][:25])
 
 

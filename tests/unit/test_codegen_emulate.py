@@ -19,15 +19,8 @@ from tilekit.runtime.cpu import run_module
 from codegen_support import (VARIANTS, big_tile_matmul, distinct_variants, fixture,
                              random_values)
 
-pytestmark = pytest.mark.skipif(find_cxx() is None, reason="no C++ compiler for the emulation")
-
-
-@pytest.fixture(autouse=True)
-def _cache(monkeypatch, tmp_path_factory):
-    """Share one compile cache across the session (tests stay fast on a second run too)."""
-    import os
-    if "TILEKIT_CACHE" not in os.environ:
-        monkeypatch.setenv("TILEKIT_CACHE", str(tmp_path_factory.getbasetemp().parent / "tk-cache"))
+pytestmark = [pytest.mark.usefixtures("cxx_cache"),
+              pytest.mark.skipif(find_cxx() is None, reason="no C++ compiler for the emulation")]
 
 
 def assert_close(name, got, want):

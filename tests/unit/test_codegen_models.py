@@ -26,7 +26,8 @@ from tilekit.runtime.io import load_weights
 ROOT = Path(__file__).resolve().parents[2]
 MODELS = [m for m in os.environ.get("TILEKIT_CODEGEN_MODELS", "squeezenet").split(",") if m]
 
-pytestmark = [pytest.mark.slow,
+pytestmark = [pytest.mark.usefixtures("cxx_cache"),
+              pytest.mark.slow,
               pytest.mark.skipif(find_cxx() is None, reason="no C++ compiler")]
 
 
@@ -58,12 +59,6 @@ def reference_env(module, folder: Path) -> dict:
                                            step.shapes):
             env[name] = np.broadcast_to(np.asarray(arr).astype(dtype), shape)
     return env
-
-
-@pytest.fixture(autouse=True)
-def _cache(monkeypatch, tmp_path_factory):
-    if "TILEKIT_CACHE" not in os.environ:
-        monkeypatch.setenv("TILEKIT_CACHE", str(tmp_path_factory.getbasetemp().parent / "tk-cache"))
 
 
 @pytest.mark.parametrize("rolled", [True, False] if FULL else [True],

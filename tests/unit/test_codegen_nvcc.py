@@ -26,11 +26,8 @@ ARCHS = ("sm_80", "sm_90")
 
 needs_nvcc = pytest.mark.skipif(find_nvcc() is None, reason="nvcc not on PATH")
 
-
-@pytest.fixture(autouse=True)
-def _cache(monkeypatch, tmp_path_factory):
-    if "TILEKIT_CACHE" not in os.environ:
-        monkeypatch.setenv("TILEKIT_CACHE", str(tmp_path_factory.getbasetemp().parent / "tk-cache"))
+#: compiled kernels cached once per test run (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("cxx_cache")
 
 
 PTXAS_LOG = """\

@@ -46,11 +46,8 @@ ALL = on("TILEKIT_ALL_ARCHS")
 A100 = load_profile("a100")
 needs_cxx = pytest.mark.skipif(find_cxx() is None, reason="no C++ compiler for the emulation")
 
-
-@pytest.fixture(autouse=True)
-def _cache(monkeypatch, tmp_path_factory):
-    if "TILEKIT_CACHE" not in os.environ:
-        monkeypatch.setenv("TILEKIT_CACHE", str(tmp_path_factory.getbasetemp().parent / "tk-cache"))
+#: compiled kernels cached once per test run (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("cxx_cache")
 
 
 def gemm(m: int, n: int, k: int, dtype: str, a: str = "mk", b: str = "kn",

@@ -5,7 +5,6 @@ reference executor computes."""
 
 from __future__ import annotations
 
-import os
 import shutil
 from dataclasses import replace
 
@@ -22,11 +21,8 @@ from tilekit.runtime.cpu import run_module
 H100 = load_profile("h100")
 needs_cxx = pytest.mark.skipif(find_cxx() is None, reason="no C++ compiler for the emulation")
 
-
-@pytest.fixture(autouse=True)
-def _cache(monkeypatch, tmp_path_factory):
-    if "TILEKIT_CACHE" not in os.environ:
-        monkeypatch.setenv("TILEKIT_CACHE", str(tmp_path_factory.getbasetemp().parent / "tk-cache"))
+#: compiled kernels cached once per test run (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("cxx_cache")
 
 
 def assert_emulates_reference(result, module: Module, seed: int) -> None:

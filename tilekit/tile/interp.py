@@ -28,7 +28,6 @@ kernel quality can be judged without a GPU. Kernels whose blocks wait on each ot
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import threading
 import warnings
@@ -43,7 +42,7 @@ from tilekit.tile.expr import (HALF, INT_DTYPES, Addr, Binary, Call, Cast, Const
 from tilekit.tile.functions import TMA_LOADS, TMA_STORES, WGMMA
 from tilekit.tile.nodes import (Alloc, Assign, Barrier, Break, Buffer, CallBody, Comment,
                                 Continue, Copy, Decl, Evaluate, For, If, Kernel, Let, Seq, Stmt,
-                                Store, Switch, Threads, While, exprs, walk)
+                                Store, Switch, Threads, While, calls_any, exprs, walk)
 
 #: Hopper intrinsics with no effect here: fences, register budgets, the wgmma batch and bulk
 #: store bookkeeping (wgmma and TMA stores run when issued), named barriers (a role's threads
@@ -176,7 +175,7 @@ class Interpreter:
         """Do its blocks wait on each other (a tk-ram program's progress counters, read in a
         spin)? Counters only added to (a split-K kernel's slices done per tile) run here
         block after block as on the device."""
-        return bool(self.kernel.calls) or _calls(self.kernel.body, "spin")
+        return bool(self.kernel.calls) or calls_any(self.kernel, ("spin",))
 
     def run_block(self, k: Kernel, block: int, nblocks: int, smem: np.ndarray) -> None:
         env = {"tk_block": np.int32(block), "tk_nblocks": np.int32(nblocks)}
@@ -186,17 +185,6 @@ class Interpreter:
             warnings.simplefilter("ignore")
             with np.errstate(all="ignore"):
                 frame.stmt(k.body, env, None)
-
-
-def _calls(node, fn: str) -> bool:
-    """Does `node` (a statement or expression, with everything under it) call `fn`?"""
-    if isinstance(node, Call) and node.fn == fn:
-        return True
-    if isinstance(node, (tuple, list)):
-        return any(_calls(x, fn) for x in node)
-    if dataclasses.is_dataclass(node) and not isinstance(node, type):
-        return any(_calls(getattr(node, f.name), fn) for f in dataclasses.fields(node))
-    return False
 
 
 class _Frame:
@@ -942,35 +930,36 @@ class _Frame:
         """The box at the coordinates into shared memory, swizzled, zeros outside the
         tensor; its bytes complete on the barrier (host_emul.h's tma_load)."""
         dst, tmap, bar = e.args[:3]
-        tm = self.expr(tmap, env, mask)
-        b, doff = self.address(dst, env, mask)
-        start = b.offset + doff.astype(np.int64) * np_dtype(b.dtype).itemsize
         at = self._bar_bytes(bar, env, mask, m)
-        coords = [np.broadcast_to(np.asarray(self.expr(c, env, mask), np.int64), m.shape)
-                  for c in e.args[3:3 + TMA_LOADS[e.fn]]]
-        item = np_dtype(tm.dtype).itemsize
-        bits = self.arrays[tm.buffer].view(
-            {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[item])
-        dst_bits = self.smem[:self.smem.shape[0] // item * item].view(bits.dtype)
+        tm, start, coords, bits, dst_bits = self._tma_operands(
+            tmap, dst, e.args[3:3 + TMA_LOADS[e.fn]], env, mask, m)
         for t, inside, element, slot, nbytes in self._tma_boxes(e, tm, start, coords, m,
                                                                 "destination"):
             dst_bits[slot] = np.where(inside, bits[np.where(inside, element, 0)], 0)
             self._bar_arrive(int(at[t]), 0, -nbytes)
         return np.int32(0)
 
+    def _tma_operands(self, tmap, shared, coords, env, mask, m):
+        """A bulk tensor copy's operands: its tensor map, the shared address's byte start per
+        thread, the box coordinates, and the tensor's and shared memory's elements as bit
+        patterns of the map's element size."""
+        tm = self.expr(tmap, env, mask)
+        b, off = self.address(shared, env, mask)
+        start = b.offset + off.astype(np.int64) * np_dtype(b.dtype).itemsize
+        coords = [np.broadcast_to(np.asarray(self.expr(c, env, mask), np.int64), m.shape)
+                  for c in coords]
+        item = np_dtype(tm.dtype).itemsize
+        bits = self.arrays[tm.buffer].view(
+            {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[item])
+        return tm, start, coords, bits, self.smem[:self.smem.shape[0] // item * item].view(
+            bits.dtype)
+
     def tma_store(self, e: Call, env, mask, m):
         """The map's box from shared memory (swizzled) to the tensor, elements outside it
         skipped (host_emul.h's tma_store), at once."""
         tmap, src = e.args[:2]
-        tm = self.expr(tmap, env, mask)
-        b, soff = self.address(src, env, mask)
-        start = b.offset + soff.astype(np.int64) * np_dtype(b.dtype).itemsize
-        coords = [np.broadcast_to(np.asarray(self.expr(c, env, mask), np.int64), m.shape)
-                  for c in e.args[2:2 + TMA_STORES[e.fn]]]
-        item = np_dtype(tm.dtype).itemsize
-        bits = self.arrays[tm.buffer].view(
-            {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[item])
-        src_bits = self.smem[:self.smem.shape[0] // item * item].view(bits.dtype)
+        tm, start, coords, bits, src_bits = self._tma_operands(
+            tmap, src, e.args[2:2 + TMA_STORES[e.fn]], env, mask, m)
         for _, inside, element, slot, _ in self._tma_boxes(e, tm, start, coords, m,
                                                            "store source"):
             bits[element[inside]] = src_bits[slot[inside]]

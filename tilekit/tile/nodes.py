@@ -454,19 +454,25 @@ def uses_barriers(k: Kernel) -> bool:
         uses_barriers(c) for c in k.calls)
 
 
-def uses_warp_collectives(k: Kernel) -> bool:
+def calls_any(k: Kernel, fns) -> bool:
+    """Does the body (or a callee's) call one of the functions `fns`?"""
     from tilekit.tile.expr import Call, children as expr_children
-    from tilekit.tile.functions import WARP_COLLECTIVES
 
     for s in walk(k.body):
         for e in exprs(s):
             stack = [e]
             while stack:
                 x = stack.pop()
-                if isinstance(x, Call) and x.fn in WARP_COLLECTIVES:
+                if isinstance(x, Call) and x.fn in fns:
                     return True
                 stack.extend(expr_children(x))
-    return any(uses_warp_collectives(c) for c in k.calls)
+    return any(calls_any(c, fns) for c in k.calls)
+
+
+def uses_warp_collectives(k: Kernel) -> bool:
+    from tilekit.tile.functions import WARP_COLLECTIVES
+
+    return calls_any(k, WARP_COLLECTIVES)
 
 
 def threads_independent(k: Kernel) -> bool:
@@ -480,6 +486,6 @@ __all__ = [
     "CallBody", "Comment", "Continue", "Copy", "Decl", "Evaluate", "For", "If", "Kernel",
     "Layout", "Let", "Seq", "Stmt", "Store", "Switch", "Table", "TensorMap", "Threads", "While",
     "as_expr",
-    "children", "exprs", "rebuild", "seq", "threads_independent", "transform",
+    "calls_any", "children", "exprs", "rebuild", "seq", "threads_independent", "transform",
     "uses_barriers", "uses_warp_collectives", "walk",
 ]
