@@ -114,3 +114,16 @@ def big_tile_matmul(m: int = 256, k: int = 256, n: int = 256, model: str = "big"
         ops=(Op("mm", "c[i,j] += a[i,k] * b[k,j]",
                 tile={"block": {"i": 128, "j": 128}, "thread": {"i": 8, "j": 8},
                       "step": {"k": 64}}),))
+
+
+def unpadded(program):
+    """Tile program `program` with its shared buffers in plain row-major layout, packed one
+    after another: what its padding or swizzle keeps apart, without it."""
+    from tilekit.tile.nodes import Layout
+
+    offset, shared = 0, []
+    for b in program.shared:
+        b = replace(b, layout=Layout(), offset=offset)
+        offset += b.aligned_bytes
+        shared.append(b)
+    return replace(program, shared=tuple(shared))

@@ -17,6 +17,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from codegen_support import unpadded
 from scope import on
 
 from tilekit.codegen import generate
@@ -146,17 +147,9 @@ def test_the_counters_show_coalesced_and_conflict_free_accesses(case):
 
 def test_unpadded_transposed_buffers_would_conflict():
     """The 4-float row padding of a transposed operand is what keeps its stores apart."""
-    from tilekit.tile.nodes import Layout
-
     _, g = simt_kernel(gemm(**CASES["square"]))
-    program = g.program
-    offset, shared = 0, []
-    for b in program.shared:
-        b = replace(b, layout=Layout(), offset=offset)
-        offset += b.aligned_bytes
-        shared.append(b)
-    unpadded = replace(program, shared=tuple(shared))
-    sites = interpret(unpadded, _memory(unpadded), [0]).sites.values()
+    plain = unpadded(g.program)
+    sites = interpret(plain, _memory(plain), [0]).sites.values()
     stores = [s for s in sites if s.buffer == "s_a" and s.kind == "store"]
     assert len(stores) == 8          # four scalar stores per chunk, before and in the loop
     assert all(s.wavefronts == 2 * s.ideal_wavefronts for s in stores)   # 2-way conflicts

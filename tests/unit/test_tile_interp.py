@@ -9,7 +9,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from codegen_support import fixture, random_values, without_tiles
+from codegen_support import fixture, random_values, unpadded, without_tiles
 from tilekit.codegen import generate
 from tilekit.codegen.kernel import tvar
 from tilekit.codegen.report import program_report
@@ -116,14 +116,7 @@ def test_tensor_core_fragments_are_conflict_free_only_with_the_layout_pass():
         return sum(s.wavefronts for s in sites) / sum(s.ideal_wavefronts for s in sites)
     assert ldmatrix_degree(counters) == 1.0
     # the same program with the rows unpadded: the fragment reads conflict
-    program = g.program
-    offset, shared = 0, []
-    for b in program.shared:
-        b = replace(b, layout=Layout(), offset=offset)
-        offset += b.aligned_bytes
-        shared.append(b)
-    unpadded = replace(program, shared=tuple(shared))
-    assert ldmatrix_degree(interpret(unpadded, memory)) > 2
+    assert ldmatrix_degree(interpret(unpadded(g.program), memory)) > 2
 
 
 def test_the_report_of_a_staged_contraction():
