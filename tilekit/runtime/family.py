@@ -218,7 +218,6 @@ class CompiledFamily:
         return CpuProgram(generated.module, threads,
                           unit=self.unit(generated.kernels, records, instance, values, profile))
 
-
     def _generated(self, instance, values: Mapping[str, int], profile):
         """A size's CPU code, generated knowing which extents vary (`varying_axes`, found
         once, from the first size)."""
