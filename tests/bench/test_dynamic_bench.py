@@ -113,29 +113,52 @@ def _feeds(module, values, seed: int = 0) -> dict[str, np.ndarray]:
     return out
 
 
-@pytest.mark.parametrize("model", MODELS)
-def test_one_symbolic_import_against_an_import_per_size(model, tmp_path, monkeypatch):
+def agreeing(pair, feeds) -> tuple:
+    """A size's (symbolic, specialised) programs with their weights, flattened, after both
+    ran on `feeds` and agreed."""
+    (sym, sym_w), (spec, spec_w) = pair
+    a, b = sym.run(feeds, sym_w), spec.run(feeds, spec_w)
+    for name in a:
+        np.testing.assert_allclose(a[name], b[name], rtol=1e-4, atol=1e-5)
+    return sym, sym_w, spec, spec_w
+
+
+def symbolic_programs(path: Path, target: str, sizes, clock: _Clock, program):
+    """Import the dynamic export `path` once, its dimensions symbolic, and make each
+    sequence length's program (batch 1) through one `CompiledFamily` for `target`
+    (`program(family, instance, values)`), all under `clock`: (module, (batch, seq symbols),
+    family, {size: [(program, weights)]})."""
     import tilekit
     from tilekit.ir.dims import instantiate
     from tilekit.runtime.family import CompiledFamily
     from tilekit.runtime.fold import fold_constants
 
-    path = CORPUS / f"{model}.onnx"
-    symbolic_clock, specialised_clock = _Clock(), _Clock()
-    monkeypatch.setenv("TILEKIT_CACHE", str(tmp_path / "symbolic"))
-    with symbolic_clock:
+    with clock:
         symbolic = tilekit.compile(path, [])
     module = symbolic.module
     seq = next(s for s in module.dims if "seq" in s)
     batch = next(s for s in module.dims if s != seq)
+    family = CompiledFamily(module, symbolic.weights, target)
     programs = {}
-    family = CompiledFamily(module, symbolic.weights)
-    for size in SIZES:
+    for size in sizes:
         values = {batch: 1, seq: size}
-        with symbolic_clock:
+        with clock:
             instance, weights = fold_constants(instantiate(module, values), symbolic.weights)
-            programs[size] = [(family.program(instance, values, THREADS),
+            programs[size] = [(program(family, instance, values),
                                {k: np.ascontiguousarray(v) for k, v in weights.items()})]
+    return module, (batch, seq), family, programs
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_one_symbolic_import_against_an_import_per_size(model, tmp_path, monkeypatch):
+    import tilekit
+
+    path = CORPUS / f"{model}.onnx"
+    symbolic_clock, specialised_clock = _Clock(), _Clock()
+    monkeypatch.setenv("TILEKIT_CACHE", str(tmp_path / "symbolic"))
+    module, (batch, seq), family, programs = symbolic_programs(
+        path, "cpu", SIZES, symbolic_clock, lambda family, instance, values: family.program(
+            instance, values, THREADS))
     monkeypatch.setenv("TILEKIT_CACHE", str(tmp_path / "specialised"))
     for size in SIZES:
         values = {batch: 1, seq: size}
@@ -145,11 +168,7 @@ def test_one_symbolic_import_against_an_import_per_size(model, tmp_path, monkeyp
     rows = {}
     for size in SIZES:
         feeds = _feeds(module, {batch: 1, seq: size})
-        (sym, sym_w), (spec, spec_w) = programs[size]
-        a, b = sym.run(feeds, sym_w), spec.run(feeds, spec_w)
-        for name in a:
-            np.testing.assert_allclose(a[name], b[name], rtol=1e-4, atol=1e-5)
-        rows[str(size)] = _alternate(feeds, sym, sym_w, spec, spec_w)
+        rows[str(size)] = _alternate(feeds, *agreeing(programs[size], feeds))
     row = {
         "model": model, "sizes": {"batch": 1, "sequence": list(SIZES)},
         "compile": _compile_cost(symbolic_clock, family.builds, specialised_clock, len(SIZES)),

@@ -17,6 +17,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from models.onnx_models import kv_cache_step
 from tilekit.cli import tk_codegen, tk_import, tk_roll, tk_run, tk_weld
+from tilekit.codegen.nvcc import find_nvcc
 from tilekit.errors import TilekitError
 
 
@@ -274,9 +275,9 @@ def _kv_family(tmp_path):
     return compiled, CompiledFamily(compiled.module, compiled.weights)
 
 
-def _kv_run(compiled, family, seq: int, past: int):
-    """The family's program at (seq, past), its outputs on random inputs, and the reference
-    executor's."""
+def _kv_size(compiled, seq: int, past: int):
+    """The module at (seq, past), folded: (values, instance, weights), random inputs, and
+    the reference executor's outputs."""
     from tilekit.ir.dims import instantiate
     from tilekit.runtime import backend
     from tilekit.runtime.fold import fold_constants
@@ -287,9 +288,15 @@ def _kv_run(compiled, family, seq: int, past: int):
     feeds = {"x": rng.standard_normal((1, seq, 8)).astype(np.float32),
              "past_k": rng.standard_normal((1, past, 8)).astype(np.float32),
              "past_v": rng.standard_normal((1, past, 8)).astype(np.float32)}
-    program = family.program(instance, values, threads=2)
-    expected = backend(instance, "cpu", "whole").run(feeds, weights)
-    return program, feeds, weights, expected
+    return (values, instance, weights), feeds, backend(instance, "cpu", "whole").run(feeds,
+                                                                                     weights)
+
+
+def _kv_run(compiled, family, seq: int, past: int):
+    """The family's program at (seq, past), its outputs on random inputs, and the reference
+    executor's."""
+    (values, instance, weights), feeds, expected = _kv_size(compiled, seq, past)
+    return family.program(instance, values, threads=2), feeds, weights, expected
 
 
 def test_decode_steps_share_one_build(tmp_path):
@@ -372,3 +379,66 @@ def test_a_damaged_template_store_is_left_out(tmp_path, monkeypatch, content):
     family._store(None).write_text(content)
     kept = family._stored_templates(None)
     assert kept == ([["good", [1], [3, 4], [0]]] if "good" in content else [])
+
+
+def _kv_code(compiled, family, seq: int, past: int):
+    """The family's (module, unit) at (seq, past) for its target, random inputs, weights and
+    the reference executor's outputs."""
+    (values, instance, weights), feeds, expected = _kv_size(compiled, seq, past)
+    module, unit = family.code(instance, values)
+    return module, unit, feeds, weights, expected
+
+
+def test_cuda_decode_steps_share_one_build(tmp_path, monkeypatch):
+    """Sizes as parameters on CUDA: every decode step's kernels are one template's, so one
+    unit (one nvcc build) serves every cache length, its sizes read from constant memory;
+    each step's launches are its own (grids from its sizes). Each step, emulated on the CPU
+    with the template's unit and the step's tables, equals the reference executor, and
+    another step's tables give wrong results (the sizes are read). The lane groups of the
+    softmax over the cache are a warp whatever its length (the extent varies: no decision
+    reads it)."""
+    from dataclasses import replace
+
+    from tilekit.codegen.emulate import emulate
+    from tilekit.ir.payloads import CodegenSection
+    from tilekit.runtime.family import CompiledFamily
+
+    monkeypatch.setenv("TILEKIT_CACHE", str(tmp_path / "cache"))
+    compiled, _ = _kv_family(tmp_path)
+    family = CompiledFamily(compiled.module, compiled.weights, "cuda")
+    made = {}
+    for past in (1, 8, 31, 64):
+        module, unit, feeds, weights, expected = _kv_code(compiled, family, 1, past)
+        out = emulate(module, feeds, weights, unit=unit)
+        for name in expected:
+            np.testing.assert_allclose(out[name], expected[name], rtol=1e-5, atol=1e-6)
+        made[past] = (module, unit, feeds, weights, expected)
+    assert len(family.templates) == 1 and family.builds == 1
+    units = [u for _, u, *_ in made.values()]
+    assert len({u.source for u in units}) == 1 and len({u.ints for u in units}) == 4
+    assert "__constant__ long long tk_iz[" in units[0].source
+    grids = {past: tuple(tuple(k.grid) for k in CodegenSection.read(m.codegen).kernels)
+             for past, (m, *_) in made.items()}
+    assert grids[1] != grids[64]                      # each size launches its own grids
+    softmax = [k for k in CodegenSection.read(made[64][0].codegen).kernels
+               if "Softmax" in k.name]
+    assert softmax and "tk_warp_max<32>" in units[0].source
+    module, unit, feeds, weights, expected = made[64]
+    wrong = emulate(module, feeds, weights, unit=replace(unit, ints=made[8][1].ints))
+    assert not np.allclose(wrong["y"], expected["y"], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.skipif(find_nvcc() is None, reason="nvcc not on PATH")
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_a_cuda_template_compiles_for_both_families(tmp_path, monkeypatch, arch):
+    """The template's unit (its holes read from `__constant__` tables) passes nvcc and
+    ptxas for the sm_80 and sm_90 families, with no local memory."""
+    from tilekit.codegen.nvcc import compile_unit
+    from tilekit.runtime.family import CompiledFamily
+
+    monkeypatch.setenv("TILEKIT_CACHE", str(tmp_path / "cache"))
+    compiled, _ = _kv_family(tmp_path)
+    family = CompiledFamily(compiled.module, compiled.weights, "cuda")
+    _, unit, *_ = _kv_code(compiled, family, 1, 12)
+    result = compile_unit(unit.source, arch)
+    assert result.resources and all(r.stack == 0 and r.spills == 0 for r in result.resources.values())

@@ -31,9 +31,10 @@ Steps, in order (`--steps` picks some):
     sanitizer   compute-sanitizer memcheck, racecheck and synccheck on three models' welded
                 kernels and tk-ram programs
     bench       tests/bench/test_gpu_bench.py (tilekit against cuBLAS/cuDNN/PyTorch, ratios)
-    stages      tests/bench/test_gpu_weld.py, test_gpu_ram.py, test_gpu_grind.py: welded
-                against unwelded kernels, a program against per-kernel launches and a CUDA
-                graph, device loops against host-driven ones and PyTorch eager
+    stages      tests/bench/test_gpu_weld.py, test_gpu_ram.py, test_gpu_grind.py,
+                test_gpu_dynamic.py: welded against unwelded kernels, a program against
+                per-kernel launches and a CUDA graph, device loops against host-driven ones
+                and PyTorch eager, a symbolic module's shared builds against one per size
     fidelity    tests/bench/test_gpu_fidelity.py (tk-roll's top-10 tiles of 30 suite ops, and of
                 the tensor-core shapes, timed: how well the cost model ranks them; docs/roll.md,
                 "Fidelity")
@@ -385,7 +386,7 @@ def step_bench(run: Runner, args) -> None:
 
 
 def step_stages(run: Runner, args) -> None:
-    for name in ("weld", "ram", "grind"):
+    for name in ("weld", "ram", "grind", "dynamic"):
         r, written = _run_bench(run, f"stages-{name}", "python3 -m pytest "
                                 f"tests/bench/test_gpu_{name}.py -o addopts='' -q -s -rs "
                                 "-p no:cacheprovider --tb=short", args.limit_bench,

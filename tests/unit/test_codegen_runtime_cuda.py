@@ -3,6 +3,7 @@ uploads and launches, in which order, with which arguments. The real thing is te
 
 from __future__ import annotations
 
+import ctypes
 import sys
 import types
 
@@ -71,14 +72,27 @@ def fake_cupy(log, driver=99000, smem_optin=232448):
     cupy.cuda = cuda
     cupy.empty = FakeArray
 
+    class Global:
+        """A `__constant__` array of the module: what the host copied into it."""
+
+        def __init__(self):
+            self.bytes = b""
+
+        def copy_from_host(self, address, nbytes):
+            self.bytes = ctypes.string_at(address, nbytes)
+
     class RawModule:
         def __init__(self, path=None, code=None, backend=None, options=()):
             log.append(("module", path is not None, code is not None))
-            self.code = code
+            self.path, self.code = path, code
             self.functions = {}
+            self.globals = {}
 
         def get_function(self, name):
             return self.functions.setdefault(name, FakeFunction(name, log))
+
+        def get_global(self, name):
+            return self.globals.setdefault(name, Global())
     cupy.RawModule = RawModule
     return cupy
 
@@ -261,3 +275,41 @@ def test_weights_reuploaded_for_a_new_array_and_held_while_compared(runtime, mon
     # The program keeps the array it compares against, so its id can never be reused by a
     # new array that would then be mistaken for it.
     assert held() is not None
+
+
+@pytest.mark.skipif(find_nvcc() is None, reason="nvcc not on PATH")
+def test_the_sizes_of_a_symbolic_module_share_one_build(runtime, tmp_path):
+    """`tk-run --device cuda` on a symbolic module: its sizes run one template's build (the
+    same cubin), each with its own size tables copied into the module's constant memory
+    and its own launches; the run says so."""
+    import onnx
+
+    import tilekit
+    from clirun import run_in
+    from models.onnx_models import kv_cache_step
+    from tilekit.cli import tk_import, tk_run
+    from tilekit.ir.dims import instantiate
+    from tilekit.runtime.family import CompiledFamily
+    from tilekit.runtime.fold import fold_constants
+
+    cuda, log = runtime
+    onnx.save(kv_cache_step(), str(tmp_path / "kv.onnx"))
+    compiled = tilekit.compile(tmp_path / "kv.onnx", [])
+    family = CompiledFamily(compiled.module, compiled.weights, "cuda")
+    programs = []
+    for past in (3, 40):
+        values = {"seq": 1, "past": past}
+        instance, _ = fold_constants(instantiate(compiled.module, values), compiled.weights)
+        programs.append(family.program(instance, values))
+    a, b = programs
+    assert family.builds == 1 and a.raw.path == b.raw.path and a.raw is not b.raw
+    for p in programs:
+        assert np.frombuffer(p.raw.globals["tk_iz"].bytes, np.int64).tolist() == \
+            list(p.unit.ints)
+    assert a.unit.ints != b.unit.ints
+    assert [l.grid for l in a.launches] != [l.grid for l in b.launches]
+    assert run_in(tk_import.main, ["kv.onnx", "-o", "kv.yaml"], tmp_path).exit_code == 0
+    result = run_in(tk_run.main, ["kv.yaml", "--device", "cuda", "--dim", "seq=1",
+                                  "--dim", "past=3,40", "--bench", "2"], tmp_path)
+    assert result.exit_code == 0, result.output
+    assert result.output.count("sizes read at run time") == 2, result.output

@@ -228,7 +228,7 @@ def main(input, device, mode, threads, input_flags, inputs_npz, seed, dim_flags,
                            "sizes", "-o", "give one size per symbol with -o")
     status = EXIT_OK
     base = load_weights(module, folder)  # every size's weights, read once
-    family = CompiledFamily(module, base)   # compiled code shared by the sizes
+    family = CompiledFamily(module, base, device)   # compiled code shared by the sizes
     for values in bindings:
         instance = instantiate(module, values)
         verify(instance, origin=input)

@@ -35,6 +35,7 @@ import numpy as np
 
 from tilekit.codegen.cxx import compiler_version, find_cxx, precompiled_headers
 from tilekit.codegen.kernel import tvar
+from tilekit.tile.cstyle import SIZE_TABLES
 from tilekit.tile.cuda import CudaPrinter
 from tilekit.ir.payloads import CodegenSection
 from tilekit.errors import TilekitError, UnsupportedError
@@ -45,9 +46,10 @@ HERE = Path(__file__).resolve().parent
 CXX_FLAGS = ("-std=c++17", "-O1", "-w")
 
 
-def harness_source(module: Module) -> str:
+def harness_source(module: Module, unit=None) -> str:
     """A C++ main() that loads tensors from `<dir>/<name>.bin`, launches every kernel in
-    order and writes every tensor a kernel wrote back to `<dir>/<name>.out`."""
+    order and writes every tensor a kernel wrote back to `<dir>/<name>.out`; with `unit` (a
+    template whose sizes are parameters), its size tables are set first."""
     kernels = CodegenSection.read(module.codegen).kernels
     declared = with_scratch(module, kernels)
     tensors: list[str] = []
@@ -72,6 +74,9 @@ def harness_source(module: Module) -> str:
              "  const int only = argc > 2 ? std::atoi(argv[2]) : -1;",
              "  std::vector<unsigned> ids;",
              "  for (int a = 3; a < argc; ++a) ids.push_back((unsigned)std::atoi(argv[a]));"]
+    if unit is not None:
+        for (name, _), values in zip(SIZE_TABLES, (unit.ints, unit.floats)):
+            lines += [f"  {name}[{i}] = {v!r};" for i, v in enumerate(values)]
     for t in tensors:
         tensor = declared[t]
         nbytes = tensor.size * np.dtype(_np_dtype(tensor.dtype)).itemsize
@@ -167,8 +172,10 @@ def main_source(module: Module, harness: str) -> str:
     return f"#define TK_EMUL_DYNAMIC_SMEM {dyn}\n#include \"unit.cu\"\n" + harness
 
 
-def build(module: Module) -> Path:
-    """Compile the emulation binary for `module` (cached by content)."""
+def build(module: Module, unit=None) -> Path:
+    """Compile the emulation binary for `module` (cached by content); with `unit`
+    (tilekit.codegen.parametric.Unit: a template whose sizes are parameters, and the
+    module's size tables), its source instead of the module's own kernels."""
     from tilekit.codegen.nvcc import building, cache_dir, keep_failed
 
     if not module.codegen:
@@ -176,8 +183,8 @@ def build(module: Module) -> Path:
     cxx = find_cxx()
     if cxx is None:
         raise UnsupportedError("no C++ compiler (g++ or clang++) for the CPU emulation")
-    unit = unit_from_ir(module)
-    main = main_source(module, harness_source(module))
+    main = main_source(module, harness_source(module, unit))
+    unit = unit_from_ir(module) if unit is None else unit.source
     headers = {name: (HERE / name).read_text() for name in ("host_emul.h", "host_types.h")}
     helpers = (HERE / "runtime.cuh").read_text()
     version = compiler_version(cxx)
@@ -213,17 +220,19 @@ CONCURRENT_SEEDS = (1, 2, 3)
 
 
 def emulate(module: Module, inputs: Mapping[str, np.ndarray],
-            weights: Mapping[str, np.ndarray], timeout: float = 600) -> dict[str, np.ndarray]:
-    """Outputs of `module` computed by its generated kernels run on the CPU. A module with a
-    co-resident kernel runs under each of `CONCURRENT_SEEDS`; results that differ between
-    them are a race between blocks and raise."""
+            weights: Mapping[str, np.ndarray], timeout: float = 600,
+            unit=None) -> dict[str, np.ndarray]:
+    """Outputs of `module` computed by its generated kernels run on the CPU (`unit`: a
+    template's build and the module's size tables, run instead of its own kernels: `build`).
+    A module with a co-resident kernel runs under each of `CONCURRENT_SEEDS`; results that
+    differ between them are a race between blocks and raise."""
     for name, entry in (module.codegen or {}).get("control", {}).items():
         if entry.get("run") != "device":
             raise UnsupportedError(f"control op '{name}' runs on the host: the emulation "
                                    "runs device loops and branches only", "codegen.control",
                                    "place it on the device with tk-grind, or check it with "
                                    "tk-run --device cpu")
-    exe = build(module)
+    exe = build(module, unit)
     values = {**weights, **inputs}
     kernels = CodegenSection.read(module.codegen).kernels
     seeds = CONCURRENT_SEEDS if any(k.coresident for k in kernels) else (None,)

@@ -161,7 +161,8 @@ def fused_kernel(module, plan: GroupPlan, entry: str, tile: Tile | None, target:
         regions = default_block(module, plan, limit)
         threads = DEFAULT_THREADS
         source = "default"
-    lanes = [stage_lanes(s.main, math.prod(x.length for x in regions.spans[k]), threads)
+    lanes = [stage_lanes(s.main, math.prod(x.length for x in regions.spans[k]), threads,
+                         target.varies(s.main.op.name, s.main.reduction))
              if target.lanes else 1 for k, s in enumerate(plan.stages)]
     # The cross-warp partials (`_cross_warp`) are shared memory beside the buffers.
     scratch = sum(cross_warp_bytes(threads) for n in lanes if n > WARP)
@@ -244,10 +245,10 @@ def _declare_regions(b: Builder, plan: GroupPlan, regions: Regions, extents: lis
     return region_lo
 
 
-def stage_lanes(p: OpPlan, volume: int, threads: int) -> int:
+def stage_lanes(p: OpPlan, volume: int, threads: int, varies: bool = False) -> int:
     """Lanes per point of a stage (tilekit.schedule.defaults.fused_lanes, the count tk-weld
-    prices)."""
-    return fused_lanes(p.reduction, contiguous_reduction(p), volume, threads)
+    prices; `varies`: its innermost reduction axis's extent moves with a symbol)."""
+    return fused_lanes(p.reduction, contiguous_reduction(p), volume, threads, varies)
 
 
 def cross_warp_bytes(threads: int) -> int:

@@ -59,6 +59,7 @@ inline dim3 threadIdx, blockIdx, blockDim, gridDim;
 #define __shared__ static
 #define __launch_bounds__(...)
 #define __grid_constant__
+#define __constant__
 #define __align__(n) __attribute__((aligned(n)))
 #define __forceinline__ inline
 #include "host_types.h"

@@ -487,7 +487,8 @@ def default_kernel(module: Module, plan: GroupPlan, entry: str, target: Target
     main = stage.main
     sig = group_signature(module, plan)
     points = main.points
-    lanes = lane_count(main.reduction, contiguous_reduction(main)) if target.lanes else 1
+    lanes = lane_count(main.reduction, contiguous_reduction(main),
+                       target.varies(main.op.name, main.reduction)) if target.lanes else 1
     threads = DEFAULT_THREADS
     per_block = threads // lanes
     grid = default_grid(points, per_block)
@@ -498,12 +499,14 @@ def default_kernel(module: Module, plan: GroupPlan, entry: str, target: Target
     axes = [a for a, _ in main.spatial]
     extents = [n for _, n in main.spatial]
     names = [avar(a) for a in axes]
+    # a symbolic module's size: an extent of 1 keeps its division when the axes vary
+    named = any((main.op.name, a) in target.varying for a in axes)
     with b.threads(threads) as tid:
         if lanes == 1:
             start = tx.cast(idx_t, BLOCK) * threads + tid
             with b.loop("p", start, points, tx.cast(idx_t, NBLOCKS) * threads,
                         dtype=idx_t) as p:
-                vars_ = decompose(b, p, extents, names, idx_t)
+                vars_ = decompose(b, p, extents, names, idx_t, named=named)
                 pb = PointBuilder(module, b, stage, vars_, global_resolver)
                 sink = store_sink(module, b, plan.stored, vars_)
                 acc = None
@@ -517,7 +520,7 @@ def default_kernel(module: Module, plan: GroupPlan, entry: str, target: Target
                 p = b.let("p", base + tx.div(tid, lanes), idx_t)
                 active = b.let("active", tx.lt(p, points))
                 vars_ = decompose(b, tx.select(active, p, tx.const(0, idx_t)), extents, names,
-                                  idx_t)
+                                  idx_t, named=named)
                 pb = PointBuilder(module, b, stage, vars_, global_resolver)
                 sink = store_sink(module, b, plan.stored, vars_)
                 kind = pb.acc_kind(main)

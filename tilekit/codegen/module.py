@@ -93,17 +93,20 @@ def smem_limit(profile) -> int:
 def generate(module: Module, profile=None, arch: str | None = None, target: str = "cuda",
              varying: frozenset[tuple[str, str]] | None = None) -> CodegenResult:
     """Generate every kernel of `module` for `target` (cuda | cpu); see the module
-    docstring. `varying`: CPU code for one size of a symbolic module, given the (op, axis)
+    docstring. `varying`: code for one size of a symbolic module, given the (op, axis)
     pairs whose extents change with its symbols: no decision that shapes the code reads
-    them (`tilekit.schedule.cpu.CpuTiles.varying`)."""
+    them (`tilekit.schedule.shape.Target.varying`; on CPUs `tilekit.schedule.cpu.CpuTiles
+    .varying`)."""
     kind = target
     if kind == "cuda":
         refuse_cpu_module(module, profile)
     the_arch = target_arch(arch, profile) if kind == "cuda" else "cpu"
     target = Target.of(profile, recorded_precision(module), kind,
                        the_arch if kind == "cuda" else None)
-    if varying is not None and target.cpu is not None:
-        target = replace(target, cpu=replace(target.cpu, varying=frozenset(varying)))
+    if varying is not None:
+        target = replace(target, varying=frozenset(varying))
+        if target.cpu is not None:
+            target = replace(target, cpu=replace(target.cpu, varying=frozenset(varying)))
     if module.program is not None or kind != "cuda":
         # tk-ram composes kernel bodies into persistent blocks; a wgmma body (warp roles,
         # TMA descriptors as kernel parameters) does not compose: mma.sync there
@@ -405,7 +408,7 @@ def _single_stage(module: Module, plan: GroupPlan, entry: str, target: Target, n
         if tile is not None:
             g = replace(g, schedule={**g.schedule, "tile_ignored": CPU_TILE_NOTE})
         return [g]
-    decision = decide(op_facts(main), tile, target, split_k)
+    decision = decide(op_facts(main, target), tile, target, split_k)
     if decision.note and decision.shape != "default":
         notes.append(f"{where}: {decision.note}")
     if decision.shape == "mma":

@@ -1,5 +1,5 @@
-"""Compiled CPU code whose sizes are parameters: one build serves every size of a symbolic
-module whose tile programs have the same structure.
+"""Compiled code whose sizes are parameters: one build serves every size of a symbolic
+module whose tile programs have the same structure (C++ for CPUs; CUDA, `cuda_unit_source`).
 
 The code generators decide with integers (extents, strides, rows per block, grids): a
 symbolic module's CPU code is generated for the sizes a run binds (`tilekit.ir.dims
@@ -28,6 +28,11 @@ the C++ is not (about 10 s). So the build is shared across sizes instead:
   same statements, the same numbers. A size that matches none makes a new template (and a
   build, cached by its source like any other).
 
+On CUDA the same templates print with the CUDA printer, the tables in constant memory
+(`cuda_unit_source`); a kernel's grid is its launch's (each size's own record) and is no
+leaf, and the CUDA generators are told the varying axes too (`tilekit.schedule.shape.Target
+.varying`: lane groups along a varying reduction are a warp).
+
 This is what DietCode's shape-generic kernels are for the code that tilekit's schedules
 make: the variants are the structures, the dispatch rule is the match, and the number of
 builds grows with the structures a run meets, not with its sizes (docs/dims.md).
@@ -40,14 +45,23 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 from tilekit.errors import InternalError
-from tilekit.tile.cpp import SIZE_TABLES
+from tilekit.tile.cstyle import SIZE_TABLES
 from tilekit.tile.expr import FLOAT_DTYPES, INT_DTYPES, Call, Cast, Const, Expr, Load, Var
 from tilekit.tile.nodes import Buffer, Comment, Kernel, Let, seq
 
 #: The unit's size tables (printed by tilekit.tile.cpp `size_tables`): names and types.
 (INT_SIZES, INT_TYPE), (FLOAT_SIZES, FLOAT_TYPE) = SIZE_TABLES
-#: Calls whose first arguments must be constants of the C++ code (template arguments).
-CONSTANT_ARGUMENTS = {"gemm_micro": 2, "gemm_micro_rows": 2, "pack_row": 1, "packed_b": 1}
+#: Calls some of whose arguments must be constants of the printed code (template arguments,
+#: PTX immediates): the positions of those arguments. They are no leaves (a size that changes
+#: one has another structure).
+CONSTANT_ARGUMENTS = {
+    # the C++ micro-kernels (tilekit.tile.cpp)
+    "gemm_micro": (0, 1), "gemm_micro_rows": (0, 1), "pack_row": (0,), "packed_b": (0,),
+    # the CUDA intrinsics (tilekit.tile.cuda)
+    "warp_sum": (1,), "warp_prod": (1,), "warp_max": (1,), "warp_min": (1,),
+    "cp_async_wait": (0,), "bulk_wait": (0,), "bulk_wait_read": (0,), "wgmma_wait": (1,),
+    "setmaxnreg_inc": (0,), "setmaxnreg_dec": (0,),
+    **{f: (3, 4, 5) for f in ("wgmma_f16", "wgmma_bf16", "wgmma_tf32")}}
 
 
 # -- leaves: one traversal, used both to read them and to replace them --------------------
@@ -88,9 +102,9 @@ class _Walk:
         if isinstance(x, Buffer):
             return dataclasses.replace(x, comment="") if self.blank else x
         if isinstance(x, Call) and x.fn in CONSTANT_ARGUMENTS:
-            n = CONSTANT_ARGUMENTS[x.fn]
-            return dataclasses.replace(x, args=x.args[:n] + tuple(self.node(a)
-                                                                  for a in x.args[n:]))
+            kept = CONSTANT_ARGUMENTS[x.fn]
+            return dataclasses.replace(x, args=tuple(a if n in kept else self.node(a)
+                                                     for n, a in enumerate(x.args)))
         if isinstance(x, tuple):
             return tuple(self.node(i) for i in x)
         if dataclasses.is_dataclass(x) and not isinstance(x, type):
@@ -115,13 +129,17 @@ class Abstract:
 
 
 def abstract(kernels: Sequence[Any]) -> Abstract:
-    """The structure and leaves of generated CPU kernels (`GeneratedKernel`s)."""
+    """The structure and leaves of generated kernels (`GeneratedKernel`s, of one target)."""
     leaves: list = []
+    # the C++ entries print a grid of one block differently; a CUDA kernel's grid is its
+    # launch's (the runtime takes each size's own), never printed: no leaf that differs
+    cpu = any(g.target == "cpu" for g in kernels)
 
     def leaf(value, dtype):
-        leaves.append(value)
         if dtype == "grid":
-            return 1 if value == 1 else 2     # one block or several: printed differently
+            leaves.append(value if cpu else 0)
+            return (1 if value == 1 else 2) if cpu else 0
+        leaves.append(value)
         return 0 if dtype in ("smem", "dim") else Const(0, dtype)
 
     walk = _Walk(leaf, blank=True)
@@ -258,9 +276,9 @@ def programs(t: Template) -> list[tuple[Kernel, Expr | int]]:
 
 @dataclass(frozen=True)
 class Unit:
-    """A template's translation unit (kernels, size tables, program entries) and the size
-    tables of one size that matches it: the integer table ends with the program's block
-    memory."""
+    """A template's translation unit (kernels, size tables; a CPU unit's program entries
+    too) and the size tables of one size that matches it: a CPU unit's integer table ends
+    with the program's block memory."""
 
     source: str
     ints: tuple[int, ...]
@@ -277,9 +295,7 @@ def unit_source(t: Template, records: Sequence[Any]) -> str:
     from tilekit.tile import cpp
 
     made = programs(t)
-    ints = len({slot for pos, slot in zip(t.holes, t.slots)
-                if not isinstance(t.constants[pos], float)})
-    floats = len(set(t.slots)) - ints
+    ints, floats = _table_lengths(t)
     memory = Cast(Load(INT_SIZES, (Const(ints, "int32"),), INT_TYPE), "int32")
     source = cpp.unit_text([cpp.kernel_text(p, smem) for p, smem in made],
                            sizes=(ints + 1, floats)) + RUNTIME_TAIL
@@ -287,6 +303,35 @@ def unit_source(t: Template, records: Sequence[Any]) -> str:
     calls = [(r.entry, at[i], p.grid, not on_first_thread(r))
              for i, (r, (p, _)) in enumerate(zip(records, made))]
     return source + cpp.program_entries(calls, memory)
+
+
+def _table_lengths(t: Template) -> tuple[int, int]:
+    """How many integers and floats template `t`'s size tables hold (one per slot)."""
+    ints = len({slot for pos, slot in zip(t.holes, t.slots)
+                if not isinstance(t.constants[pos], float)})
+    return ints, len(set(t.slots)) - ints
+
+
+def cuda_unit_source(t: Template, kernels: Sequence[Any]) -> str:
+    """The CUDA translation unit of template `t` (the same for every size that matches it;
+    `kernels`: such a size's generated kernels, for the defines and half types their files
+    need): every kernel printed as tk-codegen prints it, its holes read from the size tables
+    in constant memory. Grids, block memory and TMA descriptors are not in the unit: the
+    runtime launches each size with its own kernels' records."""
+    from tilekit.tile import cuda
+
+    return cuda.unit_text([cuda.kernel_text(p) for p, _ in programs(t)],
+                          [g.defines for g in kernels], any(g.uses_half for g in kernels),
+                          sizes=_table_lengths(t))
+
+
+def cuda_unit(t: Template, a: Abstract, kernels: Sequence[Any],
+              source: str | None = None) -> Unit:
+    """The CUDA unit that runs a size matching template `t` (`a`: the size's abstract,
+    `kernels`: its generated kernels): the template's source (`cuda_unit_source`, printed here
+    unless given) and the size's tables."""
+    ints, floats = t.values(a)
+    return Unit(source if source is not None else cuda_unit_source(t, kernels), ints, floats)
 
 
 def unit(t: Template, a: Abstract, records: Sequence[Any], source: str | None = None) -> Unit:
@@ -301,4 +346,5 @@ def unit(t: Template, a: Abstract, records: Sequence[Any], source: str | None = 
 
 
 __all__ = ["Abstract", "CONSTANT_ARGUMENTS", "FLOAT_SIZES", "INT_SIZES", "Template", "Unit",
-           "abstract", "programs", "template", "unit", "unit_source"]
+           "abstract", "cuda_unit", "cuda_unit_source", "programs", "template", "unit",
+           "unit_source"]

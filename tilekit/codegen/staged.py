@@ -66,9 +66,11 @@ class Box:
     adjust: tuple[int, ...]            # local index of the tile's first point, per dimension
 
 
-def op_facts(p: OpPlan) -> OpFacts:
-    """What the shared shape decision needs of a (possibly inlined) op plan."""
-    return facts_of(p.spatial, p.reduction, p.body, p.read_list(), p.assign)
+def op_facts(p: OpPlan, target: Target | None = None) -> OpFacts:
+    """What the shared shape decision needs of a (possibly inlined) op plan (`target`: for
+    the extents that vary, `Target.varying`)."""
+    return facts_of(p.spatial, p.reduction, p.body, p.read_list(), p.assign,
+                    target is not None and target.varies(p.op.name, p.reduction))
 
 
 def read_key(r) -> tuple:

@@ -115,16 +115,23 @@ def backend(module: Module, device: str = "cpu", mode: str | None = None,
                                "use --device cpu")
         from tilekit.runtime import cuda
 
-        program = cuda.prepare(module)  # refuses what it cannot run, builds the kernels, early
+        # refuses what it cannot run, builds the kernels, early; a symbolic module's size
+        # through the build its sizes share
+        if family is not None and values is not None and not module.codegen:
+            program = family.program(module, values)
+        else:
+            program = cuda.prepare(module)
 
         def trace(inputs, weights):
             program.run(inputs, weights)
             return program.tensors()
 
-        return Backend("cuda", cuda.device_description(),
-                       lambda inputs, weights: cuda.run_module(module, inputs, weights),
-                       lambda inputs, weights, runs, warmup: cuda.time_kernels(
-                           module, inputs, weights, runs, warmup),
+        def bench(inputs, weights, runs, warmup):
+            program.upload(inputs, weights)
+            return program.time(runs, warmup)
+
+        shared = "" if program.unit is None else ", sizes read at run time"
+        return Backend("cuda", cuda.device_description() + shared, program.run, bench,
                        trace=trace,
                        # per-kernel events need every kernel once per run, in order
                        profile=program.profile if program.steps is None else None)

@@ -1,13 +1,16 @@
-"""One symbolic module's compiled CPU code across its sizes: builds shared by the sizes whose
-code has the same structure (tilekit.codegen.parametric).
+"""One symbolic module's compiled code across its sizes: builds shared by the sizes whose
+code has the same structure (tilekit.codegen.parametric), on the CPU or on CUDA.
 
-`CompiledFamily(module, weights)` holds the templates made so far for a symbolic module.
-`program(instance, values)` gives the compiled program of one size (`instance`: the module
-at `values`, folded by `tilekit.runtime.fold`, as tk-run makes it):
+`CompiledFamily(module, weights, target)` holds the templates made so far for a symbolic
+module. `program(instance, values)` gives the compiled program of one size (`instance`: the
+module at `values`, folded by `tilekit.runtime.fold`, as tk-run makes it; a `CpuProgram`,
+or a `CudaProgram` for target "cuda"), `code(instance, values)` its generated module and
+unit without loading them:
 
-1. its CPU code is generated (a fraction of a second; nothing is built), knowing which
+1. its code is generated (a fraction of a second; nothing is built), knowing which
    ops' axes vary with the symbols (`varying_axes`): no decision that shapes the code reads
-   their extents (tilekit.schedule.cpu `CpuTiles.varying`), so sizes share structures;
+   their extents (tilekit.schedule.shape `Target.varying`, `CpuTiles.varying` on CPUs),
+   so sizes share structures;
 2. a template it matches runs it: its build (one per template, cached by its source as any
    unit is) with this size's tables;
 3. a template of its structure whose constants it does not share is **widened**: those
@@ -19,10 +22,12 @@ at `values`, folded by `tilekit.runtime.fold`, as tk-run makes it):
    of the same structure match without a new build.
 
 A size whose structure none of the samples shares gets a template without holes: its own
-build, as before sizes were parameters. `builds` counts the templates made.
+build, as before sizes were parameters. Kernels that compose others (a tk-ram program, a
+device loop) are no template: each such size is its own build. `builds` counts the
+templates made (and those sizes).
 
 The templates are kept in the build cache too (`$TILEKIT_CACHE/families/<key>.json`, the
-key covering the symbolic module's document and the profile): a later process (one
+key covering the symbolic module's document, the profile and the target): a later process (one
 `tk-run` per size) matches them first, so its sizes print the units built before and find
 them built, instead of sampling again and perhaps choosing other holes.
 """
@@ -52,9 +57,11 @@ SAMPLE_SLACK = 64 << 20
 class CompiledFamily:
     """The templates of one symbolic module (see the module docstring)."""
 
-    def __init__(self, module: Any, weights: Mapping[str, np.ndarray]) -> None:
+    def __init__(self, module: Any, weights: Mapping[str, np.ndarray],
+                 target: str = "cpu") -> None:
         self.module = module
         self.weights = weights
+        self.target = target    # cpu | cuda: the code generated, printed and built
         self.templates: list = []
         self.builds = 0         # templates made or widened: the units built for the sizes
         self._stored: dict[str, list] = {}   # per store file, its records (read once)
@@ -65,7 +72,8 @@ class CompiledFamily:
         from tilekit.codegen.nvcc import cache_dir
         from tilekit.ir.codec import dumps
 
-        text = dumps(self.module, "json") + (profile.content_hash if profile else "")
+        text = dumps(self.module, "json") + (profile.content_hash if profile else "") + \
+            self.target
         return cache_dir() / "families" / f"{hashlib.sha256(text.encode()).hexdigest()}.json"
 
     def _stored_templates(self, profile) -> list:
@@ -136,14 +144,22 @@ class CompiledFamily:
     def unit(self, kernels, records, instance, values: Mapping[str, int], profile=None):
         """The unit (tilekit.codegen.parametric.Unit) that runs `instance` (the module at
         `values`), whose generated `kernels` and codegen `records` are given (`profile`: the
-        CPU profile they were generated for)."""
-        from tilekit.codegen.parametric import abstract, unit
+        profile they were generated for); None for kernels that compose others (a tk-ram
+        program, a device loop: their sizes are not parameters, each size is its own
+        build)."""
+        from tilekit.codegen.parametric import abstract, cuda_unit, unit
 
+        if any(g.program.calls for g in kernels):
+            self.builds += 1
+            return None
         mine = abstract(kernels)
         t = self._matching(mine, profile) or self._made(mine, instance, values, profile)
-        if id(t) not in self._sources:     # one printing per template, not per size
-            self._sources[id(t)] = unit(t, mine, records).source
-        return unit(t, mine, records, self._sources[id(t)])
+        if self.target == "cuda":
+            made = cuda_unit(t, mine, kernels, self._sources.get(id(t)))
+        else:
+            made = unit(t, mine, records, self._sources.get(id(t)))
+        self._sources[id(t)] = made.source      # one printing per template, not per size
+        return made
 
     def _matching(self, mine, profile):
         """A template `mine` (a size's abstract) matches: one of this process's, else one an
@@ -208,24 +224,41 @@ class CompiledFamily:
 
     def program(self, instance, values: Mapping[str, int], threads: int | None = None,
                 profile=None):
-        """The compiled program of `instance` (the module at `values`, folded), its code
-        generated for `profile` (the CPU profile a rolled module records) or the host."""
-        from tilekit.ir.payloads import CodegenSection
+        """The compiled program of `instance` (the module at `values`, folded): a CPU
+        program (`threads`), its code generated for `profile` (the CPU profile a rolled
+        module records) or the host; or the kernels loaded on the GPU, generated as
+        `tk-run --device cuda` generates a module without kernels (no profile)."""
+        module, made = self.code(instance, values, profile)
+        if self.target == "cuda":
+            from tilekit.runtime.cuda import CudaProgram
+            return CudaProgram(module, unit=made)
         from tilekit.runtime.compiled import CpuProgram
+        return CpuProgram(module, threads, unit=made)
+
+    def code(self, instance, values: Mapping[str, int], profile=None):
+        """(module, unit): `instance`'s generated module (its codegen section gives the
+        launches) and the unit that runs it, a template's build with this size's tables
+        (`unit`). CPU kernels that compose others run their own unit (None); CUDA ones
+        their own unit's source, with no tables."""
+        from tilekit.ir.payloads import CodegenSection
 
         generated = self._generated(instance, values, profile)
         records = CodegenSection.read(generated.module.codegen).kernels
-        return CpuProgram(generated.module, threads,
-                          unit=self.unit(generated.kernels, records, instance, values, profile))
+        made = self.unit(generated.kernels, records, instance, values, profile)
+        if made is None and self.target == "cuda":
+            from tilekit.codegen.parametric import Unit
+            from tilekit.runtime.cuda import unit_source
+            made = Unit(unit_source(records), (), ())
+        return generated.module, made
 
     def _generated(self, instance, values: Mapping[str, int], profile):
-        """A size's CPU code, generated knowing which extents vary (`varying_axes`, found
-        once, from the first size)."""
+        """A size's code, generated knowing which extents vary (`varying_axes`, found once,
+        from the first size)."""
         from tilekit.codegen import generate
 
         if self._varying is None:
             self._varying = varying_axes(self.module, values)
-        return generate(instance, profile, target="cpu", varying=self._varying)
+        return generate(instance, profile, target=self.target, varying=self._varying)
 
 
 def varying_axes(module: Any, values: Mapping[str, int]) -> frozenset[tuple[str, str]]:

@@ -33,10 +33,15 @@ DEFAULT_REGS = 40
 LANE_MIN_EXTENT = 16
 
 
-def lane_count(reduction: tuple[tuple[str, int], ...], contiguous: bool) -> int:
-    """Lanes per output point for a reduction: a power of two <= 32, or 1."""
+def lane_count(reduction: tuple[tuple[str, int], ...], contiguous: bool,
+               varies: bool = False) -> int:
+    """Lanes per output point for a reduction: a power of two <= 32, or 1. `varies`: the
+    innermost reduction axis's extent moves with a symbol of the module (a size read at run
+    time): a warp, whatever this size's extent, so that every size has one structure."""
     if not reduction or not contiguous:
         return 1
+    if varies:
+        return WARP
     extent = reduction[-1][1]
     if extent < LANE_MIN_EXTENT:
         return 1
@@ -44,14 +49,15 @@ def lane_count(reduction: tuple[tuple[str, int], ...], contiguous: bool) -> int:
 
 
 def fused_lanes(reduction: tuple[tuple[str, int], ...], contiguous: bool, volume: int,
-                threads: int) -> int:
+                threads: int, varies: bool = False) -> int:
     """Lanes per point of a stage of the fused kernel shape (tilekit.codegen.fused) whose
     region has `volume` points, in a block of `threads` (whole warps): a warp's worth for a
     contiguous reduction (`lane_count`), more (up to the whole block) when the region has
     fewer points than warps, so that a block reducing one long row keeps every warp busy.
-    tk-weld prices the stage with the same count (tilekit.weld.model)."""
-    lanes = lane_count(reduction, contiguous)
-    if lanes < WARP:
+    tk-weld prices the stage with the same count (tilekit.weld.model). `varies`: as
+    `lane_count`'s (a warp, never more: the region's points may vary too)."""
+    lanes = lane_count(reduction, contiguous, varies)
+    if lanes < WARP or varies:
         return min(lanes, threads)
     extent = reduction[-1][1]
     points = 1 << max(0, (volume - 1).bit_length())          # next power of two

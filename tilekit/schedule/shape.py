@@ -102,6 +102,9 @@ class OpFacts:
     guarded: bool                     # the body holds select() (masks, inlined padding)
     contiguous_reduction: bool
     contraction: Contraction | str = "not analysed"   # the GEMM view, or why there is none
+    #: the innermost reduction axis's extent varies with a symbol (a symbolic module's size:
+    #: `Target.varying`): its lanes are a warp, not a function of this size's extent
+    varying: bool = False
 
     @property
     def stageable(self) -> str | None:
@@ -120,7 +123,7 @@ class OpFacts:
 
     @property
     def lanes(self) -> int:
-        return lane_count(self.reduction, self.contiguous_reduction)
+        return lane_count(self.reduction, self.contiguous_reduction, self.varying)
 
 
 def body_uses_axis_values(body: Node) -> bool:
@@ -157,8 +160,10 @@ def distinct_reads(reads) -> tuple[ReadFacts, ...]:
     return tuple(seen.values())
 
 
-def facts_of(spatial, reduction, body: Node, reads, assign: str) -> OpFacts:
-    """OpFacts of a body and its reads (objects with tensor, dtype, shape, maps)."""
+def facts_of(spatial, reduction, body: Node, reads, assign: str, varying: bool = False
+             ) -> OpFacts:
+    """OpFacts of a body and its reads (objects with tensor, dtype, shape, maps); `varying`:
+    OpFacts.varying."""
     reads = list(reads)
     distinct = distinct_reads(reads)
     guarded = body_has_select(body)
@@ -166,7 +171,7 @@ def facts_of(spatial, reduction, body: Node, reads, assign: str) -> OpFacts:
     gemm = contraction(spatial, reduction, assign, body, distinct) \
         if not (guarded or uses_axes) else "the body has guards or axis values"
     return OpFacts(tuple(spatial), tuple(reduction), distinct, uses_axes, guarded,
-                   walks_contiguously(reduction, reads), gemm)
+                   walks_contiguously(reduction, reads), gemm, varying)
 
 
 def analysis_facts(analysis, dtypes) -> OpFacts:
@@ -363,11 +368,19 @@ class Target:
     wgmma: frozenset[str] = frozenset()
     #: the hardware profile (a wgmma kernel's persistent grid: its SMs and occupancy)
     profile: object = field(default=None, compare=False, repr=False)
+    #: code for one size of a symbolic module: the (op, axis) pairs whose extents move with
+    #: its symbols (tilekit.runtime.family.varying_axes); no decision that shapes the code
+    #: reads them, so that the sizes share one structure (tilekit.codegen.parametric)
+    varying: frozenset[tuple[str, str]] = frozenset()
 
     @property
     def lanes(self) -> bool:
         """Lane groups combined by warp shuffles."""
         return self.kind == "cuda"
+
+    def varies(self, op: str, reduction) -> bool:
+        """Does the innermost of `reduction`'s (axis, extent) pairs of op `op` vary?"""
+        return bool(reduction) and (op, reduction[-1][0]) in self.varying
 
     @staticmethod
     def of(profile, precision: str = "fp32", kind: str = "cuda", arch: str | None = None

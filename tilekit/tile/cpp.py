@@ -33,7 +33,7 @@ from typing import Sequence
 
 from tilekit import __version__
 from tilekit.errors import InternalError
-from tilekit.tile.cstyle import CStyle
+from tilekit.tile.cstyle import SIZE_TABLES, CStyle
 from tilekit.tile.emit import INDENT, Emitter, check_line, comment_text
 from tilekit.tile.expr import BLOCK, NBLOCKS, Call, Const, Expr, as_expr
 from tilekit.tile.nodes import Barrier, Buffer, CallBody, Kernel, Seq, Threads
@@ -43,9 +43,6 @@ HELPERS = "runtime_cpu.h"
 #: Block memory above this many bytes comes from each thread's arena (runtime_cpu.h
 #: tk_block_memory), not the stack: a worker thread's stack may be as small as 2 MiB.
 STACK_BLOCK_MEMORY = 32 * 1024
-#: The unit's size tables, when its sizes are parameters (tilekit.codegen.parametric): the
-#: integers and the floats that differ between sizes, set by `tk_set_sizes` before a run.
-SIZE_TABLES = (("tk_iz", "int64"), ("tk_fz", "float64"))
 
 
 class CppPrinter(CStyle):
@@ -60,8 +57,6 @@ class CppPrinter(CStyle):
         super().__init__(kernel)
         for t in kernel.tables:
             self.buffers[t.name] = Buffer(t.name, "global", "int32", (len(t.values),))
-        for name, dtype in SIZE_TABLES:
-            self.buffers.setdefault(name, Buffer(name, "global", dtype, (1,)))
 
     def unroll_pragma(self, e: Emitter) -> None:
         pass        # -O3 unrolls constant trip counts by itself
@@ -446,6 +441,6 @@ def _ints(values) -> str:
     return ",\n  ".join(", ".join(values[i:i + 24]) for i in range(0, len(values), 24))
 
 
-__all__ = ["CppPrinter", "HELPERS", "SIZE_TABLES", "body_function", "entry_function",
+__all__ = ["CppPrinter", "HELPERS", "body_function", "entry_function",
            "file_preamble", "kernel_text", "preamble", "program_entries", "size_expr",
            "size_tables", "unit_text"]

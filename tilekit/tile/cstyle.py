@@ -27,6 +27,11 @@ _PRECEDENCE = {"*": 13, "/": 13, "%": 13, "+": 12, "-": 12, "<<": 11, ">>": 11, 
                "<=": 10, ">": 10, ">=": 10, "==": 9, "!=": 9, "&": 8, "^": 7, "|": 6,
                "&&": 5, "||": 4}
 _ATOM = 20
+#: The size tables of a unit whose sizes are parameters (tilekit.codegen.parametric): the
+#: integers and the floats that differ between the sizes it serves, set before a run (the
+#: C++ unit's `tk_set_sizes`; the CUDA unit's `__constant__` arrays, set by the runtime).
+#: Every printer knows them, so a kernel reads them as global buffers.
+SIZE_TABLES = (("tk_iz", "int64"), ("tk_fz", "float64"))
 #: Math functions: the float32 spelling (the float64 one drops the trailing `f`).
 MATH = {"exp": "expf", "log": "logf", "tanh": "tanhf", "erf": "erff", "sqrt": "sqrtf",
         "rsqrt": "rsqrtf", "floor": "floorf", "ceil": "ceilf", "rint": "rintf", "sin": "sinf",
@@ -55,6 +60,8 @@ class CStyle:
     def __init__(self, kernel: Kernel) -> None:
         self.kernel = kernel
         self.buffers: dict[str, Buffer] = kernel.buffers()
+        for name, dtype in SIZE_TABLES:
+            self.buffers.setdefault(name, Buffer(name, "global", dtype, (1,)))
 
     # -- types and literals ---------------------------------------------------------------
     def ctype(self, dtype: str) -> str:

@@ -34,10 +34,10 @@ from __future__ import annotations
 
 from tilekit import __version__
 from tilekit.errors import InternalError
-from tilekit.tile.cstyle import CStyle
+from tilekit.tile.cstyle import SIZE_TABLES, CStyle
 from tilekit.tile.emit import INDENT, Emitter, check_line, comment_text
-from tilekit.tile.expr import BLOCK, NBLOCKS, Call, Const, HALF
-from tilekit.tile.nodes import STATIC_SMEM_LIMIT, Barrier, Buffer, CallBody, Kernel, Threads
+from tilekit.tile.expr import BLOCK, NBLOCKS, HALF, Call, Const, as_expr
+from tilekit.tile.nodes import STATIC_SMEM_LIMIT, Barrier, Buffer, CallBody, Kernel, Seq, Threads
 
 SMEM = "tk_smem"
 #: The define that compiles runtime.cuh's grid barrier (cooperative groups) into a file.
@@ -151,7 +151,7 @@ def body_function(k: Kernel, strided: bool = False) -> str:
         for b in k.shared:
             note = f"  // {comment_text(b.comment)}" if b.comment else ""
             e.line(f"{p.ctype(b.dtype)}* {b.name} = reinterpret_cast<{p.ctype(b.dtype)}*>"
-                   f"({SMEM} + {b.offset});{note}")
+                   f"({SMEM} + {p.expr(as_expr(b.offset, 'int32'))});{note}")
         p.stmts(k.body, e)
     return e.text()
 
@@ -235,12 +235,24 @@ def file_preamble(name: str, ops, shape: str, half: bool, defs: tuple[str, ...] 
                      *defs], half)
 
 
-def unit_text(bodies, defines_of, half: bool) -> str:
-    """Kernel texts as one translation unit: one preamble with every define they need."""
+def unit_text(bodies, defines_of, half: bool, sizes: tuple[int, int] | None = None) -> str:
+    """Kernel texts as one translation unit: one preamble with every define they need; with
+    `sizes` (how many integers and floats), the size tables the kernels read first."""
     defs = tuple(dict.fromkeys(d for ds in defines_of for d in ds))
-    return preamble(list(defs), half) + "\n".join(bodies)
+    return preamble(list(defs), half) + (size_tables(*sizes) if sizes else "") + \
+        "\n".join(bodies)
+
+
+def size_tables(ints: int, floats: int) -> str:
+    """The size tables of a unit whose sizes are parameters (tilekit.codegen.parametric), in
+    constant memory: every thread of a kernel reads the same entries, which the constant
+    cache broadcasts. The runtime sets them after loading the unit (and the emulation's
+    harness before its launches)."""
+    p = CudaPrinter(Kernel("tk_sizes", (), (), Seq(()), 1, 1))
+    return "".join(f"__constant__ {p.ctype(dtype)} {name}[{max(n, 1)}];\n"
+                   for (name, dtype), n in zip(SIZE_TABLES, (ints, floats))) + "\n"
 
 
 __all__ = ["CudaPrinter", "GRID_SYNC_DEFINE", "SMEM", "body_function", "defines",
-           "entry_function", "file_preamble", "kernel_text", "preamble", "unit_text",
-           "uses_half"]
+           "entry_function", "file_preamble", "kernel_text", "preamble", "size_tables",
+           "unit_text", "uses_half"]
