@@ -123,18 +123,19 @@ def agreeing(pair, feeds) -> tuple:
     return sym, sym_w, spec, spec_w
 
 
-def symbolic_programs(path: Path, target: str, sizes, clock: _Clock, program):
-    """Import the dynamic export `path` once, its dimensions symbolic, and make each
-    sequence length's program (batch 1) through one `CompiledFamily` for `target`
-    (`program(family, instance, values)`), all under `clock`: (module, (batch, seq symbols),
-    family, {size: [(program, weights)]})."""
+def symbolic_programs(path: Path, target: str, sizes, clock: _Clock, program,
+                      hw: str | None = None):
+    """Import the dynamic export `path` once, its dimensions symbolic (rolled once for
+    profile `hw` when given), and make each sequence length's program (batch 1) through one
+    `CompiledFamily` for `target` (`program(family, instance, values)`), all under `clock`:
+    (module, (batch, seq symbols), family, {size: [(program, weights)]})."""
     import tilekit
     from tilekit.ir.dims import instantiate
     from tilekit.runtime.family import CompiledFamily
     from tilekit.runtime.fold import fold_constants
 
     with clock:
-        symbolic = tilekit.compile(path, [])
+        symbolic = tilekit.compile(path, ["roll"] if hw else [], hw=hw)
     module = symbolic.module
     seq = next(s for s in module.dims if "seq" in s)
     batch = next(s for s in module.dims if s != seq)

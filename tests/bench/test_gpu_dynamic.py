@@ -5,7 +5,8 @@ build per structure), against a module imported and built for each length.
     make bench            # or: pytest tests/bench/test_gpu_dynamic.py -o addopts="" -s
 
 Needs CuPy and a GPU (skipped elsewhere). For the GPT-2 and BERT exports of the corpus
-(batch 1) at `SIZES`: the compile cost of both paths from an empty build cache (wall time,
+(batch 1) at `SIZES`, with the default kernels and rolled (one roll of the symbolic module
+for the range against a roll per size): the compile cost of both paths from an empty build cache (wall time,
 nvcc builds), the kernels' time of each length's two programs (CUDA events, kernels only:
 `ROUNDS` alternating rounds of `RUNS` runs, median of the rounds' medians) and their ratio;
 the outputs must agree. Results: tests/bench/results/dynamic-gpu-<device>.json.
@@ -37,24 +38,30 @@ def _time(program, feeds, weights) -> float:
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("schedule", ["default", "rolled"])
 @pytest.mark.parametrize("model", MODELS)
-def test_one_symbolic_import_on_the_gpu(model, tmp_path, monkeypatch):
+def test_one_symbolic_import_on_the_gpu(model, schedule, tmp_path, monkeypatch):
+    """`default`: the kernels without a tile on both paths; `rolled`: one roll of the
+    symbolic module for the range (tilekit.roll.dynamic) against a roll per size."""
     import tilekit
     from tilekit.codegen import generate
     from tilekit.runtime.cuda import CudaProgram, device_description
     from tilekit.runtime.fold import fold_constants
 
     device = device_description()
+    hw = ("h100" if "H100" in device or "H200" in device else "a100") \
+        if schedule == "rolled" else None
     path = CORPUS / f"{model}.onnx"
     symbolic_clock, specialised_clock = _Clock(), _Clock()
     monkeypatch.setenv("TILEKIT_CACHE", str(tmp_path / "symbolic"))
     module, (batch, seq), family, programs = symbolic_programs(
         path, "cuda", SIZES, symbolic_clock,
-        lambda family, instance, values: family.program(instance, values))
+        lambda family, instance, values: family.program(instance, values), hw)
     monkeypatch.setenv("TILEKIT_CACHE", str(tmp_path / "specialised"))
     for size in SIZES:
         with specialised_clock:
-            one = tilekit.compile(path, [], dims={batch: 1, seq: size})
+            one = tilekit.compile(path, ["roll"] if hw else [], hw=hw,
+                                  dims={batch: 1, seq: size})
             instance, weights = fold_constants(one.module, one.weights)
             programs[size].append((CudaProgram(generate(instance).module), weights))
     rows = {}
@@ -68,11 +75,11 @@ def test_one_symbolic_import_on_the_gpu(model, tmp_path, monkeypatch):
         us = {k: round(statistics.median(v) * 1e6, 2) for k, v in times.items()}
         rows[str(size)] = {"symbolic_us": us["symbolic"], "specialised_us": us["specialised"],
                            "ratio": round(us["symbolic"] / us["specialised"], 3)}
-    row = {"model": model, "sizes": {"batch": 1, "sequence": list(SIZES)},
+    row = {"model": f"{model} ({schedule})", "sizes": {"batch": 1, "sequence": list(SIZES)},
            "compile": _compile_cost(symbolic_clock, family.builds, specialised_clock,
                                     len(SIZES)),
            "run": rows}
-    print(f"\n{model} on {device}: compile for {len(SIZES)} sizes: symbolic "
+    print(f"\n{model} ({schedule}) on {device}: compile for {len(SIZES)} sizes: symbolic "
           f"{row['compile']['symbolic']['wall_s']} s ({family.builds} builds), specialised "
           f"{row['compile']['specialised']['wall_s']} s; kernels symbolic/specialised "
           + ", ".join(f"seq {s}: {r['ratio']}" for s, r in rows.items()))
@@ -83,5 +90,5 @@ def test_one_symbolic_import_on_the_gpu(model, tmp_path, monkeypatch):
                  "method": f"compile: import + generate + nvcc from an empty cache (symbolic: "
                            f"one build per structure); kernels: CUDA events, {ROUNDS} "
                            f"alternating rounds of {RUNS} runs, median of the rounds' medians"})
-    data.setdefault("models", {})[model] = row
+    data.setdefault("models", {})[row["model"]] = row
     results.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")

@@ -134,8 +134,8 @@ def test_bad_sizes_are_one_line_errors(imported, args, message):
 
 
 @pytest.mark.parametrize("command,args", [
-    (tk_roll.main, ["--hw", "h100"]), (tk_weld.main, ["--hw", "h100"]),
-    (tk_codegen.main, []), (tk_codegen.main, ["--target", "cpu"]),
+    (tk_weld.main, ["--hw", "h100"]), (tk_codegen.main, []),
+    (tk_codegen.main, ["--target", "cpu"]),
 ])
 def test_stages_that_need_sizes_refuse_a_symbolic_module(imported, command, args):
     result = invoke(command, args + ["m.yaml", "-o", "staged.yaml"], imported)
@@ -162,6 +162,61 @@ def test_one_roll_serves_the_range_on_a_cpu(imported):
                                   "--mode", "compiled", "--check", "-q"], imported)
     assert result.exit_code == 0, result.output
     assert result.output.count("check: pass") == 4, result.output
+
+
+def test_one_roll_serves_the_range_on_a_gpu(imported, tmp_path, monkeypatch):
+    """tk-roll on a symbolic module for a GPU profile (DietCode on Roller's tiles): the
+    module stays symbolic, each expr op keeps one tile for the range (no grid: each size's),
+    its kernel decided by size and priced at every pricing size; the roll is deterministic;
+    one rolled file checks at several sizes on the CPU, and its CUDA kernels, generated at
+    each size and emulated with the sizes' tables, equal the reference executor, the sizes
+    sharing two templates (one token of batch 1, and the rest). A stage given sizes decides
+    the kernels at them (`settle`): tiles as a static roll writes them."""
+    from tilekit.codegen.emulate import emulate
+    from tilekit.ir import read_module
+    from tilekit.ir.dims import instantiate
+    from tilekit.runtime import backend
+    from tilekit.runtime.family import CompiledFamily
+    from tilekit.runtime.fold import fold_constants
+    from tilekit.runtime.io import gather_inputs, load_weights
+
+    monkeypatch.setenv("TILEKIT_CACHE", str(tmp_path / "cache"))
+    result = invoke(tk_roll.main, ["m.yaml", "--hw", "h100", "-o", "gpu.yaml"], imported)
+    assert result.exit_code == 0, result.output
+    doc = yaml.safe_load((imported / "gpu.yaml").read_text())
+    assert doc["dims"] == {"batch": {"min": 1, "max": 4096}, "seq": {"min": 1, "max": 32}}
+    tiles = [op["tile"] for op in doc["ops"] if op.get("kind", "expr") == "expr"
+             and op.get("tile")]
+    assert tiles and all(t["kernel"] == {"shape": "by size"} and len(t["priced"]) > 1
+                         and "grid" not in t and t["block"] for t in tiles)
+    assert {p["kernel"] for t in tiles for p in t["priced"]} >= {"tiled"}
+    again = invoke(tk_roll.main, ["m.yaml", "--hw", "h100", "-o", "again.yaml"], imported)
+    assert again.exit_code == 0
+    assert (imported / "again.yaml").read_text() == (imported / "gpu.yaml").read_text()
+    result = invoke(tk_run.main, ["gpu.yaml", "--dim", "batch=1,3", "--dim", "seq=1,16",
+                                  "--check", "-q"], imported)
+    assert result.exit_code == 0 and result.output.count("check: pass") == 4, result.output
+    module = read_module(str(imported / "gpu.yaml"))
+    base = load_weights(module, str(imported))
+    family = CompiledFamily(module, base, "cuda")
+    for batch, seq in ((1, 1), (1, 5), (3, 16), (7, 31)):
+        values = {"batch": batch, "seq": seq}
+        instance, weights = fold_constants(instantiate(module, values), base)
+        code, unit = family.code(instance, values)
+        feeds = gather_inputs(instance, (), None, 0)
+        expected = backend(instance, "cpu", "whole").run(feeds, weights)
+        out = emulate(code, feeds, weights, unit=unit)
+        np.testing.assert_allclose(out["y"], expected["y"], rtol=1e-5, atol=1e-5)
+        assert "tiled" in {k["shape"] for k in code.codegen["kernels"]}
+    assert len(family.templates) == 2
+    result = invoke(tk_weld.main, ["gpu.yaml", "--dim", "batch=2", "--dim", "seq=5", "-o",
+                                   "gpu.welded.yaml"], imported)
+    assert result.exit_code == 0, result.output
+    static = yaml.safe_load((imported / "gpu.welded.yaml").read_text())
+    settled = [op["tile"] for op in static["ops"] if op.get("kind", "expr") == "expr"
+               and op.get("tile")]
+    assert settled and all(t["kernel"]["shape"] != "by size" and "grid" in t
+                           and "priced" not in t for t in settled)
 
 
 def test_stages_specialise_a_symbolic_module_given_sizes(imported):
@@ -235,11 +290,12 @@ def test_compile_takes_sizes_for_the_passes(imported):
     compiled = tilekit.compile(imported / "m.onnx", ["roll"], hw="milan",
                                dims={"batch": 2, "seq": 4})
     assert compiled.module.tensors["x"].shape == (2, 4, 8) and not compiled.module.dims
-    # a CPU profile rolls the range; a GPU profile needs the sizes
-    assert set(tilekit.compile(imported / "m.onnx", ["roll"], hw="milan").module.dims) == {
-        "batch", "seq"}
-    with pytest.raises(TilekitError, match="for the GPU profile 'h100' needs static sizes"):
-        tilekit.compile(imported / "m.onnx", ["roll"], hw="h100")
+    # a CPU or a GPU profile rolls the range; tk-weld needs the sizes
+    for hw in ("milan", "h100"):
+        assert set(tilekit.compile(imported / "m.onnx", ["roll"], hw=hw).module.dims) == {
+            "batch", "seq"}
+    with pytest.raises(TilekitError, match="tk-weld needs static sizes"):
+        tilekit.compile(imported / "m.onnx", ["roll", "weld"], hw="h100")
     assert set(tilekit.compile(imported / "m.onnx", []).module.dims) == {"batch", "seq"}
 
 

@@ -69,7 +69,7 @@ def test_no_tile_of_the_suite_breaks_a_capacity_limit(hw):
 @pytest.mark.parametrize("hw", PROFILES)
 def test_candidates_fit_as_well(hw):
     """Re-cost every candidate: the model's own validity agrees with the limits."""
-    from tilekit.roll.construct import _cost
+    from tilekit.roll.construct import cost_candidates
     from tilekit.roll.cost import machine
     from tilekit.roll.problem import problem_from_analysis
     from tilekit.roll.rtile import RTile
@@ -81,7 +81,7 @@ def test_candidates_fit_as_well(hw):
         tiles = [RTile(tuple(t["block"].values()), tuple(t["thread"].values()),
                        tuple(t["step"].values()))
                  for t in [m.ops[0].tile, *m.ops[0].tile["candidates"]]]
-        costs = _cost(problem, machine(p, problem.dtype), tiles)
+        costs = cost_candidates(problem, machine(p, problem.dtype), tiles)
         assert costs.valid.all(), w.name
         assert (costs.smem_tile <= p.smem_per_block).all()
         assert (costs.threads <= p.max_threads_per_block).all()

@@ -263,7 +263,24 @@ def read_stage_input(path: str, dim_flags: tuple[str, ...] = ()):
                                "--dim", "drop --dim")
         module = specialise(module, sizes)
         verify(module, origin=path)
+        module = _settled(module, path)
     return module
+
+
+def _settled(module, path: str):
+    """A specialised module rolled for a GPU as a symbolic one: its tiles' kernels, decided
+    by size, decided at its sizes (`tilekit.roll.schedule.settle`), so that the stages after
+    tk-roll read what a static roll writes."""
+    from tilekit.roll.dynamic import by_size
+    from tilekit.roll.schedule import settle
+    from tilekit.schedule.mma import recorded_precision
+
+    if not module.hardware or not any(by_size(op.tile) for op in module.ops):
+        return module
+    from tilekit.hw import load_recorded_profile
+
+    profile = load_recorded_profile(module.hardware, path, module.hardware_sha256)
+    return settle(module, profile, recorded_precision(module))
 
 
 def module_profile(hw: str | None, module, input: str, output: str):

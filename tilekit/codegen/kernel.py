@@ -463,14 +463,15 @@ def decompose(b: Builder, index: Expr, extents: list[int], names: list[str], dty
     if n == 1:
         return [b.let(names[0], tx.add(offsets[0], index) if offsets else index, dtype)]
     out: list[Var | None] = [None] * n
+    shared = len(set(names)) < n        # one name for every coordinate (fresh per let)
     rem = b.decl("rem_", dtype, index)
     for k in range(n - 1, 0, -1):
         base = offsets[k] if offsets else None
         if extents[k] == 1 and not named:  # a size-1 axis: coordinate 0, nothing to divide
             out[k] = b.let(names[k], base if base is not None else tx.const(0, dtype), dtype)
             continue
-        extent = b.let(f"{names[k]}n", tx.const(extents[k], dtype), dtype) if named \
-            else extents[k]
+        extent = b.let(f"{names[k]}n{k if shared else ''}", tx.const(extents[k], dtype),
+                       dtype) if named else extents[k]
         coord = tx.mod(rem, extent)
         out[k] = b.let(names[k], tx.add(base, coord) if base is not None else coord, dtype)
         b.assign(rem, tx.div(rem, extent))
@@ -546,14 +547,15 @@ def _reduce_at_point(pb: PointBuilder, p: OpPlan) -> tuple[Expr, str]:
 # -- shape: tiled ------------------------------------------------------------------------
 
 def block_origins(b: Builder, axes: list[str], extents: list[int], block: tuple[int, ...],
-                  idx_t: str, index: Expr | None = None) -> list[Var]:
+                  idx_t: str, index: Expr | None = None, named: bool = False) -> list[Var]:
     """Declare `o_<axis>` (this block's tile origin) from the block index (or `index`: the
-    tile a block of a split grid owns), innermost axis fastest."""
+    tile a block of a split grid owns), innermost axis fastest. `named`: the tile counts
+    are named constants (`decompose`; a symbolic module's size whose extents vary)."""
     grid = [-(-n // s) for n, s in zip(extents, block)]
     if not axes:
         return []
     tiles = decompose(b, tx.cast(idx_t, BLOCK if index is None else index), grid,
-                      ["b_"] * len(axes), idx_t)
+                      ["b_"] * len(axes), idx_t, named=named)
     return [b.let(f"o_{c_name(a)}", tx.mul(t, s), idx_t) for a, t, s in zip(axes, tiles, block)]
 
 
@@ -595,8 +597,10 @@ def tiled_kernel(module: Module, plan: GroupPlan, entry: str, tile: Tile, target
     threads_per_axis = [s // t for s, t in zip(tile.block, tile.thread)]
     threads = tile.threads
     grid = math.prod(tile.grid(tuple(extents)))
+    ragged = [target.ragged(main.op.name, a, n, s) for a, n, s in zip(axes, extents, tile.block)]
     b = Builder()
-    origins = block_origins(b, axes, extents, tile.block, idx_t)
+    origins = block_origins(b, axes, extents, tile.block, idx_t,
+                            named=any((main.op.name, a) in target.varying for a in axes))
     npoints = math.prod(tile.thread)
     with b.threads(threads) as tid:
         wv = thread_coords(b, tid, axes, threads_per_axis)
@@ -608,7 +612,7 @@ def tiled_kernel(module: Module, plan: GroupPlan, entry: str, tile: Tile, target
                          for a, o, w, t, across in zip(axes, origins, wv, tile.thread,
                                                        threads_per_axis)]
                 pb = PointBuilder(module, b, stage, vars_, global_resolver)
-                with b.if_(_bounds_check(vars_, extents, tile.block)):
+                with b.if_(_bounds_check(vars_, extents, ragged)):
                     body(vars_, slot(axes, list(tile.thread), j), pb)
 
         if main.reduces:
@@ -647,9 +651,9 @@ def _typed(value: Expr, kind: str) -> Expr:
     return tx.cast(KIND_DTYPE[kind], value)
 
 
-def _bounds_check(vars_: list[Expr], extents: list[int], block: tuple[int, ...]) -> Expr:
-    """`a < N` for the axes whose extent the block size does not divide."""
-    return tx.and_(*(tx.lt(v, n) for v, n, s in zip(vars_, extents, block) if n % s))
+def _bounds_check(vars_: list[Expr], extents: list[int], ragged: list[bool]) -> Expr:
+    """`a < N` for the axes whose blocks overhang (`Target.ragged`)."""
+    return tx.and_(*(tx.lt(v, n) for v, n, r in zip(vars_, extents, ragged) if r))
 
 
 def tile_text(tile: Tile, p: OpPlan) -> str:

@@ -132,7 +132,9 @@ def abstract(kernels: Sequence[Any]) -> Abstract:
     """The structure and leaves of generated kernels (`GeneratedKernel`s, of one target)."""
     leaves: list = []
     # the C++ entries print a grid of one block differently; a CUDA kernel's grid is its
-    # launch's (the runtime takes each size's own), never printed: no leaf that differs
+    # launch's (the runtime takes each size's own), never printed: no leaf that differs. A
+    # CUDA kernel's shared memory is declared by its size (static or dynamic, and how
+    # much), so its buffers' offsets and shapes are part of its structure.
     cpu = any(g.target == "cpu" for g in kernels)
 
     def leaf(value, dtype):
@@ -140,6 +142,8 @@ def abstract(kernels: Sequence[Any]) -> Abstract:
             leaves.append(value if cpu else 0)
             return (1 if value == 1 else 2) if cpu else 0
         leaves.append(value)
+        if not cpu and dtype in ("smem", "dim"):
+            return value
         return 0 if dtype in ("smem", "dim") else Const(0, dtype)
 
     walk = _Walk(leaf, blank=True)

@@ -67,10 +67,12 @@ def simt_kernel(module, plan: GroupPlan, entry: str, decision: KernelShape, targ
             f"{read.tensor}: 2 buffers of {sp.bk}x{sp.extent(op)} ({layout})",
             Layout(pad=sp.pad(op)))
     b = Builder()
-    origins = dict(zip(axes, block_origins(b, axes, extents, tile.block, idx_t)))
+    origins = dict(zip(axes, block_origins(
+        b, axes, extents, tile.block, idx_t,
+        named=any((p.op.name, a) in target.varying for a in axes))))
     k_axis, k_extent = p.reduction[0]
     nsteps = -(-k_extent // sp.bk)
-    ctx = _Context(module, p, sp, origins, idx_t, bufs, ops, k_axis, k_extent)
+    ctx = _Context(module, p, sp, origins, idx_t, bufs, ops, k_axis, k_extent, target)
     acc = b.alloc("acc", "float32", (sp.tm, sp.tn), "the thread's register tile")
     regs = {w: _alloc(b, f"r_{w}", (sp.loads_per_thread(op), 4),
                       f"{read.tensor}: the next step's chunks")
@@ -85,16 +87,18 @@ def simt_kernel(module, plan: GroupPlan, entry: str, decision: KernelShape, targ
         for w in ("a", "b"):
             _store_chunks(b, ctx, w, tid, tx.const(0), regs[w])
     b.barrier()
+    # (a K that varies keeps the next step's loads whatever this size's step count)
+    several = nsteps > 1 or (p.op.name, k_axis) in target.varying
     with b.loop("s", 0, nsteps) as s:
         with b.threads(sp.threads) as tid:
             more = tx.lt(s + 1, nsteps)
-            if nsteps > 1:
+            if several:
                 with b.if_(more):
                     b.comment("the next step's chunks, while this step computes")
                     for w in ("a", "b"):
                         _load_chunks(b, ctx, w, tid, s + 1, regs[w])
             _compute(b, ctx, tid, tx.binary("&", s, 1), acc)
-            if nsteps > 1:
+            if several:
                 with b.if_(more):
                     for w in ("a", "b"):
                         _store_chunks(b, ctx, w, tid, tx.binary("&", s + 1, 1), regs[w])
@@ -119,10 +123,17 @@ def simt_kernel(module, plan: GroupPlan, entry: str, decision: KernelShape, targ
 class _Context:
     """What the pieces of one simt kernel share."""
 
-    def __init__(self, module, p, sp: SimtPlan, origins, idx_t, bufs, ops, k_axis, k_extent):
+    def __init__(self, module, p, sp: SimtPlan, origins, idx_t, bufs, ops, k_axis, k_extent,
+                 target: Target):
         self.module, self.p, self.sp, self.origins, self.idx_t = module, p, sp, origins, idx_t
         self.bufs, self.ops, self.k_axis, self.k_extent = bufs, ops, k_axis, k_extent
         self.extent = dict(p.spatial)
+        self.target = target
+
+    def ragged(self, axis: str, size: int) -> bool:
+        """Tiles or steps of `size` overhang `axis` (`Target.ragged`)."""
+        extent = self.k_extent if axis == self.k_axis else self.extent[axis]
+        return self.target.ragged(self.p.op.name, axis, extent, size)
 
 
 def _alloc(b: Builder, name: str, shape: tuple[int, ...], comment: str) -> Buffer:
@@ -231,9 +242,9 @@ def _bounds(ctx: _Context, code: dict[str, Expr], op: Operand) -> list[Expr]:
     out = []
     (mn_axis,) = op.mn_axes
     size = ctx.sp.bm if op is ctx.sp.contraction.a else ctx.sp.bn
-    if ctx.extent[mn_axis] % size:
+    if ctx.ragged(mn_axis, size):
         out.append(tx.lt(code[mn_axis], ctx.extent[mn_axis]))
-    if ctx.k_extent % ctx.sp.bk:
+    if ctx.ragged(ctx.k_axis, ctx.sp.bk):
         out.append(tx.lt(code[ctx.k_axis], ctx.k_extent))
     return out
 
@@ -297,7 +308,7 @@ def _epilogue(b: Builder, ctx: _Context, plan: GroupPlan, tid: Var, acc: Buffer)
     stored = [t for t in [stage.main.output] + [q.output for q in stage.chain]
               if t in plan.stored]
     n_extent = ctx.extent[n_axis]
-    vector = (axes[-1] == n_axis and n_extent % 4 == 0 and all(
+    vector = (axes[-1] == n_axis and not ctx.ragged(n_axis, 4) and all(
         module.tensors[t].dtype == "float32" and tuple(module.tensors[t].shape)[-1] == n_extent
         for t in stored))
     outs = {t: _alloc(b, "o_", (4,), f"four points of {t}") for t in stored} if vector else {}
@@ -321,8 +332,8 @@ def _epilogue(b: Builder, ctx: _Context, plan: GroupPlan, tid: Var, acc: Buffer)
                 value = tx.mul(value, literal(c.scale, "f"))
             pb.epilogue(pb.main_value(p, (value, "f")), sink_of(vars_))
 
-        m_ok = [tx.lt(m, ctx.extent[m_axis])] if ctx.extent[m_axis] % sp.bm else []
-        n_ragged = n_extent % sp.bn != 0
+        m_ok = [tx.lt(m, ctx.extent[m_axis])] if ctx.ragged(m_axis, sp.bm) else []
+        n_ragged = ctx.ragged(n_axis, sp.bn)
         if vector:
             with b.if_(tx.and_(*m_ok, *([tx.lt(n0, n_extent)] if n_ragged else []))):
                 with b.loop("e", 0, 4, kind="unroll") as e:

@@ -70,7 +70,7 @@ def op_facts(p: OpPlan, target: Target | None = None) -> OpFacts:
     """What the shared shape decision needs of a (possibly inlined) op plan (`target`: for
     the extents that vary, `Target.varying`)."""
     return facts_of(p.spatial, p.reduction, p.body, p.read_list(), p.assign,
-                    target is not None and target.varies(p.op.name, p.reduction))
+                    target.axes_varying(p.op.name) if target is not None else frozenset())
 
 
 def read_key(r) -> tuple:
@@ -113,7 +113,8 @@ def staged_kernel(module, plan: GroupPlan, entry: str, decision: KernelShape,
     if split is not None:
         tile_of = b.let("tile_", tx.mod(BLOCK, tiles), "int32")
         slice_of = b.let("slice_", tx.div(BLOCK, tiles), "int32")
-    origins = block_origins(b, axes, extents, tile.block, idx_t, tile_of)
+    origins = block_origins(b, axes, extents, tile.block, idx_t, tile_of,
+                            named=any((p.op.name, a) in target.varying for a in axes))
     pb_kind = PointBuilder(module, b, stage, [Var(avar(a), idx_t) for a in axes],
                            global_resolver)
     kind = pb_kind.acc_kind(p)
@@ -143,7 +144,7 @@ def staged_kernel(module, plan: GroupPlan, entry: str, decision: KernelShape,
         b.barrier()     # the previous step's buffers are no longer read
         base = dict(zip(axes, origins))
         base.update(q)
-        ranges = _padded_ranges(p, tile)
+        ranges = _padded_ranges(p, tile, target)
         for box in boxes.values():
             copy = _copy(b, box, base, ranges, idx_t)
             copies.append(copy)
@@ -151,7 +152,8 @@ def staged_kernel(module, plan: GroupPlan, entry: str, decision: KernelShape,
         b.barrier()
         with b.threads(threads) as tid:
             thread_vars = thread_coords(b, tid, axes, threads_per_axis)
-            _compute(b, p, tile, boxes, thread_vars, threads_per_axis, kind, module, acc, q)
+            _compute(b, p, tile, boxes, thread_vars, threads_per_axis, kind, module, acc, q,
+                     target)
     scratch: dict[str, int] = {}
     params_extra: tuple[Buffer, ...] = ()
     if split is not None:
@@ -161,10 +163,10 @@ def staged_kernel(module, plan: GroupPlan, entry: str, decision: KernelShape,
         params_extra = (part,)
         with b.if_(tx.eq(Load(_LAST, (tx.const(0),), "int32"), 1)):
             with b.threads(threads) as tid:
-                _epilogue(b, module, plan, tile, origins, tid, idx_t, kind, acc)
+                _epilogue(b, module, plan, tile, origins, tid, idx_t, kind, acc, target)
     else:
         with b.threads(threads) as tid:
-            _epilogue(b, module, plan, tile, origins, tid, idx_t, kind, acc)
+            _epilogue(b, module, plan, tile, origins, tid, idx_t, kind, acc, target)
     sched = tile.describe(tuple(axes), tuple(raxes))
     if split is not None:
         sched["split_k"] = split.record()
@@ -283,18 +285,19 @@ def _copy(b: Builder, box: Box, base: dict[str, Expr], ranges, idx_t: str) -> Co
                 stored_pad(r.pad, r.dtype))
 
 
-def _padded_ranges(p: OpPlan, tile: Tile) -> dict[str, tuple[int, int]]:
-    """Axis ranges covered by whole tiles and steps (boxes of boundary tiles overhang)."""
+def _padded_ranges(p: OpPlan, tile: Tile, target: Target) -> dict[str, tuple[int, int]]:
+    """Axis ranges covered by whole tiles and steps (boxes of boundary tiles overhang; an
+    axis whose extent varies overhangs whatever this size's extent: `Target.ragged`)."""
     out = {}
-    for (a, n), s in zip(p.spatial, tile.block):
-        out[a] = (0, -(-n // s) * s - 1)
-    for (a, n), s in zip(p.reduction, tile.step):
-        out[a] = (0, -(-n // s) * s - 1)
+    for (a, n), s in (*zip(p.spatial, tile.block), *zip(p.reduction, tile.step)):
+        whole = -(-n // s) * s
+        out[a] = (0, (whole if (p.op.name, a) not in target.varying else n + s) - 1)
     return out
 
 
 def _compute(b: Builder, p: OpPlan, tile: Tile, boxes: dict[tuple, Box], thread_vars,
-             threads_per_axis: list[int], kind: str, module, acc: Buffer, q) -> None:
+             threads_per_axis: list[int], kind: str, module, acc: Buffer, q,
+             target: Target) -> None:
     axes = [a for a, _ in p.spatial]
     thread = dict(zip(axes, tile.thread))
     thread_var = dict(zip(axes, thread_vars))
@@ -303,7 +306,7 @@ def _compute(b: Builder, p: OpPlan, tile: Tile, boxes: dict[tuple, Box], thread_
     with ExitStack() as reduction_loops:
         last = len(p.reduction) - 1
         for k, ((a, n), s) in enumerate(zip(p.reduction, tile.step)):
-            if n % s:
+            if target.ragged(p.op.name, a, n, s):
                 rest = tx.sub(n, q[a])
                 bound = tx.select(tx.lt(rest, s), rest, tx.const(s))
                 loop_kind = "serial"
@@ -351,7 +354,7 @@ def _coef_any(box: Box, axis: str) -> bool:
 
 
 def _epilogue(b: Builder, module, plan: GroupPlan, tile: Tile, origins, tid, idx_t: str,
-              kind: str, acc: Buffer) -> None:
+              kind: str, acc: Buffer, target: Target) -> None:
     """Every point of the register tile, in range, through the chain to memory."""
     p = plan.stages[0].main
     axes = [a for a, _ in p.spatial]
@@ -363,8 +366,8 @@ def _epilogue(b: Builder, module, plan: GroupPlan, tile: Tile, origins, tid, idx
                  for a, o, w, t, across in zip(axes, origins, thread_vars, tile.thread,
                                                threads_per_axis)]
         pb = PointBuilder(module, b, plan.stages[0], vars_, global_resolver)
-        bounds = tx.and_(*(tx.lt(v, n) for v, n, s in zip(vars_, extents, tile.block)
-                           if n % s))
+        bounds = tx.and_(*(tx.lt(v, n) for a, v, n, s in zip(axes, vars_, extents, tile.block)
+                           if target.ragged(p.op.name, a, n, s)))
         with b.if_(bounds):
             value = Load(acc.name, (slot(axes, list(tile.thread), j),), acc.dtype)
             pb.epilogue(pb.main_value(p, (value, kind)),

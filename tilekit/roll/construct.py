@@ -150,12 +150,12 @@ def best_staged_split(problem: Problem, m: Machine, tiles: list[RTile]) -> Candi
     fill = m.hw.sm_count * _warps_to_fill(problem, m)
     if not tiles or problem.output_points >= SPLIT_MIN_TILE * fill * m.hw.warp_size:
         return None        # the output alone gives the SMs their warps
-    costs = _cost(problem, m, tiles)
+    costs = cost_candidates(problem, m, tiles)
     # the SPLIT_TILES fastest of the tiles that run staged (a SIMT GEMM's are not split)
     staged = sorted((k for k in range(len(tiles)) if costs.valid[k] and costs.staged[k]),
                     key=lambda k: (round_sig(costs.time_s[k], 6), k))[:SPLIT_TILES]
     tiles = [tiles[k] for k in staged]
-    costs = _cost(problem, m, tiles) if tiles else costs
+    costs = cost_candidates(problem, m, tiles) if tiles else costs
     best = None
     for k, tile in enumerate(tiles):
         warps = -(-int(costs.threads[k]) // m.hw.warp_size)
@@ -206,7 +206,7 @@ def rank(problem: Problem, m: Machine, tiles: list[RTile], top_k: int) -> list[C
     fewer reduction steps (fewer synchronisations, which the model does not cost), then to
     whole warps, then to blocks of up to `START_WARPS` warps (latency hiding the model does not
     see), then to the tile order, so that the choice never depends on float noise."""
-    costs = _cost(problem, m, tiles)
+    costs = cost_candidates(problem, m, tiles)
     ns = problem.n_spatial
     steps = [math.prod(-(-n // s) for n, s in zip(problem.extents[ns:], t.step)) for t in tiles]
     full = START_WARPS * m.hw.warp_size
@@ -369,7 +369,8 @@ def _moves(problem: Problem, bsizes, tile: RTile, grow: bool) -> list[RTile]:
     return out
 
 
-def _cost(problem: Problem, m: Machine, tiles: list[RTile]) -> TileCosts:
+def cost_candidates(problem: Problem, m: Machine, tiles: list[RTile]) -> TileCosts:
+    """The model's figures for `tiles` on `problem` (one vectorised call)."""
     ns, nr, n = problem.n_spatial, len(problem.axes) - problem.n_spatial, len(tiles)
     return cost_tiles(problem, m,
                       np.array([t.block for t in tiles], dtype=np.int64).T.reshape(ns, n),
@@ -393,7 +394,7 @@ def block_trajectory(problem: Problem, m: Machine, bsizes, thread: tuple[int, ..
     that saves nothing is still taken (innermost axis first): a block of a few threads cannot
     hide memory latency, whatever its reuse. After that, a move must save traffic."""
     tile = start_tile(problem, bsizes, thread)
-    costs = _cost(problem, m, [tile])
+    costs = cost_candidates(problem, m, [tile])
     k = 0
     path = [tile] if costs.valid[0] else []
     usable = math.prod(-(-n // t) for n, t in zip(problem.extents, thread))
@@ -408,7 +409,7 @@ def block_trajectory(problem: Problem, m: Machine, bsizes, thread: tuple[int, ..
         if not moves:
             break
         cur_traffic, cur_footprint = costs.dram_bytes[k], _footprint(problem, costs)[k]
-        costs = _cost(problem, m, moves)
+        costs = cost_candidates(problem, m, moves)
         saved = cur_traffic - costs.dram_bytes
         added = _footprint(problem, costs) - cur_footprint
         ok = costs.valid & ((saved >= 0) if filling else (saved > 0))
@@ -449,7 +450,7 @@ def grow_steps(problem: Problem, m: Machine, bsizes, tile: RTile) -> list[RTile]
                  if mv.block == tile.block and any(mv.step[r] != tile.step[r] for r in short)]
         if not moves:
             break
-        costs = _cost(problem, m, moves)
+        costs = cost_candidates(problem, m, moves)
         ok = np.flatnonzero(costs.valid)
         if not len(ok):
             break
@@ -480,7 +481,7 @@ def scale_out(problem: Problem, m: Machine, bsizes, tile: RTile) -> list[RTile]:
         moves = _moves(problem, bsizes, tile, grow=False)
         if not moves:
             break
-        costs = _cost(problem, m, moves)
+        costs = cost_candidates(problem, m, moves)
         traffic = np.where(costs.valid, costs.dram_bytes, np.inf)
         best = int(np.argmin(traffic))
         if not np.isfinite(traffic[best]):

@@ -1,4 +1,5 @@
-"""One roll for a range of sizes: a symbolic module rolled for a CPU profile (DietCode).
+"""One roll for a range of sizes: a symbolic module rolled for a CPU or a GPU profile
+(DietCode). The CPU's, below; a GPU's at `roll_symbolic_gpu`.
 
 A static module's CPU tile records the kernel the shared decision makes of an op at its
 sizes (`tilekit.schedule.cpu.cpu_shape`: `cpu_gemm` or `cpu_loops` with blocks). For a
@@ -81,21 +82,33 @@ def micro_candidates(profile) -> list[CpuTiles]:
     return out
 
 
-def roll_symbolic(module, profile, dtypes: Mapping[str, str], opaque):
-    """The ops' CPU tiles of a symbolic module (the module docstring): (ops, estimates by op
-    name). `opaque(module, op, profile)` rolls an opaque op (tilekit.roll.schedule's)."""
+def _each_op(module, profile, opaque, expr_tile):
+    """(ops, estimates by op name) of a symbolic module: an expr op's (tile, estimate) from
+    `expr_tile(index, sizes, instances)` (the pricing sizes and the module at each), an
+    opaque op's implementation (`opaque(module, op, profile)`, tilekit.roll.schedule's)
+    priced at the first pricing size."""
     from tilekit.ir.dims import instantiate
 
     sizes = pricing_sizes(module.dims)
     instances = [instantiate(module, v) for v in sizes]
-    candidates = micro_candidates(profile)
     ops, estimates = [], {}
     for index, op in enumerate(module.ops):
-        if op.kind == "opaque":        # its implementation: priced at the first size
+        if op.kind == "opaque":
             rolled = opaque(instances[0], instances[0].ops[index], profile)
-            ops.append(replace(op, tile=rolled.tile))
-            estimates[op.name] = rolled.estimate
-            continue
+            tile, est = rolled.tile, rolled.estimate
+        else:
+            tile, est = expr_tile(index, sizes, instances)
+        ops.append(replace(op, tile=tile))
+        estimates[op.name] = est
+    return tuple(ops), estimates
+
+
+def roll_symbolic(module, profile, dtypes: Mapping[str, str], opaque):
+    """The ops' CPU tiles of a symbolic module (the module docstring): (ops, estimates by op
+    name). `opaque(module, op, profile)` rolls an opaque op (tilekit.roll.schedule's)."""
+    candidates = micro_candidates(profile)
+
+    def expr_tile(index: int, sizes, instances):
         per_size = [cpu_cost.op_inputs(inst, index, dtypes) for inst in instances]
         best, best_time, best_rows = None, math.inf, None
         for tiles in candidates:
@@ -115,10 +128,110 @@ def roll_symbolic(module, profile, dtypes: Mapping[str, str], opaque):
         first = best_rows[0][1]
         tile = CpuOpTile(profile.name, {"shape": BY_SIZE}, int(best_rows[0][0].grid), first,
                          (best.mr, best.nr), {"mc": best.mc, "nc": best.nc, "kc": best.kc})
-        ops.append(replace(op, tile={**tile.record(), "priced": priced}))
-        estimates[op.name] = first
-    return tuple(ops), estimates
+        return {**tile.record(), "priced": priced}, first
+
+    return _each_op(module, profile, opaque, expr_tile)
 
 
-__all__ = ["BY_SIZE", "FMA_IN_FLIGHT", "MAX_PRICED", "micro_candidates", "micro_efficiency",
-           "pricing_sizes", "roll_symbolic"]
+# -- GPU profiles: Roller's tiles over the range ----------------------------------------------
+
+#: Tiles each pricing size contributes to an op's candidates on a GPU (Roller's construction
+#: at that size, best first).
+GPU_CANDIDATES = 4
+
+
+def _gpu_problems(instances, index: int, dtypes: Mapping[str, str]):
+    """(analysis, problem) of op `index` at each instance."""
+    from tilekit.ir.graph import op_analysis
+    from tilekit.roll.problem import problem_from_analysis
+
+    out = []
+    for inst in instances:
+        analysis = op_analysis(inst, index)
+        out.append((analysis, problem_from_analysis(analysis, dtypes)))
+    return out
+
+
+def roll_symbolic_gpu(module, profile, dtypes: Mapping[str, str], opaque,
+                      precision: str = "fp32"):
+    """The ops' GPU tiles of a symbolic module, one roll for the range (DietCode on
+    Roller's tiles): (ops, estimates by op name).
+
+    An expr op's candidates are the best `GPU_CANDIDATES` tiles Roller constructs at each
+    pricing size (`pricing_sizes`: tiles aligned to the hardware at sizes the range will
+    see); every candidate is priced at every pricing size (the same micro performance
+    model: padding at a size its blocks do not divide is its waste, DietCode's local
+    padding), and the one of the least total time is kept (the first found on a tie). Its
+    `kernel` is `{shape: by size}`: codegen makes the shared decision at each size
+    (tilekit.schedule.shape.decide), so a contraction may run on tensor cores at one size
+    and as a staged kernel at another; `priced` lists each pricing size's kernel and
+    estimate. As for a static op, the roll never makes an op slower than the default
+    schedule by its own estimate: when the default's total over the pricing sizes is below
+    the tile's, the op keeps the default (`rolled_estimate` recorded). A tile has no grid:
+    it is each size's. An op whose axes differ between pricing sizes, or that no candidate
+    runs at every one, keeps no tile (the default schedule)."""
+    from tilekit.ir.payloads import Tile, round_sig
+    from tilekit.roll.construct import cost_candidates, roll_problem
+    from tilekit.roll.cost import default_estimate, machine
+    from tilekit.schedule.shape import Target, analysis_facts, decide
+
+    target = Target.of(profile, precision)
+    done: dict[tuple, tuple] = {}        # problems at the sizes -> (record, estimate)
+    constructed: dict = {}               # problem -> Roller's candidates
+
+    def expr_tile(index: int, sizes, instances):
+        at = _gpu_problems(instances, index, dtypes)
+        problems = [p for _, p in at]
+        key = tuple(problems)          # ops of one problem at every size share their roll
+        if key not in done:
+            done[key] = gpu_tile(sizes, at, problems)
+        return done[key]
+
+    def gpu_tile(sizes, at, problems):
+        machines = [machine(profile, p.dtype, precision) for p in problems]
+        defaults = [default_estimate(p, m) for p, m in zip(problems, machines)]
+        if len({(p.axes, p.n_spatial) for p in problems}) > 1:
+            return None, defaults[0]   # its axes differ between sizes: no one tile
+        tiles: list = []
+        for p in problems:
+            if p not in constructed:
+                constructed[p] = roll_problem(p, profile, GPU_CANDIDATES, precision)
+            for c in constructed[p]:
+                if c.split == 1 and c.tile not in tiles:   # split-K is a size's decision
+                    tiles.append(c.tile)
+        costs = [cost_candidates(p, m, tiles) for p, m in zip(problems, machines)]
+        valid = [k for k in range(len(tiles)) if all(bool(c.valid[k]) for c in costs)]
+        if not valid:                  # no tile runs at every size: the default, no tile
+            return None, defaults[0]
+        totals = {k: sum(float(c.time_s[k]) for c in costs) for k in valid}
+        best = min(valid, key=lambda k: (round_sig(totals[k], 6), k))
+        tile = Tile(tiles[best].block, tiles[best].thread, tiles[best].step)
+        kept = round_sig(sum(d.time_us for d in defaults), 6) < round_sig(
+            totals[best] * 1e6, 6)
+        priced = []
+        for v, (analysis, _), c, d in zip(sizes, at, costs, defaults):
+            shape = decide(analysis_facts(analysis, dtypes), tile, target).shape
+            priced.append({"dims": dict(sorted(v.items())),
+                           "kernel": "default" if kept else shape,
+                           "time_us": (d if kept else c.estimate(best)).record()["time_us"]})
+        est = defaults[0] if kept else costs[0].estimate(best)
+        record = {**tile.sizes(tuple(a for a, _ in problems[0].spatial),
+                               tuple(a for a, _ in problems[0].reduction)),
+                  "threads": tile.threads, "kernel": {"shape": BY_SIZE},
+                  "estimate": est.record(), "priced": priced}
+        if kept:
+            record["rolled_estimate"] = costs[0].estimate(best).record()
+        return record, est
+
+    return _each_op(module, profile, opaque, expr_tile)
+
+
+def by_size(tile) -> bool:
+    """A GPU op tile whose kernel is decided at each size (`roll_symbolic_gpu`)."""
+    return (isinstance(tile, Mapping) and tile.get("target") is None
+            and (tile.get("kernel") or {}).get("shape") == BY_SIZE)
+
+
+__all__ = ["BY_SIZE", "FMA_IN_FLIGHT", "GPU_CANDIDATES", "MAX_PRICED", "by_size",
+           "micro_candidates", "micro_efficiency", "pricing_sizes", "roll_symbolic",
+           "roll_symbolic_gpu"]

@@ -30,7 +30,7 @@ from typing import Any, Mapping
 
 from tilekit.errors import IRError, TilekitError, UnsupportedError
 from tilekit.ir.control import region_module, with_control
-from tilekit.ir.dims import is_symbolic, require_static
+from tilekit.ir.dims import is_symbolic
 from tilekit.ir.graph import control_records, graph, op_analysis
 from tilekit.ir.stages import run_stage
 from tilekit.ir.model import OP_KINDS, Kernel, Module, Op, default_kernels
@@ -43,7 +43,7 @@ from tilekit.schedule.shape import OpFacts, Target, analysis_facts, decide, defa
 from tilekit.roll.problem import Problem, problem_from_analysis, tensor_bytes
 from tilekit.ir.payloads import CpuOpTile, is_cpu_tile
 from tilekit.roll import cpu_cost
-from tilekit.roll.dynamic import pricing_sizes, roll_symbolic
+from tilekit.roll.dynamic import by_size, pricing_sizes, roll_symbolic, roll_symbolic_gpu
 from tilekit.schedule.cpu import CpuTiles, cpu_shape, cpu_tiles
 from tilekit.schedule.defaults import DEFAULT_THREADS, default_grid
 
@@ -96,10 +96,8 @@ def roll_module(module: Module, profile, top_k: int = 1, hardware: str | None = 
     options: dict[str, Any] = {"top_k": top_k}
     if precision != "fp32":
         options["precision"] = precision
-    if is_symbolic(module) and not profile.is_cpu:
-        require_static(module, f"tk-roll for the GPU profile '{profile.name}'")
     return run_stage(module, STAGE, lambda m: _roll(m, profile, top_k, hardware, precision),
-                     options, symbolic=profile.is_cpu)
+                     options, symbolic=True)
 
 
 def _roll(module: Module, profile, top_k: int, hardware: str | None,
@@ -109,8 +107,10 @@ def _roll(module: Module, profile, top_k: int, hardware: str | None,
     rolled: dict[str, RolledOp] = {}
     records: dict[str, Any] = {}
     dtypes = dtypes_of(module)
-    if is_symbolic(module):       # a CPU profile: one roll for the range (roll.dynamic)
-        ops, estimates = roll_symbolic(module, profile, dtypes, roll_opaque)
+    if is_symbolic(module):       # one roll for the range (roll.dynamic)
+        ops, estimates = roll_symbolic(module, profile, dtypes, roll_opaque) \
+            if profile.is_cpu else roll_symbolic_gpu(module, profile, dtypes, roll_opaque,
+                                                     precision)
         rolled = {op.name: RolledOp(op.tile, estimates[op.name]) for op in ops}
         kernels = tuple(roll_kernel(module, k, rolled, profile)
                         for k in (module.kernels or default_kernels(module.ops)))
@@ -147,6 +147,46 @@ def _roll(module: Module, profile, top_k: int, hardware: str | None,
     out = replace(module, ops=tuple(ops), kernels=kernels, hardware=hardware or profile.name,
                   hardware_sha256=profile.content_hash)
     return with_control(out, records) if records else out
+
+
+def settle(module, profile, precision: str = "fp32"):
+    """A static module specialised from a symbolic one rolled for a GPU (`tilekit.ir.dims
+    .specialise`) with its `by size` tiles decided at its sizes: each such op's tile as a
+    static roll of that one tile writes it (grid, kernel, estimate, the default kept where
+    the model prices it faster at this size), its kernel's estimate again; the stages
+    after tk-roll read what they read of a static roll."""
+    from tilekit.roll.construct import cost_candidates
+    from tilekit.roll.rtile import RTile
+
+    if not any(by_size(op.tile) for op in module.ops):
+        return module
+    dtypes = {name: t.dtype for name, t in module.tensors.items()}
+    target = Target.of(profile, precision)
+    ops, rolled = [], {}
+    for index, op in enumerate(module.ops):
+        if not by_size(op.tile):
+            ops.append(op)
+            rolled[op.name] = RolledOp(op.tile, Estimate.read(
+                (op.tile or {}).get("estimate"), f"ops[{index}] ({op.name}).tile.estimate"))
+            continue
+        analysis = op_analysis(module, index)
+        problem = problem_from_analysis(analysis, dtypes)
+        t = op.tile
+        rtile = RTile(tuple(t["block"][a] for a, _ in problem.spatial),
+                      tuple(t["thread"][a] for a, _ in problem.spatial),
+                      tuple(t.get("step", {})[a] for a, _ in problem.reduction))
+        m = machine(profile, problem.dtype, precision)
+        c = cost_candidates(problem, m, [rtile])
+        candidate = Candidate(rtile, c.estimate(0), int(c.smem_tile[0]), int(c.regs[0]),
+                              int(c.threads[0]), int(c.blocks[0]))
+        made = tile_record(problem, [candidate], analysis_facts(analysis, dtypes), target,
+                           default_estimate(problem, m))
+        ops.append(replace(op, tile=made.tile))
+        rolled[op.name] = made
+    module = replace(module, ops=tuple(ops))
+    kernels = tuple(roll_kernel(module, k, rolled, profile)
+                    for k in (module.kernels or default_kernels(module.ops)))
+    return replace(module, kernels=kernels)
 
 
 def roll_control(module: Module, op: Op, profile, top_k: int, hardware: str | None,

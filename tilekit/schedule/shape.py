@@ -102,9 +102,11 @@ class OpFacts:
     guarded: bool                     # the body holds select() (masks, inlined padding)
     contiguous_reduction: bool
     contraction: Contraction | str = "not analysed"   # the GEMM view, or why there is none
-    #: the innermost reduction axis's extent varies with a symbol (a symbolic module's size:
-    #: `Target.varying`): its lanes are a warp, not a function of this size's extent
-    varying: bool = False
+    #: the axes whose extents vary with a symbol (a symbolic module's size:
+    #: `Target.varying`): lanes along a varying innermost reduction are a warp, not a
+    #: function of this size's extent; a SIMT GEMM's rows along one are loaded element by
+    #: element (whether they are 16-byte units changes with the size)
+    varying: frozenset[str] = frozenset()
 
     @property
     def stageable(self) -> str | None:
@@ -123,7 +125,8 @@ class OpFacts:
 
     @property
     def lanes(self) -> int:
-        return lane_count(self.reduction, self.contiguous_reduction, self.varying)
+        return lane_count(self.reduction, self.contiguous_reduction,
+                          bool(self.reduction) and self.reduction[-1][0] in self.varying)
 
 
 def body_uses_axis_values(body: Node) -> bool:
@@ -160,8 +163,8 @@ def distinct_reads(reads) -> tuple[ReadFacts, ...]:
     return tuple(seen.values())
 
 
-def facts_of(spatial, reduction, body: Node, reads, assign: str, varying: bool = False
-             ) -> OpFacts:
+def facts_of(spatial, reduction, body: Node, reads, assign: str,
+             varying: frozenset[str] = frozenset()) -> OpFacts:
     """OpFacts of a body and its reads (objects with tensor, dtype, shape, maps); `varying`:
     OpFacts.varying."""
     reads = list(reads)
@@ -382,6 +385,16 @@ class Target:
         """Does the innermost of `reduction`'s (axis, extent) pairs of op `op` vary?"""
         return bool(reduction) and (op, reduction[-1][0]) in self.varying
 
+    def axes_varying(self, op: str) -> frozenset[str]:
+        """The axes of op `op` whose extents vary (OpFacts.varying)."""
+        return frozenset(a for o, a in self.varying if o == op)
+
+    def ragged(self, op: str, axis: str, extent: int, size: int) -> bool:
+        """Do tiles or steps of `size` overhang axis `axis` (of `extent`) of op `op`: at
+        this extent, or at some size of the range when the extent varies (the code keeps
+        its guards and remainder whatever this size's extent is)."""
+        return extent % size != 0 or (op, axis) in self.varying
+
     @staticmethod
     def of(profile, precision: str = "fp32", kind: str = "cuda", arch: str | None = None
            ) -> "Target":
@@ -425,7 +438,7 @@ def simt_shape(facts: OpFacts, tile: Tile, target: Target) -> KernelShape | str:
     if target.kind != "cuda":
         return "the SIMT GEMM is a CUDA kernel"
     plan = simt_plan(c, facts.spatial, facts.reduction, tile.block, tile.thread, tile.step,
-                     target.smem_limit, lambda i: facts.reads[i].shape)
+                     target.smem_limit, lambda i: facts.reads[i].shape, facts.varying)
     if isinstance(plan, str):
         return plan
     return KernelShape("simt", tile, plan.threads, simt=plan)

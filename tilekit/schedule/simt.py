@@ -120,9 +120,10 @@ class SimtPlan:
 
 
 def simt_plan(c: Contraction, spatial, reduction, block, thread, step, smem_limit: int,
-              shape_of) -> SimtPlan | str:
+              shape_of, varying: frozenset[str] = frozenset()) -> SimtPlan | str:
     """The SIMT plan of a tile (per spatial axis `block` and `thread`, per reduction axis
-    `step`), or why it has none. `shape_of(i)` is the shape of the contraction's read `i`."""
+    `step`), or why it has none. `shape_of(i)` is the shape of the contraction's read `i`;
+    `varying` the axes whose extents vary (OpFacts.varying)."""
     if c.dtype != "float32":
         return f"{c.dtype} operands (the SIMT GEMM is built for float32)"
     if len(c.m_axes) != 1 or len(c.n_axes) != 1 or len(c.k_axes) != 1:
@@ -150,7 +151,8 @@ def simt_plan(c: Contraction, spatial, reduction, block, thread, step, smem_limi
         return f"{threads} threads: whole warps, {MIN_THREADS}-{MAX_THREADS}"
     if bm < 32 or bn < 32:
         return "a block extent under 32"
-    plan = SimtPlan(c, bm, bn, bk, tm, tn, _vector(c.a, shape_of), _vector(c.b, shape_of))
+    plan = SimtPlan(c, bm, bn, bk, tm, tn, _vector(c.a, shape_of, varying),
+                    _vector(c.b, shape_of, varying))
     for op, vector in ((c.a, plan.a_vector), (c.b, plan.b_vector)):
         if not vector and 4 * plan.loads_per_thread(op) > MAX_SCALAR_LOADS:
             return (f"{4 * plan.loads_per_thread(op)} scalar loads per thread and step (rows "
@@ -160,11 +162,12 @@ def simt_plan(c: Contraction, spatial, reduction, block, thread, step, smem_limi
     return plan
 
 
-def _vector(op: Operand, shape_of) -> bool:
+def _vector(op: Operand, shape_of, varying: frozenset[str] = frozenset()) -> bool:
     """16-byte loads: the tensor's rows are whole 16-byte units (plain indices: every other
     dimension's stride is a multiple of the last dimension's extent, and a block's and a
-    step's origins on the last dimension are multiples of 4)."""
-    return shape_of(op.index)[-1] % 4 == 0
+    step's origins on the last dimension are multiples of 4), and stay so: the axis along
+    them does not vary with a symbol (`varying`, a symbolic module's size)."""
+    return shape_of(op.index)[-1] % 4 == 0 and op.dim_axes[-1] not in varying
 
 
 __all__ = ["MAX_SCALAR_LOADS", "STEPS", "SimtPlan", "THREAD_SIZES", "TRANSPOSED_PAD", "simt_plan"]
