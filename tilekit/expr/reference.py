@@ -387,7 +387,7 @@ def _gather_read(info: AccessInfo, arr: np.ndarray, axis_values, box, axes, pad)
     ranges = {a: (box[a][0], box[a][1] - 1) for a in axes}
     idx, mask = [], None
     for m, dim in zip(info.maps, info.shape):
-        index = np.asarray(_eval_index(m.node, axis_values), dtype=np.int64)
+        index = np.asarray(eval_index(m.node, axis_values), dtype=np.int64)
         lo, hi = interval(m.node, ranges)
         if lo < 0 or hi >= dim:
             if pad is None:
@@ -404,14 +404,16 @@ def _gather_read(info: AccessInfo, arr: np.ndarray, axis_values, box, axes, pad)
     return value.reshape((1,) * (len(axes) - value.ndim) + value.shape)
 
 
-def _eval_index(node: Node, axis_values):
+def eval_index(node: Node, axis_values):
+    """An index expression's value (NumPy arrays broadcast) given each axis's values
+    (`axis_values(name)`), with Python's floor division and modulo."""
     if isinstance(node, Num):
         return int(node.value)
     if isinstance(node, Axis):
         return axis_values(node.name)
     if isinstance(node, Unary):
-        return -_eval_index(node.arg, axis_values)
-    lhs, rhs = _eval_index(node.lhs, axis_values), _eval_index(node.rhs, axis_values)
+        return -eval_index(node.arg, axis_values)
+    lhs, rhs = eval_index(node.lhs, axis_values), eval_index(node.rhs, axis_values)
     return {"+": np.add, "-": np.subtract, "*": np.multiply, "//": np.floor_divide,
             "%": np.mod}[node.op](lhs, rhs)
 

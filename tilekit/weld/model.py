@@ -33,7 +33,7 @@ from functools import lru_cache
 from typing import Sequence
 
 from tilekit.expr.analysis import input_box
-from tilekit.expr.reference import _eval_index
+from tilekit.expr.reference import eval_index
 from tilekit.ir.graph import graph, per_module
 from tilekit.ir.model import Module
 from tilekit.ir.payloads import BOUNDS, Estimate
@@ -42,7 +42,7 @@ from tilekit.roll.problem import ITEMSIZE
 from tilekit.schedule.defaults import FUSED_REGS, WARP, fused_lanes
 from tilekit.schedule.shape import walks_contiguously
 from tilekit.roll.problem import tensor_bytes as total_bytes
-from tilekit.weld.structure import Propagation, Structure, _expanded_reads
+from tilekit.weld.structure import Propagation, Structure, expanded_reads
 
 #: Threads of a fused kernel whose tile has more points (extra points loop).
 FUSED_THREADS = 256
@@ -206,7 +206,7 @@ def read_bytes(maps, shape: tuple[int, ...], itemsize: int, txn: int, line: int,
     address = zero.copy()
     stride = 1
     for mp, n in zip(reversed(maps), reversed(shape)):
-        value = _eval_index(mp.node, lambda name: grid.get(name, zero))
+        value = eval_index(mp.node, lambda name: grid.get(name, zero))
         address = address + np.asarray(value, dtype=np.int64) * stride
         stride *= max(int(n), 1)
     byte = address * itemsize
@@ -231,7 +231,7 @@ def member_reads(module: Module, s: Structure) -> tuple[tuple[_Read, ...], ...]:
         inline = {g.nodes[i].writes[0]: i for i, r in zip(s.members, s.roles) if r == "inline"}
         cache[s.members] = tuple(
             () if r == "inline" else tuple(_Read(t, tuple(maps)) for t, maps in
-                                           _expanded_reads(module, i, inline))
+                                           expanded_reads(module, i, inline))
             for i, r in zip(s.members, s.roles))
     return cache[s.members]
 

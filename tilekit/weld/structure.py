@@ -101,7 +101,7 @@ def _analysis(module: Module, i: int) -> Analysis:
     return a
 
 
-def _expanded_reads(module: Module, i: int, inline: Mapping[str, int], depth: int = 0
+def expanded_reads(module: Module, i: int, inline: Mapping[str, int], depth: int = 0
                     ) -> list[tuple[str, tuple[IndexMap, ...]]]:
     """(tensor, index maps over op i's axes) of every read of op i, with inlined producers
     replaced by their own reads at the composed indices (what plan_group expands)."""
@@ -213,7 +213,7 @@ def _chains(module, i, inline, main, outputs, written) -> bool:
     if a.out_shape != _analysis(module, main).out_shape:
         return False
     reads_stage = False
-    for tensor, maps in _expanded_reads(module, i, inline):
+    for tensor, maps in expanded_reads(module, i, inline):
         if tensor in outputs:
             if not _identity(maps, a):
                 return False
@@ -228,7 +228,7 @@ def _check_same_stage_reads(module, members, inline, stage_of, written) -> None:
         if i in inline.values():
             continue
         a = _analysis(module, i)
-        for tensor, maps in _expanded_reads(module, i, inline):
+        for tensor, maps in expanded_reads(module, i, inline):
             src = written.get(tensor)
             if src is None or src in inline.values():
                 continue
@@ -390,5 +390,6 @@ def footprint(buffers: Sequence[Buffer]) -> int:
 
 
 __all__ = ["Buffer", "DTYPE_KIND", "Edge", "KIND_BYTES", "LEVELS", "NotFusible", "Propagation",
-           "ROLES", "Structure", "allocate", "buffer_bytes", "covers", "footprint",
+           "ROLES", "Structure", "allocate", "buffer_bytes", "covers", "expanded_reads",
+           "footprint",
            "propagate", "shared_buffers", "smem_limit", "structure", "walk_regions"]
