@@ -18,6 +18,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "unit"))
+sys.path.insert(0, str(ROOT / "tests"))
 
 from codegen_support import (DATA, FIXTURES, VARIANTS, big_tile_matmul, fixture,  # noqa: E402
                              random_values)
@@ -199,3 +200,32 @@ def test_tensor_core_convolution_on_the_gpu():
             want += np.einsum("nchw,fc->nfhw", xp[:, :, kh:kh + 28, kw:kw + 28],
                               inputs["w"][:, :, kh, kw].astype(np.float64))
     assert np.linalg.norm(got - want) / np.linalg.norm(want) < 1e-5
+
+
+@pytest.mark.parametrize("hw", [None, "h100"])
+def test_the_sizes_of_a_symbolic_module_on_the_gpu(hw, tmp_path, monkeypatch):
+    """A symbolic module (a decode step over a key/value cache of any length, default
+    kernels or rolled once for the range) run on the device at several sizes through the
+    builds they share (sizes in constant memory), each checked against onnxruntime: one
+    command, one template's cubin for the decode steps."""
+    import onnx
+
+    from clirun import run_in
+    from models.onnx_models import kv_cache_step
+    from tilekit.cli import tk_import, tk_roll, tk_run
+
+    monkeypatch.setenv("TILEKIT_CACHE", str(tmp_path / "cache"))
+    onnx.save(kv_cache_step(), str(tmp_path / "kv.onnx"))
+    assert run_in(tk_import.main, ["kv.onnx", "-o", "kv.yaml"], tmp_path).exit_code == 0
+    name = "kv.yaml"
+    if hw:
+        assert run_in(tk_roll.main, ["kv.yaml", "--hw", hw, "-o", "kv.rolled.yaml"],
+                      tmp_path).exit_code == 0
+        name = "kv.rolled.yaml"
+    result = run_in(tk_run.main, [name, "--device", "cuda", "--dim", "seq=1,6",
+                                  "--dim", "past=5,40,77", "--check", "-q"], tmp_path)
+    assert result.exit_code == 0, result.output
+    assert result.output.count("check: pass") == 6, result.output
+    cubins = {p.parent for p in (tmp_path / "cache" / "nvcc").glob("*/unit.cubin")}
+    assert len(cubins) < 6       # the templates (decode, prefill, widened ones), not a build
+                                 # per size (2 for the default kernels, 4 rolled, emulated)
