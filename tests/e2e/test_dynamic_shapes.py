@@ -498,3 +498,30 @@ def test_a_cuda_template_compiles_for_both_families(tmp_path, monkeypatch, arch)
     _, unit, *_ = _kv_code(compiled, family, 1, 12)
     result = compile_unit(unit.source, arch)
     assert result.resources and all(r.stack == 0 and r.spills == 0 for r in result.resources.values())
+
+
+@pytest.mark.parametrize("hw,dtype", [("h100", "float32"), ("a100", "float16")])
+def test_a_rolled_decoder_step_shares_two_builds_on_cuda(tmp_path, monkeypatch, hw, dtype):
+    """The key/value-cache step rolled once for a GPU: its CUDA kernels (generated for the
+    profile) at one and six tokens over caches of 5, 40 and 77 are two templates and two
+    builds, decode and prefill: tile counts, steps past a short reduction and ragged edges
+    do not change the code's structure (Target.ragged, the steps kept unclamped), and the
+    samples reach far enough that no later size widens a template."""
+    import tilekit
+    from tilekit.hw import load_profile
+    from tilekit.ir.dims import instantiate
+    from tilekit.runtime.family import CompiledFamily
+    from tilekit.runtime.fold import fold_constants
+
+    monkeypatch.setenv("TILEKIT_CACHE", str(tmp_path / "cache"))
+    _kv_cache_model(tmp_path / "kv.onnx")
+    compiled = tilekit.compile(tmp_path / "kv.onnx", ["roll"], hw=hw, dtype=dtype)
+    family = CompiledFamily(compiled.module, compiled.weights, "cuda")
+    profile = load_profile(hw)
+    for seq in (1, 6):
+        for past in (5, 40, 77):
+            values = {"seq": seq, "past": past}
+            instance, _ = fold_constants(instantiate(compiled.module, values),
+                                         compiled.weights)
+            family.code(instance, values, profile)
+    assert len(family.templates) == 2 and family.builds == 2

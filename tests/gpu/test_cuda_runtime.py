@@ -227,5 +227,5 @@ def test_the_sizes_of_a_symbolic_module_on_the_gpu(hw, tmp_path, monkeypatch):
     assert result.exit_code == 0, result.output
     assert result.output.count("check: pass") == 6, result.output
     cubins = {p.parent for p in (tmp_path / "cache" / "nvcc").glob("*/unit.cubin")}
-    assert len(cubins) < 6       # the templates (decode, prefill, widened ones), not a build
-                                 # per size (2 for the default kernels, 4 rolled, emulated)
+    assert len(cubins) <= 3      # the templates (decode, prefill; a widened one), not a
+                                 # build per size (2 default or rolled, in the emulation)

@@ -69,14 +69,16 @@ def mma_kernel(module, plan: GroupPlan, entry: str, decision: KernelShape, targe
                                  f"{read.tensor}: {mp.stages} stages of {rows}x{length} "
                                  f"({'[mn][k]' if op.k_inner else '[k][mn]'})")
     b = Builder()
-    origins = dict(zip(axes, block_origins(b, axes, extents, tile.block, idx_t)))
+    origins = dict(zip(axes, block_origins(
+        b, axes, extents, tile.block, idx_t,
+        named=any((p.op.name, a) in target.varying for a in axes))))
     acc = b.alloc("acc", "float32", (mp.mt, mp.nt, 4), "the warp tile's accumulators")
     with b.threads(tile.threads):
         with _unrolled(b, [("i", mp.mt), ("j", mp.nt), ("r", 4)]) as (i, j, r):
             b.store(acc, (i, j, r), tx.const(0.0))
     steps = [(a, n, s) for (a, n), s in zip(p.reduction, tile.step)]
     nsteps = math.prod(-(-n // s) for _, n, s in steps)
-    ctx = _Context(module, p, mp, tile, origins, steps, idx_t, bufs, ops)
+    ctx = _Context(module, p, mp, tile, origins, steps, idx_t, bufs, ops, target)
     with b.loop("s", 0, nsteps, kind="pipelined", stages=mp.stages) as s:
         step_origin = _step_origins(b, ctx, s)
         for which in ("a", "b"):
@@ -107,13 +109,20 @@ def mma_kernel(module, plan: GroupPlan, entry: str, decision: KernelShape, targe
 class _Context:
     """What the pieces of one mma kernel share."""
 
-    def __init__(self, module, p: OpPlan, mp: MmaPlan, tile, origins, steps, idx_t, bufs, ops):
+    def __init__(self, module, p: OpPlan, mp: MmaPlan, tile, origins, steps, idx_t, bufs, ops,
+                 target: Target):
         self.module, self.p, self.mp, self.tile = module, p, mp, tile
         self.origins, self.steps, self.idx_t = origins, steps, idx_t
         self.bufs, self.ops = bufs, ops
         self.size = {a: s for (a, _), s in zip(p.spatial, tile.block)}
         self.size.update({a: s for a, _, s in steps})
         self.extent = dict(p.spatial) | dict(p.reduction)
+        self.target = target
+
+    def ragged(self, axis: str) -> bool:
+        """The tiles or steps overhang `axis` (`Target.ragged`)."""
+        return self.target.ragged(self.p.op.name, axis, self.extent[axis],
+                                  self.size.get(axis, 1))
 
     def group_sizes(self, axes) -> list[int]:
         return [self.size[a] for a in axes]
@@ -179,8 +188,7 @@ def _operand_copy(b: Builder, ctx: _Context, which: str, s: Var,
                              lambda a: step_origin[a]))
     code.update({a: ctx.origins[a] for a in c.batch_axes})
     code = {a: tx.cast(ctx.idx_t, v) for a, v in code.items()}
-    checks = [tx.lt(code[a], ctx.extent[a]) for a in code
-              if ctx.extent[a] % ctx.size.get(a, 1)]
+    checks = [tx.lt(code[a], ctx.extent[a]) for a in code if ctx.ragged(a)]
     checks += _map_checks(read, code, ctx)
     zero = tx.cast(read.dtype, tx.const(0.0)) if read.dtype in ("float16", "bfloat16") \
         else tx.as_expr(0.0 if read.dtype.startswith("float") else 0, read.dtype)
@@ -302,7 +310,7 @@ def _epilogue(b: Builder, ctx: _Context, plan: GroupPlan, module, w: dict[str, V
         vars_ = [b.let(avar(a), code[a], ctx.idx_t) for a in axes]
         pb = PointBuilder(module, b, plan.stages[0], vars_, global_resolver)
         bounds = tx.and_(*(tx.lt(v, n) for v, (a, n) in zip(vars_, p.spatial)
-                           if n % ctx.size[a]))
+                           if ctx.ragged(a)))
         value = Load(acc.name, (i, j, r), "float32")
         if c.scale != 1.0:
             value = tx.mul(value, literal(c.scale, "f"))

@@ -132,7 +132,7 @@ def staged_kernel(module, plan: GroupPlan, entry: str, decision: KernelShape,
     with ExitStack() as steps:
         q: dict[str, Expr] = {}
         for r, ((a, n), s) in enumerate(zip(p.reduction, tile.step)):
-            if s >= n:  # one step covers the axis
+            if s >= n and (p.op.name, a) not in target.varying:  # one step covers the axis
                 q[a] = tx.const(0)
                 continue
             start, stop = 0, n

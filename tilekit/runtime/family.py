@@ -17,9 +17,10 @@ unit without loading them:
    leaves become holes too (a new build, which serves both);
 4. else a new template is made from this size and **samples**: the same module at other
    sizes (each symbol in turn moved to values of its range spread from the size: twice
-   the size, 1.5x, a neighbour, half, its likely values, its ends), those whose structure
-   is this size's. Their leaves that differ are the template's holes, so that later sizes
-   of the same structure match without a new build.
+   and four times the size, half-way to the range's end, 1.5x, a neighbour, half, its
+   likely values, its ends), those whose structure is this size's. Their leaves that
+   differ are the template's holes, so that later sizes of the same structure match
+   without a new build.
 
 A size whose structure none of the samples shares gets a template without holes: its own
 build, as before sizes were parameters. Kernels that compose others (a tk-ram program, a
@@ -128,11 +129,11 @@ class CompiledFamily:
         for name in sorted(values):
             dim = self.module.dims[name]
             v = values[name]
-            # twice the size first: sizes rounded up to a block (16 rows, a micro-panel)
-            # move only every few sizes, and neighbours would leave them constants that a
-            # later size widens
-            near = [2 * v + 1, v + v // 2 + 1, v + 1, v + 7, v // 2 + 1, v - 1, v + 3,
-                    *dim.likely, (v + dim.max) // 2, dim.max, dim.min]
+            # twice and four times the size first: sizes rounded up to a block (16 rows, a
+            # micro-panel) move only every few sizes, and neighbours would leave them
+            # constants that a later size widens
+            near = [2 * v + 1, 4 * v + 3, (v + dim.max) // 2, v + v // 2 + 1, v + 1, v + 7,
+                    v // 2 + 1, v - 1, v + 3, *dim.likely, dim.max, dim.min]
             seen, picked = {v}, []
             for c in near:
                 if dim.min <= c <= dim.max and c not in seen:
