@@ -127,6 +127,24 @@ def test_split_k_staged_convolution_emulates_the_reference():
     assert_emulates_reference(result, module, seed=0)
 
 
+def test_the_codegen_report_shows_the_slices():
+    """tk-codegen --report names a split kernel's reduction slices (the JSON report's
+    kernel entry, and the table's last column)."""
+    from tilekit.cli.tk_codegen import report_data, report_table
+    from tilekit.codegen.module import run_codegen
+    from tilekit.ir.model import Kernel
+
+    tile = {"block": {"n": 1, "f": 8, "h": 4, "w": 7}, "thread": {"n": 1, "f": 2, "h": 1, "w": 1},
+            "step": {"c": 2, "kh": 3, "kw": 3}, "split_k": 2}
+    module = replace(conv3x3(10, 16, 7, tile=tile),
+                     kernels=(Kernel("k_conv", ("conv", "relu")),))
+    result = run_codegen(module, H100)
+    (entry,) = report_data(result)["kernels"]
+    assert entry["split_k"] == "2 slices of 3 steps of c"
+    _, _, rows = report_table(result)
+    assert rows[0][-1].endswith("split_k 2 slices of 3 steps of c")
+
+
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
 def test_split_k_staged_convolution_compiles_for_sm90():
     from tilekit.codegen import compile_module

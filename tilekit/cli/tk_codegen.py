@@ -168,14 +168,25 @@ def report_data(result, profile=None) -> dict:
 
 
 def _tile_schedule(kernels, group: str) -> dict:
-    """A wgmma kernel's tiles per block (tilekit.schedule.mma.WgmmaPlan.record): e.g.
-    `{"tiles": "512 on 132 blocks, persistent"}`; nothing for the other kernels."""
+    """A group's kernels' work split as their schedules record it: a wgmma kernel's tiles
+    per block (tilekit.schedule.mma.WgmmaPlan.record), e.g. `{"tiles": "512 on 132 blocks,
+    persistent"}`; a split-K kernel's reduction slices (a staged one's:
+    tilekit.schedule.shape.StagedSplit; a wgmma one's), e.g. `{"split_k": "4 slices of 3
+    steps of c"}`; nothing for the other kernels."""
+    out: dict = {}
     for g in kernels:
-        sched = (g.schedule.get("wgmma") or {}).get("schedule") if g.group == group else None
+        if g.group != group:
+            continue
+        wgmma = g.schedule.get("wgmma") or {}
+        sched = wgmma.get("schedule")
         if sched:
-            return {"tiles": f"{sched['tiles']} on {sched['blocks']} blocks"
-                             + (", persistent" if sched["persistent"] else "")}
-    return {}
+            out["tiles"] = (f"{sched['tiles']} on {sched['blocks']} blocks"
+                            + (", persistent" if sched["persistent"] else ""))
+        split = g.schedule.get("split_k") or wgmma.get("split_k")
+        if isinstance(split, dict) and split.get("slices", 1) > 1:
+            out["split_k"] = (f"{split['slices']} slices of {split['steps']} steps"
+                              + (f" of {split['axis']}" if split.get("axis") else ""))
+    return out
 
 
 def report_table(result, profile=None) -> tuple[str, tuple[str, ...], list[tuple[str, ...]]]:
