@@ -62,6 +62,17 @@ def imported_ir(model_dir: Path, name: str) -> Path:
     return path
 
 
+def rolled_ir(model_dir: Path, name: str, hw: str) -> Path:
+    """`tk-roll --hw HW` of the imported model, run once per test session (the tiled check
+    and the compile of the same model start from it: tk-roll writes the same bytes each
+    time)."""
+    path = model_dir / f"{name}.{hw}.yaml"
+    if not path.exists():
+        ir = imported_ir(model_dir, name)
+        run_ok(f"tk-roll --hw {hw} {ir.name} -o {path.name}", model_dir)
+    return path
+
+
 def run_pipe(pipe: str, cwd: Path) -> subprocess.CompletedProcess:
     env = dict(os.environ, PATH=f"{ROOT / 'bin'}{os.pathsep}{os.environ['PATH']}",
                NO_COLOR="1")
@@ -123,8 +134,8 @@ def test_import_run_check(name, model_dir):
 @pytest.mark.parametrize("name", TILED_PARAMS)
 def test_import_roll_run_tiled_check(name, model_dir):
     """Issue 4: rolled for the H100 and executed tile by tile as rolled, still checked."""
-    ir = imported_ir(model_dir, name)
-    pipe = f"tk-roll --hw h100 {ir.name} | tk-run --device cpu --mode tiled --seed 0 --check"
+    rolled = rolled_ir(model_dir, name, "h100")
+    pipe = f"tk-run {rolled.name} --device cpu --mode tiled --seed 0 --check"
     assert_checked(run_pipe(pipe, model_dir), pipe)
 
 
@@ -167,9 +178,8 @@ COMPILE_PARAMS = [pytest.param(m, hw, arch, marks=pytest.mark.xdist_group(m))
 def test_import_roll_codegen_compiles(name, hw, arch, model_dir):
     """Issue 5: every kernel of every model compiles with nvcc, with no spills and within the
     profile's limits (--strict), and its ptxas resources are recorded in the IR."""
-    ir = imported_ir(model_dir, name)
     out = f"{name}.{hw}.cuda.yaml"
-    pipe = f"tk-roll --hw {hw} {ir.name} | tk-codegen --compile --strict -o {out}"
+    pipe = f"tk-codegen --compile --strict {rolled_ir(model_dir, name, hw).name} -o {out}"
     run_ok(pipe, model_dir)
     import yaml
     codegen = yaml.safe_load((model_dir / out).read_text())["codegen"]

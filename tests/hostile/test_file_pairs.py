@@ -276,23 +276,25 @@ def test_stages_writing_into_other_folders_keep_the_files_reachable(tmp_path):
     """A stage reads a document in one folder and writes into another: the relative paths
     of the weights sidecar and the source model are rewritten for the output's folder (they
     were copied as they were, and the output did not run)."""
-    from hostile_support import spawn, write_mlp
+    from hostile_support import run, write_mlp
 
+    # The commands run in this process, each from its folder (what a shell in that folder
+    # runs; the paths are what is tested, not the process).
     ir = write_mlp(tmp_path)
     (tmp_path / "a" / "b").mkdir(parents=True)
     steps = [("tk-roll", [ir.name, "--hw", "h100", "-o", "a/rolled.json"]),
              ("tk-weld", ["a/rolled.json", "-o", "a/b/welded.json"]),
              ("tk-ram", ["a/b/welded.json", "-o", "planned.json"])]
     for tool, args in steps:
-        proc = spawn(tool, *args, folder=tmp_path)
-        assert proc.returncode == 0, proc.stderr
+        result = run(tool, *args, folder=tmp_path)
+        assert result.exit_code == 0, result.stderr
     import yaml
 
     assert yaml.safe_load((tmp_path / "a/b/welded.json").read_text())["weights"]["file"] == \
         "../../mlp.weights.npz"
     for doc, extra in (("a/rolled.json", ["--mode", "tiled"]), ("a/b/welded.json", []),
                        ("planned.json", ["--mode", "program"])):
-        proc = spawn("tk-run", doc, "--seed", "0", *extra, folder=tmp_path)
-        assert proc.returncode == 0, (doc, proc.stderr)
-    proc = spawn("tk-run", "b/welded.json", "--seed", "0", folder=tmp_path / "a")
-    assert proc.returncode == 0, proc.stderr
+        result = run("tk-run", doc, "--seed", "0", *extra, folder=tmp_path)
+        assert result.exit_code == 0, (doc, result.stderr)
+    result = run("tk-run", "b/welded.json", "--seed", "0", folder=tmp_path / "a")
+    assert result.exit_code == 0, result.stderr

@@ -52,6 +52,11 @@ def run_imported(imported: Imported, feeds: Mapping[str, np.ndarray]) -> list[np
 
 
 def onnxruntime_outputs(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> list:
+    return onnxruntime_runs(model, [feeds])[0]
+
+
+def onnxruntime_runs(model: onnx.ModelProto, runs: list[Mapping[str, np.ndarray]]) -> list:
+    """onnxruntime's outputs for each of `runs` (feeds), from one session of `model`."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -59,7 +64,8 @@ def onnxruntime_outputs(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray])
     session = ort.InferenceSession(model.SerializeToString(), options,
                                    providers=["CPUExecutionProvider"])
     names = {i.name for i in session.get_inputs()}
-    return session.run(None, {k: v for k, v in feeds.items() if k in names})
+    return [session.run(None, {k: v for k, v in feeds.items() if k in names})
+            for feeds in runs]
 
 
 def reference_outputs(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> list:
