@@ -497,7 +497,8 @@ def test_a_cuda_template_compiles_for_both_families(tmp_path, monkeypatch, arch)
     family = CompiledFamily(compiled.module, compiled.weights, "cuda")
     _, unit, *_ = _kv_code(compiled, family, 1, 12)
     result = compile_unit(unit.source, arch)
-    assert result.resources and all(r.stack == 0 and r.spills == 0 for r in result.resources.values())
+    assert result.resources and all(r.stack == 0 and r.spills == 0
+                                    for r in result.resources.values())
 
 
 @pytest.mark.parametrize("hw,dtype", [("h100", "float32"), ("a100", "float16")])

@@ -161,7 +161,7 @@ class CudaProgram:
         if not module.codegen:
             from tilekit.codegen.module import generate
             module = generate(module).module
-        elif unit is None:  # recorded sources are input: compiled only if tk-codegen would write them
+        elif unit is None:  # recorded sources are input: compiled if tk-codegen would write them
             from tilekit.codegen.recorded import check_recorded_kernels
             check_recorded_kernels(module)
         section = CodegenSection.read(module.codegen)

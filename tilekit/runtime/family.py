@@ -28,9 +28,9 @@ device loop) are no template: each such size is its own build. `builds` counts t
 templates made (and those sizes).
 
 The templates are kept in the build cache too (`$TILEKIT_CACHE/families/<key>.json`, the
-key covering the symbolic module's document, the profile and the target): a later process (one
-`tk-run` per size) matches them first, so its sizes print the units built before and find
-them built, instead of sampling again and perhaps choosing other holes.
+key covering the symbolic module's document, the profile and the target): a later process
+(one `tk-run` per size) matches them first, so its sizes print the units built before and
+find them built, instead of sampling again and perhaps choosing other holes.
 """
 
 from __future__ import annotations
