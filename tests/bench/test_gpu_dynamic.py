@@ -7,9 +7,9 @@ build per structure), against a module imported and built for each length.
 Needs CuPy and a GPU (skipped elsewhere). For the GPT-2 and BERT exports of the corpus
 (batch 1) at `SIZES`, with the default kernels and rolled (one roll of the symbolic module
 for the range against a roll per size): the compile cost of both paths from an empty build
-cache (wall time, nvcc builds), the kernels' time of each length's two programs (CUDA events, kernels only:
-`ROUNDS` alternating rounds of `RUNS` runs, median of the rounds' medians) and their ratio;
-the outputs must agree. Results: tests/bench/results/dynamic-gpu-<device>.json.
+cache (wall time, nvcc builds), the kernels' time of each length's two programs (CUDA
+events, kernels only: `ROUNDS` alternating rounds of `RUNS` runs, median of the rounds'
+medians) and their ratio; the outputs must agree. Results: tests/bench/results/dynamic-gpu-<device>.json.
 """
 
 from __future__ import annotations
