@@ -313,3 +313,28 @@ def test_the_sizes_of_a_symbolic_module_share_one_build(runtime, tmp_path):
                                   "--dim", "past=3,40", "--bench", "2"], tmp_path)
     assert result.exit_code == 0, result.output
     assert result.output.count("sizes read at run time") == 2, result.output
+
+
+@pytest.mark.skipif(find_nvcc() is None, reason="nvcc not on PATH")
+def test_a_rolled_module_without_kernels_runs_the_profiles_kernels(runtime, tmp_path):
+    """`tk-run --device cuda` on a module rolled for a GPU profile and never through
+    tk-codegen generates its kernels for that profile and the device's arch: a float16
+    contraction rolled for the A100 runs on mma.sync on this (fake) sm_90 device, as
+    `tk-codegen --hw a100 --arch sm_90` makes it, not the CUDA-core kernels of no profile."""
+    import onnx
+
+    from clirun import run_in
+    from models.onnx_models import mlp_epilogue
+    from tilekit.cli import tk_import, tk_roll, tk_run
+
+    cuda, log = runtime
+    onnx.save(mlp_epilogue(tokens=64, d_in=64, d_out=64), str(tmp_path / "mlp.onnx"))
+    assert run_in(tk_import.main, ["mlp.onnx", "--dtype", "fp16", "-o", "m.yaml"],
+                  tmp_path).exit_code == 0
+    assert run_in(tk_roll.main, ["m.yaml", "--hw", "a100", "-o", "r.yaml"],
+                  tmp_path).exit_code == 0
+    result = run_in(tk_run.main, ["r.yaml", "--device", "cuda"], tmp_path)
+    assert result.exit_code == 0, result.output
+    assert next(e for e in log if e[0] == "module")[1]      # a cubin built by nvcc
+    (built,) = (tmp_path / "nvcc").glob("*/unit.cu")
+    assert "tk_mma_16816_f16" in built.read_text()

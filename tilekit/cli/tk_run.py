@@ -287,17 +287,22 @@ def _backend(module, device: str, mode: str, threads, input: str, defaulted: boo
              family=None, values=None):
     """The runner; compiled CPU code is generated here when the IR has none (with the CPU
     profile it was rolled for; a symbolic module's instance through its `family`, at
-    `values`). When the mode was not asked for and no compiled code can be made, the
-    reference executor runs instead, said on stderr."""
+    `values`), and CUDA kernels when it has none (with the GPU profile it was rolled for).
+    When the mode was not asked for and no compiled code can be made, the reference
+    executor runs instead, said on stderr."""
     from tilekit.cli.common import module_profile
+    from tilekit.ir.payloads import cpu_rolled
     from tilekit.runtime import backend
     from tilekit.runtime.compiled import is_cpu_code
 
     profile = None
     if device == "cpu" and mode == "compiled" and not is_cpu_code(module):
-        from tilekit.ir.payloads import cpu_rolled
         if cpu_rolled(module):   # the profile it records, found as tk-codegen finds it
             profile, _ = module_profile(None, module, input, "-")
+    elif device == "cuda" and not module.codegen and module.hardware \
+            and not cpu_rolled(module):
+        profile, _ = module_profile(None, module, input, "-")    # the GPU profile rolled for
+        profile = None if profile.is_cpu else profile
     try:
         return backend(module, device, mode, threads, profile, family=family, values=values)
     except UnsupportedError as exc:   # an op without a CPU kernel, no compiler: not bad input

@@ -68,9 +68,11 @@ def backend(module: Module, device: str = "cpu", mode: str | None = None,
     for the CPU target when it has none, with `profile` when it was rolled for a CPU profile:
     the default wherever a C++ compiler is found), "whole" (the NumPy reference executor), or one
     added with `register_mode` ("tiled", "program"); the CUDA runtime runs the generated
-    kernels and has no modes, so any other mode is refused there. `threads`: the compiled
-    code's threads (default: OpenMP's, every core). `family` (tilekit.runtime.family): for
-    an instance of a symbolic module at `values`, the compiled code its sizes share.
+    kernels and has no modes, so any other mode is refused there; with `profile` (the GPU
+    profile a module without kernels was rolled for) they are generated for it and the
+    device's arch. `threads`: the compiled code's threads (default: OpenMP's, every core).
+    `family` (tilekit.runtime.family): for an instance of a symbolic module at `values`,
+    the compiled code its sizes share.
     """
     from tilekit.runtime.bench import cpu_description
 
@@ -118,9 +120,9 @@ def backend(module: Module, device: str = "cpu", mode: str | None = None,
         # refuses what it cannot run, builds the kernels, early; a symbolic module's size
         # through the build its sizes share
         if family is not None and values is not None and not module.codegen:
-            program = family.program(module, values)
+            program = family.program(module, values, profile=profile)
         else:
-            program = cuda.prepare(module)
+            program = cuda.prepare(module, profile)
 
         def trace(inputs, weights):
             program.run(inputs, weights)

@@ -68,6 +68,7 @@ class CompiledFamily:
         self._stored: dict[str, list] = {}   # per store file, its records (read once)
         self._sources: dict[int, str] = {}   # per template (its id), its unit's source
         self._varying: frozenset[tuple[str, str]] | None = None
+        self._arch: str | None = None        # the CUDA arch the last size was generated for
 
     def _store(self, profile) -> Path:
         from tilekit.codegen.nvcc import cache_dir
@@ -119,7 +120,7 @@ class CompiledFamily:
         if run_bytes(instance) > budget:
             return None
         instance, _ = fold_constants(instance, self.weights)
-        return self._generated(instance, values, profile)
+        return self._generated(instance, values, profile, self._arch)
 
     def sample_sizes(self, values: Mapping[str, int]) -> list[list[dict[str, int]]]:
         """Per symbol, the other sizes a template for `values` may be made from: values of
@@ -228,22 +229,26 @@ class CompiledFamily:
         """The compiled program of `instance` (the module at `values`, folded): a CPU
         program (`threads`), its code generated for `profile` (the CPU profile a rolled
         module records) or the host; or the kernels loaded on the GPU, generated as
-        `tk-run --device cuda` generates a module without kernels (no profile)."""
-        module, made = self.code(instance, values, profile)
+        `tk-run --device cuda` generates a module without kernels (for the GPU `profile` it
+        was rolled for, if any, and the device's arch)."""
         if self.target == "cuda":
-            from tilekit.runtime.cuda import CudaProgram
+            from tilekit.runtime.cuda import CudaProgram, device_arch
+            module, made = self.code(instance, values, profile,
+                                     device_arch() if profile is not None else None)
             return CudaProgram(module, unit=made)
+        module, made = self.code(instance, values, profile)
         from tilekit.runtime.compiled import CpuProgram
         return CpuProgram(module, threads, unit=made)
 
-    def code(self, instance, values: Mapping[str, int], profile=None):
+    def code(self, instance, values: Mapping[str, int], profile=None, arch: str | None = None):
         """(module, unit): `instance`'s generated module (its codegen section gives the
-        launches) and the unit that runs it, a template's build with this size's tables
-        (`unit`). CPU kernels that compose others run their own unit (None); CUDA ones
-        their own unit's source, with no tables."""
+        launches; CUDA code for `arch`, else the profile's) and the unit that runs it, a
+        template's build with this size's tables (`unit`). CPU kernels that compose others
+        run their own unit (None); CUDA ones their own unit's source, with no tables."""
         from tilekit.ir.payloads import CodegenSection
 
-        generated = self._generated(instance, values, profile)
+        self._arch = arch          # the samples of a new template are generated for it too
+        generated = self._generated(instance, values, profile, arch)
         records = CodegenSection.read(generated.module.codegen).kernels
         made = self.unit(generated.kernels, records, instance, values, profile)
         if made is None and self.target == "cuda":
@@ -252,14 +257,14 @@ class CompiledFamily:
             made = Unit(unit_source(records), (), ())
         return generated.module, made
 
-    def _generated(self, instance, values: Mapping[str, int], profile):
+    def _generated(self, instance, values: Mapping[str, int], profile, arch=None):
         """A size's code, generated knowing which extents vary (`varying_axes`, found once,
         from the first size)."""
         from tilekit.codegen import generate
 
         if self._varying is None:
             self._varying = varying_axes(self.module, values)
-        return generate(instance, profile, target=self.target, varying=self._varying)
+        return generate(instance, profile, arch, target=self.target, varying=self._varying)
 
 
 def varying_axes(module: Any, values: Mapping[str, int]) -> frozenset[tuple[str, str]]:
