@@ -501,7 +501,7 @@ def default_kernel(module: Module, plan: GroupPlan, entry: str, target: Target
     extents = [n for _, n in main.spatial]
     names = [avar(a) for a in axes]
     # a symbolic module's size: an extent of 1 keeps its division when the axes vary
-    named = any((main.op.name, a) in target.varying for a in axes)
+    named = target.any_varying(main.op.name, axes)
     with b.threads(threads) as tid:
         if lanes == 1:
             start = tx.cast(idx_t, BLOCK) * threads + tid
@@ -600,7 +600,7 @@ def tiled_kernel(module: Module, plan: GroupPlan, entry: str, tile: Tile, target
     ragged = [target.ragged(main.op.name, a, n, s) for a, n, s in zip(axes, extents, tile.block)]
     b = Builder()
     origins = block_origins(b, axes, extents, tile.block, idx_t,
-                            named=any((main.op.name, a) in target.varying for a in axes))
+                            named=target.any_varying(main.op.name, axes))
     npoints = math.prod(tile.thread)
     with b.threads(threads) as tid:
         wv = thread_coords(b, tid, axes, threads_per_axis)

@@ -71,7 +71,7 @@ def mma_kernel(module, plan: GroupPlan, entry: str, decision: KernelShape, targe
     b = Builder()
     origins = dict(zip(axes, block_origins(
         b, axes, extents, tile.block, idx_t,
-        named=any((p.op.name, a) in target.varying for a in axes))))
+        named=target.any_varying(p.op.name, axes))))
     acc = b.alloc("acc", "float32", (mp.mt, mp.nt, 4), "the warp tile's accumulators")
     with b.threads(tile.threads):
         with _unrolled(b, [("i", mp.mt), ("j", mp.nt), ("r", 4)]) as (i, j, r):

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, replace
-from typing import Any, Mapping
+from typing import Any
 
 from tilekit.codegen.cpu import cpu_kernel
 from tilekit.codegen.flash import FlashError, flash_kernel
@@ -386,19 +386,6 @@ def _kernel_tile(plan: GroupPlan, where: str) -> Tile | None:
                      rename=tuple(a for a, _ in last.spatial), require_step=False)
 
 
-def _varying_steps(tile: Tile, payload, main, target: Target) -> Tile:
-    """`tile` (read_tile clamps a step to its axis's extent) with the recorded step of each
-    reduction axis whose extent varies (a symbolic module's size): the staged boxes and the
-    step loops keep their sizes across the range, the steps past the extent guarded."""
-    varying = target.axes_varying(main.op.name)
-    if not varying or not isinstance(payload, Mapping):
-        return tile
-    recorded = payload.get("step") or {}
-    step = tuple(int(recorded.get(a, s)) if a in varying else s
-                 for (a, _), s in zip(main.reduction, tile.step))
-    return replace(tile, step=step)
-
-
 def _single_stage(module: Module, plan: GroupPlan, entry: str, target: Target, notes: list[str],
                   where: str, reduce_entry) -> list[GeneratedKernel]:
     """One stage: the kernel shape the shared decision picks (tilekit.schedule.shape), the
@@ -411,9 +398,8 @@ def _single_stage(module: Module, plan: GroupPlan, entry: str, target: Target, n
     tile, split_k = None, 1
     if main.op.tile is not None and not kept_default(main.op.tile):
         # (tk-roll may have kept the default schedule over its best tile: kept_default)
-        tile = _varying_steps(read_tile(main.op.tile, main.spatial, main.reduction,
-                                        f"{main.where}.tile", "roll"),
-                              main.op.tile, main, target)
+        tile = read_tile(main.op.tile, main.spatial, main.reduction, f"{main.where}.tile",
+                         "roll", unclamped=target.axes_varying(main.op.name))
         split_k = read_split_k(main.op.tile, f"{main.where}.tile")
     if tile is None and not kept_default(main.op.tile):
         tile = _kernel_tile(plan, where)

@@ -69,7 +69,7 @@ def simt_kernel(module, plan: GroupPlan, entry: str, decision: KernelShape, targ
     b = Builder()
     origins = dict(zip(axes, block_origins(
         b, axes, extents, tile.block, idx_t,
-        named=any((p.op.name, a) in target.varying for a in axes))))
+        named=target.any_varying(p.op.name, axes))))
     k_axis, k_extent = p.reduction[0]
     nsteps = -(-k_extent // sp.bk)
     ctx = _Context(module, p, sp, origins, idx_t, bufs, ops, k_axis, k_extent, target)

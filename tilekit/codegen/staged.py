@@ -114,7 +114,7 @@ def staged_kernel(module, plan: GroupPlan, entry: str, decision: KernelShape,
         tile_of = b.let("tile_", tx.mod(BLOCK, tiles), "int32")
         slice_of = b.let("slice_", tx.div(BLOCK, tiles), "int32")
     origins = block_origins(b, axes, extents, tile.block, idx_t, tile_of,
-                            named=any((p.op.name, a) in target.varying for a in axes))
+                            named=target.any_varying(p.op.name, axes))
     pb_kind = PointBuilder(module, b, stage, [Var(avar(a), idx_t) for a in axes],
                            global_resolver)
     kind = pb_kind.acc_kind(p)

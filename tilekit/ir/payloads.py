@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Collection, Mapping, Sequence
 
 from tilekit.errors import IRError
 from tilekit.ir.keys import (read_choice, read_int, read_list, read_mapping, read_number,
@@ -141,7 +141,7 @@ def _axis_sizes(payload: Mapping[str, Any], key: str, axes: Sequence[str], where
 
 def read_tile(payload: Any, spatial: Axes, reduction: Axes, where: str,
               source: str = "roll", rename: Sequence[str] | None = None,
-              require_step: bool = True) -> Tile | None:
+              require_step: bool = True, unclamped: Collection[str] = ()) -> Tile | None:
     """The one tile checker: `payload` as a `Tile` of an op with these axes, or None.
 
     Rules (each broken one is an IRError located at the field to fix): `block` lists every
@@ -149,7 +149,9 @@ def read_tile(payload: Any, spatial: Axes, reduction: Axes, where: str,
     1) divides `block`; `grid`, when given, is `ceil(extent / block)` on every axis (so the
     blocks compute every output point once), `blocks` and `threads` when given are the
     products of the grid and of block/thread; a block has at most `MAX_THREADS` threads.
-    Steps larger than their extent are clamped (one step covers the axis).
+    Steps larger than their extent are clamped (one step covers the axis), but on the
+    reduction axes `unclamped` (whose extents vary with a symbol: the code of every size
+    keeps the tile's step, guarded).
 
     `rename` gives the payload's spatial axis names by position (a kernel tile is written
     over the group's last op, whose axes may be named differently from the stage reading
@@ -174,7 +176,8 @@ def read_tile(payload: Any, spatial: Axes, reduction: Axes, where: str,
         if b % t:
             raise IRError(f"block size {b} of axis '{a}' is not a multiple of its thread "
                           f"size {t}", f"{where}.thread.{a}", "re-run the stage that wrote it")
-    tile = Tile(block, thread, tuple(min(s, e) for s, (_, e) in zip(step, reduction)), source)
+    tile = Tile(block, thread, tuple(s if a in unclamped else min(s, e)
+                                     for s, (a, e) in zip(step, reduction)), source)
     _check_grid(payload, tile, spatial, where)
     if tile.threads > MAX_THREADS:
         raise IRError(f"the tile needs {tile.threads} threads per block, more than "

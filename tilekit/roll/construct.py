@@ -219,7 +219,7 @@ def rank(problem: Problem, m: Machine, tiles: list[RTile], top_k: int) -> list[C
     order = sorted((k for k in range(len(tiles)) if costs.valid[k]), key=key)
     if not order:  # a valid but tiny profile: even the smallest tile breaks a limit
         raise no_tile_fits(m, costs, tiles)
-    return [_candidate(tiles[k], costs, k) for k in order[:max(1, top_k)]]
+    return [candidate(tiles[k], costs, k) for k in order[:max(1, top_k)]]
 
 
 def no_tile_fits(m: Machine, costs: TileCosts, tiles: list[RTile]) -> TilekitError:
@@ -250,7 +250,8 @@ def no_tile_fits(m: Machine, costs: TileCosts, tiles: list[RTile]) -> TilekitErr
                         "use a profile with larger limits, or fix the profile's figures")
 
 
-def _candidate(tile: RTile, costs: TileCosts, k: int) -> Candidate:
+def candidate(tile: RTile, costs: TileCosts, k: int) -> Candidate:
+    """Candidate `k` of `costs` (the model's figures for a list of tiles), its tile `tile`."""
     return Candidate(tile, costs.estimate(k), int(costs.smem_tile[k]), int(costs.regs[k]),
                      int(costs.threads[k]), int(costs.blocks[k]))
 

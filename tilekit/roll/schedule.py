@@ -155,7 +155,7 @@ def settle(module, profile, precision: str = "fp32"):
     static roll of that one tile writes it (grid, kernel, estimate, the default kept where
     the model prices it faster at this size), its kernel's estimate again; the stages
     after tk-roll read what they read of a static roll."""
-    from tilekit.roll.construct import cost_candidates
+    from tilekit.roll.construct import candidate, cost_candidates
     from tilekit.roll.rtile import RTile
 
     if not any(by_size(op.tile) for op in module.ops):
@@ -176,10 +176,8 @@ def settle(module, profile, precision: str = "fp32"):
                       tuple(t["thread"][a] for a, _ in problem.spatial),
                       tuple(t.get("step", {})[a] for a, _ in problem.reduction))
         m = machine(profile, problem.dtype, precision)
-        c = cost_candidates(problem, m, [rtile])
-        candidate = Candidate(rtile, c.estimate(0), int(c.smem_tile[0]), int(c.regs[0]),
-                              int(c.threads[0]), int(c.blocks[0]))
-        made = tile_record(problem, [candidate], analysis_facts(analysis, dtypes), target,
+        priced = candidate(rtile, cost_candidates(problem, m, [rtile]), 0)
+        made = tile_record(problem, [priced], analysis_facts(analysis, dtypes), target,
                            default_estimate(problem, m))
         ops.append(replace(op, tile=made.tile))
         rolled[op.name] = made

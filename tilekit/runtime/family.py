@@ -124,8 +124,9 @@ class CompiledFamily:
 
     def sample_sizes(self, values: Mapping[str, int]) -> list[list[dict[str, int]]]:
         """Per symbol, the other sizes a template for `values` may be made from: values of
-        its range spread from the given one (twice, 1.5x, neighbours, half, its likely values,
-        its ends), the other symbols as given."""
+        its range spread from the given one (twice and four times, half-way to the range's
+        end, 1.5x, neighbours, half, its likely values, its ends), the other symbols as
+        given."""
         out = []
         for name in sorted(values):
             dim = self.module.dims[name]

@@ -385,6 +385,10 @@ class Target:
         """Does the innermost of `reduction`'s (axis, extent) pairs of op `op` vary?"""
         return bool(reduction) and (op, reduction[-1][0]) in self.varying
 
+    def any_varying(self, op: str, axes) -> bool:
+        """Does the extent of any of op `op`'s `axes` vary (a symbolic module's size)?"""
+        return any((op, a) in self.varying for a in axes)
+
     def axes_varying(self, op: str) -> frozenset[str]:
         """The axes of op `op` whose extents vary (OpFacts.varying)."""
         return frozenset(a for o, a in self.varying if o == op)

@@ -37,7 +37,7 @@ from tilekit.errors import InternalError
 from tilekit.tile.cstyle import SIZE_TABLES, CStyle
 from tilekit.tile.emit import INDENT, Emitter, check_line, comment_text
 from tilekit.tile.expr import BLOCK, NBLOCKS, HALF, Call, Const, as_expr
-from tilekit.tile.nodes import STATIC_SMEM_LIMIT, Barrier, Buffer, CallBody, Kernel, Seq, Threads
+from tilekit.tile.nodes import STATIC_SMEM_LIMIT, Barrier, Buffer, CallBody, Kernel, Threads
 
 SMEM = "tk_smem"
 #: The define that compiles runtime.cuh's grid barrier (cooperative groups) into a file.
@@ -248,8 +248,7 @@ def size_tables(ints: int, floats: int) -> str:
     constant memory: every thread of a kernel reads the same entries, which the constant
     cache broadcasts. The runtime sets them after loading the unit (and the emulation's
     harness before its launches)."""
-    p = CudaPrinter(Kernel("tk_sizes", (), (), Seq(()), 1, 1))
-    return "".join(f"__constant__ {p.ctype(dtype)} {name}[{max(n, 1)}];\n"
+    return "".join(f"__constant__ {CudaPrinter.TYPES[dtype]} {name}[{max(n, 1)}];\n"
                    for (name, dtype), n in zip(SIZE_TABLES, (ints, floats))) + "\n"
 
 
