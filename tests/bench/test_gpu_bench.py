@@ -15,8 +15,11 @@ other bundled models at batch 1): ResNet-50 from onnx's light test data with see
 weights, a BERT-base encoder layer, a MobileNetV2 block and an LSTM from tests/models, each at
 batch 1 and 64, and SqueezeNet at batch 1. tilekit runs `tk-import | tk-roll | codegen`;
 PyTorch runs the same ONNX graph through tests/bench/torch_onnx.py, eager (`torch_ms`) and
-under torch.compile in its default mode (`torch_compile_ms`, timed after the compile, whose
-seconds are `compile_s`). A row also holds tilekit's relative L2 error against eager
+under torch.compile (`torch_compile_ms`, timed after the compile, whose seconds are
+`compile_s`; its mode `TILEKIT_BENCH_COMPILE_MODE`, default `default`), and eager captured
+once as a CUDA graph and replayed (`torch_graph_ms`, Rammer's baseline); tilekit's rolled
+kernels (`tilekit_ms`) and the same rolled then welded (`tilekit_welded_ms`, checked against
+the rolled outputs). A row also holds tilekit's relative L2 error against eager
 (`check`: pass at 1e-3) and, instead of aborting the bench, any stage's error
 (`tilekit_error`, `eager_error`, `compile_error`); the test fails at the end, after writing
 everything, on a tilekit or eager error or a failed check (not on a torch.compile error).
@@ -197,6 +200,9 @@ MODELS = os.environ.get("TILEKIT_BENCH_MODELS", DEFAULT_MODELS)
 #: Seconds from the start of the bench after which no torch.compile starts (its row records
 #: why); the compiles are most of a model row's time.
 BUDGET_S = float(os.environ.get("TILEKIT_BENCH_BUDGET_S", "180"))
+#: torch.compile's mode for the model rows (`TILEKIT_BENCH_COMPILE_MODE`: default,
+#: reduce-overhead, max-autotune; max-autotune's compiles take minutes a model).
+COMPILE_MODE = os.environ.get("TILEKIT_BENCH_COMPILE_MODE", "default")
 #: tilekit against PyTorch eager on a whole model, relative L2 over each output.
 MODEL_TOLERANCE = 1e-3
 
@@ -247,6 +253,7 @@ class ModelBuild:
     feeds: dict[str, np.ndarray]
     imported: Module | None = None
     generated: Module | None = None
+    welded: Module | None = None
     weights: dict | None = None
     error: str | None = None
 
@@ -281,15 +288,26 @@ def build_model(spec: ModelSpec, profile, folder: Path, arch: str | None) -> Mod
             raise RuntimeError(f"tk-import exited {proc.returncode}: {proc.stderr[-600:]}")
         build.imported = read_module(str(ir_path))
         build.weights = load_weights(build.imported, folder)
-        build.generated = generate(rolled(build.imported, profile), profile).module
+        from tilekit.weld import weld_module
+        roll = rolled(build.imported, profile)
+        build.generated = generate(roll, profile).module
+        build.welded = generate(weld_module(roll, profile), profile).module
         if arch is not None:
             from tilekit.codegen.nvcc import compile_unit, find_nvcc
             from tilekit.runtime.cuda import unit_source
             if find_nvcc():
-                compile_unit(unit_source(CodegenSection.read(build.generated.codegen).kernels), arch)
+                for module in (build.generated, build.welded):
+                    section = CodegenSection.read(module.codegen)
+                    compile_unit(unit_source(section.kernels), _target(section, arch))
     except Exception as exc:  # noqa: BLE001 - recorded in the row
         build.error = _error(exc)
     return build
+
+
+def _target(section: CodegenSection, arch: str) -> str:
+    """The target the CUDA runtime builds `section` for on a device of `arch`: the
+    arch-specific one the kernels were generated for (sm_90a: wgmma), else the device's."""
+    return section.arch if section.arch == f"{arch}a" else arch
 
 
 def _compile_case(case: Case, profile, arch: str) -> None:
@@ -299,7 +317,8 @@ def _compile_case(case: Case, profile, arch: str) -> None:
     try:
         if find_nvcc():
             generated = generate(rolled(case.module, profile, case.precision), profile).module
-            compile_unit(unit_source(CodegenSection.read(generated.codegen).kernels), arch)
+            section = CodegenSection.read(generated.codegen)
+            compile_unit(unit_source(section.kernels), _target(section, arch))
     except Exception:  # noqa: BLE001 - _run_case compiles again and reports it
         pass
 
@@ -319,7 +338,8 @@ def _prebuild(cases: list[Case], specs: list[ModelSpec], profile, arch: str,
 # -- no GPU needed -------------------------------------------------------------------------
 
 def test_cases_build(tmp_path, monkeypatch):
-    """Every op case rolls, generates and compiles for sm_90 (no GPU involved)."""
+    """Every op case rolls, generates and compiles for the H100 (sm_90, or sm_90a where the
+    kernels use wgmma; no GPU involved)."""
     from tilekit.codegen import compile_module
     from tilekit.codegen.nvcc import find_nvcc
     if "TILEKIT_CACHE" not in os.environ:
@@ -329,7 +349,7 @@ def test_cases_build(tmp_path, monkeypatch):
         result = generate(rolled(case.module, profile, case.precision), profile)
         assert result.kernels, case.name
         if find_nvcc():
-            report = compile_module(result, "sm_90", profile)
+            report = compile_module(result, None, profile)   # codegen's arch
             assert not report.problems, (case.name, report.problems)
 
 
@@ -385,6 +405,32 @@ def _torch_time(torch, fn, args, runs: int = RUNS) -> tuple[float, object]:
         stop.synchronize()
         times.append(start.elapsed_time(stop) * 1e-3)
     return float(np.median(times)), out
+
+
+def _graph_time(torch, fn, runs: int = RUNS) -> float:
+    """Median seconds of one replay of `fn` captured as a CUDA graph (after warm-up runs on a
+    side stream, as capture requires)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(WARMUP):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    for _ in range(WARMUP):
+        graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(runs):
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        stop.record()
+        stop.synchronize()
+        times.append(start.elapsed_time(stop) * 1e-3)
+    return float(np.median(times))
 
 
 def _row(case: Case, tk_s: float, torch_s: float | None, profile, max_err: float | None) -> dict:
@@ -458,6 +504,12 @@ def _model_row(build: ModelBuild, torch, profile, deadline: float) -> dict:
             row.update(tilekit_ms=timing.median * 1e3, kernels=len(module.codegen["kernels"]),
                        dram_gbps=nbytes / timing.median * 1e-9,
                        dram_fraction=nbytes / timing.median / profile.dram_bandwidth)
+            welded = cuda.time_kernels(build.welded, inputs, build.weights, runs, WARMUP)
+            out_w = cuda.run_module(build.welded, inputs, build.weights)
+            row.update(tilekit_welded_ms=welded.median * 1e3,
+                       welded_kernels=len(build.welded.codegen["kernels"]),
+                       welded_rel_l2_vs_rolled=max(_rel_l2(out_w[n], g) for n, g in
+                                                   zip(module.outputs, got)))
         except Exception as exc:  # noqa: BLE001
             row["tilekit_error"] = _error(exc)
     net = want = None
@@ -472,6 +524,13 @@ def _model_row(build: ModelBuild, torch, profile, deadline: float) -> dict:
         row["torch_ms"] = eager_s * 1e3
     except Exception as exc:  # noqa: BLE001
         row["eager_error"] = _error(exc)
+    if want is not None:
+        try:  # eager captured once and replayed as a CUDA graph: Rammer's baseline
+            with torch.no_grad():
+                graph_s = _graph_time(torch, lambda: net(*args), runs)
+            row["torch_graph_ms"] = graph_s * 1e3
+        except Exception as exc:  # noqa: BLE001
+            row["graph_error"] = _error(exc)
     if got is not None and want is not None:
         shapes = [(g.shape, w.shape) for g, w in zip(got, want) if g.shape != w.shape]
         if shapes or len(got) != len(want):
@@ -488,7 +547,7 @@ def _model_row(build: ModelBuild, torch, profile, deadline: float) -> dict:
                 # One compiled graph per row, static shapes: the forward code is shared by
                 # every TorchModel, so without a reset the rows would count as recompiles.
                 torch._dynamo.reset()
-                compiled = torch.compile(net, dynamic=False)
+                compiled = torch.compile(net, dynamic=False, mode=COMPILE_MODE)
                 start = time.monotonic()
                 with torch.no_grad():
                     compiled(*args)
@@ -504,6 +563,10 @@ def _model_row(build: ModelBuild, torch, profile, deadline: float) -> dict:
     row["ratio"] = tk / row["torch_ms"] if tk and row.get("torch_ms") else None
     row["ratio_compile"] = tk / row["torch_compile_ms"] if tk and row.get("torch_compile_ms") \
         else None
+    welded_ms = row.get("tilekit_welded_ms")
+    row["ratio_welded_compile"] = welded_ms / row["torch_compile_ms"] \
+        if welded_ms and row.get("torch_compile_ms") else None
+    row["ratio_graph"] = tk / row["torch_graph_ms"] if tk and row.get("torch_graph_ms") else None
     return {k: (float(f"{v:.6g}") if isinstance(v, float) else v) for k, v in row.items()}
 
 
@@ -523,15 +586,16 @@ def _ms(value) -> str:
 def _print_row(r: dict) -> None:
     """One line per row as it is measured (the bench is watched live with -s), problems under it."""
     ratios = "  ".join(f"{r[k]:6.2f}x" if r.get(k) else "    -  "
-                       for k in ("ratio", "ratio_compile"))
+                       for k in ("ratio", "ratio_compile", "ratio_graph"))
     dram = f"{r['dram_fraction'] * 100:5.1f}% DRAM" if r.get("dram_fraction") else ""
     which = "tensor-core" if r.get("shape") == "mma" else "fp32"
     flops = f"{r['peak_fraction'] * 100:5.1f}% {which} peak" if r.get("peak_fraction") else ""
     print(f"  {r['case']:<30}  tilekit {_ms(r.get('tilekit_ms'))}  eager "
-          f"{_ms(r.get('torch_ms'))}  compile {_ms(r.get('torch_compile_ms'))}  {ratios}  "
+          f"{_ms(r.get('torch_ms'))}  compile {_ms(r.get('torch_compile_ms'))}  graph "
+          f"{_ms(r.get('torch_graph_ms'))}  welded {_ms(r.get('tilekit_welded_ms'))}  {ratios}  "
           f"{dram}  {flops}".rstrip(), flush=True)
     problems = [f"{k}: {r[k]}" for k in ("error", "tilekit_error", "eager_error",
-                                         "compile_error") if r.get(k)]
+                                         "graph_error", "compile_error") if r.get(k)]
     if str(r.get("check", "")).startswith("FAIL"):
         problems.append(f"check {r['check']} (rel L2 {r.get('rel_l2_vs_eager')} against eager)")
     for problem in problems:
@@ -558,7 +622,10 @@ def test_gpu_bench(tmp_path):
                   "(PyTorch eager, torch.compile after its compile), median; model rows at "
                   "batch > 1 take max(10, runs / 5) runs",
         "models": "PyTorch through tests/bench/torch_onnx.py (the ONNX graph node by node); "
-                  "torch_ms is eager, torch_compile_ms torch.compile (default mode)",
+                  "torch_ms is eager, torch_graph_ms eager captured once and replayed as a "
+                  f"CUDA graph, torch_compile_ms torch.compile (mode {COMPILE_MODE}); "
+                  "tilekit_ms rolled, tilekit_welded_ms rolled then welded",
+        "compile_mode": COMPILE_MODE,
         "rows": [],
     }
     rows = report["rows"]

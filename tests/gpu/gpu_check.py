@@ -20,16 +20,20 @@ Steps, in order (`--steps` picks some):
     pytest      pytest tests/gpu (every codegen fixture on the device against the CPU executor,
                 compute-sanitizer on the fixtures)
     models      every model (the 9 real architectures with seeded random weights, the 5 built
-                ones) through `tk-import | tk-roll --hw H | tk-codegen`, with the default
-                schedules (no roll), welded (`| tk-weld |`) and as a tk-ram program
-                (`tk-roll --top-k 4 | tk-weld | tk-ram |`; `--variants` picks some), then
-                `tk-run --device cuda --check` (in parallel), then one at a time
-                `tk-run --bench --report` (the median, and each kernel's time)
+                ones, the 6 control-flow ones) through `tk-import | tk-roll --hw H |
+                tk-codegen`, with the default schedules (no roll), welded (`| tk-weld |`), as
+                a tk-ram program (`tk-roll --top-k 4 | tk-weld | tk-ram |`) and, for the
+                control-flow models, ground (`| tk-grind |`: device loops and branches);
+                `--variants` picks some, `--dtypes float32,float16` imports each model in
+                each (`tk-import --dtype`); then `tk-run --device cuda --check` (in
+                parallel), then one at a time `tk-run --bench --report` (the median, and
+                each kernel's time)
     profile     Nsight Compute (ncu) sections of the kernels of three built models: throughput,
                 occupancy, memory, warp stalls (CSV in the logs; ncu-summary.json: the
                 longest launches with their metrics and ncu's findings, `ncu_summary`)
     sanitizer   compute-sanitizer memcheck, racecheck and synccheck on three models' welded
-                kernels and tk-ram programs
+                kernels and tk-ram programs and on two control-flow models' device loops
+                (in parallel)
     bench       tests/bench/test_gpu_bench.py (tilekit against cuBLAS/cuDNN/PyTorch, ratios)
     stages      tests/bench/test_gpu_weld.py, test_gpu_ram.py, test_gpu_grind.py,
                 test_gpu_dynamic.py: welded against unwelded kernels, a program against
@@ -69,12 +73,22 @@ VARIANTS = {
     "welded": "tk-roll --hw {hw} {n}.tk.yaml | tk-weld | tk-codegen --compile -o {out}",
     "program": "tk-roll --hw {hw} --top-k 4 {n}.tk.yaml | tk-weld | tk-ram "
                "| tk-codegen --compile -o {out}",
+    "ground": "tk-roll --hw {hw} {n}.tk.yaml | tk-grind | tk-codegen --compile -o {out}",
 }
+#: Variants that only the control-flow models get (on the others they would copy "rolled").
+CONTROL_VARIANTS = {"ground"}
 REAL_MODELS = ["resnet50", "inception_v1", "inception_v2", "densenet121", "shufflenet",
                "squeezenet", "vgg19", "bvlc_alexnet", "zfnet512"]
 BUILT_MODELS = ["bert_encoder_layer", "gpt_block", "mobilenet_block", "mlp_mixer_block",
                 "lstm_model"]
-SANITIZED_MODELS = ["mobilenet_block", "bert_encoder_layer", "squeezenet"]
+CONTROL_MODELS = ["lstm_loop", "gru_scan", "greedy_decoder", "blockdrop", "skipnet",
+                  "nested_loops"]
+#: (model, variant) that compute-sanitizer runs.
+SANITIZED = [(m, v) for m in ("mobilenet_block", "bert_encoder_layer", "squeezenet")
+             for v in ("welded", "program")] + [("lstm_loop", "ground"),
+                                                 ("nested_loops", "ground")]
+#: `tk-import --dtype` spellings of the models step's dtypes, and their file-name infix.
+DTYPES = {"float32": "", "float16": ".f16"}
 
 
 def _env() -> dict[str, str]:
@@ -163,6 +177,10 @@ def _write_model(name: str, folder: Path) -> Path:
         if name in REAL_MODELS:
             light = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
             model = with_random_weights(light / f"light_{name}.onnx", seed=0)
+        elif name in CONTROL_MODELS:
+            from models import control_models
+
+            model = control_models.MODELS[name]()
         else:
             model = getattr(onnx_models, name)()
         onnx.save(model, str(path))
@@ -182,21 +200,31 @@ def _parse_check(text: str) -> dict:
 def step_models(run: Runner, args) -> None:
     work = run.work / "models"
     work.mkdir(exist_ok=True)
-    names = args.models or REAL_MODELS + BUILT_MODELS
+    names = args.models or REAL_MODELS + BUILT_MODELS + CONTROL_MODELS
     for name in names:
         _write_model(name, work)
-    variants = {v: VARIANTS[v] for v in args.variants}
 
-    def build(name: str) -> list[tuple[str, str, dict]]:
+    def build(name: str) -> list[tuple[str, str, str, dict]]:
         done = []
-        r = run.sh(f"models-{name}", f"tk-import {name}.onnx -o {name}.tk.yaml", 300, work)
-        if r["rc"] != 0:
-            return [(name, "import", r)]
-        for variant, pipe in variants.items():
-            out = f"{name}.{variant}.cuda.yaml"
-            done.append((name, variant, run.sh(f"models-{name}",
-                                               pipe.format(n=name, out=out, hw=args.hw), 600,
-                                               work)))
+        for dtype in args.dtypes:
+            stem = f"{name}{DTYPES[dtype]}"
+            flag = "" if dtype == "float32" else f" --dtype {dtype}"
+            # the import also writes the weights, which a reused IR reads
+            r = run.sh(f"models-{name}", f"tk-import {name}.onnx{flag} -o {stem}.tk.yaml",
+                       300, work)
+            if r["rc"] != 0:
+                done.append((name, dtype, "import", r))
+                continue
+            for variant in args.variants:
+                if variant in CONTROL_VARIANTS and name not in CONTROL_MODELS:
+                    continue
+                out = f"{stem}.{variant}.cuda.yaml"
+                if args.reuse_built and (work / out).exists():
+                    done.append((name, dtype, variant, {"rc": 0, "output": "reused"}))
+                    continue
+                done.append((name, dtype, variant, run.sh(
+                    f"models-{name}", VARIANTS[variant].format(n=stem, out=out, hw=args.hw),
+                    600, work)))
         return done
 
     # Import, roll and codegen (CPU work, nvcc) in parallel; then the checks in parallel (the
@@ -204,16 +232,16 @@ def step_models(run: Runner, args) -> None:
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         built = [item for items in pool.map(build, names) for item in items]
     ready = []
-    for name, variant, r in built:
+    for name, dtype, variant, r in built:
         if r["rc"] != 0:
-            run.record("models", model=name, variant=variant, stage="build", rc=r["rc"],
-                       error=r["output"].strip().splitlines()[-1:])
+            run.record("models", model=name, dtype=dtype, variant=variant, stage="build",
+                       rc=r["rc"], error=r["output"].strip().splitlines()[-1:])
         else:
-            ready.append((name, variant))
+            ready.append((name, dtype, variant))
 
-    def check(item: tuple[str, str]) -> tuple[str, str, dict]:
-        name, variant = item
-        ir = f"{name}.{variant}.cuda.yaml"
+    def check(item: tuple[str, str, str]) -> tuple[str, str, str, dict]:
+        name, dtype, variant = item
+        ir = f"{name}{DTYPES[dtype]}.{variant}.cuda.yaml"
         res = run.sh(f"models-{name}", f"tk-run {ir} --device cuda --seed 0 --check", 600, work)
         res["tail"] = [] if res["rc"] == 0 else res["output"].strip().splitlines()[-3:]
         if res["rc"] == 1:
@@ -222,12 +250,18 @@ def step_models(run: Runner, args) -> None:
                           "--check-tensors --quiet", 600, work)
             res["tail"] += [ln for ln in diag["output"].splitlines()
                             if ln.startswith(("check-", "  "))]
-        return name, variant, res
+        return name, dtype, variant, res
 
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         checked = list(pool.map(check, ready))
-    for name, variant, res in checked:
-        timed = run.sh(f"models-{name}", f"tk-run {name}.{variant}.cuda.yaml --device cuda "
+    for name, dtype, variant, res in checked:
+        ir = f"{name}{DTYPES[dtype]}.{variant}.cuda.yaml"
+        if args.runs == 0:
+            run.record("models", model=name, dtype=dtype, variant=variant, rc=res["rc"],
+                       seconds=res["seconds"], **_parse_check(res["output"]),
+                       tail=res["tail"][:25])
+            continue
+        timed = run.sh(f"models-{name}", f"tk-run {ir} --device cuda "
                        f"--seed 0 --bench {args.runs} --warmup 3 --report --report-format json",
                        300, work)
         figures: dict = {}
@@ -237,7 +271,8 @@ def step_models(run: Runner, args) -> None:
                        "slowest": doc.get("report", {}).get("slowest", [])}
         except (ValueError, KeyError, IndexError):
             figures = {"timing_error": timed["output"].strip().splitlines()[-1:]}
-        run.record("models", model=name, variant=variant, rc=res["rc"] or timed["rc"],
+        run.record("models", model=name, dtype=dtype, variant=variant,
+                   rc=res["rc"] or timed["rc"],
                    seconds=res["seconds"], **_parse_check(res["output"]), **figures,
                    tail=res["tail"][:25])
 
@@ -335,34 +370,41 @@ def step_profile(run: Runner, args) -> None:
 
 
 def step_sanitizer(run: Runner, args) -> None:
-    """compute-sanitizer's memcheck, racecheck and synccheck on the welded kernels and the
-    tk-ram program of `SANITIZED_MODELS` (built by the models step when it ran, else here)."""
+    """compute-sanitizer's memcheck, racecheck and synccheck on `SANITIZED` (built by the
+    models step when it ran, else here), `--jobs` runs at a time."""
     if shutil.which("compute-sanitizer") is None:
         run.record("sanitizer", skipped="compute-sanitizer is not on PATH")
         return
     work = run.work / "models"
     work.mkdir(exist_ok=True)
-    for name in SANITIZED_MODELS:
+    runs = []
+    for name, variant in SANITIZED:
         _write_model(name, work)
         if not (work / f"{name}.tk.yaml").exists():
             run.sh("sanitizer", f"tk-import {name}.onnx -o {name}.tk.yaml", 300, work)
-        for variant in ("welded", "program"):
-            ir = work / f"{name}.{variant}.cuda.yaml"
-            if not ir.exists():
-                r = run.sh("sanitizer", VARIANTS[variant].format(n=name, out=ir.name,
-                                                                 hw=args.hw), 600, work)
-                if r["rc"]:
-                    run.record("sanitizer", model=name, variant=variant, rc=r["rc"],
-                               stage="build")
-                    continue
-            for tool in ("memcheck", "racecheck", "synccheck"):
-                r = run.sh("sanitizer", f"compute-sanitizer --tool={tool} --error-exitcode=9 "
-                           f"python3 {BIN / 'tk-run'} {ir.name} --device cuda --seed 0",
-                           args.limit_sanitizer, work)
-                errors = re.findall(r"ERROR SUMMARY: (\d+) error", r["output"])
-                hazards = re.findall(r"RACECHECK SUMMARY: (\d+) hazard", r["output"])
-                run.record("sanitizer", model=name, variant=variant, tool=tool, rc=r["rc"],
-                           seconds=r["seconds"], errors=errors[-1:] or hazards[-1:] or ["?"])
+        ir = work / f"{name}.{variant}.cuda.yaml"
+        if not ir.exists():
+            r = run.sh("sanitizer", VARIANTS[variant].format(n=name, out=ir.name, hw=args.hw),
+                       600, work)
+            if r["rc"]:
+                run.record("sanitizer", model=name, variant=variant, rc=r["rc"],
+                           stage="build")
+                continue
+        runs += [(name, variant, tool) for tool in ("memcheck", "racecheck", "synccheck")]
+
+    def sanitize(item: tuple[str, str, str]) -> tuple[str, str, str, dict]:
+        name, variant, tool = item
+        return name, variant, tool, run.sh(
+            "sanitizer", f"compute-sanitizer --tool={tool} --error-exitcode=9 python3 "
+            f"{BIN / 'tk-run'} {name}.{variant}.cuda.yaml --device cuda --seed 0",
+            args.limit_sanitizer, work)
+
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        for name, variant, tool, r in pool.map(sanitize, runs):
+            errors = re.findall(r"ERROR SUMMARY: (\d+) error", r["output"])
+            hazards = re.findall(r"RACECHECK SUMMARY: (\d+) hazard", r["output"])
+            run.record("sanitizer", model=name, variant=variant, tool=tool, rc=r["rc"],
+                       seconds=r["seconds"], errors=errors[-1:] or hazards[-1:] or ["?"])
 
 
 def _run_bench(run: Runner, step: str, command: str, limit: float,
@@ -425,7 +467,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", type=lambda s: [m for m in s.split(",") if m], default=None)
     parser.add_argument("--variants", type=lambda s: [v for v in s.split(",") if v],
                         default=list(VARIANTS), help=f"of {','.join(VARIANTS)}")
-    parser.add_argument("--runs", type=int, default=20)
+    parser.add_argument("--dtypes", type=lambda s: [d for d in s.split(",") if d],
+                        default=["float32"], help=f"of {','.join(DTYPES)}")
+    parser.add_argument("--runs", type=int, default=20,
+                        help="timed runs per model variant (0: check only, no timing)")
+    parser.add_argument("--reuse-built", action="store_true",
+                        help="keep a variant's IR already in --work/models (built on another "
+                             "machine: the pipeline is deterministic) instead of building it")
     parser.add_argument("--jobs", type=int, default=min(8, os.cpu_count() or 2))
     parser.add_argument("--limit-pytest", type=float, default=300)
     parser.add_argument("--limit-bench", type=float, default=300)
@@ -446,6 +494,9 @@ def main(argv: list[str] | None = None) -> int:
     if set(args.variants) - set(VARIANTS):
         parser.error(f"unknown variants {sorted(set(args.variants) - set(VARIANTS))}; "
                      f"known: {', '.join(VARIANTS)}")
+    if set(args.dtypes) - set(DTYPES):
+        parser.error(f"unknown dtypes {sorted(set(args.dtypes) - set(DTYPES))}; "
+                     f"known: {', '.join(DTYPES)}")
     for step in steps:
         start = time.monotonic()
         try:

@@ -20,9 +20,39 @@ def test_every_variant_is_a_pipe_ending_in_a_compiled_ir():
         assert "{" not in text, (name, text)
     assert "tk-weld" in gpu_check.VARIANTS["welded"]
     assert "tk-ram" in gpu_check.VARIANTS["program"] and "--top-k 4" in gpu_check.VARIANTS["program"]
+    assert "tk-grind" in gpu_check.VARIANTS["ground"]
+    assert gpu_check.CONTROL_VARIANTS <= set(gpu_check.VARIANTS)
 
 
-@pytest.mark.parametrize("flag, value", [("--steps", "models,fly"), ("--variants", "rolled,fast")])
+def test_the_control_flow_models_are_the_bundled_ones():
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from models.control_models import MODELS
+
+    assert gpu_check.CONTROL_MODELS == list(MODELS)
+    assert {m for m, v in gpu_check.SANITIZED if v == "ground"} <= set(MODELS)
+
+
+def test_the_models_step_builds_each_dtype_and_only_control_models_ground(tmp_path,
+                                                                       monkeypatch):
+    """Without a GPU the checks fail, but the builds are what the step decided to make: each
+    dtype's import, the ground variant for a control-flow model only, a reused IR kept."""
+    monkeypatch.setattr(gpu_check, "VARIANTS", {  # no nvcc: that is not what is tested
+        k: v.replace("--compile ", "") for k, v in gpu_check.VARIANTS.items()})
+    work = tmp_path / "work"
+    (work / "models").mkdir(parents=True)
+    (work / "models" / "lstm_loop.f16.ground.cuda.yaml").write_text("kept\n")
+    gpu_check.main(["--out", str(tmp_path / "out"), "--work", str(work), "--steps", "models",
+                    "--models", "lstm_loop,mobilenet_block", "--variants", "ground",
+                    "--dtypes", "float32,float16", "--runs", "0", "--reuse-built"])
+    built = sorted(p.name for p in (work / "models").glob("*.cuda.yaml"))
+    assert built == ["lstm_loop.f16.ground.cuda.yaml", "lstm_loop.ground.cuda.yaml"]
+    assert (work / "models" / "lstm_loop.f16.ground.cuda.yaml").read_text() == "kept\n"
+    assert (work / "models" / "mobilenet_block.f16.tk.yaml").exists()
+    assert "--dtype float16" in (work / "logs" / "models-lstm_loop.log").read_text()
+
+
+@pytest.mark.parametrize("flag, value", [("--steps", "models,fly"), ("--variants", "rolled,fast"),
+                                         ("--dtypes", "float32,int4")])
 def test_unknown_steps_and_variants_are_refused_before_any_step(tmp_path, flag, value, capsys):
     with pytest.raises(SystemExit) as exit_:
         gpu_check.main(["--out", str(tmp_path / "out"), "--work", str(tmp_path), flag, value])

@@ -141,6 +141,23 @@ def test_an_operator_that_fills_the_device_stays_a_kernel():
     assert fills_device(profile, big) and not fills_device(profile, small)
 
 
+
+def test_a_segment_closes_where_its_members_together_would_fit_no_sm():
+    """Each body fits an SM alone, but a slot takes the most of every resource: a 512-thread
+    body beside a 96-register one (144 in a program) would be a slot of 512 x 144 registers,
+    over an SM's 64 K, so the second starts a segment of its own (Inception v2 on the H100
+    planned a segment of 0 vEUs before)."""
+    from tilekit.ram.plan import segments_of
+    from tilekit.ram.tasks import ROperator, Variant
+    profile = load_profile("h100")
+    wide = Variant(0, 4, 512, 32, 0, 1.0, 1.0, "tiled", Layout("whole", ()))
+    heavy = Variant(0, 4, 128, 96, 0, 1.0, 1.0, "tiled", Layout("whole", ()))
+    ops = tuple(ROperator(i, f"k{i}", (f"o{i}",), (v,))
+                for i, v in enumerate((wide, wide, heavy, heavy)))
+    segments = segments_of(ops, [0, 0, 0, 0], profile)
+    assert [members for _, members, _ in segments] == [[0, 1], [2, 3]]
+    assert [kind for kind, _, _ in segments] == ["persistent", "persistent"]
+
 # -- the verifier catches broken plans ---------------------------------------------------------
 
 def test_verifier_refuses_a_dropped_barrier(resnext):

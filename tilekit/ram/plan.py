@@ -85,21 +85,32 @@ def program_regs(v: Variant) -> int:
 @dataclass
 class _Open:
     """A persistent segment being formed: its slot's threads, and whether a member's body
-    holds block barriers (then the slot's threads are that body's, exactly)."""
+    holds block barriers (then the slot's threads are that body's, exactly); the slot's
+    registers and shared memory are the most of any member's."""
 
     threads: int
     members: list[int]
     pinned: bool
+    regs: int = 0
+    smem: int = 0
 
-    def admits(self, v: Variant) -> bool:
+    def admits(self, v: Variant, profile) -> bool:
         if v.barriers:
-            return v.threads == self.threads or (not self.pinned and v.threads >= self.threads)
-        return v.threads <= self.threads or not self.pinned
+            fits = v.threads == self.threads or (not self.pinned and v.threads >= self.threads)
+        else:
+            fits = v.threads <= self.threads or not self.pinned
+        # each body fits an SM alone, but the slot takes the most of every resource: a
+        # 1024-thread body beside a 72-register one would make a slot no SM holds
+        return fits and residency(profile, max(self.threads, v.threads),
+                                  max(self.regs, program_regs(v)),
+                                  max(self.smem, v.smem_bytes)).per_sm >= 1
 
     def add(self, i: int, v: Variant) -> None:
         self.members.append(i)
         self.threads = max(self.threads, v.threads)
         self.pinned = self.pinned or v.barriers
+        self.regs = max(self.regs, program_regs(v))
+        self.smem = max(self.smem, v.smem_bytes)
 
 
 def waves(ops: tuple[ROperator, ...], producers: list[set[int]], policy: str) -> list[int]:
@@ -131,7 +142,7 @@ def segments_of(ops: tuple[ROperator, ...], level: list[int], profile
     for lv in sorted(by_wave):
         members = by_wave[lv]
         if current is not None:
-            members = sorted(members, key=lambda i: (not current.admits(ops[i].best), i))
+            members = sorted(members, key=lambda i: (not current.admits(ops[i].best, profile), i))
         for i in members:
             op = ops[i]
             if op.fixed or (not distributed and fills_device(profile, op.best)):
@@ -140,7 +151,7 @@ def segments_of(ops: tuple[ROperator, ...], level: list[int], profile
                     current = None
                 out.append(("kernel", [i], op.best.threads))
                 continue
-            if current is not None and not distributed and not current.admits(op.best):
+            if current is not None and not distributed and not current.admits(op.best, profile):
                 out.append(("persistent", current.members, current.threads))
                 current = None
             if current is None:
