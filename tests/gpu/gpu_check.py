@@ -27,7 +27,9 @@ Steps, in order (`--steps` picks some):
                 `--variants` picks some, `--dtypes float32,float16` imports each model in
                 each (`tk-import --dtype`); then `tk-run --device cuda --check` (in
                 parallel), then one at a time `tk-run --bench --report` (the median, and
-                each kernel's time)
+                each kernel's time) of `--timed-dtypes` (`--runs 0`: none timed);
+                `--reuse-built` keeps the IR already in `--work`/models (built beforehand
+                on a CPU machine: the pipeline is deterministic)
     profile     Nsight Compute (ncu) sections of the kernels of three built models: throughput,
                 occupancy, memory, warp stalls (CSV in the logs; ncu-summary.json: the
                 longest launches with their metrics and ncu's findings, `ncu_summary`)
@@ -36,7 +38,7 @@ Steps, in order (`--steps` picks some):
                 (in parallel)
     bench       tests/bench/test_gpu_bench.py (tilekit against cuBLAS/cuDNN/PyTorch, ratios)
     stages      tests/bench/test_gpu_weld.py, test_gpu_ram.py, test_gpu_grind.py,
-                test_gpu_dynamic.py: welded against unwelded kernels, a program against
+                test_gpu_dynamic.py (`--stages` picks some): welded against unwelded kernels, a program against
                 per-kernel launches and a CUDA graph, device loops against host-driven ones
                 and PyTorch eager, a symbolic module's shared builds against one per size
     fidelity    tests/bench/test_gpu_fidelity.py (tk-roll's top-10 tiles of 30 suite ops, and of
@@ -57,6 +59,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -107,6 +110,7 @@ class Runner:
         self.logs = work / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
         self.records: list[dict] = []
+        self.lock = threading.Lock()   # records come from the steps' worker threads
 
     def sh(self, step: str, command: str, timeout: float, cwd: Path | None = None) -> dict:
         start = time.monotonic()
@@ -128,8 +132,9 @@ class Runner:
             tar.add(self.logs, arcname="logs")
 
     def record(self, step: str, **fields) -> None:
-        self.records.append({"step": step, **fields})
-        (self.out / "summary.json").write_text(json.dumps(self.records, indent=1) + "\n")
+        with self.lock:
+            self.records.append({"step": step, **fields})
+            (self.out / "summary.json").write_text(json.dumps(self.records, indent=1) + "\n")
         print(f"[{step}] " + ", ".join(f"{k}={v}" for k, v in fields.items()
                                        if not isinstance(v, (list, dict))), flush=True)
 
@@ -204,43 +209,7 @@ def step_models(run: Runner, args) -> None:
     for name in names:
         _write_model(name, work)
 
-    def build(name: str) -> list[tuple[str, str, str, dict]]:
-        done = []
-        for dtype in args.dtypes:
-            stem = f"{name}{DTYPES[dtype]}"
-            flag = "" if dtype == "float32" else f" --dtype {dtype}"
-            # the import also writes the weights, which a reused IR reads
-            r = run.sh(f"models-{name}", f"tk-import {name}.onnx{flag} -o {stem}.tk.yaml",
-                       300, work)
-            if r["rc"] != 0:
-                done.append((name, dtype, "import", r))
-                continue
-            for variant in args.variants:
-                if variant in CONTROL_VARIANTS and name not in CONTROL_MODELS:
-                    continue
-                out = f"{stem}.{variant}.cuda.yaml"
-                if args.reuse_built and (work / out).exists():
-                    done.append((name, dtype, variant, {"rc": 0, "output": "reused"}))
-                    continue
-                done.append((name, dtype, variant, run.sh(
-                    f"models-{name}", VARIANTS[variant].format(n=stem, out=out, hw=args.hw),
-                    600, work)))
-        return done
-
-    # Import, roll and codegen (CPU work, nvcc) in parallel; then the checks in parallel (the
-    # CPU reference is most of their time); then the timings one at a time, nothing beside them.
-    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        built = [item for items in pool.map(build, names) for item in items]
-    ready = []
-    for name, dtype, variant, r in built:
-        if r["rc"] != 0:
-            run.record("models", model=name, dtype=dtype, variant=variant, stage="build",
-                       rc=r["rc"], error=r["output"].strip().splitlines()[-1:])
-        else:
-            ready.append((name, dtype, variant))
-
-    def check(item: tuple[str, str, str]) -> tuple[str, str, str, dict]:
-        name, dtype, variant = item
+    def check(name: str, dtype: str, variant: str) -> dict:
         ir = f"{name}{DTYPES[dtype]}.{variant}.cuda.yaml"
         res = run.sh(f"models-{name}", f"tk-run {ir} --device cuda --seed 0 --check", 600, work)
         res["tail"] = [] if res["rc"] == 0 else res["output"].strip().splitlines()[-3:]
@@ -250,17 +219,50 @@ def step_models(run: Runner, args) -> None:
                           "--check-tensors --quiet", 600, work)
             res["tail"] += [ln for ln in diag["output"].splitlines()
                             if ln.startswith(("check-", "  "))]
-        return name, dtype, variant, res
+        return res
 
+    def build_and_check(item: tuple[str, str]) -> list[tuple[str, str, str, dict]]:
+        """One model in one dtype: the import, then each variant built and checked (so that
+        one model's builds, CPU work, overlap the others' checks)."""
+        name, dtype = item
+        stem = f"{name}{DTYPES[dtype]}"
+        flag = "" if dtype == "float32" else f" --dtype {dtype}"
+        # the import also writes the weights, which a reused IR reads
+        r = run.sh(f"models-{name}", f"tk-import {name}.onnx{flag} -o {stem}.tk.yaml", 300,
+                   work)
+        if r["rc"] != 0:
+            run.record("models", model=name, dtype=dtype, variant="import", stage="build",
+                       rc=r["rc"], error=r["output"].strip().splitlines()[-1:])
+            return []
+        done = []
+        for variant in args.variants:
+            if variant in CONTROL_VARIANTS and name not in CONTROL_MODELS:
+                continue
+            out = f"{stem}.{variant}.cuda.yaml"
+            if not (args.reuse_built and (work / out).exists()):
+                r = run.sh(f"models-{name}", VARIANTS[variant].format(n=stem, out=out,
+                                                                      hw=args.hw), 600, work)
+                if r["rc"] != 0:
+                    run.record("models", model=name, dtype=dtype, variant=variant,
+                               stage="build", rc=r["rc"],
+                               error=r["output"].strip().splitlines()[-1:])
+                    continue
+            res = check(name, dtype, variant)
+            if args.runs == 0 or dtype not in (args.timed_dtypes or args.dtypes):
+                run.record("models", model=name, dtype=dtype, variant=variant, rc=res["rc"],
+                           seconds=res["seconds"], **_parse_check(res["output"]),
+                           tail=res["tail"][:25])
+            else:  # recorded with its timing
+                done.append((name, dtype, variant, res))
+        return done
+
+    # Import, roll and codegen (CPU work, nvcc) and the checks (the CPU reference is most of
+    # their time) in parallel; then the timings one at a time, nothing beside them.
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        checked = list(pool.map(check, ready))
+        checked = [done for items in pool.map(build_and_check, [
+            (name, dtype) for dtype in args.dtypes for name in names]) for done in items]
     for name, dtype, variant, res in checked:
         ir = f"{name}{DTYPES[dtype]}.{variant}.cuda.yaml"
-        if args.runs == 0:
-            run.record("models", model=name, dtype=dtype, variant=variant, rc=res["rc"],
-                       seconds=res["seconds"], **_parse_check(res["output"]),
-                       tail=res["tail"][:25])
-            continue
         timed = run.sh(f"models-{name}", f"tk-run {ir} --device cuda "
                        f"--seed 0 --bench {args.runs} --warmup 3 --report --report-format json",
                        300, work)
@@ -427,8 +429,11 @@ def step_bench(run: Runner, args) -> None:
     run.record("bench", rc=r["rc"], seconds=r["seconds"], written=[p.name for p in written])
 
 
+STAGES = ("weld", "ram", "grind", "dynamic")
+
+
 def step_stages(run: Runner, args) -> None:
-    for name in ("weld", "ram", "grind", "dynamic"):
+    for name in args.stages:
         r, written = _run_bench(run, f"stages-{name}", "python3 -m pytest "
                                 f"tests/bench/test_gpu_{name}.py -o addopts='' -q -s -rs "
                                 "-p no:cacheprovider --tb=short", args.limit_bench,
@@ -469,8 +474,14 @@ def main(argv: list[str] | None = None) -> int:
                         default=list(VARIANTS), help=f"of {','.join(VARIANTS)}")
     parser.add_argument("--dtypes", type=lambda s: [d for d in s.split(",") if d],
                         default=["float32"], help=f"of {','.join(DTYPES)}")
+    parser.add_argument("--stages", type=lambda s: [v for v in s.split(",") if v],
+                        default=list(STAGES), help=f"the stages step's benchmarks, of "
+                        f"{','.join(STAGES)} (dynamic builds from an empty cache: minutes)")
     parser.add_argument("--runs", type=int, default=20,
                         help="timed runs per model variant (0: check only, no timing)")
+    parser.add_argument("--timed-dtypes", type=lambda s: [d for d in s.split(",") if d],
+                        default=None, help="the dtypes whose variants are timed (default: "
+                        "all of --dtypes; the others are checked only)")
     parser.add_argument("--reuse-built", action="store_true",
                         help="keep a variant's IR already in --work/models (built on another "
                              "machine: the pipeline is deterministic) instead of building it")
@@ -494,6 +505,9 @@ def main(argv: list[str] | None = None) -> int:
     if set(args.variants) - set(VARIANTS):
         parser.error(f"unknown variants {sorted(set(args.variants) - set(VARIANTS))}; "
                      f"known: {', '.join(VARIANTS)}")
+    if set(args.stages) - set(STAGES):
+        parser.error(f"unknown stages {sorted(set(args.stages) - set(STAGES))}; "
+                     f"known: {', '.join(STAGES)}")
     if set(args.dtypes) - set(DTYPES):
         parser.error(f"unknown dtypes {sorted(set(args.dtypes) - set(DTYPES))}; "
                      f"known: {', '.join(DTYPES)}")

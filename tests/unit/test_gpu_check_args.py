@@ -52,7 +52,8 @@ def test_the_models_step_builds_each_dtype_and_only_control_models_ground(tmp_pa
 
 
 @pytest.mark.parametrize("flag, value", [("--steps", "models,fly"), ("--variants", "rolled,fast"),
-                                         ("--dtypes", "float32,int4")])
+                                         ("--dtypes", "float32,int4"),
+                                         ("--stages", "weld,melt")])
 def test_unknown_steps_and_variants_are_refused_before_any_step(tmp_path, flag, value, capsys):
     with pytest.raises(SystemExit) as exit_:
         gpu_check.main(["--out", str(tmp_path / "out"), "--work", str(tmp_path), flag, value])
