@@ -268,10 +268,12 @@ def step_models(run: Runner, args) -> None:
                        300, work)
         figures: dict = {}
         try:
-            doc = json.loads(timed["output"].strip().splitlines()[-1])
+            # the report's JSON line (a warning on stderr may follow it)
+            doc = json.loads(next(ln for ln in reversed(timed["output"].splitlines())
+                                  if ln.startswith("{")))
             figures = {"median_ms": doc["bench"]["p50_ms"],
                        "slowest": doc.get("report", {}).get("slowest", [])}
-        except (ValueError, KeyError, IndexError):
+        except (ValueError, KeyError, IndexError, StopIteration):
             figures = {"timing_error": timed["output"].strip().splitlines()[-1:]}
         run.record("models", model=name, dtype=dtype, variant=variant,
                    rc=res["rc"] or timed["rc"],

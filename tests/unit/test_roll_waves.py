@@ -6,6 +6,7 @@ reference executor computes."""
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 from dataclasses import replace
 
 import numpy as np
@@ -156,6 +157,38 @@ def test_split_k_staged_convolution_compiles_for_sm90():
     (k,) = report.module.codegen["kernels"]
     assert k["workspace"] == {"counters": 4 * 2} and k["resources"]["spill_stores"] == 0
 
+
+
+def test_every_thread_reads_the_last_slice_flag_after_the_barrier_that_publishes_it(tmp_path):
+    """The H100 bug the CPU emulation cannot see (its threads run in order): with the shared
+    memory base `__restrict__`, nvcc loaded the flag (written by thread 0 after the tile's
+    atomic) for the other threads before the barrier, so only thread 0 of the last block wrote
+    its outputs. In the PTX, no shared load of the flag may come before the barrier that
+    follows the atomic."""
+    import re
+    import subprocess
+
+    from tilekit.codegen.nvcc import find_nvcc
+    from tilekit.runtime.cuda import unit_source
+    from tilekit.ir.payloads import CodegenSection
+    nvcc = find_nvcc()
+    if nvcc is None:
+        pytest.skip("nvcc is not installed")
+    tile = {"block": {"n": 1, "f": 8, "h": 4, "w": 7}, "thread": {"n": 1, "f": 1, "h": 1, "w": 1},
+            "step": {"c": 4, "kh": 3, "kw": 3}, "split_k": 4}
+    module = generate(conv3x3(64, 32, 7, chain=False, tile=tile), H100).module
+    (tmp_path / "unit.cu").write_text(unit_source(CodegenSection.read(module.codegen).kernels))
+    helpers = Path(__file__).resolve().parents[2] / "tilekit" / "codegen"
+    subprocess.run([nvcc, "-ptx", "-arch=sm_90", "-O3", "-std=c++17", f"-I{helpers}",
+                    "-o", "unit.ptx", "unit.cu"], cwd=tmp_path, check=True, capture_output=True)
+    ptx = (tmp_path / "unit.ptx").read_text().splitlines()
+    flag = re.search(r"st\.shared\.u32\s+\[(\S+)\]", "\n".join(
+        ln for ln in ptx[next(i for i, ln in enumerate(ptx) if "atom.global.add" in ln):]))
+    assert flag, "the flag's store after the atomic"
+    atomic = next(i for i, ln in enumerate(ptx) if "atom.global.add" in ln)
+    barrier = next(i for i, ln in enumerate(ptx) if i > atomic and "bar.sync" in ln)
+    reads = [i for i, ln in enumerate(ptx) if "ld.shared" in ln and flag.group(1) in ln]
+    assert reads and all(i > barrier for i in reads), (barrier, reads)
 
 @needs_cxx
 def test_the_rolled_split_emulates_the_reference():

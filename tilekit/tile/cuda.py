@@ -5,7 +5,7 @@ block index, its grid size and its shared-memory base, and an `extern "C" __glob
 that calls it with `blockIdx.x`, `gridDim.x` and its own shared memory:
 
     __device__ __forceinline__ void tk_k0_body(const float* __restrict__ t_x, ...,
-        const int tk_block, const int tk_nblocks, unsigned char* __restrict__ tk_smem) {
+        const int tk_block, const int tk_nblocks, unsigned char* tk_smem) {
       float* s_x = reinterpret_cast<float*>(tk_smem + 0);      // shared buffers
       ...                                                       // block-level code
       {                                                         // a thread region
@@ -135,8 +135,12 @@ def param_declarations(k: Kernel, printer: CStyle, entry: bool = False) -> list[
 
 
 def body_signature(k: Kernel, printer: CStyle, strided: bool = False) -> str:
+    # Shared memory is the one buffer the block's threads write for each other, so it is not
+    # __restrict__: under it nvcc moved a thread's load of a flag that only thread 0 writes
+    # (split-K's "last block") above the barrier that publishes it (ptxas 13.0; every other
+    # thread read the flag unset), as a restrict pointer promises no other writer
     extra = [f"const int {BLOCK.name}", f"const int {NBLOCKS.name}",
-             f"unsigned char* __restrict__ {SMEM}"]
+             f"unsigned char* {SMEM}"]
     if strided:
         extra.append("const int tk_tx")
     return ", ".join(param_declarations(k, printer) + extra)
