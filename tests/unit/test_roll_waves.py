@@ -123,7 +123,7 @@ def test_split_k_staged_convolution_emulates_the_reference():
     assert first.schedule["split_k"] == {"axis": "c", "slices": 2, "steps": 3}
     tiles = 2 * 2
     assert first.grid[0] == tiles * 2 and first.counters == tiles
-    # [slice][tile][thread][point]
+    # [slice][tile][point][thread]
     assert first.scratch == {"tk_k_conv__splitk": 2 * tiles * 112 * 2}
     assert_emulates_reference(result, module, seed=0)
 

@@ -21,7 +21,8 @@ extent), output points outside the tensor are computed on padding and never stor
 Split-K (`decision.split`, tilekit.schedule.shape.StagedSplit; tk-roll chooses it when the
 output tiles alone leave the SMs short of warps): block `s x tiles + t` computes tile `t` over
 slice `s` of one reduction axis, writes its register tile's partial sums to a scratch buffer
-(`<entry>__splitk`, `[slice][tile][thread][point]`, float32 accumulators only), fences, and
+(`<entry>__splitk`, `[slice][tile][point][thread]`: a warp's stores and loads of one point
+are consecutive words; float32 accumulators only), fences, and
 its thread 0 counts the slice done on the tile's counter (a workspace of one word per tile, zeroed before
 every launch). The block that brings the counter to `slices` (the last of its tile, whatever
 the order blocks run in) fences again, adds the slices' partials in slice order and runs the
@@ -215,13 +216,16 @@ def _combine_slices(b: Builder, entry: str, split, tiles: int, threads: int,
     of the slices' partials in slice order. Returns the scratch and counter buffers."""
     part = Buffer(tvar(_scratch_name(entry)), "global", acc.dtype,
                   (split.slices * tiles * threads * npoints,),
-                  comment=f"{split.slices} slices of partial sums: [slice][tile][thread][point]",
+                  comment=f"{split.slices} slices of partial sums: [slice][tile][point][thread]",
                   access="write")
     counters = Buffer("tk_counters", "global", "uint32", (tiles,), access="write",
                       comment="slices done per tile")
 
     def at(sl: Expr, tid: Expr, k: Expr) -> Expr:
-        return ((sl * tiles + tile_of) * threads + tid) * npoints + k
+        # point-major: a warp's 32 threads store and load one point's partials as 32
+        # consecutive words (thread-major, each of the 32 was a line of its own; ResNet-50's
+        # 32-slice convolution took 0.19 ms on an H100, 2.8x its time without the adds)
+        return ((sl * tiles + tile_of) * npoints + k) * threads + tid
 
     with b.threads(threads) as tid:
         with b.loop("k", 0, npoints, kind="unroll") as k:
