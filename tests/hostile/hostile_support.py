@@ -12,6 +12,7 @@ import contextlib
 import hashlib
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -59,6 +60,13 @@ HOSTILE_NAMES = [
     "1x",
     "x" * 121,
 ]
+
+
+def default_sigint() -> None:
+    """A child's `preexec_fn`: SIGINT at its default. A command keeps a signal its parent
+    ignores ignored (as a background job's is), and a test runner's workers may run with
+    SIGINT ignored; a test that interrupts a command starts it with the default."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def tool_main(tool: str):

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from hostile_support import BIN, write_mlp
+from hostile_support import BIN, default_sigint, write_mlp
 
 FAKE_NVCC = """#!/bin/sh
 if [ "$1" = "--version" ]; then
@@ -50,7 +50,8 @@ def test_signal_during_the_compile_removes_the_build_folder(tmp_path, signum, co
     env = {**os.environ, "TILEKIT_NVCC": str(nvcc), "TILEKIT_CACHE": str(cache)}
     proc = subprocess.Popen([sys.executable, str(BIN / "tk-codegen"), str(ir), "--hw", "h100",
                              "--compile", "-o", str(tmp_path / "c.yaml")], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            preexec_fn=default_sigint)
     deadline = time.monotonic() + 120
     while not marker.exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)

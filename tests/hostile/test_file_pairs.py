@@ -19,8 +19,8 @@ import time
 import numpy as np
 import pytest
 
-from hostile_support import (BIN, assert_refused, run, sha256, temporaries, tiny_onnx,
-                             write_mlp)
+from hostile_support import (BIN, assert_refused, default_sigint, run, sha256, temporaries,
+                             tiny_onnx, write_mlp)
 from tilekit import outputs
 
 
@@ -209,7 +209,8 @@ def test_signals_during_import_keep_the_pair(tmp_path, old_pair, signum, code, d
     model = _big_model(tmp_path / "big.onnx")
     proc = subprocess.Popen([sys.executable, str(BIN / "tk-import"), str(model), "-o",
                              str(old_pair[0]), "--weights", str(old_pair[1])],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path,
+                            preexec_fn=default_sigint)
     proc.folder = tmp_path
     _started(proc, ".m.weights.npz.")
     time.sleep(delay)
@@ -237,7 +238,8 @@ def test_signal_during_a_run_leaves_no_temporary(tmp_path, signum, code):
     ir.write_text(json.dumps(doc))
     proc = subprocess.Popen([sys.executable, str(BIN / "tk-run"), str(ir), "--seed", "0",
                              "--mode", "tiled", "-o", str(tmp_path / "out.npz")],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path,
+                            preexec_fn=default_sigint)
     time.sleep(3)
     proc.send_signal(signum)
     _, err = proc.communicate(timeout=120)

@@ -209,6 +209,26 @@ def test_the_rolled_split_emulates_the_reference():
     assert_emulates_reference(result, module, seed=1)
 
 
+
+def test_tk_ram_keeps_a_split_k_operator_a_kernel_of_its_own():
+    """A persistent body would run a split tile unsplit (its partial sums and per-tile
+    counters are a kernel's own): tk-ram leaves it out of every persistent segment, with the
+    reason, and codegen keeps its slices."""
+    from tilekit.ram import plan_module
+    from tilekit.ram.tasks import operators
+    from tilekit.roll.schedule import roll_module
+
+    rolled = roll_module(conv3x3(128, 128, 7), H100)
+    slices = rolled.ops[0].tile["split_k"]
+    assert slices > 1
+    ops = operators(rolled, H100)
+    assert ops[0].fixed.startswith(f"a split-K tile ({slices} slices")
+    program = plan_module(rolled, H100)
+    assert all(0 not in seg.operators for seg in program.segments if seg.kind == "persistent")
+    planned = replace(rolled, program=program.record())
+    conv = next(k for k in generate(planned, H100).kernels if "conv" in k.ops)
+    assert conv.schedule["split_k"]["slices"] == slices
+
 def test_split_k_of_a_non_float32_accumulator_is_refused():
     """The scratch buffers are float32: a float64 convolution with `split_k` is refused at
     its tile's path (exit 2), and the roll never splits one."""

@@ -59,7 +59,9 @@ def program_module(module: Module) -> Module:
     kernels = module.kernels or default_kernels(module.ops)
     tiles: dict[str, dict[str, Any]] = {}
     # A persistent segment runs each operator's blocks as rTasks of one body: a split-K
-    # tile (partial sums in scratch, per-tile counters, or a second kernel) runs unsplit.
+    # tile (partial sums in scratch, per-tile counters, or a second kernel) runs unsplit
+    # there (tk-ram keeps split operators out of persistent segments; a program written
+    # otherwise still runs).
     for seg in program.segments:
         if seg.kind == "kernel":
             continue

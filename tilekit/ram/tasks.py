@@ -254,6 +254,13 @@ def _operator(module: Module, k: int, kernel: Kernel, profile, target: Target, d
         v = variants[0]
         busy = _busy(est, launch) if est is not None else v.busy_us
         variants = (replace(v, busy_us=busy, task_us=busy * v.task_us / v.busy_us),)
+    if isinstance(main.op.tile, dict) and main.op.tile.get("split_k", 1) != 1:
+        # A persistent body would run the tile unsplit (its slices' partial sums and per-tile
+        # counters are a kernel's own): on an H100 ResNet-50, DenseNet-121 and VGG-19 ran
+        # 1.5-2.6x slower as programs that did so than as welded kernels
+        return ROperator(k, kernel.name, kernel.ops, variants[:1],
+                         fixed=f"a split-K tile ({main.op.tile['split_k']} slices of its "
+                               "reduction, per-tile counters): a kernel of its own")
     return ROperator(k, kernel.name, kernel.ops, variants)
 
 
