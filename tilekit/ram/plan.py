@@ -94,16 +94,16 @@ class _Open:
     regs: int = 0
     smem: int = 0
 
-    def admits(self, v: Variant, profile) -> bool:
+    def admits(self, v: Variant, holds) -> bool:
+        """`holds(threads, registers, smem)`: an SM holds a block of that slot."""
         if v.barriers:
             fits = v.threads == self.threads or (not self.pinned and v.threads >= self.threads)
         else:
             fits = v.threads <= self.threads or not self.pinned
         # each body fits an SM alone, but the slot takes the most of every resource: a
         # 1024-thread body beside a 72-register one would make a slot no SM holds
-        return fits and residency(profile, max(self.threads, v.threads),
-                                  max(self.regs, program_regs(v)),
-                                  max(self.smem, v.smem_bytes)).per_sm >= 1
+        return fits and holds(max(self.threads, v.threads), max(self.regs, program_regs(v)),
+                              max(self.smem, v.smem_bytes))
 
     def add(self, i: int, v: Variant) -> None:
         self.members.append(i)
@@ -134,6 +134,14 @@ def segments_of(ops: tuple[ROperator, ...], level: list[int], profile
     On a distributed profile (tiles as vEUs, no kernel launches) every operator that can be
     packed joins one segment."""
     distributed = profile.kind == "distributed"
+    held: dict[tuple[int, int, int], bool] = {}
+
+    def holds(threads: int, regs: int, smem: int) -> bool:
+        key = (threads, regs, smem)
+        if key not in held:
+            held[key] = residency(profile, threads, regs, smem).per_sm >= 1
+        return held[key]
+
     out: list[tuple[str, list[int], int]] = []
     current: _Open | None = None
     by_wave: dict[int, list[int]] = {}
@@ -142,7 +150,7 @@ def segments_of(ops: tuple[ROperator, ...], level: list[int], profile
     for lv in sorted(by_wave):
         members = by_wave[lv]
         if current is not None:
-            members = sorted(members, key=lambda i: (not current.admits(ops[i].best, profile), i))
+            members = sorted(members, key=lambda i: (not current.admits(ops[i].best, holds), i))
         for i in members:
             op = ops[i]
             if op.fixed or (not distributed and fills_device(profile, op.best)):
@@ -151,7 +159,7 @@ def segments_of(ops: tuple[ROperator, ...], level: list[int], profile
                     current = None
                 out.append(("kernel", [i], op.best.threads))
                 continue
-            if current is not None and not distributed and not current.admits(op.best, profile):
+            if current is not None and not distributed and not current.admits(op.best, holds):
                 out.append(("persistent", current.members, current.threads))
                 current = None
             if current is None:
