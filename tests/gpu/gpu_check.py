@@ -28,8 +28,9 @@ Steps, in order (`--steps` picks some):
                 each (`tk-import --dtype`); then `tk-run --device cuda --check` (in
                 parallel), then one at a time `tk-run --bench --report` (the median, and
                 each kernel's time) of `--timed-dtypes` (`--runs 0`: none timed);
+                `--build-only` builds and compiles only (on a CPU machine with nvcc), and
                 `--reuse-built` keeps the IR already in `--work`/models (built beforehand
-                on a CPU machine: the pipeline is deterministic)
+                that way: the pipeline is deterministic; docs/gpu.md, "A short lease")
     profile     Nsight Compute (ncu) sections of the kernels of three built models: throughput,
                 occupancy, memory, warp stalls (CSV in the logs; ncu-summary.json: the
                 longest launches with their metrics and ncu's findings, `ncu_summary`)
@@ -247,6 +248,9 @@ def step_models(run: Runner, args) -> None:
                                stage="build", rc=r["rc"],
                                error=r["output"].strip().splitlines()[-1:])
                     continue
+            if args.build_only:
+                run.record("models", model=name, dtype=dtype, variant=variant, built=out)
+                continue
             res = check(name, dtype, variant)
             if args.runs == 0 or dtype not in (args.timed_dtypes or args.dtypes):
                 run.record("models", model=name, dtype=dtype, variant=variant, rc=res["rc"],
@@ -484,6 +488,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timed-dtypes", type=lambda s: [d for d in s.split(",") if d],
                         default=None, help="the dtypes whose variants are timed (default: "
                         "all of --dtypes; the others are checked only)")
+    parser.add_argument("--build-only", action="store_true",
+                        help="the models step builds the IR and compiles the kernels (into "
+                             "TILEKIT_CACHE), checks and times nothing: on a CPU machine, "
+                             "before a short GPU lease")
     parser.add_argument("--reuse-built", action="store_true",
                         help="keep a variant's IR already in --work/models (built on another "
                              "machine: the pipeline is deterministic) instead of building it")

@@ -89,3 +89,20 @@ def test_ncu_csv_pages_become_one_summary_longest_first(tmp_path):
     small = doc["rest"][0]
     assert small["achieved_occupancy_pct"] == 6.5 and small["theoretical_occupancy_pct"] == 50.0
     assert small["findings"] == [{"rule": "AchievedOccupancy", "type": "OPT", "speedup_pct": "40"}]
+
+
+def test_build_only_builds_and_checks_nothing(tmp_path, monkeypatch):
+    """--build-only: the IR is written and recorded as built; no tk-run starts (none in the
+    log), so it runs on a machine without a GPU in a clean summary."""
+    import json
+
+    monkeypatch.setattr(gpu_check, "VARIANTS", {
+        k: v.replace("--compile ", "") for k, v in gpu_check.VARIANTS.items()})
+    work = tmp_path / "work"
+    gpu_check.main(["--out", str(tmp_path / "out"), "--work", str(work), "--steps", "models",
+                    "--models", "lstm_loop", "--variants", "ground", "--build-only"])
+    assert (work / "models" / "lstm_loop.ground.cuda.yaml").exists()
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary == [{"step": "models", "model": "lstm_loop", "dtype": "float32",
+                        "variant": "ground", "built": "lstm_loop.ground.cuda.yaml"}]
+    assert "tk-run" not in (work / "logs" / "models-lstm_loop.log").read_text()
