@@ -294,31 +294,25 @@ def build_model(spec: ModelSpec, profile, folder: Path, arch: str | None) -> Mod
         build.welded = generate(weld_module(roll, profile), profile).module
         if arch is not None:
             from tilekit.codegen.nvcc import compile_unit, find_nvcc
-            from tilekit.runtime.cuda import unit_source
+            from tilekit.runtime.cuda import build_arch, unit_source
             if find_nvcc():
                 for module in (build.generated, build.welded):
                     section = CodegenSection.read(module.codegen)
-                    compile_unit(unit_source(section.kernels), _target(section, arch))
+                    compile_unit(unit_source(section.kernels), build_arch(section, arch))
     except Exception as exc:  # noqa: BLE001 - recorded in the row
         build.error = _error(exc)
     return build
 
 
-def _target(section: CodegenSection, arch: str) -> str:
-    """The target the CUDA runtime builds `section` for on a device of `arch`: the
-    arch-specific one the kernels were generated for (sm_90a: wgmma), else the device's."""
-    return section.arch if section.arch == f"{arch}a" else arch
-
-
 def _compile_case(case: Case, profile, arch: str) -> None:
     """An op case's kernels compiled into nvcc's cache (a failure shows when the case runs)."""
     from tilekit.codegen.nvcc import compile_unit, find_nvcc
-    from tilekit.runtime.cuda import unit_source
+    from tilekit.runtime.cuda import build_arch, unit_source
     try:
         if find_nvcc():
             generated = generate(rolled(case.module, profile, case.precision), profile).module
             section = CodegenSection.read(generated.codegen)
-            compile_unit(unit_source(section.kernels), _target(section, arch))
+            compile_unit(unit_source(section.kernels), build_arch(section, arch))
     except Exception:  # noqa: BLE001 - _run_case compiles again and reports it
         pass
 
@@ -395,16 +389,21 @@ def _torch_time(torch, fn, args, runs: int = RUNS) -> tuple[float, object]:
     out = fn(args)
     for _ in range(WARMUP):
         fn(args)
+    return _event_median(torch, lambda: fn(args), runs), out
+
+
+def _event_median(torch, call, runs: int) -> float:
+    """Median seconds of `call` between two CUDA events, over `runs` runs (warm)."""
     torch.cuda.synchronize()
     times = []
     for _ in range(runs):
         start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        fn(args)
+        call()
         stop.record()
         stop.synchronize()
         times.append(start.elapsed_time(stop) * 1e-3)
-    return float(np.median(times)), out
+    return float(np.median(times))
 
 
 def _graph_time(torch, fn, runs: int = RUNS) -> float:
@@ -421,16 +420,7 @@ def _graph_time(torch, fn, runs: int = RUNS) -> float:
         fn()
     for _ in range(WARMUP):
         graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(runs):
-        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        stop.record()
-        stop.synchronize()
-        times.append(start.elapsed_time(stop) * 1e-3)
-    return float(np.median(times))
+    return _event_median(torch, graph.replay, runs)
 
 
 def _row(case: Case, tk_s: float, torch_s: float | None, profile, max_err: float | None) -> dict:
@@ -559,14 +549,11 @@ def _model_row(build: ModelBuild, torch, profile, deadline: float) -> dict:
                     _rel_l2(o.float().cpu().numpy(), w) for o, w in zip(out, want))
             except Exception as exc:  # noqa: BLE001
                 row["compile_error"] = _error(exc)
-    tk = row.get("tilekit_ms")
-    row["ratio"] = tk / row["torch_ms"] if tk and row.get("torch_ms") else None
-    row["ratio_compile"] = tk / row["torch_compile_ms"] if tk and row.get("torch_compile_ms") \
-        else None
-    welded_ms = row.get("tilekit_welded_ms")
-    row["ratio_welded_compile"] = welded_ms / row["torch_compile_ms"] \
-        if welded_ms and row.get("torch_compile_ms") else None
-    row["ratio_graph"] = tk / row["torch_graph_ms"] if tk and row.get("torch_graph_ms") else None
+    for key, ours, theirs in (("ratio", "tilekit_ms", "torch_ms"),
+                              ("ratio_compile", "tilekit_ms", "torch_compile_ms"),
+                              ("ratio_welded_compile", "tilekit_welded_ms", "torch_compile_ms"),
+                              ("ratio_graph", "tilekit_ms", "torch_graph_ms")):
+        row[key] = row[ours] / row[theirs] if row.get(ours) and row.get(theirs) else None
     return {k: (float(f"{v:.6g}") if isinstance(v, float) else v) for k, v in row.items()}
 
 

@@ -39,9 +39,10 @@ Steps, in order (`--steps` picks some):
                 (in parallel)
     bench       tests/bench/test_gpu_bench.py (tilekit against cuBLAS/cuDNN/PyTorch, ratios)
     stages      tests/bench/test_gpu_weld.py, test_gpu_ram.py, test_gpu_grind.py,
-                test_gpu_dynamic.py (`--stages` picks some): welded against unwelded kernels, a program against
-                per-kernel launches and a CUDA graph, device loops against host-driven ones
-                and PyTorch eager, a symbolic module's shared builds against one per size
+                test_gpu_dynamic.py (`--stages` picks some): welded against unwelded kernels,
+                a program against per-kernel launches and a CUDA graph, device loops against
+                host-driven ones and PyTorch eager, a symbolic module's shared builds against
+                one per size
     fidelity    tests/bench/test_gpu_fidelity.py (tk-roll's top-10 tiles of 30 suite ops, and of
                 the tensor-core shapes, timed: how well the cost model ranks them; docs/roll.md,
                 "Fidelity")
@@ -203,6 +204,11 @@ def _parse_check(text: str) -> dict:
     return fields
 
 
+def _ir(name: str, dtype: str, variant: str) -> str:
+    """The file a model variant's compiled IR is written to in the models folder."""
+    return f"{name}{DTYPES[dtype]}.{variant}.cuda.yaml"
+
+
 def step_models(run: Runner, args) -> None:
     work = run.work / "models"
     work.mkdir(exist_ok=True)
@@ -210,8 +216,10 @@ def step_models(run: Runner, args) -> None:
     for name in names:
         _write_model(name, work)
 
+    timed = set() if args.runs == 0 else set(args.timed_dtypes or args.dtypes)
+
     def check(name: str, dtype: str, variant: str) -> dict:
-        ir = f"{name}{DTYPES[dtype]}.{variant}.cuda.yaml"
+        ir = _ir(name, dtype, variant)
         res = run.sh(f"models-{name}", f"tk-run {ir} --device cuda --seed 0 --check", 600, work)
         res["tail"] = [] if res["rc"] == 0 else res["output"].strip().splitlines()[-3:]
         if res["rc"] == 1:
@@ -239,7 +247,7 @@ def step_models(run: Runner, args) -> None:
         for variant in args.variants:
             if variant in CONTROL_VARIANTS and name not in CONTROL_MODELS:
                 continue
-            out = f"{stem}.{variant}.cuda.yaml"
+            out = _ir(name, dtype, variant)
             if not (args.reuse_built and (work / out).exists()):
                 r = run.sh(f"models-{name}", VARIANTS[variant].format(n=stem, out=out,
                                                                       hw=args.hw), 600, work)
@@ -252,7 +260,7 @@ def step_models(run: Runner, args) -> None:
                 run.record("models", model=name, dtype=dtype, variant=variant, built=out)
                 continue
             res = check(name, dtype, variant)
-            if args.runs == 0 or dtype not in (args.timed_dtypes or args.dtypes):
+            if dtype not in timed:
                 run.record("models", model=name, dtype=dtype, variant=variant, rc=res["rc"],
                            seconds=res["seconds"], **_parse_check(res["output"]),
                            tail=res["tail"][:25])
@@ -266,21 +274,20 @@ def step_models(run: Runner, args) -> None:
         checked = [done for items in pool.map(build_and_check, [
             (name, dtype) for dtype in args.dtypes for name in names]) for done in items]
     for name, dtype, variant, res in checked:
-        ir = f"{name}{DTYPES[dtype]}.{variant}.cuda.yaml"
-        timed = run.sh(f"models-{name}", f"tk-run {ir} --device cuda "
+        timing = run.sh(f"models-{name}", f"tk-run {_ir(name, dtype, variant)} --device cuda "
                        f"--seed 0 --bench {args.runs} --warmup 3 --report --report-format json",
                        300, work)
         figures: dict = {}
         try:
             # the report's JSON line (a warning on stderr may follow it)
-            doc = json.loads(next(ln for ln in reversed(timed["output"].splitlines())
+            doc = json.loads(next(ln for ln in reversed(timing["output"].splitlines())
                                   if ln.startswith("{")))
             figures = {"median_ms": doc["bench"]["p50_ms"],
                        "slowest": doc.get("report", {}).get("slowest", [])}
         except (ValueError, KeyError, IndexError, StopIteration):
-            figures = {"timing_error": timed["output"].strip().splitlines()[-1:]}
+            figures = {"timing_error": timing["output"].strip().splitlines()[-1:]}
         run.record("models", model=name, dtype=dtype, variant=variant,
-                   rc=res["rc"] or timed["rc"],
+                   rc=res["rc"] or timing["rc"],
                    seconds=res["seconds"], **_parse_check(res["output"]), **figures,
                    tail=res["tail"][:25])
 
@@ -359,7 +366,7 @@ def step_profile(run: Runner, args) -> None:
         return
     work = run.work / "models"
     for name, variant in PROFILED:
-        ir = work / f"{name}.{variant}.cuda.yaml"
+        ir = work / _ir(name, "float32", variant)
         if not ir.exists():
             run.record("profile", model=name, variant=variant, skipped="not built")
             continue
@@ -390,7 +397,7 @@ def step_sanitizer(run: Runner, args) -> None:
         _write_model(name, work)
         if not (work / f"{name}.tk.yaml").exists():
             run.sh("sanitizer", f"tk-import {name}.onnx -o {name}.tk.yaml", 300, work)
-        ir = work / f"{name}.{variant}.cuda.yaml"
+        ir = work / _ir(name, "float32", variant)
         if not ir.exists():
             r = run.sh("sanitizer", VARIANTS[variant].format(n=name, out=ir.name, hw=args.hw),
                        600, work)
@@ -404,7 +411,7 @@ def step_sanitizer(run: Runner, args) -> None:
         name, variant, tool = item
         return name, variant, tool, run.sh(
             "sanitizer", f"compute-sanitizer --tool={tool} --error-exitcode=9 python3 "
-            f"{BIN / 'tk-run'} {name}.{variant}.cuda.yaml --device cuda --seed 0",
+            f"{BIN / 'tk-run'} {_ir(name, 'float32', variant)} --device cuda --seed 0",
             args.limit_sanitizer, work)
 
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
@@ -467,6 +474,11 @@ def step_fidelity(run: Runner, args) -> None:
                written=[p.name for p in written], figures=figures)
 
 
+def _names(text: str) -> list[str]:
+    """A comma-separated argument's names (empty ones dropped)."""
+    return [name for name in text.split(",") if name]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default=os.environ.get("OUT") or str(ROOT / "out" / "gpu-check"))
@@ -475,17 +487,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work", default=None, help="where models and IR are built "
                         "(default: a temporary folder)")
     parser.add_argument("--hw", default="h100")
-    parser.add_argument("--models", type=lambda s: [m for m in s.split(",") if m], default=None)
-    parser.add_argument("--variants", type=lambda s: [v for v in s.split(",") if v],
+    parser.add_argument("--models", type=_names, default=None)
+    parser.add_argument("--variants", type=_names,
                         default=list(VARIANTS), help=f"of {','.join(VARIANTS)}")
-    parser.add_argument("--dtypes", type=lambda s: [d for d in s.split(",") if d],
+    parser.add_argument("--dtypes", type=_names,
                         default=["float32"], help=f"of {','.join(DTYPES)}")
-    parser.add_argument("--stages", type=lambda s: [v for v in s.split(",") if v],
+    parser.add_argument("--stages", type=_names,
                         default=list(STAGES), help=f"the stages step's benchmarks, of "
                         f"{','.join(STAGES)} (dynamic builds from an empty cache: minutes)")
     parser.add_argument("--runs", type=int, default=20,
                         help="timed runs per model variant (0: check only, no timing)")
-    parser.add_argument("--timed-dtypes", type=lambda s: [d for d in s.split(",") if d],
+    parser.add_argument("--timed-dtypes", type=_names,
                         default=None, help="the dtypes whose variants are timed (default: "
                         "all of --dtypes; the others are checked only)")
     parser.add_argument("--build-only", action="store_true",
@@ -508,19 +520,12 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     run = Runner(out, Path(args.work or tempfile.mkdtemp(prefix="tk-gpu-check.")))
-    steps = [s for s in args.steps.split(",") if s]
-    unknown = sorted(set(steps) - set(STEPS))
-    if unknown:
-        parser.error(f"unknown steps {unknown}; known: {', '.join(STEPS)}")
-    if set(args.variants) - set(VARIANTS):
-        parser.error(f"unknown variants {sorted(set(args.variants) - set(VARIANTS))}; "
-                     f"known: {', '.join(VARIANTS)}")
-    if set(args.stages) - set(STAGES):
-        parser.error(f"unknown stages {sorted(set(args.stages) - set(STAGES))}; "
-                     f"known: {', '.join(STAGES)}")
-    if set(args.dtypes) - set(DTYPES):
-        parser.error(f"unknown dtypes {sorted(set(args.dtypes) - set(DTYPES))}; "
-                     f"known: {', '.join(DTYPES)}")
+    steps = _names(args.steps)
+    for what, given, known in (("steps", steps, STEPS), ("variants", args.variants, VARIANTS),
+                               ("stages", args.stages, STAGES), ("dtypes", args.dtypes, DTYPES)):
+        unknown = sorted(set(given) - set(known))
+        if unknown:
+            parser.error(f"unknown {what} {unknown}; known: {', '.join(known)}")
     for step in steps:
         start = time.monotonic()
         try:

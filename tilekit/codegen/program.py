@@ -38,7 +38,7 @@ from tilekit.codegen.kernel import GeneratedKernel, generated
 from tilekit.codegen.persistent import Params, call, fits_block
 from tilekit.errors import TilekitError
 from tilekit.ir.model import Module, default_kernels
-from tilekit.ir.payloads import OpTile
+from tilekit.ir.payloads import OpTile, is_split
 from tilekit.ir.program import TASK, Program, Segment, read_program
 from tilekit.tile import expr as tx
 from tilekit.tile.build import Builder
@@ -68,7 +68,7 @@ def program_module(module: Module) -> Module:
         for i in seg.operators:
             for name in kernels[i].ops:
                 op = module.op(name)
-                if isinstance(op.tile, Mapping) and op.tile.get("split_k", 1) != 1:
+                if is_split(op.tile):
                     tiles[name] = {k: v for k, v in op.tile.items() if k != "split_k"}
     for o, kernel in zip(program.operators, kernels):
         if o.variant == 0:

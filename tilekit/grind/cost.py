@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Mapping, NamedTuple
+from typing import Any, NamedTuple
 
 from tilekit.ir.control import ControlOp, Region, read_control
 from tilekit.ir.keys import read_int, read_mapping
 from tilekit.ir.model import default_kernels
-from tilekit.ir.payloads import Estimate, refuse_cpu_tile
+from tilekit.ir.payloads import Estimate, is_split, refuse_cpu_tile
 from tilekit.schedule.block import BARRIER_SHAPES, BodyBlock, shared_block
 from tilekit.schedule.residency import Residency, common_residency, residency
 from tilekit.schedule.shape import ITEMSIZE
@@ -92,8 +92,7 @@ def body_kernels(region: Region, where: str = "region"
             continue
         figures = [_TileFigures.read(op.tile, f"{where}.ops[{position[op.name]}] ({op.name})"
                                               ".tile") for op in ops]
-        split = [op.name for op in ops if isinstance(op.tile, Mapping)
-                 and op.tile.get("split_k", 1) != 1]
+        split = [op.name for op in ops if is_split(op.tile)]
         if split:    # scratch partial sums and counters (or a second kernel): codegen's rule
             why = why or (f"op '{split[0]}' is split-K, which does not compose into a "
                           "persistent kernel")

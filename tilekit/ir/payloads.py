@@ -416,6 +416,12 @@ class OpTile:
                       read_split_k(p, where))
 
 
+def is_split(tile: Any) -> bool:
+    """An op's tile payload splits its reduction (`split_k` above 1): its partial sums and
+    per-tile counters are a kernel's own, so it does not compose into a persistent kernel."""
+    return isinstance(tile, Mapping) and tile.get("split_k", 1) != 1
+
+
 def read_split_k(payload: Mapping[str, Any], where: str) -> int:
     """An op tile's `split_k` (1 when absent): a positive integer."""
     value = read_int(payload.get("split_k", 1), f"{where}.split_k")

@@ -37,7 +37,7 @@ import numpy as np
 from tilekit.errors import TilekitError
 from tilekit.ir.graph import graph
 from tilekit.ir.model import Kernel, Module, default_kernels
-from tilekit.ir.payloads import (Estimate, GroupTile, OpTile, Tile, read_group_tile,
+from tilekit.ir.payloads import (Estimate, GroupTile, OpTile, Tile, is_split, read_group_tile,
                                   welded)
 from tilekit.roll.cost import estimate_bytes, registers_per_thread
 from tilekit.roll.problem import problem_from_analysis
@@ -254,7 +254,7 @@ def _operator(module: Module, k: int, kernel: Kernel, profile, target: Target, d
         v = variants[0]
         busy = _busy(est, launch) if est is not None else v.busy_us
         variants = (replace(v, busy_us=busy, task_us=busy * v.task_us / v.busy_us),)
-    if isinstance(main.op.tile, dict) and main.op.tile.get("split_k", 1) != 1:
+    if is_split(main.op.tile):
         # A persistent body would run the tile unsplit (its slices' partial sums and per-tile
         # counters are a kernel's own): on an H100 ResNet-50, DenseNet-121 and VGG-19 ran
         # 1.5-2.6x slower as programs that did so than as welded kernels

@@ -70,6 +70,12 @@ def device_arch() -> str:
     return f"sm_{cc}"
 
 
+def build_arch(section: CodegenSection, arch: str) -> str:
+    """The target `section`'s unit is built for on a device of `arch`: the arch-specific one
+    its kernels were generated for when it is this device's (sm_90a: wgmma), else `arch`."""
+    return section.arch if section.arch == f"{arch}a" else arch
+
+
 def device_description() -> str:
     """`NVIDIA H100 80GB HBM3 (sm_90, 132 SMs, CUDA runtime 12040, driver 12040)`."""
     cupy = require_cupy()
@@ -288,9 +294,7 @@ class CudaProgram:
 
         source = unit_source(section.kernels) if self.unit is None else self.unit.source
         nvcc = usable_nvcc(cupy)
-        # kernels generated for the arch-specific target of this device (sm_90a: wgmma) are
-        # built for it; the others for the device's arch
-        arch = section.arch if section.arch == f"{self.arch}a" else self.arch
+        arch = build_arch(section, self.arch)
         if arch != self.arch and nvcc is None:
             raise TilekitError(f"the kernels need the {arch} target (wgmma), which this "
                                "runtime builds with nvcc; none that the driver can load was "
