@@ -70,10 +70,10 @@ def test_gemm_blocks_split_n_evenly_over_the_cores():
     assert even.mc * even.m_blocks >= 1300
     small = gemm_blocks(t, 8, 8, 8, 1)
     assert small.mc * small.m_blocks >= 8 and small.nc == 16 and small.k_steps == 1
-    wide = gemm_blocks(t, 64, 3136, 576, 1, n_row=56)        # whole rows, B panel in L2
-    assert wide.nc % 56 == 0 and wide.nc * wide.kc * 4 <= t.machine.l2_bytes // 2
+    wide = gemm_blocks(t, 64, 3136, 576, 1)                 # micro-panels, B panel in L2
+    assert wide.nc % 16 == 0 and wide.nc * wide.kc * 4 <= t.machine.l2_bytes // 2
     assert (wide.m_blocks * wide.n_blocks) % cores == 0
-    deep = gemm_blocks(t, 512, 49, 4608, 1, n_row=7)        # 7 x 7 pixels, 9 MiB of A:
+    deep = gemm_blocks(t, 512, 49, 4608, 1)                 # 7 x 7 pixels, 9 MiB of A:
     assert deep.n_blocks == 1 and deep.m_blocks == cores    # M splits, A is read once
 
 
@@ -533,3 +533,68 @@ def test_a_welded_group_runs_stage_by_stage():
     want = run_module(imported.module, inputs, imported.weights)["o"]
     got = CpuProgram(generated, 2).run(inputs, imported.weights)["o"]
     np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
+
+
+def _chains() -> onnx.ModelProto:
+    """Contractions with an elementwise chain after them (bias, residual, ReLU), which tk-weld
+    for a CPU profile makes one kernel each: batch-2 1x1 convolutions whose pixels per image
+    are whole micro-panels (4 x 8) and are not (6 x 7), a matmul whose K takes several steps,
+    and a 1x1 convolution on a 7 x 7 image (its pixels take the M role)."""
+    rng = np.random.default_rng(5)
+
+    def w(name, *shape):
+        return nh.from_array(rng.standard_normal(shape).astype(np.float32), name)
+
+    vi = h.make_tensor_value_info
+    nodes = []
+    for name, (hh, ww) in (("whole", (4, 8)), ("ragged", (6, 7))):
+        nodes += [h.make_node("Conv", [f"x_{name}", "w1", "b1"], [f"c_{name}"]),
+                  h.make_node("Add", [f"c_{name}", f"r_{name}"], [f"s_{name}"]),
+                  h.make_node("Relu", [f"s_{name}"], [f"y_{name}"])]
+    nodes += [h.make_node("MatMul", ["a", "wk"], ["m"]),
+              h.make_node("Add", ["m", "bk"], ["mb"]),
+              h.make_node("Add", ["mb", "ra"], ["y_long"]),
+              h.make_node("Conv", ["x7", "w7", "b7"], ["c7"]),
+              h.make_node("Relu", ["c7"], ["y_seven"])]
+    inputs = [vi("x_whole", T.FLOAT, [2, 5, 4, 8]), vi("r_whole", T.FLOAT, [2, 6, 4, 8]),
+              vi("x_ragged", T.FLOAT, [2, 5, 6, 7]), vi("r_ragged", T.FLOAT, [2, 6, 6, 7]),
+              vi("a", T.FLOAT, [9, 700]), vi("ra", T.FLOAT, [9, 40]),
+              vi("x7", T.FLOAT, [1, 24, 7, 7])]
+    outputs = [vi(n, T.FLOAT, None) for n in ("y_whole", "y_ragged", "y_long", "y_seven")]
+    inits = [w("w1", 6, 5, 1, 1), w("b1", 6), w("wk", 700, 40), w("bk", 40),
+             w("w7", 64, 24, 1, 1), w("b7", 64)]
+    graph = h.make_graph(nodes, "chains", inputs, outputs, inits)
+    return h.make_model(graph, opset_imports=[h.make_opsetid("", 18)])
+
+
+@needs_cxx
+def test_each_micro_tile_runs_the_chain_after_its_last_step():
+    """The epilogue runs per micro-tile, right after its last step: one micro-tile's buffer
+    when K is one step, the block's output tile when it takes several; a micro-tile's columns
+    in one vector loop from its first column where the chain's addresses are linear in the N
+    axes (and the columns never cross an image), each column decomposed where they could;
+    the results match the reference, with the pixels as N and as M."""
+    from tilekit.roll.schedule import roll_module
+    from tilekit.weld import weld_module
+
+    imported = import_model(_chains())
+    profile = load_profile("milan").with_cpu(cores=2)
+    module = weld_module(roll_module(imported.module.with_stage("import"), profile), profile)
+    generated = generate(module, profile, target="cpu").module
+    kernels = {out: next(k for k in generated.codegen["kernels"]
+                         if _op_of(imported.module, out) in k["ops"])
+               for out in ("c_whole", "c_ragged", "m", "c7")}
+    assert all(k["shape"] == "cpu_gemm" and len(k["ops"]) > 1 for k in kernels.values())
+    for out in ("c_whole", "c_ragged", "c7"):
+        assert "one micro-tile's outputs" in kernels[out]["source"], out
+    long = kernels["m"]
+    assert "the block's output tile" in long["source"]
+    assert long["schedule"]["gemm"]["blocks"][2] < 700                # several steps
+    # whole micro-panels per image: the columns count on from the first one's coordinates
+    assert "= j0 + j;" not in kernels["c_whole"]["source"]
+    assert "= j0 + j;" in kernels["c_ragged"]["source"]                # each column's own
+    assert kernels["c7"]["schedule"]["gemm"]["m"] == ["n", "h", "w"]   # pixels as M
+    rng = np.random.default_rng(6)
+    inputs = {n: rng.standard_normal(imported.module.tensors[n].shape).astype(np.float32)
+              for n in imported.module.inputs}
+    _equals_reference(imported.module, generated, inputs, imported.weights)

@@ -27,10 +27,13 @@ the GEMM view (`M` the axes of one read, `N` the other's, with the output's cont
 `N`); per `kc` step it packs its A panel (`mc x kc`, micro-panels of `mr` rows) and B panel
 (`kc x nc`, micro-panels of `nr` columns) into block memory, reading each element through
 the operand's index maps (a convolution's window and padding included), and runs the
-register-tile micro-kernel (`gemm_micro`, runtime_cpu.h) on every `mr x nr` tile into an
-`mc x nc` output tile. The epilogue maps each output of the tile back to the op's axes,
-scales it and runs the stage's elementwise chain (bias, activation, residual) before the
-store. Because the maps are affine, an element's offset is a part over the M (or N) axes plus
+register-tile micro-kernel (`gemm_micro`, runtime_cpu.h) on every `mr x nr` tile: into an
+`mc x nc` output tile that holds the sums between steps, or with one step over K into one
+micro-tile's buffer. Right after a micro-tile's last step, while its outputs are in L1, the
+epilogue maps each back to the op's axes, scales it and runs the stage's elementwise chain
+(bias, activation, residual) before the store (`_tile_epilogue`); the last step walks the
+micro-tiles along the output's rows, so the stores (and a residual's reads) go in order.
+Because the maps are affine, an element's offset is a part over the M (or N) axes plus
 a part over the K axes: the block tabulates the first once per block and the second once per
 step, so packing costs a load and an add per element. A B that is a model's weight read as a
 matrix (a linear layer's) is not packed per run: the micro-kernel reads panels of the whole
@@ -50,6 +53,7 @@ from tilekit.codegen.kernel import (GeneratedKernel, PointBuilder, avar, c_name,
 from tilekit.codegen.plan import GroupPlan, OpPlan, Read
 from tilekit.codegen.staged import op_facts, read_key
 from tilekit.codegen.values import (accumulator_kind, combine, identity, literal, pad_literal)
+from tilekit.expr.ast import Access, Axis, children
 from tilekit.schedule.cpu import CpuShape, CpuTiles, cpu_shape, gemm_roles, one_thread
 from tilekit.schedule.mma import Contraction
 from tilekit.schedule.shape import Target
@@ -433,7 +437,16 @@ def gemm_kernel(module, plan: GroupPlan, entry: str, shape: CpuShape, target: Ta
     bp = None if weight is not None else smem.carve(
         "s_b", "float32", (nc_p // nr, g.kc, nr),
         f"{B.read.tensor}: B panel, {nc_p // nr} micro-panels of {g.kc}x{nr}")
-    ct = smem.carve("s_c", "float32", (mc_p, nc_p), "the block's output tile")
+    # one step over K: a micro-tile's sums go straight to its epilogue through one buffer
+    # that stays in L1; several: the block's output tile holds the sums between steps
+    one_step = g.k_steps == 1 and not free & set(c.k_axes)
+    ct = (smem.carve("s_c", "float32", (mr, nr), "one micro-tile's outputs") if one_step else
+          smem.carve("s_c", "float32", (mc_p, nc_p), "the block's output tile"))
+    lin = _linear_columns(plan, n_axes, free)
+    head = n_axes[:len(n_axes) - lin]
+    run = math.prod(extent[a] for a in n_axes[len(n_axes) - lin:])
+    linear = lin > 0 and (all(extent[a] == 1 and a not in free for a in head) or (
+        not free & set(n_axes) and run % nr == 0 and g.nc % nr == 0))
     b = Builder()
     counts = [extent[a] for a in c.batch_axes] + [g.m_blocks, g.n_blocks]
     names = [f"{avar(a)}_" for a in c.batch_axes] + ["mb", "nb"]
@@ -475,10 +488,33 @@ def gemm_kernel(module, plan: GroupPlan, entry: str, shape: CpuShape, target: Ta
             else:
                 b_panel = lambda jr: weight.panel(B.read.tensor, N, K, tx.add(  # noqa: E731
                     tx.div(n0, nr), jr), k0, nr, idx_t)
-            _micro_tiles(b, direct, A, a_side, ap, b_panel, ct, mr, nr, nc_p, ir_lo, ir_hi, ks,
-                         k0, mcount, ncount, kcount, idx_t)
-    _gemm_epilogue(b, module, plan, c, m_axes, n_axes, batch_at, m0, n0, mcount, ncount, ct,
-                   extent, g.n_row, idx_t)
+
+            def c_tile(ir: Expr, jr: Expr) -> tuple[Addr, int]:
+                if one_step:
+                    return Addr(ct.name, (tx.const(0), tx.const(0))), nr
+                return Addr(ct.name, (tx.mul(ir, mr), tx.mul(jr, nr))), nc_p
+
+            def epilogue(ir: Var, jr: Var) -> None:
+                def value_at(i: Expr, j: Expr) -> Expr:
+                    if one_step:
+                        return Load(ct.name, (i, j), "float32")
+                    return Load(ct.name, (tx.add(tx.mul(ir, mr), i), tx.add(tx.mul(jr, nr), j)),
+                                "float32")
+                _tile_epilogue(b, module, plan, c, m_axes, n_axes, batch_at, m0, n0, ir, jr,
+                               mr, nr, mcount, ncount, value_at, extent, linear, idx_t)
+
+            # the last step's micro-tiles end in the epilogue: they walk the output's rows
+            # when its contiguous axis is in N; earlier steps keep B's micro-panel in L1
+            tiles_args = (b, direct, A, a_side, ap, b_panel, c_tile, mr, nr, ir_lo, ir_hi, ks,
+                          k0, mcount, ncount, kcount, idx_t)
+            rows_first = p.spatial[-1][0] not in m_axes
+            if one_step:
+                _micro_tiles(*tiles_args, rows_first=rows_first, epilogue=epilogue)
+            else:
+                with b.if_(tx.lt(ks, g.k_steps - 1)):
+                    _micro_tiles(*tiles_args, rows_first=False, epilogue=None)
+                with b.else_():
+                    _micro_tiles(*tiles_args, rows_first=rows_first, epilogue=epilogue)
     sched = {"source": "cpu", "gemm": {"m": list(m_axes), "n": list(n_axes),
                                        "batch": list(c.batch_axes), "k": list(c.k_axes),
                                        "blocks": [g.mc, g.nc, g.kc],
@@ -496,25 +532,42 @@ def gemm_kernel(module, plan: GroupPlan, entry: str, shape: CpuShape, target: Ta
                             + (", B packed once (a weight)" if weight else "")])
 
 
-def _micro_tiles(b: Builder, direct: int | None, A: _Operand, a_side, ap, b_panel, ct,
-                 mr: int, nr: int, nc_p: int, ir_lo: Expr, ir_hi: Expr, ks: Var, k0: Var,
-                 mcount: Var, ncount: Var, kcount: Var, idx_t: str) -> None:
+def _micro_tiles(b: Builder, direct: int | None, A: _Operand, a_side, ap, b_panel, c_tile,
+                 mr: int, nr: int, ir_lo: Expr, ir_hi: Expr, ks: Var, k0: Var, mcount: Var,
+                 ncount: Var, kcount: Var, idx_t: str, rows_first: bool, epilogue) -> None:
     """The micro-kernel on every `mr x nr` tile of the rows `ir_lo * mr` to `ir_hi * mr` of
-    the block: each B micro-panel (L1; `b_panel(jr)` its address at this step) against
-    those rows' A (L2)."""
-    with b.loop("jr", 0, tx.div(tx.add(ncount, nr - 1), nr)) as jr:
-        with b.loop("ir", ir_lo, ir_hi) as ir:
-            if direct is None:
-                a_args = (Addr(ap.name, (ir, tx.const(0), tx.const(0))),)
-            else:       # A's rows where they lie: row m0 + ir * mr at step k0
-                first = tx.add(a_side.offset(tx.mul(ir, mr), idx_t), k0)
-                a_args = (Addr(tvar(A.read.tensor), (first,)), tx.const(direct, idx_t),
-                          tx.cast("int32", tx.sub(mcount, tx.mul(ir, mr))))
-            b.evaluate(tx.call("gemm_micro" if direct is None else "gemm_micro_rows",
-                               tx.const(mr), tx.const(nr), *a_args,
-                               b_panel(jr), tx.cast("int32", kcount),
-                               Addr(ct.name, (tx.mul(ir, mr), tx.mul(jr, nr))),
-                               tx.const(nc_p), tx.cast("int32", tx.gt(ks, 0))))
+    the block at this step, into `c_tile(ir, jr)` (address, row stride), then `epilogue(ir,
+    jr)` if any. Column panels outside (`rows_first` false): each B micro-panel (`b_panel(jr)`)
+    stays in L1 while the rows' A comes from L2. Rows outside: A's micro-panel stays in L1
+    and B's panels come from L2, and the micro-tiles go along the rows of the output, so
+    an epilogue stores each row's outputs in order (where a column walk would store one
+    line per row of the output, too far apart for the hardware prefetcher)."""
+    with ExitStack() as loops:
+        def rows():
+            return loops.enter_context(b.loop("ir", ir_lo, ir_hi))
+
+        def columns():
+            return loops.enter_context(b.loop("jr", 0, tx.div(tx.add(ncount, nr - 1), nr)))
+
+        if rows_first:
+            ir = rows()
+            jr = columns()
+        else:
+            jr = columns()
+            ir = rows()
+        if direct is None:
+            a_args = (Addr(ap.name, (ir, tx.const(0), tx.const(0))),)
+        else:       # A's rows where they lie: row m0 + ir * mr at step k0
+            first = tx.add(a_side.offset(tx.mul(ir, mr), idx_t), k0)
+            a_args = (Addr(tvar(A.read.tensor), (first,)), tx.const(direct, idx_t),
+                      tx.cast("int32", tx.sub(mcount, tx.mul(ir, mr))))
+        at, ldc = c_tile(ir, jr)
+        b.evaluate(tx.call("gemm_micro" if direct is None else "gemm_micro_rows",
+                           tx.const(mr), tx.const(nr), *a_args,
+                           b_panel(jr), tx.cast("int32", kcount), at,
+                           tx.const(ldc), tx.cast("int32", tx.gt(ks, 0))))
+        if epilogue is not None:
+            epilogue(ir, jr)
 
 
 class _WeightPanels:
@@ -731,17 +784,25 @@ def _pack(b: Builder, read: Read, panel, width: int, size: int, count: Var, kcou
                                    Addr(tvar(read.tensor),
                                         (tx.add(row, ks.offset(later, idx_t)),))))
         return
-    if ks.coef == 1 and group.coef != 1:     # rows of K: each row read once, in order
+    sweep = not (ks.coef == 1 and group.coef != 1)
+    if not sweep:                             # rows of K: each row read once, in order
         order = [("pp", size // width), ("i", width), ("kk", kcount)]
-    elif group.coef == 1:                     # rows of the group: a step's row in one sweep
+    else:   # a step's points of the group in one sweep, in the order they lie in memory
         order = [("kk", kcount), ("pp", size // width), ("i", width)]
-    else:
-        order = [("pp", size // width), ("kk", kcount), ("i", width)]
     with ExitStack() as loops:
         at = {}
         for n, (name, stop) in enumerate(order):
             kind = "simd" if n == len(order) - 1 else "serial"
             at[name] = loops.enter_context(b.loop(name, 0, stop, kind=kind, dtype=idx_t))
+            if sweep and name == "pp":
+                # the panel row's first and last points `PACK_AHEAD` steps on: the rows of a
+                # strided window are too short and far apart for the hardware prefetcher
+                # (a 1x1 stride-2 convolution's packing waits on memory otherwise)
+                later = tx.call("min", tx.add(at["kk"], PACK_AHEAD), tx.sub(kcount, 1))
+                for lane in (0, width - 1):
+                    ahead = tx.add(group.offset(tx.add(tx.mul(at["pp"], width), lane), idx_t),
+                                   ks.offset(later, idx_t))
+                    b.evaluate(tx.call("prefetch", Addr(tvar(read.tensor), (ahead,))))
         pp, i, kk = at["pp"], at["i"], at["kk"]
         lidx = tx.add(tx.mul(pp, width), i)
         valid = b.let("ok_", _valid(read, lidx, kk, count, group, ks, idx_t))
@@ -769,38 +830,93 @@ def _valid(read: Read, lidx: Expr, kk: Expr, count: Var, group: _Side, ks: _Side
     return valid
 
 
-def _gemm_epilogue(b: Builder, module, plan: GroupPlan, c: Contraction, m_axes, n_axes,
-                   batch_at: dict, m0: Var, n0: Var, mcount: Var, ncount: Var, ct, extent,
-                   n_row: int, idx_t: str) -> None:
-    """Each output of the tile back to the op's axes, scaled, through the chain. When the
-    block holds whole rows of the output's contiguous axis (`n_row`), the other N axes are
-    found once per row and the row is one `simd` loop of contiguous stores; else every point
-    finds its N axes."""
+def _axis_uses(node, axes: set[str]) -> set[str]:
+    """The axes of `axes` that a body uses as values (not only inside a read's indices)."""
+    if isinstance(node, Axis):
+        return {node.name} & axes
+    if isinstance(node, Access):
+        return set()
+    return set().union(set(), *(_axis_uses(ch, axes) for ch in children(node)))
+
+
+def _linear_columns(plan: GroupPlan, n_axes: tuple[str, ...], free: frozenset[str]) -> int:
+    """How many trailing N axes the epilogue addresses linearly: every output it stores and
+    every read of its chain is `c x` their row-major flat index (c may be 0: a bias per
+    channel), no read's bounds check involves them and no body uses them as values. Over
+    those axes a run of columns is one run of addresses, so a micro-tile's columns are one
+    vector loop from the coordinates of its first column, the innermost counting on past its
+    extent. 0 when not even the innermost axis is addressed so."""
+    stage = plan.stages[0]
+    main_axes = [a for a, _ in stage.main.spatial]
+    positions = [main_axes.index(a) for a in n_axes]
+
+    def linear(p: OpPlan, at: list[int], reads: bool, produced: set[str]) -> bool:
+        names = tuple(p.spatial[k][0] for k in at)
+        ext = {p.spatial[k][0]: p.spatial[k][1] for k in at}
+        varying = frozenset(p.spatial[k][0] for k in at if main_axes[k] in free)
+        if p.output in plan.stored:
+            st = strides(p.out_shape)
+            if _row_major(names, {a: st[k] for a, k in zip(names, at)}, ext, varying) is None:
+                return False
+        if not reads:
+            return True
+        if _axis_uses(p.body, set(names)):
+            return False
+        ranges = full_ranges(p)
+        for r in p.read_list():
+            if r.tensor in produced:
+                continue
+            flat, per_dim = _parts(r, names)
+            if not r.affine or _row_major(names, flat, ext, varying) is None:
+                return False
+            if any(need and per_dim[d] for d, need in enumerate(needs_check(r, ranges))):
+                return False
+        return True
+
+    for t in range(len(positions), 0, -1):
+        produced = {stage.main.output}
+        ok = linear(stage.main, positions[-t:], False, produced)
+        for p in stage.chain:
+            ok = ok and linear(p, positions[-t:], True, produced)
+            produced.add(p.output)
+        if ok:
+            return t
+    return 0
+
+
+def _tile_epilogue(b: Builder, module, plan: GroupPlan, c: Contraction, m_axes, n_axes,
+                   batch_at: dict, m0: Var, n0: Var, ir: Var, jr: Var, mr: int, nr: int,
+                   mcount: Var, ncount: Var, value_at, extent: dict, linear: bool,
+                   idx_t: str) -> None:
+    """The outputs of micro-tile (`ir`, `jr`) right after its last step, while they are in
+    L1: each back to the op's axes, scaled, through the chain and stored. `value_at(i, j)`
+    is the tile's output at row `i`, column `j` of the micro-tile. `linear`
+    (`_linear_columns`): the columns are one vector loop from the first column's
+    coordinates; else each column finds its N axes."""
     stage = plan.stages[0]
     p = stage.main
     axes = [a for a, _ in p.spatial]
-    b.comment("epilogue: the output tile to the op's axes, through the chain")
-
-    def point(i: Expr, j: Expr, at: dict) -> None:
-        code = {**batch_at, **at}
-        vars_ = [b.let(avar(a), code[a], idx_t) for a in axes]
-        pb = PointBuilder(module, b, stage, vars_, global_resolver)
-        value = Load(ct.name, (i, j), "float32")
-        if c.scale != 1.0:
-            value = tx.mul(value, literal(c.scale, "f"))
-        pb.epilogue(pb.main_value(p, (value, "f")), store_sink(module, b, plan.stored, vars_))
-
-    with b.loop("i", 0, mcount, dtype=idx_t) as i:
-        mv = _axis_values(b, m_axes, tx.add(m0, i), extent, idx_t)
-        if n_row > 1:
-            with b.loop("row", 0, tx.div(ncount, n_row), dtype=idx_t) as row:
-                outer = _axis_values(b, n_axes[:-1], tx.add(tx.div(n0, n_row), row), extent,
-                                     idx_t)
-                with b.loop("w", 0, n_row, kind="simd", dtype=idx_t) as w:
-                    point(i, tx.add(tx.mul(row, n_row), w), {**mv, **outer, n_axes[-1]: w})
-        else:
-            with b.loop("j", 0, ncount, kind="simd", dtype=idx_t) as j:
-                point(i, j, {**mv, **_axis_values(b, n_axes, tx.add(n0, j), extent, idx_t)})
+    rows = b.let("ti", tx.call("min", tx.const(mr, idx_t), tx.sub(mcount, tx.mul(ir, mr))),
+                 idx_t)
+    cols = b.let("tj", tx.call("min", tx.const(nr, idx_t), tx.sub(ncount, tx.mul(jr, nr))),
+                 idx_t)
+    col0 = b.let("j0", tx.add(n0, tx.mul(jr, nr)), idx_t)
+    first = _axis_values(b, n_axes, col0, extent, idx_t) if linear else None
+    with b.loop("i", 0, rows, dtype=idx_t) as i:
+        mv = _axis_values(b, m_axes, tx.add(tx.add(m0, tx.mul(ir, mr)), i), extent, idx_t)
+        with b.loop("j", 0, cols, kind="simd", dtype=idx_t) as j:
+            if linear:
+                nv = {**first, n_axes[-1]: tx.add(first[n_axes[-1]], j)}
+            else:
+                nv = _axis_values(b, n_axes, tx.add(col0, j), extent, idx_t)
+            code = {**batch_at, **mv, **nv}
+            vars_ = [b.let(avar(a), code[a], idx_t) for a in axes]
+            pb = PointBuilder(module, b, stage, vars_, global_resolver)
+            value = value_at(i, j)
+            if c.scale != 1.0:
+                value = tx.mul(value, literal(c.scale, "f"))
+            pb.epilogue(pb.main_value(p, (value, "f")),
+                        store_sink(module, b, plan.stored, vars_))
 
 
 __all__ = ["cpu_kernel", "gemm_kernel", "gemm_roles", "loops_kernel"]

@@ -183,7 +183,6 @@ class GemmBlocks:
     m_blocks: int
     n_blocks: int
     k_steps: int
-    n_row: int = 1                  # nc is a whole number of rows of this many points
 
 
 #: The price of packing one element of B, in FMA-pipe cycles: a load through the operand's
@@ -197,28 +196,26 @@ A_CYCLES = 0.5
 #: The fixed price of a block in the same cycles: its offset tables, loop set-up, its share
 #: of the fork/join.
 BLOCK_CYCLES = 3000.0
-#: How many bytes a block's output tile may take (it is read and written once per step).
+#: How many bytes a block's output tile may take when K takes several steps (the tile holds
+#: the sums between steps: read and written once per step). With one step there is no tile:
+#: each micro-tile goes from its buffer to the epilogue (tilekit.codegen.cpu).
 C_TILE_BYTES = 512 * 1024
 
 
-def gemm_blocks(tiles: CpuTiles, m: int, n: int, k: int, batch: int, n_row: int = 1
-                ) -> GemmBlocks:
+def gemm_blocks(tiles: CpuTiles, m: int, n: int, k: int, batch: int) -> GemmBlocks:
     """The blocks of an `m x n x k` GEMM (`batch` of them): the split of M and N into
     `m_blocks x n_blocks` parallel blocks with the least time on the machine's cores, priced
     as rounds of blocks (ceil(blocks / cores), every core taking one block per round) times
     one block's micro-tiles (padded to `mr x nr`), its B panel packing (`PACK_CYCLES` per
     element: each block packs its B panel once per step and runs all its rows on it, so
     splitting M re-packs B), its reading of A (`A_CYCLES` per element: splitting N re-reads
-    A) and `BLOCK_CYCLES`. A block's B panel (`kc
-    x nc`) keeps to the L2 bound of `tiles.nc`, its output tile to `C_TILE_BYTES`; A is read
-    in `tiles.mc`-row slices that stay in L2 (gemm_kernel's inner loop). Ties go to fewer
-    blocks. Blocks are even (128 rows in two blocks are two of 66, not 126 and 2). With
-    `n_row` > 1 (the extent of the output's contiguous axis, when N has more axes: a
-    convolution's pixels) and a row fitting the N tile, `nc` is a whole number of rows, so
-    that a block's outputs are whole rows of the output."""
+    A) and `BLOCK_CYCLES`. A block's B panel (`kc x nc`, `nc` whole micro-panels of `nr`)
+    keeps to the L2 bound of `tiles.nc`, its output tile (when K takes several steps) to
+    `C_TILE_BYTES`; A is read in `tiles.mc`-row slices that stay in L2 (gemm_kernel's inner
+    loop). Ties go to fewer blocks. Blocks are even (128 rows in two blocks are two of 66,
+    not 126 and 2)."""
     mr, nr = tiles.mr, tiles.nr
-    n_step = n_row if 1 < n_row <= tiles.nc and n % n_row == 0 else 1
-    unit = nr if n_step == 1 else n_step
+    unit = nr
     kc = min(tiles.kc, k)
     kc = -(-k // -(-k // kc))
     cores = tiles.machine.cores
@@ -235,7 +232,7 @@ def gemm_blocks(tiles: CpuTiles, m: int, n: int, k: int, batch: int, n_row: int 
         if -(-n_units // (nc // unit)) != nb:
             continue                            # the same blocks as a smaller nb
         nc_p = up(nc, nr)
-        m_least = max(1, -(-(-(-m // mr) * mr * nc_p * 4) // C_TILE_BYTES))
+        m_least = 1 if k <= kc else max(1, -(-(-(-m // mr) * mr * nc_p * 4) // C_TILE_BYTES))
         for mb in range(m_least, -(-m // mr) + 1):
             mc = min(m, up(-(-m // mb), mr))
             if -(-m // mc) != mb:
@@ -251,7 +248,7 @@ def gemm_blocks(tiles: CpuTiles, m: int, n: int, k: int, batch: int, n_row: int 
         if batch * m_least * nb >= 4 * cores * tiles.blocks_per_core:
             break
     _, mc, nc = best
-    return GemmBlocks(mc, nc, kc, -(-m // mc), -(-n // nc), -(-k // kc), n_step)
+    return GemmBlocks(mc, nc, kc, -(-m // mc), -(-n // nc), -(-k // kc))
 
 
 def rows_per_block(rows: int, work_per_row: int, tiles: CpuTiles) -> int:
@@ -340,8 +337,7 @@ def gemm_reuse(c: Contraction, spatial) -> int:
 @dataclass(frozen=True)
 class CpuGemm:
     """A contraction as a GEMM on the CPU: A's axes are M, B's are N (the output's contiguous
-    axis among them), `n_row` the extent of that axis when N has more (whole rows per block),
-    and the blocks."""
+    axis among them, unless the roles are swapped: `gemm_roles`), and the blocks."""
 
     roles: tuple[str, str]          # (the read that is A, the one that is B): "a"/"b"
     m_axes: tuple[str, ...]
@@ -352,7 +348,6 @@ class CpuGemm:
     n: int
     k: int
     batch: int
-    n_row: int
     blocks: GemmBlocks
 
     @property
@@ -401,7 +396,7 @@ class CpuShape:
             g = self.gemm
             return {"shape": self.shape, "m": list(g.m_axes), "n": list(g.n_axes),
                     "k": list(g.k_axes), "batch": list(g.batch_axes),
-                    "blocks": [g.blocks.mc, g.blocks.nc, g.blocks.kc], "n_row": g.n_row}
+                    "blocks": [g.blocks.mc, g.blocks.nc, g.blocks.kc]}
         lp = self.loops
         out = {"shape": self.shape, "rows": lp.rows, "rows_per_block": lp.rows_per_block,
                "vector_axis": lp.vector_axis, "reduction": lp.mode}
@@ -465,9 +460,8 @@ def _gemm(c: Contraction, spatial, reduction, reads, tiles: CpuTiles,
     n = math.prod(extent[a] for a in n_axes)
     k = math.prod(extent[a] for a in c.k_axes)
     batch = math.prod(extent[a] for a in c.batch_axes)
-    g = gemm_blocks(tiles, m, n, k, batch, extent[n_axes[-1]] if len(n_axes) > 1 else 1)
     return CpuGemm(roles, tuple(m_axes), tuple(n_axes), tuple(c.k_axes), tuple(c.batch_axes),
-                   m, n, k, batch, g.n_row, g)
+                   m, n, k, batch, gemm_blocks(tiles, m, n, k, batch))
 
 
 def _loops(facts, tiles: CpuTiles, free: frozenset[str] = frozenset()) -> CpuLoops:
@@ -513,14 +507,9 @@ def _with_recorded(shape: CpuShape, rec: Mapping[str, Any], where: str) -> CpuSh
             raise IRError(f"'blocks' must be [mc, nc, kc], positive integers, got {blocks!r}",
                           f"{where}.kernel.blocks", hint)
         mc, nc, kc = blocks
-        if rec.get("n_row") != g.n_row or (g.n_row > 1 and nc % g.n_row):
-            raise IRError(f"'n_row' {rec.get('n_row')!r} with nc {nc}: a block holds whole "
-                          f"rows of {g.n_row} points", f"{where}.kernel.n_row", hint)
         mc, nc, kc = min(mc, g.m), min(nc, g.n), min(kc, g.k)   # one block covers the axis
-        b = GemmBlocks(mc, nc, kc, -(-g.m // mc), -(-g.n // nc), -(-g.k // kc), g.n_row)
-        return CpuShape(shape.shape, shape.tiles, gemm=CpuGemm(
-            g.roles, g.m_axes, g.n_axes, g.k_axes, g.batch_axes, g.m, g.n, g.k, g.batch,
-            g.n_row, b))
+        b = GemmBlocks(mc, nc, kc, -(-g.m // mc), -(-g.n // nc), -(-g.k // kc))
+        return CpuShape(shape.shape, shape.tiles, gemm=replace(g, blocks=b))
     lp = shape.loops
     for key, want in (("vector_axis", lp.vector_axis), ("reduction", lp.mode),
                       ("rows", lp.rows)):

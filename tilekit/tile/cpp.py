@@ -71,6 +71,8 @@ class CppPrinter(CStyle):
             mr, nr = e.args[0], e.args[1]
             assert isinstance(mr, Const) and isinstance(nr, Const)
             return f"tk_{e.fn}<{mr.value}, {nr.value}>({', '.join(args[2:])})"
+        if e.fn == "prefetch":
+            return f"__builtin_prefetch({args[0]})"
         if e.fn in ("pack_row", "packed_b"):
             assert isinstance(e.args[0], Const)
             return f"tk_{e.fn}<{e.args[0].value}>({', '.join(args[1:])})"

@@ -123,6 +123,9 @@ FUNCTIONS: dict[str, Function] = {f.name: f for f in (
     # a packed panel's row from contiguous values under a lane mask (runtime_cpu.h
     # tk_pack_row): pack_row(W, &dst, &src, &ok, pad, &ahead) with W a constant
     Function("pack_row", 6, "intrinsic", "int32", cpu_only=True),
+    # a hint that an address will be read soon (__builtin_prefetch: never faults, wherever
+    # it points): prefetch(&x)
+    Function("prefetch", 1, "intrinsic", "int32", cpu_only=True),
     # a weight's micro-panel, packed once (runtime_cpu.h tk_packed_b): packed_b(NR, &slot,
     # &w, n, k, ldn, ldk, panel, k0) with NR a constant and slot the block's int64 cache of
     # the pack's address; the address of the panel's row k0
