@@ -569,11 +569,12 @@ def _chains() -> onnx.ModelProto:
 
 @needs_cxx
 def test_each_micro_tile_runs_the_chain_after_its_last_step():
-    """The epilogue runs per micro-tile, right after its last step: one micro-tile's buffer
-    when K is one step, the block's output tile when it takes several; a micro-tile's columns
-    in one vector loop from its first column where the chain's addresses are linear in the N
-    axes (and the columns never cross an image), each column decomposed where they could;
-    the results match the reference, with the pixels as N and as M."""
+    """The epilogue runs on micro-tiles while they are in L1: with one step over K, on each
+    strip of them just computed (a row of micro-tiles, or a column when the pixels are M),
+    through a buffer of one strip; with several steps, on the block's output tile after the
+    last step. A micro-tile's columns are one vector loop from its first column where the
+    chain's addresses are linear in the N axes (and the columns never cross an image), each
+    column decomposed where they could; the results match the reference."""
     from tilekit.roll.schedule import roll_module
     from tilekit.weld import weld_module
 
@@ -585,15 +586,16 @@ def test_each_micro_tile_runs_the_chain_after_its_last_step():
                          if _op_of(imported.module, out) in k["ops"])
                for out in ("c_whole", "c_ragged", "m", "c7")}
     assert all(k["shape"] == "cpu_gemm" and len(k["ops"]) > 1 for k in kernels.values())
-    for out in ("c_whole", "c_ragged", "c7"):
-        assert "one micro-tile's outputs" in kernels[out]["source"], out
+    for out in ("c_whole", "c_ragged"):
+        assert "a row of micro-tiles' outputs" in kernels[out]["source"], out
+    assert kernels["c7"]["schedule"]["gemm"]["m"] == ["n", "h", "w"]   # pixels as M
+    assert "a column of micro-tiles' outputs" in kernels["c7"]["source"]
     long = kernels["m"]
     assert "the block's output tile" in long["source"]
     assert long["schedule"]["gemm"]["blocks"][2] < 700                # several steps
     # whole micro-panels per image: the columns count on from the first one's coordinates
     assert "= j0 + j;" not in kernels["c_whole"]["source"]
     assert "= j0 + j;" in kernels["c_ragged"]["source"]                # each column's own
-    assert kernels["c7"]["schedule"]["gemm"]["m"] == ["n", "h", "w"]   # pixels as M
     rng = np.random.default_rng(6)
     inputs = {n: rng.standard_normal(imported.module.tensors[n].shape).astype(np.float32)
               for n in imported.module.inputs}

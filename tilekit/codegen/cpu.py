@@ -437,11 +437,19 @@ def gemm_kernel(module, plan: GroupPlan, entry: str, shape: CpuShape, target: Ta
     bp = None if weight is not None else smem.carve(
         "s_b", "float32", (nc_p // nr, g.kc, nr),
         f"{B.read.tensor}: B panel, {nc_p // nr} micro-panels of {g.kc}x{nr}")
-    # one step over K: a micro-tile's sums go straight to its epilogue through one buffer
-    # that stays in L1; several: the block's output tile holds the sums between steps
+    # the output's rows are in N unless the roles are swapped: micro-tiles that walk them
+    # store (and read a residual) in order
+    rows_first = p.spatial[-1][0] not in m_axes
+    # one step over K: a strip of micro-tiles (a row of them, or a column when the roles are
+    # swapped) goes to the epilogue through a buffer that stays in L1; several steps: the
+    # block's output tile holds the sums between steps
     one_step = g.k_steps == 1 and not free & set(c.k_axes)
-    ct = (smem.carve("s_c", "float32", (mr, nr), "one micro-tile's outputs") if one_step else
-          smem.carve("s_c", "float32", (mc_p, nc_p), "the block's output tile"))
+    if not one_step:
+        ct = smem.carve("s_c", "float32", (mc_p, nc_p), "the block's output tile")
+    elif rows_first:
+        ct = smem.carve("s_c", "float32", (mr, nc_p), "a row of micro-tiles' outputs")
+    else:
+        ct = smem.carve("s_c", "float32", (mc_p, nr), "a column of micro-tiles' outputs")
     lin = _linear_columns(plan, n_axes, free)
     head = n_axes[:len(n_axes) - lin]
     run = math.prod(extent[a] for a in n_axes[len(n_axes) - lin:])
@@ -462,6 +470,34 @@ def gemm_kernel(module, plan: GroupPlan, entry: str, shape: CpuShape, target: Ta
         weight.start(b)
     b_side = None if weight is not None else _side(b, "b", B.read, n_axes, n0, ncount, nc_p,
                                                    nc_p, extent, batch_at, idx_t, free)
+    def c_at(ir: Expr, jr: Expr) -> tuple[Expr, Expr]:
+        """Where micro-tile (ir, jr) starts in `ct`."""
+        if one_step and rows_first:
+            return tx.const(0), tx.mul(jr, nr)
+        if one_step:
+            return tx.mul(ir, mr), tx.const(0)
+        return tx.mul(ir, mr), tx.mul(jr, nr)
+
+    def c_tile(ir: Expr, jr: Expr) -> tuple[Addr, int]:
+        return Addr(ct.name, c_at(ir, jr)), ct.shape[1]
+
+    def epilogue(ir: Var, jr: Var) -> None:
+        row, col = c_at(ir, jr)
+        _tile_epilogue(b, module, plan, c, m_axes, n_axes, batch_at, m0, n0, ir, jr, mr, nr,
+                       mcount, ncount, lambda i, j: Load(ct.name, (tx.add(row, i),
+                                                                   tx.add(col, j)), "float32"),
+                       extent, linear, idx_t)
+
+    def strip_done(outer: Var, ir_lo: Expr, ir_hi: Expr) -> None:
+        """The epilogue of the strip of micro-tiles just computed (one step over K): a row
+        of them, or the rows `ir_lo` to `ir_hi` of a column."""
+        if rows_first:
+            with b.loop("jr", 0, tx.div(tx.add(ncount, nr - 1), nr)) as jr:
+                epilogue(outer, jr)
+        else:
+            with b.loop("ir", ir_lo, ir_hi) as ir:
+                epilogue(ir, outer)
+
     with b.loop("ks", 0, g.k_steps) as ks:
         k0 = b.let("k0", tx.mul(ks, g.kc), idx_t)
         kcount = b.let("kc", tx.call("min", tx.const(g.kc, idx_t), tx.sub(K, k0)), idx_t)
@@ -489,32 +525,16 @@ def gemm_kernel(module, plan: GroupPlan, entry: str, shape: CpuShape, target: Ta
                 b_panel = lambda jr: weight.panel(B.read.tensor, N, K, tx.add(  # noqa: E731
                     tx.div(n0, nr), jr), k0, nr, idx_t)
 
-            def c_tile(ir: Expr, jr: Expr) -> tuple[Addr, int]:
-                if one_step:
-                    return Addr(ct.name, (tx.const(0), tx.const(0))), nr
-                return Addr(ct.name, (tx.mul(ir, mr), tx.mul(jr, nr))), nc_p
-
-            def epilogue(ir: Var, jr: Var) -> None:
-                def value_at(i: Expr, j: Expr) -> Expr:
-                    if one_step:
-                        return Load(ct.name, (i, j), "float32")
-                    return Load(ct.name, (tx.add(tx.mul(ir, mr), i), tx.add(tx.mul(jr, nr), j)),
-                                "float32")
-                _tile_epilogue(b, module, plan, c, m_axes, n_axes, batch_at, m0, n0, ir, jr,
-                               mr, nr, mcount, ncount, value_at, extent, linear, idx_t)
-
-            # the last step's micro-tiles end in the epilogue: they walk the output's rows
-            # when its contiguous axis is in N; earlier steps keep B's micro-panel in L1
-            tiles_args = (b, direct, A, a_side, ap, b_panel, c_tile, mr, nr, ir_lo, ir_hi, ks,
-                          k0, mcount, ncount, kcount, idx_t)
-            rows_first = p.spatial[-1][0] not in m_axes
-            if one_step:
-                _micro_tiles(*tiles_args, rows_first=rows_first, epilogue=epilogue)
-            else:
-                with b.if_(tx.lt(ks, g.k_steps - 1)):
-                    _micro_tiles(*tiles_args, rows_first=False, epilogue=None)
-                with b.else_():
-                    _micro_tiles(*tiles_args, rows_first=rows_first, epilogue=epilogue)
+            _micro_tiles(b, direct, A, a_side, ap, b_panel, c_tile, mr, nr, ir_lo, ir_hi, ks,
+                         k0, mcount, ncount, kcount, idx_t, rows_first=one_step and rows_first,
+                         strip_done=strip_done if one_step else None)
+    if not one_step:
+        # after the last step, the tile's micro-tiles through the epilogue in the output's
+        # order (the tile from L2; each step's micro-kernels kept B's micro-panel in L1)
+        with ExitStack() as loops:
+            ir, jr = _tile_loops(b, loops, tx.const(0), tx.div(tx.add(mcount, mr - 1), mr),
+                                 tx.div(tx.add(ncount, nr - 1), nr), rows_first)
+            epilogue(ir, jr)
     sched = {"source": "cpu", "gemm": {"m": list(m_axes), "n": list(n_axes),
                                        "batch": list(c.batch_axes), "k": list(c.k_axes),
                                        "blocks": [g.mc, g.nc, g.kc],
@@ -534,40 +554,48 @@ def gemm_kernel(module, plan: GroupPlan, entry: str, shape: CpuShape, target: Ta
 
 def _micro_tiles(b: Builder, direct: int | None, A: _Operand, a_side, ap, b_panel, c_tile,
                  mr: int, nr: int, ir_lo: Expr, ir_hi: Expr, ks: Var, k0: Var, mcount: Var,
-                 ncount: Var, kcount: Var, idx_t: str, rows_first: bool, epilogue) -> None:
+                 ncount: Var, kcount: Var, idx_t: str, rows_first: bool, strip_done) -> None:
     """The micro-kernel on every `mr x nr` tile of the rows `ir_lo * mr` to `ir_hi * mr` of
-    the block at this step, into `c_tile(ir, jr)` (address, row stride), then `epilogue(ir,
-    jr)` if any. Column panels outside (`rows_first` false): each B micro-panel (`b_panel(jr)`)
-    stays in L1 while the rows' A comes from L2. Rows outside: A's micro-panel stays in L1
-    and B's panels come from L2, and the micro-tiles go along the rows of the output, so
-    an epilogue stores each row's outputs in order (where a column walk would store one
-    line per row of the output, too far apart for the hardware prefetcher)."""
-    with ExitStack() as loops:
-        def rows():
-            return loops.enter_context(b.loop("ir", ir_lo, ir_hi))
-
-        def columns():
-            return loops.enter_context(b.loop("jr", 0, tx.div(tx.add(ncount, nr - 1), nr)))
-
+    the block at this step, into `c_tile(ir, jr)` (address, row stride). Column panels
+    outside (`rows_first` false): each B micro-panel (`b_panel(jr)`) stays in L1 while the
+    rows' A comes from L2; rows outside: A's micro-panel stays in L1. After each run of the
+    inner loop (a strip of micro-tiles), `strip_done(outer, ir_lo, ir_hi)` if given: the
+    epilogue of a K of one step, on the strip while it is in L1."""
+    jr_hi = tx.div(tx.add(ncount, nr - 1), nr)
+    with ExitStack() as outer:
         if rows_first:
-            ir = rows()
-            jr = columns()
+            ir = outer.enter_context(b.loop("ir", ir_lo, ir_hi))
         else:
-            jr = columns()
-            ir = rows()
-        if direct is None:
-            a_args = (Addr(ap.name, (ir, tx.const(0), tx.const(0))),)
-        else:       # A's rows where they lie: row m0 + ir * mr at step k0
-            first = tx.add(a_side.offset(tx.mul(ir, mr), idx_t), k0)
-            a_args = (Addr(tvar(A.read.tensor), (first,)), tx.const(direct, idx_t),
-                      tx.cast("int32", tx.sub(mcount, tx.mul(ir, mr))))
-        at, ldc = c_tile(ir, jr)
-        b.evaluate(tx.call("gemm_micro" if direct is None else "gemm_micro_rows",
-                           tx.const(mr), tx.const(nr), *a_args,
-                           b_panel(jr), tx.cast("int32", kcount), at,
-                           tx.const(ldc), tx.cast("int32", tx.gt(ks, 0))))
-        if epilogue is not None:
-            epilogue(ir, jr)
+            jr = outer.enter_context(b.loop("jr", 0, jr_hi))
+        with ExitStack() as inner:
+            if rows_first:
+                jr = inner.enter_context(b.loop("jr", 0, jr_hi))
+            else:
+                ir = inner.enter_context(b.loop("ir", ir_lo, ir_hi))
+            if direct is None:
+                a_args = (Addr(ap.name, (ir, tx.const(0), tx.const(0))),)
+            else:       # A's rows where they lie: row m0 + ir * mr at step k0
+                first = tx.add(a_side.offset(tx.mul(ir, mr), idx_t), k0)
+                a_args = (Addr(tvar(A.read.tensor), (first,)), tx.const(direct, idx_t),
+                          tx.cast("int32", tx.sub(mcount, tx.mul(ir, mr))))
+            at, ldc = c_tile(ir, jr)
+            b.evaluate(tx.call("gemm_micro" if direct is None else "gemm_micro_rows",
+                               tx.const(mr), tx.const(nr), *a_args,
+                               b_panel(jr), tx.cast("int32", kcount), at,
+                               tx.const(ldc), tx.cast("int32", tx.gt(ks, 0))))
+        if strip_done is not None:
+            strip_done(ir if rows_first else jr, ir_lo, ir_hi)
+
+
+def _tile_loops(b: Builder, loops: ExitStack, ir_lo: Expr, ir_hi: Expr, jr_hi: Expr,
+                rows_first: bool) -> tuple[Var, Var]:
+    """The loops over micro-tile rows `ir` (from `ir_lo` to `ir_hi`) and columns `jr` (from 0
+    to `jr_hi`), rows outside when `rows_first`, entered on `loops`."""
+    if rows_first:
+        ir = loops.enter_context(b.loop("ir", ir_lo, ir_hi))
+        return ir, loops.enter_context(b.loop("jr", 0, jr_hi))
+    jr = loops.enter_context(b.loop("jr", 0, jr_hi))
+    return loops.enter_context(b.loop("ir", ir_lo, ir_hi)), jr
 
 
 class _WeightPanels:
