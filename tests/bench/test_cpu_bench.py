@@ -6,7 +6,8 @@ NumPy reference executor (`tilekit`), the compiled CPU code on the default sched
 (`compiled-cpu`), and onnxruntime, all with the same threads. For each model, engines alternate in fresh processes
 `ROUNDS` times; each process times `RUNS` runs after a warm-up. Reported: each engine's
 median, the ratio of medians to onnxruntime's (< 1 means tilekit is faster) and peak resident
-memory. Results go to tests/bench/results/cpu.json. TILEKIT_BENCH_MODELS and
+memory. Results go to tests/bench/results/cpu.json. TILEKIT_BENCH_ROUNDS sets the rounds;
+TILEKIT_BENCH_MODELS and
 TILEKIT_BENCH_ENGINES (comma-separated) narrow the models and choose the engines (e.g.
 `compiled-cpu,compiled-cpu-per-kernel`).
 """
@@ -33,7 +34,9 @@ from models.onnx_check import with_random_weights  # noqa: E402
 from tilekit.runtime.bench import cpu_description  # noqa: E402
 
 LIGHT = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
-ROUNDS = 3
+#: Alternating fresh processes per engine: TILEKIT_BENCH_ROUNDS, else 3 (more where the
+#: machine is noisy: each round is a sample of its state).
+ROUNDS = int(os.environ.get("TILEKIT_BENCH_ROUNDS", "0")) or 3
 RUNS = 5
 #: Threads of every engine: TILEKIT_BENCH_THREADS, else every core (results in cpu.json; with
 #: the variable set, in cpu-<N>threads.json).
