@@ -53,10 +53,9 @@ from tilekit.codegen.kernel import (GeneratedKernel, PointBuilder, avar, c_name,
 from tilekit.codegen.plan import GroupPlan, OpPlan, Read
 from tilekit.codegen.staged import op_facts, read_key
 from tilekit.codegen.values import (accumulator_kind, combine, identity, literal, pad_literal)
-from tilekit.expr.ast import Access, Axis, children
 from tilekit.schedule.cpu import CpuShape, CpuTiles, cpu_shape, gemm_roles, one_thread
 from tilekit.schedule.mma import Contraction
-from tilekit.schedule.shape import Target
+from tilekit.schedule.shape import Target, body_uses_axis_values
 from tilekit.tile import expr as tx
 from tilekit.tile.build import Builder, SharedMemory
 from tilekit.tile.expr import BLOCK, KIND_DTYPE, Addr, Expr, Load, Var
@@ -450,11 +449,7 @@ def gemm_kernel(module, plan: GroupPlan, entry: str, shape: CpuShape, target: Ta
         ct = smem.carve("s_c", "float32", (mr, nc_p), "a row of micro-tiles' outputs")
     else:
         ct = smem.carve("s_c", "float32", (mc_p, nr), "a column of micro-tiles' outputs")
-    lin = _linear_columns(plan, n_axes, free)
-    head = n_axes[:len(n_axes) - lin]
-    run = math.prod(extent[a] for a in n_axes[len(n_axes) - lin:])
-    linear = lin > 0 and (all(extent[a] == 1 and a not in free for a in head) or (
-        not free & set(n_axes) and run % nr == 0 and g.nc % nr == 0))
+    linear = _linear_columns(plan, n_axes, extent, nr, g.nc, free)
     b = Builder()
     counts = [extent[a] for a in c.batch_axes] + [g.m_blocks, g.n_blocks]
     names = [f"{avar(a)}_" for a in c.batch_axes] + ["mb", "nb"]
@@ -531,10 +526,10 @@ def gemm_kernel(module, plan: GroupPlan, entry: str, shape: CpuShape, target: Ta
     if not one_step:
         # after the last step, the tile's micro-tiles through the epilogue in the output's
         # order (the tile from L2; each step's micro-kernels kept B's micro-panel in L1)
-        with ExitStack() as loops:
-            ir, jr = _tile_loops(b, loops, tx.const(0), tx.div(tx.add(mcount, mr - 1), mr),
-                                 tx.div(tx.add(ncount, nr - 1), nr), rows_first)
-            epilogue(ir, jr)
+        outer, inner = _tile_order(tx.const(0), tx.div(tx.add(mcount, mr - 1), mr),
+                                   tx.div(tx.add(ncount, nr - 1), nr), rows_first)
+        with b.loop(*outer) as o, b.loop(*inner) as n:
+            epilogue(*((o, n) if rows_first else (n, o)))
     sched = {"source": "cpu", "gemm": {"m": list(m_axes), "n": list(n_axes),
                                        "batch": list(c.batch_axes), "k": list(c.k_axes),
                                        "blocks": [g.mc, g.nc, g.kc],
@@ -561,17 +556,10 @@ def _micro_tiles(b: Builder, direct: int | None, A: _Operand, a_side, ap, b_pane
     rows' A comes from L2; rows outside: A's micro-panel stays in L1. After each run of the
     inner loop (a strip of micro-tiles), `strip_done(outer, ir_lo, ir_hi)` if given: the
     epilogue of a K of one step, on the strip while it is in L1."""
-    jr_hi = tx.div(tx.add(ncount, nr - 1), nr)
-    with ExitStack() as outer:
-        if rows_first:
-            ir = outer.enter_context(b.loop("ir", ir_lo, ir_hi))
-        else:
-            jr = outer.enter_context(b.loop("jr", 0, jr_hi))
-        with ExitStack() as inner:
-            if rows_first:
-                jr = inner.enter_context(b.loop("jr", 0, jr_hi))
-            else:
-                ir = inner.enter_context(b.loop("ir", ir_lo, ir_hi))
+    outer, inner = _tile_order(ir_lo, ir_hi, tx.div(tx.add(ncount, nr - 1), nr), rows_first)
+    with b.loop(*outer) as o:
+        with b.loop(*inner) as n:
+            ir, jr = (o, n) if rows_first else (n, o)
             if direct is None:
                 a_args = (Addr(ap.name, (ir, tx.const(0), tx.const(0))),)
             else:       # A's rows where they lie: row m0 + ir * mr at step k0
@@ -584,18 +572,16 @@ def _micro_tiles(b: Builder, direct: int | None, A: _Operand, a_side, ap, b_pane
                                b_panel(jr), tx.cast("int32", kcount), at,
                                tx.const(ldc), tx.cast("int32", tx.gt(ks, 0))))
         if strip_done is not None:
-            strip_done(ir if rows_first else jr, ir_lo, ir_hi)
+            strip_done(o, ir_lo, ir_hi)
 
 
-def _tile_loops(b: Builder, loops: ExitStack, ir_lo: Expr, ir_hi: Expr, jr_hi: Expr,
-                rows_first: bool) -> tuple[Var, Var]:
-    """The loops over micro-tile rows `ir` (from `ir_lo` to `ir_hi`) and columns `jr` (from 0
-    to `jr_hi`), rows outside when `rows_first`, entered on `loops`."""
-    if rows_first:
-        ir = loops.enter_context(b.loop("ir", ir_lo, ir_hi))
-        return ir, loops.enter_context(b.loop("jr", 0, jr_hi))
-    jr = loops.enter_context(b.loop("jr", 0, jr_hi))
-    return loops.enter_context(b.loop("ir", ir_lo, ir_hi)), jr
+def _tile_order(ir_lo: Expr, ir_hi: Expr, jr_hi: Expr, rows_first: bool
+                ) -> tuple[tuple, tuple]:
+    """The (outer, inner) loops over micro-tile rows `ir` (from `ir_lo` to `ir_hi`) and
+    columns `jr` (from 0 to `jr_hi`) as `Builder.loop` arguments: rows outside when
+    `rows_first`."""
+    rows, columns = ("ir", ir_lo, ir_hi), ("jr", 0, jr_hi)
+    return (rows, columns) if rows_first else (columns, rows)
 
 
 class _WeightPanels:
@@ -858,22 +844,15 @@ def _valid(read: Read, lidx: Expr, kk: Expr, count: Var, group: _Side, ks: _Side
     return valid
 
 
-def _axis_uses(node, axes: set[str]) -> set[str]:
-    """The axes of `axes` that a body uses as values (not only inside a read's indices)."""
-    if isinstance(node, Axis):
-        return {node.name} & axes
-    if isinstance(node, Access):
-        return set()
-    return set().union(set(), *(_axis_uses(ch, axes) for ch in children(node)))
-
-
-def _linear_columns(plan: GroupPlan, n_axes: tuple[str, ...], free: frozenset[str]) -> int:
-    """How many trailing N axes the epilogue addresses linearly: every output it stores and
-    every read of its chain is `c x` their row-major flat index (c may be 0: a bias per
-    channel), no read's bounds check involves them and no body uses them as values. Over
-    those axes a run of columns is one run of addresses, so a micro-tile's columns are one
-    vector loop from the coordinates of its first column, the innermost counting on past its
-    extent. 0 when not even the innermost axis is addressed so."""
+def _linear_columns(plan: GroupPlan, n_axes: tuple[str, ...], extent: dict, nr: int, nc: int,
+                    free: frozenset[str]) -> bool:
+    """Are a micro-tile's `nr` columns (blocks of `nc` columns) one run of addresses for the
+    epilogue, so that they are one vector loop from the coordinates of the first column, the
+    innermost counting on past its extent? So when, over some trailing N axes, every output
+    it stores and every read of its chain is `c x` their row-major flat index (c may be 0: a
+    bias per channel), no read's bounds check involves them and no body uses them as values,
+    and no micro-tile crosses from one run of those axes into the next: the axes before them
+    are all of one point, or a run is whole micro-tiles and so is a block."""
     stage = plan.stages[0]
     main_axes = [a for a, _ in stage.main.spatial]
     positions = [main_axes.index(a) for a in n_axes]
@@ -888,7 +867,7 @@ def _linear_columns(plan: GroupPlan, n_axes: tuple[str, ...], free: frozenset[st
                 return False
         if not reads:
             return True
-        if _axis_uses(p.body, set(names)):
+        if body_uses_axis_values(p.body, names):
             return False
         ranges = full_ranges(p)
         for r in p.read_list():
@@ -908,8 +887,11 @@ def _linear_columns(plan: GroupPlan, n_axes: tuple[str, ...], free: frozenset[st
             ok = ok and linear(p, positions[-t:], True, produced)
             produced.add(p.output)
         if ok:
-            return t
-    return 0
+            head = n_axes[:len(n_axes) - t]
+            run = math.prod(extent[a] for a in n_axes[len(n_axes) - t:])
+            return all(extent[a] == 1 and a not in free for a in head) or (
+                not free & set(n_axes) and run % nr == 0 and nc % nr == 0)
+    return False
 
 
 def _tile_epilogue(b: Builder, module, plan: GroupPlan, c: Contraction, m_axes, n_axes,

@@ -215,30 +215,28 @@ def gemm_blocks(tiles: CpuTiles, m: int, n: int, k: int, batch: int) -> GemmBloc
     loop). Ties go to fewer blocks. Blocks are even (128 rows in two blocks are two of 66,
     not 126 and 2)."""
     mr, nr = tiles.mr, tiles.nr
-    unit = nr
     kc = min(tiles.kc, k)
     kc = -(-k // -(-k // kc))
     cores = tiles.machine.cores
     macs = 2 * tiles.machine.f32_lanes         # multiply-adds per cycle: two FMA pipes
-    n_units = -(-n // unit)
-    nc_max = max(1, tiles.nc // unit)           # units per block, L2's bound on the B panel
+    panels = -(-n // nr)
+    most = max(1, tiles.nc // nr)               # micro-panels per block, L2's bound on B's
 
     def up(x: int, step: int) -> int:
         return -(-x // step) * step
 
     best = None
-    for nb in range(-(-n_units // nc_max), n_units + 1):
-        nc = up(-(-n_units // nb), 1) * unit
-        if -(-n_units // (nc // unit)) != nb:
+    for nb in range(-(-panels // most), panels + 1):
+        nc = -(-panels // nb) * nr
+        if -(-panels // (nc // nr)) != nb:
             continue                            # the same blocks as a smaller nb
-        nc_p = up(nc, nr)
-        m_least = 1 if k <= kc else max(1, -(-(-(-m // mr) * mr * nc_p * 4) // C_TILE_BYTES))
+        m_least = 1 if k <= kc else max(1, -(-(-(-m // mr) * mr * nc * 4) // C_TILE_BYTES))
         for mb in range(m_least, -(-m // mr) + 1):
             mc = min(m, up(-(-m // mb), mr))
             if -(-m // mc) != mb:
                 continue
             blocks = batch * mb * nb
-            one = (up(mc, mr) * nc_p * k / macs + nc_p * k * PACK_CYCLES
+            one = (up(mc, mr) * nc * k / macs + nc * k * PACK_CYCLES
                    + mc * k * A_CYCLES + BLOCK_CYCLES)
             cost = (-(-blocks // cores) * one, blocks)
             if best is None or cost < best[0]:

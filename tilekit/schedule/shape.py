@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Collection, Mapping
 
 from tilekit.expr.ast import Access, Axis, Call, Node, children, walk
 from tilekit.expr.box import Span, map_box
@@ -129,11 +129,11 @@ class OpFacts:
                           bool(self.reduction) and self.reduction[-1][0] in self.varying)
 
 
-def body_uses_axis_values(body: Node) -> bool:
-    """Does the body use an axis as a value (outside indices)?"""
+def body_uses_axis_values(body: Node, axes: Collection[str] | None = None) -> bool:
+    """Does the body use an axis (one of `axes`, when given) as a value (outside indices)?"""
     def visit(node) -> bool:
         if isinstance(node, Axis):
-            return True
+            return axes is None or node.name in axes
         if isinstance(node, Access):
             return False
         return any(visit(c) for c in children(node))
