@@ -3,6 +3,7 @@ barriers between kernels, and tk-ram's CPU plans (vEUs as cores, tk_run_plan).""
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -136,6 +137,54 @@ def test_one_call_equals_per_kernel_calls_and_profiles_every_kernel(tmp_path):
                                atol=1e-6)
     assert [n for n, _ in each.profile(inputs, weights)[1]] == names
     assert one.timings is None      # profiling ends with the call
+
+
+#: A team of threads passing barriers: each writes its slot with the generation, then every
+#: thread checks that all slots hold it. A thread let through early reads a slot of the
+#: generation before.
+_BARRIER_CHECK = r"""
+int main(int argc, char** argv) {
+  const int threads = atoi(argv[1]), rounds = atoi(argv[2]);
+  std::atomic<unsigned> slots[64];
+  int wrong = 0;
+  tk_barrier bar;
+  bar.arrived.store(0);
+  bar.passed.done.store(0);
+  bar.passed.sleepers.store(0);
+#pragma omp parallel num_threads(threads) reduction(+ : wrong)
+  {
+    const int n = omp_get_num_threads(), me = omp_get_thread_num();
+    unsigned generation = 0;
+    for (int r = 1; r <= rounds; ++r) {
+      slots[me].store(r, std::memory_order_relaxed);
+      tk_team_barrier(bar, n, generation);
+      for (int t = 0; t < n; ++t) wrong += slots[t].load(std::memory_order_relaxed) != (unsigned)r;
+      tk_team_barrier(bar, n, generation);
+    }
+  }
+  printf("%d\n", wrong);
+  return wrong != 0;
+}
+"""
+
+
+@needs_cxx
+@pytest.mark.parametrize("threads", [2, 5])
+def test_the_team_barrier_lets_no_thread_through_before_all_arrive(tmp_path, threads):
+    """tk_run's barrier (tilekit.tile.cpp), compiled alone: with as many threads as cores
+    (waits end spinning) and more (waiters sleep on the futex), no thread passes a barrier
+    before every thread arrived, over thousands of them."""
+    from tilekit.tile.cpp import CALL_TEMPLATES, WAIT_HELPERS
+
+    source = tmp_path / "barrier.cpp"
+    source.write_text("#include <cstdio>\n#include <cstdlib>\n" + CALL_TEMPLATES
+                      + WAIT_HELPERS + _BARRIER_CHECK)
+    binary = tmp_path / "barrier"
+    subprocess.run([find_cxx(), "-O2", "-std=c++17", "-fopenmp", str(source), "-o",
+                    str(binary)], check=True, capture_output=True)
+    done = subprocess.run([str(binary), str(threads), "20000"], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
 
 
 @needs_cxx

@@ -13,7 +13,9 @@ the unit one more entry that runs any sequence of the unit's kernels:
   order (kernel k's at `offsets(kernels)[k]`), bound once when the library is loaded;
 - `tk_seq[0..tk_n)`: the kernels to run, in order; `tk_wait[i]`: a team barrier after the
   i-th (`barriers`: only before a kernel that reads what one since the last barrier wrote,
-  or writes what one since then touched, unless both ran on the first thread);
+  or writes what one since then touched, unless both ran on the first thread); the barrier
+  is the unit's own `tk_team_barrier` (tilekit.tile.cpp: a spin that adapts, then a futex),
+  not libgomp's, whose passive policy sleeps at every barrier;
 - one parallel region for the whole sequence (`tk_parallel` 0: none, the caller's thread runs
   it all: `parallel_run`), in which a kernel's blocks are shared out with `omp for
   schedule(static) nowait`, a one-block kernel, or a loop nest of at most one block's work

@@ -19,12 +19,12 @@ threads) and its other kernels with `tk_run`. `CpuProgram.profile` times every k
 instead (one ctypes call and one parallel region per kernel: what runs before the program
 entry, kept to compare against).
 
-OpenMP's threads wait for the next kernel passively (`OMP_WAIT_POLICY=passive`, unless the
-environment sets it): libgomp's default spins, and on cores shared with other processes a
-spinning thread holds the core the thread with work needs, so every kernel waits a time slice
-for its slower thread (ResNet-50 on 2 threads of a loaded 2-core VM: 650 ms spinning, 210-250
-ms passive, onnxruntime 250-300 ms). libgomp reads the variable once, when the first library
-is loaded.
+Inside a run the team's barriers are the unit's own (tk_team_barrier: a short spin that
+adapts, then a futex; docs/run.md). Between runs OpenMP's idle threads wait passively
+(`OMP_WAIT_POLICY=passive`, unless the environment sets it): libgomp's default spins, and on
+cores shared with other processes a spinning thread holds the core the thread with work
+needs (ResNet-50 on 2 threads of a loaded 2-core VM: 650 ms spinning, 210-250 ms passive,
+onnxruntime 250-300 ms). libgomp reads the variable once, when the first library is loaded.
 """
 
 from __future__ import annotations

@@ -244,8 +244,9 @@ static inline void tk_call(void* const* a, int b, int n, unsigned char* s) {
 
 
 #: What a plan's segments wait and signal with (tk_run_plan).
-PLAN_HELPERS = """
-// An operator's progress: `done` blocks so far, `sleepers` threads blocked on it.
+WAIT_HELPERS = """
+// Progress: `done` so far (an operator's blocks, a barrier's generations), `sleepers`
+// threads blocked on it.
 struct tk_progress {
   std::atomic<unsigned> done;
   std::atomic<int> sleepers;
@@ -259,19 +260,8 @@ static inline void tk_cpu_relax() {
 #endif
 }
 
-// Wait until `p` counts `n` blocks: spin for up to 100 microseconds (the producer is usually
-// running on another core, and a waiter that slept runs again only when the scheduler gets
-// to it: milliseconds on a loaded machine), then sleep on the counter (a futex on Linux,
-// else yield). By time, not tries: a `pause` takes from a few to over a hundred cycles
-// across CPUs. Spinning as long as libgomp's barriers (300000 tries) held, on a loaded
-// machine, the core a preempted producer waited for; yielding while spinning was slower.
-static inline void tk_wait_for(tk_progress& p, unsigned n) {
-  const double until = omp_get_wtime() + 100e-6;
-  for (int i = 1;; ++i) {
-    if (p.done.load(std::memory_order_acquire) >= n) return;
-    tk_cpu_relax();
-    if (i % 64 == 0 && omp_get_wtime() > until) break;
-  }
+// Sleep until `p` counts `n` (a futex on Linux, else yield).
+static inline void tk_sleep_until(tk_progress& p, unsigned n) {
   for (;;) {
     p.sleepers.fetch_add(1, std::memory_order_seq_cst);
     const unsigned seen = p.done.load(std::memory_order_seq_cst);
@@ -289,8 +279,35 @@ static inline void tk_wait_for(tk_progress& p, unsigned n) {
   }
 }
 
-// Count `n` more blocks of `p` done (release: the blocks' stores before the count), and
-// wake the threads asleep on it.
+// How long a thread spins before it sleeps in tk_wait_for: adapted per thread, between 100
+// microseconds (the producer is usually running on another core, and a waiter that slept
+// runs again only when the scheduler gets to it, tens of microseconds on a quiet virtual
+// machine) and 2. A wait that took over a millisecond halves it: the producer was
+// preempted (a loaded machine), and spinning then takes the core from the very thread
+// waited for (spinning as long as libgomp's barriers, 300000 tries, held it on a loaded
+// machine; yielding while spinning was slower). A wait that ended spinning doubles it.
+static thread_local double tk_spin_seconds = 100e-6;
+
+// Wait until `p` counts `n`: spin (by time, not tries: a `pause` takes from a few to over a
+// hundred cycles across CPUs), then sleep on the counter (a futex on Linux, else yield).
+static inline void tk_wait_for(tk_progress& p, unsigned n) {
+  if (p.done.load(std::memory_order_acquire) >= n) return;
+  const double start = omp_get_wtime();
+  for (int i = 1;; ++i) {
+    if (p.done.load(std::memory_order_acquire) >= n) {
+      tk_spin_seconds = tk_spin_seconds >= 50e-6 ? 100e-6 : 2 * tk_spin_seconds;
+      return;
+    }
+    tk_cpu_relax();
+    if (i % 64 == 0 && omp_get_wtime() > start + tk_spin_seconds) break;
+  }
+  tk_sleep_until(p, n);
+  if (omp_get_wtime() > start + 200e-6)
+    tk_spin_seconds = tk_spin_seconds <= 4e-6 ? 2e-6 : 0.5 * tk_spin_seconds;
+}
+
+// Count `n` more of `p` done (release: the stores before it, before the count), and wake
+// the threads asleep on it.
 static inline void tk_signal(tk_progress& p, unsigned n) {
   p.done.fetch_add(n, std::memory_order_seq_cst);
 #if defined(__linux__)
@@ -298,6 +315,27 @@ static inline void tk_signal(tk_progress& p, unsigned n) {
     syscall(SYS_futex, reinterpret_cast<unsigned*>(&p.done), FUTEX_WAKE_PRIVATE, INT_MAX,
             nullptr, nullptr, 0);
 #endif
+}
+
+// The team barrier of tk_run: the last thread to arrive counts one more generation, the
+// others wait for it in tk_wait_for. libgomp's own barrier under OMP_WAIT_POLICY=passive
+// sleeps at once, and a sleeper wakes only when the scheduler gets to it: tens of
+// microseconds per barrier, which a run of many small kernels pays at every one.
+// `generation`: the calling thread's count of the barriers it passed in this run.
+struct tk_barrier {
+  std::atomic<int> arrived;
+  tk_progress passed;
+};
+
+static inline void tk_team_barrier(tk_barrier& b, int threads, unsigned& generation) {
+  ++generation;
+  if (threads <= 1) return;
+  if (b.arrived.fetch_add(1, std::memory_order_acq_rel) + 1 == threads) {
+    b.arrived.store(0, std::memory_order_relaxed);   // before the release of tk_signal
+    tk_signal(b.passed, 1);
+  } else {
+    tk_wait_for(b.passed, generation);
+  }
 }
 
 """
@@ -348,7 +386,7 @@ def program_entries(calls: Sequence[tuple[str, int, int | Expr, bool]], smem: in
     block memory a body needs, `plan` tk-ram's (operators, segments) or None. A grid and
     `smem` may be expressions of the size tables (tilekit.codegen.parametric).
     tilekit.codegen.cpu_program decides all of it; this prints it."""
-    lines = [CALL_TEMPLATES]
+    lines = [CALL_TEMPLATES, WAIT_HELPERS]
     lines.append("// A kernel inside the team: its blocks shared out, no barrier after.")
     lines.append("static inline void tk_team_kernel(int tk_k, void* const* tk_a, "
                  "unsigned char* tk_smem) {")
@@ -381,18 +419,24 @@ def program_entries(calls: Sequence[tuple[str, int, int | Expr, bool]], smem: in
     lines.append(f"""
 extern "C" void tk_run(void* const* tk_a, const int* tk_seq, const unsigned char* tk_wait,
                        int tk_n, int tk_parallel, double* tk_times) {{
+  tk_barrier tk_bar;
+  tk_bar.arrived.store(0, std::memory_order_relaxed);
+  tk_bar.passed.done.store(0, std::memory_order_relaxed);
+  tk_bar.passed.sleepers.store(0, std::memory_order_relaxed);
 #pragma omp parallel if (tk_parallel)
   {{
     unsigned char* tk_smem = tk_block_memory({size_expr(smem)});
+    const int tk_threads = omp_get_num_threads();
+    unsigned tk_generation = 0;
     if (tk_times) {{
-#pragma omp barrier
+      tk_team_barrier(tk_bar, tk_threads, tk_generation);
 #pragma omp master
       tk_times[0] = omp_get_wtime();
     }}
     for (int tk_i = 0; tk_i < tk_n; ++tk_i) {{
       tk_team_kernel(tk_seq[tk_i], tk_a, tk_smem);
       if (tk_wait[tk_i] || tk_times) {{
-#pragma omp barrier
+        tk_team_barrier(tk_bar, tk_threads, tk_generation);
         if (tk_times) {{
 #pragma omp master
           tk_times[tk_i + 1] = omp_get_wtime();
@@ -411,7 +455,7 @@ def _plan_source(operators, segments, smem: int) -> str:
     """The items of every segment as tables, a progress counter per packed operator, and
     `tk_run_plan` walking them."""
     index = {k: i for i, k in enumerate(operators)}
-    out = [PLAN_HELPERS,
+    out = [
            f"static tk_progress tk_counters[{max(1, len(operators))}];",
            "// the counter of each kernel (kernels of no persistent segment have none)",
            "static const int tk_counter_of[] = {"
