@@ -4,8 +4,9 @@
 
 Engines: `tilekit` (the NumPy reference executor, whole ops), `compiled` (tk-codegen --target
 cpu on the default schedules, run by the compiled CPU runtime), `compiled-cpu` (the same
-after tk-roll and tk-weld for the `milan` CPU profile with its core count set to the threads
-run: the tiles and groups a CPU profile gives), `compiled-per-kernel` and
+after tk-roll and tk-weld for a CPU profile, `--profile` or the shipped one of the host's
+vector ISA (`host_profile_name`), with its core count set to the threads run: the tiles and
+groups a CPU profile gives), `compiled-per-kernel` and
 `compiled-cpu-per-kernel` (the same kernels, each called through its own entry: one ctypes
 call and one parallel region per kernel, as before the program entry), `onnxruntime`.
 
@@ -69,16 +70,34 @@ def tilekit_runner(path: Path, feeds: dict[str, np.ndarray], threads: int):
     return lambda: program.run(ir_inputs, weights)
 
 
-def cpu_profile(threads: int):
-    """The milan profile (Zen 3, this project's development machines) scaled to `threads`
-    cores: the blocks are cut for the cores the code runs on, not a 64-core chip."""
+def host_profile_name() -> str:
+    """The shipped CPU profile of this machine's vector ISA (the one `g++ -march=native`
+    targets, which the compiled kernels are built for): the first by name of those with that
+    ISA (AVX2: milan, AVX-512: icelake, SVE: graviton3), milan when none has it;
+    TILEKIT_BENCH_PROFILE names another. Tiles for AVX2's 16 registers of 8 lanes, compiled
+    for AVX-512's 32 of 16, leave half the FMA pipes' latency uncovered (the BERT layer 1.5x
+    slower on 2 cores of a Xeon with AVX-512 under milan's tiles than under icelake's)."""
+    from tilekit.hw import list_profiles
+    from tilekit.runtime.probe_cpu import open_cpu
+
+    chosen = os.environ.get("TILEKIT_BENCH_PROFILE")
+    if chosen:
+        return chosen
+    isa = open_cpu().isa
+    same = sorted(p.name for p in list_profiles() if p.is_cpu and p.cpu.isa == isa)
+    return same[0] if same else "milan"
+
+
+def cpu_profile(threads: int, name: str | None = None):
+    """CPU profile `name` (default `host_profile_name()`) scaled to `threads` cores: the
+    blocks are cut for the cores the code runs on, not a 40- or 64-core chip."""
     from tilekit.hw import load_profile
 
-    return load_profile("milan").with_cpu(cores=threads)
+    return load_profile(name or host_profile_name()).with_cpu(cores=threads)
 
 
 def compiled_runner(path: Path, feeds: dict[str, np.ndarray], threads: int,
-                    rolled: bool = False, per_kernel: bool = False):
+                    rolled: bool = False, per_kernel: bool = False, profile_name=None):
     from tilekit.codegen import generate
     from tilekit.onnx import import_model, load_model
     from tilekit.roll.schedule import roll_module
@@ -89,13 +108,13 @@ def compiled_runner(path: Path, feeds: dict[str, np.ndarray], threads: int,
     module = imported.module.with_stage("import")
     profile = None
     if rolled:
-        profile = cpu_profile(threads)
+        profile = cpu_profile(threads, profile_name)
         module = weld_module(roll_module(module, profile), profile)
     module = generate(module, profile, target="cpu").module
     weights = {k: np.ascontiguousarray(v) for k, v in imported.weights.items()}
     renamed = (module.source or {}).get("inputs", {})
     ir_inputs = {ir: feeds[renamed.get(ir, ir)] for ir in module.inputs}
-    program = CpuProgram(module, threads, per_kernel=per_kernel)
+    program = CpuProgram(module, threads, per_kernel=per_kernel, profile=profile)
 
     def run():
         return program.run(ir_inputs, weights)
@@ -125,15 +144,19 @@ def main() -> None:
     parser.add_argument("--model", required=True)
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--profile", default=None,
+                        help="CPU profile of the compiled-cpu engines (default: the host's ISA)")
     args = parser.parse_args()
     path = Path(args.model)
     feeds = feeds_for(onnx.load(str(path), load_external_data=False), seed=0)
     base = rss_mib()
     make = {"tilekit": tilekit_runner, "compiled": compiled_runner,
-            "compiled-cpu": lambda *a: compiled_runner(*a, rolled=True),
+            "compiled-cpu": lambda *a: compiled_runner(*a, rolled=True,
+                                                       profile_name=args.profile),
             "compiled-per-kernel": lambda *a: compiled_runner(*a, per_kernel=True),
             "compiled-cpu-per-kernel": lambda *a: compiled_runner(*a, rolled=True,
-                                                                  per_kernel=True),
+                                                                  per_kernel=True,
+                                                                  profile_name=args.profile),
             "onnxruntime": onnxruntime_runner}[args.engine]
     runner = make(path, feeds, args.threads)
     runner()  # warm-up

@@ -15,6 +15,7 @@ TILEKIT_BENCH_ENGINES (comma-separated) narrow the models and choose the engines
 from __future__ import annotations
 
 import datetime
+import functools
 import json
 import os
 import platform
@@ -28,6 +29,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "tests" / "bench"))
 from models import onnx_models  # noqa: E402
 from models.onnx_check import with_random_weights  # noqa: E402
 
@@ -69,7 +71,7 @@ def build(name: str, folder: Path) -> Path:
 def measure(engine: str, model: Path, runs: int = RUNS) -> dict:
     out = subprocess.run([sys.executable, str(ROOT / "tests" / "bench" / "cpu_engines.py"),
                           "--engine", engine, "--model", str(model), "--runs", str(runs),
-                          "--threads", str(THREADS)],
+                          "--threads", str(THREADS), "--profile", profile_name()],
                          capture_output=True, text=True, check=True, timeout=900)
     return json.loads(out.stdout)
 
@@ -89,7 +91,15 @@ CHOSEN = [m for m in os.environ.get("TILEKIT_BENCH_MODELS", ",".join(MODELS)).sp
 
 @pytest.mark.parametrize("name", CHOSEN)
 def test_cpu_latency_and_memory_against_onnxruntime(name, tmp_path):
-    record(side_by_side(name, build(name, tmp_path), ENGINES))
+    record(side_by_side(name, build(name, tmp_path), ENGINES), profile=profile_name())
+
+
+@functools.lru_cache(maxsize=None)
+def profile_name() -> str:
+    """The compiled-cpu engines' CPU profile, chosen once per run (cpu_engines)."""
+    from cpu_engines import host_profile_name
+
+    return host_profile_name()
 
 
 def side_by_side(name: str, model: Path, engines, runs: int = RUNS) -> dict:
@@ -122,7 +132,8 @@ def side_by_side(name: str, model: Path, engines, runs: int = RUNS) -> dict:
 
 def record(row: dict, results: Path = RESULTS,
            command: str = "make bench (tests/bench/test_cpu_bench.py)", runs: int = RUNS,
-           method: str | None = None, threads: int | None = None) -> None:
+           method: str | None = None, threads: int | None = None,
+           profile: str | None = None) -> None:
     """Merge `row` into the results file `results`, with the run's command, date, device,
     threads (default: this file's) and method (by default this file's: alternating fresh
     processes)."""
@@ -137,5 +148,7 @@ def record(row: dict, results: Path = RESULTS,
                             "runs each after one warm-up; median of all runs; peak RSS of the "
                             "process",
     })
+    if profile:
+        data["profile"] = profile
     data.setdefault("models", {})[row["model"]] = row
     results.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")

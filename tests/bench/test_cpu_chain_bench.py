@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from models import onnx_models  # noqa: E402
-from test_cpu_bench import THREADS, record, side_by_side  # noqa: E402
+from test_cpu_bench import THREADS, profile_name, record, side_by_side  # noqa: E402
 
 ENGINES = ("compiled-cpu", "compiled", "onnxruntime")
 #: Timed runs per process: the chains take well under a millisecond to a few.
@@ -55,4 +55,4 @@ def test_cpu_chain_against_onnxruntime(name, tmp_path):
     path = tmp_path / f"{name}.onnx"
     onnx.save(CHAINS[name](), str(path))
     record(side_by_side(name, path, ENGINES, RUNS), RESULTS,
-           "pytest tests/bench/test_cpu_chain_bench.py", RUNS)
+           "pytest tests/bench/test_cpu_chain_bench.py", RUNS, profile=profile_name())

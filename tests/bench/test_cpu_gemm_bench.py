@@ -9,7 +9,7 @@ Whole-model timings (test_cpu_bench.py) on a machine shared with other work move
 run to run; a kernel's blocks timed one at a time on one core, each the fastest of many runs,
 hardly move, so this is how a change to the GEMM kernels (tilekit/codegen/cpu.py,
 runtime_cpu.h, tilekit/schedule/cpu.py) is measured. For each distinct `cpu_gemm` kernel of
-the model (rolled and welded for the `milan` profile scaled to one core, as the
+the model (rolled and welded for the host's CPU profile scaled to one core, as the
 `compiled-cpu` engine does), a C++ harness calls the kernel's body for every block:
 
 - **hot**: each block the fastest of `REPS` runs in a row (its operands in cache: what the
@@ -37,7 +37,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "tests" / "bench"))
-from cpu_engines import cpu_profile  # noqa: E402
+from cpu_engines import cpu_profile, host_profile_name  # noqa: E402
 from test_cpu_bench import build  # noqa: E402
 
 from tilekit.codegen.cxx import CXX_FLAGS, find_cxx  # noqa: E402
@@ -113,7 +113,7 @@ def harness(kernels: list[tuple[str, str, int, int, int, str, float]], buffer_by
 
 
 def gemm_kernels(path: Path):
-    """The model's distinct cpu_gemm kernels (rolled and welded for one milan core) as
+    """The model's distinct cpu_gemm kernels (rolled and welded for the host's profile, one core) as
     (body name, body source, parameters, grid, block memory, label, flops), and the largest
     tensor's bytes."""
     from tilekit.codegen import generate
@@ -181,6 +181,7 @@ def test_cpu_gemm_kernels(name, tmp_path):
     data = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
     data.update({"command": "pytest tests/bench/test_cpu_gemm_bench.py",
                  "date": datetime.date.today().isoformat(), "device": cpu_description(),
+                 "profile": host_profile_name(),
                  "method": f"one core; hot: each block the fastest of {REPS} runs; cold: the "
                            f"grid after 64 MiB of other writes, the fastest of {REPS}"})
     data.setdefault("models", {})[name] = {"kernels": rows, "total": total}

@@ -4,8 +4,9 @@ Run with `make bench` (not part of `make test`), or alone:
 
     .venv/bin/pytest -q -p no:cacheprovider -o addopts="" tests/bench/test_cpu_ram_bench.py -s
 
-Each many-branch model (tests/models/ram_models.py; and the LSTM, a chain) is rolled and welded for the `milan`
-profile with its cores set to the threads run, planned by tk-ram for that profile and
+Each many-branch model (tests/models/ram_models.py; and the LSTM, a chain) is rolled and
+welded for the host's CPU profile (tests/bench/cpu_engines.py `host_profile_name`) with its
+cores set to the threads run, planned by tk-ram for that profile and
 generated for the CPU. One process loads four runners of the same kernels:
 
 - `per-kernel`: each kernel's own entry, one ctypes call and one parallel region each (the
@@ -40,7 +41,8 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 from models import onnx_models, ram_models  # noqa: E402
 
-from test_cpu_bench import THREADS, record  # noqa: E402
+from cpu_engines import cpu_profile  # noqa: E402
+from test_cpu_bench import THREADS, profile_name, record  # noqa: E402
 
 RUNS = 300
 RESULTS = ROOT / "tests" / "bench" / "results" / (
@@ -65,7 +67,6 @@ RUNNERS = ("per-kernel", "op-by-op", "one-call", "packed")
 def runners(name: str, folder: Path):
     from tilekit.codegen import generate
     from tilekit.codegen.cpu_ram import cpu_kernels
-    from tilekit.hw import load_profile
     from tilekit.ir.program import parse_program
     from tilekit.onnx import import_model, load_model
     from tilekit.ram import ram_module
@@ -76,7 +77,7 @@ def runners(name: str, folder: Path):
     path = folder / f"{name}.onnx"
     onnx.save(MODELS[name](), str(path))
     imported = import_model(load_model(str(path)))
-    profile = load_profile("milan").with_cpu(cores=THREADS)
+    profile = cpu_profile(THREADS, profile_name())
     welded = weld_module(roll_module(imported.module.with_stage("import"), profile), profile)
     planned = ram_module(welded, profile, cpu_kernels=cpu_kernels)
     plain = generate(welded, profile, target="cpu").module
@@ -127,6 +128,6 @@ def test_packed_against_op_by_op(name, tmp_path):
     print(f"\n{name} ({THREADS} threads): " + "; ".join(
         f"{n} {median[n]:.3f} ms ({median[n] / median['op-by-op']:.2f}x, min {best[n]:.3f})"
         for n in RUNNERS))
-    record(row, RESULTS, "make bench (tests/bench/test_cpu_ram_bench.py)",
+    record(row, RESULTS, "make bench (tests/bench/test_cpu_ram_bench.py)", profile=profile_name(),
            method=f"one process, the runners alternating run by run, {RUNS} runs each after "
                   "one warm-up; medians and minimums; ratios of medians to op-by-op")

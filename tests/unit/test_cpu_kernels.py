@@ -40,9 +40,11 @@ def test_tiles_follow_registers_and_caches():
     assert avx2.kc * avx2.nc * 4 <= HOST_DEFAULTS.l2_bytes // 2
     avx512 = CpuMachine("avx512", 8, 16, 32, 48 * 1024, 2 * 1024 * 1024)
     t = _tiles(avx512)
-    assert (t.mr, t.nr) == (14, 32)                          # 28 + 2 + 1 of 32 registers
+    assert (t.mr, t.nr) == (8, 32)      # 14 rows' vectors fit, 8 row pointers of 16 integer
     assert t.kc * t.nr * 4 <= avx512.l1_bytes // 2
-    neon = CpuMachine("neon", 4, 4, 32, 64 * 1024, 1024 * 1024)
+    aarch64 = CpuMachine("sve-512", 8, 16, 32, 64 * 1024, 1024 * 1024, integer_registers=31)
+    assert _tiles(aarch64).mr == 14     # 28 + 2 + 1 of 32 vector registers, 31 integer ones
+    neon = CpuMachine("neon", 4, 4, 32, 64 * 1024, 1024 * 1024, integer_registers=31)
     n = _tiles(neon)
     assert (n.mr, n.nr) == (6, 16)                           # 24 + 4 + 1 of 32 registers
 

@@ -189,6 +189,26 @@ def test_the_team_barrier_lets_no_thread_through_before_all_arrive(tmp_path, thr
 
 @needs_cxx
 @pytest.mark.usefixtures("cxx_cache")
+def test_kernels_for_a_profile_no_file_holds_run_when_the_caller_names_it(tmp_path):
+    """A shipped profile scaled to other cores (`Profile.with_cpu`) is in no file, so the
+    recorded-kernels check cannot find it by the IR's `hardware` name: the caller who
+    generated the kernels passes it."""
+    module, weights = _imported(tmp_path, onnx_models.softmax_chain(rows=64, seq=128),
+                                "softmax")
+    profile = load_profile("icelake").with_cpu(cores=3)
+    code = generate(weld_module(roll_module(module, profile), profile), profile,
+                    target="cpu").module
+    with pytest.raises(TilekitError, match="re-run tk-codegen"):
+        CpuProgram(code, threads=2)
+    inputs = _inputs(code)
+    got = CpuProgram(code, threads=2, profile=profile).run(inputs, weights)
+    want = run_module(module, inputs, weights)
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-4, atol=1e-5)
+
+
+@needs_cxx
+@pytest.mark.usefixtures("cxx_cache")
 def test_host_driven_loops_run_each_step_as_one_call(tmp_path):
     module, weights = _imported(tmp_path, control_models.lstm_loop(seq=3), "loop")
     code = generate(module, target="cpu").module

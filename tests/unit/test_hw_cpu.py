@@ -154,6 +154,9 @@ def test_variants_go_through_with_cpu():
     assert faster.peak_flops_per_core("fp32") == pytest.approx(2 * 8 * 2 * 3.0e9)
     assert len({p.content_hash, wider.content_hash, faster.content_hash}) == 3
     assert wider == read_profile_text(_text_with_cores(128, 256), "x.yaml")
+    # cores alone keep the threads per core (3 cores of milan's 64 x 2: 6 threads)
+    assert p.with_cpu(cores=128) == wider
+    assert load_profile("icelake").with_cpu(cores=3).cpu.threads == 6
     # the GPU-shaped fields cannot drift from the CPU figures
     with pytest.raises(ProfileError, match=r"sm_count is 3, but a cpu profile's sm_count "
                                            r"follows cores.physical \(64\).*with_cpu"):

@@ -32,16 +32,20 @@ def _stage_options(module: Module) -> Mapping[str, Any]:
     return {}
 
 
-def _candidate_profiles(module: Module, ir_path: str | None, target: str) -> Iterator[Any]:
-    """The profiles the kernels may have been generated for: the one the `codegen` stage or
-    the IR's `hardware` names, no profile, then every known profile (a library caller of
-    `generate` records none). Kernels depend on the profile only through its limits, so
-    matching under any of them means the sources are tilekit's own. CUDA kernels are never
-    generated for a CPU profile, so none is tried for them."""
+def _candidate_profiles(module: Module, ir_path: str | None, target: str,
+                        given=None) -> Iterator[Any]:
+    """The profiles the kernels may have been generated for: `given` (a library caller's
+    own, such as a shipped profile scaled to other cores: `Profile.with_cpu`, which no file
+    holds), the one the `codegen` stage or the IR's `hardware` names, no profile, then every
+    known profile (a library caller of `generate` records none). Kernels depend on the
+    profile only through its limits, so matching under any of them means the sources are
+    tilekit's own. CUDA kernels are never generated for a CPU profile, so none is tried for
+    them."""
     from tilekit.hw import list_profiles, load_profile, load_recorded_profile
 
     name = _stage_options(module).get("hw")
-    for load in (lambda: load_profile(name) if name else None,
+    for load in (lambda: given,
+                 lambda: load_profile(name) if name else None,
                  lambda: load_recorded_profile(module.hardware, ir_path)
                  if module.hardware else None):
         try:
@@ -57,9 +61,10 @@ def _candidate_profiles(module: Module, ir_path: str | None, target: str) -> Ite
         return
 
 
-def check_recorded_kernels(module: Module, ir_path: str | None = None) -> None:
+def check_recorded_kernels(module: Module, ir_path: str | None = None, profile=None) -> None:
     """Raise `TilekitError` unless `module.codegen` holds exactly the kernels that
-    `tilekit.codegen.generate` makes for the module (see the module docstring)."""
+    `tilekit.codegen.generate` makes for the module (see the module docstring); `profile`,
+    the caller's, is tried first."""
     from tilekit.codegen.module import generate
     from tilekit.codegen.nvcc import check_arch
 
@@ -82,7 +87,7 @@ def check_recorded_kernels(module: Module, ir_path: str | None = None) -> None:
                    kernels=tuple(replace(k, launch=None) for k in module.kernels))
     have = [{key: k.get(key) for key in COMPARED} for k in recorded]
     first_difference = None
-    for profile in _candidate_profiles(module, ir_path, target):
+    for profile in _candidate_profiles(module, ir_path, target, profile):
         made = generate(bare, profile, arch, target).module
         want = [{key: k.get(key) for key in COMPARED} for k in made.codegen["kernels"]]
         if have != want:

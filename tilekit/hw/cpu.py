@@ -32,6 +32,9 @@ ISAS = tuple(ISA_WIDTH)
 #: Architectural vector registers of each ISA: AVX2's ymm0-15 (Intel SDM vol. 1, 14.1), AVX-512's
 #: zmm0-31 (vol. 1, 15.1), the 32 NEON V and SVE Z registers of AArch64 (Arm ARM, B1.2).
 ISA_REGISTERS = {"avx2": 16, "avx512": 32, "neon": 32, "sve": 32}
+#: General-purpose (integer) registers beside them: x86-64's 16 (Intel SDM vol. 1, 3.4.1;
+#: the stack pointer among them), AArch64's 31 (X0-X30, Arm ARM, B1.2).
+ISA_INTEGER_REGISTERS = {"avx2": 16, "avx512": 16, "neon": 31, "sve": 31}
 #: Memory levels of a cpu profile, innermost first; `registers`, `l1`, `l2` and `dram` are required.
 CPU_LEVELS = ("registers", "l1", "l2", "l3", "dram")
 CACHE_LEVELS = ("l1", "l2", "l3")

@@ -449,8 +449,11 @@ class Profile:
 
     def with_cpu(self, clock_hz: float | None = None, **changes: Any) -> "Profile":
         """A variant with other CPU figures (`CpuSpec` fields: cores=128, levels=...) and/or
-        another clock; the GPU-shaped fields and the derived peaks follow."""
+        another clock; the GPU-shaped fields and the derived peaks follow, and so do the
+        threads when only the cores change (as many per core)."""
         old = self._need_cpu("CPU figures")
+        if "cores" in changes and "threads" not in changes:     # as many threads per core
+            changes = {**changes, "threads": changes["cores"] * old.threads_per_core}
         cpu = dataclasses.replace(old, **changes)
         if "levels" not in changes and cpu.cores != old.cores:
             cpu = dataclasses.replace(cpu, levels=cpu_model.rescale_levels(old, cpu.cores))

@@ -170,7 +170,7 @@ class CpuProgram:
 
     def __init__(self, module: Module, threads: int | None = None,
                  per_kernel: bool = False, use_plan: bool = True, overlap: bool = True,
-                 unit=None) -> None:
+                 unit=None, profile=None) -> None:
         """`threads`: the team's size (default: OpenMP's). `per_kernel`: call each kernel's
         own entry (one ctypes call and parallel region each). `use_plan`: run a tk-ram CPU
         plan's persistent segments on their vEUs (else op by op). `overlap`: no barrier
@@ -180,14 +180,16 @@ class CpuProgram:
         the same kernels, the same argument table); every run sets the tables first, since
         other programs of other sizes may share the loaded library. Such a module's kernels
         were generated in this process (tilekit.runtime.family), so they are not generated
-        again to check them, as recorded kernels are."""
+        again to check them, as recorded kernels are. `profile`: the one the kernels were
+        generated for, when no file holds it (`Profile.with_cpu`: a shipped profile scaled to
+        the cores in hand); the check tries it first."""
         from tilekit.codegen.cpu_program import program_unit
         from tilekit.codegen.recorded import check_recorded_kernels
         from tilekit.runtime.cpu import check_runnable
 
         check_runnable(module, "the compiled CPU runtime", control=True)
         if unit is None:
-            check_recorded_kernels(module)
+            check_recorded_kernels(module, profile=profile)
         section = CodegenSection.read(module.codegen)
         self.kernel_records = section.kernels
         if unit is None:
