@@ -189,6 +189,26 @@ def test_the_team_barrier_lets_no_thread_through_before_all_arrive(tmp_path, thr
 
 @needs_cxx
 @pytest.mark.usefixtures("cxx_cache")
+def test_every_buffer_starts_on_a_cache_line(tmp_path):
+    """The runtime's buffers (and the fresh one after an output is handed over) start on 64
+    bytes, where NumPy would start a large array 16 bytes past a page: a vector of AVX-512
+    would then span two cache lines at every access."""
+    module, weights = _imported(tmp_path, onnx_models.mlp_epilogue(tokens=64, d_in=96,
+                                                                   d_out=80), "mlp")
+    code = generate(module, target="cpu").module
+    program = CpuProgram(code, threads=2)
+    inputs = _inputs(code)
+    for _ in range(2):
+        got = program.run(inputs, weights)
+        assert all(b.ctypes.data % 64 == 0 for b in program.buffers.values())
+    want = run_module(module, inputs, weights)
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-4, atol=1e-5)
+        assert got[name].dtype == want[name].dtype and got[name].shape == want[name].shape
+
+
+@needs_cxx
+@pytest.mark.usefixtures("cxx_cache")
 def test_kernels_for_a_profile_no_file_holds_run_when_the_caller_names_it(tmp_path):
     """A shipped profile scaled to other cores (`Profile.with_cpu`) is in no file, so the
     recorded-kernels check cannot find it by the IR's `hardware` name: the caller who
