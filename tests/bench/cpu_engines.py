@@ -2,11 +2,11 @@
 
     python tests/bench/cpu_engines.py --engine ENGINE --model M.onnx --runs N
 
-Engines: `tilekit` (the NumPy reference executor, whole ops), `compiled` (tk-codegen --target
-cpu on the default schedules, run by the compiled CPU runtime), `compiled-cpu` (the same
-after tk-roll and tk-weld for a CPU profile, `--profile` or the shipped one of the host's
-vector ISA (`host_profile_name`), with its core count set to the threads run: the tiles and
-groups a CPU profile gives), `compiled-per-kernel` and
+Engines: `tilekit` (the NumPy reference executor, whole ops), `compiled` (the default
+schedules, what `tk-run --device cpu` generates for a module without a profile: kernels cut
+for the shipped profile of the host's SIMD ISA, or `--profile`, with its core count set to
+the threads run), `compiled-cpu` (the same after tk-roll and tk-weld for that profile: the
+tiles and groups a CPU profile gives), `compiled-per-kernel` and
 `compiled-cpu-per-kernel` (the same kernels, each called through its own entry: one ctypes
 call and one parallel region per kernel, as before the program entry), `onnxruntime`.
 
@@ -71,21 +71,19 @@ def tilekit_runner(path: Path, feeds: dict[str, np.ndarray], threads: int):
 
 
 def host_profile_name() -> str:
-    """The shipped CPU profile of this machine's vector ISA (the one `g++ -march=native`
-    targets, which the compiled kernels are built for): the first by name of those with that
-    ISA (AVX2: milan, AVX-512: icelake, SVE: graviton3), milan when none has it;
-    TILEKIT_BENCH_PROFILE names another. Tiles for AVX2's 16 registers of 8 lanes, compiled
-    for AVX-512's 32 of 16, leave half the FMA pipes' latency uncovered (the BERT layer 1.5x
-    slower on 2 cores of a Xeon with AVX-512 under milan's tiles than under icelake's)."""
-    from tilekit.hw import list_profiles
-    from tilekit.runtime.probe_cpu import open_cpu
+    """TILEKIT_BENCH_PROFILE, else the shipped CPU profile of this machine's SIMD ISA, as
+    tk-run takes when a module has no profile (`tilekit.hw.host_cpu_profile`: AVX-512
+    icelake, AVX2 milan, SVE graviton3), else milan. Tiles for AVX2's 16 registers of 8
+    lanes, compiled for AVX-512's 32 of 16, leave half the FMA pipes' latency uncovered (the
+    BERT layer 1.5x slower on 2 cores of a Xeon with AVX-512 under milan's tiles than under
+    icelake's)."""
+    from tilekit.hw import host_cpu_profile
 
     chosen = os.environ.get("TILEKIT_BENCH_PROFILE")
     if chosen:
         return chosen
-    isa = open_cpu().isa
-    same = sorted(p.name for p in list_profiles() if p.is_cpu and p.cpu.isa == isa)
-    return same[0] if same else "milan"
+    host = host_cpu_profile(1)
+    return host.name if host is not None else "milan"
 
 
 def cpu_profile(threads: int, name: str | None = None):
@@ -106,9 +104,10 @@ def compiled_runner(path: Path, feeds: dict[str, np.ndarray], threads: int,
 
     imported = import_model(load_model(str(path)))
     module = imported.module.with_stage("import")
-    profile = None
+    # the same profile either way: unrolled, the kernels tk-run generates for a module
+    # without one (tilekit.runtime.backend); rolled, tk-roll's tiles and tk-weld's groups
+    profile = cpu_profile(threads, profile_name)
     if rolled:
-        profile = cpu_profile(threads, profile_name)
         module = weld_module(roll_module(module, profile), profile)
     module = generate(module, profile, target="cpu").module
     weights = {k: np.ascontiguousarray(v) for k, v in imported.weights.items()}
@@ -150,10 +149,12 @@ def main() -> None:
     path = Path(args.model)
     feeds = feeds_for(onnx.load(str(path), load_external_data=False), seed=0)
     base = rss_mib()
-    make = {"tilekit": tilekit_runner, "compiled": compiled_runner,
+    make = {"tilekit": tilekit_runner,
             "compiled-cpu": lambda *a: compiled_runner(*a, rolled=True,
                                                        profile_name=args.profile),
-            "compiled-per-kernel": lambda *a: compiled_runner(*a, per_kernel=True),
+            "compiled": lambda *a: compiled_runner(*a, profile_name=args.profile),
+            "compiled-per-kernel": lambda *a: compiled_runner(*a, per_kernel=True,
+                                                              profile_name=args.profile),
             "compiled-cpu-per-kernel": lambda *a: compiled_runner(*a, rolled=True,
                                                                   per_kernel=True,
                                                                   profile_name=args.profile),

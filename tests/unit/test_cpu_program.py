@@ -229,6 +229,32 @@ def test_kernels_for_a_profile_no_file_holds_run_when_the_caller_names_it(tmp_pa
 
 @needs_cxx
 @pytest.mark.usefixtures("cxx_cache")
+def test_code_without_a_profile_is_cut_for_the_machines_simd(tmp_path, monkeypatch):
+    """tk-run's compiled mode on a module rolled for no CPU profile generates its kernels
+    for the shipped profile of the machine's SIMD ISA scaled to the threads (the vectors
+    -march=native builds), or with none when no shipped profile has that ISA."""
+    import tilekit.hw.cpu as hw_cpu
+    import tilekit.runtime.compiled as compiled
+    from tilekit.runtime import backend
+
+    module, weights = _imported(tmp_path, onnx_models.mlp_epilogue(tokens=64, d_in=96,
+                                                                   d_out=80), "mlp")
+    inputs = _inputs(module)
+    want = run_module(module, inputs, weights)
+    seen = []
+    real = compiled.with_cpu_code
+    monkeypatch.setattr(compiled, "with_cpu_code",
+                        lambda m, p=None: (seen.append(p), real(m, p))[1])
+    for isa, name in [("avx2", "milan"), ("avx512", "icelake"), ("neon", None)]:
+        monkeypatch.setattr(hw_cpu, "host_isa", lambda isa=isa: isa)
+        got = backend(module, "cpu", "compiled", threads=2).run(inputs, weights)
+        assert (seen[-1] and (seen[-1].name, seen[-1].cpu.cores)) == (name and (name, 2))
+        for out in want:
+            np.testing.assert_allclose(got[out], want[out], rtol=1e-4, atol=1e-5)
+
+
+@needs_cxx
+@pytest.mark.usefixtures("cxx_cache")
 def test_host_driven_loops_run_each_step_as_one_call(tmp_path):
     module, weights = _imported(tmp_path, control_models.lstm_loop(seq=3), "loop")
     code = generate(module, target="cpu").module

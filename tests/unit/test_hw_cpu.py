@@ -189,3 +189,27 @@ def test_to_dict_has_the_cpu_figures_and_gpu_profiles_hash_as_before():
     assert "cpu" not in load_profile("h100").to_dict()
     # the h100 hash the shipped IR goldens record (tests/golden/roll_mlp_h100)
     assert load_profile("h100").content_hash.startswith("7cc3950d4fd1")
+
+
+def test_the_simd_isa_of_a_cpus_flags():
+    from tilekit.hw.cpu import isa_of_flags
+
+    assert isa_of_flags({"avx2", "fma", "avx512f"}, "x86_64") == "avx512"
+    assert isa_of_flags({"avx2", "fma"}, "x86_64") == "avx2"
+    assert isa_of_flags({"sse4_2"}, "x86_64") is None
+    assert isa_of_flags({"asimd", "sve"}, "aarch64") == "sve"
+    assert isa_of_flags({"asimd"}, "aarch64") == "neon"
+    assert isa_of_flags({"v"}, "riscv64") is None
+
+
+def test_the_host_profile_is_the_shipped_one_of_its_simd(monkeypatch):
+    import tilekit.hw.cpu as hw_cpu
+    from tilekit.hw import host_cpu_profile
+
+    for isa, name in [("avx512", "icelake"), ("avx2", "milan"), ("sve", "graviton3")]:
+        monkeypatch.setattr(hw_cpu, "host_isa", lambda isa=isa: isa)
+        profile = host_cpu_profile(3)
+        assert (profile.name, profile.cpu.isa, profile.cpu.cores) == (name, isa, 3)
+    for isa in ("neon", None):
+        monkeypatch.setattr(hw_cpu, "host_isa", lambda isa=isa: isa)
+        assert host_cpu_profile(2) is None

@@ -25,7 +25,7 @@ from tilekit.lazy import lazy_attributes
 
 __all__ = [
     "Achievable", "CpuLevel", "CpuSpec", "DTYPES", "ENV_VAR", "FEATURES", "Features", "KINDS", "MemoryLevel",
-    "MmaShape", "Profile", "SCHEMA_VERSION", "builtin_dir", "list_profiles", "load_profile",
+    "MmaShape", "Profile", "SCHEMA_VERSION", "builtin_dir", "host_cpu_profile", "list_profiles", "load_profile",
     "load_recorded_profile", "profile_dirs", "profile_names", "read_profile_file",
     "recorded_profile", "resolve",
 ]
@@ -54,6 +54,7 @@ _LAZY = {
     "Profile": "profile",
     "ENV_VAR": "registry",
     "builtin_dir": "registry",
+    "host_cpu_profile": "registry",
     "list_profiles": "registry",
     "load_profile": "registry",
     "load_recorded_profile": "registry",

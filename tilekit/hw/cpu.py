@@ -35,6 +35,36 @@ ISA_REGISTERS = {"avx2": 16, "avx512": 32, "neon": 32, "sve": 32}
 #: General-purpose (integer) registers beside them: x86-64's 16 (Intel SDM vol. 1, 3.4.1;
 #: the stack pointer among them), AArch64's 31 (X0-X30, Arm ARM, B1.2).
 ISA_INTEGER_REGISTERS = {"avx2": 16, "avx512": 16, "neon": 31, "sve": 31}
+
+
+def isa_of_flags(flags: set[str] | frozenset[str], machine: str) -> str | None:
+    """The widest SIMD ISA of `ISAS` a CPU with these feature `flags` (/proc/cpuinfo's
+    `flags`, or `Features` on AArch64) and `machine` (`platform.machine()`) runs, which is
+    what `g++ -march=native` targets there; None when it has none of them."""
+    if machine in ("x86_64", "AMD64", "i686", "i386"):
+        return "avx512" if "avx512f" in flags else "avx2" if "avx2" in flags else None
+    if machine in ("aarch64", "arm64"):
+        return "sve" if "sve" in flags else "neon"
+    return None
+
+
+def host_isa() -> str | None:
+    """`isa_of_flags` of this machine (Linux: /proc/cpuinfo; None elsewhere)."""
+    import platform
+
+    flags: set[str] = set()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                key, _, value = line.partition(":")
+                if key.strip() in ("flags", "Features"):
+                    flags.update(value.split())
+                    break
+    except OSError:
+        return None
+    return isa_of_flags(flags, platform.machine())
+
+
 #: Memory levels of a cpu profile, innermost first; `registers`, `l1`, `l2` and `dram` are required.
 CPU_LEVELS = ("registers", "l1", "l2", "l3", "dram")
 CACHE_LEVELS = ("l1", "l2", "l3")

@@ -335,6 +335,24 @@ def list_profiles() -> tuple[Profile, ...]:
     return tuple(sorted(profiles, key=lambda prof: prof.name))
 
 
+def host_cpu_profile(cores: int) -> Profile | None:
+    """The shipped CPU profile of this machine's SIMD ISA (`tilekit.hw.cpu.host_isa`: the
+    vectors `g++ -march=native` builds the CPU kernels with), the first by name (AVX-512:
+    icelake, AVX2: milan, SVE: graviton3), scaled to `cores`; None when no shipped profile
+    has that ISA. What compiled CPU code is cut for when no profile is given (tk-run): tiles
+    for another ISA's registers waste the vectors the code is built with."""
+    from tilekit.hw.cpu import host_isa
+
+    isa = host_isa()
+    if isa is None:
+        return None
+    for path in _yaml_files(builtin_dir()):
+        profile = read_profile_file(display_path(path))
+        if profile.is_cpu and profile.cpu.isa == isa:
+            return profile.with_cpu(cores=max(1, cores))
+    return None
+
+
 @dataclass(frozen=True)
 class Listed:
     """One profile file as `tk-hw list` shows it: the profile, its file, whether it ships

@@ -65,8 +65,9 @@ def backend(module: Module, device: str = "cpu", mode: str | None = None,
     """Prepare `module` for `device` ("cpu" or "cuda"); refuses what that device cannot run.
 
     `mode` is the CPU execution mode: "compiled" (the module's C++ kernels, generated here
-    for the CPU target when it has none, with `profile` when it was rolled for a CPU profile:
-    the default wherever a C++ compiler is found), "whole" (the NumPy reference executor), or one
+    for the CPU target when it has none, with `profile` when it was rolled for a CPU profile,
+    else with the shipped profile of this machine's SIMD ISA scaled to the threads
+    (`tilekit.hw.host_cpu_profile`): the default wherever a C++ compiler is found), "whole" (the NumPy reference executor), or one
     added with `register_mode` ("tiled", "program"); the CUDA runtime runs the generated
     kernels and has no modes, so any other mode is refused there; with `profile` (the GPU
     profile a module without kernels was rolled for) they are generated for it and the
@@ -79,10 +80,14 @@ def backend(module: Module, device: str = "cpu", mode: str | None = None,
     mode = mode or default_mode(module, device)
     if device == "cpu" and mode == "compiled":
         from tilekit.runtime.compiled import CpuProgram, is_cpu_code, with_cpu_code
+        if profile is None and not is_cpu_code(module):
+            from tilekit.hw import host_cpu_profile
+            from tilekit.runtime.bench import cpu_threads
+            profile = host_cpu_profile(threads or cpu_threads())
         if family is not None and values is not None and not is_cpu_code(module):
             compiled = family.program(module, values, threads, profile)
         else:
-            compiled = CpuProgram(with_cpu_code(module, profile), threads)
+            compiled = CpuProgram(with_cpu_code(module, profile), threads, profile=profile)
         from tilekit.runtime.bench import cpu_model
         # (a build shared by the sizes of one structure: tilekit.runtime.family)
         shared = "" if compiled.sizes is None else ", sizes read at run time"
