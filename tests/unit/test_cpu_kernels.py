@@ -60,6 +60,19 @@ def _tiles(machine: CpuMachine) -> CpuTiles:
         cpu.machine_of = original
 
 
+def test_a_varying_k_keeps_the_output_tile_bound():
+    """One step over K needs no output tile, so its bound goes; a K whose extent varies keeps
+    the tile in the code (one structure for every size), and so keeps the bound too."""
+    from tilekit.schedule.cpu import C_TILE_BYTES
+
+    t = cpu_tiles()
+    fixed = gemm_blocks(t, 2048, 512, 64, 1)
+    varying = gemm_blocks(t, 2048, 512, 64, 1, k_varies=True)
+    assert fixed.k_steps == varying.k_steps == 1
+    assert fixed.mc * fixed.nc * 4 > C_TILE_BYTES
+    assert varying.mc * varying.nc * 4 <= C_TILE_BYTES
+
+
 def test_gemm_blocks_split_n_evenly_over_the_cores():
     t = cpu_tiles()                                          # 2 cores
     cores = t.machine.cores

@@ -212,7 +212,8 @@ BLOCK_CYCLES = 3000.0
 C_TILE_BYTES = 512 * 1024
 
 
-def gemm_blocks(tiles: CpuTiles, m: int, n: int, k: int, batch: int) -> GemmBlocks:
+def gemm_blocks(tiles: CpuTiles, m: int, n: int, k: int, batch: int,
+                k_varies: bool = False) -> GemmBlocks:
     """The blocks of an `m x n x k` GEMM (`batch` of them): the split of M and N into
     `m_blocks x n_blocks` parallel blocks with the least time on the machine's cores, priced
     as rounds of blocks (ceil(blocks / cores), every core taking one block per round) times
@@ -223,7 +224,9 @@ def gemm_blocks(tiles: CpuTiles, m: int, n: int, k: int, batch: int) -> GemmBloc
     keeps to the L2 bound of `tiles.nc`, its output tile (when K takes several steps) to
     `C_TILE_BYTES`; A is read in `tiles.mc`-row slices that stay in L2 (gemm_kernel's inner
     loop). Ties go to fewer blocks. Blocks are even (128 rows in two blocks are two of 66,
-    not 126 and 2)."""
+    not 126 and 2). `k_varies`: K's extent changes with a symbolic module's sizes, so the
+    code keeps the output tile of several steps even where this K takes one
+    (tilekit.codegen.cpu), and the tile's bound holds."""
     mr, nr = tiles.mr, tiles.nr
     kc = min(tiles.kc, k)
     kc = -(-k // -(-k // kc))
@@ -240,7 +243,8 @@ def gemm_blocks(tiles: CpuTiles, m: int, n: int, k: int, batch: int) -> GemmBloc
         nc = -(-panels // nb) * nr
         if -(-panels // (nc // nr)) != nb:
             continue                            # the same blocks as a smaller nb
-        m_least = 1 if k <= kc else max(1, -(-(-(-m // mr) * mr * nc * 4) // C_TILE_BYTES))
+        m_least = 1 if k <= kc and not k_varies \
+            else max(1, -(-(-(-m // mr) * mr * nc * 4) // C_TILE_BYTES))
         for mb in range(m_least, -(-m // mr) + 1):
             mc = min(m, up(-(-m // mb), mr))
             if -(-m // mc) != mb:
@@ -469,7 +473,8 @@ def _gemm(c: Contraction, spatial, reduction, reads, tiles: CpuTiles,
     k = math.prod(extent[a] for a in c.k_axes)
     batch = math.prod(extent[a] for a in c.batch_axes)
     return CpuGemm(roles, tuple(m_axes), tuple(n_axes), tuple(c.k_axes), tuple(c.batch_axes),
-                   m, n, k, batch, gemm_blocks(tiles, m, n, k, batch))
+                   m, n, k, batch,
+                   gemm_blocks(tiles, m, n, k, batch, k_varies=bool(free & set(c.k_axes))))
 
 
 def _loops(facts, tiles: CpuTiles, free: frozenset[str] = frozenset()) -> CpuLoops:
