@@ -39,7 +39,10 @@ LIGHT = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
 #: Alternating fresh processes per engine: TILEKIT_BENCH_ROUNDS, else 3 (more where the
 #: machine is noisy: each round is a sample of its state).
 ROUNDS = int(os.environ.get("TILEKIT_BENCH_ROUNDS", "0")) or 3
-RUNS = 5
+#: Timed runs per process: the first runs of a process are slower (its pages, its threads'
+#: first wake-ups; onnxruntime's first run after the warm-up takes 3-4x its median on the
+#: MobileNet block), so 20 rather than 5 keep the medians to the steady state.
+RUNS = 20
 #: Threads of every engine: TILEKIT_BENCH_THREADS, else every core (results in cpu.json; with
 #: the variable set, in cpu-<N>threads.json).
 THREADS = int(os.environ.get("TILEKIT_BENCH_THREADS", "0")) or (os.cpu_count() or 1)
