@@ -69,6 +69,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 BIN = ROOT / "bin"
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+from models import control_models  # noqa: E402
 STEPS = ("env", "probe", "pytest", "models", "profile", "sanitizer", "bench", "stages",
          "fidelity")
 #: How each model is compiled in the models step ({n}: the model, {out}: the IR written).
@@ -86,8 +87,7 @@ REAL_MODELS = ["resnet50", "inception_v1", "inception_v2", "densenet121", "shuff
                "squeezenet", "vgg19", "bvlc_alexnet", "zfnet512"]
 BUILT_MODELS = ["bert_encoder_layer", "gpt_block", "mobilenet_block", "mlp_mixer_block",
                 "lstm_model"]
-CONTROL_MODELS = ["lstm_loop", "gru_scan", "greedy_decoder", "blockdrop", "skipnet",
-                  "nested_loops"]
+CONTROL_MODELS = list(control_models.MODELS)
 #: (model, variant) that compute-sanitizer runs.
 SANITIZED = [(m, v) for m in ("mobilenet_block", "bert_encoder_layer", "squeezenet")
              for v in ("welded", "program")] + [("lstm_loop", "ground"),
@@ -185,8 +185,6 @@ def _write_model(name: str, folder: Path) -> Path:
             light = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
             model = with_random_weights(light / f"light_{name}.onnx", seed=0)
         elif name in CONTROL_MODELS:
-            from models import control_models
-
             model = control_models.MODELS[name]()
         else:
             model = getattr(onnx_models, name)()
@@ -522,7 +520,11 @@ def main(argv: list[str] | None = None) -> int:
     run = Runner(out, Path(args.work or tempfile.mkdtemp(prefix="tk-gpu-check.")))
     steps = _names(args.steps)
     for what, given, known in (("steps", steps, STEPS), ("variants", args.variants, VARIANTS),
-                               ("stages", args.stages, STAGES), ("dtypes", args.dtypes, DTYPES)):
+                               ("stages", args.stages, STAGES), ("dtypes", args.dtypes, DTYPES),
+                               ("models", args.models or [],
+                                REAL_MODELS + BUILT_MODELS + CONTROL_MODELS),
+                               ("timed dtypes (not in --dtypes)", args.timed_dtypes or [],
+                                args.dtypes)):
         unknown = sorted(set(given) - set(known))
         if unknown:
             parser.error(f"unknown {what} {unknown}; known: {', '.join(known)}")
