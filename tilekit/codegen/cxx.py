@@ -38,9 +38,13 @@ def find_cxx() -> str | None:
 #: calls: GCC would turn a packed panel's 64-byte row copies into memmove calls. No trapping
 #: math: floating-point operations never trap here (no exception handlers), which lets GCC
 #: turn the selects of runtime_cpu.h's exp/tanh/erf into vector blends (results unchanged).
+#: No errno from math functions: nothing reads it, and with it GCC calls libm's `sqrtf` for
+#: every element (it may set errno) instead of a vector square root: a layer norm's
+#: normalising pass over 512 x 768 took 0.49 ms on 2 cores of an AVX-512 Xeon, 0.055 ms
+#: without (results unchanged: the instruction's NaN for a negative operand).
 CXX_FLAGS = ("-O3", "-std=c++17", "-march=native", "-fopenmp",
-             "-fno-tree-loop-distribute-patterns", "-fno-trapping-math", "-fPIC", "-shared",
-             "-w")
+             "-fno-tree-loop-distribute-patterns", "-fno-trapping-math", "-fno-math-errno",
+             "-fPIC", "-shared", "-w")
 #: What the runtime adds to the unit: a way to set the number of OpenMP threads, and to say
 #: that weights changed in place (the packed weight panels are re-made: runtime_cpu.h
 #: tk_packed_b).

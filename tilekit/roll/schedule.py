@@ -306,14 +306,22 @@ def cpu_group_estimate(module: Module, ops, members: Mapping[str, tuple[Any, Est
                        profile) -> Estimate:
     """Ops run as one CPU kernel (`tilekit.roll.cpu_cost.group_estimate`): `members` maps
     each op to its CPU tile and estimate; the kernel has its main op's blocks (the member
-    with the most flops), and the intermediates read only inside it never go to memory."""
+    with the most flops), the intermediates read only inside it never go to memory, and a
+    tensor several members read comes from memory once (a row chain's passes read the row
+    from L1; a chain of elementwise ops loads each point once)."""
     g = graph(module)
     internal = g.internal_to(ops)
-    saved = 2 * tensor_bytes(module, internal)
+    index = module.op_index()
+    readers: dict[str, int] = {}
+    for n in ops:
+        for t in dict.fromkeys(g.nodes[index[n]].reads):
+            if t not in internal:
+                readers[t] = readers.get(t, 0) + 1
+    saved = 2 * tensor_bytes(module, internal) + sum(
+        (count - 1) * tensor_bytes(module, [t]) for t, count in readers.items() if count > 1)
     main = max(ops, key=lambda n: members[n][1].flops)
     tile = members[main][0]
     blocks = tile.get("blocks", 1) if is_cpu_tile(tile) else 1
-    index = module.op_index()
     touched = dict.fromkeys(t for n in ops for t in g.nodes[index[n]].reads
                             + g.nodes[index[n]].writes if t not in internal)
     dtype = module.tensors[g.nodes[index[main]].writes[0]].dtype \
