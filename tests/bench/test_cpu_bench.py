@@ -107,13 +107,17 @@ def profile_name() -> str:
 
 def side_by_side(name: str, model: Path, engines, runs: int = RUNS) -> dict:
     """`engines` on `model`, alternating fresh processes `ROUNDS` times of `runs` timed runs
-    each: each engine's median latency, its ratio to onnxruntime's and its peak memory (and
-    the compiled engines' kernels' own median time), as one results row."""
+    each, each round in an order rotated by one: each engine's median latency, its ratio to
+    onnxruntime's and its peak memory (and the compiled engines' kernels' own median time),
+    as one results row."""
     times = {e: [] for e in engines}
     kernels = {e: [] for e in engines}
     peak = {e: [] for e in engines}
-    for _ in range(ROUNDS):
-        for engine in engines:
+    engines = list(engines)
+    for r in range(ROUNDS):
+        # each round starts one engine later: a process's place in the round changed its
+        # times by up to a third (the BERT layer on one thread, 16 ms first, 21 ms third)
+        for engine in engines[r % len(engines):] + engines[:r % len(engines)]:
             result = measure(engine, model, runs)
             times[engine].extend(result["times_ms"])
             kernels[engine].extend(result.get("kernel_times_ms", ()))
@@ -147,9 +151,9 @@ def record(row: dict, results: Path = RESULTS,
         "device": cpu_description(),
         "threads": THREADS if threads is None else threads,
         "python": platform.python_version(),
-        "method": method or f"{ROUNDS} alternating fresh processes per engine, {runs} timed "
-                            "runs each after one warm-up; median of all runs; peak RSS of the "
-                            "process",
+        "method": method or f"{ROUNDS} alternating fresh processes per engine (each "
+                            f"round's order rotated by one), {runs} timed runs each after one "
+                            "warm-up; median of all runs; peak RSS of the process",
     })
     if profile:
         data["profile"] = profile
