@@ -21,6 +21,7 @@ run after run so that machine noise hits both alike.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import resource
@@ -149,15 +150,12 @@ def main() -> None:
     path = Path(args.model)
     feeds = feeds_for(onnx.load(str(path), load_external_data=False), seed=0)
     base = rss_mib()
-    make = {"tilekit": tilekit_runner,
-            "compiled-cpu": lambda *a: compiled_runner(*a, rolled=True,
-                                                       profile_name=args.profile),
-            "compiled": lambda *a: compiled_runner(*a, profile_name=args.profile),
-            "compiled-per-kernel": lambda *a: compiled_runner(*a, per_kernel=True,
-                                                              profile_name=args.profile),
-            "compiled-cpu-per-kernel": lambda *a: compiled_runner(*a, rolled=True,
-                                                                  per_kernel=True,
-                                                                  profile_name=args.profile),
+    compiled = functools.partial(compiled_runner, profile_name=args.profile)
+    make = {"tilekit": tilekit_runner, "compiled": compiled,
+            "compiled-cpu": functools.partial(compiled, rolled=True),
+            "compiled-per-kernel": functools.partial(compiled, per_kernel=True),
+            "compiled-cpu-per-kernel": functools.partial(compiled, rolled=True,
+                                                         per_kernel=True),
             "onnxruntime": onnxruntime_runner}[args.engine]
     runner = make(path, feeds, args.threads)
     runner()  # warm-up

@@ -113,9 +113,9 @@ def harness(kernels: list[tuple[str, str, int, int, int, str, float]], buffer_by
 
 
 def gemm_kernels(path: Path):
-    """The model's distinct cpu_gemm kernels (rolled and welded for the host's profile, one core) as
-    (body name, body source, parameters, grid, block memory, label, flops), and the largest
-    tensor's bytes."""
+    """The model's distinct cpu_gemm kernels (rolled and welded for the host's profile, one
+    core) as (body name, body source, parameters, grid, block memory, label, flops), and the
+    largest tensor's bytes."""
     from tilekit.codegen import generate
     from tilekit.codegen.module import CodegenSection
     from tilekit.onnx import import_model, load_model

@@ -148,9 +148,6 @@ int main(int argc, char** argv) {
   std::atomic<unsigned> slots[64];
   int wrong = 0;
   tk_barrier bar;
-  bar.arrived.store(0);
-  bar.passed.done.store(0);
-  bar.passed.sleepers.store(0);
 #pragma omp parallel num_threads(threads) reduction(+ : wrong)
   {
     const int n = omp_get_num_threads(), me = omp_get_thread_num();

@@ -17,6 +17,7 @@ that the two agree, so a variant is made with `Profile.with_cpu`, which recomput
 
 from __future__ import annotations
 
+import functools
 import math
 
 from dataclasses import dataclass, replace
@@ -48,21 +49,26 @@ def isa_of_flags(flags: set[str] | frozenset[str], machine: str) -> str | None:
     return None
 
 
-def host_isa() -> str | None:
-    """`isa_of_flags` of this machine (Linux: /proc/cpuinfo; None elsewhere)."""
-    import platform
-
-    flags: set[str] = set()
+def cpuinfo_field(*keys: str) -> str | None:
+    """The first value of one of `keys` in /proc/cpuinfo (None without one, or off Linux)."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
             for line in fh:
                 key, _, value = line.partition(":")
-                if key.strip() in ("flags", "Features"):
-                    flags.update(value.split())
-                    break
+                if key.strip() in keys and value.strip():
+                    return value.strip()
     except OSError:
-        return None
-    return isa_of_flags(flags, platform.machine())
+        pass
+    return None
+
+
+@functools.cache
+def host_isa() -> str | None:
+    """`isa_of_flags` of this machine (Linux: /proc/cpuinfo's flags; None elsewhere)."""
+    import platform
+
+    flags = cpuinfo_field("flags", "Features")
+    return None if flags is None else isa_of_flags(set(flags.split()), platform.machine())
 
 
 #: Memory levels of a cpu profile, innermost first; `registers`, `l1`, `l2` and `dram` are required.

@@ -25,6 +25,7 @@ its grid of blocks and the bytes it moves; control ops' regions are rolled the s
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
@@ -312,13 +313,10 @@ def cpu_group_estimate(module: Module, ops, members: Mapping[str, tuple[Any, Est
     g = graph(module)
     internal = g.internal_to(ops)
     index = module.op_index()
-    readers: dict[str, int] = {}
-    for n in ops:
-        for t in dict.fromkeys(g.nodes[index[n]].reads):
-            if t not in internal:
-                readers[t] = readers.get(t, 0) + 1
+    readers = Counter(t for n in ops for t in dict.fromkeys(g.nodes[index[n]].reads)
+                      if t not in internal)
     saved = 2 * tensor_bytes(module, internal) + sum(
-        (count - 1) * tensor_bytes(module, [t]) for t, count in readers.items() if count > 1)
+        (count - 1) * tensor_bytes(module, [t]) for t, count in readers.items())
     main = max(ops, key=lambda n: members[n][1].flops)
     tile = members[main][0]
     blocks = tile.get("blocks", 1) if is_cpu_tile(tile) else 1

@@ -67,11 +67,12 @@ def backend(module: Module, device: str = "cpu", mode: str | None = None,
     `mode` is the CPU execution mode: "compiled" (the module's C++ kernels, generated here
     for the CPU target when it has none, with `profile` when it was rolled for a CPU profile,
     else with the shipped profile of this machine's SIMD ISA scaled to the threads
-    (`tilekit.hw.host_cpu_profile`): the default wherever a C++ compiler is found), "whole" (the NumPy reference executor), or one
-    added with `register_mode` ("tiled", "program"); the CUDA runtime runs the generated
-    kernels and has no modes, so any other mode is refused there; with `profile` (the GPU
-    profile a module without kernels was rolled for) they are generated for it and the
-    device's arch. `threads`: the compiled code's threads (default: OpenMP's, every core).
+    (`tilekit.hw.host_cpu_profile`): the default wherever a C++ compiler is found), "whole"
+    (the NumPy reference executor), or one added with `register_mode` ("tiled", "program");
+    the CUDA runtime runs the generated kernels and has no modes, so any other mode is
+    refused there; with `profile` (the GPU profile a module without kernels was rolled for)
+    they are generated for it and the device's arch. `threads`: the compiled code's threads
+    (default: OpenMP's, every core).
     `family` (tilekit.runtime.family): for an instance of a symbolic module at `values`,
     the compiled code its sizes share.
     """

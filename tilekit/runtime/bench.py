@@ -100,15 +100,10 @@ def time_runs(fn: Callable[[], object], runs: int, warmup: int = 1,
 
 def cpu_model() -> str:
     """The CPU model name from /proc/cpuinfo, or what the platform module knows."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
-            for line in fh:
-                key, _, value = line.partition(":")
-                if key.strip() in ("model name", "Model", "cpu model") and value.strip():
-                    return value.strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown CPU"
+    from tilekit.hw.cpu import cpuinfo_field
+
+    return (cpuinfo_field("model name", "Model", "cpu model") or platform.processor()
+            or platform.machine() or "unknown CPU")
 
 
 def cpu_threads() -> int:

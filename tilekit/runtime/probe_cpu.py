@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from tilekit.errors import TilekitError, UnsupportedError
-from tilekit.hw.cpu import ISA_REGISTERS
+from tilekit.hw.cpu import ISA_REGISTERS, cpuinfo_field
 from tilekit.hw.units import format_quantity
 from tilekit.runtime.probe import Plan
 
@@ -183,19 +183,6 @@ def sysconf_caches(cores: int) -> tuple[CacheInfo, ...]:
             found.append(CacheInfo(level, size, line if line and line > 0 else 64,
                                    cores if level == 3 else 1, f"os.sysconf(SC_{name}_SIZE)"))
     return tuple(found)
-
-
-def cpuinfo_field(*keys: str) -> str | None:
-    """The first value of one of `keys` in /proc/cpuinfo."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
-            for line in fh:
-                key, _, value = line.partition(":")
-                if key.strip() in keys and value.strip():
-                    return value.strip()
-    except OSError:
-        pass
-    return None
 
 
 def allowed_cpus() -> set[int]:

@@ -243,13 +243,13 @@ static inline void tk_call(void* const* a, int b, int n, unsigned char* s) {
 """
 
 
-#: What a plan's segments wait and signal with (tk_run_plan).
+#: What tk_run's barriers and a plan's segments (tk_run_plan) wait and signal with.
 WAIT_HELPERS = """
 // Progress: `done` so far (an operator's blocks, a barrier's generations), `sleepers`
-// threads blocked on it.
+// threads blocked on it; zero when made.
 struct tk_progress {
-  std::atomic<unsigned> done;
-  std::atomic<int> sleepers;
+  std::atomic<unsigned> done{0};
+  std::atomic<int> sleepers{0};
 };
 
 static inline void tk_cpu_relax() {
@@ -282,7 +282,7 @@ static inline void tk_sleep_until(tk_progress& p, unsigned n) {
 // How long a thread spins before it sleeps in tk_wait_for: adapted per thread, between 100
 // microseconds (the producer is usually running on another core, and a waiter that slept
 // runs again only when the scheduler gets to it, tens of microseconds on a quiet virtual
-// machine) and 2. A wait that took over a millisecond halves it: the producer was
+// machine) and 2. A wait that took over 200 microseconds halves it: the producer was
 // preempted (a loaded machine), and spinning then takes the core from the very thread
 // waited for (spinning as long as libgomp's barriers, 300000 tries, held it on a loaded
 // machine; yielding while spinning was slower). A wait that ended spinning doubles it.
@@ -323,7 +323,7 @@ static inline void tk_signal(tk_progress& p, unsigned n) {
 // microseconds per barrier, which a run of many small kernels pays at every one.
 // `generation`: the calling thread's count of the barriers it passed in this run.
 struct tk_barrier {
-  std::atomic<int> arrived;
+  std::atomic<int> arrived{0};
   tk_progress passed;
 };
 
@@ -420,9 +420,6 @@ def program_entries(calls: Sequence[tuple[str, int, int | Expr, bool]], smem: in
 extern "C" void tk_run(void* const* tk_a, const int* tk_seq, const unsigned char* tk_wait,
                        int tk_n, int tk_parallel, double* tk_times) {{
   tk_barrier tk_bar;
-  tk_bar.arrived.store(0, std::memory_order_relaxed);
-  tk_bar.passed.done.store(0, std::memory_order_relaxed);
-  tk_bar.passed.sleepers.store(0, std::memory_order_relaxed);
 #pragma omp parallel if (tk_parallel)
   {{
     unsigned char* tk_smem = tk_block_memory({size_expr(smem)});
@@ -455,8 +452,7 @@ def _plan_source(operators, segments, smem: int) -> str:
     """The items of every segment as tables, a progress counter per packed operator, and
     `tk_run_plan` walking them."""
     index = {k: i for i, k in enumerate(operators)}
-    out = [
-           f"static tk_progress tk_counters[{max(1, len(operators))}];",
+    out = [f"static tk_progress tk_counters[{max(1, len(operators))}];",
            "// the counter of each kernel (kernels of no persistent segment have none)",
            "static const int tk_counter_of[] = {"
            + ", ".join(str(index.get(k, 0)) for k in range(max(operators, default=0) + 1))
