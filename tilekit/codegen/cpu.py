@@ -778,9 +778,17 @@ def _pack(b: Builder, read: Read, panel, width: int, size: int, count: Var, kcou
     convolution's window: its im2col rows are shifted image rows), each panel row is one
     masked vector copy (`pack_row`, runtime_cpu.h tk_pack_row) under a mask of the lanes
     inside the GEMM and the tensor: contiguous loads, twice as fast as a gather from L1 and
-    1.7 times from memory (measured on Zen 3)."""
+    1.7 times from memory (measured on Zen 3). When its values lie apart, by an offset table
+    (a strided window), each panel row is one masked gather (`gather_row`, tk_gather_row)."""
     pad = pad_literal(read.pad, read.dtype)
-    if group.coef == 1 and read.dtype == "float32" and width % 8 == 0:
+    sweep = not (ks.coef == 1 and group.coef != 1)
+    rows = read.dtype == "float32" and width % 8 == 0 and (
+        group.coef == 1 or (sweep and group.offsets is not None and idx_t == "int32"))
+    if rows:
+        # each panel row one call under a mask of its lanes inside the GEMM and the tensor:
+        # a masked vector copy of contiguous values (`pack_row`), or, values apart (a
+        # strided window), a masked gather by the group's offset table (`gather_row`,
+        # runtime_cpu.h tk_gather_row) from the step point's offset
         with b.loop("kk", 0, kcount, dtype=idx_t) as kk:
             with b.loop("pp", 0, size // width, dtype=idx_t) as pp:
                 ok = b.alloc("okm", "int32", (width,), "the row's lanes inside the tensor")
@@ -788,17 +796,21 @@ def _pack(b: Builder, read: Read, panel, width: int, size: int, count: Var, kcou
                     valid = _valid(read, tx.add(tx.mul(pp, width), i), kk, count, group, ks,
                                    idx_t)
                     b.store(ok, (i,), tx.select(valid, tx.const(-1), tx.const(0)))
-                row = group.offset(tx.mul(pp, width), idx_t)
-                first = tx.add(row, ks.offset(kk, idx_t))
-                later = tx.call("min", tx.add(kk, PACK_AHEAD), tx.sub(kcount, 1))
-                b.evaluate(tx.call("pack_row", tx.const(width),
-                                   Addr(panel.name, (pp, kk, tx.const(0))),
-                                   Addr(tvar(read.tensor), (first,)),
-                                   Addr(ok.name, (tx.const(0),)), pad,
-                                   Addr(tvar(read.tensor),
-                                        (tx.add(row, ks.offset(later, idx_t)),))))
+                dst = Addr(panel.name, (pp, kk, tx.const(0)))
+                mask = Addr(ok.name, (tx.const(0),))
+                at = tvar(read.tensor)
+                if group.coef != 1:
+                    b.evaluate(tx.call("gather_row", tx.const(width), dst,
+                                       Addr(at, (ks.offset(kk, idx_t),)),
+                                       Addr(group.offsets.name, (tx.mul(pp, width),)), mask,
+                                       pad))
+                else:
+                    row = group.offset(tx.mul(pp, width), idx_t)
+                    later = tx.call("min", tx.add(kk, PACK_AHEAD), tx.sub(kcount, 1))
+                    b.evaluate(tx.call("pack_row", tx.const(width), dst,
+                                       Addr(at, (tx.add(row, ks.offset(kk, idx_t)),)), mask,
+                                       pad, Addr(at, (tx.add(row, ks.offset(later, idx_t)),))))
         return
-    sweep = not (ks.coef == 1 and group.coef != 1)
     if not sweep:                             # rows of K: each row read once, in order
         order = [("pp", size // width), ("i", width), ("kk", kcount)]
     else:   # a step's points of the group in one sweep, in the order they lie in memory

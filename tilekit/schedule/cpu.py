@@ -30,7 +30,7 @@ the figures are those of a common AVX2 server core: 16 vector registers of 8 flo
 **Which read is A** (`gemm_roles`): B holds the output's contiguous axis, so that a row of
 the output tile is contiguous in the output, unless N is ragged where M is not: a 7 x 7
 image's 49 pixels as N fill 64 columns of micro-tiles, as M 54 rows, so a 1 x 1
-convolution there takes its filters as N (`SWAP_WORK`).
+convolution there takes its filters as N where that saves enough (`SWAP_WORK`).
 
 **Which kernel** (`cpu_shape`, the one decision: tk-roll records it for a CPU profile, codegen
 generates it): `cpu_gemm` for a float32 contraction whose output is contiguous along an M or
@@ -295,13 +295,17 @@ LOOP_MODES = ("lane partials", "accumulator row", "pointwise", "scalar")
 #: The roles are swapped (the output's contiguous axis in M) when N is ragged and the swap
 #: leaves at most this share of the padded micro-tiles' work: strided stores of the output
 #: tile and a packed A cost a little, a ragged N (a 7 x 7 image's 49 pixels in 64 columns)
-#: costs every step. A whole N is never swapped for M's padding in rows of `mr`: the swap
+#: costs every step. How little: on Zen 3 (16-column tiles) the 7 x 7's 1x1 convolutions of
+#: ResNet-50 gained from a swap that left 84% of the work (54 rows against 64 columns); on
+#: an AVX-512 Xeon (32-column tiles) swaps that left 87.5% (7 x 7: 56 rows against 64
+#: columns) and 89% (14 x 14: 200 against 224) lost, 1.19x and 1.15x as long on one core,
+#: the whole network 3.6% slower. A whole N is never swapped for M's padding in rows of `mr`: the swap
 #: would save about 10% of padded work (32 rows in 36) and cost more (measured on Zen 3, one
 #: core: the LSTM's input projection, 32 steps x 2048 gates x 256, 0.51 ms swapped against
 #: 0.42 ms with its weight as B packed once; the MobileNet block's 1 x 1 projection to 32
 #: filters, 3136 pixels as M with the input packed by a strided gather, 1.22 ms against
 #: 0.77 ms with the filters read in place).
-SWAP_WORK = 0.9
+SWAP_WORK = 0.85
 
 
 def gemm_roles(c: Contraction, spatial, tiles: CpuTiles | None = None, reads=None,

@@ -73,7 +73,7 @@ class CppPrinter(CStyle):
             return f"tk_{e.fn}<{mr.value}, {nr.value}>({', '.join(args[2:])})"
         if e.fn == "prefetch":
             return f"__builtin_prefetch({args[0]})"
-        if e.fn in ("pack_row", "packed_b"):
+        if e.fn in ("pack_row", "gather_row", "packed_b"):
             assert isinstance(e.args[0], Const)
             return f"tk_{e.fn}<{e.args[0].value}>({', '.join(args[1:])})"
         raise InternalError(f"{e.fn} reached the C++ printer (no CPU form)")

@@ -123,6 +123,9 @@ FUNCTIONS: dict[str, Function] = {f.name: f for f in (
     # a packed panel's row from contiguous values under a lane mask (runtime_cpu.h
     # tk_pack_row): pack_row(W, &dst, &src, &ok, pad, &ahead) with W a constant
     Function("pack_row", 6, "intrinsic", "int32", cpu_only=True),
+    # the same from values apart (runtime_cpu.h tk_gather_row): gather_row(W, &dst, &src,
+    # &offsets, &ok, pad) with W a constant, offsets int32 from src
+    Function("gather_row", 6, "intrinsic", "int32", cpu_only=True),
     # a hint that an address will be read soon (__builtin_prefetch: never faults, wherever
     # it points): prefetch(&x)
     Function("prefetch", 1, "intrinsic", "int32", cpu_only=True),
