@@ -606,8 +606,9 @@ def test_a_welded_group_runs_stage_by_stage():
 def _chains() -> onnx.ModelProto:
     """Contractions with an elementwise chain after them (bias, residual, ReLU), which tk-weld
     for a CPU profile makes one kernel each: batch-2 1x1 convolutions whose pixels per image
-    are whole micro-panels (4 x 8) and are not (6 x 7), a matmul whose K takes several steps,
-    and a 1x1 convolution on a 7 x 7 image (its pixels take the M role)."""
+    are whole micro-panels (4 x 8) and are not (6 x 7), the latter with batch 1, a matmul
+    whose K takes several steps, and a 1x1 convolution on a 7 x 7 image (its pixels take the
+    M role)."""
     rng = np.random.default_rng(5)
 
     def w(name, *shape):
@@ -615,7 +616,7 @@ def _chains() -> onnx.ModelProto:
 
     vi = h.make_tensor_value_info
     nodes = []
-    for name, (hh, ww) in (("whole", (4, 8)), ("ragged", (6, 7))):
+    for name in ("whole", "ragged", "single"):
         nodes += [h.make_node("Conv", [f"x_{name}", "w1", "b1"], [f"c_{name}"]),
                   h.make_node("Add", [f"c_{name}", f"r_{name}"], [f"s_{name}"]),
                   h.make_node("Relu", [f"s_{name}"], [f"y_{name}"])]
@@ -626,9 +627,11 @@ def _chains() -> onnx.ModelProto:
               h.make_node("Relu", ["c7"], ["y_seven"])]
     inputs = [vi("x_whole", T.FLOAT, [2, 5, 4, 8]), vi("r_whole", T.FLOAT, [2, 6, 4, 8]),
               vi("x_ragged", T.FLOAT, [2, 5, 6, 7]), vi("r_ragged", T.FLOAT, [2, 6, 6, 7]),
+              vi("x_single", T.FLOAT, [1, 5, 6, 7]), vi("r_single", T.FLOAT, [1, 6, 6, 7]),
               vi("a", T.FLOAT, [9, 700]), vi("ra", T.FLOAT, [9, 40]),
               vi("x7", T.FLOAT, [1, 24, 7, 7])]
-    outputs = [vi(n, T.FLOAT, None) for n in ("y_whole", "y_ragged", "y_long", "y_seven")]
+    outputs = [vi(n, T.FLOAT, None)
+               for n in ("y_whole", "y_ragged", "y_single", "y_long", "y_seven")]
     inits = [w("w1", 6, 5, 1, 1), w("b1", 6), w("wk", 700, 40), w("bk", 40),
              w("w7", 64, 24, 1, 1), w("b7", 64)]
     graph = h.make_graph(nodes, "chains", inputs, outputs, inits)
@@ -642,7 +645,9 @@ def test_each_micro_tile_runs_the_chain_after_its_last_step():
     through a buffer of one strip; with several steps, on the block's output tile after the
     last step. A micro-tile's columns are one vector loop from its first column where the
     chain's addresses are linear in the N axes (and the columns never cross an image), each
-    column decomposed where they could; the results match the reference."""
+    column decomposed where they could; where all of N is one run of addresses (one image, a
+    matrix's columns), each row of the strip or tile is one vector loop over the block's
+    columns instead of a micro-tile at a time. The results match the reference."""
     from tilekit.roll.schedule import roll_module
     from tilekit.weld import weld_module
 
@@ -652,10 +657,18 @@ def test_each_micro_tile_runs_the_chain_after_its_last_step():
     generated = generate(module, profile, target="cpu").module
     kernels = {out: next(k for k in generated.codegen["kernels"]
                          if _op_of(imported.module, out) in k["ops"])
-               for out in ("c_whole", "c_ragged", "m", "c7")}
+               for out in ("c_whole", "c_ragged", "c_single", "m", "c7")}
     assert all(k["shape"] == "cpu_gemm" and len(k["ops"]) > 1 for k in kernels.values())
-    for out in ("c_whole", "c_ragged"):
+    for out in ("c_whole", "c_ragged", "c_single"):
         assert "a row of micro-tiles' outputs" in kernels[out]["source"], out
+    # the epilogue's column loop: a micro-tile's (at most nr), or a block row's (at most nc)
+    per_tile = "const int tj = tk_min(16, nc - jr * 16);"
+    for out in ("c_whole", "c_ragged"):
+        assert per_tile in kernels[out]["source"], out
+    for out in ("c_single", "m"):
+        nc = kernels[out]["schedule"]["gemm"]["blocks"][1]
+        assert per_tile not in kernels[out]["source"], out
+        assert f"const int tj = tk_min({nc}, nc);" in kernels[out]["source"], out
     assert kernels["c7"]["schedule"]["gemm"]["m"] == ["n", "h", "w"]   # pixels as M
     assert "a column of micro-tiles' outputs" in kernels["c7"]["source"]
     long = kernels["m"]

@@ -32,7 +32,8 @@ register-tile micro-kernel (`gemm_micro`, runtime_cpu.h) on every `mr x nr` tile
 micro-tile's buffer. Right after a micro-tile's last step, while its outputs are in L1, the
 epilogue maps each back to the op's axes, scales it and runs the stage's elementwise chain
 (bias, activation, residual) before the store (`_tile_epilogue`); the last step walks the
-micro-tiles along the output's rows, so the stores (and a residual's reads) go in order.
+micro-tiles along the output's rows, so the stores (and a residual's reads) go in order, and
+where the output's N is one run of addresses each row of the strip is one vector loop.
 Because the maps are affine, an element's offset is a part over the M (or N) axes plus
 a part over the K axes: the block tabulates the first once per block and the second once per
 step, so packing costs a load and an add per element. A B that is a model's weight read as a
@@ -449,7 +450,7 @@ def gemm_kernel(module, plan: GroupPlan, entry: str, shape: CpuShape, target: Ta
         ct = smem.carve("s_c", "float32", (mr, nc_p), "a row of micro-tiles' outputs")
     else:
         ct = smem.carve("s_c", "float32", (mc_p, nr), "a column of micro-tiles' outputs")
-    linear = _linear_columns(plan, n_axes, extent, nr, g.nc, free)
+    linear, whole_rows = _linear_columns(plan, n_axes, extent, nr, g.nc, free)
     b = Builder()
     counts = [extent[a] for a in c.batch_axes] + [g.m_blocks, g.n_blocks]
     names = [f"{avar(a)}_" for a in c.batch_axes] + ["mb", "nb"]
@@ -478,15 +479,24 @@ def gemm_kernel(module, plan: GroupPlan, entry: str, shape: CpuShape, target: Ta
 
     def epilogue(ir: Var, jr: Var) -> None:
         row, col = c_at(ir, jr)
-        _tile_epilogue(b, module, plan, c, m_axes, n_axes, batch_at, m0, n0, ir, jr, mr, nr,
-                       mcount, ncount, lambda i, j: Load(ct.name, (tx.add(row, i),
-                                                                   tx.add(col, j)), "float32"),
+        _tile_epilogue(b, module, plan, c, m_axes, n_axes, batch_at, m0,
+                       (tx.mul(ir, mr), mr, mcount), (tx.add(n0, tx.mul(jr, nr)), nr, ncount,
+                                                      tx.mul(jr, nr)),
+                       lambda i, j: Load(ct.name, (tx.add(row, i), tx.add(col, j)), "float32"),
                        extent, linear, idx_t)
 
     def strip_done(outer: Var, ir_lo: Expr, ir_hi: Expr) -> None:
         """The epilogue of the strip of micro-tiles just computed (one step over K): a row
-        of them, or the rows `ir_lo` to `ir_hi` of a column."""
-        if rows_first:
+        of them, or the rows `ir_lo` to `ir_hi` of a column. A row of micro-tiles whose
+        outputs lie in one run of addresses (`whole_rows`) goes row by row, each row of the
+        block one vector loop: long runs of stores and reads in order, where a micro-tile
+        at a time hops between its rows every few cache lines (ResNet-50's 1 x 1
+        convolutions with K = 64 and a residual waited on those reads)."""
+        if rows_first and whole_rows:
+            _tile_epilogue(b, module, plan, c, m_axes, n_axes, batch_at, m0,
+                           (tx.mul(outer, mr), mr, mcount), (n0, g.nc, ncount, tx.const(0)),
+                           lambda i, j: Load(ct.name, (i, j), "float32"), extent, True, idx_t)
+        elif rows_first:
             with b.loop("jr", 0, tx.div(tx.add(ncount, nr - 1), nr)) as jr:
                 epilogue(outer, jr)
         else:
@@ -523,7 +533,13 @@ def gemm_kernel(module, plan: GroupPlan, entry: str, shape: CpuShape, target: Ta
             _micro_tiles(b, direct, A, a_side, ap, b_panel, c_tile, mr, nr, ir_lo, ir_hi, ks,
                          k0, mcount, ncount, kcount, idx_t, rows_first=one_step and rows_first,
                          strip_done=strip_done if one_step else None)
-    if not one_step:
+    if not one_step and rows_first and whole_rows:
+        # after the last step, the tile through the epilogue row by row (from L2), each row
+        # of the block one vector loop over a run of addresses
+        _tile_epilogue(b, module, plan, c, m_axes, n_axes, batch_at, m0,
+                       (tx.const(0), g.mc, mcount), (n0, g.nc, ncount, tx.const(0)),
+                       lambda i, j: Load(ct.name, (i, j), "float32"), extent, True, idx_t)
+    elif not one_step:
         # after the last step, the tile's micro-tiles through the epilogue in the output's
         # order (the tile from L2; each step's micro-kernels kept B's micro-panel in L1)
         outer, inner = _tile_order(tx.const(0), tx.div(tx.add(mcount, mr - 1), mr),
@@ -901,31 +917,33 @@ def _linear_columns(plan: GroupPlan, n_axes: tuple[str, ...], extent: dict, nr: 
         if ok:
             head = n_axes[:len(n_axes) - t]
             run = math.prod(extent[a] for a in n_axes[len(n_axes) - t:])
-            return all(extent[a] == 1 and a not in free for a in head) or (
-                not free & set(n_axes) and run % nr == 0 and nc % nr == 0)
-    return False
+            one_run = all(extent[a] == 1 and a not in free for a in head)
+            return one_run or (not free & set(n_axes) and run % nr == 0 and nc % nr == 0), \
+                one_run
+    return False, False
 
 
 def _tile_epilogue(b: Builder, module, plan: GroupPlan, c: Contraction, m_axes, n_axes,
-                   batch_at: dict, m0: Var, n0: Var, ir: Var, jr: Var, mr: int, nr: int,
-                   mcount: Var, ncount: Var, value_at, extent: dict, linear: bool,
-                   idx_t: str) -> None:
-    """The outputs of micro-tile (`ir`, `jr`) right after its last step, while they are in
-    L1: each back to the op's axes, scaled, through the chain and stored. `value_at(i, j)`
-    is the tile's output at row `i`, column `j` of the micro-tile. `linear`
+                   batch_at: dict, m0: Var, rows: tuple, cols: tuple, value_at, extent: dict,
+                   linear: bool, idx_t: str) -> None:
+    """Outputs of the block right after their last step, while they are in L1: each back to
+    the op's axes, scaled, through the chain and stored. `rows` (first local row, at most
+    how many, the block's rows) and `cols` (first column of the GEMM, at most how many, the
+    block's columns, first local column) bound them: a micro-tile, or a row of micro-tiles.
+    `value_at(i, j)` is the output at row `i`, column `j` of them. `linear`
     (`_linear_columns`): the columns are one vector loop from the first column's
     coordinates; else each column finds its N axes."""
     stage = plan.stages[0]
     p = stage.main
     axes = [a for a, _ in p.spatial]
-    rows = b.let("ti", tx.call("min", tx.const(mr, idx_t), tx.sub(mcount, tx.mul(ir, mr))),
-                 idx_t)
-    cols = b.let("tj", tx.call("min", tx.const(nr, idx_t), tx.sub(ncount, tx.mul(jr, nr))),
-                 idx_t)
-    col0 = b.let("j0", tx.add(n0, tx.mul(jr, nr)), idx_t)
+    i0, most_rows, mcount = rows
+    col0, most_cols, ncount, j0 = cols
+    rows = b.let("ti", tx.call("min", tx.const(most_rows, idx_t), tx.sub(mcount, i0)), idx_t)
+    cols = b.let("tj", tx.call("min", tx.const(most_cols, idx_t), tx.sub(ncount, j0)), idx_t)
+    col0 = b.let("j0", col0, idx_t)
     first = _axis_values(b, n_axes, col0, extent, idx_t) if linear else None
     with b.loop("i", 0, rows, dtype=idx_t) as i:
-        mv = _axis_values(b, m_axes, tx.add(tx.add(m0, tx.mul(ir, mr)), i), extent, idx_t)
+        mv = _axis_values(b, m_axes, tx.add(tx.add(m0, i0), i), extent, idx_t)
         with b.loop("j", 0, cols, kind="simd", dtype=idx_t) as j:
             if linear:
                 nv = {**first, n_axes[-1]: tx.add(first[n_axes[-1]], j)}
