@@ -92,6 +92,19 @@ def test_gemm_blocks_split_n_evenly_over_the_cores():
     assert deep.n_blocks == 1 and deep.m_blocks == cores    # M splits, A is read once
 
 
+def test_gemm_blocks_balance_the_cores_when_n_has_an_odd_number_of_panels():
+    """196 pixels (14 x 14) are 7 micro-panels of 32 on AVX-512: split over two cores they
+    are 4 and 3 (one core idle an eighth of the time); split M instead, each core takes half
+    the filters and all 7. So when B's panel, bounded for this GEMM's own K step, fits half
+    of L2 whole: a 1x1 convolution of ResNet-50's 14 x 14 layers (1024 filters, K = 256)
+    and a 3 x 3 one (256 filters, K = 2304)."""
+    t = cpu_tiles(load_profile("icelake").with_cpu(cores=2))
+    for m, k in ((1024, 256), (256, 2304)):
+        g = gemm_blocks(t, m, 196, k, 1)
+        assert g.n_blocks == 1 and g.m_blocks == 2 and g.nc == 224, (m, k, g)
+        assert g.kc * g.nc * 4 <= t.machine.l2_bytes // 2
+
+
 def test_a_gemm_takes_fewer_rows_per_micro_tile_where_that_pads_less():
     """gemm_mr: down to two thirds of the register tile's rows, when the padded rows shrink
     by at least 1 - MR_PADDING; the register tile's rows otherwise."""
