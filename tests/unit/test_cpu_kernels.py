@@ -134,15 +134,16 @@ def test_a_gpu_profile_gives_the_host_defaults():
 # -- the micro-kernel intrinsic ------------------------------------------------------------
 
 def test_gemm_micro_prints_for_cpus_only():
-    call = tx.call("gemm_micro", tx.const(6), tx.const(16), tx.const(0), tx.const(0),
-                   tx.const(8), tx.const(0), tx.const(16), tx.const(0))
+    call = tx.call("gemm_micro", tx.const(6), tx.const(16), tx.const(16), tx.const(0),
+                   tx.const(0), tx.const(8), tx.const(0), tx.const(16), tx.const(0))
     k = Kernel("k", (), (), Evaluate(call), 1, 1)
     assert "tk_gemm_micro<6, 16>(0, 0, 8, 0, 16, 0)" in cpp.kernel_text(k)
     with pytest.raises(Exception, match="gemm_micro"):
         cuda.kernel_text(k)
-    rows = tx.call("gemm_micro_rows", tx.const(6), tx.const(16), *[tx.const(0)] * 8)
-    k = Kernel("k", (), (), Evaluate(rows), 1, 1)
-    assert "tk_gemm_micro_rows<6, 16>(0, 0, 0, 0, 0, 0, 0, 0)" in cpp.kernel_text(k)
+    rows = tx.call("gemm_micro_rows", tx.const(6), tx.const(8), tx.const(16),
+                   *[tx.const(0)] * 8)
+    k = Kernel("k", (), (), Evaluate(rows), 1, 1)      # 8 columns of a panel of 16
+    assert "tk_gemm_micro_rows<6, 8, 16>(0, 0, 0, 0, 0, 0, 0, 0)" in cpp.kernel_text(k)
     with pytest.raises(Exception, match="gemm_micro_rows"):
         cuda.kernel_text(k)
     pack = tx.call("pack_row", tx.const(16), *[tx.const(0)] * 3, tx.const(0.0), tx.const(0))
@@ -538,6 +539,34 @@ def test_a_strided_window_packs_by_gathers():
         k = by_op[_op_of(module, out)]
         assert k["shape"] == "cpu_gemm" and "tk_gather_row<16>" in k["source"], out
     inputs = {"x": rng.standard_normal((1, 6, 15, 17)).astype(np.float32)}
+    _equals_reference(module, generated, inputs, imported.weights)
+
+
+@needs_cxx
+def test_a_ragged_last_panel_of_at_most_half_its_columns_takes_a_half_tile():
+    """N = 70 on AVX-512's 32-column micro-panels is 2 panels and 6 columns: the last panel
+    runs a 16-column micro-tile reading B's 32-column panel (`tk_gemm_micro_rows<8, 16,
+    32>`, chosen at run time: a block's N may be ragged or not); N = 90 (26 columns over)
+    runs the whole 32. B a weight (packed once) and an activation (packed per block); every
+    result equals the reference, on one thread and on two."""
+    rng = np.random.default_rng(10)
+    vi = h.make_tensor_value_info
+    nodes = [h.make_node("MatMul", ["x", "w70"], ["y"]),
+             h.make_node("MatMul", ["x", "w90"], ["z"]),
+             h.make_node("MatMul", ["x", "b"], ["u"])]
+    graph = h.make_graph(
+        nodes, "half", [vi("x", T.FLOAT, [40, 37]), vi("b", T.FLOAT, [37, 70])],
+        [vi(n, T.FLOAT, None) for n in ("y", "z", "u")],
+        [nh.from_array(rng.standard_normal((37, 70)).astype(np.float32), "w70"),
+         nh.from_array(rng.standard_normal((37, 90)).astype(np.float32), "w90")])
+    imported = import_model(h.make_model(graph, opset_imports=[h.make_opsetid("", 18)]))
+    module = imported.module
+    generated = generate(module, load_profile("icelake"), target="cpu").module
+    by_op = {op: k for k in generated.codegen["kernels"] for op in k["ops"]}
+    for out in ("y", "z", "u"):
+        assert "16, 32>(" in by_op[_op_of(module, out)]["source"], out
+    inputs = {n: rng.standard_normal(module.tensors[n].shape).astype(np.float32)
+              for n in module.inputs}
     _equals_reference(module, generated, inputs, imported.weights)
 
 

@@ -571,24 +571,61 @@ def _micro_tiles(b: Builder, direct: int | None, A: _Operand, a_side, ap, b_pane
     outside (`rows_first` false): each B micro-panel (`b_panel(jr)`) stays in L1 while the
     rows' A comes from L2; rows outside: A's micro-panel stays in L1. After each run of the
     inner loop (a strip of micro-tiles), `strip_done(outer, ir_lo, ir_hi)` if given: the
-    epilogue of a K of one step, on the strip while it is in L1."""
-    outer, inner = _tile_order(ir_lo, ir_hi, tx.div(tx.add(ncount, nr - 1), nr), rows_first)
-    with b.loop(*outer) as o:
-        with b.loop(*inner) as n:
-            ir, jr = (o, n) if rows_first else (n, o)
-            if direct is None:
-                a_args = (Addr(ap.name, (ir, tx.const(0), tx.const(0))),)
-            else:       # A's rows where they lie: row m0 + ir * mr at step k0
-                first = tx.add(a_side.offset(tx.mul(ir, mr), idx_t), k0)
-                a_args = (Addr(tvar(A.read.tensor), (first,)), tx.const(direct, idx_t),
-                          tx.cast("int32", tx.sub(mcount, tx.mul(ir, mr))))
-            at, ldc = c_tile(ir, jr)
-            b.evaluate(tx.call("gemm_micro" if direct is None else "gemm_micro_rows",
-                               tx.const(mr), tx.const(nr), *a_args,
-                               b_panel(jr), tx.cast("int32", kcount), at,
-                               tx.const(ldc), tx.cast("int32", tx.gt(ks, 0))))
+    epilogue of a K of one step, on the strip while it is in L1.
+
+    The last micro-panel of a ragged N runs `nr / 2` columns when no more of it are in N
+    (196 pixels are 6 panels of 32 and 4 columns, which take 16 columns rather than 32; the
+    micro-kernels read B's panel at its own stride, runtime_cpu.h)."""
+    whole = b.let("jw", tx.div(ncount, nr))      # micro-panels with all their columns in N
+    rest = b.let("jt", tx.sub(ncount, tx.mul(whole, nr)))
+    half = nr // 2 if nr % 8 == 0 else None
+
+    def micro(ir: Expr, jr: Expr, width: int) -> None:
+        if direct is None:
+            a_args = (Addr(ap.name, (ir, tx.const(0), tx.const(0))),)
+        else:       # A's rows where they lie: row m0 + ir * mr at step k0
+            first = tx.add(a_side.offset(tx.mul(ir, mr), idx_t), k0)
+            a_args = (Addr(tvar(A.read.tensor), (first,)), tx.const(direct, idx_t),
+                      tx.cast("int32", tx.sub(mcount, tx.mul(ir, mr))))
+        at, ldc = c_tile(ir, jr)
+        b.evaluate(tx.call("gemm_micro" if direct is None else "gemm_micro_rows",
+                           tx.const(mr), tx.const(width), tx.const(nr), *a_args,
+                           b_panel(jr), tx.cast("int32", kcount), at,
+                           tx.const(ldc), tx.cast("int32", tx.gt(ks, 0))))
+
+    def last_panel(tiles_of) -> None:
+        """The ragged last micro-panel (`rest` > 0): `tiles_of(width)` emits its
+        micro-tiles."""
+        if half is None:
+            tiles_of(nr)
+            return
+        with b.if_(tx.le(rest, half)):
+            tiles_of(half)
+        with b.else_():
+            tiles_of(nr)
+
+    if rows_first:
+        with b.loop("ir", ir_lo, ir_hi) as ir:
+            with b.loop("jr", 0, whole) as jr:
+                micro(ir, jr, nr)
+            with b.if_(tx.gt(rest, 0)):
+                last_panel(lambda width: micro(ir, whole, width))
+            if strip_done is not None:
+                strip_done(ir, ir_lo, ir_hi)
+        return
+
+    def column(jr: Expr, width: int) -> None:
+        with b.loop("ir", ir_lo, ir_hi) as ir:
+            micro(ir, jr, width)
+
+    with b.loop("jr", 0, whole) as jr:
+        column(jr, nr)
         if strip_done is not None:
-            strip_done(o, ir_lo, ir_hi)
+            strip_done(jr, ir_lo, ir_hi)
+    with b.if_(tx.gt(rest, 0)):
+        last_panel(lambda width: column(whole, width))
+        if strip_done is not None:
+            strip_done(whole, ir_lo, ir_hi)
 
 
 def _tile_order(ir_lo: Expr, ir_hi: Expr, jr_hi: Expr, rows_first: bool

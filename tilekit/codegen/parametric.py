@@ -56,7 +56,7 @@ from tilekit.tile.nodes import Buffer, Comment, Kernel, Let, seq
 #: one has another structure).
 CONSTANT_ARGUMENTS = {
     # the C++ micro-kernels (tilekit.tile.cpp)
-    "gemm_micro": (0, 1), "gemm_micro_rows": (0, 1), "pack_row": (0,), "gather_row": (0,),
+    "gemm_micro": (0, 1, 2), "gemm_micro_rows": (0, 1, 2), "pack_row": (0,), "gather_row": (0,),
     "packed_b": (0,),
     # the CUDA intrinsics (tilekit.tile.cuda)
     "warp_sum": (1,), "warp_prod": (1,), "warp_max": (1,), "warp_min": (1,),

@@ -187,7 +187,7 @@ static inline float tk_sigmoidf(float x) {
 // the epilogue's live values would crowd the 16 vector registers, and GCC spilled an
 // accumulator to the stack, a store and a load on every step of K (the MobileNet block's
 // 1 x 1 expansion 1.7x slower). A call per micro-tile costs a few cycles of its hundreds.
-template <int MR, int NR, class AAt>
+template <int MR, int NR, int LDB, class AAt>
 static inline void tk_gemm_tile(AAt a_at, const float* __restrict__ b, int kc,
                                 float* __restrict__ c, int ldc, int accumulate) {
   static_assert(NR % TK_F32_LANES == 0, "NR must be a whole number of vectors");
@@ -202,7 +202,7 @@ static inline void tk_gemm_tile(AAt a_at, const float* __restrict__ b, int kc,
   for (int k = 0; k < kc; ++k) {
     tk_f32v bv[NV];
 #pragma GCC unroll 8
-    for (int j = 0; j < NV; ++j) bv[j] = tk_f32v_load(b + k * NR + j * TK_F32_LANES);
+    for (int j = 0; j < NV; ++j) bv[j] = tk_f32v_load(b + k * LDB + j * TK_F32_LANES);
 #pragma GCC unroll 32
     for (int i = 0; i < MR; ++i) {
       const tk_f32v av = tk_f32v_splat(a_at(k, i));
@@ -219,16 +219,24 @@ static inline void tk_gemm_tile(AAt a_at, const float* __restrict__ b, int kc,
     }
 }
 
-template <int MR, int NR>
+//
+// `LDB`: B's row stride, NR unless the tile covers the first NR columns of a wider panel (the
+// last micro-panel of a ragged N, half of whose columns are past N: 196 pixels are 6 panels
+// of 32 and 4 columns, computed as 16 rather than 32). Where NR is not a whole number of
+// this machine's vectors (code rolled for narrower ones), the tile computes all LDB columns.
+template <int NR, int LDB>
+constexpr int tk_tile_width() { return NR % TK_F32_LANES == 0 ? NR : LDB; }
+
+template <int MR, int NR, int LDB = NR>
 static __attribute__((noinline)) void tk_gemm_micro(const float* __restrict__ a,
                                                      const float* __restrict__ b, int kc,
                                                      float* __restrict__ c, int ldc,
                                                      int accumulate) {
-  tk_gemm_tile<MR, NR>([a](int k, int i) { return a + k * MR + i; }, b, kc, c, ldc,
-                       accumulate);
+  tk_gemm_tile<MR, tk_tile_width<NR, LDB>(), LDB>(
+      [a](int k, int i) { return a + k * MR + i; }, b, kc, c, ldc, accumulate);
 }
 
-template <int MR, int NR>
+template <int MR, int NR, int LDB = NR>
 static __attribute__((noinline)) void tk_gemm_micro_rows(const float* __restrict__ a, long lda,
                                                           int rows, const float* __restrict__ b,
                                                           int kc, float* __restrict__ c, int ldc,
@@ -236,8 +244,8 @@ static __attribute__((noinline)) void tk_gemm_micro_rows(const float* __restrict
   const float* row[MR];
 #pragma GCC unroll 32
   for (int i = 0; i < MR; ++i) row[i] = a + (i < rows ? i : rows - 1) * lda;
-  tk_gemm_tile<MR, NR>([&row](int k, int i) { return row[i] + k; }, b, kc, c, ldc,
-                       accumulate);
+  tk_gemm_tile<MR, tk_tile_width<NR, LDB>(), LDB>(
+      [&row](int k, int i) { return row[i] + k; }, b, kc, c, ldc, accumulate);
 }
 
 // -- packing --------------------------------------------------------------------------------

@@ -68,9 +68,11 @@ class CppPrinter(CStyle):
         if e.fn == "grid_sync":
             return "(void)0"
         if e.fn in ("gemm_micro", "gemm_micro_rows"):
-            mr, nr = e.args[0], e.args[1]
-            assert isinstance(mr, Const) and isinstance(nr, Const)
-            return f"tk_{e.fn}<{mr.value}, {nr.value}>({', '.join(args[2:])})"
+            mr, nr, ldb = e.args[:3]
+            assert isinstance(mr, Const) and isinstance(nr, Const) and isinstance(ldb, Const)
+            shape = f"{mr.value}, {nr.value}" + (f", {ldb.value}" if ldb.value != nr.value
+                                                 else "")
+            return f"tk_{e.fn}<{shape}>({', '.join(args[3:])})"
         if e.fn == "prefetch":
             return f"__builtin_prefetch({args[0]})"
         if e.fn in ("pack_row", "gather_row", "packed_b"):

@@ -114,12 +114,13 @@ FUNCTIONS: dict[str, Function] = {f.name: f for f in (
     Function("atomic_add", 2, "intrinsic", "uint32", True),
     Function("threadfence", 0, "intrinsic", "int32", True),
     Function("grid_sync", 0, "intrinsic", "int32", True),
-    # the CPU's register-tile GEMM step (runtime_cpu.h tk_gemm_micro): gemm_micro(MR, NR,
-    # &a_panel, &b_panel, kc, &c, ldc, accumulate) with MR and NR constants
-    Function("gemm_micro", 8, "intrinsic", "int32", cpu_only=True),
-    # the same with A read unpacked: gemm_micro_rows(MR, NR, &a_row0, lda, rows, &b_panel,
-    # kc, &c, ldc, accumulate)
-    Function("gemm_micro_rows", 10, "intrinsic", "int32", cpu_only=True),
+    # the CPU's register-tile GEMM step (runtime_cpu.h tk_gemm_micro): gemm_micro(MR, NR, LDB,
+    # &a_panel, &b_panel, kc, &c, ldc, accumulate) with MR, NR and LDB (B's row stride: NR, or
+    # a wider panel's) constants
+    Function("gemm_micro", 9, "intrinsic", "int32", cpu_only=True),
+    # the same with A read unpacked: gemm_micro_rows(MR, NR, LDB, &a_row0, lda, rows,
+    # &b_panel, kc, &c, ldc, accumulate)
+    Function("gemm_micro_rows", 11, "intrinsic", "int32", cpu_only=True),
     # a packed panel's row from contiguous values under a lane mask (runtime_cpu.h
     # tk_pack_row): pack_row(W, &dst, &src, &ok, pad, &ahead) with W a constant
     Function("pack_row", 6, "intrinsic", "int32", cpu_only=True),
