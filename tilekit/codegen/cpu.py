@@ -910,14 +910,16 @@ def _valid(read: Read, lidx: Expr, kk: Expr, count: Var, group: _Side, ks: _Side
 
 
 def _linear_columns(plan: GroupPlan, n_axes: tuple[str, ...], extent: dict, nr: int, nc: int,
-                    free: frozenset[str]) -> bool:
+                    free: frozenset[str]) -> tuple[bool, bool]:
     """Are a micro-tile's `nr` columns (blocks of `nc` columns) one run of addresses for the
     epilogue, so that they are one vector loop from the coordinates of the first column, the
     innermost counting on past its extent? So when, over some trailing N axes, every output
     it stores and every read of its chain is `c x` their row-major flat index (c may be 0: a
     bias per channel), no read's bounds check involves them and no body uses them as values,
     and no micro-tile crosses from one run of those axes into the next: the axes before them
-    are all of one point, or a run is whole micro-tiles and so is a block."""
+    are all of one point, or a run is whole micro-tiles and so is a block. And are all of N's
+    columns one run (the axes before them all of one point), so that a row of the block is
+    one vector loop too?"""
     stage = plan.stages[0]
     main_axes = [a for a, _ in stage.main.spatial]
     positions = [main_axes.index(a) for a in n_axes]
@@ -961,20 +963,21 @@ def _linear_columns(plan: GroupPlan, n_axes: tuple[str, ...], extent: dict, nr: 
 
 
 def _tile_epilogue(b: Builder, module, plan: GroupPlan, c: Contraction, m_axes, n_axes,
-                   batch_at: dict, m0: Var, rows: tuple, cols: tuple, value_at, extent: dict,
-                   linear: bool, idx_t: str) -> None:
+                   batch_at: dict, m0: Var, row_span: tuple, col_span: tuple, value_at,
+                   extent: dict, linear: bool, idx_t: str) -> None:
     """Outputs of the block right after their last step, while they are in L1: each back to
-    the op's axes, scaled, through the chain and stored. `rows` (first local row, at most
-    how many, the block's rows) and `cols` (first column of the GEMM, at most how many, the
-    block's columns, first local column) bound them: a micro-tile, or a row of micro-tiles.
+    the op's axes, scaled, through the chain and stored. `row_span` (first local row, at
+    most how many, the block's rows) and `col_span` (first column of the GEMM, at most how
+    many, the block's columns, first local column) bound them: a micro-tile, a row of
+    micro-tiles or rows of the block's tile.
     `value_at(i, j)` is the output at row `i`, column `j` of them. `linear`
     (`_linear_columns`): the columns are one vector loop from the first column's
     coordinates; else each column finds its N axes."""
     stage = plan.stages[0]
     p = stage.main
     axes = [a for a, _ in p.spatial]
-    i0, most_rows, mcount = rows
-    col0, most_cols, ncount, j0 = cols
+    i0, most_rows, mcount = row_span
+    col0, most_cols, ncount, j0 = col_span
     rows = b.let("ti", tx.call("min", tx.const(most_rows, idx_t), tx.sub(mcount, i0)), idx_t)
     cols = b.let("tj", tx.call("min", tx.const(most_cols, idx_t), tx.sub(ncount, j0)), idx_t)
     col0 = b.let("j0", col0, idx_t)

@@ -219,7 +219,6 @@ static inline void tk_gemm_tile(AAt a_at, const float* __restrict__ b, int kc,
     }
 }
 
-//
 // `LDB`: B's row stride, NR unless the tile covers the first NR columns of a wider panel (the
 // last micro-panel of a ragged N, half of whose columns are past N: 196 pixels are 6 panels
 // of 32 and 4 columns, computed as 16 rather than 32). Where NR is not a whole number of
