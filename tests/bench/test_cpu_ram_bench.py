@@ -128,6 +128,7 @@ def test_packed_against_op_by_op(name, tmp_path):
     print(f"\n{name} ({THREADS} threads): " + "; ".join(
         f"{n} {median[n]:.3f} ms ({median[n] / median['op-by-op']:.2f}x, min {best[n]:.3f})"
         for n in RUNNERS))
-    record(row, RESULTS, "make bench (tests/bench/test_cpu_ram_bench.py)", profile=profile_name(),
+    record(row, RESULTS, "make bench (tests/bench/test_cpu_ram_bench.py)",
+           profile=profile_name(),
            method=f"one process, the runners alternating run by run, {RUNS} runs each after "
                   "one warm-up; medians and minimums; ratios of medians to op-by-op")

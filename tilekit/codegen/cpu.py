@@ -485,6 +485,13 @@ def gemm_kernel(module, plan: GroupPlan, entry: str, shape: CpuShape, target: Ta
                        lambda i, j: Load(ct.name, (tx.add(row, i), tx.add(col, j)), "float32"),
                        extent, linear, idx_t)
 
+    def block_rows(i0: Expr, rows: int) -> None:
+        """Up to `rows` rows of `ct` from local row `i0`, each one vector loop over the
+        block's columns (`whole_rows`: they are one run of addresses)."""
+        _tile_epilogue(b, module, plan, c, m_axes, n_axes, batch_at, m0, (i0, rows, mcount),
+                       (n0, g.nc, ncount, tx.const(0)),
+                       lambda i, j: Load(ct.name, (i, j), "float32"), extent, True, idx_t)
+
     def strip_done(outer: Var, ir_lo: Expr, ir_hi: Expr) -> None:
         """The epilogue of the strip of micro-tiles just computed (one step over K): a row
         of them, or the rows `ir_lo` to `ir_hi` of a column. A row of micro-tiles whose
@@ -493,9 +500,7 @@ def gemm_kernel(module, plan: GroupPlan, entry: str, shape: CpuShape, target: Ta
         at a time hops between its rows every few cache lines (ResNet-50's 1 x 1
         convolutions with K = 64 and a residual waited on those reads)."""
         if rows_first and whole_rows:
-            _tile_epilogue(b, module, plan, c, m_axes, n_axes, batch_at, m0,
-                           (tx.mul(outer, mr), mr, mcount), (n0, g.nc, ncount, tx.const(0)),
-                           lambda i, j: Load(ct.name, (i, j), "float32"), extent, True, idx_t)
+            block_rows(tx.mul(outer, mr), mr)
         elif rows_first:
             with b.loop("jr", 0, tx.div(tx.add(ncount, nr - 1), nr)) as jr:
                 epilogue(outer, jr)
@@ -534,11 +539,7 @@ def gemm_kernel(module, plan: GroupPlan, entry: str, shape: CpuShape, target: Ta
                          k0, mcount, ncount, kcount, idx_t, rows_first=one_step and rows_first,
                          strip_done=strip_done if one_step else None)
     if not one_step and rows_first and whole_rows:
-        # after the last step, the tile through the epilogue row by row (from L2), each row
-        # of the block one vector loop over a run of addresses
-        _tile_epilogue(b, module, plan, c, m_axes, n_axes, batch_at, m0,
-                       (tx.const(0), g.mc, mcount), (n0, g.nc, ncount, tx.const(0)),
-                       lambda i, j: Load(ct.name, (i, j), "float32"), extent, True, idx_t)
+        block_rows(tx.const(0), g.mc)     # after the last step, the tile (from L2)
     elif not one_step:
         # after the last step, the tile's micro-tiles through the epilogue in the output's
         # order (the tile from L2; each step's micro-kernels kept B's micro-panel in L1)

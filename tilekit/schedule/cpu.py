@@ -148,9 +148,15 @@ def tiles_for(m: CpuMachine, mr: int, nr: int) -> CpuTiles:
     mr = max(1, mr)
     kc = _floor_to(m.l1_bytes // 2 // (nr * 4), 16, lowest=16)
     mc = _floor_to(m.l2_bytes // 4 // (kc * 4), mr, lowest=mr)
-    nc = _floor_to(m.l2_bytes // 2 // (kc * 4), nr, lowest=nr)
+    nc = b_panel_panels(m, kc, nr) * nr
     nc = max(nr, min(nc, _floor_to(m.l2_bytes // 4 // (mc * 4), nr, lowest=nr)))
     return CpuTiles(m, mr, nr, kc, mc, nc)
+
+
+def b_panel_panels(m: CpuMachine, kc: int, nr: int) -> int:
+    """Micro-panels of `nr` columns in a `kc`-step B panel that takes half of L2 (at least
+    one)."""
+    return max(1, m.l2_bytes // 2 // (kc * 4) // nr)
 
 
 def register_rows(m: CpuMachine, nr: int) -> int:
@@ -221,23 +227,22 @@ def gemm_blocks(tiles: CpuTiles, m: int, n: int, k: int, batch: int,
     element: each block packs its B panel once per step and runs all its rows on it, so
     splitting M re-packs B), its reading of A (`A_CYCLES` per element: splitting N re-reads
     A) and `BLOCK_CYCLES`. A block's B panel (`kc x nc`, `nc` whole micro-panels of `nr`)
-    keeps to half of L2 for this GEMM's `kc` (not `tiles.nc`, which also bounds an output
-    tile of `tiles.mc` rows: with it ResNet-50's 14 x 14 layers split their 196 pixels into
-    blocks of 4 and 3 micro-panels over two cores, where half of M each with all 7 balance;
-    the network 0.87x on two cores of an AVX-512 Xeon, 0.94x on one), its output tile (when
-    K takes several steps) to `C_TILE_BYTES`; A is read in `tiles.mc`-row slices that stay in L2 (gemm_kernel's inner
-    loop). Ties go to fewer blocks. Blocks are even (128 rows in two blocks are two of 66,
-    not 126 and 2). `k_varies`: K's extent changes with a symbolic module's sizes, so the
-    code keeps the output tile of several steps even where this K takes one
-    (tilekit.codegen.cpu), and the tile's bound holds."""
+    keeps to half of L2 for this GEMM's `kc` (`b_panel_panels`; not `tiles.nc`, which also
+    bounds an output tile of `tiles.mc` rows: with it ResNet-50's 14 x 14 layers split their
+    196 pixels into blocks of 4 and 3 micro-panels over two cores, where half of M each with
+    all 7 balance; the network 0.87x on two cores of an AVX-512 Xeon, 0.94x on one), its
+    output tile (when K takes several steps) to `C_TILE_BYTES`; A is read in `tiles.mc`-row
+    slices that stay in L2 (gemm_kernel's inner loop). Ties go to fewer blocks. Blocks are
+    even (128 rows in two blocks are two of 66, not 126 and 2). `k_varies`: K's extent
+    changes with a symbolic module's sizes, so the code keeps the output tile of several
+    steps even where this K takes one (tilekit.codegen.cpu), and the tile's bound holds."""
     mr, nr = tiles.mr, tiles.nr
     kc = min(tiles.kc, k)
     kc = -(-k // -(-k // kc))
     cores = tiles.machine.cores
     macs = 2 * tiles.machine.f32_lanes         # multiply-adds per cycle: two FMA pipes
     panels = -(-n // nr)
-    # micro-panels per block: B's panel (kc x nc) in half of L2
-    most = max(1, tiles.machine.l2_bytes // 2 // (kc * 4) // nr)
+    most = b_panel_panels(tiles.machine, kc, nr)   # micro-panels per block
 
     def up(x: int, step: int) -> int:
         return -(-x // step) * step
@@ -303,12 +308,12 @@ LOOP_MODES = ("lane partials", "accumulator row", "pointwise", "scalar")
 #: ResNet-50 gained from a swap that left 84% of the work (54 rows against 64 columns); on
 #: an AVX-512 Xeon (32-column tiles) swaps that left 87.5% (7 x 7: 56 rows against 64
 #: columns) and 89% (14 x 14: 200 against 224) lost, 1.19x and 1.15x as long on one core,
-#: the whole network 3.6% slower. A whole N is never swapped for M's padding in rows of `mr`: the swap
-#: would save about 10% of padded work (32 rows in 36) and cost more (measured on Zen 3, one
-#: core: the LSTM's input projection, 32 steps x 2048 gates x 256, 0.51 ms swapped against
-#: 0.42 ms with its weight as B packed once; the MobileNet block's 1 x 1 projection to 32
-#: filters, 3136 pixels as M with the input packed by a strided gather, 1.22 ms against
-#: 0.77 ms with the filters read in place).
+#: the whole network 3.6% slower. A whole N is never swapped for M's padding in rows of
+#: `mr`: the swap would save about 10% of padded work (32 rows in 36) and cost more
+#: (measured on Zen 3, one core: the LSTM's input projection, 32 steps x 2048 gates x 256,
+#: 0.51 ms swapped against 0.42 ms with its weight as B packed once; the MobileNet block's
+#: 1 x 1 projection to 32 filters, 3136 pixels as M with the input packed by a strided
+#: gather, 1.22 ms against 0.77 ms with the filters read in place).
 SWAP_WORK = 0.85
 
 
