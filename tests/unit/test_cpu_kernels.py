@@ -292,7 +292,6 @@ def test_a_padded_window_reads_staged_rows():
     import re
 
     rng = np.random.default_rng(8)
-    vi = h.make_tensor_value_info
     nodes = [h.make_node("Conv", ["x", "wd"], ["dw"], group=6, pads=[1, 1, 1, 1]),
              h.make_node("Conv", ["x", "wd"], ["dil"], group=6, pads=[2, 2, 2, 2],
                          dilations=[2, 2]),
@@ -300,23 +299,77 @@ def test_a_padded_window_reads_staged_rows():
              h.make_node("Conv", ["x", "wg"], ["grp"], group=2, pads=[1, 1, 1, 1]),
              h.make_node("Conv", ["x", "wd"], ["strided"], group=6, pads=[1, 1, 1, 1],
                          strides=[2, 2])]
-    graph = h.make_graph(
-        nodes, "staged", [vi("x", T.FLOAT, [1, 6, 9, 20])],
-        [vi(n, T.FLOAT, None) for n in ("dw", "dil", "pool", "grp", "strided")],
-        [nh.from_array(rng.standard_normal((6, 1, 3, 3)).astype(np.float32), "wd"),
-         nh.from_array(rng.standard_normal((4, 3, 3, 3)).astype(np.float32), "wg")])
-    imported = import_model(h.make_model(graph, opset_imports=[h.make_opsetid("", 18)]))
+    imported, generated, source = _windows(nodes, [1, 6, 9, 20], {
+        "wd": rng.standard_normal((6, 1, 3, 3)), "wg": rng.standard_normal((4, 3, 3, 3))})
     module = imported.module
-    generated = generate(module, target="cpu").module
-    source = {op: k["source"] for k in generated.codegen["kernels"] for op in k["ops"]}
     for out in ("dw", "dil", "pool", "grp"):
-        src = source[_op_of(module, out)]
+        src = source[out]
         assert "srow0[" in src, out
         points = re.findall(r"accrow\[jj\] = .*|accrow\[jj\] [+]= .*", src)
         assert points and not any("tk_in" in line or "t_x[" in line for line in points), out
-    assert "srow0[" not in source[_op_of(module, "strided")]
+    assert "srow0[" not in source["strided"]
     inputs = {"x": rng.standard_normal((1, 6, 9, 20)).astype(np.float32)}
     _equals_reference(module, generated, inputs, imported.weights)
+
+
+@needs_cxx
+@pytest.mark.parametrize("height", [8, 7, 11])
+def test_output_rows_side_by_side_share_their_staged_rows(height):
+    """Output rows of a padded window run side by side (`window_rows`: the largest divisor
+    of the row axis up to 8) on input rows staged once for all of them: a 3 x 3 depthwise
+    convolution (8 rows read 10 input rows), the same strided by 2 along the rows only (8
+    rows read 17), dilated by 2 (8 rows read 12), padded on one side, and a 3 x 3 max pool;
+    a 1 x 3 window shares no rows and runs row by row, and so does the strided one when its
+    rows are prime (11). All equal the reference, on one thread and on two."""
+    import re
+
+    rng = np.random.default_rng(12)
+    nodes = [h.make_node("Conv", ["x", "wd"], ["dw"], group=6, pads=[1, 1, 1, 1]),
+             h.make_node("Conv", ["x", "wd"], ["rows2"], group=6, pads=[1, 1, 1, 1],
+                         strides=[2, 1]),
+             h.make_node("Conv", ["x", "wd"], ["dil"], group=6, pads=[2, 2, 2, 2],
+                         dilations=[2, 2]),
+             h.make_node("Conv", ["x", "wd"], ["lop"], group=6, pads=[2, 1, 0, 1]),
+             h.make_node("MaxPool", ["x"], ["pool"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+             h.make_node("Conv", ["x", "wr"], ["row"], group=6, pads=[0, 1, 0, 1])]
+    imported, generated, source = _windows(nodes, [1, 6, 2 * height, 21], {
+        "wd": rng.standard_normal((6, 1, 3, 3)), "wr": rng.standard_normal((6, 1, 1, 3))})
+    # output rows side by side (2 * height rows; the strided one height), and the input
+    # rows they stage: 3 x 3 windows side + 2, strided 2 * (side - 1) + 3, dilated
+    # side - 1 + 2 * 2 + 1
+    side = {8: 8, 7: 7, 11: 2}[height]
+    side2 = {8: 8, 7: 7, 11: 1}[height]
+    want = {"dw": (side, side + 2), "rows2": (side2, 2 * (side2 - 1) + 3),
+            "dil": (side, side + 4), "lop": (side, side + 2), "pool": (side, side + 2),
+            "row": (1, 1)}
+    for out, (step, staged) in want.items():
+        src = source[out]
+        assert (f"r += {step})" in src) == (step > 1), out
+        assert re.search(rf"float srow0\[{staged}\]\[", src), (out, staged)
+    inputs = {"x": rng.standard_normal((1, 6, 2 * height, 21)).astype(np.float32)}
+    _equals_reference(imported.module, generated, inputs, imported.weights)
+
+
+def _windows(nodes, shape: list[int], weights: dict):
+    """A model of `nodes` over one input `x` of `shape`, each node's one output a model
+    output: (its import, the CPU codegen, each output's kernel source)."""
+    vi = h.make_tensor_value_info
+    outs = [n.output[0] for n in nodes]
+    graph = h.make_graph(nodes, "windows", [vi("x", T.FLOAT, shape)],
+                         [vi(n, T.FLOAT, None) for n in outs],
+                         [nh.from_array(w.astype(np.float32), name)
+                          for name, w in weights.items()])
+    imported = import_model(h.make_model(graph, opset_imports=[h.make_opsetid("", 18)]))
+    generated = generate(imported.module, target="cpu").module
+    source = {op: k["source"] for k in generated.codegen["kernels"] for op in k["ops"]}
+    return imported, generated, {out: source[_op_of(imported.module, out)] for out in outs}
+
+
+def test_window_rows_divide_the_row_axis_and_the_block():
+    from tilekit.schedule.cpu import window_rows
+
+    assert [window_rows(n) for n in (56, 28, 14, 7, 13, 1, 12)] == [8, 7, 7, 7, 1, 1, 6]
+    assert window_rows(56, per=20) == 4 and window_rows(56, per=9) == 1
 
 
 @needs_cxx

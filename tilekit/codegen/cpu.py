@@ -46,6 +46,7 @@ from __future__ import annotations
 import itertools
 import math
 from contextlib import ExitStack
+from typing import Callable, NamedTuple
 
 from tilekit.codegen.kernel import (GeneratedKernel, PointBuilder, avar, c_name,
                                     decompose, finish, full_ranges, global_read,
@@ -54,7 +55,8 @@ from tilekit.codegen.kernel import (GeneratedKernel, PointBuilder, avar, c_name,
 from tilekit.codegen.plan import GroupPlan, OpPlan, Read
 from tilekit.codegen.staged import op_facts, read_key
 from tilekit.codegen.values import (accumulator_kind, combine, identity, literal, pad_literal)
-from tilekit.schedule.cpu import CpuShape, CpuTiles, cpu_shape, gemm_roles, one_thread
+from tilekit.schedule.cpu import (CpuShape, CpuTiles, cpu_shape, gemm_roles, one_thread,
+                                  window_rows)
 from tilekit.schedule.mma import Contraction
 from tilekit.schedule.shape import Target, body_uses_axis_values
 from tilekit.tile import expr as tx
@@ -121,7 +123,9 @@ def loops_kernel(module, plan: GroupPlan, entry: str, shape: CpuShape, target: T
                 points.append([at[a] for a in axes])
             _lane_points(b, module, plan, points, tiles, free)
     else:
-        with b.loop("r", first, stop, dtype=idx_t) as r:
+        side = (_side_by_side(p, axes, row_axes, row_extents, vec, vlen, per, tiles, free)
+                if vec is not None and p.reduces else 1)
+        with b.loop("r", first, stop, side, dtype=idx_t) as r:
             row_vars = decompose(b, r, row_extents, [avar(a) for a in row_axes], idx_t,
                                  named=bool(free))
             at = dict(zip(row_axes, row_vars))
@@ -132,7 +136,10 @@ def loops_kernel(module, plan: GroupPlan, entry: str, shape: CpuShape, target: T
                     at[axes[vec]] = v
                     _point(b, module, plan, [at[a] for a in axes], tiles, False, free)
             else:
-                _accumulator_row(b, module, plan, axes, at, vec, vlen, tiles, idx_t, free)
+                ats = [at] + [{**at, row_axes[-1]: b.let(
+                    f"{avar(row_axes[-1])}_{u}", tx.add(at[row_axes[-1]], u), idx_t)}
+                    for u in range(1, side)]
+                _accumulator_row(b, module, plan, axes, ats, vec, vlen, tiles, idx_t, free)
     sched = {"source": "cpu", "rows": rows, "rows_per_block": per, "reduction": mode,
              "vector_axis": axes[vec] if vec is not None else None}
     if grid > 1 and one_thread(rows * lp.work_per_row, tiles):
@@ -231,15 +238,100 @@ def _lane_points(b: Builder, module, plan: GroupPlan, points: list[list[Expr]],
 UNROLLED_WINDOW = 32
 
 
-def _accumulator_row(b: Builder, module, plan: GroupPlan, axes, at: dict, vec: int, vlen: int,
-                     tiles: CpuTiles, idx_t: str, free: frozenset[str]) -> None:
+def _side_by_side(p: OpPlan, axes, row_axes, row_extents, vec: int, vlen: int, per: int,
+                  tiles: CpuTiles, free: frozenset[str]) -> int:
+    """How many output rows an accumulator row computes side by side (`window_rows`, 1:
+    row by row): more than one where its window reads input rows that the next output rows
+    read too (a 3 x 3 window's rows: 8 output rows stage 10 input rows, not 24), so some
+    staged read's rows are shared (`_staged_layout`) and every staged read can be shared. The
+    row must fit one accumulator row with its window unrolled and no loop outside it (the
+    side-by-side rows then run one after another on the staged rows), the innermost row
+    axis must not vary, and a block holds whole groups (`window_rows` of its rows)."""
+    va, ra = axes[vec], row_axes[-1] if row_axes else None
+    if ra is None or ra in free or va in free or vlen > tiles.vector_chunk:
+        return 1
+    looped, unrolled = _window_split(p.reduction, free)
+    if looped:
+        return 1
+    side = window_rows(row_extents[-1], per)
+    if side == 1:
+        return 1
+    layouts = [_staged_layout(spec, ra, side)
+               for spec in _staged_reads(p, va, vlen, unrolled)]
+    if None in layouts or not any(x.shared for x in layouts):
+        return 1
+    return side
+
+
+class _Layout(NamedTuple):
+    """The rows of a staged read's buffer for output rows side by side (`_staged_layout`):
+    `fills` each buffer row's (offset of the row axis, the group's values), `row(u, point)`
+    the buffer row of output row u's window point, `shared` whether output rows share
+    buffer rows."""
+
+    fills: list[tuple[int, dict]]
+    row: Callable[[int, dict], int]
+    shared: bool
+
+
+def _staged_layout(spec: tuple, ra: str | None, side: int) -> _Layout | None:
+    """The buffer rows of a staged read (`_staged_reads`'s `spec`) for `side` output rows
+    along the row axis `ra`, or None when they cannot share its buffer. Row by row (or a
+    read without `ra`): a row per value of the group axes (a 3 x 3 window's 3). Where the
+    read's dimension of `ra` is `ch * ra + cg * g + c` for its one group axis `g` (the
+    window's rows): with `cg` 1 the buffer holds `ch * (side - 1) + extent(g)` rows, row `t`
+    read at `ra`'s first value and `g = t`, and row u's point `g` is row `ch * u + g`; with
+    `ch` 1 (a dilated window), `side - 1 + cg * (extent(g) - 1) + 1` rows read at `ra + t`
+    and `g = 0`. Either way the same index values as row by row, so the same bounds checks
+    hold."""
+    r, window, group, _ = spec
+    dims = [dict(m.terms) for m in r.maps]
+    with_ra = [d for d, t in enumerate(dims) if ra in t]
+    if side == 1 or not with_ra:
+        names = [a for a, _ in group]
+
+        def row(u: int, point: dict) -> int:
+            k = 0
+            for a, n in group:
+                k = k * n + point[a]
+            return k
+        return _Layout([(0, dict(zip(names, v)))
+                        for v in itertools.product(*(range(n) for _, n in group))],
+                       row, False)
+    if len(with_ra) != 1 or len(group) > 1 or not r.maps[with_ra[0]].affine:
+        return None
+    terms = dims[with_ra[0]]
+    if any(a in window for a in terms) or any(
+            a in t for a, _ in group for d, t in enumerate(dims) if d != with_ra[0]):
+        return None
+    ch = terms[ra]
+    if not group:
+        return _Layout([(u, {}) for u in range(side)], lambda u, point: u, False)
+    (g, n), = group
+    cg = terms.get(g, 0)
+    if ch < 1 or cg < 1:
+        return None
+    if cg == 1:
+        return _Layout([(0, {g: t}) for t in range(ch * (side - 1) + n)],
+                       lambda u, point: ch * u + point[g], True)
+    if ch == 1:
+        return _Layout([(t, {g: 0}) for t in range(side - 1 + cg * (n - 1) + 1)],
+                       lambda u, point: u + cg * point[g], True)
+    return None
+
+
+def _accumulator_row(b: Builder, module, plan: GroupPlan, axes, ats: list[dict], vec: int,
+                     vlen: int, tiles: CpuTiles, idx_t: str, free: frozenset[str]) -> None:
     """A reduction vectorised over the output's vector axis: an accumulator row of up to
     `vector_chunk` points, the reduction loops outside the lanes (its trailing axes up to
     `UNROLLED_WINDOW` points unrolled, none that is `free`); a row that fits one chunk has
     no chunk loop, so its bounds are constants. A `free` vector axis (its extent varies)
-    always has the chunk loop and a row of `vector_chunk` points."""
+    always has the chunk loop and a row of `vector_chunk` points. `ats`: the output rows
+    (each its row axes' values) computed side by side on staged rows staged once for all
+    (`_side_by_side`; one row unless it said so), one after another."""
     stage = plan.stages[0]
     p = stage.main
+    at = ats[0]
     chunk = min(vlen, tiles.vector_chunk)
     probe = PointBuilder(module, b, stage, [at.get(a, tx.const(0)) for a in axes],
                          global_resolver)
@@ -253,7 +345,8 @@ def _accumulator_row(b: Builder, module, plan: GroupPlan, axes, at: dict, vec: i
                   "accumulators of a row of the vector axis")
     looped, unrolled = _window_split(p.reduction, free)
 
-    def accumulate(j0: Expr, count: Expr, code: dict, rows: dict | None = None) -> None:
+    def accumulate(at: dict, j0: Expr, count: Expr, code: dict, rows: dict | None = None
+                   ) -> None:
         """Fold one window point into the accumulator row; `rows` maps a staged read's key
         to its row buffer and this point's offset in it."""
         with b.loop("jj", 0, count, kind="simd", dtype=idx_t) as jj:
@@ -273,19 +366,35 @@ def _accumulator_row(b: Builder, module, plan: GroupPlan, axes, at: dict, vec: i
             b.store(row, (jj,), combine(p.assign, Load(row.name, (jj,), dtype),
                                         tx.cast(dtype, value)))
 
+    single = len(ats) == 1
+
     def run_chunk(j0: Expr, count: Expr) -> None:
-        with b.loop("jj", 0, count, kind="simd", dtype=idx_t) as jj:
-            b.store(row, (jj,), identity(p.assign, kind))
+        if single:
+            start(count)
         code: dict = {}
         with ExitStack() as loops:
             for a, extent in looped:
                 code[a] = loops.enter_context(b.loop(avar(a), 0, extent))
             for st in staged:
                 st.fill(b, p, at, code, va, idx_t)
-            for point in itertools.product(*(range(n) for _, n in unrolled)):
-                at_point = {a: i for (a, _), i in zip(unrolled, point)}
-                code.update({a: tx.const(i) for a, i in at_point.items()})
-                accumulate(j0, count, code, {st.key: st.at(at_point) for st in staged})
+            for u, at_u in enumerate(ats):   # side by side: one after another
+                if not single:
+                    start(count)
+                for point in itertools.product(*(range(n) for _, n in unrolled)):
+                    at_point = {a: i for (a, _), i in zip(unrolled, point)}
+                    code.update({a: tx.const(i) for a, i in at_point.items()})
+                    accumulate(at_u, j0, count, code,
+                               {st.key: st.at(u, at_point) for st in staged})
+                if not single:
+                    epilogue(at_u, j0, count)
+        if single:
+            epilogue(at, j0, count)
+
+    def start(count: Expr) -> None:
+        with b.loop("jj", 0, count, kind="simd", dtype=idx_t) as jj:
+            b.store(row, (jj,), identity(p.assign, kind))
+
+    def epilogue(at: dict, j0: Expr, count: Expr) -> None:
         with b.loop("jj", 0, count, kind="simd", dtype=idx_t) as jj:
             v = b.let(avar(va), tx.add(j0, jj), idx_t)
             vars_ = [v if a == va else at[a] for a in axes]
@@ -294,7 +403,9 @@ def _accumulator_row(b: Builder, module, plan: GroupPlan, axes, at: dict, vec: i
             pb.epilogue(pb.main_value(p, (Load(row.name, (jj,), dtype), kind)), sink)
 
     if chunk >= vlen and va not in free:
-        staged = [_StagedRow(r, k, b) for k, r in enumerate(_staged_reads(p, va, vlen, unrolled))]
+        ra = next((a for a in reversed(axes) if a != va), None)   # the innermost row axis
+        staged = [_StagedRow(spec, k, b, ra, _staged_layout(spec, ra, len(ats)))
+                  for k, spec in enumerate(_staged_reads(p, va, vlen, unrolled))]
         run_chunk(tx.const(0, idx_t), tx.const(vlen, idx_t))
         return
     staged = []
@@ -304,44 +415,40 @@ def _accumulator_row(b: Builder, module, plan: GroupPlan, axes, at: dict, vec: i
 
 
 class _StagedRow:
-    """A read staged once per row (`_staged_reads`): `window` the unrolled window axes in its
-    vector dimension and their coefficients, `group` the other unrolled axes it reads by
-    (with their extents: a row each, a 3 x 3 window's 3 input rows), `buffer` those rows of
-    `vlen + halo` values, padding included."""
+    """A read staged once per row (`_staged_reads`), or once for output rows side by side:
+    `window` the unrolled window axes in its vector dimension and their coefficients,
+    `buffer` the rows of `vlen + halo` values the window reads (padding included) as
+    `layout` (`_staged_layout`) places them: a row per value of the other unrolled axes it
+    reads by, a 3 x 3 window's 3 input rows, or those of 8 output rows, 10."""
 
-    def __init__(self, staged: tuple, k: int, b: Builder):
-        r, self.window, self.group, length = staged
-        self.read, self.key = r, read_key(r)
-        self.buffer = b.alloc(f"srow{k}", r.dtype, (self.rows, length),
+    def __init__(self, staged: tuple, k: int, b: Builder, row_axis: str | None,
+                 layout: _Layout):
+        r, self.window, _, length = staged
+        self.read, self.key, self.row_axis, self.layout = r, read_key(r), row_axis, layout
+        self.buffer = b.alloc(f"srow{k}", r.dtype, (len(layout.fills), length),
                               f"{r.tensor}: the rows the window reads, padding included")
 
-    @property
-    def rows(self) -> int:
-        return math.prod(n for _, n in self.group)
-
-    def _row(self, values: dict) -> int:
-        row = 0
-        for a, n in self.group:
-            row = row * n + values[a]
-        return row
-
-    def at(self, point: dict) -> tuple:
-        """(buffer, its row, the offset in the row) of a window point's values."""
-        return (self.buffer, self._row(point),
+    def at(self, u: int, point: dict) -> tuple:
+        """(buffer, its row, the offset in the row) of a window point's values for output
+        row `u` of those side by side."""
+        return (self.buffer, self.layout.row(u, point),
                 sum(cf * point[a] for a, cf in self.window.items()))
 
     def fill(self, b: Builder, p: OpPlan, at: dict, code: dict, va: str, idx_t: str) -> None:
         """The buffer's rows: the read with the vector axis at each position, the window
-        axes in its dimension at 0 and the group's at each value (its bounds checks run here,
-        once per value, and the guard split leaves them at the row's edges)."""
+        axes in its dimension at 0, the group's at each row's values and the row axis
+        shifted by its offset (its bounds checks run here, once per row, and the guard split
+        leaves them at the row's edges)."""
         length = self.buffer.shape[1]
-        for values in itertools.product(*(range(n) for _, n in self.group)):
-            group = dict(zip((a for a, _ in self.group), values))
+        ra = self.row_axis
+        for k, (shift, group) in enumerate(self.layout.fills):
             with b.loop("q", 0, length, kind="simd", dtype=idx_t) as q:
                 axis = {**code, **at, va: q}
+                if shift:
+                    axis[ra] = tx.add(at[ra], shift)
                 axis.update({a: tx.const(0) for a in self.window})
                 axis.update({a: tx.const(v) for a, v in group.items()})
-                b.store(self.buffer, (tx.const(self._row(group)), q),
+                b.store(self.buffer, (tx.const(k), q),
                         global_read(self.read, axis, full_ranges(p)))
 
 

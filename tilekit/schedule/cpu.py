@@ -281,6 +281,20 @@ def rows_per_block(rows: int, work_per_row: int, tiles: CpuTiles) -> int:
     return max(1, min(per, rows))
 
 
+#: The most output rows an accumulator row computes side by side when its window reads
+#: overlapping input rows (tilekit.codegen.cpu: a 3 x 3 window's rows stage once for 8
+#: output rows, 10 input rows, where row by row they stage 24).
+WINDOW_ROWS = 8
+
+
+def window_rows(extent: int, per: int | None = None) -> int:
+    """The output rows side by side along a row axis of `extent` points: the largest
+    divisor of `extent` of at most `WINDOW_ROWS` (so no group crosses into the next outer
+    row), and of `per`, the rows of a block, when given (so no group crosses a block)."""
+    return max(r for r in range(1, WINDOW_ROWS + 1)
+               if extent % r == 0 and (per is None or per % r == 0))
+
+
 def one_thread(work: int, tiles: CpuTiles) -> bool:
     """Run a kernel of `work` element operations on one thread of the team rather than
     sharing its blocks out? When it is at most one block's work (`block_work`, about a
@@ -509,8 +523,11 @@ def _loops(facts, tiles: CpuTiles, free: frozenset[str] = frozenset()) -> CpuLoo
     mode = ("lane partials" if lanes_red else "accumulator row" if reduces
             else "pointwise") if vec is not None or lanes_red else "scalar"
     work = vlen * reduce_size
-    return CpuLoops(axes[vec] if vec is not None else None, mode, rows,
-                    rows_per_block(rows, work, tiles), work)
+    per = rows_per_block(rows, work, tiles)
+    if mode == "accumulator row" and len(axes) > 1 and axes[-2] not in free:
+        group = window_rows(extents[-2])      # blocks of whole groups of rows
+        per = min(rows, -(-per // group) * group)
+    return CpuLoops(axes[vec] if vec is not None else None, mode, rows, per, work)
 
 
 def _with_recorded(shape: CpuShape, rec: Mapping[str, Any], where: str) -> CpuShape:
