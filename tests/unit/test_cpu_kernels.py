@@ -286,9 +286,11 @@ def test_a_padded_window_reads_staged_rows():
     padding included) once per output row, so each window point is a vector loop with
     constant bounds and no guard: a 3 x 3 depthwise convolution, the same dilated by 2 (the
     window's offsets step by 2), a 3 x 3 max pool of stride 1 (padding -inf) and a grouped
-    convolution whose channels are a loop (staged per channel). A strided window and a row
-    wider than an accumulator row read the tensor. All equal the reference, on one thread
-    and on two."""
+    convolution whose channels are a loop (staged per channel). A strided window stages its
+    rows in phases (stride 2: even and odd values; a 2 x 2 pool of stride 3 uses 2 of 3),
+    each point a contiguous read of one phase; one strided and dilated (no window axis of
+    coefficient 1 sets a phase) reads the tensor. All equal the reference, on one thread and
+    on two."""
     import re
 
     rng = np.random.default_rng(8)
@@ -298,16 +300,21 @@ def test_a_padded_window_reads_staged_rows():
              h.make_node("MaxPool", ["x"], ["pool"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
              h.make_node("Conv", ["x", "wg"], ["grp"], group=2, pads=[1, 1, 1, 1]),
              h.make_node("Conv", ["x", "wd"], ["strided"], group=6, pads=[1, 1, 1, 1],
-                         strides=[2, 2])]
+                         strides=[2, 2]),
+             h.make_node("MaxPool", ["x"], ["pool3"], kernel_shape=[2, 2], pads=[1, 1, 1, 1],
+                         strides=[3, 3]),
+             h.make_node("Conv", ["x", "wd"], ["dilstr"], group=6, pads=[2, 2, 2, 2],
+                         strides=[2, 2], dilations=[2, 2])]
     imported, generated, source = _windows(nodes, [1, 6, 9, 20], {
         "wd": rng.standard_normal((6, 1, 3, 3)), "wg": rng.standard_normal((4, 3, 3, 3))})
     module = imported.module
-    for out in ("dw", "dil", "pool", "grp"):
+    for out in ("dw", "dil", "pool", "grp", "strided", "pool3"):
         src = source[out]
         assert "srow0[" in src, out
         points = re.findall(r"accrow\[jj\] = .*|accrow\[jj\] [+]= .*", src)
         assert points and not any("tk_in" in line or "t_x[" in line for line in points), out
-    assert "srow0[" not in source["strided"]
+        assert ("in 2 phases" in src) == (out in ("strided", "pool3")), out
+    assert "srow0[" not in source["dilstr"]
     inputs = {"x": rng.standard_normal((1, 6, 9, 20)).astype(np.float32)}
     _equals_reference(module, generated, inputs, imported.weights)
 

@@ -19,7 +19,9 @@ spatial axis but the vector axis) in blocks of about `block_work` operations; pe
   the row inside, then the epilogue in a `simd` loop. A small window (the trailing reduction
   axes, up to `UNROLLED_WINDOW` points) is unrolled, so each of its points is a `simd` loop
   with constant bounds; a read of it that crosses the padding is staged once per row
-  (`_StagedRow`), so those loops have no guard either.
+  (`_StagedRow`; a strided window's in phases, so each point reads contiguous values), so
+  those loops have no guard either, and output rows whose windows read overlapping input
+  rows run side by side on rows staged once for them all (`_side_by_side`).
 
 `cpu_gemm` (a float32 contraction, `tilekit.schedule.mma.contraction`: matmul, batched matmul,
 Gemm, convolution as an implicit GEMM), the BLIS algorithm: a block owns `mc x nc` outputs of
@@ -274,7 +276,7 @@ class _Layout(NamedTuple):
     shared: bool
 
 
-def _staged_layout(spec: tuple, ra: str | None, side: int) -> _Layout | None:
+def _staged_layout(spec: _Staging, ra: str | None, side: int) -> _Layout | None:
     """The buffer rows of a staged read (`_staged_reads`'s `spec`) for `side` output rows
     along the row axis `ra`, or None when they cannot share its buffer. Row by row (or a
     read without `ra`): a row per value of the group axes (a 3 x 3 window's 3). Where the
@@ -284,7 +286,7 @@ def _staged_layout(spec: tuple, ra: str | None, side: int) -> _Layout | None:
     `ch` 1 (a dilated window), `side - 1 + cg * (extent(g) - 1) + 1` rows read at `ra + t`
     and `g = 0`. Either way the same index values as row by row, so the same bounds checks
     hold."""
-    r, window, group, _ = spec
+    r, window, group = spec.read, spec.window, spec.group
     dims = [dict(m.terms) for m in r.maps]
     with_ra = [d for d, t in enumerate(dims) if ra in t]
     if side == 1 or not with_ra:
@@ -416,50 +418,78 @@ def _accumulator_row(b: Builder, module, plan: GroupPlan, axes, ats: list[dict],
 
 class _StagedRow:
     """A read staged once per row (`_staged_reads`), or once for output rows side by side:
-    `window` the unrolled window axes in its vector dimension and their coefficients,
-    `buffer` the rows of `vlen + halo` values the window reads (padding included) as
-    `layout` (`_staged_layout`) places them: a row per value of the other unrolled axes it
-    reads by, a 3 x 3 window's 3 input rows, or those of 8 output rows, 10."""
+    `buffer` the rows of values the window reads (padding included) as `layout`
+    (`_staged_layout`) places them, a row per value of the other unrolled axes it reads by
+    (a 3 x 3 window's 3 input rows, or those of 8 output rows, 10), each in the staging's
+    phases (one unstrided, a stride-2 window's even and odd values)."""
 
-    def __init__(self, staged: tuple, k: int, b: Builder, row_axis: str | None,
+    def __init__(self, spec: _Staging, k: int, b: Builder, row_axis: str | None,
                  layout: _Layout):
-        r, self.window, _, length = staged
-        self.read, self.key, self.row_axis, self.layout = r, read_key(r), row_axis, layout
-        self.buffer = b.alloc(f"srow{k}", r.dtype, (len(layout.fills), length),
-                              f"{r.tensor}: the rows the window reads, padding included")
+        self.spec, self.key, self.row_axis, self.layout = spec, read_key(spec.read), \
+            row_axis, layout
+        self.buffer = b.alloc(f"srow{k}", spec.read.dtype,
+                              (len(layout.fills) * len(spec.phases), spec.length),
+                              f"{spec.read.tensor}: the rows the window reads, padding "
+                              "included" + (f", in {len(spec.phases)} phases"
+                                            if spec.stride > 1 else ""))
 
     def at(self, u: int, point: dict) -> tuple:
         """(buffer, its row, the offset in the row) of a window point's values for output
         row `u` of those side by side."""
-        return (self.buffer, self.layout.row(u, point),
-                sum(cf * point[a] for a, cf in self.window.items()))
+        s = self.spec
+        offset = sum(cf * point[a] for a, cf in s.window.items())
+        return (self.buffer, self.layout.row(u, point) * len(s.phases)
+                + s.phases.index(offset % s.stride), offset // s.stride)
 
     def fill(self, b: Builder, p: OpPlan, at: dict, code: dict, va: str, idx_t: str) -> None:
         """The buffer's rows: the read with the vector axis at each position, the window
-        axes in its dimension at 0, the group's at each row's values and the row axis
-        shifted by its offset (its bounds checks run here, once per row, and the guard split
-        leaves them at the row's edges)."""
-        length = self.buffer.shape[1]
+        axes in its dimension at 0 but the phase's carrier at the phase, the group's at
+        each row's values and the row axis shifted by its offset (its bounds checks run
+        here, once per row, and the guard split leaves them at the row's edges)."""
+        s = self.spec
         ra = self.row_axis
         for k, (shift, group) in enumerate(self.layout.fills):
-            with b.loop("q", 0, length, kind="simd", dtype=idx_t) as q:
-                axis = {**code, **at, va: q}
-                if shift:
-                    axis[ra] = tx.add(at[ra], shift)
-                axis.update({a: tx.const(0) for a in self.window})
-                axis.update({a: tx.const(v) for a, v in group.items()})
-                b.store(self.buffer, (tx.const(k), q),
-                        global_read(self.read, axis, full_ranges(p)))
+            for i, phase in enumerate(s.phases):
+                with b.loop("q", 0, s.length, kind="simd", dtype=idx_t) as q:
+                    axis = {**code, **at, va: q}
+                    if shift:
+                        axis[ra] = tx.add(at[ra], shift)
+                    axis.update({a: tx.const(0) for a in s.window})
+                    if s.carrier is not None:
+                        axis[s.carrier] = tx.const(phase)
+                    axis.update({a: tx.const(v) for a, v in group.items()})
+                    b.store(self.buffer, (tx.const(k * len(s.phases) + i), q),
+                            global_read(s.read, axis, full_ranges(p)))
 
 
-def _staged_reads(p: OpPlan, va: str, vlen: int, unrolled) -> list[tuple]:
+class _Staging(NamedTuple):
+    """A read an accumulator row stages (`_staged_reads`): `window` the unrolled window axes
+    of its vector dimension with their coefficients, `group` the other unrolled axes it
+    reads by (with extents), `stride` the vector axis's coefficient, `phases` the residues
+    modulo `stride` of the window's offsets in that dimension (`(0,)` unstrided), `carrier`
+    a window axis of coefficient 1 that sets a phase (None unstrided) and `length` the
+    values of a staged row of one phase."""
+
+    read: Read
+    window: dict
+    group: tuple
+    stride: int
+    phases: tuple[int, ...]
+    carrier: str | None
+    length: int
+
+
+def _staged_reads(p: OpPlan, va: str, vlen: int, unrolled) -> list[_Staging]:
     """The reads an accumulator row stages (`_StagedRow`): float32, the vector axis `va` with
-    coefficient 1 in one affine dimension that can leave the tensor (a convolution's
-    padding) and in no other, the unrolled window axes of that dimension with positive
-    coefficients and in no other dimension. Each point of the window then reads the row at
-    `jj + sum(coef * window index)`: a vector loop with constant bounds and no guard, where
-    reading the tensor takes a guard split per point (a scalar edge and an interior one lane
-    short of whole vectors). As (read, window, group, length)."""
+    a positive coefficient `s` in one affine dimension that can leave the tensor (a
+    convolution's padding) and in no other, the unrolled window axes of that dimension with
+    positive coefficients and in no other dimension. Each point of the window then reads the
+    row at `jj + offset`: a vector loop with constant bounds and no guard, where reading the
+    tensor takes a guard split per point (a scalar edge and an interior one lane short of
+    whole vectors). A strided window (`s` 2: a pool or convolution of stride 2) is staged in
+    `s` phases, phase `ph` holding the values at `s * q + ph`, so that window offset `o`
+    reads phase `o % s` at `jj + o // s`, contiguous, where the tensor's values are `s`
+    apart (a gather); it needs a window axis of coefficient 1 to set the phase."""
     names = {a for a, _ in unrolled}
     extent = dict(p.spatial) | dict(p.reduction)
     out, seen = [], set()
@@ -474,7 +504,8 @@ def _staged_reads(p: OpPlan, va: str, vlen: int, unrolled) -> list[tuple]:
             continue
         d = with_va[0]
         terms = dict(r.maps[d].terms)
-        if terms.get(va) != 1 or not needs_check(r, full_ranges(p))[d]:
+        stride = terms.get(va)
+        if not isinstance(stride, int) or stride < 1 or not needs_check(r, full_ranges(p))[d]:
             continue
         window = {a: cf for a, cf in terms.items() if a != va and cf}
         if any(a not in names or cf < 1 for a, cf in window.items()):
@@ -483,8 +514,15 @@ def _staged_reads(p: OpPlan, va: str, vlen: int, unrolled) -> list[tuple]:
             continue
         group = tuple((a, n) for a, n in unrolled if a not in window
                       and any(a in t for t in dims))
-        halo = sum(cf * (extent[a] - 1) for a, cf in window.items())
-        out.append((r, window, group, vlen + halo))
+        offsets = {sum(cf * i for (a, cf), i in zip(window.items(), point))
+                   for point in itertools.product(*(range(extent[a]) for a in window))}
+        carrier = next((a for a, cf in window.items() if cf == 1), None)
+        if stride > 1 and carrier is None:
+            continue
+        out.append(_Staging(r, window, group, stride,
+                            tuple(sorted({o % stride for o in offsets})),
+                            carrier if stride > 1 else None,
+                            vlen + max(o // stride for o in offsets)))
     return out
 
 
