@@ -749,7 +749,12 @@ def test_each_micro_tile_runs_the_chain_after_its_last_step():
     chain's addresses are linear in the N axes (and the columns never cross an image), each
     column decomposed where they could; where all of N is one run of addresses (one image, a
     matrix's columns), each row of the strip or tile is one vector loop over the block's
-    columns instead of a micro-tile at a time. The results match the reference."""
+    columns instead of a micro-tile at a time; with one step, while a strip computes, the
+    lines of the next strip's rows that the epilogue streams are prefetched (the residual
+    and the output, a line per 64 bytes of each row and micro-tile: not the bias, the same
+    along a row). The results match the reference."""
+    import re
+
     from tilekit.roll.schedule import roll_module
     from tilekit.weld import weld_module
 
@@ -779,6 +784,14 @@ def test_each_micro_tile_runs_the_chain_after_its_last_step():
     # whole micro-panels per image: the columns count on from the first one's coordinates
     assert "= j0 + j;" not in kernels["c_whole"]["source"]
     assert "= j0 + j;" in kernels["c_ragged"]["source"]                # each column's own
+    fetched = {out: re.findall(r"__builtin_prefetch\(&t_(\w+)\[", k["source"])
+               for out, k in kernels.items()}
+    mr, nr = kernels["c_single"]["schedule"]["gemm"]["micro"]
+    assert sorted(set(fetched["c_single"])) == ["r_single", "y_single"], fetched
+    assert len(fetched["c_single"]) == 2 * mr * -(-nr // 16)
+    streams = {"r_whole", "y_whole", "r_ragged", "y_ragged", "ra", "y_long", "y_seven"}
+    assert not streams & {t for out in ("c_whole", "c_ragged", "m", "c7")
+                          for t in fetched[out]}, fetched   # no strip epilogue of whole rows
     rng = np.random.default_rng(6)
     inputs = {n: rng.standard_normal(imported.module.tensors[n].shape).astype(np.float32)
               for n in imported.module.inputs}
