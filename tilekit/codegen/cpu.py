@@ -653,15 +653,17 @@ def gemm_kernel(module, plan: GroupPlan, entry: str, shape: CpuShape, target: Ta
             with b.loop("ir", ir_lo, ir_hi) as ir:
                 epilogue(ir, outer)
 
-    streams = _epilogue_streams(module, plan, m_axes, n_axes)
-    n_first = _axis_values(b, n_axes, n0, extent, idx_t, "pf") \
-        if streams and whole_rows else {}
+    # one step: the epilogue streams a strip's rows after it, so each strip prefetches the
+    # next one's
+    streams = _epilogue_streams(plan, m_axes, n_axes) \
+        if one_step and rows_first and whole_rows else []
+    n_first = _axis_values(b, n_axes, n0, extent, idx_t, "pf") if streams else {}
 
     def ahead(ir: Var):
         """Prefetches of the epilogue's streams for the next strip of micro-tiles (rows
         `(ir + 1) * mr` on), a micro-tile's columns at a time: the row offsets at the
-        block's first column now, then per micro-tile (`at(jr)`) a line per 64 bytes of each
-        row of the strip."""
+        block's first column now, then per micro-tile (`at(jr)`) a line of each row of the
+        strip per cache line of its columns."""
         rows = []
         for i in range(mr):
             values = {**batch_at, **n_first, **_axis_values(
@@ -676,7 +678,7 @@ def gemm_kernel(module, plan: GroupPlan, entry: str, shape: CpuShape, target: Ta
                     for col in range(0, nr, step):
                         b.evaluate(tx.call("prefetch", Addr(tvar(tensor), (tx.add(
                             base, tx.add(tx.mul(jr, nr), col)),))))
-        return at if streams else None
+        return at
 
     with b.loop("ks", 0, g.k_steps) as ks:
         k0 = b.let("k0", tx.mul(ks, g.kc), idx_t)
@@ -708,7 +710,7 @@ def gemm_kernel(module, plan: GroupPlan, entry: str, shape: CpuShape, target: Ta
             _micro_tiles(b, direct, A, a_side, ap, b_panel, c_tile, mr, nr, ir_lo, ir_hi, ks,
                          k0, mcount, ncount, kcount, idx_t, rows_first=one_step and rows_first,
                          strip_done=strip_done if one_step else None,
-                         ahead=ahead if one_step and rows_first and whole_rows else None)
+                         ahead=ahead if streams else None)
     if not one_step and rows_first and whole_rows:
         block_rows(tx.const(0), g.mc)     # after the last step, the tile (from L2)
     elif not one_step:
@@ -1145,48 +1147,47 @@ def _linear_columns(plan: GroupPlan, n_axes: tuple[str, ...], extent: dict, nr: 
 CACHE_LINE = 64
 
 
-def _epilogue_streams(module, plan: GroupPlan, m_axes: tuple[str, ...],
-                      n_axes: tuple[str, ...]) -> list[tuple]:
+def _epilogue_streams(plan: GroupPlan, m_axes: tuple[str, ...], n_axes: tuple[str, ...]
+                      ) -> list[tuple]:
     """The tensors the epilogue streams along an output row where the output's N is one run
     of addresses (`_linear_columns`): each stored output, and each read of the chain from
     outside the group whose offset steps by one along the innermost N axis and moves with
-    the rows (a residual; not a bias, the same along a row or for every row). As (tensor, elements per cache line, the offset as a
-    function of the main op's axis values). A strip's rows are 1.5 pages of a 12.5 KB row in
-    ResNet-50's 56 x 56 layers, and the hardware prefetcher restarts at every page: the
-    epilogue waited on the residual's reads, a third of the 1 x 1 convolutions' time with
-    K = 64, until the next strip's lines were prefetched while this strip computes (those
-    layers 0.81-0.88x, the first convolution 0.93x, on two cores of an AVX-512 Xeon)."""
+    the rows (a residual; not a bias, the same along a row or for every row). As (tensor,
+    elements per cache line, the offset as a function of the main op's axis values). A
+    strip's rows are 1.5 pages of a 12.5 KB row in ResNet-50's 56 x 56 layers, and the
+    hardware prefetcher restarts at every page: the epilogue waited on the residual's reads,
+    a third of the 1 x 1 convolutions' time with K = 64, until the next strip's lines were
+    prefetched while this strip computes (those layers 0.81-0.88x, the first convolution
+    0.93x, on two cores of an AVX-512 Xeon)."""
     stage = plan.stages[0]
     main_axes = [a for a, _ in stage.main.spatial]
     last = main_axes.index(n_axes[-1])
     rows = [main_axes.index(a) for a in m_axes]
-    out, seen = [], set()
+    out, seen, produced = [], set(), set()
 
-    def values_of(p: OpPlan):
-        names = [a for a, _ in p.spatial]
-        return lambda values: {names[k]: values[a] for k, a in enumerate(main_axes)}
+    def add(tensor: str, dtype: str, offset) -> None:
+        seen.add(tensor)
+        out.append((tensor, max(1, CACHE_LINE // ITEMSIZE[dtype]), offset))
 
-    produced = set()
     for p in [stage.main, *stage.chain]:
-        axis_of = values_of(p)
+        names = [a for a, _ in p.spatial]
+
+        def axis_of(values: dict, names=names) -> dict:
+            return {names[k]: values[a] for k, a in enumerate(main_axes)}
+
         if p is not stage.main:
             for r in p.read_list():
-                along, _ = _parts(r, (p.spatial[last][0],))
-                across, _ = _parts(r, tuple(p.spatial[k][0] for k in rows))
-                if r.tensor in produced or r.tensor in seen or not r.affine \
-                        or along.get(p.spatial[last][0]) != 1 or not any(across.values()):
-                    continue
-                seen.add(r.tensor)
-                out.append((r.tensor, max(1, CACHE_LINE // ITEMSIZE.get(r.dtype, 4)),
-                            lambda values, r=r, p=p, axis_of=axis_of: flat_offset(
-                                r, axis_of(values), full_ranges(p))))
+                along, _ = _parts(r, (names[last],))
+                across, _ = _parts(r, tuple(names[k] for k in rows))
+                if r.tensor not in produced and r.tensor not in seen and r.affine \
+                        and along.get(names[last]) == 1 and any(across.values()):
+                    add(r.tensor, r.dtype, lambda values, r=r, p=p, axis_of=axis_of:
+                        flat_offset(r, axis_of(values), full_ranges(p)))
         produced.add(p.output)
         if p.output in plan.stored and p.output not in seen:
-            seen.add(p.output)
             st = strides(p.out_shape)
-            out.append((p.output, max(1, CACHE_LINE // ITEMSIZE.get(p.out_dtype, 4)),
-                        lambda values, st=st: tx.linear(
-                            [(s_, values[a]) for s_, a in zip(st, main_axes)], 0)))
+            add(p.output, p.out_dtype, lambda values, st=st: tx.linear(
+                [(s_, values[a]) for s_, a in zip(st, main_axes)], 0))
     return out
 
 
