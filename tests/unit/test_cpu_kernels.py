@@ -5,6 +5,8 @@ reductions over contiguous and strided axes."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import onnx
 import pytest
@@ -246,10 +248,13 @@ def test_each_op_gets_its_cpu_shape(kinds):
         assert shapes[_op_of(module, out)][0] == "cpu_gemm", out
     conv = shapes[_op_of(module, "conv_out_conv")][1]["gemm"]
     assert conv["m"] == ["f"] and conv["n"] == ["n", "h", "w"]   # B: the pixels, im2col
-    # A read in place where its K axes are contiguous (filters, a matmul's rows, batched
-    # rows); Gemm's transposed B stays packed
-    for out in ("mm", "long_out", "scores", "gemm_out_mm", "conv_out_conv", "conv1_out"):
+    # A read in place where its K axes are contiguous (a matmul's rows, batched rows); a
+    # convolution's filters (a weight) from panels packed once; Gemm's transposed A stays
+    # packed per run
+    for out in ("mm", "long_out", "scores", "gemm_out_mm"):
         assert shapes[_op_of(module, out)][1]["gemm"]["a"] == "rows", out
+    for out in ("conv_out_conv", "conv1_out"):
+        assert shapes[_op_of(module, out)][1]["gemm"]["a"] == "weight panels", out
     assert shapes[_op_of(module, "gemmt_out")][1]["gemm"]["a"] == "packed"
     scores = shapes[_op_of(module, "scores")][1]["gemm"]
     assert len(scores["batch"]) == 2
@@ -458,7 +463,7 @@ def test_a_long_sum_is_as_accurate_as_blocked_summation():
 def test_tall_blocks_run_their_rows_in_l2_slices():
     """M above the A slice of L2 (`tiles.mc` rows) stays whole in a block, N split over the
     cores: the block runs its rows slice by slice on one packed B panel. A convolution of
-    200 filters (A read in place, tail rows) with padding on 30 x 11 pixels (rows of 11), and
+    200 filters (A a weight packed once, tail rows) with padding on 30 x 11 pixels (rows of 11), and
     a matmul whose M is not a multiple of the micro-tile; both against the reference."""
     rng = np.random.default_rng(4)
     vi = h.make_tensor_value_info
@@ -476,11 +481,14 @@ def test_tall_blocks_run_their_rows_in_l2_slices():
     tiles = cpu_tiles()
     gemms = [k for k in generated.codegen["kernels"] if k["shape"] == "cpu_gemm"]
     assert len(gemms) == 2
-    # the padded stride-1 window's rows of B are masked vector copies; the matmul's B is a
-    # weight, packed once (runtime_cpu.h tk_packed_b), not per run
-    conv, matmul = sorted(gemms, key=lambda k: "tk_packed_b" in k["source"])
-    assert "tk_pack_row<16>" in conv["source"] and "tk_packed_b" not in conv["source"]
-    assert "tk_packed_b<16>" in matmul["source"] and "tk_pack_row" not in matmul["source"]
+    # the padded stride-1 window's rows of B are masked vector copies, its filters (A) a
+    # weight's panels packed once (runtime_cpu.h tk_packed_panels); the matmul's B is a
+    # weight, packed once, not per run
+    conv, matmul = sorted(gemms, key=lambda k: k["schedule"]["gemm"]["b"] == "weight panels")
+    mr = conv["schedule"]["gemm"]["micro"][0]
+    assert conv["schedule"]["gemm"]["a"] == "weight panels"
+    assert "tk_pack_row<16>" in conv["source"] and f"tk_packed_panels<{mr}>" in conv["source"]
+    assert "tk_packed_panels<16>" in matmul["source"] and "tk_pack_row" not in matmul["source"]
     for k in gemms:
         mc = k["schedule"]["gemm"]["blocks"][0]
         assert mc > tiles.mc and "for (int ic = 0;" in k["source"], k["name"]
@@ -489,37 +497,99 @@ def test_tall_blocks_run_their_rows_in_l2_slices():
     _equals_reference(module, generated, inputs, imported.weights)
 
 
+def _rebinding_weights_repacks(module, generated, weights, rng) -> None:
+    """Runs with the weights, other weights, then the first ones again, each equal to the
+    reference with the weights it was given, on one thread and on two."""
+    inputs = {n: rng.standard_normal(module.tensors[n].shape).astype(np.float32)
+              for n in module.inputs}
+    other = {n: (w * -0.5 + 0.25).astype(w.dtype) for n, w in weights.items()}
+    for threads in (1, 2):
+        program = CpuProgram(generated, threads)
+        for given in (weights, other, weights):
+            _close(module, program.run(inputs, given), run_module(module, inputs, given),
+                   threads)
+
+
 @needs_cxx
 def test_weights_as_b_are_packed_once_and_repacked_when_they_change():
     """A weight as the GEMM's B (a MatMul's [K, N] and a Gemm's transposed [N, K], N not a
     whole number of micro-panels) is read from panels packed once per loaded program; an
-    activation as B is still packed per run. Binding other weights re-packs: each run equals
+    activation as B is still packed per run. With several steps over K (a MatMul of 600
+    points) the micro-tiles walk B's micro-panels outside, and the first `nr / 16` of each
+    column prefetch their share of the next column's panel, a line a step
+    (`tk_gemm_micro_rows_ahead<..., 16>`). Binding other weights re-packs: each run equals
     the reference with the weights it was given, on one thread and on two (N split)."""
     rng = np.random.default_rng(5)
     vi = h.make_tensor_value_info
     nodes = [h.make_node("MatMul", ["x", "w"], ["h"]),
              h.make_node("Gemm", ["h", "v", "c"], ["y"], transB=1),
-             h.make_node("MatMul", ["h", "x2"], ["z"])]
+             h.make_node("MatMul", ["h", "x2"], ["z"]),
+             h.make_node("MatMul", ["x3", "u"], ["l"])]
     graph = h.make_graph(
-        nodes, "weights", [vi("x", T.FLOAT, [40, 24]), vi("x2", T.FLOAT, [70, 36])],
-        [vi("y", T.FLOAT, None), vi("z", T.FLOAT, None)],
+        nodes, "weights", [vi("x", T.FLOAT, [40, 24]), vi("x2", T.FLOAT, [70, 36]),
+                           vi("x3", T.FLOAT, [20, 600])],
+        [vi("y", T.FLOAT, None), vi("z", T.FLOAT, None), vi("l", T.FLOAT, None)],
         [nh.from_array(rng.standard_normal((24, 70)).astype(np.float32), "w"),
          nh.from_array(rng.standard_normal((50, 70)).astype(np.float32), "v"),
-         nh.from_array(rng.standard_normal(50).astype(np.float32), "c")])
+         nh.from_array(rng.standard_normal(50).astype(np.float32), "c"),
+         nh.from_array(rng.standard_normal((600, 40)).astype(np.float32), "u")])
     imported = import_model(h.make_model(graph, opset_imports=[h.make_opsetid("", 18)]))
     module = imported.module
     generated = generate(module, target="cpu").module
     gemms = {k["schedule"]["gemm"]["b"] for k in generated.codegen["kernels"]
              if k["shape"] == "cpu_gemm"}
     assert gemms == {"weight panels", "packed"}
-    inputs = {n: rng.standard_normal(module.tensors[n].shape).astype(np.float32)
-              for n in module.inputs}
-    other = {n: (w * -0.5 + 0.25).astype(w.dtype) for n, w in imported.weights.items()}
-    for threads in (1, 2):
-        program = CpuProgram(generated, threads)
-        for weights in (imported.weights, other, imported.weights):
-            _close(module, program.run(inputs, weights), run_module(module, inputs, weights),
-                   threads)
+    long = next(k for k in generated.codegen["kernels"] if _op_of(module, "l") in k["ops"])
+    gemm = long["schedule"]["gemm"]
+    nr = gemm["micro"][1]
+    assert gemm["b"] == "weight panels" and gemm["blocks"][2] < 600, gemm
+    ahead = re.search(rf"if \(t < {max(1, nr // 16)}\) {{\s*tk_gemm_micro_rows_ahead<\d+, {nr}, "
+                      rf"{nr}, 16>\([^;]*(tk_packed_panels<{nr}>\([^;]*?) \+ jr, k0\), [^;]*"
+                      rf"(tk_packed_panels<{nr}>\([^;]*?) \+ jr \+ 1, k0 \+ t \* 16 \* kc / "
+                      rf"{nr}\)\);\s*}}\s*else {{\s*tk_gemm_micro_rows<", long["source"])
+    assert ahead and ahead[1] == ahead[2], "the next column's panel, a share per micro-tile"
+    _rebinding_weights_repacks(module, generated, imported.weights, rng)
+
+
+@needs_cxx
+def test_weights_as_a_are_packed_once_prefetched_and_repacked_when_they_change():
+    """A convolution's filters as the GEMM's A (40 filters: rows past the last micro-tile's
+    are zeros of the pack) are read from panels packed once per loaded program. With several
+    steps over K (64 channels x 3 x 3 = 576 points) the micro-tiles walk B's micro-panels
+    outside, and each prefetches the next micro-tile's A panel as it runs, `mr` floats a
+    step (`tk_gemm_micro_ahead`, the panel one row of micro-tiles on); with one step (a 1 x 1
+    convolution over 24 channels) the A panel stays in L1 along its strip, so none. Binding
+    other weights re-packs: each run equals the reference with the weights it was given, on
+    one thread and on two."""
+    rng = np.random.default_rng(8)
+    vi = h.make_tensor_value_info
+    nodes = [h.make_node("Conv", ["x", "w"], ["h"], pads=[1, 1, 1, 1]),
+             h.make_node("Relu", ["h"], ["y"]),
+             h.make_node("Conv", ["x2", "f"], ["z"])]
+    graph = h.make_graph(
+        nodes, "filters", [vi("x", T.FLOAT, [1, 64, 9, 9]), vi("x2", T.FLOAT, [1, 24, 6, 6])],
+        [vi("y", T.FLOAT, None), vi("z", T.FLOAT, None)],
+        [nh.from_array(rng.standard_normal((40, 64, 3, 3)).astype(np.float32), "w"),
+         nh.from_array(rng.standard_normal((40, 24, 1, 1)).astype(np.float32), "f")])
+    imported = import_model(h.make_model(graph, opset_imports=[h.make_opsetid("", 18)]))
+    module = imported.module
+    generated = generate(module, target="cpu").module
+    by_out = {_op_of(module, out): out for out in ("h", "z")}
+    kernels = {by_out[op]: k for k in generated.codegen["kernels"] for op in k["ops"]
+               if op in by_out}
+    for out, k in kernels.items():
+        gemm = k["schedule"]["gemm"]
+        assert gemm["m"] == ["f"] and gemm["a"] == "weight panels", (out, gemm)
+        assert f"tk_packed_panels<{gemm['micro'][0]}>" in k["source"], out
+    steps = -(-576 // kernels["h"]["schedule"]["gemm"]["blocks"][2])
+    assert steps > 1 and kernels["z"]["schedule"]["gemm"]["blocks"][2] >= 24
+    mr = kernels["h"]["schedule"]["gemm"]["micro"][0]
+    ahead = re.search(rf"tk_gemm_micro_ahead<{mr}, \d+, \d+, {mr}>\((tk_packed_panels<[^;]*?) "
+                      r"\+ ir, k0\), [^;]*, (tk_packed_panels<[^;]*?) \+ ir \+ 1, k0\)\);",
+                      kernels["h"]["source"])
+    assert ahead and ahead[1] == ahead[2], "the next micro-tile's panel, one row on"
+    assert "tk_gemm_micro_ahead" not in kernels["z"]["source"]
+    _rebinding_weights_repacks(module, generated, imported.weights, rng)
 
 
 @needs_cxx
@@ -636,7 +706,7 @@ def test_a_whole_n_keeps_its_role_however_m_pads():
     32-step recurrence (x [32, 24] by a weight [96, 24] transposed: M = 32 pads to 36 rows of
     6, the other way round 96 x 32 would pad nothing) and a 1x1 convolution of 32 filters on
     a 16 x 16 image (256 pixels) are not swapped, so the weight stays B packed once (or the
-    filters A read in place) and the output tile is stored row by row. Both equal the
+    filters A packed once) and the output tile is stored row by row. Both equal the
     reference, on one thread and on two."""
     rng = np.random.default_rng(7)
     vi = h.make_tensor_value_info
@@ -657,7 +727,7 @@ def test_a_whole_n_keeps_its_role_however_m_pads():
     assert proj["a"] == "rows" and proj["b"] == "weight panels"
     conv = shapes[_op_of(module, "z")][1]["gemm"]
     assert conv["m"] == ["f"] and conv["n"] == ["n", "h", "w"], conv
-    assert conv["a"] == "rows"
+    assert conv["a"] == "weight panels"
     # 32 rows: micro-tiles of 4 rows (32), not 6 (36; gemm_mr)
     assert proj["micro"] == [4, 16] and conv["micro"] == [4, 16]
     inputs = {n: rng.standard_normal(module.tensors[n].shape).astype(np.float32)

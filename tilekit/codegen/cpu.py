@@ -40,7 +40,9 @@ Because the maps are affine, an element's offset is a part over the M (or N) axe
 a part over the K axes: the block tabulates the first once per block and the second once per
 step, so packing costs a load and an add per element. A B that is a model's weight read as a
 matrix (a linear layer's) is not packed per run: the micro-kernel reads panels of the whole
-weight packed once per loaded program (`_weight_panels`, runtime_cpu.h `tk_packed_b`).
+weight packed once per loaded program (`_weight_panels`, runtime_cpu.h `tk_packed_panels`); an
+A that is one (a convolution's filters) is read from such panels too, one run of addresses
+per micro-tile.
 """
 
 from __future__ import annotations
@@ -575,10 +577,15 @@ def gemm_kernel(module, plan: GroupPlan, entry: str, shape: CpuShape, target: Ta
     mr, nr = tiles.mr, tiles.nr
     mc_p, nc_p = -(-g.mc // mr) * mr, -(-g.nc // nr) * nr
     smem = SharedMemory()
-    direct = _direct_rows(A.read, m_axes, c.k_axes, extent, free)
-    ap = None if direct is not None else smem.carve("s_a", "float32", (mc_p // mr, g.kc, mr),
-                    f"{A.read.tensor}: A panel, {mc_p // mr} micro-panels of {g.kc}x{mr}")
-    weight = _weight_panels(module, B.read, n_axes, c.k_axes, c.batch_axes, extent, g, nr)
+    a_weight = _weight_panels(module, A.read, m_axes, c.k_axes, c.batch_axes, extent,
+                              g.m_blocks, g.mc, mr, "wpa", free)
+    direct = None if a_weight is not None else _direct_rows(A.read, m_axes, c.k_axes, extent,
+                                                            free)
+    ap = None if direct is not None or a_weight is not None else smem.carve(
+        "s_a", "float32", (mc_p // mr, g.kc, mr),
+        f"{A.read.tensor}: A panel, {mc_p // mr} micro-panels of {g.kc}x{mr}")
+    weight = _weight_panels(module, B.read, n_axes, c.k_axes, c.batch_axes, extent,
+                            g.n_blocks, g.nc, nr, "wpb", free)
     bp = None if weight is not None else smem.carve(
         "s_b", "float32", (nc_p // nr, g.kc, nr),
         f"{B.read.tensor}: B panel, {nc_p // nr} micro-panels of {g.kc}x{nr}")
@@ -605,10 +612,11 @@ def gemm_kernel(module, plan: GroupPlan, entry: str, shape: CpuShape, target: Ta
     n0 = b.let("n0", tx.mul(coords[-1], g.nc), idx_t)
     mcount = b.let("mc", tx.call("min", tx.const(g.mc, idx_t), tx.sub(M, m0)), idx_t)
     ncount = b.let("nc", tx.call("min", tx.const(g.nc, idx_t), tx.sub(N, n0)), idx_t)
-    a_side = _side(b, "a", A.read, m_axes, m0, mcount, mc_p, mc_p, extent, batch_at, idx_t,
-                   free)
-    if weight is not None:
-        weight.start(b)
+    a_side = None if a_weight is not None else _side(b, "a", A.read, m_axes, m0, mcount, mc_p,
+                                                     mc_p, extent, batch_at, idx_t, free)
+    for packed in (a_weight, weight):
+        if packed is not None:
+            packed.start(b)
     b_side = None if weight is not None else _side(b, "b", B.read, n_axes, n0, ncount, nc_p,
                                                    nc_p, extent, batch_at, idx_t, free)
     def c_at(ir: Expr, jr: Expr) -> tuple[Expr, Expr]:
@@ -683,7 +691,7 @@ def gemm_kernel(module, plan: GroupPlan, entry: str, shape: CpuShape, target: Ta
     with b.loop("ks", 0, g.k_steps) as ks:
         k0 = b.let("k0", tx.mul(ks, g.kc), idx_t)
         kcount = b.let("kc", tx.call("min", tx.const(g.kc, idx_t), tx.sub(K, k0)), idx_t)
-        if direct is None:
+        if ap is not None:
             a_k = _k_side(b, "a", A.read, c.k_axes, k0, kcount, g.kc, extent, idx_t, free)
             b.comment(f"pack A: {A.read.tensor} into micro-panels of {mr} rows")
             _pack(b, A.read, ap, mr, mc_p, mcount, kcount, a_side, a_k, idx_t)
@@ -707,10 +715,36 @@ def gemm_kernel(module, plan: GroupPlan, entry: str, shape: CpuShape, target: Ta
                 b_panel = lambda jr: weight.panel(B.read.tensor, N, K, tx.add(  # noqa: E731
                     tx.div(n0, nr), jr), k0, nr, idx_t)
 
-            _micro_tiles(b, direct, A, a_side, ap, b_panel, c_tile, mr, nr, ir_lo, ir_hi, ks,
-                         k0, mcount, ncount, kcount, idx_t, rows_first=one_step and rows_first,
+            def a_panel(ir: Expr) -> Expr:
+                if a_weight is not None:
+                    return a_weight.panel(A.read.tensor, M, K, tx.add(tx.div(m0, mr), ir), k0,
+                                          mr, idx_t)
+                return Addr(ap.name, (ir, tx.const(0), tx.const(0)))
+
+            def a_tile(ir: Expr) -> tuple[str, tuple]:
+                """The micro-kernel and its A arguments for the micro-tiles of row `ir`."""
+                if direct is None:
+                    return "gemm_micro", (a_panel(ir),)
+                # A's rows where they lie: row m0 + ir * mr at step k0
+                first = tx.add(a_side.offset(tx.mul(ir, mr), idx_t), k0)
+                return "gemm_micro_rows", (Addr(tvar(A.read.tensor), (first,)),
+                                           tx.const(direct, idx_t),
+                                           tx.cast("int32", tx.sub(mcount, tx.mul(ir, mr))))
+
+            # a weight's panels come from memory, once per run: with the columns of
+            # micro-tiles outside, each micro-tile prefetches the next one's A panel, or the
+            # first micro-tiles of a column the next column's B panel (`_micro_tiles`)
+            a_ahead = b_ahead = None
+            if a_weight is not None and not (one_step and rows_first):
+                a_ahead = lambda ir: a_panel(tx.add(ir, 1))  # noqa: E731
+            elif weight is not None and not (one_step and rows_first):
+                b_ahead = lambda jr, t: weight.panel(  # noqa: E731
+                    B.read.tensor, N, K, tx.add(tx.div(n0, nr), tx.add(jr, 1)),
+                    tx.add(k0, tx.div(tx.mul(tx.mul(t, LINE_FLOATS), kcount), nr)), nr, idx_t)
+            _micro_tiles(b, a_tile, b_panel, c_tile, mr, nr, ir_lo, ir_hi, ks, ncount, kcount,
+                         rows_first=one_step and rows_first,
                          strip_done=strip_done if one_step else None,
-                         ahead=ahead if streams else None)
+                         ahead=ahead if streams else None, a_ahead=a_ahead, b_ahead=b_ahead)
     if not one_step and rows_first and whole_rows:
         block_rows(tx.const(0), g.mc)     # after the last step, the tile (from L2)
     elif not one_step:
@@ -724,7 +758,8 @@ def gemm_kernel(module, plan: GroupPlan, entry: str, shape: CpuShape, target: Ta
                                        "batch": list(c.batch_axes), "k": list(c.k_axes),
                                        "blocks": [g.mc, g.nc, g.kc],
                                        "micro": [mr, nr],
-                                       "a": "packed" if direct is None else "rows",
+                                       "a": "weight panels" if a_weight else
+                                       "packed" if direct is None else "rows",
                                        "b": "packed" if weight is None else "weight panels"}}
     grid = batch * g.m_blocks * g.n_blocks
     return finish(plan, entry, sig, b.build(), shape="cpu_gemm", schedule=sched, threads=1,
@@ -734,15 +769,17 @@ def gemm_kernel(module, plan: GroupPlan, entry: str, shape: CpuShape, target: Ta
                             + (f" x {batch} batch" if batch > 1 else "")
                             + f", blocks {g.mc}x{g.nc}, steps of {g.kc}, micro-tiles "
                             f"{mr}x{nr}" + (", A read in place" if direct else "")
+                            + (", A packed once (a weight)" if a_weight else "")
                             + (", B packed once (a weight)" if weight else "")])
 
 
-def _micro_tiles(b: Builder, direct: int | None, A: _Operand, a_side, ap, b_panel, c_tile,
-                 mr: int, nr: int, ir_lo: Expr, ir_hi: Expr, ks: Var, k0: Var, mcount: Var,
-                 ncount: Var, kcount: Var, idx_t: str, rows_first: bool, strip_done,
-                 ahead=None) -> None:
+def _micro_tiles(b: Builder, a_tile, b_panel, c_tile, mr: int, nr: int, ir_lo: Expr,
+                 ir_hi: Expr, ks: Var, ncount: Var, kcount: Var, rows_first: bool, strip_done,
+                 ahead=None, a_ahead=None, b_ahead=None) -> None:
     """The micro-kernel on every `mr x nr` tile of the rows `ir_lo * mr` to `ir_hi * mr` of
-    the block at this step, into `c_tile(ir, jr)` (address, row stride). Column panels
+    the block at this step, into `c_tile(ir, jr)` (address, row stride), with the
+    micro-kernel and A's arguments of `a_tile(ir)` (a packed panel, or A's rows where they
+    lie). Column panels
     outside (`rows_first` false): each B micro-panel (`b_panel(jr)`) stays in L1 while the
     rows' A comes from L2; rows outside: A's micro-panel stays in L1. After each run of the
     inner loop (a strip of micro-tiles), `strip_done(outer, ir_lo, ir_hi)` if given: the
@@ -751,6 +788,12 @@ def _micro_tiles(b: Builder, direct: int | None, A: _Operand, a_side, ap, b_pane
     calls after each whole micro-tile (the next strip's epilogue streams, prefetched while
     this strip computes).
 
+    A weight's packed panels, prefetched a line per step of K as the micro-kernel runs
+    (`gemm_micro_ahead`, runtime_cpu.h): with `a_ahead`, each micro-tile prefetches
+    `a_ahead(ir)`, the next micro-tile's A panel (`mr` floats a step: the whole panel); with
+    `b_ahead`, the first `nr / LINE_FLOATS` micro-tiles `t` of column `jr` prefetch
+    `b_ahead(jr, t)`, their share of the next column's B panel (a line a step).
+
     The last micro-panel of a ragged N runs `nr / 2` columns when no more of it are in N
     (196 pixels are 6 panels of 32 and 4 columns, which take 16 columns rather than 32; the
     micro-kernels read B's panel at its own stride, runtime_cpu.h)."""
@@ -758,18 +801,17 @@ def _micro_tiles(b: Builder, direct: int | None, A: _Operand, a_side, ap, b_pane
     rest = b.let("jt", tx.sub(ncount, tx.mul(whole, nr)))
     half = nr // 2 if nr % 8 == 0 else None
 
-    def micro(ir: Expr, jr: Expr, width: int) -> None:
-        if direct is None:
-            a_args = (Addr(ap.name, (ir, tx.const(0), tx.const(0))),)
-        else:       # A's rows where they lie: row m0 + ir * mr at step k0
-            first = tx.add(a_side.offset(tx.mul(ir, mr), idx_t), k0)
-            a_args = (Addr(tvar(A.read.tensor), (first,)), tx.const(direct, idx_t),
-                      tx.cast("int32", tx.sub(mcount, tx.mul(ir, mr))))
+    def micro(ir: Expr, jr: Expr, width: int, prefetch: tuple[Expr, int] | None = None
+              ) -> None:
+        """Micro-tile (ir, jr); `prefetch`: (address, floats per step of K) to prefetch."""
+        fn, a_args = a_tile(ir)
+        shape = (tx.const(mr), tx.const(width), tx.const(nr))
+        if prefetch is not None:
+            fn, shape = f"{fn}_ahead", (*shape, tx.const(prefetch[1]))
         at, ldc = c_tile(ir, jr)
-        b.evaluate(tx.call("gemm_micro" if direct is None else "gemm_micro_rows",
-                           tx.const(mr), tx.const(width), tx.const(nr), *a_args,
-                           b_panel(jr), tx.cast("int32", kcount), at,
-                           tx.const(ldc), tx.cast("int32", tx.gt(ks, 0))))
+        b.evaluate(tx.call(fn, *shape, *a_args, b_panel(jr), tx.cast("int32", kcount), at,
+                           tx.const(ldc), tx.cast("int32", tx.gt(ks, 0)),
+                           *(() if prefetch is None else (prefetch[0],))))
 
     def last_panel(tiles_of) -> None:
         """The ragged last micro-panel (`rest` > 0): `tiles_of(width)` emits its
@@ -797,7 +839,16 @@ def _micro_tiles(b: Builder, direct: int | None, A: _Operand, a_side, ap, b_pane
 
     def column(jr: Expr, width: int) -> None:
         with b.loop("ir", ir_lo, ir_hi) as ir:
-            micro(ir, jr, width)
+            if a_ahead is not None:
+                micro(ir, jr, width, (a_ahead(ir), mr))
+            elif b_ahead is not None:
+                t = b.let("t", tx.sub(ir, ir_lo))
+                with b.if_(tx.lt(t, max(1, nr // LINE_FLOATS))):
+                    micro(ir, jr, width, (b_ahead(jr, t), LINE_FLOATS))
+                with b.else_():
+                    micro(ir, jr, width)
+            else:
+                micro(ir, jr, width)
 
     with b.loop("jr", 0, whole) as jr:
         column(jr, nr)
@@ -819,33 +870,39 @@ def _tile_order(ir_lo: Expr, ir_hi: Expr, jr_hi: Expr, rows_first: bool
 
 
 class _WeightPanels:
-    """B as a weight packed once (runtime_cpu.h tk_packed_b): element (n, k) of the GEMM at
-    `base + n * ldn + k * ldk` of the tensor; `slot` the block's cache of the pack's
-    address (`start` allocates it)."""
+    """An operand that is a weight, packed once (runtime_cpu.h tk_packed_panels) into
+    micro-panels of `width` rows (A) or columns (B): element (p, k) of its side of the GEMM
+    at `base + p * ldp + k * ldk` of the tensor; `slot` the block's cache of the pack's
+    address (`start` allocates it, named `name`)."""
 
-    def __init__(self, base: int, ldn: int, ldk: int):
-        self.base, self.ldn, self.ldk = base, ldn, ldk
+    def __init__(self, base: int, ldp: int, ldk: int, name: str):
+        self.base, self.ldp, self.ldk, self.name = base, ldp, ldk, name
         self.slot = None
 
     def start(self, b: Builder) -> None:
-        self.slot = b.alloc("wpk", "int64", (1,), "the packed weight's address, once looked up")
+        self.slot = b.alloc(self.name, "int64", (1,),
+                            "the packed weight's address, once looked up")
         b.store(self.slot, (tx.const(0),), tx.const(0, "int64"))
 
-    def panel(self, tensor: str, n: int, k: int, panel: Expr, k0: Expr, nr: int, idx_t: str
-              ) -> Expr:
-        return tx.call("packed_b", tx.const(nr), Addr(self.slot.name, (tx.const(0),)),
+    def panel(self, tensor: str, points: int, k: int, panel: Expr, k0: Expr, width: int,
+              idx_t: str) -> Expr:
+        """The address of micro-panel `panel` at step `k0` (`points` the side's extent)."""
+        return tx.call("packed_panels", tx.const(width), Addr(self.slot.name, (tx.const(0),)),
                        Addr(tvar(tensor), (tx.const(self.base, idx_t),)),
-                       tx.const(n, idx_t), tx.const(k, idx_t), tx.const(self.ldn, idx_t),
+                       tx.const(points, idx_t), tx.const(k, idx_t), tx.const(self.ldp, idx_t),
                        tx.const(self.ldk, idx_t), panel, k0)
 
 
-def _weight_panels(module, read: Read, n_axes: tuple[str, ...], k_axes: tuple[str, ...],
-                   batch_axes: tuple[str, ...], extent: dict, g, nr: int
+def _weight_panels(module, read: Read, axes: tuple[str, ...], k_axes: tuple[str, ...],
+                   batch_axes: tuple[str, ...], extent: dict, blocks: int, block: int,
+                   width: int, name: str, free: frozenset[str] = frozenset()
                    ) -> _WeightPanels | None:
-    """B's panels packed once per loaded program rather than per run and block, when B is a
-    model's weight (its values fixed between runs) read as a matrix: float32, its N and K
-    axes each row-major in the tensor, the same matrix for every batch point, no index that
-    can leave the tensor, and blocks that start on whole micro-panels. None otherwise."""
+    """An operand's panels packed once per loaded program rather than per run and block (B)
+    or read in place (A), when it is a model's weight (its values fixed between runs) read as
+    a matrix: float32, its M or N axes (`axes`) and its K axes each row-major in the tensor,
+    none of them of varying extent, the same matrix for every batch point, no index that can
+    leave the tensor, and `blocks` blocks of `block` points along `axes` that start on whole
+    micro-panels of `width`. None otherwise."""
     from tilekit.ir.graph import op_tensors
 
     t = module.tensors.get(read.tensor)
@@ -853,16 +910,18 @@ def _weight_panels(module, read: Read, n_axes: tuple[str, ...], k_axes: tuple[st
         return None
     if any(read.tensor in op_tensors(op, module.control)[1] for op in module.ops):
         return None                     # written in the module: not fixed between runs
+    if free & {*axes, *k_axes}:
+        return None
     if _checked_dims(read, extent) or any(_parts(read, batch_axes)[0].values()):
         return None
-    if g.n_blocks > 1 and g.nc % nr:
+    if blocks > 1 and block % width:
         return None
-    ldn = _row_major(n_axes, _parts(read, n_axes)[0], extent)
+    ldp = _row_major(axes, _parts(read, axes)[0], extent)
     ldk = _row_major(k_axes, _parts(read, k_axes)[0], extent)
-    if ldn is None or ldk is None:
+    if ldp is None or ldk is None:
         return None
     base = sum(m.const * s for m, s in zip(read.maps, strides(read.shape)))
-    return _WeightPanels(base, ldn, ldk)
+    return _WeightPanels(base, ldp, ldk, name)
 
 
 class _Side:
@@ -1143,8 +1202,10 @@ def _linear_columns(plan: GroupPlan, n_axes: tuple[str, ...], extent: dict, nr: 
     return False, False
 
 
-#: Bytes of a cache line: an epilogue stream's prefetches step by one (`_epilogue_streams`).
+#: Bytes of a cache line: an epilogue stream's prefetches step by one (`_epilogue_streams`),
+#: a weight's B panel is prefetched a line per step of K (`_micro_tiles`).
 CACHE_LINE = 64
+LINE_FLOATS = CACHE_LINE // 4
 
 
 def _epilogue_streams(plan: GroupPlan, m_axes: tuple[str, ...], n_axes: tuple[str, ...]

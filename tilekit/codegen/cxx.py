@@ -47,7 +47,7 @@ CXX_FLAGS = ("-O3", "-std=c++17", "-march=native", "-fopenmp",
              "-fPIC", "-shared", "-w")
 #: What the runtime adds to the unit: a way to set the number of OpenMP threads, and to say
 #: that weights changed in place (the packed weight panels are re-made: runtime_cpu.h
-#: tk_packed_b).
+#: tk_packed_panels).
 RUNTIME_TAIL = """
 #include <omp.h>
 extern "C" void tk_set_threads(int n) { omp_set_num_threads(n > 0 ? n : 1); }

@@ -178,18 +178,28 @@ static inline float tk_sigmoidf(float x) {
 // `tk_gemm_micro`: A packed, kc columns of MR values (a[k * MR + i]).
 // `tk_gemm_micro_rows`: A read where it lies, row i of the tile at `a + i * lda` (kc
 // contiguous values), rows from `rows` on repeating the last one (their sums land in rows of
-// c that are never stored). A matrix whose K axis is contiguous (a layer's weights, a
-// convolution's filters, a matmul's left side) needs no packing then: the tile reads MR rows
-// at once, each a stream the hardware prefetcher follows; only B, whose NR columns must be
-// contiguous per step, is packed (MLAS's SGEMM reads A so too).
+// c that are never stored). A matrix whose K axis is contiguous (a matmul's left side) needs
+// no packing then: the tile reads MR rows at once, each a stream the hardware prefetcher
+// follows; only B, whose NR columns must be contiguous per step, is packed (MLAS's SGEMM reads
+// A so too). A weight as A (a convolution's filters) is read from panels packed once instead.
 //
-// Both are functions of their own (`noinline`), never inlined into the kernel's loops: there
+// These are functions of their own (`noinline`), never inlined into the kernel's loops: there
 // the epilogue's live values would crowd the 16 vector registers, and GCC spilled an
 // accumulator to the stack, a store and a load on every step of K (the MobileNet block's
 // 1 x 1 expansion 1.7x slower). A call per micro-tile costs a few cycles of its hundreds.
-template <int MR, int NR, int LDB, class AAt>
+//
+// `tk_gemm_micro_ahead` and `tk_gemm_micro_rows_ahead` also prefetch, on each step k of K,
+// the line at `ahead + k * STEP`: a weight's packed panels (runtime_cpu.h tk_packed_panels)
+// the next micro-tile or the next column of them reads. A weight comes from memory once per
+// run (ResNet-50's 100 MB of filters, GPT-2's 28 MB a layer), each micro-panel a run of a
+// few pages, and the hardware prefetcher starts on a page only after its first misses:
+// ResNet-50's 3 x 3 layers on 7 x 7 pixels 0.75x, its kernels 0.90x; the GPT block's GEMMs
+// 0.90x (one core of an AVX-512 Xeon). A prefetch takes a load slot the micro-kernel has
+// spare (a broadcast of A and NR / lanes loads of B per MR x NR / lanes FMAs).
+template <int MR, int NR, int LDB, int STEP, class AAt>
 static inline void tk_gemm_tile(AAt a_at, const float* __restrict__ b, int kc,
-                                float* __restrict__ c, int ldc, int accumulate) {
+                                float* __restrict__ c, int ldc, int accumulate,
+                                const float* ahead) {
   static_assert(NR % TK_F32_LANES == 0, "NR must be a whole number of vectors");
   constexpr int NV = NR / TK_F32_LANES;
   tk_f32v acc[MR][NV];
@@ -203,6 +213,7 @@ static inline void tk_gemm_tile(AAt a_at, const float* __restrict__ b, int kc,
     tk_f32v bv[NV];
 #pragma GCC unroll 8
     for (int j = 0; j < NV; ++j) bv[j] = tk_f32v_load(b + k * LDB + j * TK_F32_LANES);
+    if constexpr (STEP > 0) __builtin_prefetch(ahead + k * STEP);
 #pragma GCC unroll 32
     for (int i = 0; i < MR; ++i) {
       const tk_f32v av = tk_f32v_splat(a_at(k, i));
@@ -226,13 +237,39 @@ static inline void tk_gemm_tile(AAt a_at, const float* __restrict__ b, int kc,
 template <int NR, int LDB>
 constexpr int tk_tile_width() { return NR % TK_F32_LANES == 0 ? NR : LDB; }
 
+template <int MR, int NR, int LDB, int STEP>
+static inline void tk_gemm_packed_a(const float* __restrict__ a, const float* __restrict__ b,
+                                    int kc, float* __restrict__ c, int ldc, int accumulate,
+                                    const float* ahead) {
+  tk_gemm_tile<MR, tk_tile_width<NR, LDB>(), LDB, STEP>(
+      [a](int k, int i) { return a + k * MR + i; }, b, kc, c, ldc, accumulate, ahead);
+}
+
+template <int MR, int NR, int LDB, int STEP>
+static inline void tk_gemm_rows_a(const float* __restrict__ a, long lda, int rows,
+                                  const float* __restrict__ b, int kc, float* __restrict__ c,
+                                  int ldc, int accumulate, const float* ahead) {
+  const float* row[MR];
+#pragma GCC unroll 32
+  for (int i = 0; i < MR; ++i) row[i] = a + (i < rows ? i : rows - 1) * lda;
+  tk_gemm_tile<MR, tk_tile_width<NR, LDB>(), LDB, STEP>(
+      [&row](int k, int i) { return row[i] + k; }, b, kc, c, ldc, accumulate, ahead);
+}
+
 template <int MR, int NR, int LDB = NR>
 static __attribute__((noinline)) void tk_gemm_micro(const float* __restrict__ a,
                                                      const float* __restrict__ b, int kc,
                                                      float* __restrict__ c, int ldc,
                                                      int accumulate) {
-  tk_gemm_tile<MR, tk_tile_width<NR, LDB>(), LDB>(
-      [a](int k, int i) { return a + k * MR + i; }, b, kc, c, ldc, accumulate);
+  tk_gemm_packed_a<MR, NR, LDB, 0>(a, b, kc, c, ldc, accumulate, nullptr);
+}
+
+template <int MR, int NR, int LDB, int STEP>
+static __attribute__((noinline)) void tk_gemm_micro_ahead(const float* __restrict__ a,
+                                                           const float* __restrict__ b, int kc,
+                                                           float* __restrict__ c, int ldc,
+                                                           int accumulate, const float* ahead) {
+  tk_gemm_packed_a<MR, NR, LDB, STEP>(a, b, kc, c, ldc, accumulate, ahead);
 }
 
 template <int MR, int NR, int LDB = NR>
@@ -240,11 +277,14 @@ static __attribute__((noinline)) void tk_gemm_micro_rows(const float* __restrict
                                                           int rows, const float* __restrict__ b,
                                                           int kc, float* __restrict__ c, int ldc,
                                                           int accumulate) {
-  const float* row[MR];
-#pragma GCC unroll 32
-  for (int i = 0; i < MR; ++i) row[i] = a + (i < rows ? i : rows - 1) * lda;
-  tk_gemm_tile<MR, tk_tile_width<NR, LDB>(), LDB>(
-      [&row](int k, int i) { return row[i] + k; }, b, kc, c, ldc, accumulate);
+  tk_gemm_rows_a<MR, NR, LDB, 0>(a, lda, rows, b, kc, c, ldc, accumulate, nullptr);
+}
+
+template <int MR, int NR, int LDB, int STEP>
+static __attribute__((noinline)) void tk_gemm_micro_rows_ahead(
+    const float* __restrict__ a, long lda, int rows, const float* __restrict__ b, int kc,
+    float* __restrict__ c, int ldc, int accumulate, const float* ahead) {
+  tk_gemm_rows_a<MR, NR, LDB, STEP>(a, lda, rows, b, kc, c, ldc, accumulate, ahead);
 }
 
 // -- packing --------------------------------------------------------------------------------
@@ -317,24 +357,28 @@ static inline void tk_gather_row(float* __restrict__ dst, const float* src,
 }
 
 // -- weights packed once --------------------------------------------------------------------
-// A GEMM whose B is a model's weight (a linear layer's matrix) would pack the same panels on
-// every run, in every block that shares them. `tk_packed_b` packs the whole weight once into
-// micro-panels of NR columns (data[(p * k + kk) * NR + j] = src[(p * NR + j) * ldn + kk * ldk],
-// 0 for columns p * NR + j >= n) and returns micro-panel `panel` from row `k0` on: a run only
-// reads packed panels. The packs are the library's own, one per (src, n, k, ldn, ldk, NR),
-// valid while the weights' generation stands: whoever changes a weight's values in place
-// (tk-run's compiled runtime binding weights) calls `tk_weights_changed` (cxx.RUNTIME_TAIL),
-// and the next lookup re-packs. The table is searched and a pack made under one lock, so a
-// pack is made once and whole before any thread reads it; a block looks its pack up once
-// and keeps the address in `slot` (a local of the block, 0 at its start), so the
-// micro-kernel's calls cost an add (a lookup per call took 20 ns, 4% of a 6 x 16 tile's
-// time over 256 steps).
+// A GEMM one of whose operands is a model's weight (a linear layer's matrix as B, a
+// convolution's filters as A) would pack or stream the same values in the same order on every
+// run. `tk_packed_panels` packs the whole weight once into micro-panels of W rows or columns
+// (data[(p * k + kk) * W + j] = src[(p * W + j) * ldn + kk * ldk], 0 for p * W + j >= n) and
+// returns micro-panel `panel` from step `k0` on: a run only reads packed panels. As B, the
+// panels are what the micro-kernel's B rows read; as A, what `tk_gemm_micro` reads
+// (a[k * MR + i]): one run of addresses per micro-tile, where read in place its MR rows were
+// MR short streams a K stride apart, which the hardware prefetcher follows late when the
+// weight comes from memory (ResNet-50's filters, 100 MB, are read once per run). The packs
+// are the library's own, one per (src, n, k, ldn, ldk, W), valid while the weights'
+// generation stands: whoever changes a weight's values in place (tk-run's compiled runtime
+// binding weights) calls `tk_weights_changed` (cxx.RUNTIME_TAIL), and the next lookup
+// re-packs. The table is searched and a pack made under one lock, so a pack is made once and
+// whole before any thread reads it; a block looks its pack up once and keeps the address in
+// `slot` (a local of the block, 0 at its start), so the micro-kernel's calls cost an add (a
+// lookup per call took 20 ns, 4% of a 6 x 16 tile's time over 256 steps).
 struct tk_packed_key {
   const float* src;
   long n, k, ldn, ldk;
-  int nr;
+  int w;
   bool operator==(const tk_packed_key& o) const {
-    return src == o.src && n == o.n && k == o.k && ldn == o.ldn && ldk == o.ldk && nr == o.nr;
+    return src == o.src && n == o.n && k == o.k && ldn == o.ldn && ldk == o.ldk && w == o.w;
   }
 };
 
@@ -356,19 +400,19 @@ static inline const float* tk_packed_find(const tk_packed_key& key) {
   tk_packed_entry* e = nullptr;
   for (tk_packed_entry& x : tk_packed_table)
     if (x.key == key) e = &x;
-  const long panels = (key.n + key.nr - 1) / key.nr;
+  const long panels = (key.n + key.w - 1) / key.w;
   if (e == nullptr) {
     float* data = static_cast<float*>(
-        std::aligned_alloc(64, ((panels * key.k * key.nr * 4 + 63) / 64) * 64));
+        std::aligned_alloc(64, ((panels * key.k * key.w * 4 + 63) / 64) * 64));
     tk_packed_table.push_back({key, 0, data});
     e = &tk_packed_table.back();
   }
   if (e->generation != generation) {
     for (long p = 0; p < panels; ++p)
       for (long kk = 0; kk < key.k; ++kk) {
-        float* dst = e->data + (p * key.k + kk) * key.nr;
-        for (int j = 0; j < key.nr; ++j) {
-          const long col = p * key.nr + j;
+        float* dst = e->data + (p * key.k + kk) * key.w;
+        for (int j = 0; j < key.w; ++j) {
+          const long col = p * key.w + j;
           dst[j] = col < key.n ? key.src[col * key.ldn + kk * key.ldk] : 0.0f;
         }
       }
@@ -377,13 +421,13 @@ static inline const float* tk_packed_find(const tk_packed_key& key) {
   return e->data;
 }
 
-template <int NR>
-static inline const float* tk_packed_b(long long* slot, const float* src, long n, long k,
-                                       long ldn, long ldk, long panel, long k0) {
+template <int W>
+static inline const float* tk_packed_panels(long long* slot, const float* src, long n, long k,
+                                            long ldn, long ldk, long panel, long k0) {
   if (*slot == 0)
     *slot = static_cast<long long>(reinterpret_cast<uintptr_t>(
-        tk_packed_find(tk_packed_key{src, n, k, ldn, ldk, NR})));
-  return reinterpret_cast<const float*>(static_cast<uintptr_t>(*slot)) + (panel * k + k0) * NR;
+        tk_packed_find(tk_packed_key{src, n, k, ldn, ldk, W})));
+  return reinterpret_cast<const float*>(static_cast<uintptr_t>(*slot)) + (panel * k + k0) * W;
 }
 
 static inline void tk_packed_weights_changed() {

@@ -73,9 +73,13 @@ class CppPrinter(CStyle):
             shape = f"{mr.value}, {nr.value}" + (f", {ldb.value}" if ldb.value != nr.value
                                                  else "")
             return f"tk_{e.fn}<{shape}>({', '.join(args[3:])})"
+        if e.fn in ("gemm_micro_ahead", "gemm_micro_rows_ahead"):
+            assert all(isinstance(a, Const) for a in e.args[:4])
+            shape = ", ".join(str(a.value) for a in e.args[:4])
+            return f"tk_{e.fn}<{shape}>({', '.join(args[4:])})"
         if e.fn == "prefetch":
             return f"__builtin_prefetch({args[0]})"
-        if e.fn in ("pack_row", "gather_row", "packed_b"):
+        if e.fn in ("pack_row", "gather_row", "packed_panels"):
             assert isinstance(e.args[0], Const)
             return f"tk_{e.fn}<{e.args[0].value}>({', '.join(args[1:])})"
         raise InternalError(f"{e.fn} reached the C++ printer (no CPU form)")

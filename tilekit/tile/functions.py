@@ -121,6 +121,11 @@ FUNCTIONS: dict[str, Function] = {f.name: f for f in (
     # the same with A read unpacked: gemm_micro_rows(MR, NR, LDB, &a_row0, lda, rows,
     # &b_panel, kc, &c, ldc, accumulate)
     Function("gemm_micro_rows", 11, "intrinsic", "int32", cpu_only=True),
+    # either, prefetching the line at &ahead + k * STEP on each step k (a weight's next
+    # panel: runtime_cpu.h tk_gemm_micro_ahead): the arguments above with the constant STEP
+    # fourth and &ahead last
+    Function("gemm_micro_ahead", 11, "intrinsic", "int32", cpu_only=True),
+    Function("gemm_micro_rows_ahead", 13, "intrinsic", "int32", cpu_only=True),
     # a packed panel's row from contiguous values under a lane mask (runtime_cpu.h
     # tk_pack_row): pack_row(W, &dst, &src, &ok, pad, &ahead) with W a constant
     Function("pack_row", 6, "intrinsic", "int32", cpu_only=True),
@@ -130,10 +135,11 @@ FUNCTIONS: dict[str, Function] = {f.name: f for f in (
     # a hint that an address will be read soon (__builtin_prefetch: never faults, wherever
     # it points): prefetch(&x)
     Function("prefetch", 1, "intrinsic", "int32", cpu_only=True),
-    # a weight's micro-panel, packed once (runtime_cpu.h tk_packed_b): packed_b(NR, &slot,
-    # &w, n, k, ldn, ldk, panel, k0) with NR a constant and slot the block's int64 cache of
-    # the pack's address; the address of the panel's row k0
-    Function("packed_b", 9, "intrinsic", "ptr", cpu_only=True),
+    # a weight's micro-panel of W rows or columns, packed once (runtime_cpu.h
+    # tk_packed_panels): packed_panels(W, &slot, &w, n, k, ldn, ldk, panel, k0) with W a
+    # constant and slot the block's int64 cache of the pack's address; the address of the
+    # panel's step k0
+    Function("packed_panels", 9, "intrinsic", "ptr", cpu_only=True),
 )}
 
 #: Calls every lane of a warp must make together (never in divergent code).
