@@ -75,6 +75,24 @@ def test_a_varying_k_keeps_the_output_tile_bound():
     assert varying.mc * varying.nc * 4 <= C_TILE_BYTES
 
 
+def test_a_k_of_a_few_steps_takes_one():
+    """K up to `ONE_STEP_MOST` steps of the L1-sized `kc` goes in one step (no output tile
+    between steps; the epilogue on each strip while in L1); a longer K in even steps of at
+    most `kc`; a K whose extent varies in steps of at most `kc` however short."""
+    from tilekit.schedule.cpu import ONE_STEP_MOST
+
+    t = cpu_tiles()
+    most = ONE_STEP_MOST * t.kc
+    assert ONE_STEP_MOST > 1
+    for k in (t.kc + 1, most):
+        g = gemm_blocks(t, 256, 784, k, 1)
+        assert g.k_steps == 1 and g.kc == k, (k, g)
+    longer = gemm_blocks(t, 256, 784, most + 1, 1)
+    assert longer.k_steps == ONE_STEP_MOST + 1 and longer.kc <= t.kc
+    varying = gemm_blocks(t, 256, 784, t.kc + 1, 1, k_varies=True)
+    assert varying.k_steps == 2 and varying.kc <= t.kc
+
+
 def test_gemm_blocks_split_n_evenly_over_the_cores():
     t = cpu_tiles()                                          # 2 cores
     cores = t.machine.cores
@@ -463,8 +481,9 @@ def test_a_long_sum_is_as_accurate_as_blocked_summation():
 def test_tall_blocks_run_their_rows_in_l2_slices():
     """M above the A slice of L2 (`tiles.mc` rows) stays whole in a block, N split over the
     cores: the block runs its rows slice by slice on one packed B panel. A convolution of
-    200 filters (A a weight packed once, tail rows) with padding on 30 x 11 pixels (rows of 11), and
-    a matmul whose M is not a multiple of the micro-tile; both against the reference."""
+    200 filters (A a weight packed once, tail rows) with padding on 30 x 11 pixels (rows of
+    11), and a matmul whose M is not a multiple of the micro-tile; both against the
+    reference."""
     rng = np.random.default_rng(4)
     vi = h.make_tensor_value_info
     nodes = [h.make_node("Conv", ["x", "w"], ["conv"], pads=[1, 1, 1, 1]),
@@ -514,7 +533,7 @@ def _rebinding_weights_repacks(module, generated, weights, rng) -> None:
 def test_weights_as_b_are_packed_once_and_repacked_when_they_change():
     """A weight as the GEMM's B (a MatMul's [K, N] and a Gemm's transposed [N, K], N not a
     whole number of micro-panels) is read from panels packed once per loaded program; an
-    activation as B is still packed per run. With several steps over K (a MatMul of 600
+    activation as B is still packed per run. With several steps over K (a MatMul of 1000
     points) the micro-tiles walk B's micro-panels outside, and the first `nr / 16` of each
     column prefetch their share of the next column's panel, a line a step
     (`tk_gemm_micro_rows_ahead<..., 16>`). Binding other weights re-packs: each run equals
@@ -527,12 +546,12 @@ def test_weights_as_b_are_packed_once_and_repacked_when_they_change():
              h.make_node("MatMul", ["x3", "u"], ["l"])]
     graph = h.make_graph(
         nodes, "weights", [vi("x", T.FLOAT, [40, 24]), vi("x2", T.FLOAT, [70, 36]),
-                           vi("x3", T.FLOAT, [20, 600])],
+                           vi("x3", T.FLOAT, [20, 1000])],
         [vi("y", T.FLOAT, None), vi("z", T.FLOAT, None), vi("l", T.FLOAT, None)],
         [nh.from_array(rng.standard_normal((24, 70)).astype(np.float32), "w"),
          nh.from_array(rng.standard_normal((50, 70)).astype(np.float32), "v"),
          nh.from_array(rng.standard_normal(50).astype(np.float32), "c"),
-         nh.from_array(rng.standard_normal((600, 40)).astype(np.float32), "u")])
+         nh.from_array(rng.standard_normal((1000, 40)).astype(np.float32), "u")])
     imported = import_model(h.make_model(graph, opset_imports=[h.make_opsetid("", 18)]))
     module = imported.module
     generated = generate(module, target="cpu").module
@@ -542,7 +561,7 @@ def test_weights_as_b_are_packed_once_and_repacked_when_they_change():
     long = next(k for k in generated.codegen["kernels"] if _op_of(module, "l") in k["ops"])
     gemm = long["schedule"]["gemm"]
     nr = gemm["micro"][1]
-    assert gemm["b"] == "weight panels" and gemm["blocks"][2] < 600, gemm
+    assert gemm["b"] == "weight panels" and gemm["blocks"][2] < 1000, gemm
     ahead = re.search(rf"if \(t < {max(1, nr // 16)}\) {{\s*tk_gemm_micro_rows_ahead<\d+, {nr}, "
                       rf"{nr}, 16>\([^;]*(tk_packed_panels<{nr}>\([^;]*?) \+ jr, k0\), [^;]*"
                       rf"(tk_packed_panels<{nr}>\([^;]*?) \+ jr \+ 1, k0 \+ t \* 16 \* kc / "
@@ -554,22 +573,23 @@ def test_weights_as_b_are_packed_once_and_repacked_when_they_change():
 @needs_cxx
 def test_weights_as_a_are_packed_once_prefetched_and_repacked_when_they_change():
     """A convolution's filters as the GEMM's A (40 filters: rows past the last micro-tile's
-    are zeros of the pack) are read from panels packed once per loaded program. With several
-    steps over K (64 channels x 3 x 3 = 576 points) the micro-tiles walk B's micro-panels
-    outside, and each prefetches the next micro-tile's A panel as it runs, `mr` floats a
-    step (`tk_gemm_micro_ahead`, the panel one row of micro-tiles on); with one step (a 1 x 1
-    convolution over 24 channels) the A panel stays in L1 along its strip, so none. Binding
-    other weights re-packs: each run equals the reference with the weights it was given, on
-    one thread and on two."""
+    are zeros of the pack) are read from panels packed once per loaded program, and the A
+    panel of the next row of micro-tiles is prefetched while a micro-tile runs, `mr` floats
+    a step (`tk_gemm_micro_ahead`, the panel one row of micro-tiles on). With several steps
+    over K (128 channels x 3 x 3 = 1152 points) the micro-tiles walk B's micro-panels
+    outside and each prefetches; with one step (a 1 x 1 convolution over 24 channels) the
+    rows are outside and only the first micro-tile of each strip does (the others read the
+    panel from L1). Binding other weights re-packs: each run equals the reference with the
+    weights it was given, on one thread and on two."""
     rng = np.random.default_rng(8)
     vi = h.make_tensor_value_info
     nodes = [h.make_node("Conv", ["x", "w"], ["h"], pads=[1, 1, 1, 1]),
              h.make_node("Relu", ["h"], ["y"]),
              h.make_node("Conv", ["x2", "f"], ["z"])]
     graph = h.make_graph(
-        nodes, "filters", [vi("x", T.FLOAT, [1, 64, 9, 9]), vi("x2", T.FLOAT, [1, 24, 6, 6])],
+        nodes, "filters", [vi("x", T.FLOAT, [1, 128, 9, 9]), vi("x2", T.FLOAT, [1, 24, 6, 6])],
         [vi("y", T.FLOAT, None), vi("z", T.FLOAT, None)],
-        [nh.from_array(rng.standard_normal((40, 64, 3, 3)).astype(np.float32), "w"),
+        [nh.from_array(rng.standard_normal((40, 128, 3, 3)).astype(np.float32), "w"),
          nh.from_array(rng.standard_normal((40, 24, 1, 1)).astype(np.float32), "f")])
     imported = import_model(h.make_model(graph, opset_imports=[h.make_opsetid("", 18)]))
     module = imported.module
@@ -581,14 +601,17 @@ def test_weights_as_a_are_packed_once_prefetched_and_repacked_when_they_change()
         gemm = k["schedule"]["gemm"]
         assert gemm["m"] == ["f"] and gemm["a"] == "weight panels", (out, gemm)
         assert f"tk_packed_panels<{gemm['micro'][0]}>" in k["source"], out
-    steps = -(-576 // kernels["h"]["schedule"]["gemm"]["blocks"][2])
-    assert steps > 1 and kernels["z"]["schedule"]["gemm"]["blocks"][2] >= 24
+    assert kernels["h"]["schedule"]["gemm"]["blocks"][2] < 1152
+    assert kernels["z"]["schedule"]["gemm"]["blocks"][2] == 24
     mr = kernels["h"]["schedule"]["gemm"]["micro"][0]
-    ahead = re.search(rf"tk_gemm_micro_ahead<{mr}, \d+, \d+, {mr}>\((tk_packed_panels<[^;]*?) "
-                      r"\+ ir, k0\), [^;]*, (tk_packed_panels<[^;]*?) \+ ir \+ 1, k0\)\);",
-                      kernels["h"]["source"])
+    call = (rf"tk_gemm_micro_ahead<{mr}, \d+, \d+, {mr}>\((tk_packed_panels<[^;]*?) \+ ir, "
+            r"k0\), [^;]*, (tk_packed_panels<[^;]*?) \+ ir \+ 1, k0\)\);")
+    ahead = re.search(call, kernels["h"]["source"])
     assert ahead and ahead[1] == ahead[2], "the next micro-tile's panel, one row on"
-    assert "tk_gemm_micro_ahead" not in kernels["z"]["source"]
+    assert "if (jr == 0)" not in kernels["h"]["source"]
+    first = re.search(r"if \(jr == 0\) {\s*" + call + r"\s*}\s*else {\s*tk_gemm_micro<",
+                      kernels["z"]["source"])
+    assert first and first[1] == first[2], "the strip's first micro-tile, the next strip's panel"
     _rebinding_weights_repacks(module, generated, imported.weights, rng)
 
 
@@ -800,11 +823,11 @@ def _chains() -> onnx.ModelProto:
     inputs = [vi("x_whole", T.FLOAT, [2, 5, 4, 8]), vi("r_whole", T.FLOAT, [2, 6, 4, 8]),
               vi("x_ragged", T.FLOAT, [2, 5, 6, 7]), vi("r_ragged", T.FLOAT, [2, 6, 6, 7]),
               vi("x_single", T.FLOAT, [1, 5, 6, 7]), vi("r_single", T.FLOAT, [1, 6, 6, 7]),
-              vi("a", T.FLOAT, [9, 700]), vi("ra", T.FLOAT, [9, 40]),
+              vi("a", T.FLOAT, [9, 1000]), vi("ra", T.FLOAT, [9, 40]),
               vi("x7", T.FLOAT, [1, 24, 7, 7])]
     outputs = [vi(n, T.FLOAT, None)
                for n in ("y_whole", "y_ragged", "y_single", "y_long", "y_seven")]
-    inits = [w("w1", 6, 5, 1, 1), w("b1", 6), w("wk", 700, 40), w("bk", 40),
+    inits = [w("w1", 6, 5, 1, 1), w("b1", 6), w("wk", 1000, 40), w("bk", 40),
              w("w7", 64, 24, 1, 1), w("b7", 64)]
     graph = h.make_graph(nodes, "chains", inputs, outputs, inits)
     return h.make_model(graph, opset_imports=[h.make_opsetid("", 18)])
@@ -850,7 +873,7 @@ def test_each_micro_tile_runs_the_chain_after_its_last_step():
     assert "a column of micro-tiles' outputs" in kernels["c7"]["source"]
     long = kernels["m"]
     assert "the block's output tile" in long["source"]
-    assert long["schedule"]["gemm"]["blocks"][2] < 700                # several steps
+    assert long["schedule"]["gemm"]["blocks"][2] < 1000               # several steps
     # whole micro-panels per image: the columns count on from the first one's coordinates
     assert "= j0 + j;" not in kernels["c_whole"]["source"]
     assert "= j0 + j;" in kernels["c_ragged"]["source"]                # each column's own

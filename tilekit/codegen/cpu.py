@@ -731,11 +731,11 @@ def gemm_kernel(module, plan: GroupPlan, entry: str, shape: CpuShape, target: Ta
                                            tx.const(direct, idx_t),
                                            tx.cast("int32", tx.sub(mcount, tx.mul(ir, mr))))
 
-            # a weight's panels come from memory, once per run: with the columns of
-            # micro-tiles outside, each micro-tile prefetches the next one's A panel, or the
-            # first micro-tiles of a column the next column's B panel (`_micro_tiles`)
+            # a weight's panels come from memory, once per run: a micro-tile prefetches the
+            # A panel of the next row of micro-tiles, or (the columns outside) the first
+            # micro-tiles of a column the next column's B panel (`_micro_tiles`)
             a_ahead = b_ahead = None
-            if a_weight is not None and not (one_step and rows_first):
+            if a_weight is not None:
                 a_ahead = lambda ir: a_panel(tx.add(ir, 1))  # noqa: E731
             elif weight is not None and not (one_step and rows_first):
                 b_ahead = lambda jr, t: weight.panel(  # noqa: E731
@@ -789,10 +789,12 @@ def _micro_tiles(b: Builder, a_tile, b_panel, c_tile, mr: int, nr: int, ir_lo: E
     this strip computes).
 
     A weight's packed panels, prefetched a line per step of K as the micro-kernel runs
-    (`gemm_micro_ahead`, runtime_cpu.h): with `a_ahead`, each micro-tile prefetches
-    `a_ahead(ir)`, the next micro-tile's A panel (`mr` floats a step: the whole panel); with
-    `b_ahead`, the first `nr / LINE_FLOATS` micro-tiles `t` of column `jr` prefetch
-    `b_ahead(jr, t)`, their share of the next column's B panel (a line a step).
+    (`gemm_micro_ahead`, runtime_cpu.h): with `a_ahead`, `a_ahead(ir)`, the A panel of the
+    next row of micro-tiles (`mr` floats a step: the whole panel), by each micro-tile with
+    the columns outside and by the first of each strip with the rows outside (the others
+    read the panel from L1); with `b_ahead`, the first `nr / LINE_FLOATS` micro-tiles `t` of
+    column `jr` prefetch `b_ahead(jr, t)`, their share of the next column's B panel (a line
+    a step).
 
     The last micro-panel of a ragged N runs `nr / 2` columns when no more of it are in N
     (196 pixels are 6 panels of 32 and 4 columns, which take 16 columns rather than 32; the
@@ -828,7 +830,13 @@ def _micro_tiles(b: Builder, a_tile, b_panel, c_tile, mr: int, nr: int, ir_lo: E
         with b.loop("ir", ir_lo, ir_hi) as ir:
             prefetch = ahead(ir) if ahead is not None else None
             with b.loop("jr", 0, whole) as jr:
-                micro(ir, jr, nr)
+                if a_ahead is not None:
+                    with b.if_(tx.eq(jr, 0)):
+                        micro(ir, jr, nr, (a_ahead(ir), mr))
+                    with b.else_():
+                        micro(ir, jr, nr)
+                else:
+                    micro(ir, jr, nr)
                 if prefetch is not None:
                     prefetch(jr)
             with b.if_(tx.gt(rest, 0)):

@@ -218,6 +218,15 @@ BLOCK_CYCLES = 3000.0
 C_TILE_BYTES = 512 * 1024
 
 
+#: A K of at most this many steps of `tiles.kc` takes one step (tilekit.codegen.cpu): no
+#: output tile read and written per step, and the epilogue runs on each strip of micro-tiles
+#: while it is in L1, though each micro-tile then streams its B micro-panel (up to 1.5x L1)
+#: from L2. ResNet-50's layers with K = 256 0.87-0.90x, K = 512 and 576 0.92-0.94x as long as
+#: in steps of 192 (one core of an AVX-512 Xeon, 48 KiB of L1); with K up to 1152 its 3 x 3
+#: layers on 28 x 28 gained 5% more and its K = 1024 layers lost as much.
+ONE_STEP_MOST = 3
+
+
 def gemm_blocks(tiles: CpuTiles, m: int, n: int, k: int, batch: int,
                 k_varies: bool = False) -> GemmBlocks:
     """The blocks of an `m x n x k` GEMM (`batch` of them): the split of M and N into
@@ -232,12 +241,14 @@ def gemm_blocks(tiles: CpuTiles, m: int, n: int, k: int, batch: int,
     196 pixels into blocks of 4 and 3 micro-panels over two cores, where half of M each with
     all 7 balance; the network 0.87x on two cores of an AVX-512 Xeon, 0.94x on one), its
     output tile (when K takes several steps) to `C_TILE_BYTES`; A is read in `tiles.mc`-row
-    slices that stay in L2 (gemm_kernel's inner loop). Ties go to fewer blocks. Blocks are
-    even (128 rows in two blocks are two of 66, not 126 and 2). `k_varies`: K's extent
-    changes with a symbolic module's sizes, so the code keeps the output tile of several
-    steps even where this K takes one (tilekit.codegen.cpu), and the tile's bound holds."""
+    slices that stay in L2 (gemm_kernel's inner loop). K goes in even steps of at most
+    `tiles.kc`, or in one when it is at most `ONE_STEP_MOST` of them. Ties go to fewer
+    blocks. Blocks are even (128 rows in two blocks are two of 66, not 126 and 2).
+    `k_varies`: K's extent changes with a symbolic module's sizes, so K goes in steps of at
+    most `tiles.kc` and the code keeps the output tile of several steps even where this K
+    takes one (tilekit.codegen.cpu), and the tile's bound holds."""
     mr, nr = tiles.mr, tiles.nr
-    kc = min(tiles.kc, k)
+    kc = k if k <= ONE_STEP_MOST * tiles.kc and not k_varies else min(tiles.kc, k)
     kc = -(-k // -(-k // kc))
     cores = tiles.machine.cores
     macs = 2 * tiles.machine.f32_lanes         # multiply-adds per cycle: two FMA pipes
