@@ -12,7 +12,7 @@ spatial axis but the vector axis) in blocks of about `block_work` operations; pe
 - a reduction whose innermost axis walks a read's contiguous dimension for at least `nr`
   points (softmax's sums, layer norm's means, a matrix-vector product with rows of weights):
   per point, `nr` partial accumulators filled by a `simd` loop over that axis, folded at the
-  end; without a vector axis, `ROW_GROUP` rows at a time (one loop fills their partials);
+  end in halves (`fold_lanes`); without a vector axis, `ROW_GROUP` rows at a time (one loop fills their partials);
 - any other reduction (over channels of NCHW, a depthwise convolution's window, a
   matrix-vector product with columns of weights): an accumulator row of up to
   `vector_chunk` points of the vector axis, the reduction loops outside and a `simd` loop over
@@ -56,6 +56,7 @@ from tilekit.codegen.kernel import (GeneratedKernel, PointBuilder, avar, c_name,
                                     decompose, finish, flat_offset, full_ranges, global_read,
                                     global_resolver, group_signature, index_type, needs_check,
                                     store_sink, strides, tvar)
+from tilekit.codegen.cpu_rows import fold_lanes
 from tilekit.codegen.plan import GroupPlan, OpPlan, Read
 from tilekit.codegen.staged import op_facts, read_key
 from tilekit.codegen.values import (accumulator_kind, combine, identity, literal, pad_literal)
@@ -229,10 +230,9 @@ def _lane_points(b: Builder, module, plan: GroupPlan, points: list[list[Expr]],
             with b.loop(avar(inner), whole, n) as k:
                 fold(k, tx.sub(k, whole))
     for pb, sink, part in zip(pbs, sinks, parts):
-        acc = b.decl("acc_", dtype, Load(part.name, (tx.const(0),), dtype))
-        with b.loop("l", 1, lanes) as l_:
-            b.assign(acc, combine(p.assign, acc, Load(part.name, (l_,), dtype)))
+        acc = fold_lanes(b, part, lanes, p.assign, "acc_")
         pb.epilogue(pb.main_value(p, (acc, kind)), sink)
+
 
 
 #: Reduction points an accumulator row runs as straight code rather than loops: the

@@ -8,7 +8,8 @@ at the same row) runs as `cpu_rows`: the rows in blocks (the unit of parallel wo
 - a pass is one loop over the row's `length` points running consecutive row ops and
   reductions: a row op's value stays in a register for the later ops of its pass, a
   reduction folds its value into `nr` partial accumulators (a `simd` loop of `nr` lanes over
-  whole vectors, then the tail), folded into one value after the loop;
+  whole vectors, then the tail), folded into one value after the loop (in halves:
+  `fold_lanes`);
 - a new pass starts at an op that reads a reduction of the current pass (its value is whole
   only after the loop); per-row scalar ops run between passes on registers;
 - a row op's result that a later pass reads is kept in a **row buffer** of `length` points
@@ -47,7 +48,7 @@ from tilekit.schedule.cpu import one_thread, rows_per_block
 from tilekit.schedule.shape import Target
 from tilekit.tile import expr as tx
 from tilekit.tile.build import Builder, SharedMemory
-from tilekit.tile.expr import BLOCK, KIND_DTYPE, Expr, Load
+from tilekit.tile.expr import BLOCK, KIND_DTYPE, Expr, Load, Var
 from tilekit.weld.cpu import RowChain, RowOp
 
 
@@ -336,14 +337,33 @@ def _loop_pass(module, b: Builder, plan: GroupPlan, members, row_vars, scalars: 
             body(j, tx.sub(j, whole))
     for p, op, _ in reductions:
         part, kind = parts[p.output]
-        acc = b.decl(f"acc_{c_name(p.output)}_", part.dtype,
-                     Load(part.name, (tx.const(0),), part.dtype))
-        with b.loop("l", 1, nr) as l_:
-            b.assign(acc, combine(p.assign, acc, Load(part.name, (l_,), part.dtype)))
+        acc = fold_lanes(b, part, nr, p.assign, f"acc_{c_name(p.output)}_")
         stored, vkind = stored_value(acc, p.out_dtype)
         v = b.let(f"v_{c_name(p.output)}_", stored, KIND_DTYPE[vkind])
         scalars[p.output] = v
         _store(module, b, plan, p, _axes(p, op, row_vars, None, idx_t), v)
 
 
-__all__ = ["passes", "rows_kernel"]
+def fold_lanes(b: Builder, part, lanes: int, assign: str, name: str) -> Var:
+    """The `lanes` partial accumulators in `part` folded into one, declared as `name`: in
+    halves while the count is even (a vector loop each: lane l takes lane l + half), then
+    the rest in order. The same order on every machine and for every point, so a point's
+    sum is the same alone or beside others. Folded one by one, each a scalar add on the last
+    one's result, 32 lanes cost 31 adds' latency per output point: the LSTM's recurrent
+    product (2048 dot products of 512 a step) took 0.88x as long with halves on two cores of
+    an AVX-512 Xeon, the whole LSTM 1.80-1.83 against 1.94-1.96 ms at best."""
+    dtype = part.dtype
+    n = lanes
+    while n > 1 and n % 2 == 0:
+        n //= 2
+        with b.loop("l", 0, n, kind="simd") as l_:
+            b.store(part, (l_,), combine(assign, Load(part.name, (l_,), dtype),
+                                         Load(part.name, (tx.add(l_, n),), dtype)))
+    acc = b.decl(name, dtype, Load(part.name, (tx.const(0),), dtype))
+    if n > 1:
+        with b.loop("l", 1, n) as l_:
+            b.assign(acc, combine(assign, acc, Load(part.name, (l_,), dtype)))
+    return acc
+
+
+__all__ = ["fold_lanes", "passes", "rows_kernel"]
