@@ -184,6 +184,67 @@ def test_the_team_barrier_lets_no_thread_through_before_all_arrive(tmp_path, thr
     assert done.returncode == 0, done.stdout + done.stderr
 
 
+#: tk_pack_row over a page between two inaccessible ones: rows that start before the page or
+#: end past it, their lanes outside masked off (a convolution's padding), and a mask with
+#: holes. A masked-off lane that were read would fault; a wrong lane prints its position.
+_PACK_ROW_CHECK = r"""
+#include <sys/mman.h>
+template <int W>
+static int check(float* page, long n) {
+  int wrong = 0;
+  alignas(64) float dst[W];
+  alignas(64) int ok[W];
+  for (long start = -W + 1; start < n; start += 3) {
+    for (int holes = 0; holes < 2; ++holes) {
+      for (int i = 0; i < W; ++i) {
+        const long at = start + i;
+        ok[i] = (at >= 0 && at < n && !(holes && i % 3 == 1)) ? -1 : 0;
+      }
+      tk_pack_row<W>(dst, page + start, ok, -7.0f, page);
+      for (int i = 0; i < W; ++i) {
+        const float want = ok[i] ? page[start + i] : -7.0f;
+        if (dst[i] != want) { printf("W %d start %ld lane %d\n", W, start, i); ++wrong; }
+      }
+    }
+  }
+  return wrong;
+}
+
+int main() {
+  const long size = 4096;
+  char* base = static_cast<char*>(mmap(nullptr, 3 * size, PROT_READ | PROT_WRITE,
+                                       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+  mprotect(base, size, PROT_NONE);
+  mprotect(base + 2 * size, size, PROT_NONE);
+  float* page = reinterpret_cast<float*>(base + size);
+  const long n = size / 4;
+  for (long i = 0; i < n; ++i) page[i] = static_cast<float>(i) + 0.5f;
+  const int wrong = check<8>(page, n) + check<16>(page, n) + check<32>(page, n);
+  printf("%d\n", wrong);
+  return wrong != 0;
+}
+"""
+
+
+@needs_cxx
+def test_a_packed_row_reads_only_its_lanes_inside(tmp_path):
+    """runtime_cpu.h's tk_pack_row, compiled alone for this machine (-march=native: AVX-512's
+    masked loads where it has them, else AVX's): rows of 8, 16 and 32 lanes over a page
+    whose neighbours fault, starting before it and ending past it with those lanes masked
+    off, and masks with holes: each lane inside is copied, each other one is the pad."""
+    from tilekit.codegen.cxx import CXX_FLAGS
+    from tilekit.codegen.helpers import CPU_HEADERS
+
+    source = tmp_path / "pack.cpp"
+    source.write_text('#include "runtime_cpu.h"\n#include <cstdio>\n' + _PACK_ROW_CHECK)
+    binary = tmp_path / "pack"
+    flags = [f for f in CXX_FLAGS if f not in ("-shared", "-fPIC", "-w")]
+    subprocess.run([find_cxx(), *flags, "-I", str(CPU_HEADERS[0].parent), str(source), "-o",
+                    str(binary)], check=True, capture_output=True)
+    done = subprocess.run([str(binary)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.strip().endswith("0"), done.stdout + done.stderr
+
+
 @needs_cxx
 @pytest.mark.usefixtures("cxx_cache")
 def test_every_buffer_starts_on_a_cache_line(tmp_path):
