@@ -342,6 +342,12 @@ def test_a_padded_window_reads_staged_rows():
     _equals_reference(module, generated, inputs, imported.weights)
 
 
+def _import(nodes, name: str, inputs, outputs, initializers=()):
+    """The imported model of an ONNX graph of `nodes` (opset 18)."""
+    graph = h.make_graph(nodes, name, inputs, outputs, list(initializers))
+    return import_model(h.make_model(graph, opset_imports=[h.make_opsetid("", 18)]))
+
+
 @needs_cxx
 @pytest.mark.parametrize("height", [8, 7, 11])
 def test_output_rows_side_by_side_share_their_staged_rows(height):
@@ -385,11 +391,10 @@ def _windows(nodes, shape: list[int], weights: dict):
     output: (its import, the CPU codegen, each output's kernel source)."""
     vi = h.make_tensor_value_info
     outs = [n.output[0] for n in nodes]
-    graph = h.make_graph(nodes, "windows", [vi("x", T.FLOAT, shape)],
-                         [vi(n, T.FLOAT, None) for n in outs],
-                         [nh.from_array(w.astype(np.float32), name)
-                          for name, w in weights.items()])
-    imported = import_model(h.make_model(graph, opset_imports=[h.make_opsetid("", 18)]))
+    imported = _import(nodes, "windows", [vi("x", T.FLOAT, shape)],
+                       [vi(n, T.FLOAT, None) for n in outs],
+                       [nh.from_array(w.astype(np.float32), name)
+                        for name, w in weights.items()])
     generated = generate(imported.module, target="cpu").module
     source = {op: k["source"] for k in generated.codegen["kernels"] for op in k["ops"]}
     return imported, generated, {out: source[_op_of(imported.module, out)] for out in outs}
@@ -414,13 +419,12 @@ def test_lane_partial_rows_run_in_groups_of_four():
     nodes = [h.make_node("Gemm", ["v", "w"], ["mv"], transB=1),
              h.make_node("Gemm", ["v", "w24"], ["mv24"], transB=1),
              h.make_node("ReduceSum", ["x", "axes"], ["rs"], keepdims=0)]
-    graph = h.make_graph(
+    imported = _import(
         nodes, "groups", [vi("v", T.FLOAT, [1, 40]), vi("x", T.FLOAT, [4, 8, 40])],
         [vi(n, T.FLOAT, None) for n in ("mv", "mv24", "rs")],
         [nh.from_array(rng.standard_normal((64, 40)).astype(np.float32), "w"),
          nh.from_array(rng.standard_normal((24, 40)).astype(np.float32), "w24"),
          nh.from_array(np.array([2], np.int64), "axes")])
-    imported = import_model(h.make_model(graph, opset_imports=[h.make_opsetid("", 18)]))
     module = imported.module
     generated = generate(module, target="cpu").module
     kernels = {op: k for k in generated.codegen["kernels"] for op in k["ops"]}
@@ -462,11 +466,10 @@ def test_a_long_sum_is_as_accurate_as_blocked_summation():
     error against float64 stays near a blocked sum's, far below one sequential sum's."""
     vi = h.make_tensor_value_info
     k = 8192
-    graph = h.make_graph([h.make_node("MatMul", ["x", "w"], ["y"])], "long",
-                         [vi("x", T.FLOAT, [6, k])], [vi("y", T.FLOAT, None)],
-                         [nh.from_array(np.abs(np.random.default_rng(2).standard_normal(
-                             (k, 16))).astype(np.float32), "w")])
-    imported = import_model(h.make_model(graph, opset_imports=[h.make_opsetid("", 18)]))
+    imported = _import([h.make_node("MatMul", ["x", "w"], ["y"])], "long",
+                       [vi("x", T.FLOAT, [6, k])], [vi("y", T.FLOAT, None)],
+                       [nh.from_array(np.abs(np.random.default_rng(2).standard_normal(
+                           (k, 16))).astype(np.float32), "w")])
     module = generate(imported.module, target="cpu").module
     x = np.abs(np.random.default_rng(3).standard_normal((6, k))).astype(np.float32)
     got = CpuProgram(module, 1).run({"x": x}, imported.weights)["y"].astype(np.float64)
@@ -489,12 +492,11 @@ def test_tall_blocks_run_their_rows_in_l2_slices():
     nodes = [h.make_node("Conv", ["x", "w"], ["conv"], pads=[1, 1, 1, 1]),
              h.make_node("Relu", ["conv"], ["y"]),
              h.make_node("MatMul", ["a", "b"], ["z"])]
-    graph = h.make_graph(
+    imported = _import(
         nodes, "tall", [vi("x", T.FLOAT, [1, 5, 30, 11]), vi("a", T.FLOAT, [203, 37])],
         [vi("y", T.FLOAT, None), vi("z", T.FLOAT, None)],
         [nh.from_array(rng.standard_normal((200, 5, 3, 3)).astype(np.float32), "w"),
          nh.from_array(rng.standard_normal((37, 160)).astype(np.float32), "b")])
-    imported = import_model(h.make_model(graph, opset_imports=[h.make_opsetid("", 18)]))
     module = imported.module
     generated = generate(module, target="cpu").module
     tiles = cpu_tiles()
@@ -544,7 +546,7 @@ def test_weights_as_b_are_packed_once_and_repacked_when_they_change():
              h.make_node("Gemm", ["h", "v", "c"], ["y"], transB=1),
              h.make_node("MatMul", ["h", "x2"], ["z"]),
              h.make_node("MatMul", ["x3", "u"], ["l"])]
-    graph = h.make_graph(
+    imported = _import(
         nodes, "weights", [vi("x", T.FLOAT, [40, 24]), vi("x2", T.FLOAT, [70, 36]),
                            vi("x3", T.FLOAT, [20, 1000])],
         [vi("y", T.FLOAT, None), vi("z", T.FLOAT, None), vi("l", T.FLOAT, None)],
@@ -552,7 +554,6 @@ def test_weights_as_b_are_packed_once_and_repacked_when_they_change():
          nh.from_array(rng.standard_normal((50, 70)).astype(np.float32), "v"),
          nh.from_array(rng.standard_normal(50).astype(np.float32), "c"),
          nh.from_array(rng.standard_normal((1000, 40)).astype(np.float32), "u")])
-    imported = import_model(h.make_model(graph, opset_imports=[h.make_opsetid("", 18)]))
     module = imported.module
     generated = generate(module, target="cpu").module
     gemms = {k["schedule"]["gemm"]["b"] for k in generated.codegen["kernels"]
@@ -586,12 +587,11 @@ def test_weights_as_a_are_packed_once_prefetched_and_repacked_when_they_change()
     nodes = [h.make_node("Conv", ["x", "w"], ["h"], pads=[1, 1, 1, 1]),
              h.make_node("Relu", ["h"], ["y"]),
              h.make_node("Conv", ["x2", "f"], ["z"])]
-    graph = h.make_graph(
+    imported = _import(
         nodes, "filters", [vi("x", T.FLOAT, [1, 128, 9, 9]), vi("x2", T.FLOAT, [1, 24, 6, 6])],
         [vi("y", T.FLOAT, None), vi("z", T.FLOAT, None)],
         [nh.from_array(rng.standard_normal((40, 128, 3, 3)).astype(np.float32), "w"),
          nh.from_array(rng.standard_normal((40, 24, 1, 1)).astype(np.float32), "f")])
-    imported = import_model(h.make_model(graph, opset_imports=[h.make_opsetid("", 18)]))
     module = imported.module
     generated = generate(module, target="cpu").module
     by_out = {_op_of(module, out): out for out in ("h", "z")}
@@ -627,13 +627,12 @@ def test_a_ragged_n_of_pixels_takes_the_m_role():
     nodes = [h.make_node("Conv", ["x", "w1", "b1"], ["p"]),
              h.make_node("Relu", ["p"], ["y"]),
              h.make_node("Conv", ["x", "w3"], ["z"], pads=[1, 1, 1, 1])]
-    graph = h.make_graph(
+    imported = _import(
         nodes, "ragged", [vi("x", T.FLOAT, [1, 24, 7, 7])],
         [vi("y", T.FLOAT, None), vi("z", T.FLOAT, None)],
         [nh.from_array(rng.standard_normal((32, 24, 1, 1)).astype(np.float32), "w1"),
          nh.from_array(rng.standard_normal(32).astype(np.float32), "b1"),
          nh.from_array(rng.standard_normal((32, 24, 3, 3)).astype(np.float32), "w3")])
-    imported = import_model(h.make_model(graph, opset_imports=[h.make_opsetid("", 18)]))
     module = imported.module
     generated = generate(module, target="cpu").module
     shapes = _shapes(generated)
@@ -679,12 +678,11 @@ def test_a_strided_window_packs_by_gathers():
     vi = h.make_tensor_value_info
     nodes = [h.make_node("Conv", ["x", "w3"], ["y"], pads=[1, 1, 1, 1], strides=[2, 2]),
              h.make_node("Conv", ["x", "w1"], ["z"], strides=[2, 2])]
-    graph = h.make_graph(
+    imported = _import(
         nodes, "strided", [vi("x", T.FLOAT, [1, 6, 15, 17])],
         [vi("y", T.FLOAT, None), vi("z", T.FLOAT, None)],
         [nh.from_array(rng.standard_normal((20, 6, 3, 3)).astype(np.float32), "w3"),
          nh.from_array(rng.standard_normal((20, 6, 1, 1)).astype(np.float32), "w1")])
-    imported = import_model(h.make_model(graph, opset_imports=[h.make_opsetid("", 18)]))
     module = imported.module
     generated = generate(module, target="cpu").module
     by_op = {op: k for k in generated.codegen["kernels"] for op in k["ops"]}
@@ -707,12 +705,11 @@ def test_a_ragged_last_panel_of_at_most_half_its_columns_takes_a_half_tile():
     nodes = [h.make_node("MatMul", ["x", "w70"], ["y"]),
              h.make_node("MatMul", ["x", "w90"], ["z"]),
              h.make_node("MatMul", ["x", "b"], ["u"])]
-    graph = h.make_graph(
+    imported = _import(
         nodes, "half", [vi("x", T.FLOAT, [40, 37]), vi("b", T.FLOAT, [37, 70])],
         [vi(n, T.FLOAT, None) for n in ("y", "z", "u")],
         [nh.from_array(rng.standard_normal((37, 70)).astype(np.float32), "w70"),
          nh.from_array(rng.standard_normal((37, 90)).astype(np.float32), "w90")])
-    imported = import_model(h.make_model(graph, opset_imports=[h.make_opsetid("", 18)]))
     module = imported.module
     generated = generate(module, load_profile("icelake"), target="cpu").module
     by_op = {op: k for k in generated.codegen["kernels"] for op in k["ops"]}
@@ -735,13 +732,12 @@ def test_a_whole_n_keeps_its_role_however_m_pads():
     vi = h.make_tensor_value_info
     nodes = [h.make_node("Gemm", ["x", "w", "c"], ["y"], transB=1),
              h.make_node("Conv", ["img", "f"], ["z"])]
-    graph = h.make_graph(
+    imported = _import(
         nodes, "whole", [vi("x", T.FLOAT, [32, 24]), vi("img", T.FLOAT, [1, 40, 16, 16])],
         [vi("y", T.FLOAT, None), vi("z", T.FLOAT, None)],
         [nh.from_array(rng.standard_normal((96, 24)).astype(np.float32), "w"),
          nh.from_array(rng.standard_normal(96).astype(np.float32), "c"),
          nh.from_array(rng.standard_normal((32, 40, 1, 1)).astype(np.float32), "f")])
-    imported = import_model(h.make_model(graph, opset_imports=[h.make_opsetid("", 18)]))
     module = imported.module
     generated = generate(module, target="cpu").module
     shapes = _shapes(generated)

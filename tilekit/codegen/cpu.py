@@ -12,7 +12,8 @@ spatial axis but the vector axis) in blocks of about `block_work` operations; pe
 - a reduction whose innermost axis walks a read's contiguous dimension for at least `nr`
   points (softmax's sums, layer norm's means, a matrix-vector product with rows of weights):
   per point, `nr` partial accumulators filled by a `simd` loop over that axis, folded at the
-  end in halves (`fold_lanes`); without a vector axis, `ROW_GROUP` rows at a time (one loop fills their partials);
+  end in halves (`fold_lanes`); without a vector axis, `ROW_GROUP` rows at a time (one loop
+  fills their partials);
 - any other reduction (over channels of NCHW, a depthwise convolution's window, a
   matrix-vector product with columns of weights): an accumulator row of up to
   `vector_chunk` points of the vector axis, the reduction loops outside and a `simd` loop over
@@ -60,6 +61,7 @@ from tilekit.codegen.cpu_rows import fold_lanes
 from tilekit.codegen.plan import GroupPlan, OpPlan, Read
 from tilekit.codegen.staged import op_facts, read_key
 from tilekit.codegen.values import (accumulator_kind, combine, identity, literal, pad_literal)
+from tilekit.ir.graph import graph
 from tilekit.schedule.cpu import (CpuShape, CpuTiles, cpu_shape, gemm_roles, one_thread,
                                   window_rows)
 from tilekit.schedule.mma import Contraction
@@ -232,7 +234,6 @@ def _lane_points(b: Builder, module, plan: GroupPlan, points: list[list[Expr]],
     for pb, sink, part in zip(pbs, sinks, parts):
         acc = fold_lanes(b, part, lanes, p.assign, "acc_")
         pb.epilogue(pb.main_value(p, (acc, kind)), sink)
-
 
 
 #: Reduction points an accumulator row runs as straight code rather than loops: the
@@ -578,14 +579,14 @@ def gemm_kernel(module, plan: GroupPlan, entry: str, shape: CpuShape, target: Ta
     mc_p, nc_p = -(-g.mc // mr) * mr, -(-g.nc // nr) * nr
     smem = SharedMemory()
     a_weight = _weight_panels(module, A.read, m_axes, c.k_axes, c.batch_axes, extent,
-                              g.m_blocks, g.mc, mr, "wpa", free)
+                              g.m_blocks, g.mc, mr, "wpa", idx_t, free)
     direct = None if a_weight is not None else _direct_rows(A.read, m_axes, c.k_axes, extent,
                                                             free)
     ap = None if direct is not None or a_weight is not None else smem.carve(
         "s_a", "float32", (mc_p // mr, g.kc, mr),
         f"{A.read.tensor}: A panel, {mc_p // mr} micro-panels of {g.kc}x{mr}")
     weight = _weight_panels(module, B.read, n_axes, c.k_axes, c.batch_axes, extent,
-                            g.n_blocks, g.nc, nr, "wpb", free)
+                            g.n_blocks, g.nc, nr, "wpb", idx_t, free)
     bp = None if weight is not None else smem.carve(
         "s_b", "float32", (nc_p // nr, g.kc, nr),
         f"{B.read.tensor}: B panel, {nc_p // nr} micro-panels of {g.kc}x{nr}")
@@ -712,13 +713,11 @@ def gemm_kernel(module, plan: GroupPlan, entry: str, shape: CpuShape, target: Ta
             if weight is None:
                 b_panel = lambda jr: Addr(bp.name, (jr, tx.const(0), tx.const(0)))  # noqa: E731
             else:
-                b_panel = lambda jr: weight.panel(B.read.tensor, N, K, tx.add(  # noqa: E731
-                    tx.div(n0, nr), jr), k0, nr, idx_t)
+                b_panel = lambda jr: weight.panel(tx.add(tx.div(n0, nr), jr), k0)  # noqa: E731
 
             def a_panel(ir: Expr) -> Expr:
                 if a_weight is not None:
-                    return a_weight.panel(A.read.tensor, M, K, tx.add(tx.div(m0, mr), ir), k0,
-                                          mr, idx_t)
+                    return a_weight.panel(tx.add(tx.div(m0, mr), ir), k0)
                 return Addr(ap.name, (ir, tx.const(0), tx.const(0)))
 
             def a_tile(ir: Expr) -> tuple[str, tuple]:
@@ -739,8 +738,8 @@ def gemm_kernel(module, plan: GroupPlan, entry: str, shape: CpuShape, target: Ta
                 a_ahead = lambda ir: a_panel(tx.add(ir, 1))  # noqa: E731
             elif weight is not None and not (one_step and rows_first):
                 b_ahead = lambda jr, t: weight.panel(  # noqa: E731
-                    B.read.tensor, N, K, tx.add(tx.div(n0, nr), tx.add(jr, 1)),
-                    tx.add(k0, tx.div(tx.mul(tx.mul(t, LINE_FLOATS), kcount), nr)), nr, idx_t)
+                    tx.add(tx.div(n0, nr), tx.add(jr, 1)),
+                    tx.add(k0, tx.div(tx.mul(tx.mul(t, LINE_FLOATS), kcount), nr)))
             _micro_tiles(b, a_tile, b_panel, c_tile, mr, nr, ir_lo, ir_hi, ks, ncount, kcount,
                          rows_first=one_step and rows_first,
                          strip_done=strip_done if one_step else None,
@@ -779,14 +778,13 @@ def _micro_tiles(b: Builder, a_tile, b_panel, c_tile, mr: int, nr: int, ir_lo: E
     """The micro-kernel on every `mr x nr` tile of the rows `ir_lo * mr` to `ir_hi * mr` of
     the block at this step, into `c_tile(ir, jr)` (address, row stride), with the
     micro-kernel and A's arguments of `a_tile(ir)` (a packed panel, or A's rows where they
-    lie). Column panels
-    outside (`rows_first` false): each B micro-panel (`b_panel(jr)`) stays in L1 while the
-    rows' A comes from L2; rows outside: A's micro-panel stays in L1. After each run of the
-    inner loop (a strip of micro-tiles), `strip_done(outer, ir_lo, ir_hi)` if given: the
-    epilogue of a K of one step, on the strip while it is in L1. With rows outside, `ahead`
-    if given: `ahead(ir)` at the start of a strip, a function of the micro-tile column it
-    calls after each whole micro-tile (the next strip's epilogue streams, prefetched while
-    this strip computes).
+    lie). Column panels outside (`rows_first` false): each B micro-panel (`b_panel(jr)`)
+    stays in L1 while the rows' A comes from L2; rows outside: A's micro-panel stays in L1.
+    After each run of the inner loop (a strip of micro-tiles), `strip_done(outer, ir_lo,
+    ir_hi)` if given: the epilogue of a K of one step, on the strip while it is in L1. With
+    rows outside, `ahead` if given: `ahead(ir)` at the start of a strip, a function of the
+    micro-tile column it calls after each whole micro-tile (the next strip's epilogue
+    streams, prefetched while this strip computes).
 
     A weight's packed panels, prefetched a line per step of K as the micro-kernel runs
     (`gemm_micro_ahead`, runtime_cpu.h): with `a_ahead`, `a_ahead(ir)`, the A panel of the
@@ -815,6 +813,14 @@ def _micro_tiles(b: Builder, a_tile, b_panel, c_tile, mr: int, nr: int, ir_lo: E
                            tx.const(ldc), tx.cast("int32", tx.gt(ks, 0)),
                            *(() if prefetch is None else (prefetch[0],))))
 
+    def micro_when(cond: Expr, ir: Expr, jr: Expr, width: int, prefetch: tuple[Expr, int]
+                   ) -> None:
+        """Micro-tile (ir, jr) prefetching `prefetch` where `cond` holds, else without."""
+        with b.if_(cond):
+            micro(ir, jr, width, prefetch)
+        with b.else_():
+            micro(ir, jr, width)
+
     def last_panel(tiles_of) -> None:
         """The ragged last micro-panel (`rest` > 0): `tiles_of(width)` emits its
         micro-tiles."""
@@ -831,10 +837,7 @@ def _micro_tiles(b: Builder, a_tile, b_panel, c_tile, mr: int, nr: int, ir_lo: E
             prefetch = ahead(ir) if ahead is not None else None
             with b.loop("jr", 0, whole) as jr:
                 if a_ahead is not None:
-                    with b.if_(tx.eq(jr, 0)):
-                        micro(ir, jr, nr, (a_ahead(ir), mr))
-                    with b.else_():
-                        micro(ir, jr, nr)
+                    micro_when(tx.eq(jr, 0), ir, jr, nr, (a_ahead(ir), mr))
                 else:
                     micro(ir, jr, nr)
                 if prefetch is not None:
@@ -851,10 +854,8 @@ def _micro_tiles(b: Builder, a_tile, b_panel, c_tile, mr: int, nr: int, ir_lo: E
                 micro(ir, jr, width, (a_ahead(ir), mr))
             elif b_ahead is not None:
                 t = b.let("t", tx.sub(ir, ir_lo))
-                with b.if_(tx.lt(t, max(1, nr // LINE_FLOATS))):
-                    micro(ir, jr, width, (b_ahead(jr, t), LINE_FLOATS))
-                with b.else_():
-                    micro(ir, jr, width)
+                micro_when(tx.lt(t, max(1, nr // LINE_FLOATS)), ir, jr, width,
+                           (b_ahead(jr, t), LINE_FLOATS))
             else:
                 micro(ir, jr, width)
 
@@ -880,11 +881,13 @@ def _tile_order(ir_lo: Expr, ir_hi: Expr, jr_hi: Expr, rows_first: bool
 class _WeightPanels:
     """An operand that is a weight, packed once (runtime_cpu.h tk_packed_panels) into
     micro-panels of `width` rows (A) or columns (B): element (p, k) of its side of the GEMM
-    at `base + p * ldp + k * ldk` of the tensor; `slot` the block's cache of the pack's
-    address (`start` allocates it, named `name`)."""
+    (`points` by `k`) at `base + p * ldp + k * ldk` of `tensor`; `slot` the block's cache of
+    the pack's address (`start` allocates it, named `name`)."""
 
-    def __init__(self, base: int, ldp: int, ldk: int, name: str):
-        self.base, self.ldp, self.ldk, self.name = base, ldp, ldk, name
+    def __init__(self, tensor: str, points: int, k: int, base: int, ldp: int, ldk: int,
+                 width: int, name: str, idx_t: str):
+        self.tensor, self.points, self.k, self.width = tensor, points, k, width
+        self.base, self.ldp, self.ldk, self.name, self.idx_t = base, ldp, ldk, name, idx_t
         self.slot = None
 
     def start(self, b: Builder) -> None:
@@ -892,18 +895,19 @@ class _WeightPanels:
                             "the packed weight's address, once looked up")
         b.store(self.slot, (tx.const(0),), tx.const(0, "int64"))
 
-    def panel(self, tensor: str, points: int, k: int, panel: Expr, k0: Expr, width: int,
-              idx_t: str) -> Expr:
-        """The address of micro-panel `panel` at step `k0` (`points` the side's extent)."""
-        return tx.call("packed_panels", tx.const(width), Addr(self.slot.name, (tx.const(0),)),
-                       Addr(tvar(tensor), (tx.const(self.base, idx_t),)),
-                       tx.const(points, idx_t), tx.const(k, idx_t), tx.const(self.ldp, idx_t),
-                       tx.const(self.ldk, idx_t), panel, k0)
+    def panel(self, panel: Expr, k0: Expr) -> Expr:
+        """The address of micro-panel `panel` at step `k0`."""
+        idx_t = self.idx_t
+        return tx.call("packed_panels", tx.const(self.width),
+                       Addr(self.slot.name, (tx.const(0),)),
+                       Addr(tvar(self.tensor), (tx.const(self.base, idx_t),)),
+                       tx.const(self.points, idx_t), tx.const(self.k, idx_t),
+                       tx.const(self.ldp, idx_t), tx.const(self.ldk, idx_t), panel, k0)
 
 
 def _weight_panels(module, read: Read, axes: tuple[str, ...], k_axes: tuple[str, ...],
                    batch_axes: tuple[str, ...], extent: dict, blocks: int, block: int,
-                   width: int, name: str, free: frozenset[str] = frozenset()
+                   width: int, name: str, idx_t: str, free: frozenset[str] = frozenset()
                    ) -> _WeightPanels | None:
     """An operand's panels packed once per loaded program rather than per run and block (B)
     or read in place (A), when it is a model's weight (its values fixed between runs) read as
@@ -911,12 +915,10 @@ def _weight_panels(module, read: Read, axes: tuple[str, ...], k_axes: tuple[str,
     none of them of varying extent, the same matrix for every batch point, no index that can
     leave the tensor, and `blocks` blocks of `block` points along `axes` that start on whole
     micro-panels of `width`. None otherwise."""
-    from tilekit.ir.graph import op_tensors
-
     t = module.tensors.get(read.tensor)
     if t is None or t.role != "weight" or read.dtype != "float32":
         return None
-    if any(read.tensor in op_tensors(op, module.control)[1] for op in module.ops):
+    if read.tensor in graph(module).producer:
         return None                     # written in the module: not fixed between runs
     if free & {*axes, *k_axes}:
         return None
@@ -929,7 +931,9 @@ def _weight_panels(module, read: Read, axes: tuple[str, ...], k_axes: tuple[str,
     if ldp is None or ldk is None:
         return None
     base = sum(m.const * s for m, s in zip(read.maps, strides(read.shape)))
-    return _WeightPanels(base, ldp, ldk, name)
+    return _WeightPanels(read.tensor, math.prod(extent[a] for a in axes),
+                         math.prod(extent[a] for a in k_axes), base, ldp, ldk, width, name,
+                         idx_t)
 
 
 class _Side:

@@ -296,10 +296,11 @@ static __attribute__((noinline)) void tk_gemm_micro_rows_ahead(
 // GCC's scalar code for `ok ? src[i] : pad`) would take a load per value. With AVX-512's,
 // ResNet-50's 3 x 3 layers on 56 x 56 took 0.96x as long as with vmaskmovps on one Xeon core
 // (their panels are packed from L2), the network's kernels the same within noise (a pack
-// from memory, the MobileNet block's 1 x 1 projection, waits on memory either way). `ahead` is where a later
-// row will be read (a few steps of K on): prefetched, since consecutive rows of a panel are a
-// K stride apart and the hardware prefetcher does not follow such short rows (30% less time
-// from memory, measured on Zen 3). A prefetch never faults, wherever it points.
+// from memory, the MobileNet block's 1 x 1 projection, waits on memory either way). `ahead`
+// is where a later row will be read (a few steps of K on): prefetched, since consecutive
+// rows of a panel are a K stride apart and the hardware prefetcher does not follow such
+// short rows (30% less time from memory, measured on Zen 3). A prefetch never faults,
+// wherever it points.
 #if defined(__AVX512F__)
 // dst[h .. h + 16) = load(h, mask, fill) for each 16 of W lanes, the mask the lanes of ok
 // that are not 0, fill the pad in every lane: a packed row's vectors loaded under masks.

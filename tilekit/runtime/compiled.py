@@ -349,7 +349,7 @@ class CpuProgram:
         for name in self.weight_names:
             if name in self.buffers and name not in inputs:
                 changed = self._bind_weight(name, weights[name]) or changed
-        if changed:         # the weights' packed panels are stale (runtime_cpu.h tk_packed_panels)
+        if changed:     # the weights' packed panels are stale (runtime_cpu.h tk_packed_panels)
             self.lib.tk_weights_changed()
         self._set_sizes()
         for name in self.inputs:
