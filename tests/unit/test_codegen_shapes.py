@@ -39,7 +39,7 @@ def test_staged_contraction_has_shared_tiles_and_a_step_loop():
               r"CHECK: acc\[.*\] \+= f_x_0\[.*\] \* f_w_1\[.*\];",
               # epilogue: 50 and 70 are not multiples of 32: guarded stores, bias and ReLU
               r"CHECK: if \(a_i < 50 && a_j < 70\)",
-              r"CHECK: tk_max\(v_t_0 \+ t_b\[a_j\], 0.0f\)",
+              r"CHECK: tk_max_c\(v_t_0 \+ t_b\[a_j\], 0.0f\)",
               r"CHECK: t_y\[70 \* a_i \+ a_j\] = ",
               r"CHECK-NOT: t_t\[",            # the matmul result never reaches memory
               r'CHECK: extern "C" __global__ void __launch_bounds__\(128, 1\)',

@@ -14,6 +14,7 @@ from tilekit.codegen.values import (ValueCompiler, index_expr, literal, pad_lite
 from tilekit.errors import UnsupportedError
 from tilekit.expr import parse, parse_index
 from tilekit.tile import expr as tx
+from tilekit.tile.cpp import CppPrinter
 from tilekit.tile.cuda import CudaPrinter
 from tilekit.tile.emit import Emitter
 from tilekit.tile.expr import KIND_DTYPE, Var
@@ -86,7 +87,11 @@ def test_value_kinds_follow_the_operands():
     assert compile_value("x[i] + i") == "x_v + ((float)(a_i))"     # axis value as float
     assert compile_value("i / 2") == "((float)(a_i)) / 2.0f"       # true division
     assert compile_value("i // 2") == "tk_floordiv(((long long)(a_i)), 2LL)"
-    assert compile_value("max(x[i], 0.0)") == "tk_max(x_v, 0.0f)"
+    assert compile_value("max(x[i], 0.0)") == "tk_max_c(x_v, 0.0f)"   # a constant bound
+    assert compile_value("min(x[i], 6.0)") == "tk_min_c(x_v, 6.0f)"
+    assert compile_value("max(x[i], y[i])") == "tk_max(x_v, y_v)"
+    assert compile_value("max(0.0, x[i])") == "tk_max(0.0f, x_v)"
+    assert compile_value("max(x[i], nan)") == "tk_max(x_v, TK_NAN)"
     assert compile_value("select(j <= i, x[i], -inf)") == "(a_j <= a_i ? x_v : (-TK_INF))"
     assert compile_value("exp(x[i]) + erf(x[i])") == "expf(x_v) + erff(x_v)"
     assert compile_value("x[i] > 0.0") == "x_v > 0.0f"
@@ -94,6 +99,24 @@ def test_value_kinds_follow_the_operands():
     assert compile_value("sigmoid(x[i])") == "tk_sigmoid(x_v)"
     assert compile_value("rsqrt(x[i] + 1e-05)") == "rsqrtf(x_v + 1e-05f)"
     assert compile_value("x[i] - (x[i] - 1.0)") == "x_v - (x_v - 1.0f)"   # right operand kept
+
+
+def test_the_cpu_printer_divides_by_a_constant_as_a_product():
+    """The C++ printer multiplies by a constant divisor's reciprocal (a vector division takes
+    10-20 cycles), where that reciprocal is a normal number; the CUDA printer divides."""
+    cpu = CppPrinter(Kernel("k", (), (), Seq(()), 1, 1))
+    x = Var("x", "float32")
+
+    def div(rhs, dtype="float32"):
+        return cpu.expr(tx.Binary("/", Var("x", dtype), rhs, dtype))
+
+    assert div(tx.const(2.0, "float32")) == "x * 0.5f"
+    assert div(tx.const(1.4142135, "float32")) == "x * 0.7071068286895752f"
+    assert div(tx.const(4.0, "float64"), "float64") == "x * 0.25"
+    assert div(tx.const(0.0, "float32")) == "x / 0.0f"        # no reciprocal
+    assert div(tx.const(1e-39, "float32")) == "x / 1e-39f"    # 1e39 is not a float32
+    assert div(Var("y", "float32")) == "x / y"
+    assert c(tx.Binary("/", x, tx.const(2.0, "float32"), "float32")) == "x / 2.0f"
 
 
 def test_casts():
@@ -115,6 +138,7 @@ def test_unknown_function_is_reported():
 
 HOST_CHECK = r"""
 #include <cstdio>
+#include <cstring>
 int main() {
   const int as[] = {-7, -6, -1, 0, 1, 5, 6, 7};
   const int bs[] = {1, 2, 3, 4};
@@ -124,6 +148,19 @@ int main() {
   std::printf("mod %g %g\n", tk_floormod(-7.5f, 2.0f), tk_floormod(7.5f, -2.0f));
   std::printf("nan %d %d %d\n", (int)isnan(tk_max(TK_NAN, 1.0f)), (int)isnan(tk_max(1.0f, TK_NAN)),
               (int)isnan(tk_min(TK_NAN, 1.0f)));
+  // max and min against a constant bound (tk_max_c, tk_min_c): the same bits as the general
+  // form for every value and bound, signed zeros and NaN included
+  const float vs[] = {TK_NAN, -TK_INF, -6.5f, -1.0f, -0.0f, 0.0f, 1e-39f, 1.0f, 6.0f, 7.0f,
+                      TK_INF};
+  const float cs[] = {-TK_INF, -1.0f, -0.0f, 0.0f, 6.0f, TK_INF};
+  int differ = 0;
+  for (float v : vs) for (float c : cs) {
+    const float m[4] = {tk_max(v, c), tk_max_c(v, c), tk_min(v, c), tk_min_c(v, c)};
+    unsigned bits[4];
+    std::memcpy(bits, m, sizeof bits);
+    differ += (bits[0] != bits[1]) + (bits[2] != bits[3]);
+  }
+  std::printf("bounds differ %d\n", differ);
   std::printf("sig %.7f %.7f\n", tk_sigmoid(-100.0f), tk_sigmoid(3.0f));
   std::printf("sign %g %g %g\n", tk_sign(-2.0f), tk_sign(0.0f), tk_sign(5.0f));
   std::printf("in %d %d %d\n", (int)tk_in(-1, 4), (int)tk_in(3, 4), (int)tk_in(4, 4));
@@ -134,7 +171,8 @@ int main() {
 
 @pytest.mark.skipif(find_cxx() is None, reason="no C++ compiler")
 def test_runtime_helpers_on_the_host(tmp_path):
-    """runtime.cuh's floor division/modulo match Python; max/min propagate NaN like NumPy."""
+    """runtime.cuh's floor division/modulo match Python; max/min propagate NaN like NumPy,
+    and against a constant bound (tk_max_c, tk_min_c) give the general form's bits."""
     src = tmp_path / "check.cpp"
     src.write_text('#include "runtime.cuh"\n' + HOST_CHECK)
     exe = tmp_path / "check"
@@ -148,6 +186,7 @@ def test_runtime_helpers_on_the_host(tmp_path):
             assert (q, r, q64, r64) == (a // b, a % b, a // b, a % b), line
     assert "mod 0.5 -0.5" in out
     assert "nan 1 1 1" in out
+    assert "bounds differ 0" in out
     assert "sig 0.0000000 0.9525741" in out
     assert "sign -1 0 1" in out
     assert "in 0 1 0" in out

@@ -100,6 +100,13 @@ TK_DEVICE float tk_max(float a, float b) { return (a != a || a > b) ? a : b; }
 TK_DEVICE float tk_min(float a, float b) { return (a != a || a < b) ? a : b; }
 TK_DEVICE double tk_max(double a, double b) { return (a != a || a > b) ? a : b; }
 TK_DEVICE double tk_min(double a, double b) { return (a != a || a < b) ? a : b; }
+// The same with b a constant that is not NaN (a ReLU's 0, a Clip's bounds: the C printers
+// spell max(x, c) so): one compare and a blend where the general form takes two compares, an
+// or and a blend per vector; equal results, signed zeros included (tk_max(-0, 0) is 0).
+TK_DEVICE float tk_max_c(float a, float c) { return c >= a ? c : a; }
+TK_DEVICE float tk_min_c(float a, float c) { return c <= a ? c : a; }
+TK_DEVICE double tk_max_c(double a, double c) { return c >= a ? c : a; }
+TK_DEVICE double tk_min_c(double a, double c) { return c <= a ? c : a; }
 TK_DEVICE int tk_max(int a, int b) { return a > b ? a : b; }
 TK_DEVICE int tk_min(int a, int b) { return a < b ? a : b; }
 TK_DEVICE long long tk_max(long long a, long long b) { return a > b ? a : b; }

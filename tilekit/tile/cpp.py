@@ -49,6 +49,7 @@ class CppPrinter(CStyle):
     TYPES = {**CStyle.TYPES, "float16": "__half", "bfloat16": "__nv_bfloat16"}
     #: A grid barrier of a kernel run as one block (a device loop on the CPU) orders nothing.
     INTRINSICS = {}
+    RECIPROCAL_DIVISION = True
     #: runtime_cpu.h's straight-line versions: inlined into `simd` loops, in vector lanes.
     FLOAT_MATH = {"exp": "tk_expf", "tanh": "tk_tanhf", "erf": "tk_erff",
                   "sigmoid": "tk_sigmoidf"}
