@@ -885,3 +885,110 @@ def test_each_micro_tile_runs_the_chain_after_its_last_step():
     inputs = {n: rng.standard_normal(imported.module.tensors[n].shape).astype(np.float32)
               for n in imported.module.inputs}
     _equals_reference(imported.module, generated, inputs, imported.weights)
+
+
+@needs_cxx
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_reshape_of_an_intermediate_shares_its_memory(threads):
+    """A Reshape is the same bytes in the same order: codegen marks its kernel a `view` of
+    its input, and the compiled runtime gives an intermediate's reshape the input's buffer
+    and skips the kernel; the kernel reading it waits on the one that wrote the input (the
+    barriers see one buffer). A reshape of a module input and one that is a module output
+    keep their copies, and a transpose is no view. Every output equals the reference."""
+    from tilekit.codegen.cpu_program import barriers
+
+    rng = np.random.default_rng(21)
+    vi = h.make_tensor_value_info
+    shape = lambda name, dims: nh.from_array(np.array(dims, np.int64), name)  # noqa: E731
+    nodes = [h.make_node("Relu", ["x"], ["a"]),
+             h.make_node("Reshape", ["a", "s1"], ["b"]),
+             h.make_node("MatMul", ["b", "w"], ["c"]),
+             h.make_node("Reshape", ["x", "s2"], ["d"]),
+             h.make_node("Relu", ["d"], ["e"]),
+             h.make_node("Transpose", ["a"], ["t"], perm=[1, 0]),
+             h.make_node("Relu", ["t"], ["f"]),
+             h.make_node("Reshape", ["c", "s3"], ["g"])]
+    imported = _import(
+        nodes, "views", [vi("x", T.FLOAT, [8, 48])],
+        [vi(n, T.FLOAT, None) for n in ("c", "e", "f", "g")],
+        [shape("s1", [16, 24]), shape("s2", [24, 16]), shape("s3", [320]),
+         nh.from_array(rng.standard_normal((24, 20)).astype(np.float32), "w")])
+    module = imported.module
+    generated = generate(module, target="cpu").module
+    kernels = generated.codegen["kernels"]
+    marked = {k["writes"][0]: k["schedule"].get("view") for k in kernels
+              if k["schedule"].get("view")}
+    assert marked == {"b": "a", "d": "x", "g": "c"}, marked    # the transpose is no view
+    program = CpuProgram(generated, threads)
+    assert program.views == {"b": "a"}, program.views
+    out, src = "b", "a"
+    assert np.shares_memory(program.buffers[out], program.buffers[src])
+    inputs = {"x": rng.standard_normal((8, 48)).astype(np.float32)}
+    got, timings = program.profile(inputs, imported.weights)
+    skipped = next(k["name"] for k in kernels if k["writes"][0] == out)
+    assert skipped not in {name for name, _ in timings} and len(timings) == len(kernels) - 1
+    _close(module, got, run_module(module, inputs, imported.weights), "views")
+    _close(module, program.run(inputs, imported.weights),
+           run_module(module, inputs, imported.weights), "views, again")
+    # the GEMM reads the view: under the input's name, it waits on the kernel writing it
+    order = [k for k in range(len(kernels)) if k not in program.skipped]
+    writer = next(i for i in order if src in program.ordering[i].writes)
+    reader = next(i for i in order if src in program.ordering[i].args and i != writer)
+    wait = barriers(program.ordering, order)
+    assert any(wait[order.index(writer):order.index(reader)])
+
+
+@pytest.mark.parametrize("text, shape, extent, form", [
+    ("x[(i*24 + j) // 48, (i*24 + j) % 48]", (8, 48), {"i": 16, "j": 24},
+     ({"i": 24, "j": 1}, 0)),                                  # ONNX Reshape: flat digits
+    ("x[0, j, k // 64, k % 64]", (1, 128, 12, 64), {"j": 128, "k": 768},
+     ({"j": 768, "k": 1}, 0)),                                 # a trailing run of digits
+    ("x[j, (k // 64) % 12, k % 64]", (2, 12, 64), {"j": 2, "k": 768},
+     ({"j": 768, "k": 1}, 0)),                                 # its first digit wraps: in range
+    ("x[j, (k // 64) % 12, k % 64]", (2, 12, 64), {"j": 2, "k": 1536}, None),   # out of it
+    ("x[k % 64, k // 64]", (64, 12), {"k": 768}, None),        # digits in the other order
+    ("x[k // 32, k % 64]", (24, 64), {"k": 1536}, None),       # not the run's radix
+    ("x[j // 2, k % 64]", (24, 64), {"j": 48, "k": 64}, None),  # two lines, not one
+    ("x[j, k + 1]", (4, 65), {"j": 4, "k": 64}, ({"j": 65, "k": 1}, 1)),   # affine
+])
+def test_a_reads_row_major_offset_as_an_affine_form(text, shape, extent, form):
+    """`_flat_form`: a read's row-major offset as an affine form of the axes, through the
+    digits the importer writes for a Reshape (what makes a copy a view); None where the
+    digits are not one line in the run's own mixed radix."""
+    from tilekit.codegen.cpu import _flat_form
+    from tilekit.codegen.plan import Read
+    from tilekit.expr import parse
+    from tilekit.expr.analysis import index_map
+
+    access = parse(f"y[i] = {text}").body
+    read = Read("x", shape, "float32", tuple(index_map(i) for i in access.indices), None,
+                access)
+    assert _flat_form(read, extent) == form
+
+
+@needs_cxx
+def test_a_transposed_read_runs_rows_side_by_side():
+    """A pointwise kernel reading a tensor transposed (contiguous along the innermost row
+    axis, apart along the vector axis) runs 16 rows at a time, each point of the vector axis
+    one vector loop across them (`ACROSS_ROWS`); a transpose whose rows are no multiple of 16,
+    and one whose vector axis stays contiguous, run row by row. All equal the reference, on
+    one thread and on two."""
+    rng = np.random.default_rng(8)
+    vi = h.make_tensor_value_info
+    nodes = [h.make_node("Transpose", ["x"], ["t"], perm=[0, 2, 1]),
+             h.make_node("Relu", ["t"], ["y"]),
+             h.make_node("Transpose", ["z"], ["u"], perm=[1, 0]),
+             h.make_node("Transpose", ["x"], ["w"], perm=[1, 0, 2])]
+    imported = _import(nodes, "across", [vi("x", T.FLOAT, [2, 45, 64]),
+                                         vi("z", T.FLOAT, [30, 20])],
+                       [vi(n, T.FLOAT, None) for n in ("y", "u", "w")])
+    module = imported.module
+    generated = generate(module, target="cpu").module
+    source = {k["writes"][0]: k["source"] for k in generated.codegen["kernels"]}
+    across = re.compile(r"for \(int a_k = 0; a_k < 45; \+\+a_k\) {\s*#pragma omp simd\s*"
+                        r"for \(int (\w+) = 0; \1 < 16; \+\+\1\)")
+    assert across.search(source["t"]), source["t"]
+    assert "< 16;" not in source["u"] and "< 16;" not in source["w"]
+    inputs = {"x": rng.standard_normal((2, 45, 64)).astype(np.float32),
+              "z": rng.standard_normal((30, 20)).astype(np.float32)}
+    _equals_reference(module, generated, inputs, imported.weights)

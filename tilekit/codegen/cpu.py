@@ -61,6 +61,8 @@ from tilekit.codegen.cpu_rows import fold_lanes
 from tilekit.codegen.plan import GroupPlan, OpPlan, Read
 from tilekit.codegen.staged import op_facts, read_key
 from tilekit.codegen.values import (accumulator_kind, combine, identity, literal, pad_literal)
+from tilekit.expr.ast import Access, Binary as ExprBinary, Num
+from tilekit.expr.intervals import affine_form
 from tilekit.ir.graph import graph
 from tilekit.schedule.cpu import (CpuShape, CpuTiles, cpu_shape, gemm_roles, one_thread,
                                   window_rows)
@@ -130,14 +132,25 @@ def loops_kernel(module, plan: GroupPlan, entry: str, shape: CpuShape, target: T
                 points.append([at[a] for a in axes])
             _lane_points(b, module, plan, points, tiles, free)
     else:
+        across = _across_rows(plan, axes, row_axes, row_extents, vec, per, free) \
+            if vec is not None and not p.reduces else 1
         side = (_side_by_side(p, axes, row_axes, row_extents, vec, vlen, per, tiles, free)
-                if vec is not None and p.reduces else 1)
+                if vec is not None and p.reduces else across)
         with b.loop("r", first, stop, side, dtype=idx_t) as r:
             row_vars = decompose(b, r, row_extents, [avar(a) for a in row_axes], idx_t,
                                  named=bool(free))
             at = dict(zip(row_axes, row_vars))
             if vec is None:
                 _point(b, module, plan, [at[a] for a in axes], tiles, lanes_red, free)
+            elif not p.reduces and across > 1:
+                # a transposed read: `across` rows at a time, each point of the vector axis
+                # one vector loop across them (the read's contiguous axis)
+                u = row_axes[-1]
+                with b.loop(avar(axes[vec]), 0, vlen, dtype=idx_t) as v, \
+                        b.loop(f"{avar(u)}_", 0, across, kind="simd", dtype=idx_t) as uu:
+                    point = {**at, axes[vec]: v,
+                             u: b.let(f"{avar(u)}_at", tx.add(row_vars[-1], uu), idx_t)}
+                    _point(b, module, plan, [point[a] for a in axes], tiles, False, free)
             elif not p.reduces:
                 with b.loop(avar(axes[vec]), 0, vlen, kind="simd", dtype=idx_t) as v:
                     at[axes[vec]] = v
@@ -149,6 +162,9 @@ def loops_kernel(module, plan: GroupPlan, entry: str, shape: CpuShape, target: T
                 _accumulator_row(b, module, plan, axes, ats, vec, vlen, tiles, idx_t, free)
     sched = {"source": "cpu", "rows": rows, "rows_per_block": per, "reduction": mode,
              "vector_axis": axes[vec] if vec is not None else None}
+    view = _view_of(plan, free)
+    if view is not None:
+        sched["view"] = view
     if grid > 1 and one_thread(rows * lp.work_per_row, tiles):
         sched["one_thread"] = True
     return finish(plan, entry, sig, b.build(), shape="cpu_loops", schedule=sched, threads=1,
@@ -156,6 +172,122 @@ def loops_kernel(module, plan: GroupPlan, entry: str, shape: CpuShape, target: T
                   comments=[f"cpu loops: {rows} rows in blocks of {per}, "
                             + (f"vector axis {axes[vec]} ({vlen})" if vec is not None
                                else "no vector axis") + f", reduction: {mode}"])
+
+
+#: Rows of a pointwise loop nest that run side by side when a read is transposed
+#: (`_across_rows`): a vector's float32 lanes on AVX-512, a cache line.
+ACROSS_ROWS = 16
+
+
+def _across_rows(plan: GroupPlan, axes, row_axes, row_extents, vec: int, per: int,
+                 free: frozenset[str] = frozenset()) -> int:
+    """`ACROSS_ROWS` when a pointwise kernel reads a tensor transposed: contiguous along the
+    innermost row axis and apart along the vector axis (a Transpose's `y[j, i] = x[i, j]`).
+    Then each point of the vector axis runs one vector loop across that many rows: the read
+    is a line at a time and the stores fill as many output lines over as many steps, where a
+    vector loop along the vector axis reads a line per value, lines a row stride apart that
+    share a few L1 sets (MLP-Mixer's 196 x 512 token transpose, 2 KiB apart: every read from
+    L2). 1 otherwise, or when the rows do not come in whole groups (the innermost row
+    axis's extent and the block's rows multiples of it, no extent that varies)."""
+    if not row_axes or free & {row_axes[-1], axes[vec]} \
+            or row_extents[-1] % ACROSS_ROWS or per % ACROSS_ROWS:
+        return 1
+    main = plan.ops[0]
+    u, v = row_axes[-1], axes[vec]
+    for r in main.read_list():
+        form = _flat_form(r, dict(main.spatial))
+        if form is not None and form[0].get(u) == 1 and abs(form[0].get(v, 0)) >= ACROSS_ROWS:
+            return ACROSS_ROWS
+    return 1
+
+
+def _view_of(plan: GroupPlan, free: frozenset[str] = frozenset()) -> str | None:
+    """The tensor a group of one op copies unchanged: its body one read of a tensor of the
+    output's dtype and size, at the output's own row-major offset for every point (a Reshape,
+    a Flatten, a Squeeze: the same bytes in the same order), with no index that can leave
+    the tensor and no extent that varies. The compiled runtime may then give the output the
+    input's memory and skip the kernel (tilekit.runtime.compiled, `views`); None otherwise."""
+    if len(plan.ops) != 1 or free:
+        return None
+    p = plan.ops[0]
+    if p.reduces or p.assign != "=" or not isinstance(p.body, Access):
+        return None
+    r = p.read(p.body)
+    if r.dtype != p.out_dtype or r.pad is not None \
+            or math.prod(r.shape) != math.prod(p.out_shape):
+        return None
+    extent = dict(p.spatial)
+    form = _flat_form(r, extent)
+    if form is None or _checked_dims(r, extent):
+        return None
+    flat, const = form
+    want = dict(zip(extent, strides(p.out_shape)))
+    if const != 0 or any(flat.get(a, 0) != want[a] for a in extent if extent[a] > 1) \
+            or any(a not in extent for a in flat):
+        return None
+    return r.tensor
+
+
+def _flat_form(read: Read, extent: dict) -> tuple[dict[str, int], int] | None:
+    """The read's row-major offset as an affine form of the axes (coefficients, constant),
+    where every index is affine or a digit of an affine `L`, as the importer writes a
+    Reshape: consecutive dimensions indexed `L // q`, `(L // q) % e`, ..., `L % e`, each `q`
+    the product of the later extents of the run and `e` its own, are `L` in mixed radix, so
+    together they add `L` times the run's last stride (`L` within the run's extents when its
+    first digit wraps). None otherwise."""
+    st = strides(read.shape)
+    flat: dict[str, int] = {}
+    const = 0
+
+    def add(terms, c: int, scale: int) -> None:
+        nonlocal const
+        for a, cf in terms:
+            flat[a] = flat.get(a, 0) + cf * scale
+        const += c * scale
+
+    runs: list[list] = []          # [L, [(dim, q, e)]] in order
+    for d, m in enumerate(read.maps):
+        if m.affine:
+            add(m.terms, m.const, st[d])
+            continue
+        digit = _digit(m.node)
+        if digit is None:
+            return None
+        line, q, mod = digit
+        if runs and runs[-1][0] == line and runs[-1][1][-1][0] == d - 1:
+            runs[-1][1].append((d, q, mod))
+        else:
+            runs.append([line, [(d, q, mod)]])
+    for line, digits in runs:
+        form = affine_form(line)
+        if form is None:
+            return None
+        terms, c = form
+        radix = 1
+        for i, (d, q, mod) in enumerate(reversed(digits)):
+            first = i == len(digits) - 1
+            if q != radix or (mod is None and not first) or (mod is not None and
+                                                              mod != read.shape[d]):
+                return None
+            radix *= read.shape[d]
+        low = c + sum(min(0, cf * (extent[a] - 1)) for a, cf in terms.items())
+        high = c + sum(max(0, cf * (extent[a] - 1)) for a, cf in terms.items())
+        if low < 0 or (digits[0][2] is not None and high >= radix):
+            return None
+        add(terms.items(), c, st[digits[-1][0]])
+    return flat, const
+
+
+def _digit(node) -> tuple[object, int, int | None] | None:
+    """(L, s, e) of an index `(L // s) % e`, (L, s, None) of `L // s`, (L, 1, e) of `L % e`."""
+    mod = None
+    if isinstance(node, ExprBinary) and node.op == "%" and isinstance(node.rhs, Num):
+        mod, node = int(node.rhs.value), node.lhs
+        if not (isinstance(node, ExprBinary) and node.op == "//"):
+            return node, 1, mod
+    if isinstance(node, ExprBinary) and node.op == "//" and isinstance(node.rhs, Num):
+        return node.lhs, int(node.rhs.value), mod
+    return None
 
 
 #: Rows of a loop nest without a vector axis whose lane-partial reductions run side by side

@@ -33,6 +33,7 @@ import ctypes
 import os
 import time
 from typing import Any, Mapping
+from dataclasses import replace
 
 import numpy as np
 
@@ -113,6 +114,20 @@ def _bindable(value, buffer: np.ndarray) -> bool:
         and value.size == buffer.size and value.flags.c_contiguous and value.flags.aligned
 
 
+def _renamed(kernels, views: Mapping[str, str]) -> tuple:
+    """`kernels` with each view output among their arguments named as the buffer it shares
+    (`CpuProgram._views`), so that the barriers between kernels see one buffer."""
+    if not views:
+        return tuple(kernels)
+
+    def root(name: str) -> str:
+        while name in views:
+            name = views[name]
+        return name
+    return tuple(replace(k, args=tuple(root(a) for a in k.args),
+                         writes=tuple(root(w) for w in k.writes)) for k in kernels)
+
+
 class _Launch:
     """One kernel call: the library function and the buffers it takes, in order."""
 
@@ -143,7 +158,7 @@ class _Run:
         self.kernels = len(seq)         # launches counted (tilekit.runtime.cuda_control)
         self.names = tuple(kernels[k].name for k in seq)
         self.c_seq = (ctypes.c_int * max(1, len(seq)))(*seq)
-        wait = barriers(kernels, seq) if program.overlap else (True,) * len(seq)
+        wait = barriers(program.ordering, seq) if program.overlap else (True,) * len(seq)
         self.c_wait = (ctypes.c_ubyte * max(1, len(seq)))(*wait)
         self.parallel = int(parallel_run(kernels, seq))
         self.c_times = (ctypes.c_double * (len(seq) + 1))()
@@ -248,10 +263,17 @@ class CpuProgram:
         self.outputs = tuple(module.outputs)
         self.inputs = tuple(module.inputs)
         self.weight_names = tuple(n for n, t in module.tensors.items() if t.role == "weight")
+        records = control_records(module)
+        #: {output: input} of kernels that copy a tensor unchanged, the output given the
+        #: input's memory and the kernel not run (`_views`)
+        self.views = {} if records or self.plan is not None else self._views(section)
+        self.skipped = frozenset(i for i, k in enumerate(section.kernels)
+                                 if k.writes and k.writes[0] in self.views)
+        #: the records barriers are placed by: a view's reads and writes under its input's name
+        self.ordering = _renamed(section.kernels, self.views)
         self.counts = {"launches": 0, "syncs": 0}
         self.steps = None
         self.trims: dict[str, str] = {}
-        records = control_records(module)
         if records:
             self._control(module, section, declared, written)
         # the argument table: every kernel's pointers in kernel order; `slots` are each
@@ -283,7 +305,8 @@ class CpuProgram:
             if self.plan is not None:
                 self.runs = self._plan_runs()
             else:
-                self.runs = [_Run(self, tuple(range(len(self.launches))))]
+                self.runs = [_Run(self, tuple(i for i in range(len(self.launches))
+                                              if i not in self.skipped))]
             return
 
         def batched(steps):
@@ -312,6 +335,35 @@ class CpuProgram:
         if name not in self.buffers:
             t = declared[name]
             self.buffers[name] = aligned_buffer(tuple(t.shape), numpy_dtype(t.dtype))
+
+    def _views(self, section: CodegenSection) -> dict[str, str]:
+        """{output: input} of the kernels whose schedule names a `view` (tilekit.codegen.cpu:
+        a Reshape, Flatten or Squeeze, the same bytes in the same order), now sharing the
+        input's buffer: where both are the module's own intermediates (a module input may be
+        read in place from the caller's array, an output is handed over after each run, a
+        weight is bound to its buffer) of the same dtype and bytes, and the kernel alone
+        writes its output. In a module without control ops or a tk-ram plan (their kernels
+        run from host steps and compiled segments: they keep the copy)."""
+        fixed = {*self.inputs, *self.outputs, *self.weight_names}
+        writers: dict[str, int] = {}
+        for k in section.kernels:
+            for w in k.writes:
+                writers[w] = writers.get(w, 0) + 1
+        views: dict[str, str] = {}
+        for k in section.kernels:
+            src = k.schedule.get("view")
+            if not isinstance(src, str) or len(k.writes) != 1:
+                continue
+            out = k.writes[0]
+            if src in fixed or out in fixed or writers.get(out) != 1 or src == out \
+                    or src not in self.buffers or out not in self.buffers:
+                continue
+            a, b = self.buffers[src], self.buffers[out]
+            if a.dtype != b.dtype or a.nbytes != b.nbytes:
+                continue
+            self.buffers[out] = a.reshape(b.shape)
+            views[out] = src
+        return views
 
     def _control(self, module: Module, section: CodegenSection, declared, written) -> None:
         from tilekit.ir.control import walk
@@ -361,8 +413,9 @@ class CpuProgram:
             from tilekit.runtime.cuda_control import run_steps
             run_steps(self, self.steps)
         elif self.per_kernel:
-            for launch in self.launches:
-                launch(buffers)
+            for k, launch in enumerate(self.launches):
+                if k not in self.skipped:
+                    launch(buffers)
         else:
             for run in self.runs:
                 run(buffers)
