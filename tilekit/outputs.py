@@ -41,7 +41,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, BinaryIO, Iterable, Iterator
+from typing import IO, Any, BinaryIO, Iterable, Iterator, Mapping
 
 from tilekit import limits
 from tilekit.errors import TilekitError
@@ -275,7 +275,7 @@ class OutputSet:
         streams = [s for s in self._staged if s.kind != "file"]
         done: list[tuple[_Staged, str | None]] = []
         try:
-            with _signals_held():
+            with signals_held():
                 for staged in files:
                     backup = _backup(staged.real)
                     done.append((staged, backup))
@@ -427,8 +427,10 @@ def _open_stream(path: str, where: str) -> BinaryIO:
 
 
 @contextlib.contextmanager
-def _signals_held() -> Iterator[None]:
-    """SIGINT, SIGTERM and SIGHUP are delivered after the block, not inside it."""
+def signals_held() -> Iterator[None]:
+    """SIGINT, SIGTERM and SIGHUP are delivered after the block, not inside it (a command's
+    handlers raise where the command is: inside a half-written structure, the exception could
+    leave it in a state whose cleanup fails and hides the interruption)."""
     held = {signal.SIGINT, signal.SIGTERM, *([signal.SIGHUP] if hasattr(signal, "SIGHUP")
                                             else [])}
     if not hasattr(signal, "pthread_sigmask"):  # pragma: no cover - not POSIX
@@ -439,6 +441,26 @@ def _signals_held() -> Iterator[None]:
         yield
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def write_npz(fh: BinaryIO, arrays: Mapping[str, Any]) -> None:
+    """`arrays` (a mapping, in its order) as an `.npz` archive readable by `numpy.load` on
+    the writable binary `fh`: members `<name>.npy`, stored uncompressed with a fixed timestamp
+    (numpy.savez stamps the current time), so the same arrays always give the same bytes;
+    each array streamed, never copied whole. A signal while a member is being written is
+    delivered after it (`tilekit.outputs.signals_held`): raised inside the member, its
+    exception had left the archive with a member open, whose close then failed (ValueError)
+    and replaced the interruption."""
+    import zipfile
+
+    import numpy as np
+
+    with zipfile.ZipFile(fh, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
+        for name, array in arrays.items():
+            info = zipfile.ZipInfo(f"{name}.npy", date_time=(1980, 1, 1, 0, 0, 0))
+            info.external_attr = 0o644 << 16
+            with signals_held(), zf.open(info, "w", force_zip64=True) as member:
+                np.lib.format.write_array(member, np.asanyarray(array), allow_pickle=False)
 
 
 # -- one-file shorthands for tilekit.outputs ---------------------------------------------

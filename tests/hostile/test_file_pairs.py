@@ -300,3 +300,42 @@ def test_stages_writing_into_other_folders_keep_the_files_reachable(tmp_path):
         assert result.exit_code == 0, (doc, result.stderr)
     result = run("tk-run", "b/welded.json", "--seed", "0", folder=tmp_path / "a")
     assert result.exit_code == 0, result.stderr
+
+
+class _Hangup(Exception):
+    pass
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGHUP"), reason="no SIGHUP")
+def test_a_signal_as_an_archive_member_opens_is_delivered_after_it(monkeypatch):
+    """A signal that lands just as an `.npz` member is opened for writing (the handle made,
+    its block not yet entered) raises the command's exception after the member, where it had
+    left the member open and the archive's close raised ValueError instead (tk-import
+    reported an internal error, exit 1, for a SIGHUP): the interruption is what comes out,
+    and nothing is half written into the archive's bookkeeping."""
+    import io
+    import zipfile
+
+    from tilekit.outputs import write_npz
+
+    real_open = zipfile.ZipFile.open
+    calls = []
+
+    def open_then_signal(self, *args, **kwargs):
+        handle = real_open(self, *args, **kwargs)
+        if not calls:
+            calls.append(1)
+            os.kill(os.getpid(), signal.SIGHUP)     # delivered at once unless held
+        return handle
+
+    def hangup(signum, frame):
+        raise _Hangup()
+
+    previous = signal.signal(signal.SIGHUP, hangup)
+    monkeypatch.setattr(zipfile.ZipFile, "open", open_then_signal)
+    try:
+        with pytest.raises(_Hangup):
+            write_npz(io.BytesIO(), {"a": np.arange(4.0), "b": np.ones(3)})
+    finally:
+        signal.signal(signal.SIGHUP, previous)
+    assert calls == [1]

@@ -15,7 +15,6 @@ from __future__ import annotations
 import hashlib
 import io
 import os
-import zipfile
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Mapping
@@ -26,7 +25,7 @@ from tilekit import limits
 from tilekit.errors import TilekitError
 from tilekit.fileio import read_bytes
 from tilekit.onnx.importer import Imported, import_model
-from tilekit.outputs import OutputSet
+from tilekit.outputs import OutputSet, write_npz
 
 __all__ = ["Imported", "import_model", "load_model", "load_model_bytes", "write_weights",
            "stage_weights", "attach_files", "reference_source"]
@@ -173,15 +172,11 @@ def weights_sha256(weights: Mapping[str, np.ndarray]) -> str:
 
 
 def _write_npz(fh, weights: Mapping[str, np.ndarray]) -> None:
-    with zipfile.ZipFile(fh, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
-        for name in sorted(weights):
-            info = zipfile.ZipInfo(f"{name}.npy", date_time=(1980, 1, 1, 0, 0, 0))
-            info.external_attr = 0o644 << 16
-            with zf.open(info, "w", force_zip64=True) as member:
-                array = np.asanyarray(weights[name])
-                if array.dtype.name == "bfloat16":  # .npy has no bfloat16: its 16-bit patterns
-                    array = array.view(np.uint16)
-                np.lib.format.write_array(member, array, allow_pickle=False)
+    def stored(array) -> np.ndarray:
+        array = np.asanyarray(array)
+        # .npy has no bfloat16: its 16-bit patterns
+        return array.view(np.uint16) if array.dtype.name == "bfloat16" else array
+    write_npz(fh, {name: stored(weights[name]) for name in sorted(weights)})
 
 
 def _relative(path: str, folder: str) -> str:

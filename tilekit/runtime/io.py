@@ -19,7 +19,6 @@ from __future__ import annotations
 import hashlib
 import io
 import os
-import zipfile
 from pathlib import Path
 from typing import Callable, Iterable, Mapping
 
@@ -30,6 +29,7 @@ from tilekit.errors import TilekitError, UnsupportedError, excerpt
 from tilekit.fileio import regular_file
 from tilekit.ir.model import Module, Tensor
 from tilekit.expr.ops import numpy_dtype  # noqa: F401 - re-exported
+from tilekit.outputs import write_npz
 from tilekit.runtime.arrays import npz_members, read_npy, read_npz
 
 # -- dtypes ------------------------------------------------------------------------------
@@ -408,10 +408,5 @@ def npz_bytes(arrays: Mapping[str, np.ndarray]) -> bytes:
     given order with a fixed timestamp, uncompressed, readable by `numpy.load`.
     """
     buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
-        for name, array in arrays.items():
-            info = zipfile.ZipInfo(f"{name}.npy", date_time=(1980, 1, 1, 0, 0, 0))
-            info.external_attr = 0o644 << 16
-            with zf.open(info, "w", force_zip64=True) as member:
-                np.lib.format.write_array(member, np.asanyarray(array), allow_pickle=False)
+    write_npz(buffer, arrays)
     return buffer.getvalue()
