@@ -226,22 +226,81 @@ int main() {
 """
 
 
+_GATHER_ROW_CHECK = r"""
+#include <sys/mman.h>
+template <int W>
+static int check(float* page, long n) {
+  int wrong = 0;
+  alignas(64) float dst[W];
+  alignas(64) int ok[W];
+  alignas(64) int off[W];
+  for (long start = -2 * W; start < n; start += 1) {
+    for (int form = 0; form < 4; ++form) {
+      for (int i = 0; i < W; ++i) {
+        // two apart; two apart with a jump at lane 5 (a panel crossing into the next image
+        // row); three apart; two apart with a hole in the mask
+        long at = start + (form == 2 ? 3 : 2) * i + (form == 1 && i >= 5 ? 7 : 0);
+        off[i] = static_cast<int>(at);
+        ok[i] = (at >= 0 && at < n && !(form == 3 && i == 9)) ? -1 : 0;
+      }
+      tk_gather_row<W>(dst, page, off, ok, -7.0f);
+      for (int i = 0; i < W; ++i) {
+        const float want = ok[i] ? page[off[i]] : -7.0f;
+        if (dst[i] != want) { printf("W %d start %ld form %d lane %d\n", W, start, form, i); ++wrong; }
+      }
+    }
+  }
+  return wrong;
+}
+
+int main() {
+  const long size = 4096;
+  char* base = static_cast<char*>(mmap(nullptr, 3 * size, PROT_READ | PROT_WRITE,
+                                       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+  mprotect(base, size, PROT_NONE);
+  mprotect(base + 2 * size, size, PROT_NONE);
+  float* page = reinterpret_cast<float*>(base + size);
+  const long n = size / 4;
+  for (long i = 0; i < n; ++i) page[i] = static_cast<float>(i) + 0.5f;
+  const int wrong = check<16>(page, n) + check<32>(page, n);
+  printf("%d\n", wrong);
+  return wrong != 0;
+}
+"""
+
+
+def _run_alone(tmp_path, name: str, check: str) -> subprocess.CompletedProcess:
+    """A check of runtime_cpu.h's helpers compiled alone for this machine, run."""
+    from tilekit.codegen.cxx import CXX_FLAGS
+    from tilekit.codegen.helpers import CPU_HEADERS
+
+    source = tmp_path / f"{name}.cpp"
+    source.write_text('#include "runtime_cpu.h"\n#include <cstdio>\n' + check)
+    binary = tmp_path / name
+    flags = [f for f in CXX_FLAGS if f not in ("-shared", "-fPIC", "-w")]
+    subprocess.run([find_cxx(), *flags, "-I", str(CPU_HEADERS[0].parent), str(source), "-o",
+                    str(binary)], check=True, capture_output=True)
+    return subprocess.run([str(binary)], capture_output=True, text=True, timeout=60)
+
+
+@needs_cxx
+def test_a_gathered_row_reads_only_its_lanes_inside(tmp_path):
+    """runtime_cpu.h's tk_gather_row, compiled alone for this machine (AVX-512's or AVX2's
+    masked gathers): rows of 16 and 32 lanes over a page whose neighbours fault, their values
+    two apart, two apart with a jump (a panel crossing image rows), three apart, and with a
+    hole in the mask, starting before the page and ending past it: each lane inside is its
+    value, each other one the pad, and no lane off the mask is read."""
+    done = _run_alone(tmp_path, "gather", _GATHER_ROW_CHECK)
+    assert done.returncode == 0 and done.stdout.strip().endswith("0"), done.stdout + done.stderr
+
+
 @needs_cxx
 def test_a_packed_row_reads_only_its_lanes_inside(tmp_path):
     """runtime_cpu.h's tk_pack_row, compiled alone for this machine (-march=native: AVX-512's
     masked loads where it has them, else AVX's): rows of 8, 16 and 32 lanes over a page
     whose neighbours fault, starting before it and ending past it with those lanes masked
     off, and masks with holes: each lane inside is copied, each other one is the pad."""
-    from tilekit.codegen.cxx import CXX_FLAGS
-    from tilekit.codegen.helpers import CPU_HEADERS
-
-    source = tmp_path / "pack.cpp"
-    source.write_text('#include "runtime_cpu.h"\n#include <cstdio>\n' + _PACK_ROW_CHECK)
-    binary = tmp_path / "pack"
-    flags = [f for f in CXX_FLAGS if f not in ("-shared", "-fPIC", "-w")]
-    subprocess.run([find_cxx(), *flags, "-I", str(CPU_HEADERS[0].parent), str(source), "-o",
-                    str(binary)], check=True, capture_output=True)
-    done = subprocess.run([str(binary)], capture_output=True, text=True, timeout=60)
+    done = _run_alone(tmp_path, "pack", _PACK_ROW_CHECK)
     assert done.returncode == 0 and done.stdout.strip().endswith("0"), done.stdout + done.stderr
 
 
