@@ -187,6 +187,24 @@ def test_the_team_barrier_lets_no_thread_through_before_all_arrive(tmp_path, thr
 #: tk_pack_row over a page between two inaccessible ones: rows that start before the page or
 #: end past it, their lanes outside masked off (a convolution's padding), and a mask with
 #: holes. A masked-off lane that were read would fault; a wrong lane prints its position.
+#: The main of a helper's check: a page of floats (each its index + 0.5) between two pages
+#: that fault, given to CHECKS, which count the wrong lanes.
+_GUARDED_PAGE_MAIN = r"""
+int main() {
+  const long size = 4096;
+  char* base = static_cast<char*>(mmap(nullptr, 3 * size, PROT_READ | PROT_WRITE,
+                                       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+  mprotect(base, size, PROT_NONE);
+  mprotect(base + 2 * size, size, PROT_NONE);
+  float* page = reinterpret_cast<float*>(base + size);
+  const long n = size / 4;
+  for (long i = 0; i < n; ++i) page[i] = static_cast<float>(i) + 0.5f;
+  const int wrong = CHECKS;
+  printf("%d\n", wrong);
+  return wrong != 0;
+}
+"""
+
 _PACK_ROW_CHECK = r"""
 #include <sys/mman.h>
 template <int W>
@@ -210,20 +228,8 @@ static int check(float* page, long n) {
   return wrong;
 }
 
-int main() {
-  const long size = 4096;
-  char* base = static_cast<char*>(mmap(nullptr, 3 * size, PROT_READ | PROT_WRITE,
-                                       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
-  mprotect(base, size, PROT_NONE);
-  mprotect(base + 2 * size, size, PROT_NONE);
-  float* page = reinterpret_cast<float*>(base + size);
-  const long n = size / 4;
-  for (long i = 0; i < n; ++i) page[i] = static_cast<float>(i) + 0.5f;
-  const int wrong = check<8>(page, n) + check<16>(page, n) + check<32>(page, n);
-  printf("%d\n", wrong);
-  return wrong != 0;
-}
-"""
+""" + _GUARDED_PAGE_MAIN.replace(
+    "CHECKS", "check<8>(page, n) + check<16>(page, n) + check<32>(page, n)")
 
 
 _GATHER_ROW_CHECK = r"""
@@ -246,27 +252,17 @@ static int check(float* page, long n) {
       tk_gather_row<W>(dst, page, off, ok, -7.0f);
       for (int i = 0; i < W; ++i) {
         const float want = ok[i] ? page[off[i]] : -7.0f;
-        if (dst[i] != want) { printf("W %d start %ld form %d lane %d\n", W, start, form, i); ++wrong; }
+        if (dst[i] != want) {
+          printf("W %d start %ld form %d lane %d\n", W, start, form, i);
+          ++wrong;
+        }
       }
     }
   }
   return wrong;
 }
 
-int main() {
-  const long size = 4096;
-  char* base = static_cast<char*>(mmap(nullptr, 3 * size, PROT_READ | PROT_WRITE,
-                                       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
-  mprotect(base, size, PROT_NONE);
-  mprotect(base + 2 * size, size, PROT_NONE);
-  float* page = reinterpret_cast<float*>(base + size);
-  const long n = size / 4;
-  for (long i = 0; i < n; ++i) page[i] = static_cast<float>(i) + 0.5f;
-  const int wrong = check<16>(page, n) + check<32>(page, n);
-  printf("%d\n", wrong);
-  return wrong != 0;
-}
-"""
+""" + _GUARDED_PAGE_MAIN.replace("CHECKS", "check<16>(page, n) + check<32>(page, n)")
 
 
 def _run_alone(tmp_path, name: str, check: str) -> subprocess.CompletedProcess:
