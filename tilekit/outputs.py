@@ -430,37 +430,58 @@ def _open_stream(path: str, where: str) -> BinaryIO:
 def signals_held() -> Iterator[None]:
     """SIGINT, SIGTERM and SIGHUP are delivered after the block, not inside it (a command's
     handlers raise where the command is: inside a half-written structure, the exception could
-    leave it in a state whose cleanup fails and hides the interruption)."""
-    held = {signal.SIGINT, signal.SIGTERM, *([signal.SIGHUP] if hasattr(signal, "SIGHUP")
-                                            else [])}
-    if not hasattr(signal, "pthread_sigmask"):  # pragma: no cover - not POSIX
+    leave it in a state whose cleanup fails and hides the interruption). The handlers are
+    swapped for ones that note the signal for the block, then restored and the signals noted
+    raised again: blocking them in this thread (pthread_sigmask) was not enough, since a
+    signal sent to the process may land on another thread (BLAS's, a test runner's), and
+    Python then runs the handler in the main thread at once. Only the main thread can set
+    handlers; elsewhere the block runs as it is."""
+    import threading
+
+    wanted = [signal.SIGINT, signal.SIGTERM, *([signal.SIGHUP] if hasattr(signal, "SIGHUP")
+                                              else [])]
+    if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    noted: list[int] = []
+    previous = {}
+    for signum in wanted:
+        handler = signal.getsignal(signum)
+        if handler is not None:             # None: set outside Python, cannot be restored
+            previous[signum] = signal.signal(signum, lambda n, frame: noted.append(n))
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        for signum in dict.fromkeys(noted):
+            signal.raise_signal(signum)
 
 
 def write_npz(fh: BinaryIO, arrays: Mapping[str, Any]) -> None:
     """`arrays` (a mapping, in its order) as an `.npz` archive readable by `numpy.load` on
     the writable binary `fh`: members `<name>.npy`, stored uncompressed with a fixed timestamp
     (numpy.savez stamps the current time), so the same arrays always give the same bytes;
-    each array streamed, never copied whole. A signal while a member is being written is
-    delivered after it (`tilekit.outputs.signals_held`): raised inside the member, its
-    exception had left the archive with a member open, whose close then failed (ValueError)
-    and replaced the interruption."""
+    each array streamed, never copied whole. A signal while a member or the archive's end is
+    being written is delivered after it (`signals_held`): raised inside a member, its
+    exception had left the archive with the member open, whose close then failed
+    (ValueError) and replaced the interruption; raised inside the archive's close, it left a
+    close for the garbage collector, which failed on the file closed by then and printed a
+    traceback at exit."""
     import zipfile
 
     import numpy as np
 
-    with zipfile.ZipFile(fh, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
+    zf = zipfile.ZipFile(fh, "w", compression=zipfile.ZIP_STORED, allowZip64=True)
+    try:
         for name, array in arrays.items():
             info = zipfile.ZipInfo(f"{name}.npy", date_time=(1980, 1, 1, 0, 0, 0))
             info.external_attr = 0o644 << 16
             with signals_held(), zf.open(info, "w", force_zip64=True) as member:
                 np.lib.format.write_array(member, np.asanyarray(array), allow_pickle=False)
+    finally:
+        with signals_held():
+            zf.close()
 
 
 # -- one-file shorthands for tilekit.outputs ---------------------------------------------
