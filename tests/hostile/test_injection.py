@@ -283,3 +283,22 @@ def test_kernels_generated_by_a_library_call_for_a_profile_pass(tmp_path):
     from tilekit.ir import read_module
     module = read_module(str(write_mlp(tmp_path)))
     check_recorded_kernels(generate(module, load_profile("v100")).module)
+
+
+def test_a_view_added_to_a_recorded_cpu_kernel_is_refused(tmp_path):
+    """The compiled CPU runtime gives a kernel marked `view` in its schedule its input's
+    memory and skips it: a `view` written into another kernel's record would alias two
+    tensors, so it must be what tk-codegen generates (and a removed one too)."""
+    from tilekit.codegen.recorded import check_recorded_kernels
+    from tilekit.errors import TilekitError
+    from tilekit.ir import read_module
+
+    out = tmp_path / "c.yaml"
+    assert run("tk-codegen", write_mlp(tmp_path), "--target", "cpu", "-o", out).exit_code == 0
+    generated = read_module(str(out))
+    check_recorded_kernels(generated)
+    kernels = [dict(k) for k in generated.codegen["kernels"]]
+    kernels[0]["schedule"] = {**kernels[0]["schedule"], "view": kernels[0]["args"][0]}
+    tampered = replace(generated, codegen={**generated.codegen, "kernels": kernels})
+    with pytest.raises(TilekitError, match=r"codegen.kernels.0.?.schedule.view"):
+        check_recorded_kernels(tampered)
