@@ -184,12 +184,10 @@ def test_the_team_barrier_lets_no_thread_through_before_all_arrive(tmp_path, thr
     assert done.returncode == 0, done.stdout + done.stderr
 
 
-#: tk_pack_row over a page between two inaccessible ones: rows that start before the page or
-#: end past it, their lanes outside masked off (a convolution's padding), and a mask with
-#: holes. A masked-off lane that were read would fault; a wrong lane prints its position.
 #: The main of a helper's check: a page of floats (each its index + 0.5) between two pages
 #: that fault, given to CHECKS, which count the wrong lanes.
 _GUARDED_PAGE_MAIN = r"""
+#include <sys/mman.h>
 int main() {
   const long size = 4096;
   char* base = static_cast<char*>(mmap(nullptr, 3 * size, PROT_READ | PROT_WRITE,
@@ -205,8 +203,10 @@ int main() {
 }
 """
 
+#: tk_pack_row over a page between two inaccessible ones: rows that start before the page or
+#: end past it, their lanes outside masked off (a convolution's padding), and a mask with
+#: holes. A masked-off lane that were read would fault; a wrong lane prints its position.
 _PACK_ROW_CHECK = r"""
-#include <sys/mman.h>
 template <int W>
 static int check(float* page, long n) {
   int wrong = 0;
@@ -232,8 +232,8 @@ static int check(float* page, long n) {
     "CHECKS", "check<8>(page, n) + check<16>(page, n) + check<32>(page, n)")
 
 
+#: tk_gather_row the same way, its lanes' values apart (see the test).
 _GATHER_ROW_CHECK = r"""
-#include <sys/mman.h>
 template <int W>
 static int check(float* page, long n) {
   int wrong = 0;

@@ -222,8 +222,7 @@ def _view_of(plan: GroupPlan, free: frozenset[str] = frozenset()) -> str | None:
         return None
     flat, const = form
     want = dict(zip(extent, strides(p.out_shape)))
-    if const != 0 or any(flat.get(a, 0) != want[a] for a in extent if extent[a] > 1) \
-            or any(a not in extent for a in flat):
+    if const != 0 or any(flat.get(a, 0) != want[a] for a in extent if extent[a] > 1):
         return None
     return r.tensor
 
@@ -279,7 +278,7 @@ def _flat_form(read: Read, extent: dict) -> tuple[dict[str, int], int] | None:
 
 
 def _digit(node) -> tuple[object, int, int | None] | None:
-    """(L, s, e) of an index `(L // s) % e`, (L, s, None) of `L // s`, (L, 1, e) of `L % e`."""
+    """(L, q, e) of an index `(L // q) % e`, (L, q, None) of `L // q`, (L, 1, e) of `L % e`."""
     mod = None
     if isinstance(node, ExprBinary) and node.op == "%" and isinstance(node.rhs, Num):
         mod, node = int(node.rhs.value), node.lhs

@@ -355,8 +355,7 @@ class CpuProgram:
             if not isinstance(src, str) or len(k.writes) != 1:
                 continue
             out = k.writes[0]
-            if src in fixed or out in fixed or writers.get(out) != 1 or src == out \
-                    or src not in self.buffers or out not in self.buffers:
+            if src in fixed or out in fixed or writers.get(out) != 1 or src == out:
                 continue
             a, b = self.buffers[src], self.buffers[out]
             if a.dtype != b.dtype or a.nbytes != b.nbytes:
