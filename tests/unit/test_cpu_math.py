@@ -5,15 +5,23 @@ pipeline: an ONNX model of the four ops, compiled for the CPU."""
 from __future__ import annotations
 
 import math
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 from onnx import TensorProto as T, helper as h
 
 from tilekit.codegen import generate
-from tilekit.codegen.cxx import find_cxx
+from tilekit.codegen.cpu_program import program_unit
+from tilekit.codegen.cxx import build, find_cxx
 from tilekit.onnx import import_model
 from tilekit.runtime.compiled import CpuProgram
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from models import onnx_models  # noqa: E402
 
 pytestmark = [pytest.mark.skipif(find_cxx() is None, reason="no C++ compiler"),
               pytest.mark.usefixtures("cxx_cache")]
@@ -61,3 +69,21 @@ def test_math_functions_are_accurate_in_vector_lanes():
                                                     & np.isnan(want32[special]))
         tiny = (np.abs(want32[special]) <= 1e-37) & (np.abs(out[special]) <= 1e-37)
         assert np.all(same | tiny), (op, x[special][~(same | tiny)])
+
+
+@pytest.mark.skipif(shutil.which("nm") is None, reason="no nm (binutils) to read symbols")
+def test_math_functions_are_inlined_in_a_unit_of_many_kernels():
+    """In a unit of many kernels GCC's inliner runs out of its growth budget; a math helper it
+    then calls instead of inlining leaves its loop unvectorised (scalar code, a branch per
+    select). An LSTM unrolled over 32 steps (a gate kernel per step, each with sigmoid and
+    tanh) compiles to a library without a standalone copy of any of them."""
+    imported = import_model(onnx_models.lstm_model(seq=32, batch=1, inputs=16, hidden=64))
+    module = generate(imported.module, target="cpu").module
+    source, _ = program_unit(module)
+    assert source.count("tk_tanhf(") >= 64
+    symbols = subprocess.run(["nm", str(build(source))], capture_output=True, text=True,
+                             check=True).stdout
+    helpers = [line.split()[-1] for line in symbols.splitlines()
+               if line.split()[-1].startswith(("_ZL8tk_expf", "_ZL8tk_erff", "_ZL9tk_tanhf",
+                                               "_ZL11tk_sigmoidf"))]
+    assert helpers == []

@@ -53,17 +53,17 @@ static inline unsigned char* tk_block_memory(size_t bytes) {
 #endif
 typedef float tk_f32v __attribute__((vector_size(TK_F32_LANES * 4)));
 
-static inline tk_f32v tk_f32v_load(const float* p) {
+static __forceinline__ tk_f32v tk_f32v_load(const float* p) {
   tk_f32v v;
   std::memcpy(&v, p, sizeof v);
   return v;
 }
 
-static inline void tk_f32v_store(float* p, tk_f32v v) { std::memcpy(p, &v, sizeof v); }
+static __forceinline__ void tk_f32v_store(float* p, tk_f32v v) { std::memcpy(p, &v, sizeof v); }
 
 // Every lane *p: one broadcast load (vbroadcastss, ld1r). Written with the ISA's intrinsic
 // where there is one: GCC spells a generic splat as two half-width broadcasts.
-static inline tk_f32v tk_f32v_splat(const float* p) {
+static __forceinline__ tk_f32v tk_f32v_splat(const float* p) {
 #if defined(__AVX512F__)
   return _mm512_set1_ps(*p);
 #elif defined(__AVX__)
@@ -78,20 +78,23 @@ static inline tk_f32v tk_f32v_splat(const float* p) {
 }
 
 // -- elementwise math in vector lanes -------------------------------------------------------
-// exp, tanh, erf and sigmoid as straight-line float arithmetic, so that the compiler inlines
-// them into a `simd` loop and runs them in vector lanes (libm's expf, tanhf and erff are calls
-// the vectoriser cannot enter). Errors: exp within 2 ulp; tanh and erf within 2e-7 relative
-// (tests/unit/test_cpu_math.py sweeps them against float64); NaN propagates, infinities give
-// the limits.
+// exp, tanh, erf and sigmoid as straight-line float arithmetic, so that a `simd` loop runs
+// them in vector lanes (libm's expf, tanhf and erff are calls the vectoriser cannot enter).
+// They are always inlined: in a unit of many kernels GCC's inliner runs out of its growth
+// budget and calls them instead, and a loop with a call is not vectorised (an LSTM step's
+// gates then ran as scalar code with a branch per select, 2-3x as long, and longer where the
+// signs of its inputs were mixed). Errors: exp within 2 ulp; tanh and erf within 2e-7
+// relative (tests/unit/test_cpu_math.py sweeps them against float64); NaN propagates,
+// infinities give the limits.
 
-static inline float tk_bits_to_float(int32_t i) { return __builtin_bit_cast(float, i); }
+static __forceinline__ float tk_bits_to_float(int32_t i) { return __builtin_bit_cast(float, i); }
 
-static inline int32_t tk_float_to_bits(float f) { return __builtin_bit_cast(int32_t, f); }
+static __forceinline__ int32_t tk_float_to_bits(float f) { return __builtin_bit_cast(int32_t, f); }
 
 // exp(x) = 2^n exp(r): n = rint(x / ln 2) by the 1.5 x 2^23 rounding trick, r = x - n ln 2 in
 // two parts (Cody-Waite), exp(r) by its Taylor series to r^7 on |r| <= ln 2 / 2 (error below
 // 2e-9), 2^n from the exponent bits (as 2^(n-1) x 2, so that n = 128 stays finite).
-static inline float tk_expf(float x) {
+static __forceinline__ float tk_expf(float x) {
   const float shifted = x * 1.44269504088896341f + 12582912.0f;
   const float n = shifted - 12582912.0f;
   const int32_t ni = tk_float_to_bits(shifted) - 0x4B400000;
@@ -112,7 +115,7 @@ static inline float tk_expf(float x) {
 
 // tanh: x P(x^2) below 0.625 (a least-squares fit of tanh(x)/x, relative error 4e-9), else
 // 1 - 2 / (exp(2|x|) + 1) with the sign of x; 1 from 9 on.
-static inline float tk_tanhf(float x) {
+static __forceinline__ float tk_tanhf(float x) {
   const float a = x < 0.0f ? -x : x;
   const float u = x * x;
   float p = -0.005652355259668975f;
@@ -135,7 +138,7 @@ static inline float tk_tanhf(float x) {
 // (1 / (1 + z / 2)), and a vector division (10-20 cycles) cost about as much as the rest of
 // erf: with it, a GELU epilogue took about 1.9x ONNX Runtime's Gelu per element on one Xeon
 // core, and MLP-Mixer's GEMMs with GELU were 1.04x and 1.07x as long as they are now.
-static inline float tk_erff(float x) {
+static __forceinline__ float tk_erff(float x) {
   const float a = x < 0.0f ? -x : x;
   const float u = x * x;
   float p = -0.0006086067294315337f;
@@ -161,7 +164,7 @@ static inline float tk_erff(float x) {
 }
 
 // sigmoid: 1 / (1 + exp(-x)), from exp(-|x|) so that neither side overflows.
-static inline float tk_sigmoidf(float x) {
+static __forceinline__ float tk_sigmoidf(float x) {
   const float e = tk_expf(x < 0.0f ? x : -x);
   return x < 0.0f ? e / (1.0f + e) : 1.0f / (1.0f + e);
 }
