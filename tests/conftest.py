@@ -3,8 +3,10 @@ the environment every test and the commands it starts share (OpenMP waits, PATH)
 
 from __future__ import annotations
 
+import atexit
 import functools
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -28,12 +30,15 @@ os.environ["PATH"] = os.pathsep.join([str(Path(sys.executable).parent),
 # Each command a test starts imports the package afresh. Where the environment says not to
 # write bytecode (PYTHONDONTWRITEBYTECODE, common in containers and CI images) or the
 # checkout is read-only, every start compiled every module from source again: 150 s of a
-# 500 s run on two cores. The commands the tests start (and the workers) keep their bytecode
-# in a folder of the temporary directory instead, never in the checkout; Python checks each
-# file against its source, so a stale one is never used.
+# 500 s run on two cores. The commands the tests start (and the workers, which inherit the
+# variable) keep their bytecode in a private folder made for the run (mode 0700, removed at
+# the end), never in the checkout: a fixed folder under /tmp could be made by another user
+# and hold bytecode that Python would take for the sources' (it checks only their size and
+# time). A PYTHONPYCACHEPREFIX of the user's own is kept.
 os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
-os.environ.setdefault("PYTHONPYCACHEPREFIX", os.path.join(
-    tempfile.gettempdir(), f"tilekit-tests-pycache-{os.getuid()}"))
+if "PYTHONPYCACHEPREFIX" not in os.environ:
+    os.environ["PYTHONPYCACHEPREFIX"] = tempfile.mkdtemp(prefix="tilekit-tests-pycache-")
+    atexit.register(shutil.rmtree, os.environ["PYTHONPYCACHEPREFIX"], ignore_errors=True)
 sys.dont_write_bytecode = False
 sys.pycache_prefix = os.environ["PYTHONPYCACHEPREFIX"]
 
