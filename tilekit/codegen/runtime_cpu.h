@@ -82,7 +82,7 @@ static __forceinline__ tk_f32v tk_f32v_splat(const float* p) {
 // them in vector lanes (libm's expf, tanhf and erff are calls the vectoriser cannot enter).
 // They are always inlined: in a unit of many kernels GCC's inliner runs out of its growth
 // budget and calls them instead, and a loop with a call is not vectorised (an LSTM step's
-// gates then ran as scalar code with a branch per select, 2-3x as long, and longer where the
+// gates then ran as scalar code with a branch per select, 3-12x as long, the most where the
 // signs of its inputs were mixed). Errors: exp within 2 ulp; tanh and erf within 2e-7
 // relative (tests/unit/test_cpu_math.py sweeps them against float64); NaN propagates,
 // infinities give the limits.
