@@ -502,14 +502,18 @@ def test_tall_blocks_run_their_rows_in_l2_slices():
     tiles = cpu_tiles()
     gemms = [k for k in generated.codegen["kernels"] if k["shape"] == "cpu_gemm"]
     assert len(gemms) == 2
-    # the padded stride-1 window's rows of B are masked vector copies, its filters (A) a
-    # weight's panels packed once (runtime_cpu.h tk_packed_panels); the matmul's B is a
-    # weight, packed once, not per run
+    # the padded stride-1 window's rows of B are masked vector copies made by the micro-tiles
+    # of the first row as they compute (runtime_cpu.h tk_gemm_micro_fill, the lanes' masks
+    # from tk_lane_bits), its filters (A) a weight's panels packed once (tk_packed_panels);
+    # the matmul's B is a weight, packed once, not per run
     conv, matmul = sorted(gemms, key=lambda k: k["schedule"]["gemm"]["b"] == "weight panels")
     mr = conv["schedule"]["gemm"]["micro"][0]
     assert conv["schedule"]["gemm"]["a"] == "weight panels"
-    assert "tk_pack_row<16>" in conv["source"] and f"tk_packed_panels<{mr}>" in conv["source"]
+    assert re.search(rf"tk_gemm_micro_fill<{mr}, \d+, 16, \d+, 0>", conv["source"])
+    assert "tk_lane_bits<16>" in conv["source"] and "tk_pack_row" not in conv["source"]
+    assert f"tk_packed_panels<{mr}>" in conv["source"]
     assert "tk_packed_panels<16>" in matmul["source"] and "tk_pack_row" not in matmul["source"]
+    assert "_fill<" not in matmul["source"]
     for k in gemms:
         mc = k["schedule"]["gemm"]["blocks"][0]
         assert mc > tiles.mc and "for (int ic = 0;" in k["source"], k["name"]
@@ -609,9 +613,14 @@ def test_weights_as_a_are_packed_once_prefetched_and_repacked_when_they_change()
     ahead = re.search(call, kernels["h"]["source"])
     assert ahead and ahead[1] == ahead[2], "the next micro-tile's panel, one row on"
     assert "if (jr == 0)" not in kernels["h"]["source"]
-    first = re.search(r"if \(jr == 0\) {\s*" + call + r"\s*}\s*else {\s*tk_gemm_micro<",
-                      kernels["z"]["source"])
-    assert first and first[1] == first[2], "the strip's first micro-tile, the next strip's panel"
+    # the strip's first micro-tile prefetches the next strip's panel: in the first strip as
+    # it packs B's micro-panel (tk_gemm_micro_fill), in the others from the packed panel
+    fill = (rf"tk_gemm_micro_fill<{mr}, \d+, \d+, {mr}, 0>\((tk_packed_panels<[^;]*?) \+ ir, "
+            r"k0\), [^;]*, (tk_packed_panels<[^;]*?) \+ ir \+ 1, k0\)\);")
+    first = re.search(r"if \(jr == 0\) {\s*if \(ir == 0\) {[^;]*;[\s\S]*?" + fill + r"\s*}\s*else {\s*"
+                      + call + r"\s*}\s*}\s*else {", kernels["z"]["source"])
+    assert first and first[1] == first[2] == first[3] == first[4], \
+        "the strip's first micro-tile, the next strip's panel"
     _rebinding_weights_repacks(module, generated, imported.weights, rng)
 
 
@@ -671,8 +680,9 @@ def test_a_swap_must_save_more_than_the_strided_epilogue_costs():
 @needs_cxx
 def test_a_strided_window_packs_by_gathers():
     """The im2col of a stride-2 convolution (3 x 3 with padding, and 1 x 1) is not rows of
-    the image: its panel rows are masked gathers from the offset table (runtime_cpu.h
-    tk_gather_row), the padding's lanes masked off. Odd image sizes put padding on every
+    the image: its panel rows are masked gathers from the offset table, made by the first
+    row's micro-tiles as they compute (runtime_cpu.h tk_gemm_micro_fill with GATHER), the
+    padding's lanes masked off. Odd image sizes put padding on every
     edge; both equal the reference, on one thread and on two."""
     rng = np.random.default_rng(9)
     vi = h.make_tensor_value_info
@@ -688,7 +698,8 @@ def test_a_strided_window_packs_by_gathers():
     by_op = {op: k for k in generated.codegen["kernels"] for op in k["ops"]}
     for out in ("y", "z"):
         k = by_op[_op_of(module, out)]
-        assert k["shape"] == "cpu_gemm" and "tk_gather_row<16>" in k["source"], out
+        assert k["shape"] == "cpu_gemm" and re.search(
+            r"tk_gemm_micro(_rows)?_fill<\d+, \d+, 16, \d+, 1>", k["source"]), out
     inputs = {"x": rng.standard_normal((1, 6, 15, 17)).astype(np.float32)}
     _equals_reference(module, generated, inputs, imported.weights)
 

@@ -265,6 +265,68 @@ static int check(float* page, long n) {
 """ + _GUARDED_PAGE_MAIN.replace("CHECKS", "check<16>(page, n) + check<32>(page, n)")
 
 
+#: tk_gemm_micro_fill the same way: 5 rows of a B panel read from the page as the
+#: micro-kernel computes (contiguous, or gathered two apart), their lanes outside the page and
+#: a hole masked off (tk_lane_bits from the lanes' ints): the panel it leaves holds each row
+#: (the pad elsewhere) and the tile is A times that panel, for whole and half-width tiles.
+_FILL_CHECK = r"""
+#include <cmath>
+template <int NR, int W, int G>
+static int check(float* page, long n) {
+  constexpr int MR = 4, KC = 5;
+  int wrong = 0;
+  alignas(64) float a[KC * MR];
+  alignas(64) float b[KC * NR];
+  alignas(64) float c[MR * NR];
+  alignas(64) int ok[NR];
+  alignas(64) int lanes[NR];
+  int rows[KC];
+  long long bits[KC];
+  for (int i = 0; i < KC * MR; ++i) a[i] = 0.25f * (i % 7) - 0.5f;
+  for (int i = 0; i < NR; ++i) lanes[i] = 2 * i;
+  for (long start = -2 * NR - 3; start < n; start += 5) {
+    for (int k = 0; k < KC; ++k) {
+      rows[k] = static_cast<int>(start + 3 * k);
+      for (int i = 0; i < NR; ++i) {
+        const long at = rows[k] + (G ? lanes[i] : i);
+        ok[i] = (at >= 0 && at < n && !(k == 2 && i % 5 == 3)) ? -1 : 0;
+      }
+      bits[k] = tk_lane_bits<NR>(ok);
+      for (int i = 0; i < NR; ++i)
+        if ((((unsigned long long)bits[k] >> i) & 1) != (ok[i] != 0)) {
+          printf("bits NR %d lane %d\n", NR, i);
+          ++wrong;
+        }
+    }
+    tk_gemm_micro_fill<MR, W, NR, 0, G>(a, page, rows, bits, lanes, -7.0f, b, KC, c, NR, 0, a);
+    for (int k = 0; k < KC; ++k)
+      for (int i = 0; i < NR; ++i) {
+        const long at = rows[k] + (G ? lanes[i] : i);
+        const float want = (((unsigned long long)bits[k] >> i) & 1) ? page[at] : -7.0f;
+        if (b[k * NR + i] != want) {
+          printf("panel NR %d G %d start %ld row %d lane %d\n", NR, G, start, k, i);
+          ++wrong;
+        }
+      }
+    for (int r = 0; r < MR; ++r)
+      for (int j = 0; j < W; ++j) {
+        double s = 0;
+        for (int k = 0; k < KC; ++k) s += double(a[k * MR + r]) * b[k * NR + j];
+        if (std::fabs(c[r * NR + j] - s) > 1e-5 * (1 + std::fabs(s))) {
+          printf("tile NR %d W %d G %d start %ld at %d,%d\n", NR, W, G, start, r, j);
+          ++wrong;
+        }
+      }
+  }
+  return wrong;
+}
+
+""" + _GUARDED_PAGE_MAIN.replace(
+    "CHECKS", "check<16, 16, 0>(page, n) + check<16, 8, 0>(page, n) + check<32, 32, 0>(page, n)"
+    " + check<32, 16, 0>(page, n) + check<16, 16, 1>(page, n) + check<32, 32, 1>(page, n)"
+    " + check<32, 16, 1>(page, n)")
+
+
 def _run_alone(tmp_path, name: str, check: str) -> subprocess.CompletedProcess:
     """A check of runtime_cpu.h's helpers compiled alone for this machine, run."""
     from tilekit.codegen.cxx import CXX_FLAGS
@@ -297,6 +359,18 @@ def test_a_packed_row_reads_only_its_lanes_inside(tmp_path):
     whose neighbours fault, starting before it and ending past it with those lanes masked
     off, and masks with holes: each lane inside is copied, each other one is the pad."""
     done = _run_alone(tmp_path, "pack", _PACK_ROW_CHECK)
+    assert done.returncode == 0 and done.stdout.strip().endswith("0"), done.stdout + done.stderr
+
+
+@needs_cxx
+def test_a_micro_kernel_that_fills_its_panel_reads_only_its_lanes_inside(tmp_path):
+    """runtime_cpu.h's tk_gemm_micro_fill, compiled alone for this machine: a micro-tile that
+    packs its B panel as it reads it (rows contiguous, or gathered two apart) over a page
+    whose neighbours fault, rows starting before the page and ending past it with those lanes
+    masked off, and a hole in one row's mask: the panel holds each lane inside and the pad
+    elsewhere, the tile is A times the panel (whole and half-width tiles), no lane off the
+    mask is read, and tk_lane_bits gives each lane's bit."""
+    done = _run_alone(tmp_path, "fill", _FILL_CHECK)
     assert done.returncode == 0 and done.stdout.strip().endswith("0"), done.stdout + done.stderr
 
 

@@ -827,10 +827,16 @@ def gemm_kernel(module, plan: GroupPlan, entry: str, shape: CpuShape, target: Ta
             a_k = _k_side(b, "a", A.read, c.k_axes, k0, kcount, g.kc, extent, idx_t, free)
             b.comment(f"pack A: {A.read.tensor} into micro-panels of {mr} rows")
             _pack(b, A.read, ap, mr, mc_p, mcount, kcount, a_side, a_k, idx_t)
+        fill = None
         if weight is None:
             b_k = _k_side(b, "b", B.read, c.k_axes, k0, kcount, g.kc, extent, idx_t, free)
-            b.comment(f"pack B: {B.read.tensor} into micro-panels of {nr} columns")
-            _pack(b, B.read, bp, nr, nc_p, ncount, kcount, b_side, b_k, idx_t)
+            if _fills(B.read, nr, b_side, b_k, idx_t):
+                b.comment(f"B: {B.read.tensor} packed into micro-panels of {nr} columns by the "
+                          "first micro-tile of each")
+                fill = _Fill(b, B.read, nr, g.kc, ncount, kcount, b_side, b_k, idx_t)
+            else:
+                b.comment(f"pack B: {B.read.tensor} into micro-panels of {nr} columns")
+                _pack(b, B.read, bp, nr, nc_p, ncount, kcount, b_side, b_k, idx_t)
         panels = tx.div(tx.add(mcount, mr - 1), mr)
         slice_ = max(1, tiles.mc // mr)      # A's micro-panels per slice kept in L2
         with ExitStack() as slices:
@@ -874,7 +880,8 @@ def gemm_kernel(module, plan: GroupPlan, entry: str, shape: CpuShape, target: Ta
             _micro_tiles(b, a_tile, b_panel, c_tile, mr, nr, ir_lo, ir_hi, ks, ncount, kcount,
                          rows_first=one_step and rows_first,
                          strip_done=strip_done if one_step else None,
-                         ahead=ahead if streams else None, a_ahead=a_ahead, b_ahead=b_ahead)
+                         ahead=ahead if streams else None, a_ahead=a_ahead, b_ahead=b_ahead,
+                         fill=fill)
     if not one_step and rows_first and whole_rows:
         block_rows(tx.const(0), g.mc)     # after the last step, the tile (from L2)
     elif not one_step:
@@ -905,7 +912,7 @@ def gemm_kernel(module, plan: GroupPlan, entry: str, shape: CpuShape, target: Ta
 
 def _micro_tiles(b: Builder, a_tile, b_panel, c_tile, mr: int, nr: int, ir_lo: Expr,
                  ir_hi: Expr, ks: Var, ncount: Var, kcount: Var, rows_first: bool, strip_done,
-                 ahead=None, a_ahead=None, b_ahead=None) -> None:
+                 ahead=None, a_ahead=None, b_ahead=None, fill=None) -> None:
     """The micro-kernel on every `mr x nr` tile of the rows `ir_lo * mr` to `ir_hi * mr` of
     the block at this step, into `c_tile(ir, jr)` (address, row stride), with the
     micro-kernel and A's arguments of `a_tile(ir)` (a packed panel, or A's rows where they
@@ -925,6 +932,10 @@ def _micro_tiles(b: Builder, a_tile, b_panel, c_tile, mr: int, nr: int, ir_lo: E
     column `jr` prefetch `b_ahead(jr, t)`, their share of the next column's B panel (a line
     a step).
 
+    With `fill` (a `_Fill`), B's panel is packed by the micro-tiles of row 0 (the first each
+    micro-panel meets), which read its rows from the operand as they compute
+    (`gemm_micro_fill`); the others read the panel.
+
     The last micro-panel of a ragged N runs `nr / 2` columns when no more of it are in N
     (196 pixels are 6 panels of 32 and 4 columns, which take 16 columns rather than 32; the
     micro-kernels read B's panel at its own stride, runtime_cpu.h)."""
@@ -932,9 +943,10 @@ def _micro_tiles(b: Builder, a_tile, b_panel, c_tile, mr: int, nr: int, ir_lo: E
     rest = b.let("jt", tx.sub(ncount, tx.mul(whole, nr)))
     half = nr // 2 if nr % 8 == 0 else None
 
-    def micro(ir: Expr, jr: Expr, width: int, prefetch: tuple[Expr, int] | None = None
+    def plain(ir: Expr, jr: Expr, width: int, prefetch: tuple[Expr, int] | None = None
               ) -> None:
-        """Micro-tile (ir, jr); `prefetch`: (address, floats per step of K) to prefetch."""
+        """Micro-tile (ir, jr) on a packed B panel; `prefetch`: (address, floats per step of
+        K) to prefetch."""
         fn, a_args = a_tile(ir)
         shape = (tx.const(mr), tx.const(width), tx.const(nr))
         if prefetch is not None:
@@ -943,6 +955,24 @@ def _micro_tiles(b: Builder, a_tile, b_panel, c_tile, mr: int, nr: int, ir_lo: E
         b.evaluate(tx.call(fn, *shape, *a_args, b_panel(jr), tx.cast("int32", kcount), at,
                            tx.const(ldc), tx.cast("int32", tx.gt(ks, 0)),
                            *(() if prefetch is None else (prefetch[0],))))
+
+    def micro(ir: Expr, jr: Expr, width: int, prefetch: tuple[Expr, int] | None = None
+              ) -> None:
+        """Micro-tile (ir, jr); in row 0 with `fill`, the one that packs B's micro-panel."""
+        if fill is None:
+            plain(ir, jr, width, prefetch)
+            return
+        with b.if_(tx.eq(ir, 0)):
+            fill.tables(jr)
+            fn, a_args = a_tile(ir)
+            at, ldc = c_tile(ir, jr)
+            step, ahead_at = (0, fill.src) if prefetch is None else (prefetch[1], prefetch[0])
+            b.evaluate(tx.call(f"{fn}_fill", tx.const(mr), tx.const(width), tx.const(nr),
+                               tx.const(step), tx.const(int(fill.gather)), *a_args,
+                               *fill.args(jr), b_panel(jr), tx.cast("int32", kcount), at,
+                               tx.const(ldc), tx.cast("int32", tx.gt(ks, 0)), ahead_at))
+        with b.else_():
+            plain(ir, jr, width, prefetch)
 
     def micro_when(cond: Expr, ir: Expr, jr: Expr, width: int, prefetch: tuple[Expr, int]
                    ) -> None:
@@ -1277,6 +1307,57 @@ def _pack(b: Builder, read: Read, panel, width: int, size: int, count: Var, kcou
                        tx.const(numel - 1, idx_t))
         loaded = b.let("v_", Load(tvar(read.tensor), (safe,), read.dtype), read.dtype)
         b.store(panel, (pp, kk, i), tx.select(valid, loaded, pad))
+
+
+def _fills(read: Read, width: int, group: _Side, ks: _Side, idx_t: str) -> bool:
+    """Can the micro-kernels pack this B operand's panels as they read them (`_Fill`)? When
+    `_pack` would pack its rows as masked copies or gathers (`pack_row`, `gather_row`), of at
+    most 64 lanes, with int32 offsets."""
+    sweep = not (ks.coef == 1 and group.coef != 1)
+    return read.dtype == "float32" and width % 8 == 0 and width <= 64 and idx_t == "int32" \
+        and (group.coef == 1 or (sweep and group.offsets is not None))
+
+
+class _Fill:
+    """B's panels packed by the micro-tiles that first read them (`gemm_micro_fill`,
+    runtime_cpu.h tk_gemm_micro_fill): per micro-panel, the step's table of each row's offset
+    in the operand and of its lanes inside the GEMM and the tensor (`lane_bits`), computed
+    right before the micro-tile that packs it. The rows are `_pack`'s: contiguous values from
+    the row's offset, or, values apart (a strided window), gathered by the group's offset
+    table."""
+
+    def __init__(self, b: Builder, read: Read, width: int, kc: int, count: Var, kcount: Var,
+                 group: _Side, ks: _Side, idx_t: str) -> None:
+        self.b, self.read, self.width, self.count, self.kcount = b, read, width, count, kcount
+        self.group, self.ks, self.idx_t = group, ks, idx_t
+        self.gather = group.coef != 1
+        self.rows = b.alloc("b_rows", "int32", (kc,), "each row's offset in the operand")
+        self.bits = b.alloc("b_bits", "int64", (kc,), "each row's lanes inside the tensor")
+        self.src = Addr(tvar(read.tensor), (tx.const(0),))
+
+    def tables(self, pp: Expr) -> None:
+        """The tables of micro-panel `pp` at this step."""
+        b, width, group, ks, idx_t = self.b, self.width, self.group, self.ks, self.idx_t
+        first = None if self.gather else group.offset(tx.mul(pp, width), idx_t)
+        with b.loop("kk", 0, self.kcount, dtype=idx_t) as kk:
+            ok = b.alloc("lanes_", "int32", (width,), "the row's lanes inside the tensor")
+            with b.loop("i", 0, width, kind="simd", dtype=idx_t) as i:
+                valid = _valid(self.read, tx.add(tx.mul(pp, width), i), kk, self.count,
+                               group, ks, idx_t)
+                b.store(ok, (i,), tx.select(valid, tx.const(-1), tx.const(0)))
+            b.store(self.bits, (kk,), tx.call("lane_bits", tx.const(width),
+                                              Addr(ok.name, (tx.const(0),))))
+            offset = ks.offset(kk, idx_t)
+            b.store(self.rows, (kk,), offset if first is None else tx.add(first, offset))
+
+    def args(self, pp: Expr) -> tuple:
+        """The fill's operand arguments for micro-panel `pp`: &src, &rows, &bits, &lanes,
+        pad."""
+        rows = Addr(self.rows.name, (tx.const(0),))
+        lanes = Addr(self.group.offsets.name, (tx.mul(pp, self.width),)) if self.gather \
+            else rows       # not read
+        return (self.src, rows, Addr(self.bits.name, (tx.const(0),)), lanes,
+                pad_literal(self.read.pad, self.read.dtype))
 
 
 def _valid(read: Read, lidx: Expr, kk: Expr, count: Var, group: _Side, ks: _Side,

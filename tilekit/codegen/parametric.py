@@ -58,7 +58,8 @@ CONSTANT_ARGUMENTS = {
     # the C++ micro-kernels (tilekit.tile.cpp)
     "gemm_micro": (0, 1, 2), "gemm_micro_rows": (0, 1, 2), "gemm_micro_ahead": (0, 1, 2, 3),
     "gemm_micro_rows_ahead": (0, 1, 2, 3), "pack_row": (0,), "gather_row": (0,),
-    "packed_panels": (0,),
+    "packed_panels": (0,), "gemm_micro_fill": (0, 1, 2, 3, 4),
+    "gemm_micro_rows_fill": (0, 1, 2, 3, 4), "lane_bits": (0,),
     # the CUDA intrinsics (tilekit.tile.cuda)
     "warp_sum": (1,), "warp_prod": (1,), "warp_max": (1,), "warp_min": (1,),
     "cp_async_wait": (0,), "bulk_wait": (0,), "bulk_wait_read": (0,), "wgmma_wait": (1,),

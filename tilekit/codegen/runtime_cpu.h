@@ -201,31 +201,33 @@ static __forceinline__ float tk_sigmoidf(float x) {
 // ResNet-50's 3 x 3 layers on 7 x 7 pixels 0.75x, its kernels 0.90x; the GPT block's GEMMs
 // 0.90x (one core of an AVX-512 Xeon). A prefetch takes a load slot the micro-kernel has
 // spare (a broadcast of A and NR / lanes loads of B per MR x NR / lanes FMAs).
-template <int MR, int NR, int LDB, int STEP, class AAt>
-static inline void tk_gemm_tile(AAt a_at, const float* __restrict__ b, int kc,
-                                float* __restrict__ c, int ldc, int accumulate,
-                                const float* ahead) {
-  static_assert(NR % TK_F32_LANES == 0, "NR must be a whole number of vectors");
-  constexpr int NV = NR / TK_F32_LANES;
-  tk_f32v acc[MR][NV];
+// A register tile's accumulators cleared, and stored into (or, `accumulate`, added to) the
+// output tile at `c` (rows `ldc` apart).
+template <int MR, int NV>
+static __forceinline__ void tk_tile_clear(tk_f32v (&acc)[MR][NV]) {
 #pragma GCC unroll 32
   for (int i = 0; i < MR; ++i)
 #pragma GCC unroll 8
     for (int j = 0; j < NV; ++j)
       acc[i][j] = tk_f32v{};
-#pragma GCC unroll 4
-  for (int k = 0; k < kc; ++k) {
-    tk_f32v bv[NV];
-#pragma GCC unroll 8
-    for (int j = 0; j < NV; ++j) bv[j] = tk_f32v_load(b + k * LDB + j * TK_F32_LANES);
-    if constexpr (STEP > 0) __builtin_prefetch(ahead + k * STEP);
+}
+
+// One step k of K: the tile += A's column k (MR values, `a_at(k, i)` the address of row i's)
+// times B's row (`bv`, the first NV vectors).
+template <int MR, int NV, class AAt>
+static __forceinline__ void tk_tile_fma(tk_f32v (&acc)[MR][NV], const tk_f32v* bv,
+                                        const AAt& a_at, int k) {
 #pragma GCC unroll 32
-    for (int i = 0; i < MR; ++i) {
-      const tk_f32v av = tk_f32v_splat(a_at(k, i));
+  for (int i = 0; i < MR; ++i) {
+    const tk_f32v av = tk_f32v_splat(a_at(k, i));
 #pragma GCC unroll 8
-      for (int j = 0; j < NV; ++j) acc[i][j] += av * bv[j];
-    }
+    for (int j = 0; j < NV; ++j) acc[i][j] += av * bv[j];
   }
+}
+
+template <int MR, int NV>
+static __forceinline__ void tk_tile_store(const tk_f32v (&acc)[MR][NV], float* __restrict__ c,
+                                          int ldc, int accumulate) {
 #pragma GCC unroll 32
   for (int i = 0; i < MR; ++i)
 #pragma GCC unroll 8
@@ -233,6 +235,32 @@ static inline void tk_gemm_tile(AAt a_at, const float* __restrict__ b, int kc,
       float* at = c + i * ldc + j * TK_F32_LANES;
       tk_f32v_store(at, accumulate ? tk_f32v_load(at) + acc[i][j] : acc[i][j]);
     }
+}
+
+template <int MR, int NR, int STEP, class AAt, class BRow>
+static inline void tk_gemm_tile(AAt a_at, BRow b_row, int kc, float* __restrict__ c, int ldc,
+                                int accumulate, const float* ahead) {
+  static_assert(NR % TK_F32_LANES == 0, "NR must be a whole number of vectors");
+  constexpr int NV = NR / TK_F32_LANES;
+  tk_f32v acc[MR][NV];
+  tk_tile_clear<MR, NV>(acc);
+#pragma GCC unroll 4
+  for (int k = 0; k < kc; ++k) {
+    tk_f32v bv[NV];
+    b_row(k, bv);
+    if constexpr (STEP > 0) __builtin_prefetch(ahead + k * STEP);
+    tk_tile_fma<MR, NV>(acc, bv, a_at, k);
+  }
+  tk_tile_store<MR, NV>(acc, c, ldc, accumulate);
+}
+
+// B's row k from a packed panel (rows LDB apart): its first NV vectors.
+template <int NV, int LDB>
+static __forceinline__ auto tk_panel_rows(const float* __restrict__ b) {
+  return [b](int k, tk_f32v* bv) __attribute__((always_inline)) {
+#pragma GCC unroll 8
+    for (int j = 0; j < NV; ++j) bv[j] = tk_f32v_load(b + k * LDB + j * TK_F32_LANES);
+  };
 }
 
 // `LDB`: B's row stride, NR unless the tile covers the first NR columns of a wider panel (the
@@ -246,8 +274,10 @@ template <int MR, int NR, int LDB, int STEP>
 static inline void tk_gemm_packed_a(const float* __restrict__ a, const float* __restrict__ b,
                                     int kc, float* __restrict__ c, int ldc, int accumulate,
                                     const float* ahead) {
-  tk_gemm_tile<MR, tk_tile_width<NR, LDB>(), LDB, STEP>(
-      [a](int k, int i) { return a + k * MR + i; }, b, kc, c, ldc, accumulate, ahead);
+  constexpr int W = tk_tile_width<NR, LDB>();
+  tk_gemm_tile<MR, W, STEP>([a](int k, int i) { return a + k * MR + i; },
+                            tk_panel_rows<W / TK_F32_LANES, LDB>(b), kc, c, ldc, accumulate,
+                            ahead);
 }
 
 template <int MR, int NR, int LDB, int STEP>
@@ -257,8 +287,10 @@ static inline void tk_gemm_rows_a(const float* __restrict__ a, long lda, int row
   const float* row[MR];
 #pragma GCC unroll 32
   for (int i = 0; i < MR; ++i) row[i] = a + (i < rows ? i : rows - 1) * lda;
-  tk_gemm_tile<MR, tk_tile_width<NR, LDB>(), LDB, STEP>(
-      [&row](int k, int i) { return row[i] + k; }, b, kc, c, ldc, accumulate, ahead);
+  constexpr int W = tk_tile_width<NR, LDB>();
+  tk_gemm_tile<MR, W, STEP>([&row](int k, int i) { return row[i] + k; },
+                            tk_panel_rows<W / TK_F32_LANES, LDB>(b), kc, c, ldc, accumulate,
+                            ahead);
 }
 
 template <int MR, int NR, int LDB = NR>
@@ -384,6 +416,125 @@ static inline void tk_gather_row(float* __restrict__ dst, const float* src,
   }
 #endif
   for (int i = 0; i < W; ++i) dst[i] = ok[i] ? src[off[i]] : pad;
+}
+
+// -- B packed by the micro-kernel that first reads it ----------------------------------------
+// A B panel packed before the micro-kernels run (tk_pack_row, tk_gather_row over the whole
+// panel) reads its operand, a layer's activations, from L2 or L3 while no FMA runs: in
+// ResNet-50's 1 x 1 layers on 56 x 56 that took a fifth of the kernel (the packing reads at
+// L3's bandwidth, and nothing overlaps it; onnxruntime's NCHWc kernels read their input as
+// they compute). So the first micro-tile of each micro-panel packs it as it goes: on each
+// step k it loads row k of the panel from the operand (its lanes under the mask bits[k],
+// contiguous from src + rows[k], or gathered from src + rows[k] + lanes[i]), stores it into
+// the panel for the micro-tiles after it, and multiplies it at once; the row FILL_AHEAD steps
+// on is prefetched. The operand's loads then wait while the FMAs of the steps before run.
+
+// Steps of K ahead whose operand rows a filling micro-kernel prefetches.
+constexpr int TK_FILL_AHEAD = 8;
+
+// The lanes of `ok` (W ints, W <= 64) that are not 0, as bits (lane i: bit i).
+template <int W>
+static __forceinline__ long long tk_lane_bits(const int* __restrict__ ok) {
+  static_assert(W <= 64, "at most 64 lanes");
+  unsigned long long bits = 0;
+#if defined(__AVX512F__)
+  if constexpr (W % 16 == 0) {
+#pragma GCC unroll 4
+    for (int h = 0; h < W; h += 16)
+      bits |= (unsigned long long)_mm512_cmpneq_epi32_mask(
+                  _mm512_loadu_si512(reinterpret_cast<const void*>(ok + h)),
+                  _mm512_setzero_si512()) << h;
+    return (long long)bits;
+  }
+#endif
+  for (int i = 0; i < W; ++i) bits |= (unsigned long long)(ok[i] != 0) << i;
+  return (long long)bits;
+}
+
+// One vector of a panel row: lane i = bit i of bits ? src[GATHER ? lanes[i] : i] : pad
+// (lanes off the mask never read).
+template <int GATHER>
+static __forceinline__ tk_f32v tk_fill_vec(const float* src, const int* __restrict__ lanes,
+                                           unsigned bits, float pad) {
+#if defined(__AVX512F__)
+  const __m512 fill = _mm512_set1_ps(pad);
+  const __mmask16 m = (__mmask16)bits;
+  if constexpr (GATHER)
+    return (tk_f32v)_mm512_mask_i32gather_ps(
+        fill, m, _mm512_loadu_si512(reinterpret_cast<const void*>(lanes)), src, 4);
+  else
+    return (tk_f32v)_mm512_mask_loadu_ps(fill, m, src);
+#elif defined(__AVX2__)
+  const __m256 fill = _mm256_set1_ps(pad);
+  const __m256i sel = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+  const __m256i m = _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32((int)bits), sel),
+                                       sel);
+  if constexpr (GATHER)
+    return (tk_f32v)_mm256_mask_i32gather_ps(
+        fill, src, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(lanes)),
+        _mm256_castsi256_ps(m), 4);
+  else
+    return (tk_f32v)_mm256_blendv_ps(fill, _mm256_maskload_ps(src, m), _mm256_castsi256_ps(m));
+#else
+  float v[TK_F32_LANES];
+  for (int i = 0; i < TK_F32_LANES; ++i) v[i] = (bits >> i) & 1 ? src[GATHER ? lanes[i] : i] : pad;
+  return tk_f32v_load(v);
+#endif
+}
+
+// B's row k read from the operand as the micro-kernel computes: its LDB columns (lanes of
+// bits[k] from src + rows[k], the pad elsewhere) stored into the panel at `b`, its first NV
+// vectors multiplied at once; the row TK_FILL_AHEAD steps on prefetched.
+template <int NV, int LDB, int GATHER>
+static __forceinline__ auto tk_fill_rows(const float* src, const int* __restrict__ rows,
+                                         const long long* __restrict__ bits,
+                                         const int* __restrict__ lanes, float pad,
+                                         float* __restrict__ b, int kc) {
+  return [=](int k, tk_f32v* bv) __attribute__((always_inline)) {
+    const float* later = src + rows[k + TK_FILL_AHEAD < kc ? k + TK_FILL_AHEAD : kc - 1];
+    __builtin_prefetch(GATHER ? later + lanes[0] : later);
+    __builtin_prefetch(GATHER ? later + lanes[LDB - 1] : later + LDB - 1);
+    const unsigned long long row_bits = (unsigned long long)bits[k];
+#pragma GCC unroll 8
+    for (int j = 0; j < LDB / TK_F32_LANES; ++j) {
+      const tk_f32v v = tk_fill_vec<GATHER>(src + rows[k] + (GATHER ? 0 : j * TK_F32_LANES),
+                                            lanes + j * TK_F32_LANES,
+                                            (unsigned)(row_bits >> (j * TK_F32_LANES)), pad);
+      tk_f32v_store(b + k * LDB + j * TK_F32_LANES, v);
+      if (j < NV) bv[j] = v;
+    }
+  };
+}
+
+// tk_gemm_micro_ahead and tk_gemm_micro_rows_ahead (STEP 0: no prefetch of `ahead`), filling
+// their B panel: `b` is where the panel's rows go.
+template <int MR, int NR, int LDB, int STEP, int GATHER>
+static __attribute__((noinline)) void tk_gemm_micro_fill(
+    const float* __restrict__ a, const float* src, const int* __restrict__ rows,
+    const long long* __restrict__ bits, const int* __restrict__ lanes, float pad,
+    float* __restrict__ b, int kc, float* __restrict__ c, int ldc, int accumulate,
+    const float* ahead) {
+  constexpr int W = tk_tile_width<NR, LDB>();
+  tk_gemm_tile<MR, W, STEP>([a](int k, int i) { return a + k * MR + i; },
+                            tk_fill_rows<W / TK_F32_LANES, LDB, GATHER>(src, rows, bits, lanes,
+                                                                         pad, b, kc),
+                            kc, c, ldc, accumulate, ahead);
+}
+
+template <int MR, int NR, int LDB, int STEP, int GATHER>
+static __attribute__((noinline)) void tk_gemm_micro_rows_fill(
+    const float* __restrict__ a, long lda, int arows, const float* src,
+    const int* __restrict__ rows, const long long* __restrict__ bits,
+    const int* __restrict__ lanes, float pad, float* __restrict__ b, int kc,
+    float* __restrict__ c, int ldc, int accumulate, const float* ahead) {
+  const float* row[MR];
+#pragma GCC unroll 32
+  for (int i = 0; i < MR; ++i) row[i] = a + (i < arows ? i : arows - 1) * lda;
+  constexpr int W = tk_tile_width<NR, LDB>();
+  tk_gemm_tile<MR, W, STEP>([&row](int k, int i) { return row[i] + k; },
+                            tk_fill_rows<W / TK_F32_LANES, LDB, GATHER>(src, rows, bits, lanes,
+                                                                         pad, b, kc),
+                            kc, c, ldc, accumulate, ahead);
 }
 
 // -- weights packed once --------------------------------------------------------------------

@@ -78,9 +78,13 @@ class CppPrinter(CStyle):
             assert all(isinstance(a, Const) for a in e.args[:4])
             shape = ", ".join(str(a.value) for a in e.args[:4])
             return f"tk_{e.fn}<{shape}>({', '.join(args[4:])})"
+        if e.fn in ("gemm_micro_fill", "gemm_micro_rows_fill"):
+            assert all(isinstance(a, Const) for a in e.args[:5])
+            shape = ", ".join(str(a.value) for a in e.args[:5])
+            return f"tk_{e.fn}<{shape}>({', '.join(args[5:])})"
         if e.fn == "prefetch":
             return f"__builtin_prefetch({args[0]})"
-        if e.fn in ("pack_row", "gather_row", "packed_panels"):
+        if e.fn in ("pack_row", "gather_row", "packed_panels", "lane_bits"):
             assert isinstance(e.args[0], Const)
             return f"tk_{e.fn}<{e.args[0].value}>({', '.join(args[1:])})"
         raise InternalError(f"{e.fn} reached the C++ printer (no CPU form)")

@@ -126,6 +126,16 @@ FUNCTIONS: dict[str, Function] = {f.name: f for f in (
     # fourth and &ahead last
     Function("gemm_micro_ahead", 11, "intrinsic", "int32", cpu_only=True),
     Function("gemm_micro_rows_ahead", 13, "intrinsic", "int32", cpu_only=True),
+    # either, packing its B micro-panel as it reads it (runtime_cpu.h tk_gemm_micro_fill):
+    # gemm_micro_fill(MR, NR, LDB, STEP, GATHER, &a_panel, &src, &rows, &bits, &lanes, pad,
+    # &b_panel, kc, &c, ldc, accumulate, &ahead) with the first five constants; row k of the
+    # panel is src[rows[k] + i] (GATHER: src[rows[k] + lanes[i]]) for the lanes i of bits[k],
+    # pad elsewhere. gemm_micro_rows_fill takes &a_row0, lda, rows for &a_panel.
+    Function("gemm_micro_fill", 17, "intrinsic", "int32", cpu_only=True),
+    Function("gemm_micro_rows_fill", 19, "intrinsic", "int32", cpu_only=True),
+    # the lanes of an int32 row of W (a constant, at most 64) that are not 0, as the bits of
+    # an int64 (runtime_cpu.h tk_lane_bits): lane_bits(W, &ok)
+    Function("lane_bits", 2, "intrinsic", "int64", cpu_only=True),
     # a packed panel's row from contiguous values under a lane mask (runtime_cpu.h
     # tk_pack_row): pack_row(W, &dst, &src, &ok, pad, &ahead) with W a constant
     Function("pack_row", 6, "intrinsic", "int32", cpu_only=True),
