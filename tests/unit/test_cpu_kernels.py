@@ -1003,3 +1003,39 @@ def test_a_transposed_read_runs_rows_side_by_side():
     inputs = {"x": rng.standard_normal((2, 45, 64)).astype(np.float32),
               "z": rng.standard_normal((30, 20)).astype(np.float32)}
     _equals_reference(module, generated, inputs, imported.weights)
+
+
+@needs_cxx
+def test_filled_panels_of_blocks_that_split_m_equal_the_reference():
+    """ResNet-50's last 1 x 1 layers (2048 channels to 512 filters and back, 7 x 7 pixels,
+    bias and ReLU) rolled for `icelake` on 2 cores: each GEMM's M in two blocks of several
+    steps over K, B's panels packed by the first row of micro-tiles (`tk_gemm_micro_fill`,
+    its rows' lane masks from `tk_lane_bits`). In that kernel GCC 12 spilled an AVX-512 lane
+    mask as 16 bits and reloaded it as 64, so one block read zeros for half its columns; the
+    masks are now made in integer registers. Equal to the reference on one thread and two."""
+    from tilekit.roll.schedule import roll_module
+
+    rng = np.random.default_rng(12)
+    vi = h.make_tensor_value_info
+    nodes = [h.make_node("Conv", ["x", "w1", "b1"], ["c1"]), h.make_node("Relu", ["c1"], ["r1"]),
+             h.make_node("Conv", ["r1", "w2", "b2"], ["c2"]), h.make_node("Relu", ["c2"], ["y"])]
+    imported = _import(
+        nodes, "deep", [vi("x", T.FLOAT, [1, 2048, 7, 7])], [vi("y", T.FLOAT, None)],
+        [nh.from_array((rng.standard_normal((512, 2048, 1, 1)) / 45).astype(np.float32), "w1"),
+         nh.from_array(rng.standard_normal(512).astype(np.float32), "b1"),
+         nh.from_array((rng.standard_normal((2048, 512, 1, 1)) / 23).astype(np.float32), "w2"),
+         nh.from_array(rng.standard_normal(2048).astype(np.float32), "b2")])
+    profile = load_profile("icelake").with_cpu(cores=2)
+    module = roll_module(imported.module.with_stage("import"), profile)
+    generated = generate(module, profile, target="cpu").module
+    gemms = [k for k in generated.codegen["kernels"] if k["shape"] == "cpu_gemm"]
+    assert len(gemms) == 2
+    for k in gemms:
+        assert "tk_gemm_micro_fill<" in k["source"], k["name"]
+    assert any(k["schedule"]["gemm"]["blocks"][0] < 512 for k in gemms), "M split in blocks"
+    assert any(k["schedule"]["gemm"]["blocks"][2] < 512 for k in gemms), "steps over K"
+    inputs = {"x": rng.standard_normal((1, 2048, 7, 7)).astype(np.float32)}
+    want = run_module(module, inputs, imported.weights)
+    for threads in (1, 2):
+        got = CpuProgram(generated, threads, profile=profile).run(inputs, imported.weights)
+        _close(module, got, want, threads)

@@ -432,23 +432,30 @@ static inline void tk_gather_row(float* __restrict__ dst, const float* src,
 // Steps of K ahead whose operand rows a filling micro-kernel prefetches.
 constexpr int TK_FILL_AHEAD = 8;
 
-// The lanes of `ok` (W ints, W <= 64) that are not 0, as bits (lane i: bit i).
+// The lanes of `ok` (W ints, W <= 64) that are not 0, as bits (lane i: bit i). By AVX2's
+// vmovmskps, which writes an integer register, and not from an AVX-512 mask: GCC 12 spilled
+// such a 16-bit mask with kmovw and reloaded it as 64 bits (movq), so the bits above the
+// mask's were whatever the stack held (ResNet-50's 1 x 1 layers on 7 x 7 read zeros for
+// half their columns in one block of two).
 template <int W>
 static __forceinline__ long long tk_lane_bits(const int* __restrict__ ok) {
   static_assert(W <= 64, "at most 64 lanes");
   unsigned long long bits = 0;
-#if defined(__AVX512F__)
-  if constexpr (W % 16 == 0) {
-#pragma GCC unroll 4
-    for (int h = 0; h < W; h += 16)
-      bits |= (unsigned long long)_mm512_cmpneq_epi32_mask(
-                  _mm512_loadu_si512(reinterpret_cast<const void*>(ok + h)),
-                  _mm512_setzero_si512()) << h;
-    return (long long)bits;
+#if defined(__AVX2__)
+  if constexpr (W % 8 == 0) {
+#pragma GCC unroll 8
+    for (int h = 0; h < W; h += 8) {
+      const __m256i zero = _mm256_cmpeq_epi32(
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ok + h)), _mm256_setzero_si256());
+      const unsigned inside = ~static_cast<unsigned>(
+          _mm256_movemask_ps(_mm256_castsi256_ps(zero))) & 0xFFu;
+      bits |= static_cast<unsigned long long>(inside) << h;
+    }
+    return static_cast<long long>(bits);
   }
 #endif
-  for (int i = 0; i < W; ++i) bits |= (unsigned long long)(ok[i] != 0) << i;
-  return (long long)bits;
+  for (int i = 0; i < W; ++i) bits |= static_cast<unsigned long long>(ok[i] != 0) << i;
+  return static_cast<long long>(bits);
 }
 
 // One vector of a panel row: lane i = bit i of bits ? src[GATHER ? lanes[i] : i] : pad
