@@ -83,7 +83,27 @@ def test_small_loop_nests_run_on_the_first_thread_without_barriers():
     text = program_source(ks)
     assert ("if (omp_get_thread_num() == 0) for (int tk_b = 0; tk_b < 8; ++tk_b) "
             "tk_call<tk_b_body>") in text
-    assert "for (int tk_b = 0; tk_b < 8; ++tk_b) tk_call<tk_d_body>" in text
+    assert "tk_share(8, tk_lo, tk_hi);\n    for (int tk_b = tk_lo; tk_b < tk_hi; ++tk_b) " \
+        "tk_call<tk_d_body>" in text
+
+
+def test_every_other_shared_kernel_walks_its_blocks_backwards():
+    """Serpentine order: of the kernels whose blocks are shared out, every other one in the
+    unit's order walks each thread's run of blocks backwards (first-thread kernels between
+    them do not count), so it starts where the one before it ended; each thread's run is
+    OpenMP's static share."""
+    from tilekit.codegen.cpu_program import program_source, serpentine
+
+    assert serpentine([True, False, True, True, False, True]) == (
+        False, False, True, False, False, True)
+    ks = [_record("a", ["x", "y"], ["y"], 4), _record("b", ["y", "z"], ["z"], 1),
+          _record("c", ["z", "w"], ["w"], 6)]
+    text = program_source(ks)
+    assert "for (int tk_b = tk_lo; tk_b < tk_hi; ++tk_b) tk_call<tk_a_body>" in text
+    assert "for (int tk_b = tk_hi - 1; tk_b >= tk_lo; --tk_b) tk_call<tk_c_body>" in text
+    share = text[text.index("static inline void tk_share"):]
+    assert "q = n / threads, r = n % threads" in share and "lo = me * q + (me < r ? me : r)" \
+        in share
 
 
 def test_a_write_after_read_needs_a_barrier():

@@ -64,7 +64,7 @@ def test_a_grid_read_at_run_time_prints_in_the_entries():
                                                   "int64"), "int32"))
     assert "tk_b < ((int)(tk_iz[0]))" in entry
     assert "tk_block_memory" in entry      # memory of a size read at run time: the arena
-    entries = cpp.program_entries([("tk_k", 0, grid, True)], 64)
+    entries = cpp.program_entries([("tk_k", 0, grid, True, False)], 64)
     assert "tk_iz[0]" in entries
     tables = cpp.size_tables(3, 1)
     assert "tk_iz[3]" in tables and "tk_fz[1]" in tables and "tk_set_sizes" in tables

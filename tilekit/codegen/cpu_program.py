@@ -17,8 +17,10 @@ the unit one more entry that runs any sequence of the unit's kernels:
   is the unit's own `tk_team_barrier` (tilekit.tile.cpp: a spin that adapts, then a futex),
   not libgomp's, whose passive policy sleeps at every barrier;
 - one parallel region for the whole sequence (`tk_parallel` 0: none, the caller's thread runs
-  it all: `parallel_run`), in which a kernel's blocks are shared out with `omp for
-  schedule(static) nowait`, a one-block kernel, or a loop nest of at most one block's work
+  it all: `parallel_run`), in which a kernel's blocks are shared out as OpenMP's static
+  schedule would (`tk_share`: each thread a run of them, no barrier after), every other such
+  kernel walking its run backwards (`serpentine`), a one-block kernel, or a loop nest of at
+  most one block's work
   (`one_thread` in its schedule), runs on the team's first thread (so a chain of them needs
   no barrier), and threads persist across kernels;
 - `tk_times` (profiling): null, or `tk_n + 1` wall-clock times: the start and the end of each
@@ -199,9 +201,25 @@ def program_source(kernels: Sequence[KernelRecord], plan: CpuPlan | None = None)
     from tilekit.tile.cpp import program_entries
 
     at = offsets(kernels)
-    calls = [(k.entry, at[i], _grid(k), not on_first_thread(k)) for i, k in enumerate(kernels)]
+    shared = [not on_first_thread(k) for k in kernels]
+    calls = [(k.entry, at[i], _grid(k), shared[i], backward)
+             for i, (k, backward) in enumerate(zip(kernels, serpentine(shared)))]
     tables = None if plan is None else (plan.operators, plan.segments)
     return program_entries(calls, block_memory(kernels), tables)
+
+
+def serpentine(shared: Sequence[bool]) -> tuple[bool, ...]:
+    """Which kernels walk their share of blocks backwards: every other one of those whose
+    blocks are shared out (`shared`), in the unit's order. A thread's share of a kernel is a
+    run of blocks; walked in the opposite direction to the kernel before, it starts on the
+    blocks that kernel finished last, whose outputs (a layer's activations, written in block
+    order) are still in the core's L2, where in one direction it would start on those
+    evicted first (ResNet-50 0.986-0.992x on one core and 0.986x on two of an AVX-512 Xeon)."""
+    out, backward = [], False
+    for s in shared:
+        out.append(s and backward)
+        backward = backward != s
+    return tuple(out)
 
 
 def module_plan(module, kernels: Sequence[KernelRecord]) -> CpuPlan | None:
@@ -229,4 +247,4 @@ def program_unit(module, plan: bool = True) -> tuple[str, CpuPlan | None]:
 
 
 __all__ = ["CpuPlan", "barriers", "block_memory", "module_plan", "offsets", "on_first_thread",
-           "parallel_run", "program_source", "program_unit", "reads", "unit_plan"]
+           "parallel_run", "program_source", "program_unit", "reads", "serpentine", "unit_plan"]

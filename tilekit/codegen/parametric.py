@@ -297,7 +297,7 @@ def unit_source(t: Template, records: Sequence[Any]) -> str:
     `records`: such a size's codegen records, for the entries and the argument table): the
     kernels and the program entries printed as for any module (tilekit.codegen.cpu_program),
     with the holes, the grids and the block memory read from the size tables."""
-    from tilekit.codegen.cpu_program import offsets, on_first_thread
+    from tilekit.codegen.cpu_program import offsets, on_first_thread, serpentine
     from tilekit.codegen.cxx import RUNTIME_TAIL
     from tilekit.tile import cpp
 
@@ -307,8 +307,9 @@ def unit_source(t: Template, records: Sequence[Any]) -> str:
     source = cpp.unit_text([cpp.kernel_text(p, smem) for p, smem in made],
                            sizes=(ints + 1, floats)) + RUNTIME_TAIL
     at = offsets(records)
-    calls = [(r.entry, at[i], p.grid, not on_first_thread(r))
-             for i, (r, (p, _)) in enumerate(zip(records, made))]
+    shared = [not on_first_thread(r) for r in records]
+    calls = [(r.entry, at[i], p.grid, shared[i], backward)
+             for i, (r, (p, _), backward) in enumerate(zip(records, made, serpentine(shared)))]
     return source + cpp.program_entries(calls, memory)
 
 

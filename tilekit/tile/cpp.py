@@ -389,25 +389,41 @@ def _body_call(entry: str, at: int, grid: int | Expr, block: str) -> str:
     return f"tk_call<{entry}_body>(tk_a + {at}, {block}, {size_expr(grid)}, tk_smem)"
 
 
-def program_entries(calls: Sequence[tuple[str, int, int | Expr, bool]], smem: int | Expr,
+#: A thread's run of a kernel's blocks, as OpenMP's static schedule shares them (outside a
+#: parallel region, all of them).
+SHARE = """
+static inline void tk_share(int n, int& lo, int& hi) {
+  const int threads = omp_get_num_threads(), me = omp_get_thread_num();
+  const int q = n / threads, r = n % threads;
+  lo = me * q + (me < r ? me : r);
+  hi = lo + q + (me < r ? 1 : 0);
+}
+"""
+
+
+def program_entries(calls: Sequence[tuple[str, int, int | Expr, bool, bool]],
+                    smem: int | Expr,
                     plan: tuple | None = None) -> str:
     """The CPU unit's program entries (`tk_run`, and `tk_run_plan` for a plan): `calls` are
     each kernel's (entry, offset of its pointers in the argument table, blocks, whether its
-    blocks are shared out over the team: else the first thread runs them), `smem` the
+    blocks are shared out over the team: else the first thread runs them, whether each
+    thread walks its run of them backwards), `smem` the
     block memory a body needs, `plan` tk-ram's (operators, segments) or None. A grid and
     `smem` may be expressions of the size tables (tilekit.codegen.parametric).
     tilekit.codegen.cpu_program decides all of it; this prints it."""
-    lines = [CALL_TEMPLATES, WAIT_HELPERS]
+    lines = [CALL_TEMPLATES, WAIT_HELPERS, SHARE]
     lines.append("// A kernel inside the team: its blocks shared out, no barrier after.")
     lines.append("static inline void tk_team_kernel(int tk_k, void* const* tk_a, "
                  "unsigned char* tk_smem) {")
     lines.append("  switch (tk_k) {")
-    for i, (entry, at, grid, shared) in enumerate(calls):
+    for i, (entry, at, grid, shared, backward) in enumerate(calls):
         lines.append(f"  case {i}: {{")
         if shared:
-            lines.append("#pragma omp for schedule(static) nowait")
-            lines.append(f"    for (int tk_b = 0; tk_b < {size_expr(grid)}; ++tk_b) "
-                         f"{_body_call(entry, at, grid, 'tk_b')};")
+            lines.append("    int tk_lo, tk_hi;  // this thread's run of blocks")
+            lines.append(f"    tk_share({size_expr(grid)}, tk_lo, tk_hi);")
+            loop = "int tk_b = tk_hi - 1; tk_b >= tk_lo; --tk_b" if backward \
+                else "int tk_b = tk_lo; tk_b < tk_hi; ++tk_b"
+            lines.append(f"    for ({loop}) {_body_call(entry, at, grid, 'tk_b')};")
         elif not isinstance(grid, int) or grid > 1:
             # the first thread: such kernels in a row need no barrier
             lines.append(f"    if (omp_get_thread_num() == 0) for (int tk_b = 0; tk_b < "
@@ -422,7 +438,7 @@ def program_entries(calls: Sequence[tuple[str, int, int | Expr, bool]], smem: in
     lines.append("static inline void tk_blocks(int tk_k, void* const* tk_a, int tk_first, "
                  "int tk_count, unsigned char* tk_smem) {")
     lines.append("  switch (tk_k) {")
-    for i, (entry, at, grid, _) in enumerate(calls):
+    for i, (entry, at, grid, *_) in enumerate(calls):
         lines.append(f"  case {i}: for (int tk_b = tk_first; tk_b < tk_first + tk_count; "
                      f"++tk_b) {_body_call(entry, at, grid, 'tk_b')}; break;")
     lines.append("  }")
