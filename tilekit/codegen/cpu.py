@@ -32,7 +32,11 @@ the GEMM view (`M` the axes of one read, `N` the other's, with the output's cont
 the operand's index maps (a convolution's window and padding included), and runs the
 register-tile micro-kernel (`gemm_micro`, runtime_cpu.h) on every `mr x nr` tile: into an
 `mc x nc` output tile that holds the sums between steps, or with one step over K into one
-micro-tile's buffer. Right after a micro-tile's last step, while its outputs are in L1, the
+micro-tile's buffer. B's panel is packed by the micro-tiles of the block's first row as they
+compute (`gemm_micro_fill`, `_Fill`: each step of K loads the row from the operand, stores it
+into the panel and multiplies it), so the operand's loads overlap the FMAs; a B whose rows
+are neither masked copies nor gathers of float32 values (`_fills`), and a packed A, are packed
+by a loop before the micro-tiles. Right after a micro-tile's last step, while its outputs are in L1, the
 epilogue maps each back to the op's axes, scales it and runs the stage's elementwise chain
 (bias, activation, residual) before the store (`_tile_epilogue`); the last step walks the
 micro-tiles along the output's rows, so the stores (and a residual's reads) go in order, and
