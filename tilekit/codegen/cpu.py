@@ -947,36 +947,38 @@ def _micro_tiles(b: Builder, a_tile, b_panel, c_tile, mr: int, nr: int, ir_lo: E
     rest = b.let("jt", tx.sub(ncount, tx.mul(whole, nr)))
     half = nr // 2 if nr % 8 == 0 else None
 
-    def plain(ir: Expr, jr: Expr, width: int, prefetch: tuple[Expr, int] | None = None
-              ) -> None:
-        """Micro-tile (ir, jr) on a packed B panel; `prefetch`: (address, floats per step of
-        K) to prefetch."""
+    def call(ir: Expr, jr: Expr, width: int, prefetch: tuple[Expr, int] | None,
+             filling: bool) -> None:
+        """The micro-kernel on tile (ir, jr): on B's packed panel, or (`filling`) packing it
+        as it reads it (`gemm_micro_fill`: always with a prefetch step, 0 for none);
+        `prefetch`: (address, floats per step of K) to prefetch."""
         fn, a_args = a_tile(ir)
-        shape = (tx.const(mr), tx.const(width), tx.const(nr))
-        if prefetch is not None:
-            fn, shape = f"{fn}_ahead", (*shape, tx.const(prefetch[1]))
+        consts = [mr, width, nr]
+        if filling:
+            fn = f"{fn}_fill"
+            step, ahead_at = (0, fill.src) if prefetch is None else (prefetch[1], prefetch[0])
+            consts += [step, int(fill.gather)]
+            a_args = (*a_args, *fill.args(jr))
+        elif prefetch is not None:
+            fn, ahead_at = f"{fn}_ahead", prefetch[0]
+            consts.append(prefetch[1])
         at, ldc = c_tile(ir, jr)
-        b.evaluate(tx.call(fn, *shape, *a_args, b_panel(jr), tx.cast("int32", kcount), at,
-                           tx.const(ldc), tx.cast("int32", tx.gt(ks, 0)),
-                           *(() if prefetch is None else (prefetch[0],))))
+        b.evaluate(tx.call(fn, *map(tx.const, consts), *a_args, b_panel(jr),
+                           tx.cast("int32", kcount), at, tx.const(ldc),
+                           tx.cast("int32", tx.gt(ks, 0)),
+                           *((ahead_at,) if filling or prefetch is not None else ())))
 
     def micro(ir: Expr, jr: Expr, width: int, prefetch: tuple[Expr, int] | None = None
               ) -> None:
         """Micro-tile (ir, jr); in row 0 with `fill`, the one that packs B's micro-panel."""
         if fill is None:
-            plain(ir, jr, width, prefetch)
+            call(ir, jr, width, prefetch, False)
             return
         with b.if_(tx.eq(ir, 0)):
             fill.tables(jr)
-            fn, a_args = a_tile(ir)
-            at, ldc = c_tile(ir, jr)
-            step, ahead_at = (0, fill.src) if prefetch is None else (prefetch[1], prefetch[0])
-            b.evaluate(tx.call(f"{fn}_fill", tx.const(mr), tx.const(width), tx.const(nr),
-                               tx.const(step), tx.const(int(fill.gather)), *a_args,
-                               *fill.args(jr), b_panel(jr), tx.cast("int32", kcount), at,
-                               tx.const(ldc), tx.cast("int32", tx.gt(ks, 0)), ahead_at))
+            call(ir, jr, width, prefetch, True)
         with b.else_():
-            plain(ir, jr, width, prefetch)
+            call(ir, jr, width, prefetch, False)
 
     def micro_when(cond: Expr, ir: Expr, jr: Expr, width: int, prefetch: tuple[Expr, int]
                    ) -> None:
@@ -1252,20 +1254,14 @@ def _pack(b: Builder, read: Read, panel, width: int, size: int, count: Var, kcou
     (a strided window), each panel row is one masked gather (`gather_row`, tk_gather_row)."""
     pad = pad_literal(read.pad, read.dtype)
     sweep = not (ks.coef == 1 and group.coef != 1)
-    rows = read.dtype == "float32" and width % 8 == 0 and (
-        group.coef == 1 or (sweep and group.offsets is not None and idx_t == "int32"))
-    if rows:
+    if _packs_rows(read, width, group, ks, idx_t):
         # each panel row one call under a mask of its lanes inside the GEMM and the tensor:
         # a masked vector copy of contiguous values (`pack_row`), or, values apart (a
         # strided window), a masked gather by the group's offset table (`gather_row`,
         # runtime_cpu.h tk_gather_row) from the step point's offset
         with b.loop("kk", 0, kcount, dtype=idx_t) as kk:
             with b.loop("pp", 0, size // width, dtype=idx_t) as pp:
-                ok = b.alloc("okm", "int32", (width,), "the row's lanes inside the tensor")
-                with b.loop("i", 0, width, kind="simd", dtype=idx_t) as i:
-                    valid = _valid(read, tx.add(tx.mul(pp, width), i), kk, count, group, ks,
-                                   idx_t)
-                    b.store(ok, (i,), tx.select(valid, tx.const(-1), tx.const(0)))
+                ok = _lane_mask(b, "okm", read, width, pp, kk, count, group, ks, idx_t)
                 dst = Addr(panel.name, (pp, kk, tx.const(0)))
                 mask = Addr(ok.name, (tx.const(0),))
                 at = tvar(read.tensor)
@@ -1313,13 +1309,30 @@ def _pack(b: Builder, read: Read, panel, width: int, size: int, count: Var, kcou
         b.store(panel, (pp, kk, i), tx.select(valid, loaded, pad))
 
 
-def _fills(read: Read, width: int, group: _Side, ks: _Side, idx_t: str) -> bool:
-    """Can the micro-kernels pack this B operand's panels as they read them (`_Fill`)? When
-    `_pack` would pack its rows as masked copies or gathers (`pack_row`, `gather_row`), of at
-    most 64 lanes, with int32 offsets."""
+def _packs_rows(read: Read, width: int, group: _Side, ks: _Side, idx_t: str) -> bool:
+    """Does `_pack` pack each panel row as one masked copy of contiguous values, or one masked
+    gather by the group's offset table (int32 offsets; a strided window swept step by
+    step)?"""
     sweep = not (ks.coef == 1 and group.coef != 1)
-    return read.dtype == "float32" and width % 8 == 0 and width <= 64 and idx_t == "int32" \
-        and (group.coef == 1 or (sweep and group.offsets is not None))
+    return read.dtype == "float32" and width % 8 == 0 and (
+        group.coef == 1 or (sweep and group.offsets is not None and idx_t == "int32"))
+
+
+def _lane_mask(b: Builder, name: str, read: Read, width: int, pp: Expr, kk: Expr, count: Var,
+               group: _Side, ks: _Side, idx_t: str):
+    """An int32 row of `width` lanes (-1 or 0): which points of panel `pp`'s row `kk` are
+    inside the GEMM and the tensor (`_valid`), in one vector loop."""
+    ok = b.alloc(name, "int32", (width,), "the row's lanes inside the tensor")
+    with b.loop("i", 0, width, kind="simd", dtype=idx_t) as i:
+        valid = _valid(read, tx.add(tx.mul(pp, width), i), kk, count, group, ks, idx_t)
+        b.store(ok, (i,), tx.select(valid, tx.const(-1), tx.const(0)))
+    return ok
+
+
+def _fills(read: Read, width: int, group: _Side, ks: _Side, idx_t: str) -> bool:
+    """Can the micro-kernels pack this B operand's panels as they read them (`_Fill`)? Where
+    `_pack` packs rows (`_packs_rows`) of at most 64 lanes with int32 offsets."""
+    return _packs_rows(read, width, group, ks, idx_t) and width <= 64 and idx_t == "int32"
 
 
 class _Fill:
@@ -1344,11 +1357,8 @@ class _Fill:
         b, width, group, ks, idx_t = self.b, self.width, self.group, self.ks, self.idx_t
         first = None if self.gather else group.offset(tx.mul(pp, width), idx_t)
         with b.loop("kk", 0, self.kcount, dtype=idx_t) as kk:
-            ok = b.alloc("lanes_", "int32", (width,), "the row's lanes inside the tensor")
-            with b.loop("i", 0, width, kind="simd", dtype=idx_t) as i:
-                valid = _valid(self.read, tx.add(tx.mul(pp, width), i), kk, self.count,
-                               group, ks, idx_t)
-                b.store(ok, (i,), tx.select(valid, tx.const(-1), tx.const(0)))
+            ok = _lane_mask(b, "lanes_", self.read, width, pp, kk, self.count, group, ks,
+                            idx_t)
             b.store(self.bits, (kk,), tx.call("lane_bits", tx.const(width),
                                               Addr(ok.name, (tx.const(0),))))
             offset = ks.offset(kk, idx_t)

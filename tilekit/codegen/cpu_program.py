@@ -200,12 +200,21 @@ def program_source(kernels: Sequence[KernelRecord], plan: CpuPlan | None = None)
     the C++ printer (`tilekit.tile.cpp.program_entries`) from the table's layout."""
     from tilekit.tile.cpp import program_entries
 
+    tables = None if plan is None else (plan.operators, plan.segments)
+    return program_entries(program_calls(kernels, [_grid(k) for k in kernels]),
+                           block_memory(kernels), tables)
+
+
+def program_calls(kernels: Sequence[KernelRecord], grids: Sequence) -> list[tuple]:
+    """What the C++ printer's program entries take per kernel (tilekit.tile.cpp
+    program_entries): its entry, the offset of its pointers in the argument table, its grid
+    (`grids`: a number, or an expression of a template's size tables), whether its blocks are
+    shared out over the team, and whether each thread walks its run of them backwards
+    (`serpentine`)."""
     at = offsets(kernels)
     shared = [not on_first_thread(k) for k in kernels]
-    calls = [(k.entry, at[i], _grid(k), shared[i], backward)
-             for i, (k, backward) in enumerate(zip(kernels, serpentine(shared)))]
-    tables = None if plan is None else (plan.operators, plan.segments)
-    return program_entries(calls, block_memory(kernels), tables)
+    return [(k.entry, at[i], grid, shared[i], backward)
+            for i, (k, grid, backward) in enumerate(zip(kernels, grids, serpentine(shared)))]
 
 
 def serpentine(shared: Sequence[bool]) -> tuple[bool, ...]:
@@ -247,4 +256,5 @@ def program_unit(module, plan: bool = True) -> tuple[str, CpuPlan | None]:
 
 
 __all__ = ["CpuPlan", "barriers", "block_memory", "module_plan", "offsets", "on_first_thread",
-           "parallel_run", "program_source", "program_unit", "reads", "serpentine", "unit_plan"]
+           "parallel_run", "program_calls", "program_source", "program_unit", "reads", "serpentine",
+           "unit_plan"]

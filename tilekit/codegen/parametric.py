@@ -47,6 +47,7 @@ from typing import Any, Callable, Mapping, Sequence
 from tilekit.errors import InternalError
 from tilekit.tile.cstyle import SIZE_TABLES
 from tilekit.tile.expr import FLOAT_DTYPES, INT_DTYPES, Call, Cast, Const, Expr, Load, Var
+from tilekit.tile.functions import FUNCTIONS
 from tilekit.tile.nodes import Buffer, Comment, Kernel, Let, seq
 
 #: The unit's size tables (printed by tilekit.tile.cpp `size_tables`): names and types.
@@ -55,11 +56,8 @@ from tilekit.tile.nodes import Buffer, Comment, Kernel, Let, seq
 #: PTX immediates): the positions of those arguments. They are no leaves (a size that changes
 #: one has another structure).
 CONSTANT_ARGUMENTS = {
-    # the C++ micro-kernels (tilekit.tile.cpp)
-    "gemm_micro": (0, 1, 2), "gemm_micro_rows": (0, 1, 2), "gemm_micro_ahead": (0, 1, 2, 3),
-    "gemm_micro_rows_ahead": (0, 1, 2, 3), "pack_row": (0,), "gather_row": (0,),
-    "packed_panels": (0,), "gemm_micro_fill": (0, 1, 2, 3, 4),
-    "gemm_micro_rows_fill": (0, 1, 2, 3, 4), "lane_bits": (0,),
+    # the C++ runtime's templates (tilekit.tile.cpp): their leading template arguments
+    **{f.name: tuple(range(f.templated)) for f in FUNCTIONS.values() if f.templated},
     # the CUDA intrinsics (tilekit.tile.cuda)
     "warp_sum": (1,), "warp_prod": (1,), "warp_max": (1,), "warp_min": (1,),
     "cp_async_wait": (0,), "bulk_wait": (0,), "bulk_wait_read": (0,), "wgmma_wait": (1,),
@@ -297,7 +295,7 @@ def unit_source(t: Template, records: Sequence[Any]) -> str:
     `records`: such a size's codegen records, for the entries and the argument table): the
     kernels and the program entries printed as for any module (tilekit.codegen.cpu_program),
     with the holes, the grids and the block memory read from the size tables."""
-    from tilekit.codegen.cpu_program import offsets, on_first_thread, serpentine
+    from tilekit.codegen.cpu_program import program_calls
     from tilekit.codegen.cxx import RUNTIME_TAIL
     from tilekit.tile import cpp
 
@@ -306,10 +304,7 @@ def unit_source(t: Template, records: Sequence[Any]) -> str:
     memory = Cast(Load(INT_SIZES, (Const(ints, "int32"),), INT_TYPE), "int32")
     source = cpp.unit_text([cpp.kernel_text(p, smem) for p, smem in made],
                            sizes=(ints + 1, floats)) + RUNTIME_TAIL
-    at = offsets(records)
-    shared = [not on_first_thread(r) for r in records]
-    calls = [(r.entry, at[i], p.grid, shared[i], backward)
-             for i, (r, (p, _), backward) in enumerate(zip(records, made, serpentine(shared)))]
+    calls = program_calls(records, [p.grid for p, _ in made])
     return source + cpp.program_entries(calls, memory)
 
 

@@ -270,27 +270,27 @@ static __forceinline__ auto tk_panel_rows(const float* __restrict__ b) {
 template <int NR, int LDB>
 constexpr int tk_tile_width() { return NR % TK_F32_LANES == 0 ? NR : LDB; }
 
-template <int MR, int NR, int LDB, int STEP>
-static inline void tk_gemm_packed_a(const float* __restrict__ a, const float* __restrict__ b,
-                                    int kc, float* __restrict__ c, int ldc, int accumulate,
+// The tile on B's rows from `b_row` (tk_panel_rows, tk_fill_rows) with A packed
+// (`tk_gemm_packed_a`: MR values a step) or read where it lies (`tk_gemm_rows_a`: MR row
+// pointers, rows from `rows` on repeating the last one; the lambda takes the pointers by
+// reference: a copy of them, by value, ran MLP-Mixer's 196 x 512 x 2048 GEMM 1.06x as long).
+template <int MR, int W, int STEP, class BRow>
+static inline void tk_gemm_packed_a(const float* __restrict__ a, BRow b_row, int kc,
+                                    float* __restrict__ c, int ldc, int accumulate,
                                     const float* ahead) {
-  constexpr int W = tk_tile_width<NR, LDB>();
-  tk_gemm_tile<MR, W, STEP>([a](int k, int i) { return a + k * MR + i; },
-                            tk_panel_rows<W / TK_F32_LANES, LDB>(b), kc, c, ldc, accumulate,
-                            ahead);
+  tk_gemm_tile<MR, W, STEP>([a](int k, int i) { return a + k * MR + i; }, b_row, kc, c, ldc,
+                            accumulate, ahead);
 }
 
-template <int MR, int NR, int LDB, int STEP>
-static inline void tk_gemm_rows_a(const float* __restrict__ a, long lda, int rows,
-                                  const float* __restrict__ b, int kc, float* __restrict__ c,
-                                  int ldc, int accumulate, const float* ahead) {
+template <int MR, int W, int STEP, class BRow>
+static inline void tk_gemm_rows_a(const float* __restrict__ a, long lda, int rows, BRow b_row,
+                                  int kc, float* __restrict__ c, int ldc, int accumulate,
+                                  const float* ahead) {
   const float* row[MR];
 #pragma GCC unroll 32
   for (int i = 0; i < MR; ++i) row[i] = a + (i < rows ? i : rows - 1) * lda;
-  constexpr int W = tk_tile_width<NR, LDB>();
-  tk_gemm_tile<MR, W, STEP>([&row](int k, int i) { return row[i] + k; },
-                            tk_panel_rows<W / TK_F32_LANES, LDB>(b), kc, c, ldc, accumulate,
-                            ahead);
+  tk_gemm_tile<MR, W, STEP>([&row](int k, int i) { return row[i] + k; }, b_row, kc, c, ldc,
+                            accumulate, ahead);
 }
 
 template <int MR, int NR, int LDB = NR>
@@ -298,7 +298,9 @@ static __attribute__((noinline)) void tk_gemm_micro(const float* __restrict__ a,
                                                      const float* __restrict__ b, int kc,
                                                      float* __restrict__ c, int ldc,
                                                      int accumulate) {
-  tk_gemm_packed_a<MR, NR, LDB, 0>(a, b, kc, c, ldc, accumulate, nullptr);
+  constexpr int W = tk_tile_width<NR, LDB>();
+  tk_gemm_packed_a<MR, W, 0>(a, tk_panel_rows<W / TK_F32_LANES, LDB>(b), kc, c, ldc,
+                             accumulate, nullptr);
 }
 
 template <int MR, int NR, int LDB, int STEP>
@@ -306,7 +308,9 @@ static __attribute__((noinline)) void tk_gemm_micro_ahead(const float* __restric
                                                            const float* __restrict__ b, int kc,
                                                            float* __restrict__ c, int ldc,
                                                            int accumulate, const float* ahead) {
-  tk_gemm_packed_a<MR, NR, LDB, STEP>(a, b, kc, c, ldc, accumulate, ahead);
+  constexpr int W = tk_tile_width<NR, LDB>();
+  tk_gemm_packed_a<MR, W, STEP>(a, tk_panel_rows<W / TK_F32_LANES, LDB>(b), kc, c, ldc,
+                                accumulate, ahead);
 }
 
 template <int MR, int NR, int LDB = NR>
@@ -314,14 +318,18 @@ static __attribute__((noinline)) void tk_gemm_micro_rows(const float* __restrict
                                                           int rows, const float* __restrict__ b,
                                                           int kc, float* __restrict__ c, int ldc,
                                                           int accumulate) {
-  tk_gemm_rows_a<MR, NR, LDB, 0>(a, lda, rows, b, kc, c, ldc, accumulate, nullptr);
+  constexpr int W = tk_tile_width<NR, LDB>();
+  tk_gemm_rows_a<MR, W, 0>(a, lda, rows, tk_panel_rows<W / TK_F32_LANES, LDB>(b), kc, c, ldc,
+                           accumulate, nullptr);
 }
 
 template <int MR, int NR, int LDB, int STEP>
 static __attribute__((noinline)) void tk_gemm_micro_rows_ahead(
     const float* __restrict__ a, long lda, int rows, const float* __restrict__ b, int kc,
     float* __restrict__ c, int ldc, int accumulate, const float* ahead) {
-  tk_gemm_rows_a<MR, NR, LDB, STEP>(a, lda, rows, b, kc, c, ldc, accumulate, ahead);
+  constexpr int W = tk_tile_width<NR, LDB>();
+  tk_gemm_rows_a<MR, W, STEP>(a, lda, rows, tk_panel_rows<W / TK_F32_LANES, LDB>(b), kc, c,
+                              ldc, accumulate, ahead);
 }
 
 // -- packing --------------------------------------------------------------------------------
@@ -523,10 +531,9 @@ static __attribute__((noinline)) void tk_gemm_micro_fill(
     float* __restrict__ b, int kc, float* __restrict__ c, int ldc, int accumulate,
     const float* ahead) {
   constexpr int W = tk_tile_width<NR, LDB>();
-  tk_gemm_tile<MR, W, STEP>([a](int k, int i) { return a + k * MR + i; },
-                            tk_fill_rows<W / TK_F32_LANES, LDB, GATHER>(src, rows, bits, lanes,
-                                                                         pad, b, kc),
-                            kc, c, ldc, accumulate, ahead);
+  tk_gemm_packed_a<MR, W, STEP>(
+      a, tk_fill_rows<W / TK_F32_LANES, LDB, GATHER>(src, rows, bits, lanes, pad, b, kc), kc,
+      c, ldc, accumulate, ahead);
 }
 
 template <int MR, int NR, int LDB, int STEP, int GATHER>
@@ -535,14 +542,11 @@ static __attribute__((noinline)) void tk_gemm_micro_rows_fill(
     const int* __restrict__ rows, const long long* __restrict__ bits,
     const int* __restrict__ lanes, float pad, float* __restrict__ b, int kc,
     float* __restrict__ c, int ldc, int accumulate, const float* ahead) {
-  const float* row[MR];
-#pragma GCC unroll 32
-  for (int i = 0; i < MR; ++i) row[i] = a + (i < arows ? i : arows - 1) * lda;
   constexpr int W = tk_tile_width<NR, LDB>();
-  tk_gemm_tile<MR, W, STEP>([&row](int k, int i) { return row[i] + k; },
-                            tk_fill_rows<W / TK_F32_LANES, LDB, GATHER>(src, rows, bits, lanes,
-                                                                         pad, b, kc),
-                            kc, c, ldc, accumulate, ahead);
+  tk_gemm_rows_a<MR, W, STEP>(
+      a, lda, arows,
+      tk_fill_rows<W / TK_F32_LANES, LDB, GATHER>(src, rows, bits, lanes, pad, b, kc), kc, c,
+      ldc, accumulate, ahead);
 }
 
 // -- weights packed once --------------------------------------------------------------------

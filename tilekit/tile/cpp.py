@@ -36,6 +36,7 @@ from tilekit.errors import InternalError
 from tilekit.tile.cstyle import SIZE_TABLES, CStyle
 from tilekit.tile.emit import INDENT, Emitter, check_line, comment_text
 from tilekit.tile.expr import BLOCK, NBLOCKS, Call, Const, Expr, as_expr
+from tilekit.tile.functions import FUNCTIONS
 from tilekit.tile.nodes import Barrier, Buffer, CallBody, Kernel, Seq, Threads
 
 SMEM = "tk_smem"
@@ -74,19 +75,13 @@ class CppPrinter(CStyle):
             shape = f"{mr.value}, {nr.value}" + (f", {ldb.value}" if ldb.value != nr.value
                                                  else "")
             return f"tk_{e.fn}<{shape}>({', '.join(args[3:])})"
-        if e.fn in ("gemm_micro_ahead", "gemm_micro_rows_ahead"):
-            assert all(isinstance(a, Const) for a in e.args[:4])
-            shape = ", ".join(str(a.value) for a in e.args[:4])
-            return f"tk_{e.fn}<{shape}>({', '.join(args[4:])})"
-        if e.fn in ("gemm_micro_fill", "gemm_micro_rows_fill"):
-            assert all(isinstance(a, Const) for a in e.args[:5])
-            shape = ", ".join(str(a.value) for a in e.args[:5])
-            return f"tk_{e.fn}<{shape}>({', '.join(args[5:])})"
         if e.fn == "prefetch":
             return f"__builtin_prefetch({args[0]})"
-        if e.fn in ("pack_row", "gather_row", "packed_panels", "lane_bits"):
-            assert isinstance(e.args[0], Const)
-            return f"tk_{e.fn}<{e.args[0].value}>({', '.join(args[1:])})"
+        n = FUNCTIONS[e.fn].templated if e.fn in FUNCTIONS else 0
+        if n:       # the runtime's templates (runtime_cpu.h): the leading constants
+            assert all(isinstance(a, Const) for a in e.args[:n])
+            shape = ", ".join(str(a.value) for a in e.args[:n])
+            return f"tk_{e.fn}<{shape}>({', '.join(args[n:])})"
         raise InternalError(f"{e.fn} reached the C++ printer (no CPU form)")
 
     def s_Threads(self, s: Threads, e: Emitter) -> None:

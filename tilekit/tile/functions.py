@@ -35,6 +35,7 @@ class Function:
     result: str | None = None       # a fixed result dtype (None: by family)
     gpu_only: bool = False          # no CPU spelling: a CPU program never calls it
     cpu_only: bool = False          # no GPU spelling: a CUDA program never calls it
+    templated: int = 0              # leading arguments that are C++ template arguments
 
 
 def _math(*names: str) -> tuple[Function, ...]:
@@ -117,31 +118,31 @@ FUNCTIONS: dict[str, Function] = {f.name: f for f in (
     # the CPU's register-tile GEMM step (runtime_cpu.h tk_gemm_micro): gemm_micro(MR, NR, LDB,
     # &a_panel, &b_panel, kc, &c, ldc, accumulate) with MR, NR and LDB (B's row stride: NR, or
     # a wider panel's) constants
-    Function("gemm_micro", 9, "intrinsic", "int32", cpu_only=True),
+    Function("gemm_micro", 9, "intrinsic", "int32", cpu_only=True, templated=3),
     # the same with A read unpacked: gemm_micro_rows(MR, NR, LDB, &a_row0, lda, rows,
     # &b_panel, kc, &c, ldc, accumulate)
-    Function("gemm_micro_rows", 11, "intrinsic", "int32", cpu_only=True),
+    Function("gemm_micro_rows", 11, "intrinsic", "int32", cpu_only=True, templated=3),
     # either, prefetching the line at &ahead + k * STEP on each step k (a weight's next
     # panel: runtime_cpu.h tk_gemm_micro_ahead): the arguments above with the constant STEP
     # fourth and &ahead last
-    Function("gemm_micro_ahead", 11, "intrinsic", "int32", cpu_only=True),
-    Function("gemm_micro_rows_ahead", 13, "intrinsic", "int32", cpu_only=True),
+    Function("gemm_micro_ahead", 11, "intrinsic", "int32", cpu_only=True, templated=4),
+    Function("gemm_micro_rows_ahead", 13, "intrinsic", "int32", cpu_only=True, templated=4),
     # either, packing its B micro-panel as it reads it (runtime_cpu.h tk_gemm_micro_fill):
     # gemm_micro_fill(MR, NR, LDB, STEP, GATHER, &a_panel, &src, &rows, &bits, &lanes, pad,
     # &b_panel, kc, &c, ldc, accumulate, &ahead) with the first five constants; row k of the
     # panel is src[rows[k] + i] (GATHER: src[rows[k] + lanes[i]]) for the lanes i of bits[k],
     # pad elsewhere. gemm_micro_rows_fill takes &a_row0, lda, rows for &a_panel.
-    Function("gemm_micro_fill", 17, "intrinsic", "int32", cpu_only=True),
-    Function("gemm_micro_rows_fill", 19, "intrinsic", "int32", cpu_only=True),
+    Function("gemm_micro_fill", 17, "intrinsic", "int32", cpu_only=True, templated=5),
+    Function("gemm_micro_rows_fill", 19, "intrinsic", "int32", cpu_only=True, templated=5),
     # the lanes of an int32 row of W (a constant, at most 64) that are not 0, as the bits of
     # an int64 (runtime_cpu.h tk_lane_bits): lane_bits(W, &ok)
-    Function("lane_bits", 2, "intrinsic", "int64", cpu_only=True),
+    Function("lane_bits", 2, "intrinsic", "int64", cpu_only=True, templated=1),
     # a packed panel's row from contiguous values under a lane mask (runtime_cpu.h
     # tk_pack_row): pack_row(W, &dst, &src, &ok, pad, &ahead) with W a constant
-    Function("pack_row", 6, "intrinsic", "int32", cpu_only=True),
+    Function("pack_row", 6, "intrinsic", "int32", cpu_only=True, templated=1),
     # the same from values apart (runtime_cpu.h tk_gather_row): gather_row(W, &dst, &src,
     # &offsets, &ok, pad) with W a constant, offsets int32 from src
-    Function("gather_row", 6, "intrinsic", "int32", cpu_only=True),
+    Function("gather_row", 6, "intrinsic", "int32", cpu_only=True, templated=1),
     # a hint that an address will be read soon (__builtin_prefetch: never faults, wherever
     # it points): prefetch(&x)
     Function("prefetch", 1, "intrinsic", "int32", cpu_only=True),
@@ -149,7 +150,7 @@ FUNCTIONS: dict[str, Function] = {f.name: f for f in (
     # tk_packed_panels): packed_panels(W, &slot, &w, n, k, ldn, ldk, panel, k0) with W a
     # constant and slot the block's int64 cache of the pack's address; the address of the
     # panel's step k0
-    Function("packed_panels", 9, "intrinsic", "ptr", cpu_only=True),
+    Function("packed_panels", 9, "intrinsic", "ptr", cpu_only=True, templated=1),
 )}
 
 #: Calls every lane of a warp must make together (never in divergent code).
