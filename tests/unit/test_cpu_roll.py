@@ -16,6 +16,7 @@ import pytest
 from onnx import TensorProto as T, helper as h, numpy_helper as nh
 
 from tilekit.codegen import generate
+from tilekit.codegen.cxx import find_cxx
 from tilekit.errors import IRError, TilekitError
 from tilekit.hw import load_profile
 from tilekit.ir.payloads import CpuOpTile, cpu_rolled, is_cpu_tile, read_tile
@@ -81,11 +82,42 @@ def _k_axis(module) -> str:
 
 
 def test_a_matrix_vector_product_runs_as_loops():
-    module = roll_module(_imported(1, 256, 64), load_profile("milan"), hardware="milan")
+    """x[k] w[k, j] with w stored K x N: lanes along j (a vector of w one load, x[k] a
+    broadcast), never along k (each lane a row of w apart), and the row of outputs in
+    column blocks for the cores (one row is one block of rows)."""
+    profile = load_profile("milan").with_cpu(cores=4)
+    module = roll_module(_imported(1, 256, 1024), profile, hardware="milan")
     kernel = _tile(module, _mm(module))["kernel"]
     assert kernel["shape"] == "cpu_loops" and "why" in kernel
-    gen = generate(module, load_profile("milan"), target="cpu").kernels
-    assert next(k for k in gen if _mm(module) in k.ops).shape == "cpu_loops"
+    assert kernel["reduction"] == "accumulator row" and kernel["vector_axis"] == "j"
+    assert kernel["rows"] == 1 and kernel["columns_per_block"] % 8 == 0
+    gen = generate(module, profile, target="cpu").kernels
+    made = next(k for k in gen if _mm(module) in k.ops)
+    assert made.shape == "cpu_loops" and made.grid[0] == -(-1024 // kernel["columns_per_block"])
+    assert made.grid[0] > 1 and made.schedule["columns_per_block"] == kernel["columns_per_block"]
+
+
+@pytest.mark.usefixtures("cxx_cache")
+@pytest.mark.skipif(find_cxx() is None, reason="no C++ compiler")
+@pytest.mark.parametrize("n", [1024, 1000, 40])
+def test_column_blocks_compute_every_output(n):
+    """Column blocks of an accumulator row (a ragged last block where 32-point blocks do not
+    divide N), and of a pointwise nest, against NumPy, on one thread and three."""
+    from tilekit.runtime.compiled import CpuProgram
+
+    profile = load_profile("icelake").with_cpu(cores=4)
+    imported = import_model(_model(1, 512, n))
+    module = generate(roll_module(imported.module.with_stage("import"), profile,
+                                  hardware="icelake"), profile, target="cpu").module
+    x = np.random.default_rng(1).standard_normal((1, 512)).astype(np.float32)
+    w, b = imported.weights["w"], imported.weights["b"]
+    want = np.maximum(x @ w + b, 0)
+    mm = next(k for k in module.codegen["kernels"] if "+=" in module.ops[0].expr
+              and module.ops[0].name in k["ops"])
+    assert (mm["grid"][0] > 1) == (n >= 1000)       # 40 columns are one block's
+    for threads in (1, 3):
+        got = CpuProgram(module, threads=threads).run({"x": x}, imported.weights)
+        np.testing.assert_allclose(got[module.outputs[0]], want, rtol=1e-5, atol=1e-5)
 
 
 def test_the_estimate_grows_with_the_problem():
@@ -141,6 +173,24 @@ def test_recorded_blocks_are_honoured_and_checked():
         generate(with_kernel(blocks=[0, 32, 48]), target="cpu")
 
 
+def test_recorded_column_blocks_are_honoured_and_checked():
+    profile = load_profile("milan").with_cpu(cores=4)
+    module = roll_module(_imported(1, 64, 512), profile, hardware="milan")
+    name = _mm(module)
+
+    def with_kernel(**changes):
+        ops = tuple(replace(op, tile={**op.tile, "kernel": {**op.tile["kernel"], **changes}})
+                    if op.name == name else op for op in module.ops)
+        return replace(module, ops=ops)
+
+    made = next(k for k in generate(with_kernel(columns_per_block=200), target="cpu").kernels
+                if name in k.ops)
+    assert made.grid[0] == 3 and made.schedule["columns_per_block"] == 200
+    for bad in (0, 513, "8"):
+        with pytest.raises(IRError, match="columns_per_block"):
+            generate(with_kernel(columns_per_block=bad), target="cpu")
+
+
 def test_weld_keeps_a_chain_in_one_kernel():
     profile = load_profile("milan")
     module = weld_module(_imported(64, 96, 80), profile, hardware="milan")
@@ -167,7 +217,7 @@ def test_the_commands_refuse_mismatches(tmp_path):
     assert run("tk-roll", "--hw", "milan", "m.yaml", "-o", "r.yaml").returncode == 0
     for args, flag in ((("tk-codegen", "--target", "cuda", "r.yaml"), "--target"),
                        (("tk-codegen", "--hw", "icelake", "r.yaml"), "--hw"),
-                       (("tk-grind", "r.yaml"), "--hw"),
+                       (("tk-grind", "--hw", "h100", "r.yaml"), "--hw"),
                        (("tk-roll", "--hw", "milan", "--precision", "tf32", "m.yaml"),
                         "--precision")):
         proc = run(*args)

@@ -118,8 +118,21 @@ def loops_kernel(module, plan: GroupPlan, entry: str, shape: CpuShape, target: T
     # where extents vary, the rows per block are a named constant: a block of one row keeps
     # the form of a block of many (one code structure for every size)
     per_ = b.let("per", tx.const(per, idx_t), idx_t) if free else per
-    first = b.let("r0", tx.mul(tx.cast(idx_t, BLOCK), per_), idx_t)
+    cols = lp.columns_per_block
+    row_block: Expr = tx.cast(idx_t, BLOCK)
+    span = None         # this block's points of the vector axis (all of them: None)
+    if cols is not None:
+        # a block is (row block, column block): a run of `cols` points of the vector axis
+        nc = lp.column_blocks
+        row_block = b.let("rb", tx.div(tx.cast(idx_t, BLOCK), tx.const(nc, idx_t)), idx_t)
+        j_lo = b.let("c0", tx.mul(tx.mod(tx.cast(idx_t, BLOCK), tx.const(nc, idx_t)),
+                                  tx.const(cols, idx_t)), idx_t)
+        span = _Span(j_lo, b.let("c1", tx.call("min", tx.add(j_lo, tx.const(cols, idx_t)),
+                                               tx.const(vlen, idx_t)), idx_t),
+                     cols if vlen % cols == 0 else None)
+    first = b.let("r0", tx.mul(row_block, per_), idx_t)
     stop = b.let("r1", tx.call("min", tx.add(first, per_), tx.const(rows, idx_t)), idx_t)
+    j_start, j_stop = (span.lo, span.hi) if span is not None else (0, vlen)
     if (vec is None and lanes_red and row_axes and row_axes[-1] not in free
             and row_extents[-1] % ROW_GROUP == 0 and per % ROW_GROUP == 0):
         # rows in groups along the innermost row axis (a group never crosses an outer
@@ -150,22 +163,25 @@ def loops_kernel(module, plan: GroupPlan, entry: str, shape: CpuShape, target: T
                 # a transposed read: `across` rows at a time, each point of the vector axis
                 # one vector loop across them (the read's contiguous axis)
                 u = row_axes[-1]
-                with b.loop(avar(axes[vec]), 0, vlen, dtype=idx_t) as v, \
+                with b.loop(avar(axes[vec]), j_start, j_stop, dtype=idx_t) as v, \
                         b.loop(f"{avar(u)}_", 0, across, kind="simd", dtype=idx_t) as uu:
                     point = {**at, axes[vec]: v,
                              u: b.let(f"{avar(u)}_at", tx.add(row_vars[-1], uu), idx_t)}
                     _point(b, module, plan, [point[a] for a in axes], tiles, False, free)
             elif not p.reduces:
-                with b.loop(avar(axes[vec]), 0, vlen, kind="simd", dtype=idx_t) as v:
+                with b.loop(avar(axes[vec]), j_start, j_stop, kind="simd", dtype=idx_t) as v:
                     at[axes[vec]] = v
                     _point(b, module, plan, [at[a] for a in axes], tiles, False, free)
             else:
                 ats = [at] + [{**at, row_axes[-1]: b.let(
                     f"{avar(row_axes[-1])}_{u}", tx.add(at[row_axes[-1]], u), idx_t)}
                     for u in range(1, side)]
-                _accumulator_row(b, module, plan, axes, ats, vec, vlen, tiles, idx_t, free)
+                _accumulator_row(b, module, plan, axes, ats, vec, vlen, tiles, idx_t, free,
+                                 span)
     sched = {"source": "cpu", "rows": rows, "rows_per_block": per, "reduction": mode,
              "vector_axis": axes[vec] if vec is not None else None}
+    if cols is not None:
+        sched["columns_per_block"] = cols
     view = _view_of(plan, free)
     if view is not None:
         sched["view"] = view
@@ -175,7 +191,9 @@ def loops_kernel(module, plan: GroupPlan, entry: str, shape: CpuShape, target: T
                   grid=grid, target=target,
                   comments=[f"cpu loops: {rows} rows in blocks of {per}, "
                             + (f"vector axis {axes[vec]} ({vlen})" if vec is not None
-                               else "no vector axis") + f", reduction: {mode}"])
+                               else "no vector axis")
+                            + (f" in blocks of {cols}" if cols is not None else "")
+                            + f", reduction: {mode}"])
 
 
 #: Rows of a pointwise loop nest that run side by side when a read is transposed
@@ -461,14 +479,16 @@ def _staged_layout(spec: _Staging, ra: str | None, side: int) -> _Layout | None:
 
 
 def _accumulator_row(b: Builder, module, plan: GroupPlan, axes, ats: list[dict], vec: int,
-                     vlen: int, tiles: CpuTiles, idx_t: str, free: frozenset[str]) -> None:
+                     vlen: int, tiles: CpuTiles, idx_t: str, free: frozenset[str],
+                     span: "_Span | None" = None) -> None:
     """A reduction vectorised over the output's vector axis: an accumulator row of up to
     `vector_chunk` points, the reduction loops outside the lanes (its trailing axes up to
     `UNROLLED_WINDOW` points unrolled, none that is `free`); a row that fits one chunk has
     no chunk loop, so its bounds are constants. A `free` vector axis (its extent varies)
     always has the chunk loop and a row of `vector_chunk` points. `ats`: the output rows
     (each its row axes' values) computed side by side on staged rows staged once for all
-    (`_side_by_side`; one row unless it said so), one after another."""
+    (`_side_by_side`; one row unless it said so), one after another. `span`: the block's
+    points of the vector axis (a column block), in chunks, nothing staged."""
     stage = plan.stages[0]
     p = stage.main
     at = ats[0]
@@ -542,6 +562,16 @@ def _accumulator_row(b: Builder, module, plan: GroupPlan, axes, ats: list[dict],
             sink = store_sink(module, b, plan.stored, vars_)
             pb.epilogue(pb.main_value(p, (Load(row.name, (jj,), dtype), kind)), sink)
 
+    if span is not None:
+        staged = []
+        lo, hi, width = span
+        if width is not None and width <= chunk:
+            run_chunk(lo, tx.const(width, idx_t))    # constant bounds: the row in registers
+            return
+        with b.loop("j0", lo, hi, chunk, dtype=idx_t) as j0:
+            run_chunk(j0, b.let("jn", tx.call("min", tx.const(chunk, idx_t), tx.sub(hi, j0)),
+                                idx_t))
+        return
     if chunk >= vlen and va not in free:
         ra = next((a for a in reversed(axes) if a != va), None)   # the innermost row axis
         staged = [_StagedRow(spec, k, b, ra, _staged_layout(spec, ra, len(ats)))
@@ -552,6 +582,16 @@ def _accumulator_row(b: Builder, module, plan: GroupPlan, axes, ats: list[dict],
     with b.loop("j0", 0, vlen, chunk, dtype=idx_t) as j0:
         run_chunk(j0, b.let("jn", tx.call("min", tx.const(chunk, idx_t), tx.sub(vlen, j0)),
                             idx_t))
+
+
+class _Span(NamedTuple):
+    """A column block's points of the vector axis (`loops_kernel`): from `lo` to `hi`;
+    `width` their number when every block spans the same (the axis a whole number of
+    blocks), else None."""
+
+    lo: Expr
+    hi: Expr
+    width: int | None
 
 
 class _StagedRow:

@@ -408,21 +408,32 @@ class CpuGemm:
 @dataclass(frozen=True)
 class CpuLoops:
     """A loop nest: the output's rows (every spatial axis but `vector_axis`) in blocks of
-    `rows_per_block`, the vector axis in lanes, the reduction per `mode`."""
+    `rows_per_block`, the vector axis in lanes, the reduction per `mode`; with
+    `columns_per_block`, each block also a run of that many points of the vector axis (a
+    loop nest of few rows: `column_blocks`)."""
 
     vector_axis: str | None
     mode: str
     rows: int
     rows_per_block: int
     work_per_row: int
+    vector_length: int = 1
+    columns_per_block: int | None = None
 
     @property
     def lane_partials(self) -> bool:
         return self.mode == "lane partials"
 
     @property
+    def column_blocks(self) -> int:
+        """Blocks along the vector axis (1: each block takes whole rows)."""
+        if self.columns_per_block is None:
+            return 1
+        return -(-self.vector_length // self.columns_per_block)
+
+    @property
     def grid(self) -> int:
-        return -(-self.rows // self.rows_per_block)
+        return -(-self.rows // self.rows_per_block) * self.column_blocks
 
 
 @dataclass(frozen=True)
@@ -450,6 +461,8 @@ class CpuShape:
         lp = self.loops
         out = {"shape": self.shape, "rows": lp.rows, "rows_per_block": lp.rows_per_block,
                "vector_axis": lp.vector_axis, "reduction": lp.mode}
+        if lp.columns_per_block is not None:
+            out["columns_per_block"] = lp.columns_per_block
         if self.why:
             out["why"] = self.why
         return out
@@ -527,7 +540,8 @@ def _loops(facts, tiles: CpuTiles, free: frozenset[str] = frozenset()) -> CpuLoo
     inner = facts.reduction[-1] if reduces else None
     lanes_red = reduces and facts.contiguous_reduction and (
         inner[1] >= tiles.nr or inner[0] in free or not axes
-        or (extents[-1] == 1 and axes[-1] not in free))
+        or (extents[-1] == 1 and axes[-1] not in free)) and not (
+        axes and extents[-1] > 1 and _strided_in_reduction(facts.reads, inner[0], axes[-1]))
     vec = None if lanes_red or not axes else len(axes) - 1
     rows = math.prod(n for k, n in enumerate(extents) if k != vec)
     vlen = extents[vec] if vec is not None else 1
@@ -538,7 +552,44 @@ def _loops(facts, tiles: CpuTiles, free: frozenset[str] = frozenset()) -> CpuLoo
     if mode == "accumulator row" and len(axes) > 1 and axes[-2] not in free:
         group = window_rows(extents[-2])      # blocks of whole groups of rows
         per = min(rows, -(-per // group) * group)
-    return CpuLoops(axes[vec] if vec is not None else None, mode, rows, per, work)
+    columns = None
+    if mode in ("pointwise", "accumulator row") and not free & set(axes):
+        columns = column_blocks(rows, per, vlen, work, tiles)
+    return CpuLoops(axes[vec] if vec is not None else None, mode, rows, per, work, vlen,
+                    columns)
+
+
+def column_blocks(rows: int, per: int, vlen: int, work_per_row: int,
+                  tiles: CpuTiles) -> int | None:
+    """Points of the vector axis per block when a loop nest has fewer row blocks than the
+    cores want (`blocks_per_core` each) and its rows are long: a matrix-vector product's
+    one output row (a recurrent step's gates, a decode step's projection), a long 1-D
+    elementwise op. Whole vectors of `nr` lanes per block, about `block_work` operations
+    each at least; None: blocks of whole rows."""
+    want = tiles.machine.cores * tiles.blocks_per_core
+    row_blocks = -(-rows // per)
+    if row_blocks >= want or vlen < 2 * tiles.nr:
+        return None
+    pieces = min(-(-want // row_blocks), vlen // tiles.nr,
+                 per * work_per_row // max(1, tiles.block_work))
+    if pieces < 2:
+        return None
+    width = -(-vlen // pieces)
+    return -(-width // tiles.nr) * tiles.nr
+
+
+def _strided_in_reduction(reads, inner: str, last: str) -> bool:
+    """Would lanes along the innermost reduction `inner` gather some read that lanes along
+    the output's last axis `last` read contiguously? A matrix-vector product `x[k] W[k, j]`
+    (a MatMul's weight stored K x N, as exporters write it): with lanes along k every lane
+    of W is a row apart; along j a vector of W is one load and x[k] a broadcast (one step of
+    a 256 x 1024 product on an AVX-512 core: about 200 us against a few)."""
+    def unit(m, axis: str) -> bool:
+        return m.affine and dict(m.terms) == {axis: 1}
+
+    return any(r.maps and unit(r.maps[-1], last)
+               and any(inner in dict(m.terms) for m in r.maps if m.affine)
+               for r in reads)
 
 
 def _with_recorded(shape: CpuShape, rec: Mapping[str, Any], where: str) -> CpuShape:
@@ -574,8 +625,16 @@ def _with_recorded(shape: CpuShape, rec: Mapping[str, Any], where: str) -> CpuSh
     if type(per) is not int or not 1 <= per <= lp.rows:
         raise IRError(f"'rows_per_block' must be an integer from 1 to {lp.rows}, got {per!r}",
                       f"{where}.kernel.rows_per_block", hint)
+    columns = rec.get("columns_per_block")
+    if columns is not None and (lp.mode not in ("pointwise", "accumulator row")
+                                or type(columns) is not int
+                                or not 1 <= columns <= lp.vector_length):
+        raise IRError(f"'columns_per_block' must be absent or an integer from 1 to "
+                      f"{lp.vector_length} (a pointwise or accumulator-row nest), got "
+                      f"{columns!r}", f"{where}.kernel.columns_per_block", hint)
     return CpuShape(shape.shape, shape.tiles, loops=CpuLoops(
-        lp.vector_axis, lp.mode, lp.rows, per, lp.work_per_row), why=shape.why)
+        lp.vector_axis, lp.mode, lp.rows, per, lp.work_per_row, lp.vector_length, columns),
+        why=shape.why)
 
 
 #: The bounds on a recorded micro-tile: the micro-kernel's rows, and its columns in whole
@@ -610,6 +669,6 @@ def recorded_tiles(payload: Mapping[str, Any], machine: CpuMachine, where: str) 
 
 __all__ = ["CPU_SHAPES", "CpuGemm", "CpuLoops", "CpuMachine", "CpuShape", "CpuTiles",
            "GEMM_MIN_REUSE", "GemmBlocks", "HOST_DEFAULTS", "LOOP_MODES", "MR_PADDING",
-           "NR_ALIGN", "cpu_shape", "cpu_tiles", "gemm_blocks", "gemm_mr", "gemm_reuse",
+           "NR_ALIGN", "column_blocks", "cpu_shape", "cpu_tiles", "gemm_blocks", "gemm_mr", "gemm_reuse",
            "gemm_roles", "machine_of", "max_mr", "one_thread", "recorded_tiles",
            "register_rows", "rows_per_block", "tiles_for"]
