@@ -22,6 +22,7 @@ import platform
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import onnx
@@ -46,8 +47,15 @@ RUNS = 20
 #: Threads of every engine: TILEKIT_BENCH_THREADS, else every core (results in cpu.json; with
 #: the variable set, in cpu-<N>threads.json).
 THREADS = int(os.environ.get("TILEKIT_BENCH_THREADS", "0")) or (os.cpu_count() or 1)
-RESULTS = ROOT / "tests" / "bench" / "results" / (
-    f"cpu-{THREADS}threads.json" if os.environ.get("TILEKIT_BENCH_THREADS") else "cpu.json")
+
+
+def results_path(stem: str) -> Path:
+    """tests/bench/results/<stem>.json, or <stem>-<N>threads.json with TILEKIT_BENCH_THREADS."""
+    name = f"{stem}-{THREADS}threads" if os.environ.get("TILEKIT_BENCH_THREADS") else stem
+    return ROOT / "tests" / "bench" / "results" / f"{name}.json"
+
+
+RESULTS = results_path("cpu")
 
 
 def build(name: str, folder: Path) -> Path:
@@ -135,6 +143,32 @@ def side_by_side(name: str, model: Path, engines, runs: int = RUNS) -> dict:
             row[f"{key}_kernels_median_ms"] = round(statistics.median(kernels[e]), 3)
     print(f"\n{name}: " + "; ".join(f"{e} {median[e]:.3f} ms" for e in engines))
     return row
+
+
+def alternating(calls: dict, runs: int, baseline: str) -> tuple[dict, dict, str]:
+    """Each of `calls` (name -> a run) once to warm up, then `runs` times, alternating run by
+    run in one process so that machine noise hits them alike: ({name: median ms}, the results
+    row's fields: each one's median and least ms and its ratio of medians to `baseline`'s,
+    a line for the log)."""
+    for call in calls.values():
+        call()
+    times: dict = {n: [] for n in calls}
+    for _ in range(runs):
+        for n, call in calls.items():
+            start = time.perf_counter()
+            call()
+            times[n].append(time.perf_counter() - start)
+    median = {n: statistics.median(t) * 1e3 for n, t in times.items()}
+    best = {n: min(t) * 1e3 for n, t in times.items()}
+    fields: dict = {}
+    for n in calls:
+        key = n.replace("-", "_")
+        fields[f"{key}_median_ms"] = round(median[n], 4)
+        fields[f"{key}_min_ms"] = round(best[n], 4)
+        fields[f"{key}_vs_{baseline.replace('-', '_')}"] = round(median[n] / median[baseline], 3)
+    line = "; ".join(f"{n} {median[n]:.3f} ms ({median[n] / median[baseline]:.2f}x "
+                     f"{baseline}, min {best[n]:.3f})" for n in calls)
+    return median, fields, line
 
 
 def record(row: dict, results: Path = RESULTS,

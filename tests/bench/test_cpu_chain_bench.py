@@ -18,7 +18,6 @@ tests/bench/results/cpu-chains.json (cpu-chains-<N>threads.json with TILEKIT_BEN
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -29,14 +28,12 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from models import onnx_models  # noqa: E402
-from test_cpu_bench import THREADS, profile_name, record, side_by_side  # noqa: E402
+from test_cpu_bench import THREADS, profile_name, record, results_path, side_by_side  # noqa: E402
 
 ENGINES = ("compiled-cpu", "compiled", "onnxruntime")
 #: Timed runs per process: the chains take well under a millisecond to a few.
 RUNS = 20
-RESULTS = ROOT / "tests" / "bench" / "results" / (
-    f"cpu-chains-{THREADS}threads.json" if os.environ.get("TILEKIT_BENCH_THREADS")
-    else "cpu-chains.json")
+RESULTS = results_path("cpu-chains")
 
 #: name -> the model (BERT-base sizes: 12 heads, 768 hidden, 3072 intermediate).
 CHAINS = {

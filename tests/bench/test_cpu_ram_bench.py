@@ -28,9 +28,7 @@ Models: TILEKIT_BENCH_MODELS (comma-separated) narrows the list.
 from __future__ import annotations
 
 import os
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -42,12 +40,10 @@ sys.path.insert(0, str(ROOT / "tests"))
 from models import onnx_models, ram_models  # noqa: E402
 
 from cpu_engines import cpu_profile  # noqa: E402
-from test_cpu_bench import THREADS, profile_name, record  # noqa: E402
+from test_cpu_bench import THREADS, alternating, profile_name, record, results_path  # noqa: E402
 
 RUNS = 300
-RESULTS = ROOT / "tests" / "bench" / "results" / (
-    f"cpu-ram-{THREADS}threads.json" if os.environ.get("TILEKIT_BENCH_THREADS")
-    else "cpu-ram.json")
+RESULTS = results_path("cpu-ram")
 MODELS = {
     "inception_block": lambda: ram_models.inception_block(channels=64, size=14, width=16,
                                                           towers=2),
@@ -109,25 +105,9 @@ def runners(name: str, folder: Path):
 @pytest.mark.parametrize("name", CHOSEN)
 def test_packed_against_op_by_op(name, tmp_path):
     calls, facts = runners(name, tmp_path)
-    for call in calls.values():
-        call()
-    times = {n: [] for n in RUNNERS}
-    for _ in range(RUNS):
-        for n in RUNNERS:
-            start = time.perf_counter()
-            calls[n]()
-            times[n].append(time.perf_counter() - start)
-    median = {n: statistics.median(t) * 1e3 for n, t in times.items()}
-    best = {n: min(t) * 1e3 for n, t in times.items()}
-    row = {"model": name, **facts}
-    for n in RUNNERS:
-        key = n.replace("-", "_")
-        row[f"{key}_median_ms"] = round(median[n], 4)
-        row[f"{key}_min_ms"] = round(best[n], 4)
-        row[f"{key}_vs_op_by_op"] = round(median[n] / median["op-by-op"], 3)
-    print(f"\n{name} ({THREADS} threads): " + "; ".join(
-        f"{n} {median[n]:.3f} ms ({median[n] / median['op-by-op']:.2f}x, min {best[n]:.3f})"
-        for n in RUNNERS))
+    _, fields, line = alternating({n: calls[n] for n in RUNNERS}, RUNS, "op-by-op")
+    row = {"model": name, **facts, **fields}
+    print(f"\n{name} ({THREADS} threads): {line}")
     record(row, RESULTS, "make bench (tests/bench/test_cpu_ram_bench.py)",
            profile=profile_name(),
            method=f"one process, the runners alternating run by run, {RUNS} runs each after "

@@ -171,13 +171,14 @@ int main(int argc, char** argv) {
 #pragma omp parallel num_threads(threads) reduction(+ : wrong)
   {
     const int n = omp_get_num_threads(), me = omp_get_thread_num();
-    unsigned generation = 0;
+    tk_team_enter(bar, n);
     for (int r = 1; r <= rounds; ++r) {
       slots[me].store(r, std::memory_order_relaxed);
-      tk_team_barrier(bar, n, generation);
+      tk_grid_sync();
       for (int t = 0; t < n; ++t) wrong += slots[t].load(std::memory_order_relaxed) != (unsigned)r;
-      tk_team_barrier(bar, n, generation);
+      tk_grid_sync();
     }
+    tk_team_leave();
   }
   printf("%d\n", wrong);
   return wrong != 0;
@@ -188,17 +189,19 @@ int main(int argc, char** argv) {
 @needs_cxx
 @pytest.mark.parametrize("threads", [2, 5])
 def test_the_team_barrier_lets_no_thread_through_before_all_arrive(tmp_path, threads):
-    """tk_run's barrier (tilekit.tile.cpp), compiled alone: with as many threads as cores
-    (waits end spinning) and more (waiters sleep on the futex), no thread passes a barrier
-    before every thread arrived, over thousands of them."""
-    from tilekit.tile.cpp import CALL_TEMPLATES, WAIT_HELPERS
+    """The team barrier of tk_run and of persistent kernels (runtime_cpu.h `tk_grid_sync`
+    after `tk_team_enter`), compiled alone: with as many threads as cores (waits end
+    spinning) and more (waiters sleep on the futex), no thread passes a barrier before every
+    thread arrived, over thousands of them."""
+    from tilekit.codegen.helpers import CPU_HEADERS
 
     source = tmp_path / "barrier.cpp"
-    source.write_text("#include <cstdio>\n#include <cstdlib>\n" + CALL_TEMPLATES
-                      + WAIT_HELPERS + _BARRIER_CHECK)
+    source.write_text('#include "runtime_cpu.h"\n#include <cstdio>\n#include <cstdlib>\n'
+                      + _BARRIER_CHECK)
     binary = tmp_path / "barrier"
-    subprocess.run([find_cxx(), "-O2", "-std=c++17", "-fopenmp", str(source), "-o",
-                    str(binary)], check=True, capture_output=True)
+    subprocess.run([find_cxx(), "-O2", "-std=c++17", "-fopenmp", "-I",
+                    str(CPU_HEADERS[0].parent), str(source), "-o", str(binary)],
+                   check=True, capture_output=True)
     done = subprocess.run([str(binary), str(threads), "20000"], capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr

@@ -40,10 +40,11 @@ from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping
 
+from tilekit.codegen.cpu_program import barriers, on_first_thread
 from tilekit.codegen.kernel import GeneratedKernel, c_name, generated
 from tilekit.codegen.persistent import Params, block_threads, call
 from tilekit.errors import TilekitError
-from tilekit.ir.control import ControlOp, region_module
+from tilekit.ir.control import ControlOp, read_control, region_module
 from tilekit.ir.graph import control_records
 from tilekit.ir.model import Kernel as KernelGroup, Module
 from tilekit.tile import expr as tx
@@ -115,44 +116,101 @@ def device_kernel(module: Module, kernel: KernelGroup, rec: ControlOp,
     if target == "cpu":
         grid = 1    # one task runs the loop; its grid barriers then order nothing
     per_sm = max(1, -(-grid // profile.sm_count)) if profile is not None else 1
-    decl = dict(module.tensors)
-    for region in rec.regions:
-        decl.update(region.tensors)
-    tensors = Params(decl)
+    tensors = Params(_tensors_within(module.tensors, rec))
     kind = "branch" if rec.kind == "if" else "loop"
     entry = f"tk_{kind}_{c_name(rec.name)}"
-    d = _Device(Builder(), tensors, threads)
+    cpu = target == "cpu"
+    # on a CPU, a loop whose every body kernel is one thread's work runs on one thread
+    alone = cpu and all(on_first_thread(g) for g in bodies)
+    d = _Device(Builder(), tensors, threads, cpu, alone)
     if rec.kind == "if":
         _branch(d, rec, regions)
     else:
         _loop(d, rec, regions)
-    about = (f"{rec.kind} {rec.name} on the device: {len(bodies)} body kernel(s), a persistent "
-             f"grid of {grid} block(s) x {threads} threads, grid barriers")
-    callees = tuple(dict((g.entry, g.program) for g in bodies).values())
+    if not cpu:
+        about = (f"{rec.kind} {rec.name} on the device: {len(bodies)} body kernel(s), a "
+                 f"persistent grid of {grid} block(s) x {threads} threads, grid barriers")
+    elif alone:
+        about = (f"{rec.kind} {rec.name} inside the library: {len(bodies)} body kernel(s), "
+                 "each one thread's work: on the team's first thread, no barriers")
+    else:
+        about = (f"{rec.kind} {rec.name} inside the library: {len(bodies)} body kernel(s), "
+                 "its blocks the team's threads, the team's barriers")
+    callees = _callees(g.program for g in bodies)
     program = Kernel(entry, tensors.buffers(), (), d.b.build(), threads, grid, per_sm, (about,),
-                     calls=callees, grid_sync=True)
+                     calls=callees, grid_sync=not alone)
     smem = program.smem_bytes
-    g = generated(program, name=kernel.name, group=kernel.name, ops=tuple(kernel.ops),
-                  shape=f"device_{kind}",
-                  schedule={"control": rec.name, "bodies": [g.entry for g in bodies],
-                            "grid": grid, "smem_bytes": max(smem, 16)},
-                  args=tuple(tensors.order), writes=tensors.writes(), coresident=True,
-                  target=target)
-    return g
+    schedule = {"control": rec.name, "bodies": [g.entry for g in bodies], "grid": grid,
+                "smem_bytes": max(smem, 16)}
+    if alone:
+        schedule["one_thread"] = True
+    return generated(program, name=kernel.name, group=kernel.name, ops=tuple(kernel.ops),
+                     shape=f"device_{kind}", schedule=schedule, args=tuple(tensors.order),
+                     writes=tensors.writes(), coresident=not alone, target=target)
+
+
+def _callees(programs) -> tuple[Kernel, ...]:
+    """The body functions a kernel calling `programs` needs, each once, a callee before its
+    caller (a nested loop's kernel calls its own bodies)."""
+    out: dict[str, Kernel] = {}
+
+    def visit(k: Kernel) -> None:
+        for inner in k.calls:
+            visit(inner)
+        out.setdefault(k.name, k)
+    for k in programs:
+        visit(k)
+    return tuple(out.values())
+
+
+def _tensors_within(scope: Mapping, rec: ControlOp) -> dict:
+    """The tensors `rec`'s kernel may touch: its scope's and its regions', nested control
+    ops' regions included (a nested loop placed inside compiled code is one of its bodies)."""
+    decl = dict(scope)
+    for region in rec.regions:
+        decl.update(region.tensors)
+        for inner in read_control(region.control).values():
+            decl.update(_tensors_within({}, inner))
+    return decl
 
 
 class _Device:
-    """What the pieces of one device kernel share: its builder, tensors and block size."""
+    """What the pieces of one device kernel share: its builder, tensors and block size, and
+    whether it is printed for a CPU (`cpu`: its blocks are the threads of one team) and runs
+    on one thread there (`alone`: no barriers)."""
 
-    def __init__(self, b: Builder, tensors: Params, threads: int) -> None:
-        self.b, self.tensors, self.threads = b, tensors, threads
+    def __init__(self, b: Builder, tensors: Params, threads: int, cpu: bool = False,
+                 alone: bool = False) -> None:
+        self.b, self.tensors, self.threads, self.cpu = b, tensors, threads, cpu
+        self.alone = alone
+
+    def inner(self, b: Builder) -> "_Device":
+        """The same kernel's pieces built by `b` (a loop's body)."""
+        return _Device(b, self.tensors, self.threads, self.cpu, self.alone)
+
+    def sync(self) -> None:
+        """A grid barrier (none where the kernel runs on one thread)."""
+        if not self.alone:
+            self.b.evaluate(tx.call("grid_sync"))
 
     def load(self, tensor: str, at: Expr) -> Load:
         return Load(self.tensors.use(tensor), (at,), self.tensors.decl[tensor].dtype)
 
     def copy(self, dst: str, src: str, n: int, dst_index=None, src_index=None) -> None:
-        """dst[dst_index(e)] = src[src_index(e)] for e < n, over every thread of the grid."""
+        """dst[dst_index(e)] = src[src_index(e)] for e < n, over every thread of the grid (on
+        a CPU each thread of the team one run of `e`, a vector loop)."""
         b = self.b
+        if self.cpu:
+            total = tx.const(n, "int64")
+            blocks = tx.cast("int64", NBLOCKS)
+            per = b.let("tk_per_", tx.div(total + blocks - 1, blocks), "int64")
+            lo = b.let("tk_lo_", tx.cast("int64", BLOCK) * per, "int64")
+            hi = b.let("tk_hi_", tx.call("min", lo + per, total), "int64")
+            with b.loop("tk_e", lo, hi, kind="simd", dtype="int64") as e:
+                value = self.load(src, src_index(e) if src_index else e)
+                b.store(self.tensors.use(dst, True), (dst_index(e) if dst_index else e,),
+                        tx.cast(self.tensors.decl[dst].dtype, value))
+            return
         with b.threads(self.threads) as tid:
             first = b.let("tk_g", tx.cast("int64", BLOCK) * self.threads + tid, "int64")
             with b.loop("tk_e", first, tx.const(n, "int64"),
@@ -166,15 +224,44 @@ class _Device:
         return _FirstThread(self)
 
     def run_bodies(self, side: tuple[GeneratedKernel, ...]) -> None:
-        """Each body kernel over a block-strided loop, a grid barrier after each."""
+        """Each body kernel over a block-strided loop, a grid barrier after each (on a CPU,
+        `_run_bodies_cpu`)."""
         b = self.b
+        if self.cpu:
+            self._run_bodies_cpu(side)
+            return
         for g in side:
             self.tensors.use_body(g)
             blocks = math.prod(g.grid)
             with b.loop("tk_vb", BLOCK, blocks, NBLOCKS) as vb:
                 b.emit(call(g, vb, tx.const(blocks)))
                 b.barrier()
-            b.evaluate(tx.call("grid_sync"))
+            self.sync()
+
+
+    def _run_bodies_cpu(self, side: tuple[GeneratedKernel, ...]) -> None:
+        """The body kernels as the CPU program runs a sequence (tilekit.codegen.cpu_program):
+        a kernel the team's first thread runs whole (one block, or `one_thread`) on thread 0,
+        the others' blocks strided over the team, and a team barrier only where a kernel
+        depends on one since the last barrier, and after the last (the rule of `barriers`:
+        a chain of first-thread kernels, such as an LSTM cell's elementwise steps, runs
+        without one)."""
+        b = self.b
+        wait = barriers(side, range(len(side)))
+        for g, sync in zip(side, wait):
+            self.tensors.use_body(g)
+            blocks = math.prod(g.grid)
+            if g.coresident:    # a nested loop or branch: the team's kernel too
+                b.emit(call(g, BLOCK, NBLOCKS))
+            elif on_first_thread(g):
+                with b.if_(tx.eq(BLOCK, 0)):
+                    with b.loop("tk_vb", 0, blocks) as vb:
+                        b.emit(call(g, vb, tx.const(blocks)))
+            else:
+                with b.loop("tk_vb", BLOCK, blocks, NBLOCKS) as vb:
+                    b.emit(call(g, vb, tx.const(blocks)))
+            if sync:
+                self.sync()
 
 
 class _FirstThread:
@@ -229,9 +316,9 @@ def _loop(d: _Device, rec: ControlOp, regions) -> None:
     go = b.decl("tk_go", "bool", tx.ne(d.load(rec.cond, tx.const(0)), 0) if rec.cond
                 else tx.const(True))
     it = b.decl("tk_it", "int64", tx.const(0, "int64"))
-    b.evaluate(tx.call("grid_sync"))
+    d.sync()
     loop_body = Builder(b.names)
-    d_inner = _Device(loop_body, tensors, d.threads)
+    d_inner = d.inner(loop_body)
     if rec.kind == "loop":
         with d_inner.first_thread():
             loop_body.store(tensors.use(body.inputs[0], True), (tx.const(0),),
@@ -243,7 +330,7 @@ def _loop(d: _Device, rec: ControlOp, regions) -> None:
         at = tk_trips - 1 - it if rec.input_reverse[k] else it
         d_inner.copy(slot, outer, decl[slot].size,
                      src_index=_axis_index(decl[outer].shape, rec.input_axes[k], at))
-    loop_body.evaluate(tx.call("grid_sync"))
+    d_inner.sync()
     d_inner.run_bodies(regions[0])
     for param, nxt in zip(params, nexts):
         d_inner.copy(param, nxt, decl[param].size)
@@ -252,7 +339,7 @@ def _loop(d: _Device, rec: ControlOp, regions) -> None:
         at = tk_trips - 1 - it if rec.kind == "scan" and rec.output_reverse[j] else it
         d_inner.copy(outer, res, decl[res].size,
                      dst_index=_axis_index(decl[outer].shape, axis, at))
-    loop_body.evaluate(tx.call("grid_sync"))
+    d_inner.sync()
     if rec.kind == "loop" and rec.cond:
         loop_body.assign(go, tx.ne(d_inner.load(body.outputs[0], tx.const(0)), 0))
     loop_body.assign(it, it + 1)

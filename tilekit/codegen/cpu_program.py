@@ -20,9 +20,10 @@ the unit one more entry that runs any sequence of the unit's kernels:
   it all: `parallel_run`), in which a kernel's blocks are shared out as OpenMP's static
   schedule would (`tk_share`: each thread a run of them, no barrier after), every other such
   kernel walking its run backwards (`serpentine`), a one-block kernel, or a loop nest of at
-  most one block's work
-  (`one_thread` in its schedule), runs on the team's first thread (so a chain of them needs
-  no barrier), and threads persist across kernels;
+  most one block's work (`one_thread` in its schedule), runs on the team's first thread (so
+  a chain of them needs no barrier), a persistent kernel (a loop tk-grind placed inside the
+  library: `team_kernel`) on every thread, one block each, its grid barriers the team's
+  (runtime_cpu.h `tk_grid_sync`), and threads persist across kernels;
 - `tk_times` (profiling): null, or `tk_n + 1` wall-clock times: the start and the end of each
   kernel (a barrier after every kernel while profiling, so that each time is its own).
 
@@ -172,8 +173,16 @@ def parallel_run(kernels: Sequence[KernelRecord], seq: Sequence[int]) -> bool:
 def on_first_thread(k: KernelRecord) -> bool:
     """Does the team's first thread run all of `k`? A kernel of one block, or one whose
     schedule says `one_thread` (a loop nest of at most one block's work:
-    tilekit.schedule.cpu.one_thread), whose blocks it runs one after another."""
-    return _grid(k) == 1 or bool(k.schedule.get("one_thread"))
+    tilekit.schedule.cpu.one_thread), whose blocks it runs one after another; never a
+    persistent kernel (`team_kernel`)."""
+    return not team_kernel(k) and (_grid(k) == 1 or bool(k.schedule.get("one_thread")))
+
+
+def team_kernel(k: KernelRecord) -> bool:
+    """Is `k` a persistent kernel whose blocks are the team's threads (`coresident`: a loop
+    or branch tk-grind placed inside compiled code, tilekit.codegen.control)? Every thread
+    of the team runs its one block, and the kernel's grid barriers are the team's."""
+    return k.coresident
 
 
 #: How the C++ printer sizes a kernel's block memory in its entry (tilekit.tile.cpp
@@ -208,13 +217,15 @@ def program_source(kernels: Sequence[KernelRecord], plan: CpuPlan | None = None)
 def program_calls(kernels: Sequence[KernelRecord], grids: Sequence) -> list[tuple]:
     """What the C++ printer's program entries take per kernel (tilekit.tile.cpp
     program_entries): its entry, the offset of its pointers in the argument table, its grid
-    (`grids`: a number, or an expression of a template's size tables), whether its blocks are
-    shared out over the team, and whether each thread walks its run of them backwards
-    (`serpentine`)."""
+    (`grids`: a number, or an expression of a template's size tables), who runs its blocks
+    (`share`: shared out over the team; `first`: the team's first thread; `team`: a
+    persistent kernel, one block per thread of the team), and whether each thread walks its
+    run of them backwards (`serpentine`)."""
     at = offsets(kernels)
-    shared = [not on_first_thread(k) for k in kernels]
-    return [(k.entry, at[i], grid, shared[i], backward)
-            for i, (k, grid, backward) in enumerate(zip(kernels, grids, serpentine(shared)))]
+    modes = ["team" if team_kernel(k) else "first" if on_first_thread(k) else "share"
+             for k in kernels]
+    return [(k.entry, at[i], grid, mode, backward) for i, (k, grid, mode, backward) in
+            enumerate(zip(kernels, grids, modes, serpentine([m == "share" for m in modes])))]
 
 
 def serpentine(shared: Sequence[bool]) -> tuple[bool, ...]:
@@ -257,4 +268,4 @@ def program_unit(module, plan: bool = True) -> tuple[str, CpuPlan | None]:
 
 __all__ = ["CpuPlan", "barriers", "block_memory", "module_plan", "offsets", "on_first_thread",
            "parallel_run", "program_calls", "program_source", "program_unit", "reads", "serpentine",
-           "unit_plan"]
+           "team_kernel", "unit_plan"]

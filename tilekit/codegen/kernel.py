@@ -138,7 +138,7 @@ def generated(program: Kernel, *, name: str, group: str, ops: tuple[str, ...], s
         smem_bytes=smem if dynamic else 0, smem_planned=smem, args=args, writes=writes,
         body=text, program=program, built=built, target=target,
         uses_half=cuda.uses_half(program),
-        coresident=coresident and target == "cuda", counters=program.counters,
+        coresident=coresident, counters=program.counters,
         tensor_maps=tensor_map_records(program, args))
 
 

@@ -18,12 +18,139 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <omp.h>
+#include <sched.h>
 #include <vector>
+#if defined(__linux__)
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 #if defined(__AVX__)
 #include <immintrin.h>
 #elif defined(__ARM_NEON)
 #include <arm_neon.h>
 #endif
+
+// -- team synchronisation -------------------------------------------------------------------
+// What tk_run's barriers, a plan's segments (tk_run_plan) and a persistent kernel's grid
+// barriers wait and signal with.
+// Progress: `done` so far (an operator's blocks, a barrier's generations), `sleepers`
+// threads blocked on it; zero when made.
+struct tk_progress {
+  std::atomic<unsigned> done{0};
+  std::atomic<int> sleepers{0};
+};
+
+static inline void tk_cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+// Sleep until `p` counts `n` (a futex on Linux, else yield).
+static inline void tk_sleep_until(tk_progress& p, unsigned n) {
+  for (;;) {
+    p.sleepers.fetch_add(1, std::memory_order_seq_cst);
+    const unsigned seen = p.done.load(std::memory_order_seq_cst);
+    if (seen >= n) {
+      p.sleepers.fetch_sub(1, std::memory_order_relaxed);
+      return;
+    }
+#if defined(__linux__)
+    syscall(SYS_futex, reinterpret_cast<unsigned*>(&p.done), FUTEX_WAIT_PRIVATE, seen,
+            nullptr, nullptr, 0);
+#else
+    sched_yield();
+#endif
+    p.sleepers.fetch_sub(1, std::memory_order_relaxed);
+  }
+}
+
+// How long a thread spins before it sleeps in tk_wait_for: adapted per thread, between 100
+// microseconds (the producer is usually running on another core, and a waiter that slept
+// runs again only when the scheduler gets to it, tens of microseconds on a quiet virtual
+// machine) and 2. A wait that took over 200 microseconds halves it: the producer was
+// preempted (a loaded machine), and spinning then takes the core from the very thread
+// waited for (spinning as long as libgomp's barriers, 300000 tries, held it on a loaded
+// machine; yielding while spinning was slower). A wait that ended spinning doubles it.
+static thread_local double tk_spin_seconds = 100e-6;
+
+// Wait until `p` counts `n`: spin (by time, not tries: a `pause` takes from a few to over a
+// hundred cycles across CPUs), then sleep on the counter (a futex on Linux, else yield).
+static inline void tk_wait_for(tk_progress& p, unsigned n) {
+  if (p.done.load(std::memory_order_acquire) >= n) return;
+  const double start = omp_get_wtime();
+  for (int i = 1;; ++i) {
+    if (p.done.load(std::memory_order_acquire) >= n) {
+      tk_spin_seconds = tk_spin_seconds >= 50e-6 ? 100e-6 : 2 * tk_spin_seconds;
+      return;
+    }
+    tk_cpu_relax();
+    if (i % 64 == 0 && omp_get_wtime() > start + tk_spin_seconds) break;
+  }
+  tk_sleep_until(p, n);
+  if (omp_get_wtime() > start + 200e-6)
+    tk_spin_seconds = tk_spin_seconds <= 4e-6 ? 2e-6 : 0.5 * tk_spin_seconds;
+}
+
+// Count `n` more of `p` done (release: the stores before it, before the count), and wake
+// the threads asleep on it.
+static inline void tk_signal(tk_progress& p, unsigned n) {
+  p.done.fetch_add(n, std::memory_order_seq_cst);
+#if defined(__linux__)
+  if (p.sleepers.load(std::memory_order_seq_cst) > 0)
+    syscall(SYS_futex, reinterpret_cast<unsigned*>(&p.done), FUTEX_WAKE_PRIVATE, INT_MAX,
+            nullptr, nullptr, 0);
+#endif
+}
+
+// The team barrier (of tk_run, and a persistent kernel's grid barrier): the last thread to arrive counts one more generation, the
+// others wait for it in tk_wait_for. libgomp's own barrier under OMP_WAIT_POLICY=passive
+// sleeps at once, and a sleeper wakes only when the scheduler gets to it: tens of
+// microseconds per barrier, which a run of many small kernels pays at every one.
+// `generation`: the calling thread's count of the barriers it passed in this run.
+struct tk_barrier {
+  std::atomic<int> arrived{0};
+  tk_progress passed;
+};
+
+static inline void tk_team_barrier(tk_barrier& b, int threads, unsigned& generation) {
+  ++generation;
+  if (threads <= 1) return;
+  if (b.arrived.fetch_add(1, std::memory_order_acq_rel) + 1 == threads) {
+    b.arrived.store(0, std::memory_order_relaxed);   // before the release of tk_signal
+    tk_signal(b.passed, 1);
+  } else {
+    tk_wait_for(b.passed, generation);
+  }
+}
+
+// The team a parallel region's threads form, as each of its threads sees it: the barrier
+// they share, how many they are, and how many barriers this thread passed. Whoever opens
+// the region (tk_run, a persistent kernel's entry) enters it on every thread; a persistent
+// kernel's blocks are the team's threads, and its grid barrier (`tk_grid_sync`) is the
+// team's barrier, so a kernel run by tk_run and tk_run's own barriers count one sequence.
+struct tk_team_state {
+  tk_barrier* barrier;
+  int threads;
+  unsigned generation;
+};
+static thread_local tk_team_state tk_this_team{nullptr, 1, 0};
+
+static inline void tk_team_enter(tk_barrier& b, int threads) {
+  tk_this_team = tk_team_state{&b, threads, 0};
+}
+
+// After the region: the thread is alone again (its barrier was the region's).
+static inline void tk_team_leave() { tk_this_team = tk_team_state{nullptr, 1, 0}; }
+
+static inline void tk_grid_sync() {
+  tk_team_state& t = tk_this_team;
+  if (t.barrier != nullptr) tk_team_barrier(*t.barrier, t.threads, t.generation);
+}
 
 // -- block memory ---------------------------------------------------------------------------
 // A kernel's block-local buffers (the GPU's shared memory) live on the stack when small; a

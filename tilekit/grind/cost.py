@@ -69,14 +69,9 @@ def body_kernels(region: Region, where: str = "region"
     persistent kernel (None: they can). A nested control op counts as what its own
     placement costs (regions are placed inside out); an op without a tile costs nothing
     known and keeps the region on the host. `where` locates the region in messages."""
-    by_name = {op.name: op for op in region.ops}
-    position = {op.name: i for i, op in enumerate(region.ops)}
-    nested = read_control(region.control)
     out, why = [], None
-    for kernel in region.kernels or default_kernels(region.ops):
-        ops = [by_name[n] for n in kernel.ops]
-        if ops[0].kind == "control":
-            g = nested[ops[0].name].grind or {}
+    for kernel, ops, tile_path, g in _region_kernels(region, where):
+        if g is not None:
             est = g.get("estimate") or {}
             device = g.get("run") == "device"
             out.append(BodyKernel(kernel.name, 0, 0, 0, 0,
@@ -90,8 +85,7 @@ def body_kernels(region: Region, where: str = "region"
         if untiled:
             why = why or f"op '{untiled[0]}' has no tile (run tk-roll first)"
             continue
-        figures = [_TileFigures.read(op.tile, f"{where}.ops[{position[op.name]}] ({op.name})"
-                                              ".tile") for op in ops]
+        figures = [_TileFigures.read(op.tile, tile_path(op)) for op in ops]
         split = [op.name for op in ops if is_split(op.tile)]
         if split:    # scratch partial sums and counters (or a second kernel): codegen's rule
             why = why or (f"op '{split[0]}' is split-K, which does not compose into a "
@@ -104,6 +98,21 @@ def body_kernels(region: Region, where: str = "region"
                               len(ops) > 1 or any(f.barriers for f in figures),
                               any(f.collectives for f in figures)))
     return out, why
+
+
+def _region_kernels(region: Region, where: str):
+    """Each kernel of `region`: (kernel, its ops, the IR path of an op's tile, the `grind`
+    record of the control op it is, else None)."""
+    by_name = {op.name: op for op in region.ops}
+    position = {op.name: i for i, op in enumerate(region.ops)}
+    nested = read_control(region.control)
+
+    def tile_path(op) -> str:
+        return f"{where}.ops[{position[op.name]}] ({op.name}).tile"
+    for kernel in region.kernels or default_kernels(region.ops):
+        ops = [by_name[n] for n in kernel.ops]
+        grind = (nested[ops[0].name].grind or {}) if ops[0].kind == "control" else None
+        yield kernel, ops, tile_path, grind
 
 
 _HINT = "re-run tk-roll"
@@ -165,8 +174,9 @@ class Costs:
             out["trips_assumed"] = True
         if self.device_us is not None:
             out.update({"device_us": round(self.device_us, 3), "device_launches": 1,
-                        "device_syncs": 0, "grid": self.grid, "threads": self.threads,
-                        "residency": self.residency.why()})
+                        "device_syncs": 0, "grid": self.grid, "threads": self.threads})
+            if self.residency is not None:      # a GPU's persistent grid
+                out["residency"] = self.residency.why()
         return out
 
 
@@ -244,3 +254,83 @@ def control_costs(rec: ControlOp, scope, profile) -> Costs:
         carry_us = carried_bytes / profile.dram_bandwidth * 1e6 + GRID_SYNC_US
         device_us = launch_us + trips * (runs[0] + carry_us)
     return Costs(trips, assumed, host_us, launches, syncs, device_us, grid, threads, res)
+
+
+# -- on a CPU ----------------------------------------------------------------------------------
+
+#: What the host adds per iteration of a loop it drives on a CPU, beyond the body's
+#: kernels: the Python step of the compiled runtime (the iteration number and condition set,
+#: the carried values and scan rows copied with NumPy, the condition read back) and the
+#: ctypes call of the unit's program entry. Measured on a 2-core AVX-512 Xeon VM: 5-32 us a
+#: step (tests/bench/test_cpu_grind_bench.py's LSTM and GRU of 256 units over 32 steps, the
+#: host-driven median less the in-library one, on one thread and two).
+CPU_HOST_STEP_US = 20.0
+
+
+def cpu_body_kernels(region: Region, where: str = "region"
+                     ) -> tuple[list[tuple[str, float, int]], str | None]:
+    """(kernel, estimated us, parallel blocks) of a region rolled for a CPU profile, and why
+    its kernels cannot run inside one compiled loop (None: they can): a nested control op
+    placed on the host, or an op without a CPU tile. A nested control op placed inside
+    compiled code is one of the body's kernels (the whole team runs it)."""
+    from tilekit.ir.payloads import CpuOpTile, is_cpu_tile
+
+    out, why = [], None
+    for kernel, ops, tile_path, g in _region_kernels(region, where):
+        if g is not None:
+            est = g.get("estimate") or {}
+            device = g.get("run") == "device"
+            out.append((kernel.name, float(est.get("device_us" if device else "host_us", 0.0)),
+                        2 if device else 1))
+            if not device:
+                why = why or (f"its body holds control op '{ops[0].name}', which runs on the "
+                              "host")
+            continue
+        untiled = [op.name for op in ops if not is_cpu_tile(op.tile)]
+        if untiled:
+            why = why or f"op '{untiled[0]}' has no CPU tile (run tk-roll with a CPU profile)"
+            continue
+        tiles = [CpuOpTile.read(op.tile, tile_path(op), op.kind != "opaque") for op in ops]
+        time_us = (Estimate.read(kernel.estimate, f"{where}.kernels ({kernel.name}).estimate")
+                   .time_us if kernel.estimate else sum(t.estimate.time_us for t in tiles))
+        out.append((kernel.name, time_us, max(t.blocks for t in tiles)))
+    return out, why
+
+
+def cpu_control_costs(rec: ControlOp, scope, profile) -> Costs:
+    """Both placements of `rec` on a CPU profile.
+
+    Driven by the host, each iteration is a Python step (`CPU_HOST_STEP_US`) and one call of
+    the unit's program entry, a parallel region (the profile's fork/join) running the body's
+    kernels. Inside compiled code (one persistent kernel whose blocks are the team's
+    threads: tilekit.codegen.control) it is one fork/join for the whole loop, and per
+    iteration a team barrier after each body kernel whose blocks the team shares (one-block
+    kernels run on the first thread, in a chain without barriers) and after the slot and
+    carried copies; a barrier is taken as half a fork/join (the join's half; assumed, not
+    probed)."""
+    trips, assumed = trips_of(rec, scope)
+    sides = [cpu_body_kernels(region, f"control.{rec.name}.{name}")
+             for name, region in zip(rec.region_names(), rec.regions)]
+    fork_us = profile.fork_join_s * 1e6
+    barrier_us = fork_us / 2
+    bodies = [sum(t for _, t, _ in kernels) for kernels, _ in sides]
+    counts = [sum(blocks > 1 for *_, blocks in kernels) for kernels, _ in sides]
+    made = any(kernels for kernels, _ in sides)
+    reasons = [why for _, why in sides if why]
+    if rec.kind == "if":
+        host_us = CPU_HOST_STEP_US + fork_us + sum(bodies) / len(bodies)
+        launches, syncs = 1, 1
+        device_us = fork_us + sum(b + barrier_us * c for b, c in zip(bodies, counts)) \
+            / len(bodies)
+    else:
+        host_us = trips * (CPU_HOST_STEP_US + fork_us + bodies[0])
+        launches = trips
+        syncs = (trips + 1 if rec.cond else 0) + (1 if rec.trip_count else 0)
+        device_us = fork_us + trips * (bodies[0] + barrier_us * (counts[0] + 2))
+    if reasons:
+        return Costs(trips, assumed, host_us, launches, syncs, None, 0, 0, None, reasons[0])
+    if not made:
+        return Costs(trips, assumed, host_us, launches, syncs, None, 0, 0, None,
+                     "its regions hold no kernels")
+    return Costs(trips, assumed, host_us, launches, syncs, device_us, profile.cores, 1, None)
+

@@ -5,7 +5,12 @@ Each control op's record gets `grind: {run, why, estimate}`:
 
 - `run: device`: a loop or scan becomes one persistent cooperative kernel (tilekit.codegen.
   control), a branch one kernel that reads its predicate on the device and runs one side;
+  on a CPU profile the same kernel runs inside the compiled library, its blocks the threads
+  of one OpenMP team and its grid barriers the team's;
 - `run: host`: the host drives it (launches the body per iteration, reads the condition).
+
+The figures are `tilekit.grind.cost`'s: `control_costs` for a GPU, `cpu_control_costs` for a
+CPU profile (the module must be rolled for the same kind of profile).
 
 `place: auto` (the default) picks the cheaper placement by `tilekit.grind.cost`; `host` and
 `device` force it (a device placement that cannot be made, e.g. a body holding a nested
@@ -20,7 +25,7 @@ from dataclasses import replace
 from typing import Any, Mapping
 
 from tilekit.errors import IRError, TilekitError, UnsupportedError
-from tilekit.grind.cost import control_costs
+from tilekit.grind.cost import control_costs, cpu_control_costs
 from tilekit.ir.control import (ControlOp, control_section, read_control, region_scope,
                                  walk)
 from tilekit.ir.stages import run_stage
@@ -39,14 +44,13 @@ def grind_module(module: Module, profile, place: str = "auto") -> Module:
     if "import" not in module.stage_names():
         raise IRError("the input has no 'import' stage", "stages",
                       "produce it with tk-import")
-    if profile.is_cpu or cpu_rolled(module):
+    if module.hardware and profile.is_cpu != cpu_rolled(module):
         raise UnsupportedError(
-            f"tk-grind places control flow on a GPU; "
-            + (f"hardware profile '{profile.name}' is a CPU" if profile.is_cpu else
-               f"the module is rolled for CPU profile '{module.hardware}'")
-            + ", and the CPU target runs loops and branches on the host", "--hw",
-            "leave tk-grind out of a CPU pipeline (tk-codegen --target cpu runs control ops "
-            "on the host), or re-run tk-roll with a GPU profile")
+            f"hardware profile '{profile.name}' is a {'CPU' if profile.is_cpu else 'GPU'}, "
+            f"but the module is rolled for {'GPU' if profile.is_cpu else 'CPU'} profile "
+            f"'{module.hardware}'", "--hw",
+            f"place it for the profile it was rolled for (--hw {module.hardware}), or re-run "
+            f"tk-roll --hw {profile.name} first")
     options: dict[str, Any] = {"hw": profile.name}
     if place != "auto":
         options["place"] = place
@@ -72,9 +76,17 @@ def _place(rec: ControlOp, scope: Mapping[str, Tensor], profile, place: str) -> 
                                                     profile, place))
                     for r in rec.regions)
     rec = rec.with_regions(regions)
-    costs = control_costs(rec, scope, profile)
+    costs = (cpu_control_costs if profile.is_cpu else control_costs)(rec, scope, profile)
     kind = "branch" if rec.kind == "if" else "loop"
-    if costs.device_us is None:
+    if profile.is_cpu:
+        kind = f"{kind} (inside the compiled library)"
+    unbounded = rec.kind == "loop" and not (rec.trip_count or rec.cond) \
+        and rec.max_trips is None
+    if unbounded:
+        run, why = "host", ("host: the loop has no trip count, condition or maximum (the "
+                            "host stops it at the iteration budget; a device loop would not "
+                            "stop)")
+    elif costs.device_us is None:
         run, why = "host", f"host: {costs.why}"
     elif place == "host":
         run, why = "host", "host: placed by --place host"

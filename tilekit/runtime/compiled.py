@@ -310,10 +310,15 @@ class CpuProgram:
             return
 
         def batched(steps):
-            out = []
+            """Each run of consecutive kernel steps as one `tk_run` call (a region's kernels
+            are a step each: one call per kernel cost an LSTM cell's loop about 100 us per
+            iteration on a Xeon core)."""
+            out: list = []
             for step in steps:
                 if isinstance(step, KernelStep):
                     seq = tuple(index[id(launch)] for launch in step.launches)
+                    if out and isinstance(out[-1], KernelStep):
+                        seq = out.pop().launches[0].seq + seq if out[-1].launches else seq
                     out.append(_replace(step, launches=(_Run(self, seq),) if seq else ()))
                 else:
                     out.append(_replace(step, regions=tuple(batched(r) for r in step.regions)))

@@ -669,6 +669,6 @@ def recorded_tiles(payload: Mapping[str, Any], machine: CpuMachine, where: str) 
 
 __all__ = ["CPU_SHAPES", "CpuGemm", "CpuLoops", "CpuMachine", "CpuShape", "CpuTiles",
            "GEMM_MIN_REUSE", "GemmBlocks", "HOST_DEFAULTS", "LOOP_MODES", "MR_PADDING",
-           "NR_ALIGN", "column_blocks", "cpu_shape", "cpu_tiles", "gemm_blocks", "gemm_mr", "gemm_reuse",
-           "gemm_roles", "machine_of", "max_mr", "one_thread", "recorded_tiles",
+           "NR_ALIGN", "column_blocks", "cpu_shape", "cpu_tiles", "gemm_blocks", "gemm_mr",
+           "gemm_reuse", "gemm_roles", "machine_of", "max_mr", "one_thread", "recorded_tiles",
            "register_rows", "rows_per_block", "tiles_for"]

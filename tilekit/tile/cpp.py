@@ -67,8 +67,8 @@ class CppPrinter(CStyle):
         e.line("#pragma omp simd")
 
     def intrinsic(self, e: Call, args: list[str]) -> str:
-        if e.fn == "grid_sync":
-            return "(void)0"
+        if e.fn == "grid_sync":     # the team's barrier (runtime_cpu.h)
+            return "tk_grid_sync()"
         if e.fn in ("gemm_micro", "gemm_micro_rows"):
             mr, nr, ldb = e.args[:3]
             assert isinstance(mr, Const) and isinstance(nr, Const) and isinstance(ldb, Const)
@@ -116,7 +116,9 @@ def body_function(k: Kernel) -> str:
 
 
 def entry_function(k: Kernel, smem: int | Expr | None = None) -> str:
-    """The kernel's `extern "C"` entry: its grid's blocks over the cores. `smem`: the block
+    """The kernel's `extern "C"` entry: its grid's blocks over the cores (a persistent
+    kernel's, `grid_sync`: one per thread of the team, whose barrier its grid barriers are,
+    whatever grid it records). `smem`: the block
     memory its body needs (default: the kernel's own); the grid and `smem` may be expressions
     of the unit's size tables (then at least two blocks, and the memory from the arena)."""
     p = CppPrinter(k)
@@ -126,7 +128,17 @@ def entry_function(k: Kernel, smem: int | Expr | None = None) -> str:
     several = not isinstance(k.grid, int) or k.grid > 1
     args = [b.name for b in k.params] + ["tk_b", grid, SMEM]
     with e.block(f'extern "C" void {k.name}({", ".join(_params(k, p))})'):
-        if not isinstance(smem, int) or smem > STACK_BLOCK_MEMORY:  # each thread's arena
+        if k.grid_sync:     # a persistent kernel: its blocks are the team's threads
+            e.line("tk_barrier tk_bar;")
+            e.line("#pragma omp parallel")
+            with e.block():
+                e.line(f"unsigned char* {SMEM} = tk_block_memory({p.expr(as_expr(smem))});")
+                e.line("tk_team_enter(tk_bar, omp_get_num_threads());")
+                team = [b.name for b in k.params] + ["omp_get_thread_num()",
+                                                     "omp_get_num_threads()", SMEM]
+                e.line(f"{k.name}_body({', '.join(team)});")
+                e.line("tk_team_leave();")
+        elif not isinstance(smem, int) or smem > STACK_BLOCK_MEMORY:  # each thread's arena
             if several:
                 e.line("#pragma omp parallel")
             with e.block():
@@ -219,19 +231,9 @@ def _sizes_printer() -> CppPrinter:
 
 #: Templates of the program entry: a body called with its pointers from the argument table.
 CALL_TEMPLATES = """
-#include <atomic>
 #include <cstddef>
-#include <omp.h>
-#include <sched.h>
 #include <tuple>
 #include <utility>
-
-#if defined(__linux__)
-#include <climits>
-#include <linux/futex.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-#endif
 
 template <typename... P> constexpr std::size_t tk_arity(void (*)(P...)) { return sizeof...(P); }
 
@@ -249,102 +251,6 @@ static inline void tk_call(void* const* a, int b, int n, unsigned char* s) {
 """
 
 
-#: What tk_run's barriers and a plan's segments (tk_run_plan) wait and signal with.
-WAIT_HELPERS = """
-// Progress: `done` so far (an operator's blocks, a barrier's generations), `sleepers`
-// threads blocked on it; zero when made.
-struct tk_progress {
-  std::atomic<unsigned> done{0};
-  std::atomic<int> sleepers{0};
-};
-
-static inline void tk_cpu_relax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
-
-// Sleep until `p` counts `n` (a futex on Linux, else yield).
-static inline void tk_sleep_until(tk_progress& p, unsigned n) {
-  for (;;) {
-    p.sleepers.fetch_add(1, std::memory_order_seq_cst);
-    const unsigned seen = p.done.load(std::memory_order_seq_cst);
-    if (seen >= n) {
-      p.sleepers.fetch_sub(1, std::memory_order_relaxed);
-      return;
-    }
-#if defined(__linux__)
-    syscall(SYS_futex, reinterpret_cast<unsigned*>(&p.done), FUTEX_WAIT_PRIVATE, seen,
-            nullptr, nullptr, 0);
-#else
-    sched_yield();
-#endif
-    p.sleepers.fetch_sub(1, std::memory_order_relaxed);
-  }
-}
-
-// How long a thread spins before it sleeps in tk_wait_for: adapted per thread, between 100
-// microseconds (the producer is usually running on another core, and a waiter that slept
-// runs again only when the scheduler gets to it, tens of microseconds on a quiet virtual
-// machine) and 2. A wait that took over 200 microseconds halves it: the producer was
-// preempted (a loaded machine), and spinning then takes the core from the very thread
-// waited for (spinning as long as libgomp's barriers, 300000 tries, held it on a loaded
-// machine; yielding while spinning was slower). A wait that ended spinning doubles it.
-static thread_local double tk_spin_seconds = 100e-6;
-
-// Wait until `p` counts `n`: spin (by time, not tries: a `pause` takes from a few to over a
-// hundred cycles across CPUs), then sleep on the counter (a futex on Linux, else yield).
-static inline void tk_wait_for(tk_progress& p, unsigned n) {
-  if (p.done.load(std::memory_order_acquire) >= n) return;
-  const double start = omp_get_wtime();
-  for (int i = 1;; ++i) {
-    if (p.done.load(std::memory_order_acquire) >= n) {
-      tk_spin_seconds = tk_spin_seconds >= 50e-6 ? 100e-6 : 2 * tk_spin_seconds;
-      return;
-    }
-    tk_cpu_relax();
-    if (i % 64 == 0 && omp_get_wtime() > start + tk_spin_seconds) break;
-  }
-  tk_sleep_until(p, n);
-  if (omp_get_wtime() > start + 200e-6)
-    tk_spin_seconds = tk_spin_seconds <= 4e-6 ? 2e-6 : 0.5 * tk_spin_seconds;
-}
-
-// Count `n` more of `p` done (release: the stores before it, before the count), and wake
-// the threads asleep on it.
-static inline void tk_signal(tk_progress& p, unsigned n) {
-  p.done.fetch_add(n, std::memory_order_seq_cst);
-#if defined(__linux__)
-  if (p.sleepers.load(std::memory_order_seq_cst) > 0)
-    syscall(SYS_futex, reinterpret_cast<unsigned*>(&p.done), FUTEX_WAKE_PRIVATE, INT_MAX,
-            nullptr, nullptr, 0);
-#endif
-}
-
-// The team barrier of tk_run: the last thread to arrive counts one more generation, the
-// others wait for it in tk_wait_for. libgomp's own barrier under OMP_WAIT_POLICY=passive
-// sleeps at once, and a sleeper wakes only when the scheduler gets to it: tens of
-// microseconds per barrier, which a run of many small kernels pays at every one.
-// `generation`: the calling thread's count of the barriers it passed in this run.
-struct tk_barrier {
-  std::atomic<int> arrived{0};
-  tk_progress passed;
-};
-
-static inline void tk_team_barrier(tk_barrier& b, int threads, unsigned& generation) {
-  ++generation;
-  if (threads <= 1) return;
-  if (b.arrived.fetch_add(1, std::memory_order_acq_rel) + 1 == threads) {
-    b.arrived.store(0, std::memory_order_relaxed);   // before the release of tk_signal
-    tk_signal(b.passed, 1);
-  } else {
-    tk_wait_for(b.passed, generation);
-  }
-}
-
-"""
 
 #: One persistent segment of a plan: thread v walks vEU v's items.
 RUN_PLAN = """
@@ -396,24 +302,29 @@ static inline void tk_share(int n, int& lo, int& hi) {
 """
 
 
-def program_entries(calls: Sequence[tuple[str, int, int | Expr, bool, bool]],
+def program_entries(calls: Sequence[tuple[str, int, int | Expr, str, bool]],
                     smem: int | Expr,
                     plan: tuple | None = None) -> str:
     """The CPU unit's program entries (`tk_run`, and `tk_run_plan` for a plan): `calls` are
-    each kernel's (entry, offset of its pointers in the argument table, blocks, whether its
-    blocks are shared out over the team: else the first thread runs them, whether each
-    thread walks its run of them backwards), `smem` the
-    block memory a body needs, `plan` tk-ram's (operators, segments) or None. A grid and
-    `smem` may be expressions of the size tables (tilekit.codegen.parametric).
+    each kernel's (entry, offset of its pointers in the argument table, blocks, who runs
+    them: `share` shared out over the team, `first` the team's first thread, `team` one per
+    thread (a persistent kernel, whose grid barriers are the team's), whether each thread
+    walks its run of them backwards), `smem` the block memory a body needs, `plan` tk-ram's
+    (operators, segments) or None. A grid and `smem` may be expressions of the size tables
+    (tilekit.codegen.parametric).
     tilekit.codegen.cpu_program decides all of it; this prints it."""
-    lines = [CALL_TEMPLATES, WAIT_HELPERS, SHARE]
-    lines.append("// A kernel inside the team: its blocks shared out, no barrier after.")
+    lines = [CALL_TEMPLATES, SHARE]
+    lines.append("// A kernel inside the team: its blocks run as `mode` says, no barrier after.")
     lines.append("static inline void tk_team_kernel(int tk_k, void* const* tk_a, "
                  "unsigned char* tk_smem) {")
     lines.append("  switch (tk_k) {")
-    for i, (entry, at, grid, shared, backward) in enumerate(calls):
+    for i, (entry, at, grid, mode, backward) in enumerate(calls):
         lines.append(f"  case {i}: {{")
-        if shared:
+        if mode == "team":
+            # a persistent kernel: each thread one block, its grid barriers the team's
+            lines.append("    tk_call<" + entry + "_body>(tk_a + " + str(at)
+                         + ", omp_get_thread_num(), omp_get_num_threads(), tk_smem);")
+        elif mode == "share":
             lines.append("    int tk_lo, tk_hi;  // this thread's run of blocks")
             lines.append(f"    tk_share({size_expr(grid)}, tk_lo, tk_hi);")
             loop = "int tk_b = tk_hi - 1; tk_b >= tk_lo; --tk_b" if backward \
@@ -445,23 +356,23 @@ extern "C" void tk_run(void* const* tk_a, const int* tk_seq, const unsigned char
 #pragma omp parallel if (tk_parallel)
   {{
     unsigned char* tk_smem = tk_block_memory({size_expr(smem)});
-    const int tk_threads = omp_get_num_threads();
-    unsigned tk_generation = 0;
+    tk_team_enter(tk_bar, omp_get_num_threads());
     if (tk_times) {{
-      tk_team_barrier(tk_bar, tk_threads, tk_generation);
+      tk_grid_sync();
 #pragma omp master
       tk_times[0] = omp_get_wtime();
     }}
     for (int tk_i = 0; tk_i < tk_n; ++tk_i) {{
       tk_team_kernel(tk_seq[tk_i], tk_a, tk_smem);
       if (tk_wait[tk_i] || tk_times) {{
-        tk_team_barrier(tk_bar, tk_threads, tk_generation);
+        tk_grid_sync();
         if (tk_times) {{
 #pragma omp master
           tk_times[tk_i + 1] = omp_get_wtime();
         }}
       }}
     }}
+    tk_team_leave();
   }}
 }}
 """)

@@ -1,0 +1,174 @@
+"""tk-grind on a CPU profile: loops, scans and branches placed inside the compiled library
+(one persistent kernel whose blocks are the threads of one OpenMP team, its grid barriers the
+team's), run by the compiled CPU runtime in one call and checked against the reference at
+one thread and at more threads than cores, nested loops included; placements priced by the
+CPU figures; a profile of the other kind refused."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from models.control_models import MODELS, feeds  # noqa: E402
+from tilekit import pipeline  # noqa: E402
+from tilekit.codegen.cxx import find_cxx  # noqa: E402
+from tilekit.errors import TilekitError  # noqa: E402
+from tilekit.ir.control import walk  # noqa: E402
+from tilekit.onnx import import_model  # noqa: E402
+from tilekit.runtime import run_module  # noqa: E402
+
+from test_grind import flip_loop  # noqa: E402
+
+pytestmark = [pytest.mark.xdist_group("control_cpu"), pytest.mark.usefixtures("cxx_cache"),
+              pytest.mark.skipif(find_cxx() is None, reason="no C++ compiler")]
+
+HW = "icelake"
+
+
+def ground(model: onnx.ModelProto, place: str = "auto"):
+    imported = import_model(model)
+    module = pipeline.run(imported.module.with_stage("import"), ["roll", "grind", "codegen"],
+                          pipeline.Context.for_hw(HW, place=place))
+    return imported, module
+
+
+@pytest.fixture(scope="module")
+def models():
+    """Every control-flow test model rolled for a CPU profile, ground and generated."""
+    return {name: ground(build()) for name, build in MODELS.items()}
+
+
+def _run(imported, module, inputs, threads: int, runs: int = 1):
+    from tilekit.runtime.compiled import CpuProgram
+
+    program = CpuProgram(module, threads=threads)
+    for _ in range(runs):
+        out = program.run(inputs, imported.weights)
+    return program, out
+
+
+def _matches(got, want) -> None:
+    for name, value in want.items():
+        np.testing.assert_allclose(got[name], value, rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def test_a_cpu_profile_places_every_control_op_inside_the_library(models):
+    for name, (_, module) in models.items():
+        for path, rec, _ in walk(module):
+            g = rec.grind
+            assert g["run"] == "device", (name, path, g["why"])
+            assert "inside the compiled library" in g["why"]
+            est = g["estimate"]
+            assert est["device_us"] < est["host_us"] and "residency" not in est
+    # a nested loop placed inside compiled code is one of its parent's bodies
+    _, nested = models["nested_loops"]
+    assert nested.codegen["control"]["outer"]["run"] == "device"
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_ground_models_run_in_one_call_and_equal_the_reference(models, name):
+    """No host step is left: the program's steps are kernels only, none reads a condition
+    back; at one thread and at three (more than this machine's cores: waiters sleep)."""
+    from tilekit.runtime.cuda_control import ControlStep
+
+    imported, module = models[name]
+    inputs = feeds(name, MODELS[name]())
+    want = run_module(imported.module, inputs, imported.weights)
+    for threads in (1, 3):
+        program, got = _run(imported, module, inputs, threads, runs=2)
+        assert not any(isinstance(s, ControlStep) for s in program.steps)
+        assert program.counts["syncs"] == 0
+        _matches(got, want)
+
+
+def test_a_loop_placed_on_the_host_still_runs_per_iteration(models):
+    imported, module = ground(MODELS["lstm_loop"](), place="host")
+    inputs = feeds("lstm_loop", MODELS["lstm_loop"]())
+    program, got = _run(imported, module, inputs, threads=2)
+    _matches(got, run_module(imported.module, inputs, imported.weights))
+    assert program.counts["syncs"] > 0      # the trip count and condition read back
+    _, ground_ = models["lstm_loop"]
+    inside, _ = _run(imported, ground_, inputs, threads=2)
+    assert inside.counts["launches"] < program.counts["launches"]
+
+
+def test_a_ground_loop_shares_its_blocks_over_the_team():
+    """Each iteration's kernels read what other threads wrote the iteration before: the
+    team's barriers between them are what makes it right (runs repeated to catch a race)."""
+    n = 1 << 17
+    imported, module = ground(flip_loop(n, trips=5), place="device")
+    (loop,) = [k for k in module.codegen["kernels"] if k.get("coresident")]
+    bodies = [k for k in module.codegen["kernels"] if k["entry"] in loop["schedule"]["bodies"]]
+    assert not bodies      # composed into the loop's kernel, not kernels of the unit
+    source = loop["source"]
+    assert "tk_vb = tk_block; tk_vb <" in source          # blocks strided over the team
+    assert "tk_team_enter(tk_bar, omp_get_num_threads());" in source
+    inputs = {"x": np.arange(n, dtype=np.float32)}
+    want = run_module(imported.module, inputs, imported.weights)
+    for threads in (1, 2, 3):
+        _, got = _run(imported, module, inputs, threads, runs=5)
+        _matches(got, want)
+
+
+def test_a_loop_of_one_thread_work_runs_on_one_thread_without_barriers(models):
+    """An LSTM cell of 16 units: every body kernel is one thread's work, so the whole loop is
+    a kernel of the team's first thread, with no barrier at all."""
+    _, module = models["lstm_loop"]
+    (loop,) = [k for k in module.codegen["kernels"] if k["shape"] == "device_loop"]
+    assert loop["schedule"].get("one_thread") and not loop.get("coresident")
+    assert "tk_grid_sync" not in loop["source"] and "tk_team_enter" not in loop["source"]
+
+
+def test_first_thread_kernels_chain_without_barriers():
+    """A team loop (its matrix-vector products in column blocks) runs its one-block kernels
+    on the first thread one after another: fewer barriers than body kernels."""
+    imported, module = ground(MODELS["lstm_loop"](seq=4, inputs=256, hidden=256))
+    (loop,) = [k for k in module.codegen["kernels"] if k.get("coresident")]
+    source = loop["source"]
+    body = source[source.index("while (tk_go && tk_it < tk_trips)"):]
+    assert "if (tk_block == 0)" in body and "tk_vb = tk_block; tk_vb <" in body
+    assert body.count("tk_grid_sync();") < len(loop["schedule"]["bodies"])
+    inputs = feeds("lstm_loop", MODELS["lstm_loop"](seq=4, inputs=256, hidden=256))
+    want = run_module(imported.module, inputs, imported.weights)
+    for threads in (2, 3):
+        _matches(_run(imported, module, inputs, threads, runs=3)[1], want)
+
+
+def test_grind_refuses_a_profile_of_the_other_kind():
+    imported = import_model(MODELS["lstm_loop"]())
+    start = imported.module.with_stage("import")
+    for rolled_for, placed_for in ((HW, "h100"), ("h100", HW)):
+        rolled = pipeline.run(start, ["roll"], pipeline.Context.for_hw(rolled_for))
+        with pytest.raises(TilekitError, match="re-run tk-roll") as err:
+            pipeline.run(rolled, ["grind"], pipeline.Context.for_hw(placed_for))
+        assert err.value.where == "--hw"
+
+
+def test_an_unbounded_loop_stays_on_the_host():
+    """A Loop with neither trip count nor condition runs until the iteration budget stops it,
+    which only the host checks: never placed inside compiled code (nor on a GPU)."""
+    from onnx import TensorProto, helper
+
+    body = helper.make_graph(
+        [helper.make_node("Identity", ["c"], ["c2"]), helper.make_node("Neg", ["v"], ["v2"])],
+        "body", [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+                 helper.make_tensor_value_info("c", TensorProto.BOOL, []),
+                 helper.make_tensor_value_info("v", TensorProto.FLOAT, [4])],
+        [helper.make_tensor_value_info("c2", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("v2", TensorProto.FLOAT, [4])])
+    graph = helper.make_graph(
+        [helper.make_node("Loop", ["", "", "x"], ["y"], body=body, name="forever")], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    for hw in (HW, "h100"):
+        imported = import_model(model)
+        placed = pipeline.run(imported.module.with_stage("import"), ["roll", "grind"],
+                              pipeline.Context.for_hw(hw, place="device"))
+        (rec,) = [r for _, r, _ in walk(placed)]
+        assert rec.grind["run"] == "host" and "no trip count" in rec.grind["why"]
