@@ -5,9 +5,9 @@ Run with `make bench` (not part of `make test`), or alone:
 
     .venv/bin/pytest -q -p no:cacheprovider -o addopts="" tests/bench/test_cpu_grind_bench.py -s
 
-Each control-flow model (tests/models/control_models.py, at the sizes below) is rolled for
-the host's CPU profile (tests/bench/cpu_engines.py `host_profile_name`) with its cores set
-to the threads run, and generated for the CPU twice: placed by `tk-grind` (every loop,
+Each control-flow model (tests/models/control_models.py, at the sizes below) is rolled and
+welded for the host's CPU profile (tests/bench/cpu_engines.py `host_profile_name`) with its
+cores set to the threads run, and generated for the CPU twice: placed by `tk-grind` (every loop,
 scan and branch inside the library: one persistent kernel whose blocks are the team's
 threads) and by `tk-grind --place host` (the compiled runtime drives each iteration from
 Python: one program call per iteration, the carried values copied with NumPy, the condition
@@ -64,7 +64,7 @@ def runners(name: str):
 
     def made(place: str):
         ctx = pipeline.Context(profile=profile, options={"place": place})
-        return pipeline.run(start, ["roll", "grind", "codegen"], ctx)
+        return pipeline.run(start, ["roll", "weld", "grind", "codegen"], ctx)
 
     ground, hosted = made("auto"), made("host")
     inputs = control_models.feeds(name, model)
@@ -76,8 +76,8 @@ def runners(name: str):
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     session = ort.InferenceSession(model.SerializeToString(), options,
                                    providers=["CPUExecutionProvider"])
-    programs = {"host-driven": CpuProgram(hosted, THREADS),
-                "in-library": CpuProgram(ground, THREADS)}
+    programs = {"host-driven": CpuProgram(hosted, THREADS, profile=profile),
+                "in-library": CpuProgram(ground, THREADS, profile=profile)}
     want = dict(zip([o.name for o in session.get_outputs()], session.run(None, inputs)))
     for program in programs.values():
         got = program.run(inputs, weights)

@@ -172,3 +172,20 @@ def test_an_unbounded_loop_stays_on_the_host():
                               pipeline.Context.for_hw(hw, place="device"))
         (rec,) = [r for _, r, _ in walk(placed)]
         assert rec.grind["run"] == "host" and "no trip count" in rec.grind["why"]
+
+
+def test_the_documented_cpu_pipe(tmp_path):
+    """README and docs/grind.md: `tk-import lstm.onnx | tk-roll --hw icelake | tk-weld |
+    tk-grind --report | tk-codegen | tk-run --check`, as written."""
+    import subprocess
+
+    onnx.save(MODELS["lstm_loop"](), str(tmp_path / "lstm.onnx"))
+    bin_dir = Path(sys.executable).parent
+    pipe = " | ".join(f"{bin_dir}/{stage}" for stage in (
+        "tk-import lstm.onnx", "tk-roll --hw icelake", "tk-weld", "tk-grind --report",
+        "tk-codegen", "tk-run --check"))
+    proc = subprocess.run(["bash", "-o", "pipefail", "-c", pipe], cwd=tmp_path,
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert "check: pass" in proc.stdout
+    assert "device loop (inside the compiled library)" in proc.stderr
