@@ -90,3 +90,27 @@ def test_opaque_kernels_on_the_cpu_target_equal_the_reference(case):
 def test_opaque_cuda_kernels_emulated_equal_the_reference(case):
     module, inputs, weights, want = case
     _same(emulate(generate(module).module, inputs, weights), want)
+
+
+@pytest.mark.parametrize("shape,axis,index", [
+    ((3, 7, 50), 1, [[4, 6], [-2, 0], [3, 3]]),    # runs of 50 across the 256-point blocks
+    ((10, 300), 0, [2, 9, 0, -1]),                  # an embedding's rows, longer than a block
+    ((6, 4), 1, [3, 0, -4]),                         # one point per row
+])
+def test_a_cpu_gather_copies_runs_of_rows(shape, axis, index):
+    """The CPU Gather takes each block's points as runs within output rows (vector loops):
+    at row and block boundaries that fall anywhere, on one thread and three."""
+    vi = h.make_tensor_value_info
+    ind = np.array(index, np.int64)
+    graph = h.make_graph([h.make_node("Gather", ["x", "i"], ["y"], axis=axis)], "gather",
+                         [vi("x", T.FLOAT, list(shape)), vi("i", T.INT64, list(ind.shape))],
+                         [vi("y", T.FLOAT, None)])
+    imported = import_model(h.make_model(graph, opset_imports=[h.make_opsetid("", 18)]))
+    generated = generate(imported.module, target="cpu").module
+    (kernel,) = generated.codegen["kernels"]
+    assert "#pragma omp simd" in kernel["source"]
+    x = np.random.default_rng(2).standard_normal(shape).astype(np.float32)
+    want = np.take(x, ind, axis=axis)
+    for threads in (1, 3):
+        got = CpuProgram(generated, threads).run({"x": x, "i": ind}, imported.weights)
+        np.testing.assert_array_equal(got[generated.outputs[0]], want)

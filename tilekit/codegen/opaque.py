@@ -80,6 +80,30 @@ class _Elementwise:
                       ops=(self.plan.op.name,), target=self.target)
 
 
+    def build_rows(self, entry: str, what: str, comment: str, rows_of: int, row) -> GeneratedKernel:
+        """The same grid over the output on a CPU, a block's points taken as runs within
+        rows of `rows_of` points (`row(b, r, lo, hi)`: points lo .. hi - 1 of row r), each a
+        vector loop, where the grid-stride loop computed every point's row and column."""
+        b = Builder()
+        t = self.idx_t
+        span = tx.as_expr(DEFAULT_THREADS, t)
+        with b.loop("p0", tx.cast(t, BLOCK) * DEFAULT_THREADS, self.total,
+                    tx.cast(t, NBLOCKS) * DEFAULT_THREADS, dtype=t) as p0:
+            end = b.let("pend", tx.call("min", p0 + span, tx.as_expr(self.total, t)), t)
+            first = b.let("rfirst", tx.div(p0, rows_of), t)
+            last = b.let("rlast", tx.div(end - 1, rows_of), t)
+            with b.loop("r", first, last + 1, dtype=t) as r:
+                base = b.let("rbase", r * rows_of, t)
+                lo = b.let("lo", tx.call("max", p0 - base, tx.as_expr(0, t)), t)
+                hi = b.let("hi", tx.call("min", end - base, tx.as_expr(rows_of, t)), t)
+                row(b, r, lo, hi)
+        return finish(self.plan, entry, self.sig, b.build(), shape=f"opaque:{what}",
+                      schedule={"source": "default", "threads": DEFAULT_THREADS, "lanes": 1,
+                                "points_per_block": DEFAULT_THREADS, "rows": rows_of},
+                      threads=1, grid=self.grid, comments=[comment],
+                      ops=(self.plan.op.name,), target=self.target)
+
+
 def _tensor(module: Module, name: str):
     return module.tensors[name]
 
@@ -115,6 +139,17 @@ def gather(module: Module, plan: OpaquePlan, entry: str, target: Target) -> Gene
                        target)
     dtype = _tensor(module, data).dtype
 
+    def row(b: Builder, r: Expr, lo: Expr, hi: Expr) -> None:
+        """Points lo .. hi - 1 of output row `r` (an index and the run after `axis`)."""
+        q = b.let("q", tx.mod(r, count))
+        o = b.let("o", tx.div(r, count))
+        k = _wrapped(b, _index_value(module, ind, q), dim)
+        src = b.let("src", tx.mul(tx.add(tx.mul(o, dim), tx.cast(r.dtype, k)), inner))
+        valid = b.let("ok", tx.call("in_range", k, tx.as_expr(dim, "int64")), "bool")
+        with b.loop("i", lo, hi, kind="simd", dtype=r.dtype) as i:
+            b.store(tvar(out), (tx.add(tx.mul(r, inner), i),),
+                    tx.select(valid, Load(tvar(data), (tx.add(src, i),), dtype), _zero(dtype)))
+
     def body(b: Builder, p: Var) -> None:
         i = b.let("i", tx.mod(p, inner))
         q = b.let("q", tx.mod(tx.div(p, inner), count))
@@ -123,8 +158,10 @@ def gather(module: Module, plan: OpaquePlan, entry: str, target: Target) -> Gene
         at = tx.add(tx.mul(tx.add(tx.mul(o, dim), tx.cast(p.dtype, k)), inner), i)
         b.store(tvar(out), (p,), tx.select(tx.call("in_range", k, tx.as_expr(dim, "int64")),
                                            Load(tvar(data), (at,), dtype), _zero(dtype)))
-    return run.build(entry, "Gather", f"opaque Gather (axis {axis}): {out} = take({data}, "
-                     f"{ind})", body)
+    what = f"opaque Gather (axis {axis}): {out} = take({data}, {ind})"
+    if target.kind == "cpu":
+        return run.build_rows(entry, "Gather", what, inner, row)
+    return run.build(entry, "Gather", what, body)
 
 
 def gather_elements(module: Module, plan: OpaquePlan, entry: str, target: Target) -> GeneratedKernel:
