@@ -114,3 +114,25 @@ def test_a_cpu_gather_copies_runs_of_rows(shape, axis, index):
     for threads in (1, 3):
         got = CpuProgram(generated, threads).run({"x": x, "i": ind}, imported.weights)
         np.testing.assert_array_equal(got[generated.outputs[0]], want)
+
+
+@pytest.mark.parametrize("shape,batch_dims,index", [
+    ((3, 6, 50), 0, [[[1, 4], [-1, 0]], [[2, 5], [0, 0]]]),   # slices of 50 by index pairs
+    ((2, 6, 100), 1, [[[5], [0], [-2]], [[1], [1], [3]]]),     # per batch, slices of 100
+])
+def test_a_cpu_gather_nd_copies_runs_of_slices(shape, batch_dims, index):
+    vi = h.make_tensor_value_info
+    ind = np.array(index, np.int64)
+    graph = h.make_graph([h.make_node("GatherND", ["x", "i"], ["y"], batch_dims=batch_dims)],
+                         "gather_nd", [vi("x", T.FLOAT, list(shape)),
+                                       vi("i", T.INT64, list(ind.shape))],
+                         [vi("y", T.FLOAT, None)])
+    imported = import_model(h.make_model(graph, opset_imports=[h.make_opsetid("", 18)]))
+    generated = generate(imported.module, target="cpu").module
+    assert "#pragma omp simd" in generated.codegen["kernels"][0]["source"]
+    x = np.random.default_rng(3).standard_normal(shape).astype(np.float32)
+    want = run_module(imported.module, {"x": x, "i": ind}, imported.weights)
+    for threads in (1, 3):
+        got = CpuProgram(generated, threads).run({"x": x, "i": ind}, imported.weights)
+        np.testing.assert_array_equal(got[generated.outputs[0]], want[generated.outputs[0]])
+

@@ -216,8 +216,25 @@ def gather_nd(module: Module, plan: OpaquePlan, entry: str, target: Target) -> G
             b.assign(off, off + k * math.prod(indexed[j + 1:]) * inner)
         at = b.let("at", tx.select(ok, off + tx.cast("int64", i), tx.const(0, "int64")))
         b.store(tvar(out), (p,), tx.select(ok, Load(tvar(data), (at,), dtype), _zero(dtype)))
-    return run.build(entry, "GatherND", f"opaque GatherND (batch_dims {nb}): {out} = "
-                     f"{data}[{ind}]", body)
+
+    def row(b: Builder, q: Expr, lo: Expr, hi: Expr) -> None:
+        """Points lo .. hi - 1 of output row `q` (batch n, index tuple r: one slice)."""
+        n = b.let("n", tx.div(q, rows))
+        off = b.decl("off_", "int64", tx.cast("int64", n) * per_batch)
+        ok = b.decl("ok_", "bool", tx.const(True))
+        for j, dim in enumerate(indexed):
+            k = _wrapped(b, _index_value(module, ind, q * m + j), dim)
+            b.assign(ok, tx.and_(ok, tx.call("in_range", k, tx.as_expr(dim, "int64"))))
+            b.assign(off, off + k * math.prod(indexed[j + 1:]) * inner)
+        src = b.let("src", tx.select(ok, off, tx.const(0, "int64")))
+        with b.loop("i", lo, hi, kind="simd", dtype=q.dtype) as i:
+            b.store(tvar(out), (tx.add(tx.mul(q, inner), i),),
+                    tx.select(ok, Load(tvar(data), (src + tx.cast("int64", i),), dtype),
+                              _zero(dtype)))
+    what = f"opaque GatherND (batch_dims {nb}): {out} = {data}[{ind}]"
+    if target.kind == "cpu":
+        return run.build_rows(entry, "GatherND", what, inner, row)
+    return run.build(entry, "GatherND", what, body)
 
 
 def _arg(fn: str) -> Rule:
