@@ -125,13 +125,23 @@ def compiled_runner(path: Path, feeds: dict[str, np.ndarray], threads: int,
     return run
 
 
-def onnxruntime_runner(path: Path, feeds: dict[str, np.ndarray], threads: int):
+def onnxruntime_session(model, threads: int, spinning: bool = True):
+    """An onnxruntime CPU session of `model` (a path or serialized bytes) on `threads`
+    threads; `spinning` false: its pool's threads do not spin between runs (in a process that
+    alternates it with another runner, they would hold the cores the other needs)."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
-    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    if not spinning:
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return ort.InferenceSession(model if isinstance(model, bytes) else str(model), options,
+                                providers=["CPUExecutionProvider"])
+
+
+def onnxruntime_runner(path: Path, feeds: dict[str, np.ndarray], threads: int):
+    session = onnxruntime_session(path, threads)
     return lambda: session.run(None, feeds)
 
 

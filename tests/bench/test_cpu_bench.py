@@ -171,6 +171,22 @@ def alternating(calls: dict, runs: int, baseline: str) -> tuple[dict, dict, str]
     return median, fields, line
 
 
+def alternate_and_record(name: str, calls: dict, runs: int, baseline: str, results: Path,
+                         script: str, facts: dict, extra=None, note: str = "") -> dict:
+    """`alternating` of `calls`, printed and recorded as model `name`'s row of `results`
+    with `facts`, and `extra(medians)`'s fields (ratios between runners) after them."""
+    median, fields, line = alternating(calls, runs, baseline)
+    more = extra(median) if extra else {}
+    row = {"model": name, **facts, **fields, **more}
+    print(f"\n{name} ({THREADS} threads): {line}"
+          + "".join(f"; {k.replace('_', ' ')} {v:.2f}" for k, v in more.items()))
+    record(row, results, f"make bench ({script})", profile=profile_name(),
+           method=f"one process, the runners alternating run by run, {runs} runs each after "
+                  f"one warm-up; medians and minimums; ratios of medians to {baseline}'s"
+                  + note)
+    return row
+
+
 def record(row: dict, results: Path = RESULTS,
            command: str = "make bench (tests/bench/test_cpu_bench.py)", runs: int = RUNS,
            method: str | None = None, threads: int | None = None,

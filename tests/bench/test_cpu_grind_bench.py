@@ -32,8 +32,8 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 from models import control_models  # noqa: E402
 
-from cpu_engines import cpu_profile  # noqa: E402
-from test_cpu_bench import THREADS, alternating, profile_name, record, results_path  # noqa: E402
+from cpu_engines import cpu_profile, onnxruntime_session  # noqa: E402
+from test_cpu_bench import THREADS, alternate_and_record, profile_name, results_path  # noqa: E402
 
 RUNS = 200
 RESULTS = results_path("cpu-grind")
@@ -51,8 +51,6 @@ RUNNERS = ("host-driven", "in-library", "onnxruntime")
 
 
 def runners(name: str):
-    import onnxruntime as ort
-
     from tilekit import pipeline
     from tilekit.onnx import import_model
     from tilekit.runtime.compiled import CpuProgram
@@ -69,13 +67,7 @@ def runners(name: str):
     ground, hosted = made("auto"), made("host")
     inputs = control_models.feeds(name, model)
     weights = {k: np.ascontiguousarray(v) for k, v in imported.weights.items()}
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = THREADS
-    options.inter_op_num_threads = 1
-    # its pool's threads would spin after each run, on the cores the next runner needs
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    session = ort.InferenceSession(model.SerializeToString(), options,
-                                   providers=["CPUExecutionProvider"])
+    session = onnxruntime_session(model.SerializeToString(), THREADS, spinning=False)
     programs = {"host-driven": CpuProgram(hosted, THREADS, profile=profile),
                 "in-library": CpuProgram(ground, THREADS, profile=profile)}
     want = dict(zip([o.name for o in session.get_outputs()], session.run(None, inputs)))
@@ -94,13 +86,9 @@ def runners(name: str):
 @pytest.mark.parametrize("name", CHOSEN)
 def test_in_library_against_host_driven_and_onnxruntime(name):
     calls, facts = runners(name)
-    median, fields, line = alternating({n: calls[n] for n in RUNNERS}, RUNS, "onnxruntime")
-    row = {"model": name, **facts, **fields}
-    row["in_library_vs_host_driven"] = round(median["in-library"] / median["host-driven"], 3)
-    print(f"\n{name} ({THREADS} threads): {line}; in-library / host-driven "
-          f"{row['in_library_vs_host_driven']:.2f}")
-    record(row, RESULTS, "make bench (tests/bench/test_cpu_grind_bench.py)",
-           profile=profile_name(),
-           method=f"one process, the runners alternating run by run, {RUNS} runs each after "
-                  "one warm-up; medians and minimums; ratios of medians to onnxruntime's "
-                  "(same threads)")
+    alternate_and_record(
+        name, {n: calls[n] for n in RUNNERS}, RUNS, "onnxruntime", RESULTS,
+        "tests/bench/test_cpu_grind_bench.py", facts,
+        extra=lambda median: {"in_library_vs_host_driven": round(
+            median["in-library"] / median["host-driven"], 3)},
+        note=" (same threads, its pool not spinning)")

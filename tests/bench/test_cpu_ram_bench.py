@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 from models import onnx_models, ram_models  # noqa: E402
 
 from cpu_engines import cpu_profile  # noqa: E402
-from test_cpu_bench import THREADS, alternating, profile_name, record, results_path  # noqa: E402
+from test_cpu_bench import THREADS, alternate_and_record, profile_name, results_path  # noqa: E402
 
 RUNS = 300
 RESULTS = results_path("cpu-ram")
@@ -105,10 +105,5 @@ def runners(name: str, folder: Path):
 @pytest.mark.parametrize("name", CHOSEN)
 def test_packed_against_op_by_op(name, tmp_path):
     calls, facts = runners(name, tmp_path)
-    _, fields, line = alternating({n: calls[n] for n in RUNNERS}, RUNS, "op-by-op")
-    row = {"model": name, **facts, **fields}
-    print(f"\n{name} ({THREADS} threads): {line}")
-    record(row, RESULTS, "make bench (tests/bench/test_cpu_ram_bench.py)",
-           profile=profile_name(),
-           method=f"one process, the runners alternating run by run, {RUNS} runs each after "
-                  "one warm-up; medians and minimums; ratios of medians to op-by-op")
+    alternate_and_record(name, {n: calls[n] for n in RUNNERS}, RUNS, "op-by-op", RESULTS,
+                         "tests/bench/test_cpu_ram_bench.py", facts)
