@@ -27,6 +27,15 @@ with more blocks than the persistent grid runs block-strided. A branch reads its
 
 The grid is tk-grind's (capped by co-residency); `cap_grid` caps it again with ptxas'
 registers at compile time, and the runtime checks the driver's occupancy before launching.
+
+For the CPU target (a loop tk-grind placed on a CPU profile, or on a GPU's and compiled for
+the CPU) the same kernel is printed by the C++ printer with its blocks the threads of one
+OpenMP team and `tk_grid_sync` the team's barrier (tilekit.tile.cpp): the body kernels run
+as the program entry runs a sequence (`_Device._run_bodies_cpu`: one-block kernels on the
+first thread, barriers only where a kernel depends on one since the last), the copies are
+each thread's run of elements, and a loop whose every body kernel is one thread's work is a
+kernel of the first thread with no barrier (`alone`). A nested loop or branch placed inside
+compiled code is one of its parent's bodies (the team runs it).
 A control op stays on the host (its regions' kernels generated as ordinary kernels, the note
 says why) when it was placed there, when no grind decision exists, or when a body cannot be
 composed: a body with fewer threads than the persistent block that uses `__syncthreads()`
@@ -114,7 +123,7 @@ def device_kernel(module: Module, kernel: KernelGroup, rec: ControlOp,
         return threads
     grid = int(((rec.grind or {}).get("estimate") or {}).get("grid") or 1)
     if target == "cpu":
-        grid = 1    # one task runs the loop; its grid barriers then order nothing
+        grid = 1    # recorded; its blocks are the team's threads at run time (cpp.py)
     per_sm = max(1, -(-grid // profile.sm_count)) if profile is not None else 1
     tensors = Params(_tensors_within(module.tensors, rec))
     kind = "branch" if rec.kind == "if" else "loop"
@@ -237,7 +246,6 @@ class _Device:
                 b.emit(call(g, vb, tx.const(blocks)))
                 b.barrier()
             self.sync()
-
 
     def _run_bodies_cpu(self, side: tuple[GeneratedKernel, ...]) -> None:
         """The body kernels as the CPU program runs a sequence (tilekit.codegen.cpu_program):

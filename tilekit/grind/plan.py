@@ -13,10 +13,12 @@ The figures are `tilekit.grind.cost`'s: `control_costs` for a GPU, `cpu_control_
 CPU profile (the module must be rolled for the same kind of profile).
 
 `place: auto` (the default) picks the cheaper placement by `tilekit.grind.cost`; `host` and
-`device` force it (a device placement that cannot be made, e.g. a body holding a nested
-control op, stays on the host with the reason). Nested control ops are placed too (they run
-on the host around them when their parent is on the device: a device body holds no control
-op). The pass needs tk-roll's tiles in the regions to price them.
+`device` force it (a device placement that cannot be made stays on the host with the reason:
+on a GPU a body holding a nested control op, on any target a loop with no trip count,
+condition or maximum). Nested control ops are placed first, inside out (on a GPU a device
+body holds no control op, so a parent of one stays on the host; inside a CPU library a
+nested op placed there is one of its parent's bodies). The pass needs tk-roll's tiles in the
+regions to price them.
 """
 
 from __future__ import annotations
