@@ -189,3 +189,34 @@ def test_the_documented_cpu_pipe(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "check: pass" in proc.stdout
     assert "device loop (inside the compiled library)" in proc.stderr
+
+
+@pytest.mark.parametrize("hw", [HW, "h100"])
+def test_a_parent_placed_on_the_device_over_a_host_loop_runs_on_the_host(hw):
+    """An IR whose outer loop says `run: device` while the loop nested in it runs on the
+    host (tk-grind never writes that; an edited IR can) is not composed into one kernel,
+    which would run the inner body once a step: the outer loop stays on the host, with a
+    note, and the results are right."""
+    from dataclasses import replace
+
+    from tilekit.codegen import generate
+    from tilekit.ir.control import control_section, read_control
+
+    imported = import_model(MODELS["nested_loops"]())
+    placed = pipeline.run(imported.module.with_stage("import"), ["roll", "grind"],
+                          pipeline.Context.for_hw(hw))
+    outer = read_control(placed.control)["outer"]
+    body = outer.regions[0]
+    inner = read_control(body.control)["inner"]
+    inner = replace(inner, grind={**inner.grind, "run": "host"})
+    body = replace(body, control=control_section({"inner": inner}))
+    outer = replace(outer.with_regions((body,)), grind={**outer.grind, "run": "device"})
+    edited = replace(placed, control=control_section({"outer": outer}))
+    target = "cpu" if hw == HW else "cuda"
+    result = generate(edited, pipeline.Context.for_hw(hw).profile, target=target)
+    assert result.module.codegen["control"]["outer"]["run"] == "host"
+    assert any("holds control op 'inner'" in n for n in result.notes)
+    if target == "cpu":
+        inputs = feeds("nested_loops", MODELS["nested_loops"]())
+        _, got = _run(imported, result.module, inputs, threads=2)
+        _matches(got, run_module(imported.module, inputs, imported.weights))

@@ -87,8 +87,8 @@ def control_code(module: Module, kernel: KernelGroup, generate: Callable, profil
     notes = [n for result in results for n in result.notes]
     run = (rec.grind or {}).get("run", "host")
     if run == "device":
-        made = device_kernel(module, kernel, rec, [r.kernels for r in results], profile,
-                             target)
+        made = _nested_host_op(results, target) or device_kernel(
+            module, kernel, rec, [r.kernels for r in results], profile, target)
         if isinstance(made, GeneratedKernel):
             return ControlCode((made,), {"run": "device", "entry": made.entry,
                                          "grid": made.grid[0]}, tuple(notes))
@@ -98,6 +98,20 @@ def control_code(module: Module, kernel: KernelGroup, generate: Callable, profil
     kernels = tuple(g for result in results for g in result.kernels)
     return ControlCode(kernels, {"run": "host", "regions": [
         [g.entry for g in result.kernels] for result in results]}, tuple(notes))
+
+
+def _nested_host_op(results, target: str) -> str | None:
+    """Why a control op's regions cannot be one kernel's bodies because of a control op
+    nested in them, or None: inside a CPU library a nested op must itself be a kernel of the
+    team (placed on the device); a GPU's device loop holds none (tk-grind places such a parent
+    on the host; an IR that says otherwise is refused here, not composed wrong)."""
+    for result in results:
+        for name, entry in ((result.module.codegen or {}).get("control") or {}).items():
+            if target != "cpu":
+                return f"its body holds control op '{name}' (a device loop holds none)"
+            if entry.get("run") != "device":
+                return f"its body holds control op '{name}', which runs on the host"
+    return None
 
 
 def device_kernel(module: Module, kernel: KernelGroup, rec: ControlOp,
