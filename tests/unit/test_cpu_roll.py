@@ -224,3 +224,40 @@ def test_the_commands_refuse_mismatches(tmp_path):
         assert proc.returncode == 2, (args, proc.stderr)
         assert len(proc.stderr.strip().splitlines()) == 1 and flag in proc.stderr, proc.stderr
         assert proc.stdout == ""
+
+
+def _conv(size: int, channels: int = 64) -> onnx.ModelProto:
+    """A padded 3 x 3 convolution of `channels` filters on a `size` x `size` image."""
+    vi = h.make_tensor_value_info
+    rng = np.random.default_rng(4)
+    w = nh.from_array(rng.standard_normal((channels, channels, 3, 3)).astype(np.float32), "w")
+    graph = h.make_graph([h.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])], "conv",
+                         [vi("x", T.FLOAT, [1, channels, size, size])],
+                         [vi("y", T.FLOAT, None)], [w])
+    return h.make_model(graph, opset_imports=[h.make_opsetid("", 18)])
+
+
+@pytest.mark.usefixtures("cxx_cache")
+@pytest.mark.skipif(find_cxx() is None, reason="no C++ compiler")
+@pytest.mark.parametrize("size,swapped", [(2, True), (4, True), (7, False)])
+def test_a_small_image_takes_its_pixels_as_m(size, swapped):
+    """A 3 x 3 convolution whose pixels fill few of the micro-tiles' 32 columns takes them as
+    M (its im2col packed by gathers) when that leaves at most half the padded work (2 x 2
+    pixels: an eighth of the work useful as N, half as M); 7 x 7 pixels stay N. Either way
+    the values are the reference's, at one thread and three."""
+    from tilekit.runtime.compiled import CpuProgram
+    from tilekit.runtime.cpu import run_module
+
+    profile = load_profile("icelake").with_cpu(cores=2)
+    imported = import_model(_conv(size))
+    module = generate(roll_module(imported.module.with_stage("import"), profile,
+                                  hardware="icelake"), profile, target="cpu").module
+    (gemm,) = [k for k in module.codegen["kernels"] if k["shape"] == "cpu_gemm"]
+    assert (gemm["schedule"]["gemm"]["m"] == ["n", "h", "w"]) == swapped
+    x = np.random.default_rng(5).standard_normal((1, 64, size, size)).astype(np.float32)
+    want = run_module(imported.module, {"x": x}, imported.weights)
+    for threads in (1, 3):
+        got = CpuProgram(module, threads=threads, profile=profile).run({"x": x},
+                                                                       imported.weights)
+        for name in want:
+            np.testing.assert_allclose(got[name], want[name], rtol=1e-4, atol=1e-4)

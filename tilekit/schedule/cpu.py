@@ -340,6 +340,12 @@ LOOP_MODES = ("lane partials", "accumulator row", "pointwise", "scalar")
 #: 1 x 1 projection to 32 filters, 3136 pixels as M with the input packed by a strided
 #: gather, 1.22 ms against 0.77 ms with the filters read in place).
 SWAP_WORK = 0.85
+#: ... and when the read that becomes A is a window (a 3 x 3 convolution's im2col, packed by
+#: gathers with bounds checks), at most this share: a late layer of a small image, 2 x 2
+#: pixels in 32 columns of micro-tiles against 64 filters in 8-row tiles, does an eighth of
+#: its padded work useful as it stands and half swapped (a corpus ResNet's last 3 x 3 layers,
+#: 64 x 4 x 576, 28 and 25 us on one AVX-512 core, onnxruntime 5 us).
+SWAP_WINDOW_WORK = 0.5
 
 
 def gemm_roles(c: Contraction, spatial, tiles: CpuTiles | None = None, reads=None,
@@ -349,11 +355,11 @@ def gemm_roles(c: Contraction, spatial, tiles: CpuTiles | None = None, reads=Non
     is contiguous in the output. With `tiles` and the op's `reads` (ReadFacts), the other
     way round when N is not whole micro-panels of `nr` columns and M is, the micro-tiles
     padded to `mr x nr` do at most `SWAP_WORK` of the work so (N = 49 pixels take 64
-    columns, as M they take 54 rows; 512 filters as N take 512) and the read that becomes A
-    is no window (no index sums two axes: a 1 x 1 convolution's pixels, not a 3 x 3 one's im2col,
-    whose packing into `mr`-row panels is a gather with bounds checks per element: measured
-    slower than the padding it saves on Zen 3). None when that axis is a batch axis (no GEMM
-    view pays). No swap where an M or N axis is `free` (its extent varies with a symbol)."""
+    columns, as M they take 54 rows; 512 filters as N take 512); where the read that becomes
+    A is a window (an index sums two axes: a 3 x 3 convolution's im2col, whose packing into
+    `mr`-row panels is a gather with bounds checks per element: measured slower than the
+    padding it saves on Zen 3 at 7 x 7), only where the swap leaves at most
+    `SWAP_WINDOW_WORK` of it. None when that axis is a batch axis (no GEMM view pays). No swap where an M or N axis is `free` (its extent varies with a symbol)."""
     last = spatial[-1][0]
     if last in c.n_axes:
         roles = ("a", "b")
@@ -362,8 +368,7 @@ def gemm_roles(c: Contraction, spatial, tiles: CpuTiles | None = None, reads=Non
     else:
         return None
     ops = {"a": c.a, "b": c.b}
-    if tiles is not None and reads is not None and not free & {*c.m_axes, *c.n_axes} and all(
-            len(m.terms) <= 1 for m in reads[ops[roles[1]].index].maps):
+    if tiles is not None and reads is not None and not free & {*c.m_axes, *c.n_axes}:
         extent = dict(spatial)
         m = math.prod(extent[a] for a in ops[roles[0]].mn_axes)
         n = math.prod(extent[a] for a in ops[roles[1]].mn_axes)
@@ -373,7 +378,9 @@ def gemm_roles(c: Contraction, spatial, tiles: CpuTiles | None = None, reads=Non
         def padded(rows: int, cols: int) -> int:
             return -(-rows // mr) * mr * -(-cols // tiles.nr) * tiles.nr
 
-        if n % tiles.nr and m % tiles.nr == 0 and padded(n, m) <= SWAP_WORK * padded(m, n):
+        window = any(len(m.terms) > 1 for m in reads[ops[roles[1]].index].maps)
+        if n % tiles.nr and m % tiles.nr == 0 and padded(n, m) <= (
+                SWAP_WINDOW_WORK if window else SWAP_WORK) * padded(m, n):
             roles = roles[::-1]
     return roles
 
