@@ -2,6 +2,8 @@
 
     tk-import m.onnx | tk-roll --hw h100 | tk-grind | tk-codegen --compile --strict
     tk-grind m.rolled.yaml --hw h100 --report -o m.ground.yaml
+    tk-import m.onnx | tk-roll --hw icelake | tk-grind | tk-codegen | tk-run   # on a CPU:
+                                           # device loops run inside the compiled library
 
 The pass is `tilekit.grind.grind_module`; docs/grind.md describes the decision. `--report`
 prints one row per control op (placement, figures, why) on stderr only.
