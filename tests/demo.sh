@@ -3,7 +3,8 @@
 # import, roll for the H100, weld, ram, generate CUDA (compiled with nvcc when it is
 # installed), run on the CPU (whole ops; compiled C++ rolled and welded for this CPU's probed
 # profile; tile by tile as rolled and as welded for the GPU), each run checked against
-# onnxruntime; then a model with a Loop (an LSTM) through tk-grind.
+# onnxruntime; then a model with a Loop (an LSTM) through tk-grind, inside the compiled CPU
+# library and as a GPU device loop.
 # The bundled weights are one constant (0.02) everywhere, which would make the check
 # meaningless: the demo gives the same graph seeded random weights.
 set -euo pipefail
@@ -97,13 +98,16 @@ PY
 fi
 echo "the plan, drawn: $out/resnet50.plan.svg"
 
-step "tk-grind (Cocktailer: an ONNX Loop moved into one device kernel), LSTM as a Loop"
+step "tk-grind (Cocktailer: an ONNX Loop moved into one kernel: on this CPU, and for the H100), LSTM as a Loop"
 PYTHONPATH="$here/tests" python - <<'PY'
 import onnx
 from models.control_models import lstm_loop
 onnx.save(lstm_loop(), "lstm_loop.onnx")
 PY
 tk-import lstm_loop.onnx | tk-run --device cpu --seed 0 --check
+# on this CPU: the loop placed inside the compiled library, one kernel on the OpenMP team
+tk-import lstm_loop.onnx | tk-roll --hw host-cpu.yaml | tk-weld | tk-grind --report \
+  | tk-codegen | tk-run --seed 0 --check --bench 20
 tk-import lstm_loop.onnx | tk-roll --hw h100 | tk-grind --report -o lstm_loop.ground.yaml
 if command -v nvcc >/dev/null; then
   tk-codegen lstm_loop.ground.yaml --compile --strict -o lstm_loop.cuda.yaml
