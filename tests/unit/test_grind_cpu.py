@@ -220,3 +220,54 @@ def test_a_parent_placed_on_the_device_over_a_host_loop_runs_on_the_host(hw):
         inputs = feeds("nested_loops", MODELS["nested_loops"]())
         _, got = _run(imported, result.module, inputs, threads=2)
         _matches(got, run_module(imported.module, inputs, imported.weights))
+
+
+def _counting_loop() -> onnx.ModelProto:
+    """v <- v + 1 for `m` steps (a run-time trip count), each step's v stacked."""
+    from onnx import TensorProto, helper
+
+    body = helper.make_graph(
+        [helper.make_node("Identity", ["c"], ["c2"]),
+         helper.make_node("Add", ["v", "one"], ["v2"]),
+         helper.make_node("Identity", ["v2"], ["row"])], "body",
+        [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+         helper.make_tensor_value_info("c", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("v", TensorProto.FLOAT, [4])],
+        [helper.make_tensor_value_info("c2", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("v2", TensorProto.FLOAT, [4]),
+         helper.make_tensor_value_info("row", TensorProto.FLOAT, [4])],
+        [onnx.numpy_helper.from_array(np.ones(4, np.float32), "one")])
+    graph = helper.make_graph(
+        [helper.make_node("Loop", ["m", "", "x"], ["y", "rows"], body=body, name="count")],
+        "g", [helper.make_tensor_value_info("m", TensorProto.INT64, []),
+              helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4]),
+         helper.make_tensor_value_info("rows", TensorProto.FLOAT, None)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("place", ["device", "host"])
+def test_a_loop_past_its_max_trips_fails_as_the_reference_does(place):
+    """A run-time trip count past the imported `max_trips`: the reference refuses the run
+    (exit 2); so does the compiled program, the loop inside the library (its kernel stops at
+    the maximum and records one more, which the runtime reports) or driven by the host."""
+    from tilekit.runtime.compiled import CpuProgram
+
+    imported = import_model(_counting_loop(), max_trips=3)
+    module = pipeline.run(imported.module.with_stage("import"), ["roll", "grind", "codegen"],
+                          pipeline.Context.for_hw(HW, place=place))
+    assert module.codegen["control"]["count"]["run"] == place
+    x = np.arange(4, dtype=np.float32)
+    program = CpuProgram(module, threads=2)
+    for m, fails in ((3, False), (2, False), (5, True), (3, False)):
+        inputs = {"m": np.asarray(m, np.int64), "x": x}
+        if fails:
+            with pytest.raises(TilekitError, match=r"more than its declared max_trips \(3\)"):
+                run_module(imported.module, inputs, imported.weights)
+            with pytest.raises(TilekitError, match=r"more than its declared max_trips \(3\)") \
+                    as err:
+                program.run(inputs, imported.weights)
+            assert err.value.where in ("ops[0] (count)", "kernels[0] (k_count)")
+        else:
+            _matches(program.run(inputs, imported.weights),
+                     run_module(imported.module, inputs, imported.weights))

@@ -369,9 +369,18 @@ def _loop(d: _Device, rec: ControlOp, regions) -> None:
     for outer, param in zip(rec.outputs, params):
         d.copy(outer, param, decl[outer].size)
     if rec.count:
+        ran: Expr = it
+        if rec.kind == "loop" and rec.max_trips is not None:
+            # stopped by max_trips where it would have gone on: one more than the maximum,
+            # which the runtime reports as the reference does (tilekit.runtime.control
+            # check_overruns)
+            more = go if not rec.trip_count else tx.and_(go, tx.lt(
+                tx.const(rec.max_trips, "int64"),
+                tx.cast("int64", d.load(rec.trip_count, tx.const(0)))))
+            ran = tx.select(more, it + 1, it)
         with d.first_thread():
             b.store(tensors.use(rec.count, True), (tx.const(0),),
-                    tx.cast(decl[rec.count].dtype, it))
+                    tx.cast(decl[rec.count].dtype, ran))
 
 
 def _branch(d: _Device, rec: ControlOp, regions) -> None:

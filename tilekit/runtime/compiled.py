@@ -274,6 +274,7 @@ class CpuProgram:
         self.counts = {"launches": 0, "syncs": 0}
         self.steps = None
         self.trims: dict[str, str] = {}
+        self.overruns: tuple = ()
         if records:
             self._control(module, section, declared, written)
         # the argument table: every kernel's pointers in kernel order; `slots` are each
@@ -371,7 +372,7 @@ class CpuProgram:
 
     def _control(self, module: Module, section: CodegenSection, declared, written) -> None:
         from tilekit.ir.control import walk
-        from tilekit.runtime.control import kept_counts
+        from tilekit.runtime.control import kept_counts, overrun_checks
         from tilekit.runtime.cuda_control import build_steps
 
         for _, rec, _ in walk(module):
@@ -387,6 +388,7 @@ class CpuProgram:
             by_group.setdefault(k.group, []).append(launch)
         self.steps = build_steps(module, section.extra.get("control", {}), by_group)
         self.trims = kept_counts(module)
+        self.overruns = overrun_checks(module)
 
     def run(self, inputs: Mapping[str, np.ndarray], weights: Mapping[str, np.ndarray]
             ) -> dict[str, np.ndarray]:
@@ -414,8 +416,11 @@ class CpuProgram:
         if direct:
             buffers = {**self.buffers, **direct}
         if self.steps is not None:
+            from tilekit.runtime.control import check_overruns
             from tilekit.runtime.cuda_control import run_steps
             run_steps(self, self.steps)
+            check_overruns(self.overruns,
+                           lambda name: int(np.asarray(self.buffers[name]).reshape(-1)[0]))
         elif self.per_kernel:
             for k, launch in enumerate(self.launches):
                 if k not in self.skipped:

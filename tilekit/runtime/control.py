@@ -112,6 +112,30 @@ def check_iteration(rec: ControlOp, i: int, where: str) -> None:
     LOOP_TRIPS.check(i + 1, where, "the loop's iterations")
 
 
+def overrun_checks(module: Module) -> tuple:
+    """(record, where) of each of the module's own loops that records a count under a
+    `max_trips`. Placed inside compiled code, its kernel writes `max_trips + 1` there when it
+    stopped at the maximum but would have gone on (tilekit.codegen.control), which
+    `check_overruns` reports; a loop the host drives fails at that iteration itself, and
+    writes at most the maximum. (A nested loop's count may be another run's: a branch not
+    taken leaves it; those are not checked.)"""
+    out = []
+    for index, op in enumerate(module.ops):
+        rec = control_records(module).get(op.name) if op.kind == "control" else None
+        if rec is not None and rec.kind == "loop" and rec.count and rec.max_trips is not None:
+            out.append((rec, f"ops[{index}] ({op.name})"))
+    return tuple(out)
+
+
+def check_overruns(checks, count_of: Callable[[str], int]) -> None:
+    """Raise as the reference does (`check_iteration`, exit 2) where a placed loop ran into
+    its `max_trips` (`count_of`: a count tensor's value after the run)."""
+    for rec, where in checks:
+        ran = count_of(rec.count)
+        if ran > rec.max_trips:
+            check_iteration(rec, ran - 1, where)
+
+
 def _run_loop(plan: _Run, env: Mapping[str, np.ndarray], mode: str) -> list[np.ndarray]:
     rec, body = plan.rec, plan.rec.body
     trips = int(np.asarray(env[rec.trip_count]).reshape(-1)[0]) if rec.trip_count else None
@@ -183,4 +207,5 @@ def _run_if(plan: _Run, env: Mapping[str, np.ndarray], mode: str) -> list[np.nda
 _RUNNERS: dict[str, Callable] = {"loop": _run_loop, "scan": _run_scan, "if": _run_if}
 
 
-__all__ = ["ControlPlan", "check_iteration", "control_plan", "kept_counts"]
+__all__ = ["ControlPlan", "check_iteration", "check_overruns", "control_plan", "kept_counts",
+           "overrun_checks"]

@@ -234,10 +234,11 @@ class CudaProgram:
         self.steps = None
         self.counts = {"launches": 0, "syncs": 0}
         self.trims: dict[str, str] = {}
+        self.overruns: tuple = ()
         records = control_records(module)
         if not records:
             return
-        from tilekit.runtime.control import kept_counts
+        from tilekit.runtime.control import kept_counts, overrun_checks
         from tilekit.runtime.cuda_control import build_steps
 
         for _, rec, _ in walk(module):
@@ -255,6 +256,7 @@ class CudaProgram:
             sequence, by_group = program_sequence(module, section, self.launches, by_group)
         self.steps = build_steps(module, section.extra.get("control", {}), by_group, sequence)
         self.trims = kept_counts(module)
+        self.overruns = overrun_checks(module)
 
     @staticmethod
     def _check_helpers(section: CodegenSection) -> None:
@@ -355,6 +357,10 @@ class CudaProgram:
             launch(self.buffers)
 
     def download(self, inputs, weights) -> dict[str, np.ndarray]:
+        from tilekit.runtime.control import check_overruns
+
+        check_overruns(self.overruns,
+                       lambda name: int(self.buffers[name].get().reshape(-1)[0]))
         out = {}
         for name in self.outputs:
             if name in self.passthrough:
