@@ -106,7 +106,7 @@ def test_a_ground_loop_shares_its_blocks_over_the_team():
     bodies = [k for k in module.codegen["kernels"] if k["entry"] in loop["schedule"]["bodies"]]
     assert not bodies      # composed into the loop's kernel, not kernels of the unit
     source = loop["source"]
-    assert "tk_vb = tk_block; tk_vb <" in source          # blocks strided over the team
+    assert "for (int tk_vb = tk_lo_" in source            # each thread a run of blocks
     assert "tk_team_enter(tk_bar, omp_get_num_threads());" in source
     inputs = {"x": np.arange(n, dtype=np.float32)}
     want = run_module(imported.module, inputs, imported.weights)
@@ -131,7 +131,7 @@ def test_first_thread_kernels_chain_without_barriers():
     (loop,) = [k for k in module.codegen["kernels"] if k.get("coresident")]
     source = loop["source"]
     body = source[source.index("while (tk_go && tk_it < tk_trips)"):]
-    assert "if (tk_block == 0)" in body and "tk_vb = tk_block; tk_vb <" in body
+    assert "if (tk_block == 0)" in body and "for (int tk_vb = tk_lo_" in body
     assert body.count("tk_grid_sync();") < len(loop["schedule"]["bodies"])
     inputs = feeds("lstm_loop", MODELS["lstm_loop"](seq=4, inputs=256, hidden=256))
     want = run_module(imported.module, inputs, imported.weights)

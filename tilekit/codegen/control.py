@@ -36,6 +36,7 @@ first thread, barriers only where a kernel depends on one since the last), the c
 each thread's run of elements, and a loop whose every body kernel is one thread's work is a
 kernel of the first thread with no barrier (`alone`). A nested loop or branch placed inside
 compiled code is one of its parent's bodies (the team runs it).
+
 A control op stays on the host (its regions' kernels generated as ordinary kernels, the note
 says why) when it was placed there, when no grind decision exists, or when a body cannot be
 composed: a body with fewer threads than the persistent block that uses `__syncthreads()`
@@ -264,7 +265,7 @@ class _Device:
     def _run_bodies_cpu(self, side: tuple[GeneratedKernel, ...]) -> None:
         """The body kernels as the CPU program runs a sequence (tilekit.codegen.cpu_program):
         a kernel the team's first thread runs whole (one block, or `one_thread`) on thread 0,
-        the others' blocks strided over the team, and a team barrier only where a kernel
+        the others' blocks shared out in runs (`_share`), and a team barrier only where a kernel
         depends on one since the last barrier, and after the last (the rule of `barriers`:
         a chain of first-thread kernels, such as an LSTM cell's elementwise steps, runs
         without one)."""
@@ -279,11 +280,22 @@ class _Device:
                 with b.if_(tx.eq(BLOCK, 0)):
                     with b.loop("tk_vb", 0, blocks) as vb:
                         b.emit(call(g, vb, tx.const(blocks)))
-            else:
-                with b.loop("tk_vb", BLOCK, blocks, NBLOCKS) as vb:
+            else:       # each thread a run of the blocks, as tk_run shares them (tk_share)
+                lo, hi = self._share(blocks)
+                with b.loop("tk_vb", lo, hi) as vb:
                     b.emit(call(g, vb, tx.const(blocks)))
             if sync:
                 self.sync()
+
+    def _share(self, blocks: int) -> tuple[Expr, Expr]:
+        """This thread's run of `blocks` blocks, as OpenMP's static schedule (and tk_run's
+        `tk_share`) gives it: the first `blocks % threads` threads one more."""
+        b = self.b
+        q = b.let("tk_q_", tx.div(tx.const(blocks), NBLOCKS))
+        r = b.let("tk_r_", tx.mod(tx.const(blocks), NBLOCKS))
+        lo = b.let("tk_lo_", BLOCK * q + tx.call("min", BLOCK, r))
+        hi = b.let("tk_hi_", lo + q + tx.select(tx.lt(BLOCK, r), tx.const(1), tx.const(0)))
+        return lo, hi
 
 
 class _FirstThread:
