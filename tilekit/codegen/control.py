@@ -222,14 +222,10 @@ class _Device:
 
     def copy(self, dst: str, src: str, n: int, dst_index=None, src_index=None) -> None:
         """dst[dst_index(e)] = src[src_index(e)] for e < n, over every thread of the grid (on
-        a CPU each thread of the team one run of `e`, a vector loop)."""
+        a CPU each thread of the team its run of `e`, `_share`, a vector loop)."""
         b = self.b
         if self.cpu:
-            total = tx.const(n, "int64")
-            blocks = tx.cast("int64", NBLOCKS)
-            per = b.let("tk_per_", tx.div(total + blocks - 1, blocks), "int64")
-            lo = b.let("tk_lo_", tx.cast("int64", BLOCK) * per, "int64")
-            hi = b.let("tk_hi_", tx.call("min", lo + per, total), "int64")
+            lo, hi = self._share(n, "int64")
             with b.loop("tk_e", lo, hi, kind="simd", dtype="int64") as e:
                 value = self.load(src, src_index(e) if src_index else e)
                 b.store(self.tensors.use(dst, True), (dst_index(e) if dst_index else e,),
@@ -287,14 +283,20 @@ class _Device:
             if sync:
                 self.sync()
 
-    def _share(self, blocks: int) -> tuple[Expr, Expr]:
-        """This thread's run of `blocks` blocks, as OpenMP's static schedule (and tk_run's
-        `tk_share`) gives it: the first `blocks % threads` threads one more."""
+    def _share(self, count: int, dtype: str = "int32") -> tuple[Expr, Expr]:
+        """This thread's run of `count` items (a kernel's blocks, a copy's elements), as
+        OpenMP's static schedule (and tk_run's `tk_share`) gives it: the first
+        `count % threads` threads one more."""
         b = self.b
-        q = b.let("tk_q_", tx.div(tx.const(blocks), NBLOCKS))
-        r = b.let("tk_r_", tx.mod(tx.const(blocks), NBLOCKS))
-        lo = b.let("tk_lo_", BLOCK * q + tx.call("min", BLOCK, r))
-        hi = b.let("tk_hi_", lo + q + tx.select(tx.lt(BLOCK, r), tx.const(1), tx.const(0)))
+
+        def typed(e: Expr) -> Expr:
+            return e if dtype == "int32" else tx.cast(dtype, e)
+        n, me, team = tx.const(count, dtype), typed(BLOCK), typed(NBLOCKS)
+        q = b.let("tk_q_", tx.div(n, team), dtype)
+        r = b.let("tk_r_", tx.mod(n, team), dtype)
+        lo = b.let("tk_lo_", me * q + tx.call("min", me, r), dtype)
+        hi = b.let("tk_hi_", lo + q + tx.select(tx.lt(me, r), tx.const(1, dtype),
+                                                tx.const(0, dtype)), dtype)
         return lo, hi
 
 

@@ -562,25 +562,19 @@ def _accumulator_row(b: Builder, module, plan: GroupPlan, axes, ats: list[dict],
             sink = store_sink(module, b, plan.stored, vars_)
             pb.epilogue(pb.main_value(p, (Load(row.name, (jj,), dtype), kind)), sink)
 
-    if span is not None:
-        staged = []
-        lo, hi, width = span
-        if width is not None and width <= chunk:
-            run_chunk(lo, tx.const(width, idx_t))    # constant bounds: the row in registers
-            return
-        with b.loop("j0", lo, hi, chunk, dtype=idx_t) as j0:
-            run_chunk(j0, b.let("jn", tx.call("min", tx.const(chunk, idx_t), tx.sub(hi, j0)),
-                                idx_t))
-        return
-    if chunk >= vlen and va not in free:
+    if span is None and chunk >= vlen and va not in free:
         ra = next((a for a in reversed(axes) if a != va), None)   # the innermost row axis
         staged = [_StagedRow(spec, k, b, ra, _staged_layout(spec, ra, len(ats)))
                   for k, spec in enumerate(_staged_reads(p, va, vlen, unrolled))]
         run_chunk(tx.const(0, idx_t), tx.const(vlen, idx_t))
         return
     staged = []
-    with b.loop("j0", 0, vlen, chunk, dtype=idx_t) as j0:
-        run_chunk(j0, b.let("jn", tx.call("min", tx.const(chunk, idx_t), tx.sub(vlen, j0)),
+    lo, hi = (span.lo, span.hi) if span is not None else (0, vlen)
+    if span is not None and span.width is not None and span.width <= chunk:
+        run_chunk(lo, tx.const(span.width, idx_t))    # constant bounds: the row in registers
+        return
+    with b.loop("j0", lo, hi, chunk, dtype=idx_t) as j0:
+        run_chunk(j0, b.let("jn", tx.call("min", tx.const(chunk, idx_t), tx.sub(hi, j0)),
                             idx_t))
 
 

@@ -73,14 +73,10 @@ class _Elementwise:
             with b.loop("p", tx.cast(t, BLOCK) * DEFAULT_THREADS + tid, self.total,
                         tx.cast(t, NBLOCKS) * DEFAULT_THREADS, dtype=t) as p:
                 body(b, p)
-        return finish(self.plan, entry, self.sig, b.build(), shape=f"opaque:{what}",
-                      schedule={"source": "default", "threads": DEFAULT_THREADS, "lanes": 1,
-                                "points_per_block": DEFAULT_THREADS},
-                      threads=DEFAULT_THREADS, grid=self.grid, comments=[comment],
-                      ops=(self.plan.op.name,), target=self.target)
+        return self._finish(b, entry, what, comment, DEFAULT_THREADS)
 
-
-    def build_rows(self, entry: str, what: str, comment: str, rows_of: int, row) -> GeneratedKernel:
+    def build_rows(self, entry: str, what: str, comment: str, rows_of: int,
+                   row) -> GeneratedKernel:
         """The same grid over the output on a CPU, a block's points taken as runs within
         rows of `rows_of` points (`row(b, r, lo, hi)`: points lo .. hi - 1 of row r), each a
         vector loop, where the grid-stride loop computed every point's row and column."""
@@ -97,10 +93,14 @@ class _Elementwise:
                 lo = b.let("lo", tx.call("max", p0 - base, tx.as_expr(0, t)), t)
                 hi = b.let("hi", tx.call("min", end - base, tx.as_expr(rows_of, t)), t)
                 row(b, r, lo, hi)
+        return self._finish(b, entry, what, comment, 1, {"rows": rows_of})
+
+    def _finish(self, b: Builder, entry: str, what: str, comment: str, threads: int,
+                extra: Mapping | None = None) -> GeneratedKernel:
         return finish(self.plan, entry, self.sig, b.build(), shape=f"opaque:{what}",
                       schedule={"source": "default", "threads": DEFAULT_THREADS, "lanes": 1,
-                                "points_per_block": DEFAULT_THREADS, "rows": rows_of},
-                      threads=1, grid=self.grid, comments=[comment],
+                                "points_per_block": DEFAULT_THREADS, **(extra or {})},
+                      threads=threads, grid=self.grid, comments=[comment],
                       ops=(self.plan.op.name,), target=self.target)
 
 
@@ -139,25 +139,31 @@ def gather(module: Module, plan: OpaquePlan, entry: str, target: Target) -> Gene
                        target)
     dtype = _tensor(module, data).dtype
 
+    def source(b: Builder, q: Expr, o: Expr, t: str) -> tuple[Var, Expr]:
+        """Index `q` (wrapped) and where its run of `inner` values starts in row `o`."""
+        k = _wrapped(b, _index_value(module, ind, q), dim)
+        return k, tx.mul(tx.add(tx.mul(o, dim), tx.cast(t, k)), inner)
+
+    def valid(k: Expr) -> Expr:
+        return tx.call("in_range", k, tx.as_expr(dim, "int64"))
+
     def row(b: Builder, r: Expr, lo: Expr, hi: Expr) -> None:
         """Points lo .. hi - 1 of output row `r` (an index and the run after `axis`)."""
-        q = b.let("q", tx.mod(r, count))
-        o = b.let("o", tx.div(r, count))
-        k = _wrapped(b, _index_value(module, ind, q), dim)
-        src = b.let("src", tx.mul(tx.add(tx.mul(o, dim), tx.cast(r.dtype, k)), inner))
-        valid = b.let("ok", tx.call("in_range", k, tx.as_expr(dim, "int64")), "bool")
+        k, start = source(b, b.let("q", tx.mod(r, count)), b.let("o", tx.div(r, count)),
+                          r.dtype)
+        src = b.let("src", start)
+        ok = b.let("ok", valid(k), "bool")
         with b.loop("i", lo, hi, kind="simd", dtype=r.dtype) as i:
             b.store(tvar(out), (tx.add(tx.mul(r, inner), i),),
-                    tx.select(valid, Load(tvar(data), (tx.add(src, i),), dtype), _zero(dtype)))
+                    tx.select(ok, Load(tvar(data), (tx.add(src, i),), dtype), _zero(dtype)))
 
     def body(b: Builder, p: Var) -> None:
         i = b.let("i", tx.mod(p, inner))
         q = b.let("q", tx.mod(tx.div(p, inner), count))
         o = b.let("o", tx.div(p, tx.as_expr(inner * count, p.dtype)))
-        k = _wrapped(b, _index_value(module, ind, q), dim)
-        at = tx.add(tx.mul(tx.add(tx.mul(o, dim), tx.cast(p.dtype, k)), inner), i)
-        b.store(tvar(out), (p,), tx.select(tx.call("in_range", k, tx.as_expr(dim, "int64")),
-                                           Load(tvar(data), (at,), dtype), _zero(dtype)))
+        k, start = source(b, q, o, p.dtype)
+        b.store(tvar(out), (p,), tx.select(valid(k), Load(tvar(data), (tx.add(start, i),),
+                                                          dtype), _zero(dtype)))
     what = f"opaque Gather (axis {axis}): {out} = take({data}, {ind})"
     if target.kind == "cpu":
         return run.build_rows(entry, "Gather", what, inner, row)
@@ -204,28 +210,28 @@ def gather_nd(module: Module, plan: OpaquePlan, entry: str, target: Target) -> G
                        target)
     per_batch = math.prod(dshape[nb:])
 
+    def slice_at(b: Builder, n: Expr, tuple_at: Expr) -> tuple[Var, Var]:
+        """Where the slice index tuple `tuple_at` of batch `n` selects starts, and whether
+        every index of it is in range (negative ones wrapped)."""
+        off = b.decl("off_", "int64", tx.cast("int64", n) * per_batch)
+        ok = b.decl("ok_", "bool", tx.const(True))
+        for j, dim in enumerate(indexed):
+            k = _wrapped(b, _index_value(module, ind, tuple_at * m + j), dim)
+            b.assign(ok, tx.and_(ok, tx.call("in_range", k, tx.as_expr(dim, "int64"))))
+            b.assign(off, off + k * math.prod(indexed[j + 1:]) * inner)
+        return off, ok
+
     def body(b: Builder, p: Var) -> None:
         i = b.let("i", tx.mod(p, inner))
         r = b.let("r", tx.mod(tx.div(p, inner), rows))
         n = b.let("n", tx.div(p, tx.as_expr(inner * rows, p.dtype)))
-        off = b.decl("off_", "int64", tx.cast("int64", n) * per_batch)
-        ok = b.decl("ok_", "bool", tx.const(True))
-        for j, dim in enumerate(indexed):
-            k = _wrapped(b, _index_value(module, ind, (n * rows + r) * m + j), dim)
-            b.assign(ok, tx.and_(ok, tx.call("in_range", k, tx.as_expr(dim, "int64"))))
-            b.assign(off, off + k * math.prod(indexed[j + 1:]) * inner)
+        off, ok = slice_at(b, n, n * rows + r)
         at = b.let("at", tx.select(ok, off + tx.cast("int64", i), tx.const(0, "int64")))
         b.store(tvar(out), (p,), tx.select(ok, Load(tvar(data), (at,), dtype), _zero(dtype)))
 
     def row(b: Builder, q: Expr, lo: Expr, hi: Expr) -> None:
         """Points lo .. hi - 1 of output row `q` (batch n, index tuple r: one slice)."""
-        n = b.let("n", tx.div(q, rows))
-        off = b.decl("off_", "int64", tx.cast("int64", n) * per_batch)
-        ok = b.decl("ok_", "bool", tx.const(True))
-        for j, dim in enumerate(indexed):
-            k = _wrapped(b, _index_value(module, ind, q * m + j), dim)
-            b.assign(ok, tx.and_(ok, tx.call("in_range", k, tx.as_expr(dim, "int64"))))
-            b.assign(off, off + k * math.prod(indexed[j + 1:]) * inner)
+        off, ok = slice_at(b, b.let("n", tx.div(q, rows)), q)
         src = b.let("src", tx.select(ok, off, tx.const(0, "int64")))
         with b.loop("i", lo, hi, kind="simd", dtype=q.dtype) as i:
             b.store(tvar(out), (tx.add(tx.mul(q, inner), i),),

@@ -107,10 +107,11 @@ static inline void tk_signal(tk_progress& p, unsigned n) {
 #endif
 }
 
-// The team barrier (of tk_run, and a persistent kernel's grid barrier): the last thread to arrive counts one more generation, the
-// others wait for it in tk_wait_for. libgomp's own barrier under OMP_WAIT_POLICY=passive
-// sleeps at once, and a sleeper wakes only when the scheduler gets to it: tens of
-// microseconds per barrier, which a run of many small kernels pays at every one.
+// The team barrier (of tk_run, and a persistent kernel's grid barrier): the last thread to
+// arrive counts one more generation, the others wait for it in tk_wait_for. libgomp's own
+// barrier under OMP_WAIT_POLICY=passive sleeps at once, and a sleeper wakes only when the
+// scheduler gets to it: tens of microseconds per barrier, which a run of many small kernels
+// pays at every one.
 // `generation`: the calling thread's count of the barriers it passed in this run.
 struct tk_barrier {
   std::atomic<int> arrived{0};

@@ -319,7 +319,8 @@ class CpuProgram:
                 if isinstance(step, KernelStep):
                     seq = tuple(index[id(launch)] for launch in step.launches)
                     if out and isinstance(out[-1], KernelStep):
-                        seq = out.pop().launches[0].seq + seq if out[-1].launches else seq
+                        before = out.pop().launches
+                        seq = (before[0].seq if before else ()) + seq
                     out.append(_replace(step, launches=(_Run(self, seq),) if seq else ()))
                 else:
                     out.append(_replace(step, regions=tuple(batched(r) for r in step.regions)))
@@ -419,8 +420,7 @@ class CpuProgram:
             from tilekit.runtime.control import check_overruns
             from tilekit.runtime.cuda_control import run_steps
             run_steps(self, self.steps)
-            check_overruns(self.overruns,
-                           lambda name: int(np.asarray(self.buffers[name]).reshape(-1)[0]))
+            check_overruns(self.overruns, self._count)
         elif self.per_kernel:
             for k, launch in enumerate(self.launches):
                 if k not in self.skipped:
@@ -445,8 +445,12 @@ class CpuProgram:
             else:
                 out[name] = np.array(self.buffers[name])
         for name, count in self.trims.items():
-            out[name] = out[name][:int(np.asarray(self.buffers[count]).reshape(-1)[0])]
+            out[name] = out[name][:self._count(count)]
         return out
+
+    def _count(self, name: str) -> int:
+        """A loop's count tensor after the run (its iterations: the trims, the overruns)."""
+        return int(np.asarray(self.buffers[name]).reshape(-1)[0])
 
     def _set_sizes(self) -> None:
         """A template's size tables at this program's sizes (see `__init__`), unless this

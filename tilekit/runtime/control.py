@@ -119,9 +119,10 @@ def overrun_checks(module: Module) -> tuple:
     `check_overruns` reports; a loop the host drives fails at that iteration itself, and
     writes at most the maximum. (A nested loop's count may be another run's: a branch not
     taken leaves it; those are not checked.)"""
+    records = control_records(module)
     out = []
     for index, op in enumerate(module.ops):
-        rec = control_records(module).get(op.name) if op.kind == "control" else None
+        rec = records.get(op.name) if op.kind == "control" else None
         if rec is not None and rec.kind == "loop" and rec.count and rec.max_trips is not None:
             out.append((rec, f"ops[{index}] ({op.name})"))
     return tuple(out)

@@ -359,8 +359,7 @@ class CudaProgram:
     def download(self, inputs, weights) -> dict[str, np.ndarray]:
         from tilekit.runtime.control import check_overruns
 
-        check_overruns(self.overruns,
-                       lambda name: int(self.buffers[name].get().reshape(-1)[0]))
+        check_overruns(self.overruns, self._count)
         out = {}
         for name in self.outputs:
             if name in self.passthrough:
@@ -368,8 +367,12 @@ class CudaProgram:
             else:
                 out[name] = self._get(name)
         for name, count in self.trims.items():
-            out[name] = out[name][:int(self.buffers[count].get().reshape(-1)[0])]
+            out[name] = out[name][:self._count(count)]
         return out
+
+    def _count(self, name: str) -> int:
+        """A loop's count tensor after the run, read back (the trims, the overruns)."""
+        return int(self.buffers[name].get().reshape(-1)[0])
 
     def tensors(self) -> dict[str, np.ndarray]:
         """Every tensor a kernel reads or writes, as the last run left it on the device."""

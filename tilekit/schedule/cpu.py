@@ -359,7 +359,8 @@ def gemm_roles(c: Contraction, spatial, tiles: CpuTiles | None = None, reads=Non
     A is a window (an index sums two axes: a 3 x 3 convolution's im2col, whose packing into
     `mr`-row panels is a gather with bounds checks per element: measured slower than the
     padding it saves on Zen 3 at 7 x 7), only where the swap leaves at most
-    `SWAP_WINDOW_WORK` of it. None when that axis is a batch axis (no GEMM view pays). No swap where an M or N axis is `free` (its extent varies with a symbol)."""
+    `SWAP_WINDOW_WORK` of it. None when that axis is a batch axis (no GEMM view pays). No
+    swap where an M or N axis is `free` (its extent varies with a symbol)."""
     last = spatial[-1][0]
     if last in c.n_axes:
         roles = ("a", "b")
@@ -417,7 +418,7 @@ class CpuLoops:
     """A loop nest: the output's rows (every spatial axis but `vector_axis`) in blocks of
     `rows_per_block`, the vector axis in lanes, the reduction per `mode`; with
     `columns_per_block`, each block also a run of that many points of the vector axis (a
-    loop nest of few rows: `column_blocks`)."""
+    loop nest of few rows: `column_width`)."""
 
     vector_axis: str | None
     mode: str
@@ -561,13 +562,13 @@ def _loops(facts, tiles: CpuTiles, free: frozenset[str] = frozenset()) -> CpuLoo
         per = min(rows, -(-per // group) * group)
     columns = None
     if mode in ("pointwise", "accumulator row") and not free & set(axes):
-        columns = column_blocks(rows, per, vlen, work, tiles)
+        columns = column_width(rows, per, vlen, work, tiles)
     return CpuLoops(axes[vec] if vec is not None else None, mode, rows, per, work, vlen,
                     columns)
 
 
-def column_blocks(rows: int, per: int, vlen: int, work_per_row: int,
-                  tiles: CpuTiles) -> int | None:
+def column_width(rows: int, per: int, vlen: int, work_per_row: int,
+                 tiles: CpuTiles) -> int | None:
     """Points of the vector axis per block when a loop nest has fewer row blocks than the
     cores want (`blocks_per_core` each) and its rows are long: a matrix-vector product's
     one output row (a recurrent step's gates, a decode step's projection), a long 1-D
@@ -676,6 +677,6 @@ def recorded_tiles(payload: Mapping[str, Any], machine: CpuMachine, where: str) 
 
 __all__ = ["CPU_SHAPES", "CpuGemm", "CpuLoops", "CpuMachine", "CpuShape", "CpuTiles",
            "GEMM_MIN_REUSE", "GemmBlocks", "HOST_DEFAULTS", "LOOP_MODES", "MR_PADDING",
-           "NR_ALIGN", "column_blocks", "cpu_shape", "cpu_tiles", "gemm_blocks", "gemm_mr",
+           "NR_ALIGN", "column_width", "cpu_shape", "cpu_tiles", "gemm_blocks", "gemm_mr",
            "gemm_reuse", "gemm_roles", "machine_of", "max_mr", "one_thread", "recorded_tiles",
            "register_rows", "rows_per_block", "tiles_for"]
