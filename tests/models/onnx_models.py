@@ -318,7 +318,9 @@ def kv_cache_step(hidden: int = 8, seed: int = 1) -> onnx.ModelProto:
                       vi("past_v", FLOAT, [1, "past", hidden])],
         [vi("y", FLOAT, [1, "seq", hidden]), vi("k", FLOAT, None), vi("v", FLOAT, None)],
         inits)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8   # as the other builders: loads in older onnxruntime releases too
+    return model
 
 
 def with_batch(model: onnx.ModelProto, batch: int) -> onnx.ModelProto:

@@ -67,7 +67,7 @@ def test_default_tolerances_by_dtype():
 
 # -- references --------------------------------------------------------------------------
 
-def tiny_onnx(path):
+def tiny_onnx(path, ir_version: int = 8):
     import onnx
     from onnx import TensorProto, helper
 
@@ -77,7 +77,7 @@ def tiny_onnx(path):
         "tiny", [helper.make_tensor_value_info("in:0", TensorProto.FLOAT, [2, 3])],
         [helper.make_tensor_value_info("out/0", TensorProto.FLOAT, [2, 3])], [w])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
+    model.ir_version = ir_version
     onnx.save(model, path)
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
@@ -117,6 +117,29 @@ def test_onnxruntime_reference_unmapped_name(tmp_path):
     with pytest.raises(TilekitError) as err:
         onnxruntime_reference(module, {"in_0": np.zeros((2, 3), np.float32)}, tmp_path)
     assert "'in_0'" in err.value.message() and "re-run tk-import" in err.value.message()
+
+
+def test_a_source_newer_than_onnxruntime_loads_is_checked_at_its_ir_version(tmp_path):
+    """An `onnx` newer than the installed onnxruntime writes an IR version that onnxruntime
+    refuses: the check loads the model as the newest IR version it knows, and says so."""
+    digest = tiny_onnx(tmp_path / "tiny.onnx", ir_version=99)
+    module = tiny_module({"onnx": "tiny.onnx", "sha256": digest,
+                          "inputs": {"in_0": "in:0"}, "outputs": {"out_0": "out/0"}})
+    x = np.arange(6, dtype=np.float32).reshape(2, 3) - 2
+    ref = onnxruntime_reference(module, {"in_0": x}, tmp_path)
+    assert "IR version 99 read as" in ref.description
+    np.testing.assert_allclose(ref.outputs["out_0"], np.maximum(x * [0.5, -1, 2], 0))
+
+
+def test_onnxruntime_refusal_is_one_line_without_its_source_location(tmp_path):
+    (tmp_path / "bad.onnx").write_bytes(b"not a model")
+    module = tiny_module({"onnx": "bad.onnx",
+                          "sha256": hashlib.sha256(b"not a model").hexdigest()})
+    with pytest.raises(TilekitError) as err:
+        onnxruntime_reference(module, {"in_0": np.zeros((2, 3), np.float32)}, tmp_path)
+    message = err.value.message()
+    assert "cannot load 'bad.onnx'" in message and "\n" not in message
+    assert "[ONNXRuntimeError]" not in message and str(tmp_path) not in message
 
 
 def test_onnxruntime_missing(tmp_path, monkeypatch):

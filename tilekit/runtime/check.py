@@ -20,6 +20,7 @@ against it by default is the mode the module's stages made (`staged_mode`).
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
@@ -204,14 +205,7 @@ def onnxruntime_reference(module: Module, inputs: Mapping[str, np.ndarray],
                            "pip install onnxruntime (or pip install -e '.[test]')") from None
     # What the import changed in the source (--random-weights, --value), done again here.
     source, fixed = _imported_source(module, path)
-    options = ort.SessionOptions()
-    options.log_severity_level = 4  # fatal only: a failure is reported as one line below
-    try:
-        session = ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
-    except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own exception types
-        raise TilekitError(f"onnxruntime cannot load '{path.name}': "
-                           f"{excerpt(str(exc), 200, quote=False)}", "source.onnx",
-                           "check the model with onnx.checker") from None
+    session, lowered = _ort_session(ort, source, path)
     in_names, out_names = onnx_names(module)
     model_inputs = {i.name for i in session.get_inputs()}
     types = {i.name: i.type for i in session.get_inputs()}
@@ -237,9 +231,51 @@ def onnxruntime_reference(module: Module, inputs: Mapping[str, np.ndarray],
                            "check the model with onnx.checker, or drop --check") from None
     half = import_dtype(module)
     return Reference(f"onnxruntime {ort.__version__} on {path.name}" + (
-        f" (float32; the IR is in {half})" if half else ""),
+        f" (float32; the IR is in {half})" if half else "") + (
+        f" (its ONNX IR version {lowered[0]} read as {lowered[1]}, the newest this "
+        f"onnxruntime loads)" if lowered else ""),
         {ir: np.asarray(r) for ir, r in zip(out_names, results)},
         SOURCE_TOLERANCES if half else DEFAULT_TOLERANCES)
+
+
+#: onnxruntime's refusal of a model whose ONNX IR version is newer than it knows.
+_IR_TOO_NEW = re.compile(r"Unsupported model IR version: (\d+), max supported IR version: (\d+)")
+
+
+def _ort_session(ort, source: str | bytes, path: Path) -> tuple[object, tuple[int, int] | None]:
+    """An onnxruntime session of the source model, and (model's, loaded) IR versions when the
+    model's is newer than this onnxruntime loads: an `onnx` newer than the installed
+    onnxruntime writes a newer IR version than the model needs (the operator sets decide what
+    it means), so the check loads it as the newest IR version it knows, and says so."""
+    options = ort.SessionOptions()
+    options.log_severity_level = 4  # fatal only: a failure is reported as one line below
+    lowered = None
+    for _ in range(2):
+        try:
+            return ort.InferenceSession(source, options,
+                                        providers=["CPUExecutionProvider"]), lowered
+        except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own exception types
+            too_new = _IR_TOO_NEW.search(str(exc))
+            if too_new is None or lowered is not None:
+                raise TilekitError(f"onnxruntime cannot load '{path.name}': "
+                                   f"{excerpt(_ort_reason(str(exc)), 200, quote=False)}",
+                                   "source.onnx", "check the model with onnx.checker") from None
+        import onnx
+        model = onnx.load_model_from_string(source) if isinstance(source, bytes) \
+            else onnx.load(source)
+        lowered = (model.ir_version, int(too_new.group(2)))
+        model.ir_version = lowered[1]
+        source = model.SerializeToString()
+    raise AssertionError("unreachable")
+
+
+def _ort_reason(message: str) -> str:
+    """onnxruntime's message without its prefix, the model's path and the C++ source
+    location (`[ONNXRuntimeError] : 1 : FAIL : Load model from /p failed:/src/model.cc:202
+    onnxruntime::Model::Model(...) Unsupported ...` -> `Unsupported ...`)."""
+    message = re.sub(r"^\[ONNXRuntimeError\] : \d+ : \w+ : ", "", message.strip())
+    message = re.sub(r"^Load model from .*? failed:", "", message)
+    return re.sub(r"^\S+\.(?:cc|cpp|h):\d+ \S+?\(.*?\)\s*", "", message).strip()
 
 
 def _imported_source(module: Module, path: Path) -> tuple[str | bytes, dict[str, np.ndarray]]:
