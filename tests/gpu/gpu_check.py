@@ -31,9 +31,11 @@ Steps, in order (`--steps` picks some):
                 `--build-only` builds and compiles only (on a CPU machine with nvcc), and
                 `--reuse-built` keeps the IR already in `--work`/models (built beforehand
                 that way: the pipeline is deterministic; docs/gpu.md, "A short lease")
-    profile     Nsight Compute (ncu) sections of the kernels of three built models: throughput,
-                occupancy, memory, warp stalls (CSV in the logs; ncu-summary.json: the
-                longest launches with their metrics and ncu's findings, `ncu_summary`)
+    profile     Nsight Compute (ncu) sections of the kernels of built models (`--profiled`:
+                the longest-running models rolled and welded, a tk-ram program, a device
+                loop): throughput, occupancy, memory, warp stalls (CSV in the logs;
+                ncu-summary.json: the longest launches with their metrics and ncu's findings,
+                `ncu_summary`)
     sanitizer   compute-sanitizer memcheck, racecheck and synccheck on three models' welded
                 kernels and tk-ram programs and on two control-flow models' device loops
                 (in parallel)
@@ -292,9 +294,12 @@ def step_models(run: Runner, args) -> None:
 
 NCU_SECTIONS = ("SpeedOfLight", "Occupancy", "LaunchStats", "MemoryWorkloadAnalysis",
                 "ComputeWorkloadAnalysis", "WarpStateStats", "SchedulerStats")
-#: (model, variant) whose kernels Nsight Compute reads in the profile step: the first launches
-#: of one run each (every kernel once, in launch order).
-PROFILED = (("resnet50", "rolled"), ("bert_encoder_layer", "welded"), ("gpt_block", "welded"))
+#: model.variant whose kernels Nsight Compute reads in the profile step (`--profiled`): the
+#: first launches of one run each (every kernel once, in launch order). The models whose
+#: kernels take the most time, as rolled and welded, a tk-ram program and a device loop.
+PROFILED = ("resnet50.rolled", "resnet50.welded", "densenet121.welded", "vgg19.welded",
+            "inception_v2.welded", "bert_encoder_layer.welded", "bert_encoder_layer.program",
+            "gpt_block.welded", "lstm_loop.ground")
 
 
 #: Nsight Compute metrics kept per kernel in the profile summary: (section, metric) -> key.
@@ -363,7 +368,7 @@ def step_profile(run: Runner, args) -> None:
         run.record("profile", skipped="ncu is not on PATH")
         return
     work = run.work / "models"
-    for name, variant in PROFILED:
+    for name, _, variant in (item.partition(".") for item in args.profiled):
         ir = work / _ir(name, "float32", variant)
         if not ir.exists():
             run.record("profile", model=name, variant=variant, skipped="not built")
@@ -514,6 +519,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--limit-profile", type=float, default=120)
     parser.add_argument("--profile-kernels", type=int, default=60,
                         help="kernel launches Nsight Compute reads per profiled model")
+    parser.add_argument("--profiled", type=_names, default=list(PROFILED),
+                        help="model.variant, comma-separated: the profile step's models")
     args = parser.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -524,7 +531,10 @@ def main(argv: list[str] | None = None) -> int:
                                ("models", args.models or [],
                                 REAL_MODELS + BUILT_MODELS + CONTROL_MODELS),
                                ("timed dtypes (not in --dtypes)", args.timed_dtypes or [],
-                                args.dtypes)):
+                                args.dtypes),
+                               ("profiled (model.variant)", args.profiled,
+                                [f"{m}.{v}" for m in REAL_MODELS + BUILT_MODELS + CONTROL_MODELS
+                                 for v in VARIANTS])):
         unknown = sorted(set(given) - set(known))
         if unknown:
             parser.error(f"unknown {what} {unknown}; known: {', '.join(known)}")
