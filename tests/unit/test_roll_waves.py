@@ -89,6 +89,26 @@ def test_small_convolutions_get_a_full_wave(c, hw, monkeypatch):
     assert new["estimate"]["time_us"] < old["estimate"]["time_us"]
 
 
+def test_a_large_convolution_whose_pick_leaves_the_sms_short_of_warps_is_split():
+    """VGG-19's 3x3 convolution on 28x28x512 (401k outputs): enough output for every SM's
+    warps at small tiles, but the fastest unsplit tile is 112 blocks of 7 warps (the H200
+    profile: 587 us, 77% of cycles with no warp to issue). The split is priced because the
+    pick, not the output, leaves the SMs short: the roll splits it, into at least a full
+    wave of blocks, and estimates the split faster than the unsplit pick."""
+    from tilekit.roll import construct
+
+    module = conv3x3(512, 512, 28, chain=False)
+    new = rolled_tile(module)
+    assert new["kernel"]["shape"] == "staged" and new.get("split_k", 1) >= 2
+    assert new["blocks"] * new["split_k"] >= H100.sm_count
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(construct, "best_staged_split", lambda *a: None)
+        old = rolled_tile(module)
+    warps = -(-old["kernel"]["threads"] // 32)
+    assert "split_k" not in old and old["blocks"] * warps < H100.sm_count * cost.HIDING_WARPS
+    assert new["estimate"]["time_us"] < old["estimate"]["time_us"]
+
+
 def test_latency_hiding_prices_few_warps_per_sm():
     """The same staged tile costs more per SM when the grid leaves each SM one block of 4
     warps than when the SMs hold the warps that hide latency: the term is the saturation of

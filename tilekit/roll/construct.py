@@ -83,7 +83,7 @@ def roll_problem(problem: Problem, profile, top_k: int = 1, precision: str = "fp
     ranked = rank(problem, m, list(seen), top_k)
     split = best_split_k(problem, m, tiles)
     if split is None and tensor_compute(problem, m) is None and problem.has_reduction:
-        split = best_staged_split(problem, m, list(seen))
+        split = best_staged_split(problem, m, list(seen), ranked[0])
     if split is not None and round_sig(split.estimate.time_us, 6) < round_sig(
             ranked[0].estimate.time_us, 6):
         ranked = [split] + ranked[:max(1, top_k) - 1]   # only the pick is split
@@ -123,21 +123,20 @@ def best_split_k(problem: Problem, m: Machine, tiles: list[RTile]) -> Candidate 
 
 #: The fastest unsplit staged tiles of a CUDA-core reduction whose split-K is priced.
 SPLIT_TILES = 8
-#: Output points per thread below which a problem's output alone cannot give the SMs the
-#: warps that hide latency, so that a split of its reduction is priced: a 2x2 register
-#: tile, the smallest that reuses both operands of a product.
-SPLIT_MIN_TILE = 4
 #: Output dtypes whose staged kernels accumulate in float32, the split-K scratch's type.
 SPLIT_DTYPES = ("float32", "float16", "bfloat16")
 
 
-def best_staged_split(problem: Problem, m: Machine, tiles: list[RTile]) -> Candidate | None:
+def best_staged_split(problem: Problem, m: Machine, tiles: list[RTile],
+                      pick: Candidate) -> Candidate | None:
     """The fastest split-K of a staged tile on CUDA cores (tilekit.codegen.staged), or None.
 
-    Only for a problem whose output, at `SPLIT_MIN_TILE` points per thread, gives the SMs
-    fewer warps than latency hiding needs (`_warps_to_fill`: small spatial sizes at batch
-    1). Priced for each of `tiles` that runs staged and whose grid leaves the SMs short of
-    those warps, or fits on them at once with room for more blocks, with each factor of
+    Only where the unsplit `pick` leaves the SMs short of the warps that hide latency
+    (`_warps_to_fill`) or holds its whole grid at once with room for more blocks: whether
+    the output *could* fill the SMs with small tiles does not matter, the pick's tile is
+    what runs (VGG-19's 28x28 layers: 401k outputs, but 112 blocks of 7 warps). Priced for
+    each of the `SPLIT_TILES` fastest of `tiles` that run staged and leave the SMs short or
+    with room that way, with each factor of
     `SPLIT_K`: slices of the outermost reduction axis with several steps
     (tilekit.schedule.shape.staged_split), in blocks of their own; the last block of each
     output tile adds the slices in slice order (deterministic)."""
@@ -148,8 +147,8 @@ def best_staged_split(problem: Problem, m: Machine, tiles: list[RTile]) -> Candi
             or problem.dtype not in SPLIT_DTYPES:
         return None
     fill = m.hw.sm_count * _warps_to_fill(problem, m)
-    if not tiles or problem.output_points >= SPLIT_MIN_TILE * fill * m.hw.warp_size:
-        return None        # the output alone gives the SMs their warps
+    if not tiles or not _short_of_warps(m, cost_candidates(problem, m, [pick.tile]), 0, fill):
+        return None        # the pick gives the SMs their warps
     costs = cost_candidates(problem, m, tiles)
     # the SPLIT_TILES fastest of the tiles that run staged (a SIMT GEMM's are not split)
     staged = sorted((k for k in range(len(tiles)) if costs.valid[k] and costs.staged[k]),
@@ -158,12 +157,7 @@ def best_staged_split(problem: Problem, m: Machine, tiles: list[RTile]) -> Candi
     costs = cost_candidates(problem, m, tiles) if tiles else costs
     best = None
     for k, tile in enumerate(tiles):
-        warps = -(-int(costs.threads[k]) // m.hw.warp_size)
-        blocks = int(costs.blocks[k])
-        # worth pricing: the SMs are short of warps, or hold the whole grid at once with
-        # room for more (then the steps each block waits for, t_latency, shrink by the split)
-        room = blocks < m.hw.sm_count * int(costs.blocks_per_sm[k])
-        if not (costs.valid[k] and costs.staged[k]) or (blocks * warps >= fill and not room):
+        if not (costs.valid[k] and costs.staged[k] and _short_of_warps(m, costs, k, fill)):
             continue
         for factor in SPLIT_K:
             est, slices = split_k_estimate(problem, m, tile.block, tile.thread, tile.step,
@@ -174,6 +168,15 @@ def best_staged_split(problem: Problem, m: Machine, tiles: list[RTile]) -> Candi
                 best = Candidate(tile, est, int(costs.smem_tile[k]), int(costs.regs[k]),
                                  int(costs.threads[k]), int(costs.blocks[k]) * slices, slices)
     return best
+
+
+def _short_of_warps(m: Machine, costs, k: int, fill: int) -> bool:
+    """Whether tile `k` of `costs` is worth splitting: its grid leaves the SMs short of
+    `fill` warps, or the SMs hold the whole grid at once with room for more blocks (then the
+    steps each block waits for, t_latency, shrink by the split)."""
+    warps = -(-int(costs.threads[k]) // m.hw.warp_size)
+    blocks = int(costs.blocks[k])
+    return blocks * warps < fill or blocks < m.hw.sm_count * int(costs.blocks_per_sm[k])
 
 
 def construct_tiles(problem: Problem, profile, m: Machine | None = None) -> list[RTile]:
