@@ -18,11 +18,14 @@ PyTorch runs the same ONNX graph through tests/bench/torch_onnx.py, eager (`torc
 under torch.compile (`torch_compile_ms`, timed after the compile, whose seconds are
 `compile_s`; its mode `TILEKIT_BENCH_COMPILE_MODE`, default `default`), and eager captured
 once as a CUDA graph and replayed (`torch_graph_ms`, Rammer's baseline); tilekit's rolled
-kernels (`tilekit_ms`) and the same rolled then welded (`tilekit_welded_ms`, checked against
-the rolled outputs). A row also holds tilekit's relative L2 error against eager
+kernels (`tilekit_ms`), the same rolled then welded (`tilekit_welded_ms`), and as a tk-ram
+program (`tilekit_program_ms`: `tk-roll --top-k 4 | tk-weld | tk-ram`, one persistent launch
+per segment; `ratio_program_graph` against the CUDA graph), both checked against the rolled
+outputs (relative L2 at most 1e-3). A row also holds tilekit's relative L2 error against eager
 (`check`: pass at 1e-3) and, instead of aborting the bench, any stage's error
-(`tilekit_error`, `eager_error`, `compile_error`); the test fails at the end, after writing
-everything, on a tilekit or eager error or a failed check (not on a torch.compile error).
+(`tilekit_error`, `program_error`, `eager_error`, `compile_error`); the test fails at the
+end, after writing everything, on a tilekit or eager error or a failed check (not on a
+torch.compile error).
 
 All CPU work (every model's import, roll and codegen, every nvcc compile) runs first, in
 parallel, and nothing runs beside the timings. No torch.compile starts once
@@ -163,10 +166,10 @@ def op_cases() -> list[Case]:
     ]
 
 
-def rolled(module: Module, profile, precision: str = "fp32") -> Module:
-    """tk-roll's tiles for `profile` at `precision`."""
+def rolled(module: Module, profile, precision: str = "fp32", top_k: int = 1) -> Module:
+    """tk-roll's tiles for `profile` at `precision` (`top_k` kept per op)."""
     from tilekit.roll.schedule import roll_module
-    return roll_module(module, profile, precision=precision)
+    return roll_module(module, profile, top_k, precision=precision)
 
 
 def profile_for(arch: str | None):
@@ -205,6 +208,9 @@ BUDGET_S = float(os.environ.get("TILEKIT_BENCH_BUDGET_S", "180"))
 COMPILE_MODE = os.environ.get("TILEKIT_BENCH_COMPILE_MODE", "default")
 #: tilekit against PyTorch eager on a whole model, relative L2 over each output.
 MODEL_TOLERANCE = 1e-3
+#: Tiles kept per op for the tk-ram program rows (tk-ram packs from the alternatives), as
+#: tests/gpu/gpu_check.py's program variant.
+PROGRAM_TOP_K = 4
 
 
 @dataclass(frozen=True)
@@ -254,8 +260,10 @@ class ModelBuild:
     imported: Module | None = None
     generated: Module | None = None
     welded: Module | None = None
+    program: Module | None = None
     weights: dict | None = None
     error: str | None = None
+    program_error: str | None = None
 
     def tilekit_inputs(self) -> dict[str, np.ndarray]:
         renamed = (self.imported.source or {}).get("inputs") or {}
@@ -292,11 +300,20 @@ def build_model(spec: ModelSpec, profile, folder: Path, arch: str | None) -> Mod
         roll = rolled(build.imported, profile)
         build.generated = generate(roll, profile).module
         build.welded = generate(weld_module(roll, profile), profile).module
+        try:  # the tk-ram program: `tk-roll --top-k 4 | tk-weld | tk-ram | tk-codegen`
+            from tilekit import pipeline
+            planned = pipeline.run(rolled(build.imported, profile, top_k=PROGRAM_TOP_K),
+                                   ["weld", "ram"], pipeline.Context(profile))
+            build.program = generate(planned, profile).module
+        except Exception as exc:  # noqa: BLE001 - recorded in the row
+            build.program_error = _error(exc)
         if arch is not None:
             from tilekit.codegen.nvcc import compile_unit, find_nvcc
             from tilekit.runtime.cuda import build_arch, unit_source
             if find_nvcc():
-                for module in (build.generated, build.welded):
+                for module in (build.generated, build.welded, build.program):
+                    if module is None:
+                        continue
                     section = CodegenSection.read(module.codegen)
                     compile_unit(unit_source(section.kernels), build_arch(section, arch))
     except Exception as exc:  # noqa: BLE001 - recorded in the row
@@ -358,6 +375,7 @@ def test_batch64_models_import(name, tmp_path):
     assert [module.tensors[n].shape[axis] for n in module.inputs] == [64]
     assert all(module.tensors[n].shape[axis] == 64 for n in module.outputs)
     assert build.generated.codegen["kernels"]
+    assert build.program.program is not None and build.program.codegen["kernels"]
     assert build.tilekit_inputs()[module.inputs[0]].shape == module.tensors[module.inputs[0]].shape
 
 
@@ -502,6 +520,17 @@ def _model_row(build: ModelBuild, torch, profile, deadline: float) -> dict:
                                                    zip(module.outputs, got)))
         except Exception as exc:  # noqa: BLE001
             row["tilekit_error"] = _error(exc)
+    if got is not None:
+        try:  # the program apart: its failure keeps the rolled and welded figures
+            if build.program is None:
+                raise RuntimeError(build.program_error or "no program built")
+            program = cuda.time_kernels(build.program, inputs, build.weights, runs, WARMUP)
+            out_p = cuda.run_module(build.program, inputs, build.weights)
+            row.update(tilekit_program_ms=program.median * 1e3,
+                       program_rel_l2_vs_rolled=max(_rel_l2(out_p[n], g) for n, g in
+                                                    zip(module.outputs, got)))
+        except Exception as exc:  # noqa: BLE001
+            row["program_error"] = _error(exc)
     net = want = None
     try:
         if build.model is None:
@@ -552,7 +581,8 @@ def _model_row(build: ModelBuild, torch, profile, deadline: float) -> dict:
     for key, ours, theirs in (("ratio", "tilekit_ms", "torch_ms"),
                               ("ratio_compile", "tilekit_ms", "torch_compile_ms"),
                               ("ratio_welded_compile", "tilekit_welded_ms", "torch_compile_ms"),
-                              ("ratio_graph", "tilekit_ms", "torch_graph_ms")):
+                              ("ratio_graph", "tilekit_ms", "torch_graph_ms"),
+                              ("ratio_program_graph", "tilekit_program_ms", "torch_graph_ms")):
         row[key] = row[ours] / row[theirs] if row.get(ours) and row.get(theirs) else None
     return {k: (float(f"{v:.6g}") if isinstance(v, float) else v) for k, v in row.items()}
 
@@ -579,10 +609,12 @@ def _print_row(r: dict) -> None:
     flops = f"{r['peak_fraction'] * 100:5.1f}% {which} peak" if r.get("peak_fraction") else ""
     print(f"  {r['case']:<30}  tilekit {_ms(r.get('tilekit_ms'))}  eager "
           f"{_ms(r.get('torch_ms'))}  compile {_ms(r.get('torch_compile_ms'))}  graph "
-          f"{_ms(r.get('torch_graph_ms'))}  welded {_ms(r.get('tilekit_welded_ms'))}  {ratios}  "
+          f"{_ms(r.get('torch_graph_ms'))}  welded {_ms(r.get('tilekit_welded_ms'))}  program "
+          f"{_ms(r.get('tilekit_program_ms'))}  {ratios}  "
           f"{dram}  {flops}".rstrip(), flush=True)
-    problems = [f"{k}: {r[k]}" for k in ("error", "tilekit_error", "eager_error",
-                                         "graph_error", "compile_error") if r.get(k)]
+    problems = [f"{k}: {r[k]}" for k in ("error", "tilekit_error", "program_error",
+                                         "eager_error", "graph_error", "compile_error")
+                if r.get(k)]
     if str(r.get("check", "")).startswith("FAIL"):
         problems.append(f"check {r['check']} (rel L2 {r.get('rel_l2_vs_eager')} against eager)")
     for problem in problems:
@@ -611,7 +643,8 @@ def test_gpu_bench(tmp_path):
         "models": "PyTorch through tests/bench/torch_onnx.py (the ONNX graph node by node); "
                   "torch_ms is eager, torch_graph_ms eager captured once and replayed as a "
                   f"CUDA graph, torch_compile_ms torch.compile (mode {COMPILE_MODE}); "
-                  "tilekit_ms rolled, tilekit_welded_ms rolled then welded",
+                  "tilekit_ms rolled, tilekit_welded_ms rolled then welded, "
+                  "tilekit_program_ms a tk-ram program (roll --top-k 4, weld, ram)",
         "compile_mode": COMPILE_MODE,
         "rows": [],
     }
@@ -643,5 +676,8 @@ def test_gpu_bench(tmp_path):
     _write_report(report)
     print(f"  ({report['seconds']} s)")
     broken = [r["case"] for r in rows if r.get("error") or r.get("tilekit_error")
-              or r.get("eager_error") or str(r.get("check", "")).startswith("FAIL")]
+              or r.get("program_error") or r.get("eager_error")
+              or str(r.get("check", "")).startswith("FAIL")
+              or any((r.get(k) or 0) > MODEL_TOLERANCE
+                     for k in ("welded_rel_l2_vs_rolled", "program_rel_l2_vs_rolled"))]
     assert not broken, f"rows with an error or a failed check (see above): {broken}"

@@ -175,3 +175,25 @@ def test_runtime_checks_occupancy_before_a_program_launch(programs):
     launch.counters.values = [5] * record.counters  # left by a previous run
     launch({t: object() for t in record.args})
     assert calls == [(record.grid, record.block, [0] * record.counters)]
+
+
+def test_a_program_packs_a_simt_gemm_on_blocks_of_its_own_threads(tmp_path):
+    """A BERT-base encoder layer (128 tokens, hidden 768) as `tk-roll --top-k 4 | tk-weld |
+    tk-ram | tk-codegen` for the H100: an attention product rolled to the SIMT GEMM (128
+    threads, barriers) shares a persistent segment with 256-thread bodies. tk-ram used to
+    read the SIMT shape as barrier-free and size the block at 256, which codegen refused;
+    now the segment's blocks are the GEMM's 128 threads and the program generates."""
+    from models import onnx_models
+
+    path = tmp_path / "bert.onnx"
+    onnx.save(onnx_models.bert_encoder_layer(batch=1, seq=128, hidden=768, heads=12,
+                                             ffn=3072), str(path))
+    module = pipeline.compile(path, passes=("roll", "weld", "ram", "codegen"), hw="h100",
+                              top_k=4, ir_path=tmp_path / "bert.tk.yaml").module
+    simt_ops = {op.name for op in module.ops
+                if ((op.tile or {}).get("kernel") or {}).get("shape") == "simt"}
+    simt_groups = {k.name for k in module.kernels if simt_ops & set(k.ops)}
+    programs = [k for k in CodegenSection.read(module.codegen).kernels if k.coresident
+                and simt_groups & set(k.schedule.get("operators", ()))]
+    assert simt_groups and programs
+    assert all(k.block[0] == 128 for k in programs)

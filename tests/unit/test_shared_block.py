@@ -57,3 +57,52 @@ def test_the_cost_model_sees_collectives_as_exchanging_values():
     staged = BodyKernel("staged", 8, 128, 64, 4096, 1.0, barriers=True)
     assert not lanes.block().independent and staged.block().barriers
     assert "warp collectives on 48 threads" in shared_block([staged.block(), lanes.block()])
+
+
+def _shapes_generated() -> dict[str, set[bool]]:
+    """Every single-op kernel shape the CUDA codegen makes for a few rolled ops (a float32
+    and a float16 matmul on the H100 and the A100, a convolution, an elementwise op, and the
+    same unrolled), and whether its tile program meets at block barriers."""
+    from tilekit.codegen import generate
+    from tilekit.hw import load_profile
+    from tilekit.ir import Module, Op, Tensor
+    from tilekit.roll.schedule import roll_module
+    from tilekit.tile.nodes import uses_barriers
+
+    def matmul(dtype, m, n, k):
+        return Module(model="mm", inputs=("a", "b"), outputs=("c",), tensors={
+            "a": Tensor((m, k), dtype, "input"), "b": Tensor((k, n), dtype, "input"),
+            "c": Tensor((m, n), dtype, "output")},
+            ops=(Op("mm", "c[i, j] += a[i, k] * b[k, j]"),), stages=({"name": "import"},))
+
+    conv = Module(model="conv", inputs=("x", "w"), outputs=("y",), tensors={
+        "x": Tensor((1, 64, 28, 28), "float32", "input"),
+        "w": Tensor((64, 64, 3, 3), "float32", "input"),
+        "y": Tensor((1, 64, 28, 28), "float32", "output")},
+        ops=(Op("conv", "y[n, f, h, w] += x[n, c, h + kh - 1, w + kw - 1] * w[f, c, kh, kw]",
+                pad="0"),), stages=({"name": "import"},))
+    relu = Module(model="relu", inputs=("x",), outputs=("y",), tensors={
+        "x": Tensor((64, 4096), "float32", "input"), "y": Tensor((64, 4096), "float32", "output")},
+        ops=(Op("relu", "y[i, j] = max(x[i, j], 0.0)"),), stages=({"name": "import"},))
+    seen: dict[str, set[bool]] = {}
+    for hw in ("h100", "a100"):
+        profile = load_profile(hw)
+        for module in (matmul("float32", 1024, 1024, 1024), matmul("float16", 1024, 1024, 1024),
+                       matmul("float32", 16, 4096, 4096), conv, relu):
+            for m in (roll_module(module, profile), module):
+                for k in generate(m, profile).kernels:
+                    seen.setdefault(k.shape, set()).add(uses_barriers(k.program))
+    return seen
+
+
+def test_the_barrier_shapes_are_the_shapes_whose_kernels_meet_at_barriers():
+    """tk-ram and tk-grind read a body's barriers from its shape (BARRIER_SHAPES), codegen
+    from the program it prints: they agree on every shape (a SIMT GEMM read as barrier-free
+    once let tk-ram put its 128 threads in a 256-thread program block, which codegen then
+    refused)."""
+    from tilekit.schedule.block import BARRIER_SHAPES
+
+    seen = _shapes_generated()
+    assert {"simt", "staged", "mma", "wgmma", "tiled", "default"} <= set(seen), seen
+    for shape, barriers in seen.items():
+        assert barriers == {shape in BARRIER_SHAPES}, (shape, barriers)

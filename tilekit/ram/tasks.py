@@ -149,12 +149,14 @@ class Variant:
 
     @property
     def barriers(self) -> bool:
-        """The body synchronises its block (`__syncthreads`: staged and tensor-core shapes):
-        it must run on exactly `threads` threads. Other bodies (tiled, default, opaque) may
-        run on the first `threads` threads of a larger block (tilekit.schedule.block). A
-        fused group's body synchronises between its stages; a fixed group's (`kernel`: never
-        packed) counts as synchronising."""
-        return self.shape in BARRIER_SHAPES or self.shape in ("fused", "kernel")
+        """The body synchronises its block (`__syncthreads`: the staged, SIMT GEMM and
+        tensor-core shapes, tilekit.schedule.block.BARRIER_SHAPES):
+        it must run on exactly `threads` threads. Other bodies (tiled, default) may run on
+        the first `threads` threads of a larger block (tilekit.schedule.block). A fused
+        group's body synchronises between its stages; an opaque op's may (a scatter's one
+        block copies, then meets at a barrier), so every opaque body counts; so does a fixed
+        group's (`kernel`: never packed)."""
+        return self.shape in BARRIER_SHAPES or self.shape in ("fused", "kernel", "opaque")
 
 
 @dataclass(frozen=True)

@@ -3,9 +3,9 @@
 A persistent kernel (a tk-grind device loop, a tk-ram program segment) runs the bodies of
 several kernels on blocks of one size. A body may run on a block of another size when:
 
-- it synchronises its block (`__syncthreads`: the `staged` and `mma` shapes, every fused
-  group): only on exactly its own threads, since every thread of the block must reach each
-  barrier;
+- it synchronises its block (`__syncthreads`: the `staged`, `simt`, `mma` and `wgmma`
+  shapes, every fused group): only on exactly its own threads, since every thread of the
+  block must reach each barrier;
 - it has fewer threads than the block and its threads never exchange values: on the first of
   the block's threads (`if (threadIdx.x < t)`); with warp collectives (a default kernel with
   lanes) only when it covers whole warps (`t % 32 == 0`);
@@ -23,9 +23,10 @@ from typing import Iterable
 
 from tilekit.schedule.defaults import WARP
 
-#: Kernel shapes (tilekit.schedule.shape) of one op whose blocks synchronise at barriers; a
-#: kernel of several ops (a fused group) always does.
-BARRIER_SHAPES = frozenset({"staged", "mma"})
+#: Kernel shapes (tilekit.schedule.shape) of one op whose blocks synchronise at barriers
+#: (shared-memory tiles written by some threads and read by others); a kernel of several ops
+#: (a fused group) always does. The `tiled` and `default` shapes never do.
+BARRIER_SHAPES = frozenset({"staged", "simt", "mma", "wgmma"})
 
 
 @dataclass(frozen=True)
