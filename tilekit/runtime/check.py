@@ -249,24 +249,28 @@ def _ort_session(ort, source: str | bytes, path: Path) -> tuple[object, tuple[in
     it means), so the check loads it as the newest IR version it knows, and says so."""
     options = ort.SessionOptions()
     options.log_severity_level = 4  # fatal only: a failure is reported as one line below
-    lowered = None
-    for _ in range(2):
+
+    def load(model: str | bytes):
         try:
-            return ort.InferenceSession(source, options,
-                                        providers=["CPUExecutionProvider"]), lowered
+            return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"]), None
         except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own exception types
-            too_new = _IR_TOO_NEW.search(str(exc))
-            if too_new is None or lowered is not None:
-                raise TilekitError(f"onnxruntime cannot load '{path.name}': "
-                                   f"{excerpt(_ort_reason(str(exc)), 200, quote=False)}",
-                                   "source.onnx", "check the model with onnx.checker") from None
+            return None, str(exc)
+
+    session, error = load(source)
+    too_new = _IR_TOO_NEW.search(error or "")
+    lowered = None
+    if too_new is not None:
         import onnx
         model = onnx.load_model_from_string(source) if isinstance(source, bytes) \
             else onnx.load(source)
         lowered = (model.ir_version, int(too_new.group(2)))
         model.ir_version = lowered[1]
-        source = model.SerializeToString()
-    raise AssertionError("unreachable")
+        session, error = load(model.SerializeToString())
+    if session is None:
+        raise TilekitError(f"onnxruntime cannot load '{path.name}': "
+                           f"{excerpt(_ort_reason(error), 200, quote=False)}", "source.onnx",
+                           "check the model with onnx.checker")
+    return session, lowered
 
 
 def _ort_reason(message: str) -> str:
