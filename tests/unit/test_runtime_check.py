@@ -131,6 +131,23 @@ def test_a_source_newer_than_onnxruntime_loads_is_checked_at_its_ir_version(tmp_
     np.testing.assert_allclose(ref.outputs["out_0"], np.maximum(x * [0.5, -1, 2], 0))
 
 
+def test_a_source_too_new_that_cannot_be_rewritten_is_one_clear_error(tmp_path, monkeypatch):
+    import onnx
+
+    digest = tiny_onnx(tmp_path / "tiny.onnx", ir_version=99)
+    module = tiny_module({"onnx": "tiny.onnx", "sha256": digest,
+                          "inputs": {"in_0": "in:0"}, "outputs": {"out_0": "out/0"}})
+
+    def refuse(*args, **kwargs):
+        raise ValueError("Message onnx.ModelProto exceeds maximum protobuf size of 2GB")
+    monkeypatch.setattr(onnx, "load", refuse)
+    with pytest.raises(TilekitError) as err:
+        onnxruntime_reference(module, {"in_0": np.zeros((2, 3), np.float32)}, tmp_path)
+    message = err.value.message()
+    assert "cannot load 'tiny.onnx'" in message and "IR version: 99" in message
+    assert "could not be rewritten" in message and "\n" not in message
+
+
 def test_onnxruntime_refusal_is_one_line_without_its_source_location(tmp_path):
     (tmp_path / "bad.onnx").write_bytes(b"not a model")
     module = tiny_module({"onnx": "bad.onnx",

@@ -261,11 +261,16 @@ def _ort_session(ort, source: str | bytes, path: Path) -> tuple[object, tuple[in
     lowered = None
     if too_new is not None:
         import onnx
-        model = onnx.load_model_from_string(source) if isinstance(source, bytes) \
-            else onnx.load(source)
-        lowered = (model.ir_version, int(too_new.group(2)))
-        model.ir_version = lowered[1]
-        session, error = load(model.SerializeToString())
+        try:
+            model = onnx.load_model_from_string(source) if isinstance(source, bytes) \
+                else onnx.load(source)
+            lowered = (model.ir_version, int(too_new.group(2)))
+            model.ir_version = lowered[1]
+            source = model.SerializeToString()   # (a model over 2 GB cannot be)
+        except Exception as exc:  # noqa: BLE001 - onnx and protobuf raise their own types
+            error += f" (and it could not be rewritten at IR version {too_new.group(2)}: {exc})"
+        else:
+            session, error = load(source)
     if session is None:
         raise TilekitError(f"onnxruntime cannot load '{path.name}': "
                            f"{excerpt(_ort_reason(error), 200, quote=False)}", "source.onnx",
