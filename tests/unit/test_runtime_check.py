@@ -159,6 +159,22 @@ def test_onnxruntime_refusal_is_one_line_without_its_source_location(tmp_path):
     assert "[ONNXRuntimeError]" not in message and str(tmp_path) not in message
 
 
+def test_onnxruntime_message_keeps_its_reason():
+    """onnxruntime's load failure as an H200's onnxruntime 1.30 printed it: the prefix, the
+    model's path and the C++ location go, the reason stays (and with it the IR versions the
+    check reads)."""
+    from tilekit.runtime.check import _IR_TOO_NEW, _ort_reason
+
+    message = ("[ONNXRuntimeError] : 1 : FAIL : Load model from /tmp/pytest-of-root/kv.onnx "
+               "failed:/onnxruntime_src/onnxruntime/core/graph/model.cc:202 onnxruntime::Model"
+               "::Model(ModelProto&&, const PathString&, const IOnnxRuntimeOpSchemaRegistryList*"
+               ", const onnxruntime::logging::Logger&, const onnxruntime::ModelOptions&) "
+               "Unsupported model IR version: 14, max supported IR version: 11")
+    assert _ort_reason(message) == "Unsupported model IR version: 14, max supported IR version: 11"
+    assert _IR_TOO_NEW.search(message).groups() == ("14", "11")
+    assert _ort_reason("Protobuf parsing failed.") == "Protobuf parsing failed."
+
+
 def test_onnxruntime_missing(tmp_path, monkeypatch):
     import sys
 
