@@ -153,12 +153,11 @@ def best_staged_split(problem: Problem, m: Machine, tiles: list[RTile],
     # the SPLIT_TILES fastest of the tiles that run staged (a SIMT GEMM's are not split)
     staged = sorted((k for k in range(len(tiles)) if costs.valid[k] and costs.staged[k]),
                     key=lambda k: (round_sig(costs.time_s[k], 6), k))[:SPLIT_TILES]
-    tiles = [tiles[k] for k in staged]
-    costs = cost_candidates(problem, m, tiles) if tiles else costs
     best = None
-    for k, tile in enumerate(tiles):
-        if not (costs.valid[k] and costs.staged[k] and _short_of_warps(m, costs, k, fill)):
+    for k in staged:
+        if not _short_of_warps(m, costs, k, fill):
             continue
+        tile = tiles[k]
         for factor in SPLIT_K:
             est, slices = split_k_estimate(problem, m, tile.block, tile.thread, tile.step,
                                            factor, staged=True)
