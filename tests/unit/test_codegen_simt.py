@@ -2,7 +2,9 @@
 
 The generated kernels run in the CPU emulation (host_emul.h: threads as fibers, real
 barriers; every block of these small problems) against a float64 reference: square, ragged
-M/N/K, batched and transposed operands, a fused chain, the scalar fallback; a missing
+M/N/K, batched and transposed operands, a fused chain, the scalar fallback, convolutions as
+implicit GEMMs (padding, strides, ragged tiles and channels, steps of whole windows, a
+fused bias and ReLU) and a MatMul of 3-D activations; a missing
 barrier fails; the tile interpreter counts fully
 coalesced global accesses and conflict-free shared ones for the aligned kernels; a wrong
 fragment index fails; nvcc builds them for sm_80 and sm_90 without spills or local memory
@@ -183,8 +185,8 @@ def test_one_barrier_per_step_and_the_next_step_loaded_ahead():
 
 
 def test_plan_refusals_keep_the_staged_shape():
-    """Convolutions (gathered windows), thread tiles other than 4/8, too few thread columns
-    and non-float32 operands are refused with a reason; the decision then stages."""
+    """A convolution's step of 72 window points, thread tiles other than 4/8, too few thread
+    columns and non-float32 operands are refused with a reason; the decision then stages."""
     c = Module(model="conv", tensors={
         "x": Tensor((1, 32, 14, 14), "float32", "input"),
         "w": Tensor((64, 32, 3, 3), "float32", "input"),
@@ -232,10 +234,21 @@ NVCC_TILES = [tile(128, 128, 8, 8, 8), tile(64, 128, 8, 8, 32)] + (
      tile(32, 64, 4, 4, 32)] if ALL else [])
 
 
+def _compiles_in_registers(result, arch: str, what) -> None:
+    """The generated simt kernel builds with nvcc for `arch`: no spills, no stack."""
+    from tilekit.codegen import compile_module
+
+    assert result.kernels[0].shape == "simt"
+    report = compile_module(result, arch, H100)
+    assert not report.problems, report.problems
+    res = report.module.codegen["kernels"][0]["resources"]
+    assert res["spill_stores"] == 0 and res["spill_loads"] == 0, (what, res)
+    assert res["stack"] == 0 and res["registers"] <= 255, (what, res)
+
+
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_simt_kernels_compile_without_spills_or_local_memory(arch):
-    from tilekit.codegen import compile_module
     shapes = [(1024, 1024, 1024, True, True), (1000, 1000, 1001, True, True)]  # + scalar A
     if ALL:
         shapes += [(1024, 1024, 1024, False, False), (1000, 1001, 1001, False, False)]
@@ -246,12 +259,7 @@ def test_simt_kernels_compile_without_spills_or_local_memory(arch):
                 # 32 scalar loads of B per thread: refused (MAX_SCALAR_LOADS), staged
                 assert result.kernels[0].shape == "staged"
                 continue
-            assert result.kernels[0].shape == "simt"
-            report = compile_module(result, arch, H100)
-            assert not report.problems, report.problems
-            res = report.module.codegen["kernels"][0]["resources"]
-            assert res["spill_stores"] == 0 and res["spill_loads"] == 0, (t, res)
-            assert res["stack"] == 0 and res["registers"] <= 255, (t, res)
+            _compiles_in_registers(result, arch, t)
 
 
 @pytest.mark.parametrize("nth", [0, 1])
@@ -270,14 +278,11 @@ def test_emulation_catches_a_missing_barrier(nth):
     assert rel_err(emulate(broken, v, {})["c"], reference(module, v, True, True)) > 1e-3
 
 
-@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
-def test_the_sass_has_16_byte_loads_and_ffma_in_the_step_loop_and_no_local_memory():
-    """The 16-byte accesses survive compilation: LDG.E.128 and LDS.128 (the register-array
-    fragments stay in registers) inside the step loop with the FFMAs, no LDL/STL."""
-    import re
+def _sass(module: Module) -> str:
+    """The sm_90 SASS of the module's kernels (`cuobjdump -sass`, from the test extras)."""
     import subprocess
 
-    from test_codegen_wgmma import _cuobjdump, loops_with
+    from test_codegen_wgmma import _cuobjdump
     from tilekit.codegen.module import unit_source
     from tilekit.codegen.nvcc import compile_unit
 
@@ -285,14 +290,30 @@ def test_the_sass_has_16_byte_loads_and_ffma_in_the_step_loop_and_no_local_memor
     if tool is None:
         pytest.skip("cuobjdump/nvdisasm not installed (pip install nvidia-cuda-cuobjdump "
                     "nvidia-cuda-nvdisasm)")
-    result = generate(gemm(1024, 1024, 1024, t=tile(128, 128, 8, 8, 8)), H100)
-    cubin = compile_unit(unit_source(result.kernels), "sm_90").cubin
-    sass = subprocess.run([tool[0], "-sass", str(cubin)], capture_output=True, text=True,
+    cubin = compile_unit(unit_source(generate(module, H100).kernels), "sm_90").cubin
+    return subprocess.run([tool[0], "-sass", str(cubin)], capture_output=True, text=True,
                           env=tool[1], check=True).stdout
-    for opcode in ("LDG.E.128", "LDS.128", "FFMA", "BAR.SYNC"):
-        assert loops_with(sass, opcode) >= 1, f"no {opcode} inside a loop"
-    assert sass.count("FFMA") >= 8 * 8 * 8          # the step's 8 points of 8x8 unrolled
-    assert not re.search(r"\b(LDL|STL)\b", sass), "local memory in the SASS"
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
+def test_the_sass_has_16_byte_loads_and_ffma_in_the_step_loop_and_no_local_memory():
+    """The 16-byte accesses survive compilation: LDG.E.128 and LDS.128 (the register-array
+    fragments stay in registers) inside the step loop with the FFMAs, no LDL/STL. A 3 x 3
+    convolution in steps of whole windows: gathered scalar loads, the same 16-byte fragments
+    and FFMAs (9 points of 8x8), no local memory either."""
+    import re
+
+    from test_codegen_wgmma import loops_with
+
+    gemm_sass = _sass(gemm(1024, 1024, 1024, t=tile(128, 128, 8, 8, 8)))
+    conv_sass = _sass(conv(256, 256, 56, 56, t=conv_tile(128, 1, 64, 8, 8, {
+        "c": 1, "kh": 3, "kw": 3})))
+    for sass, opcodes, ffma in ((gemm_sass, ("LDG.E.128", "LDS.128", "FFMA", "BAR.SYNC"), 8),
+                                (conv_sass, ("LDS.128", "FFMA", "BAR.SYNC"), 9)):
+        for opcode in opcodes:
+            assert loops_with(sass, opcode) >= 1, f"no {opcode} inside a loop"
+        assert sass.count("FFMA") >= ffma * 8 * 8      # the step's points of 8x8 unrolled
+        assert not re.search(r"\b(LDL|STL)\b", sass), "local memory in the SASS"
 
 
 @pytest.mark.skipif(not ALL, reason="the rolled suite's simt kernels: TILEKIT_ALL_ARCHS=1")
@@ -374,3 +395,150 @@ def test_a_transposed_scaled_output_stores_point_by_point():
     v = values(module)
     want = (v["a"].astype(np.float64) @ v["b"].astype(np.float64)).T * 0.5
     assert rel_err(emulate(result.module, v, {})["c"], want) < TOLERANCE
+
+
+def conv(c: int, f: int, h: int, w: int, t: dict, stride: int = 1, pad: int = 1, k: int = 3,
+         chain: bool = False) -> Module:
+    """`y = conv(x, w)` (NCHW, a k x k window), its output `r = max(y + bias, 0)` when
+    `chain` (one kernel: the SIMT GEMM's epilogue)."""
+    ho, wo = (h + 2 * pad - k) // stride + 1, (w + 2 * pad - k) // stride + 1
+
+    def at(axis: str, window: str) -> str:
+        out = f"{axis} * {stride}" if stride > 1 else axis
+        if k > 1:
+            out += f" + {window}"
+        return out + (f" - {pad}" if pad else "")
+    window = "kh,kw" if k > 1 else ""
+    x = f"x[n,c,{at('h', 'kh')},{at('w', 'kw')}]"
+    wt = f"w[f,c,{window}]" if k > 1 else "w[f,c]"
+    tensors = {"x": Tensor((1, c, h, w), "float32", "input"),
+               "w": Tensor((f, c, k, k) if k > 1 else (f, c), "float32", "input"),
+               "y": Tensor((1, f, ho, wo), "float32", "output")}
+    ops = [Op("conv", f"y[n,f,h,w] += {x} * {wt}", pad="0", tile=t)]
+    inputs, outputs, kernels = ("x", "w"), ("y",), ()
+    if chain:
+        tensors["y"] = Tensor((1, f, ho, wo), "float32", "intermediate")
+        tensors["bias"] = Tensor((f,), "float32", "input")
+        tensors["r"] = Tensor((1, f, ho, wo), "float32", "output")
+        ops.append(Op("act", "r[n,f,h,w] = max(y[n,f,h,w] + bias[f], 0.0)"))
+        inputs, outputs, kernels = ("x", "w", "bias"), ("r",), (Kernel("k0", ("conv", "act")),)
+    return Module(model="conv", tensors=tensors, ops=tuple(ops), inputs=inputs,
+                  outputs=outputs, kernels=kernels, stages=({"name": "import"},))
+
+
+def conv_reference(module: Module, v: dict) -> np.ndarray:
+    """The convolution in float64 from the module's own shapes (and its chain)."""
+    (_, c, h, w), (_, f, ho, wo) = module.tensors["x"].shape, module.tensors["y"].shape
+    wt = v["w"].astype(np.float64).reshape(f, c, *(module.tensors["w"].shape[2:] or (1, 1)))
+    k = wt.shape[2]
+    expr = module.ops[0].expr
+    stride = 2 if "* 2" in expr else 1
+    pad = 1 if "- 1" in expr else 0
+    xp = np.pad(v["x"].astype(np.float64), ((0, 0), (0, 0), (pad, pad), (pad, pad)))
+    out = np.zeros((1, f, ho, wo))
+    for kh in range(k):
+        for kw in range(k):
+            win = xp[:, :, kh:kh + stride * (ho - 1) + 1:stride,
+                     kw:kw + stride * (wo - 1) + 1:stride]
+            out += np.einsum("nchw,fc->nfhw", win, wt[:, :, kh, kw])
+    if "bias" in v:
+        out = np.maximum(out + v["bias"].astype(np.float64)[None, :, None, None], 0.0)
+    return out
+
+
+def conv_tile(f: int, h: int, w: int, tf: int, tw: int, step: dict) -> dict:
+    return {"block": {"n": 1, "f": f, "h": h, "w": w},
+            "thread": {"n": 1, "f": tf, "h": 1, "w": tw}, "step": step}
+
+
+CONV_CASES = {
+    # channels stepped 8 at a time, one window point per step; 14 x 14 in 4 x 16 tiles
+    "3x3_channel_steps": dict(c=32, f=64, h=14, w=14,
+                              t=conv_tile(64, 4, 16, 8, 8, {"c": 8, "kh": 1, "kw": 1})),
+    # steps of two channels' whole windows (18 points), lanes 9 along K
+    "3x3_whole_windows": dict(c=20, f=64, h=10, w=12,
+                              t=conv_tile(64, 2, 16, 4, 4, {"c": 2, "kh": 3, "kw": 3})),
+    # stride 2; 20 channels in steps of 8 (the last step ragged)
+    "stride_2_ragged_channels": dict(c=20, f=32, h=15, w=15, stride=2,
+                                     t=conv_tile(32, 4, 8, 4, 4, {"c": 8, "kh": 1, "kw": 1})),
+    # a 1 x 1 layer: the pixels and the weights are plain reads, 16-byte loads of both
+    "1x1_vector": dict(c=48, f=64, h=8, w=16, pad=0, k=1,
+                       t=conv_tile(64, 2, 16, 8, 4, {"c": 16})),
+    # bias and ReLU in the epilogue, pixels ragged (7 x 7 in 4 x 8 tiles)
+    "3x3_chain": dict(c=16, f=32, h=7, w=7, chain=True,
+                      t=conv_tile(32, 4, 8, 4, 4, {"c": 1, "kh": 3, "kw": 3})),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CONV_CASES))
+def test_a_convolution_runs_as_an_implicit_gemm_on_cuda_cores(case):
+    module = conv(**CONV_CASES[case])
+    result, g = simt_kernel(module)
+    v = values(module)
+    got = emulate(result.module, v, {})[module.outputs[0]]
+    assert rel_err(got, conv_reference(module, v)) < TOLERANCE
+    assert g.schedule["simt"]["vector"] == (["a", "b"] if case == "1x1_vector" else [])
+
+
+def test_a_convolutions_fragments_are_conflict_free_and_its_row_reads_whole_sectors():
+    """The window's rows go to shared memory along M and come back as 16-byte fragments
+    without bank conflicts; a 1 x 1 layer's pixel rows are read in whole sectors."""
+    _, g = simt_kernel(conv(**CONV_CASES["3x3_channel_steps"]))
+    sites = interpret(g.program, _memory(g.program), [0]).sites.values()
+    fragments = [s for s in sites if s.scope == "shared" and s.kind == "load"]
+    assert fragments and all(s.wavefronts == s.ideal_wavefronts for s in fragments)
+    _, g = simt_kernel(conv(**CONV_CASES["1x1_vector"]))
+    sites = interpret(g.program, _memory(g.program), [0]).sites.values()
+    rows = [s for s in sites if s.scope == "global" and s.buffer == "t_x"]
+    assert rows and all(s.sectors == s.ideal for s in rows)
+
+
+def test_a_matmul_of_3d_activations_takes_its_rows_as_m():
+    """`y[b,s,o] += x[b,s,h] * w[h,o]` (an exporter's MatMul of activations): M is (b, s),
+    flat in the block; 16-byte loads of both operands and 16-byte stores."""
+    tensors = {"x": Tensor((2, 24, 40), "float32", "input"),
+               "w": Tensor((40, 96), "float32", "input"),
+               "y": Tensor((2, 24, 96), "float32", "output")}
+    module = Module(model="mm3", tensors=tensors, ops=(Op(
+        "mm", "y[b,s,o] += x[b,s,h] * w[h,o]",
+        tile={"block": {"b": 2, "s": 16, "o": 64}, "thread": {"b": 1, "s": 4, "o": 8},
+              "step": {"h": 8}}),), inputs=("x", "w"), outputs=("y",),
+        stages=({"name": "import"},))
+    result, g = simt_kernel(module)
+    assert g.schedule["simt"]["vector"] == ["a", "b"]
+    assert "float4*>(&t_y" in g.source
+    v = values(module)
+    want = v["x"].astype(np.float64) @ v["w"].astype(np.float64)
+    assert rel_err(emulate(result.module, v, {})["y"], want) < TOLERANCE
+
+
+def test_a_register_tile_off_the_groups_innermost_axes_is_refused():
+    module = conv(**CONV_CASES["3x3_channel_steps"])
+    t = conv_tile(64, 4, 16, 8, 8, {"c": 8, "kh": 1, "kw": 1})
+    t["thread"] = {"n": 1, "f": 8, "h": 2, "w": 4}            # h > 1 while w is not whole
+    module = replace(module, ops=(replace(module.ops[0], tile=t),))
+    assert generate(module, H100).kernels[0].shape == "staged"
+
+
+def test_roll_runs_vgg_and_resnet_layers_as_simt_implicit_gemms():
+    """A 56 x 56 3 x 3 layer of 256 channels (VGG-19's third block) and a 1 x 1 layer of
+    ResNet-50's first stage: the model prices the SIMT GEMM fastest, and what codegen makes
+    of the pick is what was priced."""
+    for c, f, size, k in ((256, 256, 56, 3), (64, 256, 56, 1)):
+        module = conv(c, f, size, size, t=None, pad=1 if k == 3 else 0, k=k)
+        rolled = roll_module(module, H100)
+        kernel = rolled.ops[0].tile["kernel"]
+        assert kernel["shape"] == "simt", kernel
+        g = generate(rolled, H100).kernels[0]
+        assert g.shape == "simt" and g.smem_planned == kernel["smem_bytes"]
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_simt_convolutions_compile_without_spills_or_local_memory(arch):
+    cases = [dict(c=256, f=256, h=56, w=56,
+                  t=conv_tile(128, 1, 64, 8, 8, {"c": 1, "kh": 3, "kw": 3})),
+             dict(c=256, f=256, h=28, w=28, chain=True,
+                  t=conv_tile(128, 4, 32, 8, 8, {"c": 8, "kh": 1, "kw": 1}))]
+    for kw in cases + ([dict(CONV_CASES[k]) for k in sorted(CONV_CASES)] if ALL else []):
+        _compiles_in_registers(generate(conv(**kw), H100), arch, kw)

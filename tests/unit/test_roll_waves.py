@@ -64,11 +64,13 @@ def rolled_tile(module: Module) -> dict:
 def test_small_convolutions_get_a_full_wave(c, hw, monkeypatch):
     """ResNet-50's 3x3 convolutions at batch 1 (res2 to res5): priced as if 4 warps per SM
     issued at the peak and with no split of the reduction (the model the H200 profile
-    measured), the pick is a staged grid of fewer blocks than SMs (56x56 and 28x28: the
-    112 blocks measured) or the default kernel; with the latency-hiding term and the staged
-    split-K, a staged kernel of at least a full wave of blocks (slices counted), more than
-    8 warps per SM, estimated faster than the old pick is now estimated."""
+    measured; convolutions were not SIMT GEMMs then), the pick is a staged grid of fewer
+    blocks than SMs (56x56 and 28x28: the 112 blocks measured) or the default kernel; with
+    the latency-hiding term and the staged split-K, a staged kernel of at least a full wave
+    of blocks (slices counted), more than 8 warps per SM, estimated faster than the old pick
+    is now estimated."""
     from tilekit.roll import construct
+    from tilekit.schedule import shape
 
     module = conv3x3(c, c, hw, chain=False)
     new = rolled_tile(module)
@@ -80,6 +82,9 @@ def test_small_convolutions_get_a_full_wave(c, hw, monkeypatch):
     with monkeypatch.context() as patch:
         patch.setattr(cost, "HIDING_WARPS", cost.SATURATING_WARPS)
         patch.setattr(construct, "best_staged_split", lambda *a: None)
+        for where in (cost, shape):
+            patch.setattr(where, "simt_plan", lambda *a, **k: "not then")
+        patch.setattr(construct, "simt_tiles", lambda *a: [])
         old = rolled_tile(module)
     assert "split_k" not in old
     if hw >= 28:

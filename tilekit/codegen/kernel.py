@@ -192,6 +192,20 @@ def needs_check(r: Read, ranges: Ranges) -> list[bool]:
     return out
 
 
+def tile_range_checks(r: Read, code: Mapping[str, Expr], extent: Mapping[str, int],
+                      size: Mapping[str, int], idx_t: str) -> list[Expr]:
+    """`0 <= index < dim` for each dimension of `r` whose index can leave the tensor while
+    the axes (`code`: each axis' value) range over whole tiles and steps (`size` per axis,
+    1 where absent): a convolution's padding and halo reads in a block GEMM."""
+    ranges = {a: (0, -(-extent[a] // size.get(a, 1)) * size.get(a, 1) - 1) for a in code}
+    out = []
+    for m, dim, need in zip(r.maps, r.shape, needs_check(r, ranges)):
+        if need:
+            x = tx.linear(((cf, code[a]) for a, cf in m.terms), m.const, idx_t)
+            out.append(tx.call("in_range", x, tx.as_expr(dim, x.dtype)))
+    return out
+
+
 def dim_exprs(r: Read, axis: Mapping[str, Expr], ranges: Ranges) -> list[Expr]:
     return [index_expr(m.node, axis, ranges) for m in r.maps]
 

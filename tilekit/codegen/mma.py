@@ -30,9 +30,9 @@ from contextlib import ExitStack
 
 from tilekit.codegen.kernel import (GeneratedKernel, PointBuilder, avar, block_origins, c_name,
                                     decompose, finish, flat_offset, global_resolver,
-                                    group_signature, index_type, needs_check, store_sink, tvar,
-                                    tile_text)
-from tilekit.codegen.plan import GroupPlan, OpPlan, Read
+                                    group_signature, index_type, store_sink, tile_range_checks,
+                                    tile_text, tvar)
+from tilekit.codegen.plan import GroupPlan, OpPlan
 from tilekit.codegen.staged import read_key
 from tilekit.codegen.values import literal
 from tilekit.schedule.mma import MmaPlan, Operand
@@ -189,7 +189,7 @@ def _operand_copy(b: Builder, ctx: _Context, which: str, s: Var,
     code.update({a: ctx.origins[a] for a in c.batch_axes})
     code = {a: tx.cast(ctx.idx_t, v) for a, v in code.items()}
     checks = [tx.lt(code[a], ctx.extent[a]) for a in code if ctx.ragged(a)]
-    checks += _map_checks(read, code, ctx)
+    checks += tile_range_checks(read, code, ctx.extent, ctx.size, ctx.idx_t)
     zero = tx.cast(read.dtype, tx.const(0.0)) if read.dtype in ("float16", "bfloat16") \
         else tx.as_expr(0.0 if read.dtype.startswith("float") else 0, read.dtype)
     return Copy(ctx.bufs[which].name, (tx.mod(s, mp.stages),), (row, col), tvar(read.tensor),
@@ -199,19 +199,6 @@ def _operand_copy(b: Builder, ctx: _Context, which: str, s: Var,
 
 def _async(mp: MmaPlan, which: str) -> bool:
     return mp.a_async if which == "a" else mp.b_async
-
-
-def _map_checks(read: Read, code: dict[str, Expr], ctx: _Context) -> list[Expr]:
-    """`0 <= index < dim` for each dimension whose index can leave the tensor while the axes
-    range over whole tiles and steps (padding reads of a convolution)."""
-    ranges = {a: (0, -(-ctx.extent[a] // ctx.size.get(a, 1)) * ctx.size.get(a, 1) - 1)
-              for a in code}
-    out = []
-    for m, dim, need in zip(read.maps, read.shape, needs_check(read, ranges)):
-        if need:
-            x = tx.linear(((cf, code[a]) for a, cf in m.terms), m.const, ctx.idx_t)
-            out.append(tx.call("in_range", x, tx.as_expr(dim, x.dtype)))
-    return out
 
 
 def _tile_at(ctx: _Context, which: str, op: Operand, buf: Expr, mn: Expr, k: Expr) -> Addr:

@@ -1,6 +1,11 @@
 """The `simt` kernel shape: a float32 contraction on CUDA cores as a CUTLASS-SIMT-class block
 GEMM, per the shared plan (tilekit.schedule.simt.simt_plan).
 
+A position of the block GEMM is flat over its axis group (M, N or K, row-major over the
+block's sizes, or the step's): a matmul's groups are one axis each; a convolution's are the
+output pixels and the window, each position decomposed into its axes and read through the
+operand's index maps (an implicit GEMM; a window's padding and halo read as zero).
+
 For a block tile of `BM x BN` outputs, `TM x TN` per thread, `BK` reduction points per step:
 
 1. **Global loads, a step ahead.** Per step each operand's `BM x BK` (`BN x BK`) tile is
@@ -9,8 +14,9 @@ For a block tile of `BM x BN` outputs, `TM x TN` per thread, `BK` reduction poin
    the rows whole 16-byte units (`vector`); a K-contiguous operand's chunks go two to a row,
    then the next row, so a warp request reads whole 32-byte sectors. Otherwise thread `t`
    loads elements `t, t + T, ...`, each guarded, consecutive lanes along the contiguous
-   dimension (8 k of a row at a time for a K-contiguous operand). Whatever lies outside the
-   tensor (ragged M, N, K) loads as zero.
+   dimension (8 k of a row at a time for a K-contiguous operand, 9 for a step of whole 3 x 3
+   windows). Whatever lies outside the tensor (ragged M, N, K, a window's padding) loads as
+   zero.
 2. **Shared memory, two buffers per operand**, both K-major (`[k][m]`, `[k][n]`): an
    M/N-contiguous chunk is one 16-byte store; a K-contiguous one is transposed, four scalar
    stores into rows padded by 4 floats (conflict-free: tilekit.schedule.simt).
@@ -21,8 +27,9 @@ For a block tile of `BM x BN` outputs, `TM x TN` per thread, `BK` reduction poin
    per sub-tile of 4, sub-tiles `BM / (TM / 4)` apart) and its B fragment, then `TM x TN`
    multiply-adds into the register tile.
 5. **Epilogue**: each output point through the stage's chain (bias, activation ...); when
-   every stored tensor is float32 with N as its contiguous dimension and `N % 4 == 0`, four
-   consecutive points go out as one 16-byte store per tensor, else point by point, guarded.
+   every stored tensor is float32 with N's innermost axis as its contiguous dimension, that
+   axis' block a multiple of 4 and its extent too, four consecutive points go out as one
+   16-byte store per tensor, else point by point, guarded.
 """
 
 from __future__ import annotations
@@ -30,11 +37,12 @@ from __future__ import annotations
 import math
 from contextlib import ExitStack
 
-from tilekit.codegen.kernel import (GeneratedKernel, PointBuilder, avar, block_origins,
-                                    finish, flat_offset, global_resolver, group_signature,
-                                    index_type, store_sink, strides, tile_text, tvar)
+from tilekit.codegen.kernel import (GeneratedKernel, PointBuilder, avar, block_origins, c_name,
+                                    decompose, finish, flat_offset, global_resolver,
+                                    group_signature, index_type, store_sink, tile_range_checks,
+                                    strides, tile_text, tvar)
 from tilekit.codegen.mma import _unrolled
-from tilekit.codegen.plan import GroupPlan
+from tilekit.codegen.plan import GroupPlan, Read
 from tilekit.codegen.staged import read_key
 from tilekit.codegen.values import literal, store_value
 from tilekit.schedule.mma import Operand
@@ -70,9 +78,8 @@ def simt_kernel(module, plan: GroupPlan, entry: str, decision: KernelShape, targ
     origins = dict(zip(axes, block_origins(
         b, axes, extents, tile.block, idx_t,
         named=target.any_varying(p.op.name, axes))))
-    k_axis, k_extent = p.reduction[0]
-    nsteps = -(-k_extent // sp.bk)
-    ctx = _Context(module, p, sp, origins, idx_t, bufs, ops, k_axis, k_extent, target)
+    ctx = _Context(module, p, sp, tile, origins, idx_t, bufs, ops, target)
+    nsteps = math.prod(ctx.step_counts)
     acc = b.alloc("acc", "float32", (sp.tm, sp.tn), "the thread's register tile")
     regs = {w: _alloc(b, f"r_{w}", (sp.loads_per_thread(op), 4),
                       f"{read.tensor}: the next step's chunks")
@@ -82,21 +89,23 @@ def simt_kernel(module, plan: GroupPlan, entry: str, decision: KernelShape, targ
             b.store(acc, (i, j), tx.const(0.0))
     b.comment("step 0: global -> registers -> buffer 0")
     with b.threads(sp.threads) as tid:
+        first = _step_origins(b, ctx, tx.const(0))
         for w in ("a", "b"):
-            _load_chunks(b, ctx, w, tid, tx.const(0), regs[w])
+            _load_chunks(b, ctx, w, tid, tx.const(0), first, regs[w])
         for w in ("a", "b"):
             _store_chunks(b, ctx, w, tid, tx.const(0), regs[w])
     b.barrier()
     # (a K that varies keeps the next step's loads whatever this size's step count)
-    several = nsteps > 1 or (p.op.name, k_axis) in target.varying
+    several = nsteps > 1 or any((p.op.name, a) in target.varying for a, _ in p.reduction)
     with b.loop("s", 0, nsteps) as s:
         with b.threads(sp.threads) as tid:
             more = tx.lt(s + 1, nsteps)
             if several:
                 with b.if_(more):
                     b.comment("the next step's chunks, while this step computes")
+                    following = _step_origins(b, ctx, s + 1)
                     for w in ("a", "b"):
-                        _load_chunks(b, ctx, w, tid, s + 1, regs[w])
+                        _load_chunks(b, ctx, w, tid, s + 1, following, regs[w])
             _compute(b, ctx, tid, tx.binary("&", s, 1), acc)
             if several:
                 with b.if_(more):
@@ -123,17 +132,20 @@ def simt_kernel(module, plan: GroupPlan, entry: str, decision: KernelShape, targ
 class _Context:
     """What the pieces of one simt kernel share."""
 
-    def __init__(self, module, p, sp: SimtPlan, origins, idx_t, bufs, ops, k_axis, k_extent,
+    def __init__(self, module, p, sp: SimtPlan, tile, origins, idx_t, bufs, ops,
                  target: Target):
         self.module, self.p, self.sp, self.origins, self.idx_t = module, p, sp, origins, idx_t
-        self.bufs, self.ops, self.k_axis, self.k_extent = bufs, ops, k_axis, k_extent
-        self.extent = dict(p.spatial)
+        self.bufs, self.ops = bufs, ops
+        self.extent = dict(p.spatial) | dict(p.reduction)
+        self.size = {a: s for (a, _), s in zip(p.spatial, tile.block)}
+        self.size.update({a: s for (a, _), s in zip(p.reduction, tile.step)})
+        self.k_axes = [a for a, _ in p.reduction]
+        self.step_counts = [-(-n // self.size[a]) for a, n in p.reduction]
         self.target = target
 
-    def ragged(self, axis: str, size: int) -> bool:
-        """Tiles or steps of `size` overhang `axis` (`Target.ragged`)."""
-        extent = self.k_extent if axis == self.k_axis else self.extent[axis]
-        return self.target.ragged(self.p.op.name, axis, extent, size)
+    def ragged(self, axis: str) -> bool:
+        """Tiles or steps overhang `axis` (`Target.ragged`)."""
+        return self.target.ragged(self.p.op.name, axis, self.extent[axis], self.size[axis])
 
 
 def _alloc(b: Builder, name: str, shape: tuple[int, ...], comment: str) -> Buffer:
@@ -172,16 +184,19 @@ def _each_chunk(b: Builder, ctx: _Context, which: str, tid: Var):
     return stack, it, f
 
 
-def _load_chunks(b: Builder, ctx: _Context, which: str, tid: Var, step: Expr, regs: Buffer
-                 ) -> None:
-    """The thread's chunks (or elements) of step `step` of an operand into its registers."""
+def _load_chunks(b: Builder, ctx: _Context, which: str, tid: Var, step: Expr,
+                 k_origin: dict[str, Expr] | None, regs: Buffer) -> None:
+    """The thread's chunks (or elements) of step `step` of an operand into its registers
+    (`k_origin`: the step's origin on each K axis, `_step_origins`)."""
     op, read = ctx.ops[which]
     sp = ctx.sp
-    (mn_axis,) = op.mn_axes
 
     def at(mn: Expr, k: Expr) -> dict[str, Expr]:
-        code = {mn_axis: ctx.origins[mn_axis] + tx.cast(ctx.idx_t, mn),
-                ctx.k_axis: tx.cast(ctx.idx_t, step * sp.bk + k)}
+        code = _group_at(ctx, op.mn_axes, mn, ctx.origins)
+        if k_origin is None:        # one K axis: the step's origin and the position
+            code[ctx.k_axes[0]] = tx.cast(ctx.idx_t, step * sp.bk + k)
+        else:
+            code.update(_group_at(ctx, ctx.k_axes, k, k_origin))
         code.update({a: ctx.origins[a] for a in sp.contraction.batch_axes})
         return code
 
@@ -189,7 +204,7 @@ def _load_chunks(b: Builder, ctx: _Context, which: str, tid: Var, step: Expr, re
         for stack, slot, g in _each_element(b, ctx, which, tid):
             with stack:
                 code = at(*_element(b, ctx, which, g))
-                ok = tx.and_(*_bounds(ctx, code, op))
+                ok = tx.and_(*_bounds(ctx, code, op), *_window_checks(ctx, op, read, code))
                 b.store(regs, slot, tx.select(
                     ok, Load(tvar(read.tensor), (flat_offset(read, code, {}),), "float32"),
                     tx.const(0.0)))
@@ -201,6 +216,35 @@ def _load_chunks(b: Builder, ctx: _Context, which: str, tid: Var, step: Expr, re
         value = tx.select(ok, Load(tvar(read.tensor), (flat_offset(read, code, {}),),
                                    "float4", 4), Const(0.0, "float4"))
         b.store(regs, (it, 0), value, lanes=4)
+
+
+def _step_origins(b: Builder, ctx: _Context, step: Expr) -> dict[str, Expr] | None:
+    """Step `step`'s origin on each K axis when K has several (None for one: `step * BK`)."""
+    if len(ctx.k_axes) == 1:
+        return None
+    idx = decompose(b, step, ctx.step_counts, ["si_"] * len(ctx.k_axes), "int32")
+    return {a: b.let(f"q_{c_name(a)}", tx.mul(i, ctx.size[a])) for a, i in zip(ctx.k_axes, idx)}
+
+
+def _group_at(ctx: _Context, axes, local: Expr, origin) -> dict[str, Expr]:
+    """Each axis of a group at flat position `local` (row-major over the block's or the
+    step's sizes) from `origin[axis]`, in the index type."""
+    out: dict[str, Expr] = {}
+    rem = local
+    for a in reversed(axes):
+        coord = rem if a == axes[0] else tx.mod(rem, ctx.size[a])
+        out[a] = origin[a] + tx.cast(ctx.idx_t, coord)
+        rem = tx.div(rem, ctx.size[a])
+    return out
+
+
+def _window_checks(ctx: _Context, op: Operand, read: Read, code: dict[str, Expr]
+                   ) -> list[Expr]:
+    """The range checks of a read that is not plain (a convolution's window: padding and
+    halo); a plain read stays inside where its axes do (`_bounds`)."""
+    if op.dim_axes is not None:
+        return []
+    return tile_range_checks(read, code, ctx.extent, ctx.size, ctx.idx_t)
 
 
 def _vector(sp: SimtPlan, which: str) -> bool:
@@ -230,23 +274,22 @@ def _element(b: Builder, ctx: _Context, which: str, g: Expr) -> tuple[Expr, Expr
     sp = ctx.sp
     mn = sp.extent(op)
     if op.k_inner:
-        w = min(8, sp.bk)
+        w = _k_run(sp.bk)
         return (b.let(f"{which}_mn_", tx.mod(tx.div(g, w), mn)),
                 b.let(f"{which}_k_", tx.div(g, w * mn) * w + tx.mod(g, w)))
     return b.let(f"{which}_mn_", tx.mod(g, mn)), b.let(f"{which}_k_", tx.div(g, mn))
 
 
+def _k_run(bk: int) -> int:
+    """Consecutive lanes along K of a K-contiguous operand's scalar loads: the largest run
+    of at most 9 that divides the step (8 for a power of two, 9 for whole 3 x 3 windows)."""
+    return max(w for w in range(1, 10) if bk % w == 0)
+
+
 def _bounds(ctx: _Context, code: dict[str, Expr], op: Operand) -> list[Expr]:
     """`axis < extent` on the axes whose tiles or steps overhang the tensor (for a chunk: at
     its first element, the chunk being wholly in or out)."""
-    out = []
-    (mn_axis,) = op.mn_axes
-    size = ctx.sp.bm if op is ctx.sp.contraction.a else ctx.sp.bn
-    if ctx.ragged(mn_axis, size):
-        out.append(tx.lt(code[mn_axis], ctx.extent[mn_axis]))
-    if ctx.ragged(ctx.k_axis, ctx.sp.bk):
-        out.append(tx.lt(code[ctx.k_axis], ctx.k_extent))
-    return out
+    return [tx.lt(code[a], ctx.extent[a]) for a in (*op.mn_axes, *ctx.k_axes) if ctx.ragged(a)]
 
 
 def _store_chunks(b: Builder, ctx: _Context, which: str, tid: Var, buf: Expr, regs: Buffer
@@ -301,29 +344,28 @@ def _epilogue(b: Builder, ctx: _Context, plan: GroupPlan, tid: Var, acc: Buffer)
     """Every point of the register tile through the chain to memory (module docstring)."""
     sp, p, module = ctx.sp, ctx.p, ctx.module
     c = sp.contraction
-    (m_axis,), (n_axis,) = c.m_axes, c.n_axes
     axes = [a for a, _ in p.spatial]
     t_m, t_n = _thread_coords(b, ctx, tid)
     stage = plan.stages[0]
     stored = [t for t in [stage.main.output] + [q.output for q in stage.chain]
               if t in plan.stored]
-    n_extent = ctx.extent[n_axis]
-    vector = (axes[-1] == n_axis and not ctx.ragged(n_axis, 4) and all(
-        module.tensors[t].dtype == "float32" and tuple(module.tensors[t].shape)[-1] == n_extent
-        for t in stored))
+    inner = c.n_axes[-1]
+    vector = (axes[-1] == inner and ctx.size[inner] % 4 == 0
+              and not ctx.target.ragged(p.op.name, inner, ctx.extent[inner], 4) and all(
+                  module.tensors[t].dtype == "float32"
+                  and tuple(module.tensors[t].shape)[-1] == ctx.extent[inner] for t in stored))
     outs = {t: _alloc(b, "o_", (4,), f"four points of {t}") for t in stored} if vector else {}
     b.comment("epilogue: the register tile through the chain"
               + (", 16-byte stores" if vector else ""))
     subs_m, subs_n = sp.tm // 4, sp.tn // 4
     with _unrolled(b, [("si", subs_m), ("i", 4), ("sj", subs_n)]) as (si, i, sj):
-        m = b.let(avar(m_axis), ctx.origins[m_axis] + tx.cast(
-            ctx.idx_t, t_m * 4 + si * (sp.bm // subs_m) + i), ctx.idx_t)
-        n0 = b.let("n0", ctx.origins[n_axis] + tx.cast(
-            ctx.idx_t, t_n * 4 + sj * (sp.bn // subs_n)), ctx.idx_t)
+        m_code = _group_lets(b, ctx, c.m_axes, t_m * 4 + si * (sp.bm // subs_m) + i,
+                             lambda a: avar(a))
+        n0_local = t_n * 4 + sj * (sp.bn // subs_n)
         row = si * 4 + i
 
-        def point(e: Expr, n: Expr, sink_of) -> None:
-            code = {m_axis: m, n_axis: n}
+        def point(e: Expr, n_code: dict[str, Expr], sink_of) -> None:
+            code = m_code | n_code
             code.update({a: ctx.origins[a] for a in c.batch_axes})
             vars_ = [code[a] for a in axes]
             pb = PointBuilder(module, b, stage, vars_, global_resolver)
@@ -332,21 +374,25 @@ def _epilogue(b: Builder, ctx: _Context, plan: GroupPlan, tid: Var, acc: Buffer)
                 value = tx.mul(value, literal(c.scale, "f"))
             pb.epilogue(pb.main_value(p, (value, "f")), sink_of(vars_))
 
-        m_ok = [tx.lt(m, ctx.extent[m_axis])] if ctx.ragged(m_axis, sp.bm) else []
-        n_ragged = ctx.ragged(n_axis, sp.bn)
+        m_ok = [tx.lt(m_code[a], ctx.extent[a]) for a in c.m_axes if ctx.ragged(a)]
         if vector:
-            with b.if_(tx.and_(*m_ok, *([tx.lt(n0, n_extent)] if n_ragged else []))):
+            n0 = _group_lets(b, ctx, c.n_axes, n0_local,
+                             lambda a: "n0" if len(c.n_axes) == 1 else f"n0_{c_name(a)}")
+            n_ok = [tx.lt(n0[a], ctx.extent[a]) for a in c.n_axes if ctx.ragged(a)]
+            with b.if_(tx.and_(*m_ok, *n_ok)):
                 with b.loop("e", 0, 4, kind="unroll") as e:
-                    n = b.let(avar(n_axis), n0 + tx.cast(ctx.idx_t, e), ctx.idx_t)
+                    n_code = dict(n0)
+                    n_code[inner] = b.let(avar(inner), n0[inner] + tx.cast(ctx.idx_t, e),
+                                          ctx.idx_t)
 
                     def to_registers(vars_):
                         def sink(tensor: str, value: Expr, kind: str) -> None:
                             if tensor in outs:
                                 b.store(outs[tensor], (e,), store_value(value, "float32"))
                         return sink
-                    point(e, n, to_registers)
+                    point(e, n_code, to_registers)
                 for t, o in outs.items():
-                    code = {m_axis: m, n_axis: n0}
+                    code = m_code | n0
                     code.update({a: ctx.origins[a] for a in c.batch_axes})
                     offset = tx.linear(zip(strides(tuple(module.tensors[t].shape)),
                                            [code[a] for a in axes]), 0, ctx.idx_t)
@@ -354,9 +400,16 @@ def _epilogue(b: Builder, ctx: _Context, plan: GroupPlan, tid: Var, acc: Buffer)
                             lanes=4)
         else:
             with b.loop("e", 0, 4, kind="unroll") as e:
-                n = b.let(avar(n_axis), n0 + tx.cast(ctx.idx_t, e), ctx.idx_t)
-                with b.if_(tx.and_(*m_ok, *([tx.lt(n, n_extent)] if n_ragged else []))):
-                    point(e, n, lambda vars_: store_sink(module, b, plan.stored, vars_))
+                n_code = _group_lets(b, ctx, c.n_axes, n0_local + e, lambda a: avar(a))
+                n_ok = [tx.lt(n_code[a], ctx.extent[a]) for a in c.n_axes if ctx.ragged(a)]
+                with b.if_(tx.and_(*m_ok, *n_ok)):
+                    point(e, n_code, lambda vars_: store_sink(module, b, plan.stored, vars_))
+
+
+def _group_lets(b: Builder, ctx: _Context, axes, local: Expr, name_of) -> dict[str, Var]:
+    """Each axis of a group at flat position `local` of the block, declared (`name_of`)."""
+    return {a: b.let(name_of(a), v, ctx.idx_t)
+            for a, v in _group_at(ctx, axes, local, ctx.origins).items()}
 
 
 __all__ = ["simt_kernel"]

@@ -121,8 +121,10 @@ def best_split_k(problem: Problem, m: Machine, tiles: list[RTile]) -> Candidate 
     return best
 
 
-#: The fastest unsplit staged tiles of a CUDA-core reduction whose split-K is priced.
-SPLIT_TILES = 8
+#: The fastest unsplit staged tiles of a CUDA-core reduction whose split-K is priced (at 8,
+#: VGG-19's 28 x 28 layers' best split was the ninth once convolutions ran as SIMT GEMMs; 12
+#: left the 14 models' roll time as it was).
+SPLIT_TILES = 12
 #: Output dtypes whose staged kernels accumulate in float32, the split-K scratch's type.
 SPLIT_DTYPES = ("float32", "float16", "bfloat16")
 
@@ -546,25 +548,65 @@ SIMT_STEPS = (8, 16, 32)
 
 
 def simt_tiles(problem: Problem, m: Machine) -> list[RTile]:
-    """The SIMT block GEMMs of a float32 contraction with one M, one N and one K axis (batch
-    axes 1), for a CUDA machine; none otherwise."""
+    """The SIMT block GEMMs of a float32 contraction (batch axes 1) for a CUDA machine; none
+    otherwise. One axis per group: the blocks of `SIMT_BLOCKS` and the steps of
+    `SIMT_STEPS`. Several (a convolution's pixels and window, a MatMul of 3-D activations):
+    each block shared among a group's axes innermost first (`_spread`), the register tile on
+    the innermost axes; steps of `SIMT_STEPS` on the first K axis with the others 1, and of
+    whole windows (the K axes after the first whole, each at most 7) with the first at 1, 2
+    or 4 (`tilekit.schedule.simt.MAX_WINDOW_STEP`)."""
+    from tilekit.schedule.simt import MAX_WINDOW_STEP
     c = problem.contraction
-    if c is None or c.dtype != "float32" or m.distributed or len(c.m_axes) != 1 \
-            or len(c.n_axes) != 1 or len(c.k_axes) != 1:
+    if c is None or c.dtype != "float32" or m.distributed:
         return []
     ext = dict(zip(problem.axes, problem.extents))
     names = problem.axes[:problem.n_spatial]
-    (ma,), (na,) = c.m_axes, c.n_axes
+    k_names = problem.axes[problem.n_spatial:]
+    steps = [{c.k_axes[0]: s, **{a: 1 for a in c.k_axes[1:]}} for s in SIMT_STEPS]
+    if len(c.k_axes) > 1 and all(ext[a] <= 7 for a in c.k_axes[1:]):
+        window = math.prod(ext[a] for a in c.k_axes[1:])
+        steps += [{c.k_axes[0]: s, **{a: ext[a] for a in c.k_axes[1:]}} for s in (1, 2, 4)
+                  if 4 <= s * window <= MAX_WINDOW_STEP]
     out = []
     for bm, bn, tm, tn in SIMT_BLOCKS:
-        if bm > 2 * ext[ma] and bm > 32 or bn > 2 * ext[na] and bn > 32:
-            continue           # more than half the block would be padding
-        block = {ma: bm, na: bn, **{a: 1 for a in c.batch_axes}}
-        thread = {ma: tm, na: tn, **{a: 1 for a in c.batch_axes}}
-        for step in SIMT_STEPS:
-            out.append(RTile(tuple(block[a] for a in names), tuple(thread[a] for a in names),
-                             (step,)))
+        block = {a: 1 for a in c.batch_axes}
+        thread = {a: 1 for a in names}
+        if not (_simt_spread(c.m_axes, bm, ext, block)
+                and _simt_spread(c.n_axes, bn, ext, block)):
+            continue
+        if not (_register_tile(c.m_axes, tm, block, thread)
+                and _register_tile(c.n_axes, tn, block, thread)):
+            continue
+        for step in steps:
+            rt = RTile(tuple(block[a] for a in names), tuple(thread[a] for a in names),
+                       tuple(step[a] for a in k_names))
+            if rt not in out:
+                out.append(rt)
     return out
+
+
+def _simt_spread(axes, total: int, ext, sizes: dict) -> bool:
+    """A SIMT block's extent over a group: one axis takes it unless more than half of it
+    would be padding (and it is over 32); several share it innermost first (`_spread`)."""
+    if len(axes) == 1:
+        sizes[axes[0]] = total
+        return not (total > 2 * ext[axes[0]] and total > 32)
+    return _spread(axes, total, ext, sizes)
+
+
+def _register_tile(axes, t: int, block: dict, thread: dict) -> bool:
+    """A register tile of `t` positions on a group's innermost axes: each axis takes what
+    divides its block, innermost first, and is whole before the next takes any."""
+    left = t
+    for a in reversed(axes):
+        take = math.gcd(block[a], left)
+        thread[a] = take
+        left //= take
+        if left == 1:
+            return True
+        if take != block[a]:
+            return False
+    return left == 1
 
 
 def tensor_core_tiles(problem: Problem, m: Machine) -> list[RTile]:

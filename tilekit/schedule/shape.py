@@ -10,9 +10,10 @@ kernel runs it, with which threads and which shared memory:
   as implicit GEMM) whose compute type has an `mma.sync` instruction on the profile (fp16,
   bf16; fp32 only with the explicit precision `tf32`) and whose tile maps onto whole warps of
   instruction tiles (`tilekit.schedule.mma.mma_plan`);
-- `simt`: on CUDA, a float32 contraction on CUDA cores whose operands are plain strided
-  tensors and whose tile has the SIMT GEMM's form (`tilekit.schedule.simt.simt_plan`:
-  thread tiles of 4 or 8 per axis, steps of 4-32, double-buffered shared memory);
+- `simt`: on CUDA, a float32 contraction on CUDA cores (a matmul, a batched matmul, a
+  convolution as implicit GEMM) not split in K whose tile has the SIMT GEMM's form
+  (`tilekit.schedule.simt.simt_plan`: thread tiles of 4 or 8 per axis group, steps of 4-32
+  or of whole windows, double-buffered shared memory);
 - `staged`: a reduction whose reads are all affine, whose body uses no axis value and no
   `select` guard, and where some read's per-step box is used at least `MIN_REUSE` times per
   element (points of the block tile x step >= MIN_REUSE x box volume), unless the reads used
@@ -463,7 +464,7 @@ def decide(facts: OpFacts, tile: Tile | None, target: Target | int, split_k: int
     tensor = mma_shape(facts, tile, target, split_k)
     if not isinstance(tensor, str):
         return tensor
-    cores = simt_shape(facts, tile, target)
+    cores = simt_shape(facts, tile, target) if split_k <= 1 else "split in K (staged)"
     if not isinstance(cores, str):
         return cores
     why = reuse_reason(facts, tile)

@@ -1,15 +1,19 @@
 """fp32 contractions on CUDA cores as a CUTLASS-SIMT-class block GEMM: whether a tile runs so,
 and how (read by the shape decision, the cost model and tilekit.codegen.simt).
 
-A contraction (tilekit.schedule.mma.Contraction) of two float32 operands that are plain
-strided tensors (every index one axis: matmul, batched matmul, either operand transposed) with
-one M, one N and one K axis runs, for a tile of `BM x BN` outputs per block, `TM x TN` per
-thread and `BK` reduction points per step, as:
+A contraction (tilekit.schedule.mma.Contraction) of two float32 operands runs, for a tile of
+`BM x BN` outputs per block, `TM x TN` per thread and `BK` reduction points per step, as a
+block GEMM over its M, N and K axis groups: `BM` is the product of the block over the M
+axes, `BN` over the N axes, `BK` of the step over the K axes, each flattened row-major (a
+matmul has one axis per group; a convolution is an implicit GEMM: M or N the output
+pixels `(n, h, w)`, K the window `(c, kh, kw)`, the input gathered through its index maps,
+padding read as zero; a MatMul of 3-D activations has M = `(batch, rows)`). Then:
 
 - **threads**: `(BM / TM) x (BN / TN)`, thread `t` at `(t / (BN / TN), t % (BN / TN))`: a
-  thread's register tile is `TM / 4 x TN / 4` sub-tiles of 4 x 4, strided by `BM / (TM / 4)`
-  rows and `BN / (TN / 4)` columns (an 8 x 8 tile of a 128 x 128 block: 2 x 2 sub-tiles 64
-  apart), so that each sub-tile's operand values are one 16-byte shared load;
+  thread's register tile is `TM / 4 x TN / 4` sub-tiles of 4 consecutive (flat) positions,
+  strided by `BM / (TM / 4)` rows and `BN / (TN / 4)` columns (an 8 x 8 tile of a 128 x 128
+  block: 2 x 2 sub-tiles 64 apart), so that each sub-tile's operand values are one 16-byte
+  shared load; a group's register tile lies on its innermost axes (`thread` per axis);
 - **shared memory**: two buffers per operand (double buffering), each `BK` rows of the M (or
   N) extent: A is stored K-major (`[k][m]`), transposed on the way when the tensor is
   K-contiguous, so that both fragments are 16-byte loads along M and N. A transposed
@@ -20,19 +24,25 @@ thread and `BK` reduction points per step, as:
   consecutive B sub-tiles (32 distinct banks): conflict-free. Hence `BN / TN` must be a
   multiple of 8;
 - **global loads**: per step each thread loads `BM x BK / 4 / threads` chunks of 4 elements
-  of A (and of B), 16-byte vector loads when the tensor's rows are whole 16-byte units
-  (`vector`), else element by element, guarded (at most `MAX_SCALAR_LOADS` per thread);
-  chunks are assigned so that a warp request reads whole 32-byte sectors (for a
-  K-contiguous operand: two chunks of one row, then the next row);
+  of A (and of B), 16-byte vector loads when four consecutive positions of the group are
+  four consecutive elements of whole 16-byte units (`vector`: the tensor's indices plain,
+  its last dimension the group's innermost axis, whose block or step is a multiple of 4),
+  else element by element, guarded (at most `MAX_SCALAR_LOADS` per thread), padding and
+  halo reads of a window as zero; chunks are assigned so that a warp request reads whole
+  32-byte sectors (for a K-contiguous operand: two chunks of one row, then the next row);
+- **steps**: `BK` one of `STEPS`, or, where K has several axes, a step whole over every K
+  axis after the first (a window: `c x kh x kw` = 9, 18 or 36 for 3 x 3) of at most
+  `MAX_WINDOW_STEP` points;
 - **pipeline**: the next step's chunks are loaded into registers while the current step
   computes from the other buffer; stored after the compute, then one barrier per step.
 
 `simt_plan` returns the plan or why the tile does not have this form; anything else keeps
-the `staged` shape (convolutions: their gathered windows are not plain strided operands).
+the `staged` shape.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from tilekit.schedule.mma import Contraction, Operand
@@ -41,6 +51,10 @@ from tilekit.schedule.mma import Contraction, Operand
 THREAD_SIZES = (4, 8)
 #: Reduction points per step.
 STEPS = (4, 8, 16, 32)
+#: A step whole over the K axes after the first (a convolution's window) takes at most this
+#: many points: each is an unrolled round of `TM x TN` multiply-adds, and a 128 x 128 block's
+#: two buffers of 36 rows take 74 KiB.
+MAX_WINDOW_STEP = 36
 #: Floats of padding per row of a buffer filled by transposing scalar stores.
 TRANSPOSED_PAD = 4
 #: Threads per block (at least one warp, at most what the register tile leaves room for).
@@ -126,24 +140,30 @@ def simt_plan(c: Contraction, spatial, reduction, block, thread, step, smem_limi
     `varying` the axes whose extents vary (OpFacts.varying)."""
     if c.dtype != "float32":
         return f"{c.dtype} operands (the SIMT GEMM is built for float32)"
-    if len(c.m_axes) != 1 or len(c.n_axes) != 1 or len(c.k_axes) != 1:
-        return "not one M, one N and one K axis"
-    if c.a.dim_axes is None or c.b.dim_axes is None:
-        return "an operand is not a plain strided tensor (a gathered window, an offset)"
     names = [a for a, _ in spatial]
     size = dict(zip(names, block))
     per_thread = dict(zip(names, thread))
+    steps = dict(zip([a for a, _ in reduction], step))
+    extent = dict(spatial) | dict(reduction)
     if any(size[a] != 1 or per_thread[a] != 1 for a in c.batch_axes):
         return "a batch axis' block is not 1"
-    (m,), (n,) = c.m_axes, c.n_axes
-    bm, bn, tm, tn = size[m], size[n], per_thread[m], per_thread[n]
-    (bk,) = step
+    bm, bn = math.prod(size[a] for a in c.m_axes), math.prod(size[a] for a in c.n_axes)
+    tm = math.prod(per_thread[a] for a in c.m_axes)
+    tn = math.prod(per_thread[a] for a in c.n_axes)
+    bk = math.prod(steps[a] for a in c.k_axes)
     if tm not in THREAD_SIZES or tn not in THREAD_SIZES:
         return f"thread tile {tm}x{tn}: the SIMT GEMM takes 4 or 8 per axis"
+    for axes in (c.m_axes, c.n_axes):
+        if len(axes) > 1 and not _inner_register_tile(axes, size, per_thread):
+            return "a register tile not on its group's innermost axes"
     if bm % tm or bn % tn:
         return "the thread tile does not divide the block"
-    if bk not in STEPS:
-        return f"step {bk}: the SIMT GEMM takes steps of {', '.join(map(str, STEPS))}"
+    window = len(c.k_axes) > 1 and all(steps[a] == extent[a] for a in c.k_axes[1:])
+    if bk not in STEPS and not (window and 4 <= bk <= MAX_WINDOW_STEP):
+        return (f"step {bk}: the SIMT GEMM takes steps of {', '.join(map(str, STEPS))}, or a "
+                f"whole window of at most {MAX_WINDOW_STEP}")
+    if len(c.k_axes) > 1 and any(a in varying for a in c.k_axes):
+        return "a reduction axis of several varies with a symbol"
     threads = (bm // tm) * (bn // tn)
     if (bn // tn) % PHASE:
         return f"{bn // tn} thread columns: a multiple of {PHASE} reads B without conflicts"
@@ -151,10 +171,14 @@ def simt_plan(c: Contraction, spatial, reduction, block, thread, step, smem_limi
         return f"{threads} threads: whole warps, {MIN_THREADS}-{MAX_THREADS}"
     if bm < 32 or bn < 32:
         return "a block extent under 32"
-    plan = SimtPlan(c, bm, bn, bk, tm, tn, _vector(c.a, shape_of, varying),
-                    _vector(c.b, shape_of, varying))
-    for op, vector in ((c.a, plan.a_vector), (c.b, plan.b_vector)):
-        if not vector and 4 * plan.loads_per_thread(op) > MAX_SCALAR_LOADS:
+
+    def vector(op: Operand) -> bool:
+        group = c.k_axes if op.k_inner else op.mn_axes
+        return _vector(op, group, (steps if op.k_inner else size)[group[-1]], shape_of, varying)
+
+    plan = SimtPlan(c, bm, bn, bk, tm, tn, vector(c.a), vector(c.b))
+    for op, vec in ((c.a, plan.a_vector), (c.b, plan.b_vector)):
+        if not vec and 4 * plan.loads_per_thread(op) > MAX_SCALAR_LOADS:
             return (f"{4 * plan.loads_per_thread(op)} scalar loads per thread and step (rows "
                     f"not 16-byte units): at most {MAX_SCALAR_LOADS}")
     if plan.smem_bytes > smem_limit:
@@ -162,12 +186,30 @@ def simt_plan(c: Contraction, spatial, reduction, block, thread, step, smem_limi
     return plan
 
 
-def _vector(op: Operand, shape_of, varying: frozenset[str] = frozenset()) -> bool:
-    """16-byte loads: the tensor's rows are whole 16-byte units (plain indices: every other
-    dimension's stride is a multiple of the last dimension's extent, and a block's and a
-    step's origins on the last dimension are multiples of 4), and stay so: the axis along
-    them does not vary with a symbol (`varying`, a symbolic module's size)."""
-    return shape_of(op.index)[-1] % 4 == 0 and op.dim_axes[-1] not in varying
+def _inner_register_tile(axes, size, per_thread) -> bool:
+    """A group's register tile is on its innermost axes: every axis whose thread tile is over
+    1 is whole in it from there inwards (the flat positions of a sub-tile are the axes'
+    row-major positions)."""
+    inner = True
+    for a in reversed(axes):
+        if per_thread[a] > 1 and not inner:
+            return False
+        inner = inner and per_thread[a] == size[a]
+    return True
 
 
-__all__ = ["MAX_SCALAR_LOADS", "STEPS", "SimtPlan", "THREAD_SIZES", "TRANSPOSED_PAD", "simt_plan"]
+def _vector(op: Operand, group: tuple[str, ...], inner_size: int, shape_of,
+            varying: frozenset[str] = frozenset()) -> bool:
+    """16-byte loads: four consecutive positions of the operand's group (K for a
+    K-contiguous operand, else its M or N axes) are four consecutive elements of whole
+    16-byte units: the tensor's indices are plain, its last dimension is indexed by the
+    group's innermost axis, whose block (or step) is a multiple of 4 and whose extent is a
+    multiple of 4 (every other dimension's stride is then one too, and a block's and a step's
+    origins on it are multiples of 4), and it does not vary with a symbol (`varying`, a
+    symbolic module's size)."""
+    return (op.dim_axes is not None and op.dim_axes[-1] == group[-1] and inner_size % 4 == 0
+            and shape_of(op.index)[-1] % 4 == 0 and group[-1] not in varying)
+
+
+__all__ = ["MAX_SCALAR_LOADS", "MAX_WINDOW_STEP", "STEPS", "SimtPlan", "THREAD_SIZES",
+           "TRANSPOSED_PAD", "simt_plan"]
