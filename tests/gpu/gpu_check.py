@@ -26,8 +26,12 @@ Steps, in order (`--steps` picks some):
                 control-flow models, ground (`| tk-grind |`: device loops and branches);
                 `--variants` picks some, `--dtypes float32,float16` imports each model in
                 each (`tk-import --dtype`); then `tk-run --device cuda --check` (in
-                parallel), then one at a time `tk-run --bench --report` (the median, and
-                each kernel's time) of `--timed-dtypes` (`--runs 0`: none timed);
+                parallel), then one at a time `tk-run --bench --graph --report` of
+                `--timed-dtypes` (`--runs 0`: none timed): the median of the run replayed
+                as a CUDA graph (`median_ms`, `timing: graph`; where the run cannot be
+                captured, of the run launched from Python: `timing: launched` and the
+                reason), the kernels launched from Python one by one (`launched_ms`: the
+                report's sum of each kernel's events) and the slowest kernels;
                 `--build-only` builds and compiles only (on a CPU machine with nvcc), and
                 `--reuse-built` keeps the IR already in `--work`/models (built beforehand
                 that way: the pipeline is deterministic; docs/gpu.md, "A short lease")
@@ -274,16 +278,22 @@ def step_models(run: Runner, args) -> None:
         checked = [done for items in pool.map(build_and_check, [
             (name, dtype) for dtype in args.dtypes for name in names]) for done in items]
     for name, dtype, variant, res in checked:
-        timing = run.sh(f"models-{name}", f"tk-run {_ir(name, dtype, variant)} --device cuda "
-                       f"--seed 0 --bench {args.runs} --warmup 3 --report --report-format json",
-                       300, work)
-        figures: dict = {}
+        command = (f"tk-run {_ir(name, dtype, variant)} --device cuda --seed 0 --bench "
+                   f"{args.runs} --warmup 3 --report --report-format json")
+        timing = run.sh(f"models-{name}", command + " --graph", 300, work)
+        figures: dict = {"timing": "graph"}
+        if timing["rc"] == 2 and "--graph" in timing["output"]:    # not one CUDA graph
+            figures = {"timing": "launched",
+                       "graph_error": timing["output"].strip().splitlines()[-1:]}
+            timing = run.sh(f"models-{name}", command, 300, work)
         try:
             # the report's JSON line (a warning on stderr may follow it)
             doc = json.loads(next(ln for ln in reversed(timing["output"].splitlines())
                                   if ln.startswith("{")))
-            figures = {"median_ms": doc["bench"]["p50_ms"],
-                       "slowest": doc.get("report", {}).get("slowest", [])}
+            report = doc.get("report", {})
+            figures.update(median_ms=doc["bench"]["p50_ms"],
+                           launched_ms=report.get("ms_in_kernels"),
+                           slowest=report.get("slowest", []))
         except (ValueError, KeyError, IndexError, StopIteration):
             figures = {"timing_error": timing["output"].strip().splitlines()[-1:]}
         run.record("models", model=name, dtype=dtype, variant=variant,

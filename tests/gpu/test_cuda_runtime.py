@@ -136,6 +136,18 @@ def test_tk_run_device_cuda_report(tmp_path):
     assert report["ms_in_kernels"] > 0
 
 
+def test_tk_run_times_runs_replayed_as_a_cuda_graph(tmp_path):
+    """`--bench --graph`: the run captured once and replayed per timed run; the check of the
+    run before still passes and the timing names its method."""
+    import json
+    from tilekit.runtime.cuda import GRAPH_METHOD
+    proc = _tk_run_conv(tmp_path, "--check", "--bench", "5", "--graph", "--report-format",
+                        "json")
+    doc = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert doc["check"]["passed"]
+    assert doc["bench"]["method"] == GRAPH_METHOD and doc["bench"]["min_ms"] > 0
+
+
 @pytest.mark.skipif(shutil.which("compute-sanitizer") is None, reason="no compute-sanitizer")
 @pytest.mark.parametrize("tool", ["memcheck", "racecheck", "synccheck"])
 def test_compute_sanitizer(tool, tmp_path):

@@ -58,10 +58,54 @@ def fake_cupy(log, driver=99000, smem_optin=232448):
                     "MaxSharedMemoryPerBlock": 49152})
     cuda.get_current_stream = lambda: types.SimpleNamespace(synchronize=lambda: None)
 
+    class DriverError(Exception):
+        pass
+    cuda.driver = types.SimpleNamespace(CUDADriverError=DriverError)
+    cuda.runtime.CUDARuntimeError = type("CUDARuntimeError", (Exception,), {})
+
+    class Graph:
+        """The launches made while its stream captured, logged again at each replay."""
+
+        def __init__(self, nodes):
+            self.nodes = nodes
+
+        def upload(self, stream):
+            log.append(("graph upload", len(self.nodes)))
+
+        def launch(self, stream):
+            log.append(("graph launch", len(self.nodes)))
+            Event.clock += 0.25 * len(self.nodes)
+
+    class Stream:
+        """A stream whose capture collects the launches made under `with stream` (the fake
+        functions log to `log`; a capture takes what they log meanwhile)."""
+
+        def __init__(self, non_blocking=False):
+            self.start = None
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def begin_capture(self):
+            log.append(("capture",))
+            self.start = len(log)
+
+        def end_capture(self):
+            nodes, self.start = log[self.start:], None
+            log.append(("end capture", len(nodes)))
+            return Graph(nodes)
+
+        def synchronize(self):
+            pass
+    cuda.Stream = Stream
+
     class Event:
         clock = 0.0
 
-        def record(self):
+        def record(self, stream=None):
             Event.clock += 1.0
             self.t = Event.clock
 
@@ -141,6 +185,48 @@ def test_dynamic_shared_memory_opt_in_and_event_timing(runtime):
     assert launch.smem_bytes == 65536 and launch.function.max_dynamic_shared_size_bytes == 65536
     assert all(entry[4] == 65536 for entry in log[1:])
     assert len(timing.seconds) == 3 and timing.per_kernel["tk_k_mm"]
+
+
+@pytest.mark.skipif(find_nvcc() is None, reason="nvcc not on PATH")
+def test_graph_timing_replays_one_capture_of_the_run(runtime):
+    """`graph`: the run is captured once (every launch in order, after a run that loads
+    every function), uploaded, and each warm-up and timed run is one replay of it between
+    two events; the timing says so."""
+    cuda, log = runtime
+    module = generate(fixture("gather")).module
+    inputs, weights = random_values(module)
+    timing = cuda.time_kernels(module, inputs, weights, runs=3, warmup=2, graph=True)
+    events = [e[0] for e in log[1:]]
+    start = events.index("capture")
+    assert events[:start] == ["tk_k_lookup", "tk_k_scale"]           # the loading run
+    assert events[start:start + 4] == ["capture", "tk_k_lookup", "tk_k_scale", "end capture"]
+    assert events[start + 4:] == ["graph upload"] + ["graph launch"] * 5
+    assert timing.method == cuda.GRAPH_METHOD and len(timing.seconds) == 3
+    assert timing.seconds[0] == pytest.approx((1.0 + 0.5) * 0.5e-3)   # events around a replay
+
+
+@pytest.mark.skipif(find_nvcc() is None, reason="nvcc not on PATH")
+def test_a_run_that_cannot_be_captured_is_one_error(runtime, monkeypatch):
+    """A launch the driver refuses while capturing ends the capture and names --graph; a
+    module that runs control flow on the host is refused before any capture."""
+    cuda, log = runtime
+    module = generate(fixture("gather")).module
+    inputs, weights = random_values(module)
+    program = cuda.prepare(module)
+    program.upload(inputs, weights)
+    refused = sys.modules["cupy"].cuda.driver.CUDADriverError
+
+    def refuse_while_capturing(self, buffers):
+        if any(e[0] == "capture" for e in log) and not any(e[0] == "end capture" for e in log):
+            raise refused("CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED")
+        log.append((self.entry,))
+    monkeypatch.setattr(cuda.Launch, "__call__", refuse_while_capturing)
+    with pytest.raises(TilekitError, match="could not be captured") as err:
+        program.time(2, 1, graph=True)
+    assert err.value.where == "--graph" and ("end capture", 0) in log
+    monkeypatch.setattr(program, "steps", ())
+    with pytest.raises(TilekitError, match="control flow on the host"):
+        program.time(2, 1, graph=True)
 
 
 def test_without_cupy_the_error_says_so(monkeypatch):

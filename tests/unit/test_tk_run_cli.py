@@ -365,6 +365,10 @@ def test_bad_flag_values(mlp):
     assert_one_line_error(tk_run(mlp, "--seed", 0, "--check", "--rtol", "-1"), "--rtol")
     assert_one_line_error(tk_run(mlp, "--seed", 0, "--mode", "nope"), "known modes: tiled, whole")
     assert_one_line_error(tk_run(mlp, "--seed", -1), "--seed")
+    # a CUDA graph replays --bench runs of CUDA kernels: neither alone nor on the CPU
+    assert_one_line_error(tk_run(mlp, "--seed", 0, "--graph", "--device", "cuda"), "--graph",
+                          "give --bench N with --device cuda")
+    assert_one_line_error(tk_run(mlp, "--seed", 0, "--graph", "--bench", 2), "--graph")
 
 
 def test_output_never_overwrites_the_ir_weights_or_inputs(mlp, tmp_path):

@@ -80,6 +80,10 @@ MAX_RUNS = 100_000
                    "median (p50), p90, min, max, stddev and the device.")
 @click.option("--warmup", type=click.IntRange(min=0, max=MAX_RUNS), default=1,
               show_default=True, metavar="K", help="Untimed runs before --bench.")
+@click.option("--graph", is_flag=True,
+              help="With --bench on CUDA: time each run replayed as one CUDA graph (captured "
+                   "once): the kernels without the host's launches between them, the way a "
+                   "deployment (and Rammer's baseline) runs them.")
 @click.option("--report", is_flag=True, help="Print a time profile (per op; per kernel call for compiled "
               "code and CUDA kernels) and peak memory.")
 @click.option("--report-format", "report_format", type=click.Choice(REPORT_FORMATS),
@@ -88,8 +92,8 @@ MAX_RUNS = 100_000
                    "as one JSON document on one line (json), where the text would go.")
 @time_passes_option
 def main(input, device, mode, threads, input_flags, inputs_npz, seed, dim_flags, allow_nan,
-         output, check, rtol, atol, check_tensors, bench, warmup, report, report_format,
-         time_passes, quiet, debug):
+         output, check, rtol, atol, check_tensors, bench, warmup, graph, report,
+         report_format, time_passes, quiet, debug):
     """Run the tile IR module IR (a file, or '-'/nothing for stdin)."""
     from tilekit.runtime import backend, default_mode
     from tilekit.runtime.bench import peak_rss_bytes
@@ -105,6 +109,10 @@ def main(input, device, mode, threads, input_flags, inputs_npz, seed, dim_flags,
 
     if (rtol is not None or atol is not None) and not (check or check_tensors):
         warn(TOOL, "--rtol/--atol have no effect without --check or --check-tensors")
+    if graph and (bench is None or device != "cuda"):
+        raise TilekitError("times the --bench runs of CUDA kernels (replayed as one CUDA "
+                           "graph)", "--graph", "give --bench N with --device cuda, or drop "
+                           "--graph")
     phases = Phases(TOOL, quiet, time_passes)
     with phases.step("read"):
         module = read_stage_input(input)  # notes the IR and the files it names as inputs
@@ -207,7 +215,7 @@ def main(input, device, mode, threads, input_flags, inputs_npz, seed, dim_flags,
         if bench is not None:
             with phases.step("bench", f"timing {bench} runs after {warmup} warm-up",
                              total=bench + warmup) as advance:
-                timing = _bench(runner, inputs, weights, bench, warmup, advance)
+                timing = _bench(runner, inputs, weights, bench, warmup, advance, graph)
             results.put("bench", timing.record(runner.description, _threads(device)))
             results.line(timing.line(runner.description))
         if report and not quiet:
@@ -273,13 +281,14 @@ def _bindings(module, dim_flags, input_flags, inputs_npz) -> list[dict[str, int]
     return out
 
 
-def _bench(runner, inputs, weights, runs: int, warmup: int, advance):
-    """The runner's own timing (CUDA events) when it has one, else the wall clock around
-    whole runs with `advance` (the progress bar) after each."""
+def _bench(runner, inputs, weights, runs: int, warmup: int, advance, graph: bool = False):
+    """The runner's own timing (CUDA events; `graph`: runs replayed as a CUDA graph) when it
+    has one, else the wall clock around whole runs with `advance` (the progress bar) after
+    each."""
     from tilekit.runtime.bench import time_runs
 
     if runner.bench is not None:
-        return runner.bench(inputs, weights, runs, warmup)
+        return runner.bench(inputs, weights, runs, warmup, graph=graph)
     return time_runs(lambda: runner.run(inputs, weights), runs, warmup, on_run=advance)
 
 

@@ -37,8 +37,9 @@ class Backend:
     device: str
     description: str
     run: Runner
-    #: Device-side timing `(inputs, weights, runs, warmup) -> Timing` where the device has
-    #: its own clock (CUDA events); None means wall-clock timing of `run`.
+    #: Device-side timing `(inputs, weights, runs, warmup, graph=False) -> Timing` where the
+    #: device has its own clock (CUDA events; `graph`: each run replayed as one CUDA graph);
+    #: None means wall-clock timing of `run`.
     bench: Callable[..., Any] | None = None
     #: `(inputs, weights) -> every tensor the run computed` (intermediates included), for
     #: `tk-run --check-tensors`.
@@ -134,9 +135,9 @@ def backend(module: Module, device: str = "cpu", mode: str | None = None,
             program.run(inputs, weights)
             return program.tensors()
 
-        def bench(inputs, weights, runs, warmup):
+        def bench(inputs, weights, runs, warmup, graph=False):
             program.upload(inputs, weights)
-            return program.time(runs, warmup)
+            return program.time(runs, warmup, graph=graph)
 
         shared = "" if program.unit is None else ", sizes read at run time"
         return Backend("cuda", cuda.device_description() + shared, program.run, bench,

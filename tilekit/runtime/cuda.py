@@ -395,14 +395,19 @@ class CudaProgram:
         outputs = self.download(inputs, weights)
         return outputs, [(entry, sum(times) / runs) for entry, times in timing.per_kernel.items()]
 
-    def time(self, runs: int, warmup: int = 1, per_kernel: bool = False) -> "KernelTiming":
+    def time(self, runs: int, warmup: int = 1, per_kernel: bool = False,
+             graph: bool = False) -> "KernelTiming":
         """Kernel time only (inputs already uploaded): CUDA events around each run of every
-        kernel, `warmup` untimed runs first. With `per_kernel`, also per entry."""
+        kernel, `warmup` untimed runs first. With `per_kernel`, also per entry. With `graph`,
+        each run is the run replayed as one CUDA graph (`graph_run`): the kernels without
+        the host's launches between them."""
         cupy = self.cupy
         if per_kernel and self.steps is not None:
             raise TilekitError("per-kernel timing runs every kernel once in order; a module "
                                "with control flow runs some per iteration", "--report",
                                "time the whole run (tk-run --bench) instead")
+        if graph:
+            return self._time_graph(runs, warmup)
         for _ in range(warmup):
             self.launch_all()
         cupy.cuda.get_current_stream().synchronize()
@@ -430,6 +435,66 @@ class CudaProgram:
         return KernelTiming(tuple(totals), warmup,
                             per_kernel={k: tuple(v) for k, v in each.items()} if per_kernel
                             else {})
+
+    def graph_run(self):
+        """The run captured once as a CUDA graph on a stream of its own: (stream, graph).
+        Every launch of `launch_all` (and a program's counter resets) becomes a node with
+        its buffers' addresses, so uploads into the same buffers are what a replay reads.
+        A module whose host steps read values between kernels (control flow on the host)
+        has no such graph, and a capture the driver refuses is an error naming it."""
+        cupy = self.cupy
+        if self.steps is not None:
+            raise TilekitError("this module runs control flow on the host (it reads values "
+                               "between kernels), so a run is not one CUDA graph", "--graph",
+                               "time it without --graph, or place its loops on the device "
+                               "(tk-grind) first")
+        self.launch_all()                  # every function loaded before the capture
+        cupy.cuda.get_current_stream().synchronize()
+        stream = cupy.cuda.Stream(non_blocking=True)
+        errors = (cupy.cuda.driver.CUDADriverError, cupy.cuda.runtime.CUDARuntimeError)
+        with stream:
+            stream.begin_capture()
+            try:
+                self.launch_all()
+            except errors as exc:
+                _end_capture(stream, errors)
+                raise TilekitError(f"the run could not be captured as a CUDA graph: {exc}",
+                                   "--graph", "time it without --graph") from None
+            try:
+                graph = stream.end_capture()
+                graph.upload(stream)
+            except errors as exc:
+                raise TilekitError(f"the run could not be captured as a CUDA graph: {exc}",
+                                   "--graph", "time it without --graph") from None
+        return stream, graph
+
+    def _time_graph(self, runs: int, warmup: int) -> "KernelTiming":
+        cupy = self.cupy
+        stream, graph = self.graph_run()
+        for _ in range(warmup):
+            graph.launch(stream)
+        stream.synchronize()
+        totals: list[float] = []
+        for _ in range(runs):
+            start, stop = cupy.cuda.Event(), cupy.cuda.Event()
+            start.record(stream)
+            graph.launch(stream)
+            stop.record(stream)
+            stop.synchronize()
+            totals.append(cupy.cuda.get_elapsed_time(start, stop) * 1e-3)
+        return KernelTiming(tuple(totals), warmup, method=GRAPH_METHOD)
+
+
+def _end_capture(stream, errors) -> None:
+    """Leave stream capture after a failed launch (the partial graph is dropped)."""
+    try:
+        stream.end_capture()
+    except errors:
+        pass
+
+
+#: What a graph-replayed timing measured (Timing.method).
+GRAPH_METHOD = "CUDA events, kernels only, each run replayed as one CUDA graph"
 
 
 @dataclass(frozen=True)
@@ -601,8 +666,9 @@ def run_module(module: Module, inputs: Mapping[str, np.ndarray],
 
 def time_kernels(module: Module, inputs: Mapping[str, np.ndarray],
                  weights: Mapping[str, np.ndarray], runs: int, warmup: int = 1,
-                 per_kernel: bool = False) -> KernelTiming:
-    """CUDA-event timing of `runs` runs of every kernel (after one upload and `warmup` runs)."""
+                 per_kernel: bool = False, graph: bool = False) -> KernelTiming:
+    """CUDA-event timing of `runs` runs of every kernel (after one upload and `warmup` runs);
+    `graph`: each run replayed as one CUDA graph (CudaProgram.graph_run)."""
     program = prepare(module)
     program.upload(inputs, weights)
-    return program.time(runs, warmup, per_kernel)
+    return program.time(runs, warmup, per_kernel, graph)
