@@ -3,8 +3,8 @@
 The generated kernels run in the CPU emulation (host_emul.h: threads as fibers, real
 barriers; every block of these small problems) against a float64 reference: square, ragged
 M/N/K, batched and transposed operands, a fused chain, the scalar fallback, convolutions as
-implicit GEMMs (padding, strides, ragged tiles and channels, steps of whole windows, a
-fused bias and ReLU) and a MatMul of 3-D activations; a missing
+implicit GEMMs (padding, strides, dilation, 1-D, a batch in M, ragged tiles and channels,
+steps of whole windows, a fused bias and ReLU) and a MatMul of 3-D activations; a missing
 barrier fails; the tile interpreter counts fully
 coalesced global accesses and conflict-free shared ones for the aligned kernels; a wrong
 fragment index fails; nvcc builds them for sm_80 and sm_90 without spills or local memory
@@ -478,6 +478,107 @@ def test_a_convolution_runs_as_an_implicit_gemm_on_cuda_cores(case):
     got = emulate(result.module, v, {})[module.outputs[0]]
     assert rel_err(got, conv_reference(module, v)) < TOLERANCE
     assert g.schedule["simt"]["vector"] == (["a", "b"] if case == "1x1_vector" else [])
+
+
+WINDOWS = {
+    # dilation 2 (padding 2): the window's index maps with coefficients
+    "dilated": ("y[n,f,h,w] += x[n,c,h+2*kh-2,w+2*kw-2] * w[f,c,kh,kw]",
+                {"x": (1, 16, 12, 12), "w": (32, 16, 3, 3), "y": (1, 32, 12, 12)},
+                {"block": {"n": 1, "f": 32, "h": 4, "w": 16},
+                 "thread": {"n": 1, "f": 4, "h": 1, "w": 4}, "step": {"c": 8, "kh": 1, "kw": 1}}),
+    # a 1-D convolution of 2 sequences, steps of two channels' whole windows of 5
+    "conv1d": ("y[n,f,l] += x[n,c,l+k-2] * w[f,c,k]",
+               {"x": (2, 24, 50), "w": (64, 24, 5), "y": (2, 64, 50)},
+               {"block": {"n": 1, "f": 64, "l": 32}, "thread": {"n": 1, "f": 8, "l": 4},
+                "step": {"c": 2, "k": 5}}),
+    # 3 images in blocks of 2 (the batch is part of M, ragged)
+    "batch_in_m": ("y[n,f,h,w] += x[n,c,h+kh-1,w+kw-1] * w[f,c,kh,kw]",
+                   {"x": (3, 8, 6, 6), "w": (32, 8, 3, 3), "y": (3, 32, 6, 6)},
+                   {"block": {"n": 2, "f": 32, "h": 4, "w": 8},
+                    "thread": {"n": 1, "f": 4, "h": 1, "w": 8},
+                    "step": {"c": 1, "kh": 3, "kw": 3}}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(WINDOWS))
+def test_other_windows_equal_the_reference_executor(case):
+    from tilekit.runtime.cpu import run_module
+
+    expr, shapes, t = WINDOWS[case]
+    module = Module(model=case, tensors={
+        n: Tensor(shape, "float32", "output" if n == "y" else "input")
+        for n, shape in shapes.items()}, ops=(Op("conv", expr, pad="0", tile=t),),
+        inputs=("x", "w"), outputs=("y",), stages=({"name": "import"},))
+    result, _ = simt_kernel(module)
+    v = values(module)
+    want = run_module(module, v, {})["y"].astype(np.float64)
+    assert rel_err(emulate(result.module, v, {})["y"], want) < TOLERANCE
+
+
+def _random_convolution(rng) -> Module:
+    """A convolution of random sizes, channels, window (1-D or 2-D, 1-5 wide), stride,
+    dilation and padding, with a random tile of the SIMT GEMM's form (it may not fit: the
+    plan then refuses it)."""
+    two_d = bool(rng.integers(2))
+    k, s, d = int(rng.choice([1, 3, 5])), int(rng.integers(1, 3)), int(rng.integers(1, 3))
+    p = int(rng.integers(0, d * (k // 2) + 1))
+    size = [int(rng.integers(max(5, d * (k - 1) + 1 - 2 * p), 19)) for _ in range(2 if two_d else 1)]
+    out = [(n + 2 * p - d * (k - 1) - 1) // s + 1 for n in size]
+    c, f = int(rng.integers(3, 41)), int(rng.choice([32, 48, 64, 96]))
+    names = ["h", "w"] if two_d else ["l"]
+    wins = ["kh", "kw"] if two_d else ["kx"]
+
+    def at(a: str, kw: str) -> str:
+        return " + ".join(x for x in (f"{a} * {s}" if s > 1 else a, f"{d} * {kw}" if d > 1 else kw)) \
+            + (f" - {p}" if p else "")
+    x_idx = ",".join(at(a, kw) if k > 1 else (f"{a} * {s}" if s > 1 else a) + (f" - {p}" if p else "")
+                     for a, kw in zip(names, wins))
+    w_idx = ",".join(["f", "c"] + (wins if k > 1 else []))
+    expr = f"y[n,f,{','.join(names)}] += x[n,c,{x_idx}] * w[{w_idx}]"
+    tn = int(rng.choice([4, 8]))
+    bn = min(8 * tn * int(rng.choice([1, 2])), 128)
+    tm = int(rng.choice([4, 8]))
+    bm = int(rng.choice([32, 64]))
+    inner = (8 if out[-1] <= 8 else 16) if two_d else bm
+    block = {"n": 1, "f": bn, names[-1]: inner}
+    if two_d:
+        block["h"] = max(1, bm // inner)
+    thread = {"n": 1, "f": tn, names[-1]: min(tm, inner)}
+    if two_d:
+        thread["h"] = 1
+    if k > 1 and k ** len(names) * 2 <= 36 and rng.integers(2):
+        step = {"c": int(rng.choice([1, 2])), **{kw: k for kw in wins}}
+    else:
+        step = {"c": int(rng.choice([4, 8])), **({kw: 1 for kw in wins} if k > 1 else {})}
+    shapes = {"x": (2, c, *size), "w": (f, c, *([k] * len(names) if k > 1 else [])),
+              "y": (2, f, *out)}
+    return Module(model="random_conv", tensors={
+        n: Tensor(shape, "float32", "output" if n == "y" else "input")
+        for n, shape in shapes.items()},
+        ops=(Op("conv", expr, pad="0", tile={"block": block, "thread": thread, "step": step}),),
+        inputs=("x", "w"), outputs=("y",), stages=({"name": "import"},))
+
+
+def test_random_convolutions_equal_the_reference_executor():
+    """Seeded random convolutions (_random_convolution) until eight run as the SIMT GEMM:
+    each emulated (every block) against the reference executor."""
+    from tilekit.runtime.cpu import run_module
+
+    rng = np.random.default_rng(2026)
+    checked, tries = [], 0
+    while len(checked) < 8:
+        tries += 1
+        assert tries <= 80, f"only {len(checked)} of 80 random tiles ran as the SIMT GEMM"
+        module = _random_convolution(rng)
+        result = generate(module, H100)
+        if result.kernels[0].shape != "simt":
+            continue
+        v = values(module)
+        want = run_module(module, v, {})["y"].astype(np.float64)
+        err = rel_err(emulate(result.module, v, {})["y"], want)
+        assert err < TOLERANCE, (module.ops[0].expr, module.ops[0].tile, err)
+        checked.append(module.ops[0].expr)
+    assert len(set(checked)) > 4 and any("l]" in e for e in checked)    # 1-D and 2-D forms
 
 
 def test_a_convolutions_fragments_are_conflict_free_and_its_row_reads_whole_sectors():
