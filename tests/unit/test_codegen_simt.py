@@ -581,6 +581,51 @@ def test_random_convolutions_equal_the_reference_executor():
     assert len(set(checked)) > 4 and any("l]" in e for e in checked)    # 1-D and 2-D forms
 
 
+def test_a_convolution_with_a_symbolic_batch_is_one_simt_template(tmp_path, monkeypatch):
+    """`tk-import --dim batch=1..64 | tk-roll --hw h100`: the convolution's tile runs as the
+    SIMT GEMM at every priced size, and one build (sizes as parameters) serves batches 1 and
+    3, emulated against the reference executor."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from clirun import completed
+    from tilekit.cli import tk_import, tk_roll
+    from tilekit.ir import read_module
+    from tilekit.ir.dims import instantiate
+    from tilekit.runtime import backend
+    from tilekit.runtime.family import CompiledFamily
+    from tilekit.runtime.fold import fold_constants
+    from tilekit.runtime.io import gather_inputs, load_weights
+
+    monkeypatch.setenv("TILEKIT_CACHE", str(tmp_path / "cache"))
+    w = numpy_helper.from_array(RNG.standard_normal((64, 16, 3, 3)).astype(np.float32), "W")
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "W"], ["y"], pads=[1, 1, 1, 1], kernel_shape=[3, 3])],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 16, 12, 12])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 64, 12, 12])], [w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(tmp_path / "conv.onnx"))
+    for command, args in ((tk_import, ["conv.onnx", "--dim", "batch=1..64", "-o", "m.yaml"]),
+                          (tk_roll, ["m.yaml", "--hw", "h100", "-o", "gpu.yaml"])):
+        proc = completed(command.main, args, tmp_path)
+        assert proc.returncode == 0, proc.stderr
+    module = read_module(str(tmp_path / "gpu.yaml"))
+    (tile,) = [op.tile for op in module.ops if op.tile]
+    assert {p["kernel"] for p in tile["priced"]} == {"simt"}
+    base = load_weights(module, str(tmp_path))
+    family = CompiledFamily(module, base, "cuda")
+    for batch in (1, 3):
+        instance, weights = fold_constants(instantiate(module, {"batch": batch}), base)
+        code, unit = family.code(instance, {"batch": batch})
+        assert [k["shape"] for k in code.codegen["kernels"]] == ["simt"]
+        feeds = gather_inputs(instance, (), None, 0)
+        want = backend(instance, "cpu", "whole").run(feeds, weights)["y"]
+        got = emulate(code, feeds, weights, unit=unit)["y"]
+        assert rel_err(got, want.astype(np.float64)) < TOLERANCE
+    assert len(family.templates) == 1
+
+
 def test_a_convolutions_fragments_are_conflict_free_and_its_row_reads_whole_sectors():
     """The window's rows go to shared memory along M and come back as 16-byte fragments
     without bank conflicts; a 1 x 1 layer's pixel rows are read in whole sectors."""
