@@ -142,6 +142,32 @@ def test_an_operator_that_fills_the_device_stays_a_kernel():
 
 
 
+def test_a_segment_holds_at_most_one_simt_gemm():
+    """Two SIMT GEMM bodies in one persistent program took more than a thread's 255
+    registers and spilled (ResNet-50's 1x1 convolutions rolled for the H100, `tk-codegen
+    --compile --strict` refused the program): a segment admits one operator whose tile runs
+    as the SIMT GEMM, and gives no other member a SIMT candidate."""
+    from tilekit.ram.plan import pack_segment, segments_of
+    from tilekit.ram.tasks import ROperator, Variant
+    profile = load_profile("h100")
+    whole = Layout("whole", ())
+    simt = Variant(0, 8, 128, 160, 24576, 1.0, 1.0, "simt", whole)
+    tiled = Variant(0, 8, 128, 32, 0, 1.0, 1.0, "tiled", whole)
+    ops = tuple(ROperator(i, f"k{i}", (f"o{i}",), (v,))
+                for i, v in enumerate((simt, simt, tiled)))
+    segments = segments_of(ops, [0, 0, 0], profile)
+    assert [(kind, members) for kind, members, _ in segments] == [
+        ("kernel", [0]), ("persistent", [1, 2])]     # (two SIMT bodies shared one before)
+    # a member whose own tile is staged does not take its SIMT candidate, however fast
+    staged = Variant(0, 8, 128, 64, 8192, 4.0, 4.0, "staged", whole)
+    fast_simt = Variant(1, 8, 128, 160, 24576, 0.5, 0.5, "simt", whole)
+    ops = (ROperator(0, "k0", ("o0",), (simt,)),
+           ROperator(1, "k1", ("o1",), (staged, fast_simt)))
+    _, chosen = pack_segment(ops, [0, 1], [0, 0], [set(), set()], 8, 128, 255, 65536,
+                             "wavefront")
+    assert chosen[0].shape == "simt" and chosen[1].shape == "staged"
+
+
 def test_a_segment_closes_where_its_members_together_would_fit_no_sm():
     """Each body fits an SM alone, but a slot takes the most of every resource: a 512-thread
     body beside a 96-register one (144 in a program) would be a slot of 512 x 144 registers,

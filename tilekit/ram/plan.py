@@ -86,16 +86,24 @@ def program_regs(v: Variant) -> int:
 class _Open:
     """A persistent segment being formed: its slot's threads, and whether a member's body
     holds block barriers (then the slot's threads are that body's, exactly); the slot's
-    registers and shared memory are the most of any member's."""
+    registers and shared memory are the most of any member's. It holds at most one SIMT
+    GEMM body (tilekit.codegen.simt), the member whose own choice it is (`pack_segment`
+    gives no other member a SIMT candidate): 8x8 register tiles take 119-159 registers in
+    a kernel of their own, and a program holding two (ResNet-50's 1x1 convolutions rolled
+    for the H100) took more than a thread's 255 and spilled (ptxas 13.0); one beside
+    smaller bodies (BERT-base's attention product) did not."""
 
     threads: int
     members: list[int]
     pinned: bool
     regs: int = 0
     smem: int = 0
+    simt: bool = False      # a member runs as the SIMT GEMM (at most one)
 
     def admits(self, v: Variant, holds) -> bool:
         """`holds(threads, registers, smem)`: an SM holds a block of that slot."""
+        if v.shape == "simt" and self.simt:
+            return False
         if v.barriers:
             fits = v.threads == self.threads or (not self.pinned and v.threads >= self.threads)
         else:
@@ -111,6 +119,7 @@ class _Open:
         self.pinned = self.pinned or v.barriers
         self.regs = max(self.regs, program_regs(v))
         self.smem = max(self.smem, v.smem_bytes)
+        self.simt = self.simt or v.shape == "simt"
 
 
 def waves(ops: tuple[ROperator, ...], producers: list[set[int]], policy: str) -> list[int]:
@@ -235,6 +244,8 @@ def pack_segment(ops: tuple[ROperator, ...], members: list[int], level: list[int
         for v in ops[i].variants:
             if not _fits(v, threads, regs, smem):
                 continue
+            if v.shape == "simt" and ops[i].best.shape != "simt":
+                continue    # the segment's one SIMT body is its own member's (_Open)
             end, counts = _trial(free, v.tasks, v.task_us, ready)
             key = (end, v.tasks, v.index)
             if best is None or key < best[0]:
