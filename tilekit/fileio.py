@@ -224,6 +224,8 @@ class TextStart(StartCheck):
 
 #: The fields of ONNX's ModelProto (onnx.proto) and their wire types: 0 varint, 2 bytes.
 _MODEL_FIELDS = {1: 0, 2: 2, 3: 2, 4: 2, 5: 0, 6: 2, 7: 2, 8: 2, 14: 2, 20: 2, 25: 2, 26: 2}
+#: The most bytes a protobuf message (an .onnx file without external data) can hold.
+PROTOBUF_MAX_BYTES = 2**31 - 1
 #: Field numbers a newer ONNX may add (they come in order; ModelProto is at 26).
 _MODEL_FIELDS_UP_TO = 64
 
@@ -271,6 +273,12 @@ class ProtobufStart(StartCheck):
                 if length is None:
                     i = start
                     break
+                if length > PROTOBUF_MAX_BYTES:   # no protobuf message holds it
+                    raise TilekitError(f"not an ONNX model: the field at byte "
+                                       f"{self.pos + start:,} declares {length:,} bytes, more "
+                                       f"than a protobuf message holds ({PROTOBUF_MAX_BYTES:,})",
+                                       self.where, "pass the .onnx file exported from your "
+                                       "framework")
                 if self.pos + i + length > self.limit.value:
                     raise self.limit.error(f"a field at byte {self.pos + start:,} declaring "
                                            f"{length:,} bytes", self.where)
