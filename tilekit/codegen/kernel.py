@@ -560,6 +560,29 @@ def _reduce_at_point(pb: PointBuilder, p: OpPlan) -> tuple[Expr, str]:
 
 # -- shape: tiled ------------------------------------------------------------------------
 
+def step_origins(b: Builder, s: Expr, steps: list[tuple[str, int, int]]) -> dict[str, Expr]:
+    """Flat step `s`'s origin on each reduction axis of `steps` ((axis, extent, step), the
+    step counts row-major in that order), declared `q_<axis>` (a block GEMM's step loop)."""
+    counts = [-(-n // st) for _, n, st in steps]
+    idx = decompose(b, s, counts, ["si_"] * len(steps), "int32")
+    return {a: b.let(f"q_{c_name(a)}", tx.mul(i, st)) for (a, _, st), i in zip(steps, idx)}
+
+
+def group_values(group_axes, local: Expr, sizes: list[int], base_of,
+                 dtype: str | None = None) -> dict[str, Expr]:
+    """Each axis of a group (a block GEMM's M, N or K axes) at flat local index `local`
+    (row-major over `sizes`), plus its base `base_of(axis)`: expressions of `local`, each
+    coordinate cast to `dtype` when given (a copy's offset and validity are functions of its
+    local index)."""
+    out: dict[str, Expr] = {}
+    rem = local
+    for a, n in reversed(list(zip(group_axes, sizes))):
+        coord = tx.mod(rem, n) if a != group_axes[0] else rem
+        out[a] = tx.add(base_of(a), coord if dtype is None else tx.cast(dtype, coord))
+        rem = tx.div(rem, n)
+    return out
+
+
 def block_origins(b: Builder, axes: list[str], extents: list[int], block: tuple[int, ...],
                   idx_t: str, index: Expr | None = None, named: bool = False) -> list[Var]:
     """Declare `o_<axis>` (this block's tile origin) from the block index (or `index`: the

@@ -28,10 +28,10 @@ from __future__ import annotations
 import math
 from contextlib import ExitStack
 
-from tilekit.codegen.kernel import (GeneratedKernel, PointBuilder, avar, block_origins, c_name,
-                                    decompose, finish, flat_offset, global_resolver,
-                                    group_signature, index_type, store_sink, tile_range_checks,
-                                    tile_text, tvar)
+from tilekit.codegen.kernel import (GeneratedKernel, PointBuilder, avar, block_origins,
+                                    finish, flat_offset, global_resolver, group_signature,
+                                    group_values, index_type, step_origins, store_sink,
+                                    tile_range_checks, tile_text, tvar)
 from tilekit.codegen.plan import GroupPlan, OpPlan
 from tilekit.codegen.staged import read_key
 from tilekit.codegen.values import literal
@@ -80,7 +80,7 @@ def mma_kernel(module, plan: GroupPlan, entry: str, decision: KernelShape, targe
     nsteps = math.prod(-(-n // s) for _, n, s in steps)
     ctx = _Context(module, p, mp, tile, origins, steps, idx_t, bufs, ops, target)
     with b.loop("s", 0, nsteps, kind="pipelined", stages=mp.stages) as s:
-        step_origin = _step_origins(b, ctx, s)
+        step_origin = step_origins(b, s, ctx.steps)
         for which in ("a", "b"):
             b.emit(_operand_copy(b, ctx, which, s, step_origin))
         with b.threads(tile.threads) as tid:
@@ -152,26 +152,6 @@ def _warp_coords(b: Builder, ctx: _Context, tid: Var) -> dict[str, Var]:
             "wn0": b.let("wn0", tx.mul(tx.mod(warp, mp.wn), mp.warp_n))}
 
 
-def _step_origins(b: Builder, ctx: _Context, s: Var) -> dict[str, Expr]:
-    """Step `s`'s origin on every reduction axis (block-level values)."""
-    counts = [-(-n // st) for _, n, st in ctx.steps]
-    idx = decompose(b, s, counts, ["si_"] * len(ctx.steps), "int32")
-    return {a: b.let(f"q_{c_name(a)}", tx.mul(i, st)) for (a, _, st), i in zip(ctx.steps, idx)}
-
-
-def _axis_values(group_axes, local: Expr, sizes: list[int], base_of) -> dict[str, Expr]:
-    """Each axis of a group at flat local index `local` (row-major over `sizes`), plus its
-    base: expressions of `local` (a copy's offset and validity are functions of its local
-    index)."""
-    out: dict[str, Expr] = {}
-    rem = local
-    for a, n in reversed(list(zip(group_axes, sizes))):
-        coord = tx.mod(rem, n) if a != group_axes[0] else rem
-        out[a] = tx.add(base_of(a), coord)
-        rem = tx.div(rem, n)
-    return out
-
-
 def _operand_copy(b: Builder, ctx: _Context, which: str, s: Var,
                   step_origin: dict[str, Expr]) -> Copy:
     """One operand's tile of step `s` into stage buffer `s % stages`."""
@@ -182,9 +162,9 @@ def _operand_copy(b: Builder, ctx: _Context, which: str, s: Var,
               f"{'cp.async 16-byte chunks' if _async(mp, which) else 'element by element'}")
     row, col = b.var(f"{which}r_"), b.var(f"{which}c_")
     mn_local, k_local = (row, col) if op.k_inner else (col, row)
-    code = _axis_values(op.mn_axes, mn_local, ctx.group_sizes(op.mn_axes),
+    code = group_values(op.mn_axes, mn_local, ctx.group_sizes(op.mn_axes),
                         lambda a: ctx.origins[a])
-    code.update(_axis_values(c.k_axes, k_local, ctx.group_sizes(c.k_axes),
+    code.update(group_values(c.k_axes, k_local, ctx.group_sizes(c.k_axes),
                              lambda a: step_origin[a]))
     code.update({a: ctx.origins[a] for a in c.batch_axes})
     code = {a: tx.cast(ctx.idx_t, v) for a, v in code.items()}
@@ -290,8 +270,8 @@ def _epilogue(b: Builder, ctx: _Context, plan: GroupPlan, module, w: dict[str, V
     with _unrolled(b, [("i", mp.mt), ("j", mp.nt), ("r", 4)]) as (i, j, r):
         row = b.let("row", w["wm0"] + i * 16 + w["g"] + tx.binary(">>", r, 1) * 8)
         col = b.let("col", w["wn0"] + j * 8 + w["q"] * 2 + tx.binary("&", r, 1))
-        code = _axis_values(c.m_axes, row, ctx.group_sizes(c.m_axes), lambda a: ctx.origins[a])
-        code.update(_axis_values(c.n_axes, col, ctx.group_sizes(c.n_axes),
+        code = group_values(c.m_axes, row, ctx.group_sizes(c.m_axes), lambda a: ctx.origins[a])
+        code.update(group_values(c.n_axes, col, ctx.group_sizes(c.n_axes),
                                  lambda a: ctx.origins[a]))
         code.update({a: ctx.origins[a] for a in c.batch_axes})
         vars_ = [b.let(avar(a), code[a], ctx.idx_t) for a in axes]

@@ -37,10 +37,10 @@ from __future__ import annotations
 import math
 from contextlib import ExitStack
 
-from tilekit.codegen.kernel import (GeneratedKernel, PointBuilder, avar, block_origins, c_name,
-                                    decompose, finish, flat_offset, global_resolver,
-                                    group_signature, index_type, store_sink, tile_range_checks,
-                                    strides, tile_text, tvar)
+from tilekit.codegen.kernel import (GeneratedKernel, PointBuilder, avar, block_origins,
+                                    c_name, finish, flat_offset, global_resolver,
+                                    group_signature, group_values, index_type, step_origins,
+                                    store_sink, strides, tile_range_checks, tile_text, tvar)
 from tilekit.codegen.mma import _unrolled
 from tilekit.codegen.plan import GroupPlan, Read
 from tilekit.codegen.staged import read_key
@@ -222,20 +222,14 @@ def _step_origins(b: Builder, ctx: _Context, step: Expr) -> dict[str, Expr] | No
     """Step `step`'s origin on each K axis when K has several (None for one: `step * BK`)."""
     if len(ctx.k_axes) == 1:
         return None
-    idx = decompose(b, step, ctx.step_counts, ["si_"] * len(ctx.k_axes), "int32")
-    return {a: b.let(f"q_{c_name(a)}", tx.mul(i, ctx.size[a])) for a, i in zip(ctx.k_axes, idx)}
+    return step_origins(b, step, [(a, n, ctx.size[a]) for a, n in ctx.p.reduction])
 
 
 def _group_at(ctx: _Context, axes, local: Expr, origin) -> dict[str, Expr]:
     """Each axis of a group at flat position `local` (row-major over the block's or the
     step's sizes) from `origin[axis]`, in the index type."""
-    out: dict[str, Expr] = {}
-    rem = local
-    for a in reversed(axes):
-        coord = rem if a == axes[0] else tx.mod(rem, ctx.size[a])
-        out[a] = origin[a] + tx.cast(ctx.idx_t, coord)
-        rem = tx.div(rem, ctx.size[a])
-    return out
+    return group_values(axes, local, [ctx.size[a] for a in axes], origin.__getitem__,
+                        ctx.idx_t)
 
 
 def _window_checks(ctx: _Context, op: Operand, read: Read, code: dict[str, Expr]

@@ -80,10 +80,12 @@ def roll_problem(problem: Problem, profile, top_k: int = 1, precision: str = "fp
     for c in ranked:
         for tile in grow_steps(problem, m, bsizes, c.tile):
             seen.setdefault(tile, None)
-    ranked = rank(problem, m, list(seen), top_k)
+    grown = list(seen)
+    costs = cost_candidates(problem, m, grown)     # ranked, and read by the staged split
+    ranked = rank(problem, m, grown, top_k, costs)
     split = best_split_k(problem, m, tiles)
     if split is None and tensor_compute(problem, m) is None and problem.has_reduction:
-        split = best_staged_split(problem, m, list(seen), ranked[0])
+        split = best_staged_split(problem, m, grown, costs, grown.index(ranked[0].tile))
     if split is not None and round_sig(split.estimate.time_us, 6) < round_sig(
             ranked[0].estimate.time_us, 6):
         ranked = [split] + ranked[:max(1, top_k) - 1]   # only the pick is split
@@ -129,11 +131,13 @@ SPLIT_TILES = 12
 SPLIT_DTYPES = ("float32", "float16", "bfloat16")
 
 
-def best_staged_split(problem: Problem, m: Machine, tiles: list[RTile],
-                      pick: Candidate) -> Candidate | None:
-    """The fastest split-K of a staged tile on CUDA cores (tilekit.codegen.staged), or None.
+def best_staged_split(problem: Problem, m: Machine, tiles: list[RTile], costs: TileCosts,
+                      pick: int) -> Candidate | None:
+    """The fastest split-K of a staged tile on CUDA cores (tilekit.codegen.staged), or None;
+    `costs` are the model's figures for `tiles` (`cost_candidates`), `pick` the index of the
+    unsplit pick among them.
 
-    Only where the unsplit `pick` leaves the SMs short of the warps that hide latency
+    Only where the unsplit pick leaves the SMs short of the warps that hide latency
     (`_warps_to_fill`) or holds its whole grid at once with room for more blocks: whether
     the output *could* fill the SMs with small tiles does not matter, the pick's tile is
     what runs (VGG-19's 28x28 layers: 401k outputs, but 112 blocks of 7 warps). Priced for
@@ -149,9 +153,8 @@ def best_staged_split(problem: Problem, m: Machine, tiles: list[RTile],
             or problem.dtype not in SPLIT_DTYPES:
         return None
     fill = m.hw.sm_count * _warps_to_fill(problem, m)
-    if not tiles or not _short_of_warps(m, cost_candidates(problem, m, [pick.tile]), 0, fill):
+    if not _short_of_warps(m, costs, pick, fill):
         return None        # the pick gives the SMs their warps
-    costs = cost_candidates(problem, m, tiles)
     # the SPLIT_TILES fastest of the tiles that run staged (a SIMT GEMM's are not split)
     staged = sorted((k for k in range(len(tiles)) if costs.valid[k] and costs.staged[k]),
                     key=lambda k: (round_sig(costs.time_s[k], 6), k))[:SPLIT_TILES]
@@ -203,14 +206,16 @@ def construct_tiles(problem: Problem, profile, m: Machine | None = None) -> list
     return list(seen)
 
 
-def rank(problem: Problem, m: Machine, tiles: list[RTile], top_k: int) -> list[Candidate]:
-    """Cost `tiles` in one vectorised call; the `top_k` fastest valid ones, best first.
+def rank(problem: Problem, m: Machine, tiles: list[RTile], top_k: int,
+         costs: TileCosts | None = None) -> list[Candidate]:
+    """Cost `tiles` in one vectorised call (or read their `costs`, when the caller has them);
+    the `top_k` fastest valid ones, best first.
 
     Ties (equal time to 6 significant digits; the model is flat for memory-bound ops) go to
     fewer reduction steps (fewer synchronisations, which the model does not cost), then to
     whole warps, then to blocks of up to `START_WARPS` warps (latency hiding the model does not
     see), then to the tile order, so that the choice never depends on float noise."""
-    costs = cost_candidates(problem, m, tiles)
+    costs = costs if costs is not None else cost_candidates(problem, m, tiles)
     ns = problem.n_spatial
     steps = [math.prod(-(-n // s) for n, s in zip(problem.extents[ns:], t.step)) for t in tiles]
     full = START_WARPS * m.hw.warp_size

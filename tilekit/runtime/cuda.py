@@ -398,19 +398,22 @@ class CudaProgram:
     def time(self, runs: int, warmup: int = 1, per_kernel: bool = False,
              graph: bool = False) -> "KernelTiming":
         """Kernel time only (inputs already uploaded): CUDA events around each run of every
-        kernel, `warmup` untimed runs first. With `per_kernel`, also per entry. With `graph`,
-        each run is the run replayed as one CUDA graph (`graph_run`): the kernels without
-        the host's launches between them."""
+        kernel, `warmup` untimed runs first. With `per_kernel`, also per entry (each kernel
+        launched from the host). With `graph` (whole runs), each run is the run replayed as
+        one CUDA graph (`graph_run`): the kernels without the host's launches between them."""
         cupy = self.cupy
         if per_kernel and self.steps is not None:
             raise TilekitError("per-kernel timing runs every kernel once in order; a module "
                                "with control flow runs some per iteration", "--report",
                                "time the whole run (tk-run --bench) instead")
         if graph:
-            return self._time_graph(runs, warmup)
+            stream, captured = self.graph_run()
+            run = lambda: captured.launch(stream)  # noqa: E731 - one replay is one run
+        else:
+            stream, run = cupy.cuda.get_current_stream(), self.launch_all
         for _ in range(warmup):
-            self.launch_all()
-        cupy.cuda.get_current_stream().synchronize()
+            run()
+        stream.synchronize()
         totals: list[float] = []
         each: dict[str, list[float]] = {ln.entry: [] for ln in self.launches}
         for _ in range(runs):
@@ -427,12 +430,12 @@ class CudaProgram:
                 totals.append(cupy.cuda.get_elapsed_time(events[0], events[-1]) * 1e-3)
             else:
                 start, stop = cupy.cuda.Event(), cupy.cuda.Event()
-                start.record()
-                self.launch_all()
-                stop.record()
+                start.record(stream)
+                run()
+                stop.record(stream)
                 stop.synchronize()
                 totals.append(cupy.cuda.get_elapsed_time(start, stop) * 1e-3)
-        return KernelTiming(tuple(totals), warmup,
+        return KernelTiming(tuple(totals), warmup, GRAPH_METHOD if graph else LAUNCHED_METHOD,
                             per_kernel={k: tuple(v) for k, v in each.items()} if per_kernel
                             else {})
 
@@ -452,37 +455,20 @@ class CudaProgram:
         cupy.cuda.get_current_stream().synchronize()
         stream = cupy.cuda.Stream(non_blocking=True)
         errors = (cupy.cuda.driver.CUDADriverError, cupy.cuda.runtime.CUDARuntimeError)
-        with stream:
-            stream.begin_capture()
-            try:
-                self.launch_all()
-            except errors as exc:
-                _end_capture(stream, errors)
-                raise TilekitError(f"the run could not be captured as a CUDA graph: {exc}",
-                                   "--graph", "time it without --graph") from None
-            try:
+        try:
+            with stream:
+                stream.begin_capture()
+                try:
+                    self.launch_all()
+                except errors:
+                    _end_capture(stream, errors)  # out of capture; the launch's error stands
+                    raise
                 graph = stream.end_capture()
                 graph.upload(stream)
-            except errors as exc:
-                raise TilekitError(f"the run could not be captured as a CUDA graph: {exc}",
-                                   "--graph", "time it without --graph") from None
+        except errors as exc:
+            raise TilekitError(f"the run could not be captured as a CUDA graph: {exc}",
+                               "--graph", "time it without --graph") from None
         return stream, graph
-
-    def _time_graph(self, runs: int, warmup: int) -> "KernelTiming":
-        cupy = self.cupy
-        stream, graph = self.graph_run()
-        for _ in range(warmup):
-            graph.launch(stream)
-        stream.synchronize()
-        totals: list[float] = []
-        for _ in range(runs):
-            start, stop = cupy.cuda.Event(), cupy.cuda.Event()
-            start.record(stream)
-            graph.launch(stream)
-            stop.record(stream)
-            stop.synchronize()
-            totals.append(cupy.cuda.get_elapsed_time(start, stop) * 1e-3)
-        return KernelTiming(tuple(totals), warmup, method=GRAPH_METHOD)
 
 
 def _end_capture(stream, errors) -> None:
@@ -493,7 +479,9 @@ def _end_capture(stream, errors) -> None:
         pass
 
 
-#: What a graph-replayed timing measured (Timing.method).
+#: What a kernel timing measured (Timing.method): the kernels launched from the host, or
+#: each run replayed as one CUDA graph.
+LAUNCHED_METHOD = "CUDA events, kernels only"
 GRAPH_METHOD = "CUDA events, kernels only, each run replayed as one CUDA graph"
 
 
@@ -501,7 +489,7 @@ GRAPH_METHOD = "CUDA events, kernels only, each run replayed as one CUDA graph"
 class KernelTiming(Timing):
     """Seconds per run of all kernels (CUDA events), and per kernel when asked."""
 
-    method: str = "CUDA events, kernels only"
+    method: str = LAUNCHED_METHOD
     per_kernel: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
 
 

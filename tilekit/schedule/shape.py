@@ -435,13 +435,17 @@ def mma_shape(facts: OpFacts, tile: Tile, target: Target, split_k: int = 1
     return KernelShape("mma", tile, tile.threads, mma=plan)
 
 
-def simt_shape(facts: OpFacts, tile: Tile, target: Target) -> KernelShape | str:
-    """The `simt` shape of this tile (a float32 contraction on CUDA cores), or why not."""
+def simt_shape(facts: OpFacts, tile: Tile, target: Target, split_k: int = 1
+               ) -> KernelShape | str:
+    """The `simt` shape of this tile (a float32 contraction on CUDA cores), or why not
+    (`split_k` slices asked for: the SIMT GEMM has no split, such a tile runs staged)."""
     c = facts.contraction
     if isinstance(c, str):
         return c
     if target.kind != "cuda":
         return "the SIMT GEMM is a CUDA kernel"
+    if split_k > 1:
+        return "split in K (the staged shape splits)"
     plan = simt_plan(c, facts.spatial, facts.reduction, tile.block, tile.thread, tile.step,
                      target.smem_limit, lambda i: facts.reads[i].shape, facts.varying)
     if isinstance(plan, str):
@@ -464,7 +468,7 @@ def decide(facts: OpFacts, tile: Tile | None, target: Target | int, split_k: int
     tensor = mma_shape(facts, tile, target, split_k)
     if not isinstance(tensor, str):
         return tensor
-    cores = simt_shape(facts, tile, target) if split_k <= 1 else "split in K (staged)"
+    cores = simt_shape(facts, tile, target, split_k)
     if not isinstance(cores, str):
         return cores
     why = reuse_reason(facts, tile)
