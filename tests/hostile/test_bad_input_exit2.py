@@ -93,6 +93,16 @@ def test_input_literals_out_of_range(tmp_path, flag):
     assert_refused(run("tk-run", path, "--input", flag), "tk-run", "--input x")
 
 
+@pytest.mark.parametrize("dtype, flag", [("float32", "x=3.5e38"), ("float32", "x=1,2,3,-1e300"),
+                                         ("float16", "x=70000"), ("bfloat16", "x=1e39")])
+def test_float_input_literals_beyond_the_dtype(tmp_path, dtype, flag):
+    """A finite value the dtype cannot hold is refused, not cast to infinity (numpy's
+    overflow warning had gone to stderr before the NaN check's error: three lines)."""
+    path = write_doc(tmp_path / "m.json", _int_doc(dtype, "y[i] = x[i]"))
+    assert_refused(run("tk-run", path, "--input", flag), "tk-run", "--input x",
+                   f"out of range for {dtype}")
+
+
 @pytest.mark.parametrize("flag, value", [("--rtol", "nan"), ("--rtol", "inf"),
                                          ("--atol", "-1"), ("--atol", "NaN"),
                                          ("--rtol", "abc"), ("--rtol", "-inf"),

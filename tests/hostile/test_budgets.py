@@ -618,3 +618,33 @@ def test_declared_shape_inputs_are_bounded_before_onnx_inference(tmp_path, op, l
 def test_rank_over_64_is_refused(tmp_path):
     path = write_doc(tmp_path / "s.json", _shape_doc([1] * 65))
     assert_refused(run("tk-run", path, "--seed", "0"), "tk-run", "65 dimensions")
+
+
+# -- a loop's trip count -----------------------------------------------------------------
+
+def test_a_constant_trip_count_over_the_budget_is_refused_before_the_first_iteration(
+        tmp_path, monkeypatch):
+    """A Loop with a trip count of 2**62 and no condition runs exactly that many iterations:
+    the budget refuses it before the first (it used to stop at the budget, after minutes of
+    iterations); a loop with a condition may stop early, so its iterations are counted as
+    they run."""
+    import onnx
+    from onnx import TensorProto as T, helper as h, numpy_helper as nh
+
+    vi = h.make_tensor_value_info
+    body = h.make_graph([h.make_node("Identity", ["c_in"], ["c_out"]),
+                         h.make_node("Identity", ["v_in"], ["v_out"])], "body",
+                        [vi("i", T.INT64, []), vi("c_in", T.BOOL, []),
+                         vi("v_in", T.FLOAT, [2, 3])],
+                        [vi("c_out", T.BOOL, []), vi("v_out", T.FLOAT, [2, 3])])
+    graph = h.make_graph([h.make_node("Loop", ["n", "", "x"], ["y"], body=body)], "g",
+                         [vi("x", T.FLOAT, [2, 3])], [vi("y", T.FLOAT, [2, 3])],
+                         [nh.from_array(np.array(2 ** 62, np.int64), "n")])
+    onnx.save(h.make_model(graph, opset_imports=[h.make_opsetid("", 17)]),
+              str(tmp_path / "loop.onnx"))
+    assert run("tk-import", "loop.onnx", "-o", "loop.yaml", folder=tmp_path).exit_code == 0
+    with env_limit(monkeypatch, "TILEKIT_MAX_LOOP_TRIPS", "1000000000000"):
+        proc = spawn("tk-run", "loop.yaml", "--mode", "whole", "--seed", "0",
+                     folder=tmp_path, timeout=60)
+    assert_refused(proc, "tk-run", "4,611,686,018,427,387,904 iterations",
+                   "TILEKIT_MAX_LOOP_TRIPS")

@@ -125,6 +125,12 @@ def ground(tmp_path_factory) -> dict:
 @pytest.mark.parametrize("case, change, words", [
     ("run elsewhere", lambda r: r["grind"].update(run="gpu0"), ["grind"]),
     ("grind not a mapping", lambda r: r.update(grind=[1, 2]), ["grind"]),
+    ("estimate not a mapping", lambda r: r["grind"].update(estimate="fast"),
+     ["grind.estimate"]),
+    ("negative grid", lambda r: r["grind"]["estimate"].update(grid=-1),
+     ["grind.estimate.grid", "positive whole number"]),
+    ("grid as text", lambda r: r["grind"]["estimate"].update(grid="zz"),
+     ["grind.estimate.grid"]),
     ("trip count not a tensor", lambda r: r.update(trip_count="nope\n#x"), ["control"]),
     ("carried not a list", lambda r: r.update(carried="h"), ["carried"]),
     ("body not a mapping", lambda r: r.update(body=7), ["body"]),

@@ -42,10 +42,12 @@ def _replaced(doc, path, value):
     return doc
 
 
-def _sweep(folder: Path, doc: dict, tool: str, extra: list[str]) -> list[str]:
-    """Run `tool` on every replacement; the list of what broke the rule."""
+def _sweep(folder: Path, doc: dict, tool: str, extra: list[str],
+           paths: list[tuple] | None = None) -> list[str]:
+    """Run `tool` on every replacement (of every field, or of `paths`); the list of what
+    broke the rule."""
     bad = []
-    for path in [p for p in _paths(doc) if p]:
+    for path in paths if paths is not None else [p for p in _paths(doc) if p]:
         for value in WRONG:
             (folder / "fz.json").write_text(json.dumps(_replaced(doc, path, value)))
             out = folder / "fz.out.yaml"
@@ -79,3 +81,26 @@ def test_staged_documents(tmp_path, stage, tool):
         name = "w.yaml"
     doc = yaml.safe_load((tmp_path / name).read_text())
     assert _sweep(tmp_path, doc, tool, ["-o", "fz.out.yaml"]) == []
+
+
+def test_a_loop_body_s_op_records_through_tk_run(tmp_path):
+    """The same inside a region: the ops of a Loop's body (an opaque ArgMax and the
+    expression ops after it) of the greedy decoder. A region's records are read to find
+    what it captures before the verifier reaches them; that read must not trip on them."""
+    import sys
+
+    import onnx
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from models.control_models import greedy_decoder
+
+    onnx.save(greedy_decoder(), str(tmp_path / "gd.onnx"))
+    assert run("tk-import", "gd.onnx", "-o", "gd.json", folder=tmp_path).exit_code == 0
+    doc = json.loads((tmp_path / "gd.json").read_text())
+    (loop,) = doc["control"]
+    body = ("control", loop, "body", "ops")
+    assert doc["control"][loop]["body"]["ops"][0].get("opaque"), "the body starts opaque"
+    paths = [p for p in _paths(doc) if p[:4] == body and len(p) > 4 and p[4] in (0, 1)]
+    assert len(paths) >= 8
+    assert _sweep(tmp_path, doc, "tk-run", ["--mode", "whole", "--seed", "0"],
+                  paths) == []

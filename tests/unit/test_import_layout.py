@@ -209,6 +209,42 @@ def test_resize_to_sizes_by_interpolation_matrices(mode, coord, extra):
     assert [op.kind for op in imported.module.ops] == ["expr", "expr"]
 
 
+@pytest.mark.parametrize("nearest", ["round_prefer_floor", "round_prefer_ceil", "floor",
+                                     "ceil"])
+@pytest.mark.parametrize("scales,sizes", [([1, 1, 2, 2], None), ([1, 1, 1.5, 0.5], None),
+                                          (None, [1, 2, 7, 3])])
+def test_resize_tf_half_pixel_for_nn(nearest, scales, sizes):
+    """Opset 11's `tf_half_pixel_for_nn` (TensorFlow's half-pixel nearest neighbour; the ONNX
+    reference no longer knows it): its selection matrices against onnxruntime."""
+    if sizes is None:
+        inits = [numpy_helper.from_array(np.asarray(scales, np.float32), "scales")]
+        out = [int(np.floor(n * s)) for n, s in zip([1, 2, 4, 5], scales)]
+        inputs = [("x", F, [1, 2, 4, 5]), "roi", "scales"]
+    else:
+        inits = [numpy_helper.from_array(np.asarray([], np.float32), "scales"),
+                 _i64("sizes", sizes)]
+        out, inputs = sizes, [("x", F, [1, 2, 4, 5]), "roi", "scales", "sizes"]
+    inits.append(numpy_helper.from_array(np.asarray([], np.float32), "roi"))
+    model = single_node_model("Resize", inputs, [("y", F, out)], initializers=inits,
+                              opset=11, mode="nearest",
+                              coordinate_transformation_mode="tf_half_pixel_for_nn",
+                              nearest_mode=nearest)
+    imported = check_against_onnxruntime(model)
+    assert all(op.kind == "expr" for op in imported.module.ops)
+
+
+def test_resize_tf_crop_and_resize_is_refused_by_name():
+    from tilekit.errors import UnsupportedError
+
+    inits = [numpy_helper.from_array(np.asarray([0, 0, 0, 0, 1, 1, 1, 1], np.float32), "roi"),
+             numpy_helper.from_array(np.asarray([1, 1, 2, 2], np.float32), "scales")]
+    model = single_node_model("Resize", [("x", F, [1, 2, 4, 4]), "roi", "scales"],
+                              [("y", F, [1, 2, 8, 8])], initializers=inits, mode="linear",
+                              coordinate_transformation_mode="tf_crop_and_resize")
+    with pytest.raises(UnsupportedError, match="'tf_crop_and_resize' is not supported"):
+        import_model(model)
+
+
 def test_resize_to_the_same_size_is_a_copy():
     inits = [numpy_helper.from_array(np.asarray([1, 2, 4, 4], np.int64), "sizes")]
     imported = check_against_onnxruntime(single_node_model(

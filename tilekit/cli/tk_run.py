@@ -229,6 +229,9 @@ def main(input, device, mode, threads, input_flags, inputs_npz, seed, dim_flags,
         return status
 
     if not is_symbolic(module):
+        if dim_flags:
+            raise TilekitError("--dim gives sizes, but the module has no symbolic dimensions",
+                               "--dim", "drop --dim")
         return run_one(module, None)
     bindings = _bindings(module, dim_flags, input_flags, inputs_npz)
     if len(bindings) > 1 and output is not None:
@@ -253,20 +256,10 @@ def _bindings(module, dim_flags, input_flags, inputs_npz) -> list[dict[str, int]
     first likely value, else its smallest."""
     from itertools import product
 
-    from tilekit.ir.dims import bind
+    from tilekit.ir.dims import bind, parse_size_lists
     from tilekit.runtime.io import given_shapes
 
-    sizes: dict[str, list[int]] = {}
-    for flag in dim_flags:
-        name, eq, text = flag.partition("=")
-        try:
-            values = [int(v) for v in text.split(",") if len(v.strip()) <= 12]
-        except ValueError:
-            values = []
-        if not eq or not values or name in sizes:
-            raise TilekitError(f"cannot read --dim {flag[:60]!r}", "--dim",
-                               "write --dim NAME=SIZE or NAME=SIZE,SIZE,... once per symbol")
-        sizes[name.strip()] = list(dict.fromkeys(values))
+    sizes = parse_size_lists(dim_flags)
     if len([v for vs in sizes.values() for v in vs]) > 64:
         raise TilekitError("--dim asks for more than 64 sizes", "--dim", "give fewer sizes")
     shapes = given_shapes(module, input_flags, inputs_npz)

@@ -326,14 +326,14 @@ class _Reader:
         elif value <= 0:
             self.fail(f"must be positive, got {written}", node, "value", path)
         base = to_base(value, scale)
+        if spec.dim != "fraction" and not spec.low <= base <= spec.high:   # inf too
+            low, high = (format_quantity(v, spec.dim) for v in (spec.low, spec.high))
+            self.fail(f"out of plausible range: {written} is outside [{low}, {high}]",
+                      node, "value", path, "check the value and its unit prefix")
         if spec.dim == "bytes":
             if abs(base - round(base)) > 1e-6 * max(1.0, base):
                 self.fail(f"{written} is not a whole number of bytes", node, "value", path)
             base = int(round(base))
-        if spec.dim != "fraction" and not spec.low <= base <= spec.high:
-            low, high = (format_quantity(v, spec.dim) for v in (spec.low, spec.high))
-            self.fail(f"out of plausible range: {written} is outside [{low}, {high}]",
-                      node, "value", path, "check the value and its unit prefix")
         self.sources[path] = ref
         return base
 
@@ -347,8 +347,9 @@ class _Reader:
         if "unit" not in node:
             self.fail("missing unit", node, "value", path, f"one of: {unit_list(spec.dim)}")
         unit = node["unit"]
-        if unit not in units:
-            self.fail(f"wrong unit {excerpt(unit)}: expected {spec.dim}", node, "unit", path,
+        if not isinstance(unit, str) or unit not in units:
+            shown = excerpt(unit) if isinstance(unit, str) else f"({_describe(unit)})"
+            self.fail(f"wrong unit {shown}: expected {spec.dim}", node, "unit", path,
                       f"one of: {unit_list(spec.dim)}")
         return units[unit]
 

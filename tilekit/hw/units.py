@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import math
 
+from decimal import Decimal
+
 #: dimension -> {unit spelling: factor to the base unit}. Counts and fractions take no unit.
 UNITS: dict[str, dict[str, float]] = {
     "bytes": {
@@ -42,10 +44,10 @@ def to_base(value: float | int, factor: float | int) -> float | int:
     66.9 x 1e12 in floating point is 66900000000000.01; shifting the decimal exponent of the
     written value instead gives the float nearest to what the author wrote.
     """
-    if isinstance(value, (int, float)) and factor != 1:
+    if isinstance(value, (int, float)) and factor != 1 and math.isfinite(value):
         exponent = math.log10(factor)
-        if exponent.is_integer():
-            return float(f"{value!r}e{int(exponent)}")
+        if exponent.is_integer():   # repr may be in exponent form itself: 1e-05
+            return float(Decimal(repr(value)).scaleb(int(exponent)))
     return value * factor
 
 

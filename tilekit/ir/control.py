@@ -186,6 +186,13 @@ class ControlOp:
             if grind.get("run") not in GRIND_RUNS:
                 raise _fail(f"{path}.grind.run", f"must be one of {', '.join(GRIND_RUNS)}, got "
                             f"{excerpt(grind.get('run'))}", "re-run tk-grind")
+            estimate = grind.get("estimate")
+            if estimate is not None:   # its grid sizes a device loop's launch (codegen)
+                read_mapping(estimate, f"{path}.grind.estimate", "'estimate'")
+                grid = estimate.get("grid")
+                if grid is not None and (type(grid) is not int or grid < 1):
+                    raise _fail(f"{path}.grind.estimate.grid", "must be a positive whole "
+                                f"number of blocks, got {excerpt(grid)}", "re-run tk-grind")
         common = dict(name=name, kind=kind, outputs=_names(p["outputs"], f"{path}.outputs"),
                       grind=grind)
         if kind == "if":
@@ -311,8 +318,10 @@ def free_names(region: Region) -> tuple[str, ...]:
 def _op_reads(op: Op) -> tuple[str, ...]:
     """What an expr or opaque op reads, from its text alone (tilekit.ir.graph.op_tensors
     without the analysis, which sits above this module)."""
-    if op.kind == "opaque":
-        return tuple(n for n in (op.opaque or {}).get("inputs", ()) if n)
+    if op.kind == "opaque":   # a malformed record reads nothing here: the verifier names it
+        inputs = op.opaque.get("inputs") if isinstance(op.opaque, Mapping) else None
+        return tuple(n for n in inputs if isinstance(n, str) and n) \
+            if isinstance(inputs, (list, tuple)) else ()
     if not isinstance(op.expr, str):
         return ()
     return tuple(a.tensor for a in body_accesses(parse(op.expr).body))

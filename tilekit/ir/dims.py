@@ -33,7 +33,8 @@ from typing import Any, Iterable, Mapping
 from tilekit.errors import IRError, TilekitError
 
 __all__ = ["Dim", "DimExpr", "bind", "instantiate", "is_symbolic", "parse_dim_expr",
-           "read_dims", "require_static", "dims_document", "symbolic_inputs"]
+           "parse_size_lists", "parse_sizes", "read_dims", "require_static", "dims_document",
+           "symbolic_inputs"]
 
 #: A symbol: an identifier (the model's dim_param, made an identifier).
 SYMBOL = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}\Z")
@@ -210,7 +211,10 @@ def symbolic_inputs(module: Any) -> list[tuple[str, int, str]]:
     """(input, axis, symbol) for every input dimension that is exactly one symbol."""
     out = []
     for name in module.inputs:
-        for axis, d in enumerate(module.tensors[name].shape):
+        tensor = module.tensors.get(name) if isinstance(name, str) else None
+        if not isinstance(getattr(tensor, "shape", None), tuple):
+            continue   # an undeclared input: the verifier says so
+        for axis, d in enumerate(tensor.shape):
             if isinstance(d, str):
                 e = parse_dim_expr(d)
                 if len(e.terms) == 1 and e.terms[0][0] == 1 and len(e.terms[0][1]) == 1:
@@ -281,14 +285,18 @@ def instantiate(module: Any, values: Mapping[str, int]) -> Any:
         return module
 
     def shape(s):
-        return tuple(evaluate_shape(s, values))
+        return tuple(d if type(d) is int or not isinstance(d, str)
+                     else parse_dim_expr(d).evaluate(values) for d in s)
 
     def text(expr):
-        return None if expr is None else SYMBOL_REF.sub(lambda m: str(values[m.group(1)]), expr)
+        return SYMBOL_REF.sub(lambda m: str(values[m.group(1)]), expr)
 
-    tensors = {n: Tensor(shape(t.shape), t.dtype, t.role) for n, t in module.tensors.items()}
-    ops = tuple(replace(op, expr=text(op.expr)) if op.expr and "$" in op.expr else op
-                for op in module.ops)
+    # entries of the wrong type stay as they are, for the verifier to name
+    tensors = {n: Tensor(shape(t.shape), t.dtype, t.role)
+               if isinstance(t, Tensor) and isinstance(t.shape, tuple) else t
+               for n, t in module.tensors.items()}
+    ops = tuple(replace(op, expr=text(op.expr)) if isinstance(op.expr, str) and "$" in op.expr
+                else op for op in module.ops)
     return replace(module, tensors=tensors, ops=ops, dims={})
 
 
@@ -310,17 +318,33 @@ def specialise(module: Any, values: Mapping[str, int]) -> Any:
 
 def parse_sizes(flags: Iterable[str]) -> dict[str, int]:
     """`--dim NAME=SIZE` flags (each symbol once) as {name: size}."""
-    sizes: dict[str, int] = {}
+    return {name: sizes[0] for name, sizes in _parse_dim_flags(
+        flags, False, "write --dim NAME=SIZE (a positive integer), once per symbol").items()}
+
+
+def parse_size_lists(flags: Iterable[str]) -> dict[str, list[int]]:
+    """`--dim NAME=SIZE[,SIZE...]` flags (each symbol once; tk-run runs every combination)
+    as {name: [sizes, in order, each once]}."""
+    return _parse_dim_flags(flags, True, "write --dim NAME=SIZE or NAME=SIZE,SIZE,... "
+                            "(positive integers), once per symbol")
+
+
+def _parse_dim_flags(flags: Iterable[str], several: bool, hint: str) -> dict[str, list[int]]:
+    """The one reader of `--dim` flags: a name, `=`, then one size (or, with `several`, a
+    comma-separated list), each of ASCII digits, at most 12 of them (`int` would also take
+    `3_0` and other scripts' digits); a symbol named twice is refused."""
+    sizes: dict[str, list[int]] = {}
     for flag in flags:
         name, eq, text = flag.partition("=")
-        name, text = name.strip(), text.strip()
-        if not eq or not name or not text.isdigit() or len(text) > 12:
-            raise TilekitError(f"cannot read --dim {flag[:60]!r}", "--dim",
-                               "write --dim NAME=SIZE (a positive integer), once per symbol")
+        name = name.strip()
+        texts = [t.strip() for t in (text.split(",") if several else [text])]
+        if not eq or not name or not all(t.isascii() and t.isdigit() and len(t) <= 12
+                                          for t in texts):
+            raise TilekitError(f"cannot read --dim {flag[:60]!r}", "--dim", hint)
         if name in sizes:
             raise TilekitError(f"--dim names '{name[:40]}' twice", "--dim",
                                "give each symbol once")
-        sizes[name] = int(text)
+        sizes[name] = list(dict.fromkeys(int(t) for t in texts))
     return sizes
 
 

@@ -35,7 +35,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from tilekit import limits
-from tilekit.errors import TilekitError, UnsupportedError, excerpt
+from tilekit.errors import ExprError, TilekitError, UnsupportedError, excerpt
 from tilekit.ir.graph import op_tensors
 from tilekit.ir.model import Module, Op, Tensor, default_kernels
 from tilekit.onnx import fold, text
@@ -105,6 +105,11 @@ def import_model(model: onnx.ModelProto, *, name: str = "model",
 def _opset_of(model: onnx.ModelProto) -> int:
     for entry in model.opset_import:
         if entry.domain in _STANDARD_DOMAINS:
+            if entry.version < 1:
+                raise UnsupportedError(f"the model imports opset {entry.version} of the "
+                                       "standard ONNX operator set, which has none below 1",
+                                       "opset_import", "re-export the model with a standard "
+                                       f"opset ({TESTED_OPSETS[0]}..{TESTED_OPSETS[1]})")
             return int(entry.version)
     if not model.opset_import and model.ir_version:
         return 1
@@ -415,6 +420,10 @@ class Importer(ShapeFolding):
             ctx = NodeContext(self, node, index, fold.attributes(node))
             try:
                 entry.convert(ctx)
+            except ExprError as exc:   # a statement the node's attributes made unreadable
+                raise self._malformed(f"node {index} '{excerpt(ctx.origin, 60, quote=False)}'",
+                                      f"converts to an invalid statement ({exc.what})") \
+                    from None
             except TilekitError:
                 raise
             except Exception as exc:  # noqa: BLE001 - a malformed node (or a converter bug)

@@ -99,11 +99,15 @@ def gather_access(name: str, extent: int, axis: int, indices: np.ndarray,
                   out_axes: Sequence[str]) -> str | None:
     """The read `name[.., index, ..]` of a Gather along `axis` (of `extent` points) at the
     constant `indices` (negative ones from the end), for the output indexed by `out_axes`,
-    when the indices form an affine index (`affine_index`); else None (a general Gather)."""
+    when the indices are in range and form an affine index (`affine_index`); else None (a
+    general Gather)."""
     rank = np.ndim(indices)
     if np.size(indices) < 1:
         return None
-    index = affine_index(np.asarray(indices).astype(np.int64) % extent,
+    values = np.asarray(indices).astype(np.int64)
+    if values.min() < -extent or values.max() >= extent:
+        return None        # out of range: the opaque Gather reports it at run time
+    index = affine_index(values % extent,
                          out_axes[axis:axis + rank])
     if index is None:
         return None

@@ -228,8 +228,9 @@ def roll_symbolic_gpu(module, profile, dtypes: Mapping[str, str], opaque,
 
 def by_size(tile) -> bool:
     """A GPU op tile whose kernel is decided at each size (`roll_symbolic_gpu`)."""
-    return (isinstance(tile, Mapping) and tile.get("target") is None
-            and (tile.get("kernel") or {}).get("shape") == BY_SIZE)
+    kernel = tile.get("kernel") if isinstance(tile, Mapping) else None
+    return (isinstance(kernel, Mapping) and tile.get("target") is None
+            and kernel.get("shape") == BY_SIZE)
 
 
 __all__ = ["BY_SIZE", "FMA_IN_FLIGHT", "GPU_CANDIDATES", "MAX_PRICED", "by_size",

@@ -36,7 +36,7 @@ from tilekit.ir.graph import control_records, graph, op_analysis
 from tilekit.ir.stages import run_stage
 from tilekit.ir.model import OP_KINDS, Kernel, Module, Op, default_kernels
 from tilekit.roll.construct import Candidate, roll_problem
-from tilekit.ir.payloads import Candidate as TileChoice, OpTile, Tile, round_sig
+from tilekit.ir.payloads import Candidate as TileChoice, OpTile, Tile, read_tile, round_sig
 from tilekit.roll.cost import (Estimate, combine_estimates, default_estimate, estimate_bytes,
                                machine)
 from tilekit.schedule.mma import PRECISIONS
@@ -172,10 +172,10 @@ def settle(module, profile, precision: str = "fp32"):
             continue
         analysis = op_analysis(module, index)
         problem = problem_from_analysis(analysis, dtypes)
-        t = op.tile
-        rtile = RTile(tuple(t["block"][a] for a, _ in problem.spatial),
-                      tuple(t["thread"][a] for a, _ in problem.spatial),
-                      tuple(t.get("step", {})[a] for a, _ in problem.reduction))
+        t = read_tile(op.tile, problem.spatial, problem.reduction,
+                      f"ops[{index}] ({op.name}).tile",
+                      unclamped=[a for a, _ in problem.reduction])
+        rtile = RTile(t.block, t.thread, t.step)
         m = machine(profile, problem.dtype, precision)
         priced = candidate(rtile, cost_candidates(problem, m, [rtile]), 0)
         made = tile_record(problem, [priced], analysis_facts(analysis, dtypes), target,

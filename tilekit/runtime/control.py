@@ -112,6 +112,14 @@ def check_iteration(rec: ControlOp, i: int, where: str) -> None:
     LOOP_TRIPS.check(i + 1, where, "the loop's iterations")
 
 
+def check_trip_count(rec: ControlOp, trips: int | None, where: str) -> None:
+    """A loop with a trip count and no condition runs exactly `trips` iterations: they are
+    checked against its max_trips and the budget before the first, not after the ones under
+    the bound have run (a constant count of 2**62 stopped at the budget after minutes)."""
+    if trips is not None and trips > 0 and not rec.cond:
+        check_iteration(rec, trips - 1, where)
+
+
 def overrun_checks(module: Module) -> tuple:
     """(record, where) of each of the module's own loops that records a count under a
     `max_trips`. Placed inside compiled code, its kernel writes `max_trips + 1` there when it
@@ -145,6 +153,7 @@ def _run_loop(plan: _Run, env: Mapping[str, np.ndarray], mode: str) -> list[np.n
     n = len(carried)
     stacks = [_zeros(plan, name) for name in rec.scans]
     results = body.outputs[1 + n:]
+    check_trip_count(rec, trips, plan.where)
     i = 0
     while go and (trips is None or i < trips):
         check_iteration(rec, i, plan.where)
@@ -208,5 +217,5 @@ def _run_if(plan: _Run, env: Mapping[str, np.ndarray], mode: str) -> list[np.nda
 _RUNNERS: dict[str, Callable] = {"loop": _run_loop, "scan": _run_scan, "if": _run_if}
 
 
-__all__ = ["ControlPlan", "check_iteration", "check_overruns", "control_plan", "kept_counts",
-           "overrun_checks"]
+__all__ = ["ControlPlan", "check_iteration", "check_overruns", "check_trip_count", "control_plan",
+           "kept_counts", "overrun_checks"]

@@ -27,7 +27,7 @@ import numpy as np
 from tilekit.ir.control import ControlOp, region_module
 from tilekit.ir.graph import control_records
 from tilekit.ir.model import Module, default_kernels
-from tilekit.runtime.control import check_iteration
+from tilekit.runtime.control import check_iteration, check_trip_count
 
 
 @dataclass(frozen=True)
@@ -108,6 +108,7 @@ def _run_loop(program, step: ControlStep) -> None:
         _copy(program, param, outer)
     for outer in rec.scans:
         program.buffers[outer].fill(0)
+    check_trip_count(rec, trips, step.where)
     i = 0
     while go and (trips is None or i < trips):
         check_iteration(rec, i, step.where)

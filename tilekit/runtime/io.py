@@ -217,6 +217,16 @@ def _parse_literal(value: str, tensor: Tensor, where: str) -> np.ndarray:
                 raise TilekitError(f"value {excerpt(v)} is out of range for {tensor.dtype} "
                                    f"[{info.min}, {info.max}]", where,
                                    "give values the input's dtype can hold")
+    else:
+        wide = np.asarray(values, dtype=np.float64)
+        with np.errstate(over="ignore"):
+            held = wide.astype(dtype).astype(np.float64)
+        over = np.isfinite(wide) & ~np.isfinite(held)
+        if over.any():
+            raise TilekitError(f"value {excerpt(values[int(np.argmax(over))])} is out of range "
+                               f"for {tensor.dtype}", where,
+                               "give values the input's dtype can hold (inf and nan are "
+                               "written as such)")
     if len(values) == 1:
         return np.full(tensor.shape, values[0], dtype=dtype)
     if len(values) != tensor.size:

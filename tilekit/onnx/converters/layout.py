@@ -109,7 +109,10 @@ def unsqueeze(ctx: NodeContext) -> None:
 @converter("Transpose", summary="y[i, j, k] = x[perm...]")
 def transpose(ctx: NodeContext) -> None:
     x, out = ctx.input(0), ctx.output(0)
-    perm = ctx.attr("perm") or list(reversed(range(x.rank)))
+    perm = ctx.axes_in(ctx.attr("perm") or list(reversed(range(x.rank))), x.rank, "perm")
+    if len(perm) != x.rank:
+        raise ctx.unsupported(f"perm has {len(perm)} axes, the input has rank {x.rank}",
+                              f"give a permutation of 0..{x.rank - 1}")
     ax = text.axes(out.rank)
     idx = [""] * x.rank
     for d, p in enumerate(perm):

@@ -138,8 +138,18 @@ def _resize(ctx: NodeContext, mode: str, coord: str, nearest: str,
         if key in ctx.attrs:
             attrs[key] = ctx.attr(key)
     if coord == "tf_crop_and_resize":
-        raise ctx.unsupported("coordinate_transformation_mode='tf_crop_and_resize'")
-    matrices = _axis_matrices(x, out, attrs)
+        raise ctx.unsupported("coordinate_transformation_mode='tf_crop_and_resize' is not "
+                              "supported", "its crop box (roi) is not imported")
+    if coord == "tf_half_pixel_for_nn":
+        # opsets 11-12 only; the ONNX reference no longer knows it, so its matrices are made
+        # here (nearest only: the mode is TensorFlow's half-pixel nearest neighbour)
+        if mode != "nearest" or np.dtype(x.dtype).kind != "f" or x.dtype == "bfloat16":
+            raise ctx.unsupported("coordinate_transformation_mode='tf_half_pixel_for_nn' "
+                                  f"with mode '{mode}' on {x.dtype}",
+                                  "it is imported for nearest resizing of float tensors")
+        matrices = _half_pixel_nn_matrices(ctx, x.shape, out.shape, factors, nearest)
+    else:
+        matrices = _axis_matrices(x, out, attrs)
     if matrices is None:
         ctx.opaque("Resize", [x], [out], attrs)
         return
@@ -159,6 +169,33 @@ def _resize(ctx: NodeContext, mode: str, coord: str, nearest: str,
         ctx.assign(dst, ax, "+=", f"{ctx.access(w, [ax[d], 'r'])} * {ctx.access(cur, src)}",
                    step=None if d == last else f"resize{d}")
         cur = dst
+
+
+#: `nearest_mode` as a rounding of a source coordinate (ONNX Resize).
+_NEAREST = {"round_prefer_floor": lambda v: np.ceil(v - 0.5),
+            "round_prefer_ceil": lambda v: np.floor(v + 0.5),
+            "floor": np.floor, "ceil": np.ceil}
+
+
+def _half_pixel_nn_matrices(ctx: NodeContext, shape, out_shape, factors,
+                            nearest: str) -> dict[int, np.ndarray]:
+    """The 0/1 selection matrix of each resized axis for `tf_half_pixel_for_nn`: output
+    point `o` reads source `nearest((o + 0.5) / scale)`, clamped to the axis."""
+    if nearest not in _NEAREST:
+        raise ctx.unsupported(f"nearest_mode='{nearest}'", "one of: " + ", ".join(_NEAREST))
+    found = {}
+    for d, (n, m, f) in enumerate(zip(shape, out_shape, factors)):
+        if n == m and f == 1.0:
+            continue
+        if n * m > _MAX_MATRIX:
+            raise ctx.unsupported(f"a {n} -> {m} resize with coordinate_transformation_mode"
+                                  "='tf_half_pixel_for_nn' is over the interpolation "
+                                  "matrix's size")
+        source = _NEAREST[nearest]((np.arange(m) + 0.5) / f)
+        matrix = np.zeros((m, n), np.float64)
+        matrix[np.arange(m), np.clip(source, 0, n - 1).astype(np.int64)] = 1.0
+        found[d] = matrix
+    return found
 
 
 #: The largest interpolation matrix (output x input points of one axis) written as a weight;

@@ -1,0 +1,65 @@
+"""Attribute and constant values outside what ONNX allows are refused in one line (exit 2)
+naming the node, never taken as something else: an opset below 1, a Transpose `perm` that
+is no permutation, a Gather's constant index outside its axis (which used to be wrapped
+around: index 99 of 2 read row 1)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from hostile_support import assert_refused, run
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from models.onnx_check import check_against_onnxruntime  # noqa: E402
+
+F = TensorProto.FLOAT
+
+
+def _save(folder: Path, nodes, out_shape, inits=(), opset: int = 17) -> str:
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", F, [2, 3])],
+                              [helper.make_tensor_value_info("y", F, out_shape)], list(inits))
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)]),
+              str(folder / "m.onnx"))
+    return "m.onnx"
+
+
+@pytest.mark.parametrize("opset", [0, -3])
+def test_an_opset_below_one_is_refused(tmp_path, opset):
+    name = _save(tmp_path, [helper.make_node("Relu", ["x"], ["y"])], [2, 3], opset=opset)
+    assert_refused(run("tk-import", name, folder=tmp_path), "tk-import", "opset_import",
+                   f"opset {opset}")
+
+
+@pytest.mark.parametrize("perm,words", [([0, 0], "names axis 0 twice"),
+                                        ([1], "perm has 1 axes"),
+                                        ([0, 2], "not an axis of a rank-2 tensor")])
+def test_a_perm_that_is_no_permutation_is_refused_at_its_node(tmp_path, perm, words):
+    """(ONNX's shape inference refuses a perm of the wrong length first; with
+    --lenient-shapes the converter does.)"""
+    name = _save(tmp_path, [helper.make_node("Transpose", ["x"], ["y"], perm=perm)], [3, 2])
+    assert_refused(run("tk-import", name, "--lenient-shapes", folder=tmp_path), "tk-import",
+                   "'Transpose_0'", words)
+
+
+@pytest.mark.parametrize("index,axis", [(99, 0), (-7, 1), (2, 0)])
+def test_a_constant_gather_index_out_of_range_is_not_wrapped(tmp_path, index, axis):
+    shape = [1, 3] if axis == 0 else [2, 1]
+    name = _save(tmp_path, [helper.make_node("Gather", ["x", "i"], ["y"], axis=axis)], shape,
+                 [numpy_helper.from_array(np.array([index], np.int64), "i")])
+    assert run("tk-import", name, "-o", "m.yaml", folder=tmp_path).exit_code == 0
+    result = run("tk-run", "m.yaml", "--mode", "whole", "--seed", "0", folder=tmp_path)
+    assert_refused(result, "tk-run", f"Gather index {index} is out of range")
+
+
+@pytest.mark.parametrize("index,axis", [(-2, 0), (-3, 1), (1, 0)])
+def test_constant_gather_indices_in_range_equal_onnxruntime(tmp_path, index, axis):
+    shape = [1, 3] if axis == 0 else [2, 1]
+    name = _save(tmp_path, [helper.make_node("Gather", ["x", "i"], ["y"], axis=axis)], shape,
+                 [numpy_helper.from_array(np.array([index], np.int64), "i")])
+    check_against_onnxruntime(onnx.load(str(tmp_path / name)))
