@@ -63,3 +63,16 @@ def test_constant_gather_indices_in_range_equal_onnxruntime(tmp_path, index, axi
     name = _save(tmp_path, [helper.make_node("Gather", ["x", "i"], ["y"], axis=axis)], shape,
                  [numpy_helper.from_array(np.array([index], np.int64), "i")])
     check_against_onnxruntime(onnx.load(str(tmp_path / name)))
+
+
+@pytest.mark.parametrize("op,inputs,outputs,words", [
+    ("Relu", ["x", "x"], ["y"], "Relu (opset 17) has 2 inputs; its schema allows 1"),
+    ("Add", ["x"], ["y"], "Add (opset 17) has 1 inputs; its schema allows 2"),
+    ("Relu", ["x"], ["y", "z"], "has 2 outputs; its schema allows 1"),
+])
+def test_a_node_with_more_or_fewer_inputs_than_its_schema_is_refused(tmp_path, op, inputs,
+                                                                     outputs, words):
+    """(A Relu given two inputs was imported as a Relu of the first: lenient shape inference
+    only warns about the count.)"""
+    name = _save(tmp_path, [helper.make_node(op, inputs, outputs)], [2, 3])
+    assert_refused(run("tk-import", name, folder=tmp_path), "tk-import", f"'{op}_0'", words)

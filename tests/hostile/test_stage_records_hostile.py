@@ -185,6 +185,21 @@ def test_tampered_tiles_inside_a_region(welded_loop, field, value):
                    "tk-grind", "control.lstm.body.ops[", f".tile.{field}")
 
 
+@pytest.mark.parametrize("shape", [{"a": 1}, ["staged"], 7])
+def test_a_kernel_record_of_another_form_inside_a_region(welded_loop, shape):
+    """A tile's `kernel.shape` is tk-roll's note of the shape it priced (codegen decides the
+    shape itself): tk-grind reads it as a note, as for a module's own ops (a mapping there
+    was used as a dictionary key: exit 1)."""
+    doc = copy.deepcopy(welded_loop["doc"])
+    ops = next(iter(doc["control"].values()))["body"]["ops"]
+    first = next(op for op in ops if isinstance((op.get("tile") or {}).get("kernel"), dict))
+    first["tile"]["kernel"]["shape"] = shape
+    path = welded_loop["folder"] / "tampered-kernel-shape.json"
+    path.write_text(json.dumps(doc))
+    result = run("tk-grind", path, "--hw", "h100", "-o", "g.json", folder=welded_loop["folder"])
+    assert result.exit_code == 0, result.stderr
+
+
 @pytest.fixture(scope="session")
 def rolled_plan(tmp_path_factory) -> dict:
     """The MLP rolled with runners-up and planned by tk-ram, as JSON data."""

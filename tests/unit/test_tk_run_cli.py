@@ -357,13 +357,13 @@ def test_cuda_device_refuses_cpu_modes(mlp):
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
 def test_unknown_mode_refused_on_every_device(mlp, device):
     assert_one_line_error(tk_run(mlp, "--seed", 0, "--device", device, "--mode", "bogus"),
-                          "--mode", "unknown execution mode 'bogus'", "known modes: tiled, whole")
+                          "--mode", "unknown execution mode 'bogus'", "known modes: compiled, program, tiled, whole")
 
 
 def test_bad_flag_values(mlp):
     assert_one_line_error(tk_run(mlp, "--seed", 0, "--bench", 0), "--bench")
     assert_one_line_error(tk_run(mlp, "--seed", 0, "--check", "--rtol", "-1"), "--rtol")
-    assert_one_line_error(tk_run(mlp, "--seed", 0, "--mode", "nope"), "known modes: tiled, whole")
+    assert_one_line_error(tk_run(mlp, "--seed", 0, "--mode", "nope"), "known modes: compiled, program, tiled, whole")
     assert_one_line_error(tk_run(mlp, "--seed", -1), "--seed")
     # a CUDA graph replays --bench runs of CUDA kernels: neither alone nor on the CPU
     assert_one_line_error(tk_run(mlp, "--seed", 0, "--graph", "--device", "cuda"), "--graph",

@@ -147,7 +147,7 @@ class _TileFigures(NamedTuple):
             read_int(t.get("regs", 0), f"{where}.regs", hint=_HINT),
             read_int(t.get("smem_bytes", 0), f"{where}.smem_bytes", hint=_HINT),
             Estimate.read(est, f"{where}.estimate").time_us if est is not None else 0.0,
-            k.get("shape") in BARRIER_SHAPES,
+            isinstance(k.get("shape"), str) and k["shape"] in BARRIER_SHAPES,
             read_int(k.get("lanes", 1), f"{where}.kernel.lanes", 1, hint=_HINT) > 1)
 
 

@@ -265,6 +265,28 @@ class Importer(ShapeFolding):
                  if node.op_type in fold.NOT_FOLDABLE and lookup(node.op_type) is None]
         if never:
             raise self._unsupported_op(never[0], self.nodes[never[0]], never)
+        for index, node in enumerate(self.nodes):
+            self._check_arity(index, node)
+
+    def _check_arity(self, index: int, node: onnx.NodeProto) -> None:
+        """The node's inputs and outputs are as many as its op's schema allows at the model's
+        opset (a Relu given two inputs imported as a Relu of the first: lenient shape
+        inference only warns about it)."""
+        try:
+            schema = onnx.defs.get_schema(node.op_type, self.opset, "")
+        except onnx.defs.SchemaError:
+            return                      # no such op at this opset: the converters say so
+        for what, count, low, high in (("inputs", len(node.input), schema.min_input,
+                                        schema.max_input),
+                                       ("outputs", len(node.output), schema.min_output,
+                                        schema.max_output)):
+            if not low <= count <= high:
+                allowed = f"{low}" if low == high else f"{low} to {high}"
+                raise UnsupportedError(
+                    f"{node.op_type} (opset {self.opset}) has {count} {what}; its schema "
+                    f"allows {allowed}", f"node {index} "
+                    f"'{excerpt(node.name or f'{node.op_type}_{index}', 60, quote=False)}'",
+                    "fix the node, or re-export the model")
 
     def _unsupported_op(self, index: int, node: onnx.NodeProto,
                         others: Sequence[int] = ()) -> UnsupportedError:

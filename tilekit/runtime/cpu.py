@@ -90,6 +90,8 @@ OP_RUNNERS: dict[str, OpRunner] = {"whole": run_op_whole}
 
 #: Modes defined outside the runtime, by the module that registers each on import.
 MODE_MODULES: dict[str, str] = {"tiled": "tilekit.runtime.tiled"}
+#: Modes `tilekit.runtime.backend` runs without an op runner: compiled C++ and tk-ram's plan.
+BACKEND_MODES = ("compiled", "program")
 
 
 #: Modes that run a welded kernel group as a whole: (group, its steps, env) -> the tensors
@@ -114,7 +116,7 @@ def op_runner(mode: str) -> OpRunner:
     try:
         return OP_RUNNERS[mode]
     except KeyError:
-        known = sorted(set(OP_RUNNERS) | set(MODE_MODULES))
+        known = sorted(set(OP_RUNNERS) | set(MODE_MODULES) | set(BACKEND_MODES))
         raise UnsupportedError(f"unknown execution mode '{mode}'", "--mode",
                                f"known modes: {', '.join(known)}") from None
 
