@@ -284,6 +284,110 @@ def test_a_range_given_is_kept_or_refused(imported):
     assert "dims: batch=1, seq=4" in result.output
 
 
+def _size_valued(path: Path, name: str) -> None:
+    """x[batch, seq, 8] -> y, where y depends on the *value* of seq (Shape, Gather) through
+    an op no polynomial follows; at the import's samples (primes from 13) it is constant."""
+    n = helper.make_node
+    i64 = lambda name, v: numpy_helper.from_array(np.array(v, np.int64), name)  # noqa: E731
+    nodes, inits = {
+        "seq == 1": ([n("Equal", ["s", "one"], ["e"]), n("Mul", ["x", "two"], ["x2"]),
+                      n("Where", ["e", "x2", "x"], ["y"])],
+                     [i64("one", 1), numpy_helper.from_array(np.array(2.0, np.float32), "two")]),
+        "min(seq, 8)": ([n("Min", ["s", "eight"], ["m"]), n("Cast", ["m"], ["mf"], to=1),
+                         n("Mul", ["x", "mf"], ["y"])], [i64("eight", 8)]),
+        "seq % 2 as a pad": ([n("Mod", ["s", "two"], ["r"]), n("Unsqueeze", ["r", "ax"], ["r1"]),
+                              n("Concat", ["z3", "z1", "r1", "z1"], ["pads"], axis=0),
+                              n("Pad", ["x", "pads"], ["y"])],
+                             [i64("two", 2), i64("ax", [0]), i64("z3", [0, 0, 0]),
+                              i64("z1", [0])]),
+    }[name]
+    graph = helper.make_graph(
+        [n("Shape", ["x"], ["sh"]), n("Gather", ["sh", "i1"], ["s"], axis=0)] + nodes, "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [i64("i1", 1)] + inits)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), str(path))
+
+
+@pytest.mark.parametrize("name,seen", [("seq == 1", "at batch=1, seq=1"),
+                                       ("min(seq, 8)", "at batch=1, seq=1"),
+                                       ("seq % 2 as a pad", "seq=4096")])
+def test_a_value_computed_from_a_size_is_not_taken_for_a_constant(tmp_path, name, seen):
+    """The samples agree on `seq == 1` (false), `min(seq, 8)` (8) and `seq % 2` (1); the
+    import checks the module for every size against imports at the ranges' ends and a small
+    even size, and refuses rather than be wrong there (it was, silently); a range where the
+    value does not change imports, and checks."""
+    _size_valued(tmp_path / "m.onnx", name)
+    result = invoke(tk_import.main, ["m.onnx", "-o", "m.yaml"], tmp_path)
+    assert result.exit_code == 2, result.output
+    assert "computes a value from a size" in result.output and seen in result.output
+    if name == "min(seq, 8)":
+        result = invoke(tk_import.main, ["m.onnx", "--dim", "seq=8..64", "-o", "m.yaml"],
+                        tmp_path)
+        assert result.exit_code == 0, result.output
+        result = invoke(tk_run.main, ["m.yaml", "--mode", "whole", "--check", "--dim",
+                                      "batch=2", "--dim", "seq=8,9,64"], tmp_path)
+        assert result.exit_code == 0 and result.output.count("check: pass") == 3, \
+            result.output
+
+
+def test_a_branch_on_a_size_is_refused_and_a_scalar_of_the_sizes_stays_a_scalar(tmp_path):
+    """An If on `seq == 1` takes the same branch at every sample (it used to import as that
+    branch); a mean over the sequence divides by a 0-d value computed from the sizes at each
+    run, which stayed 0-d only in compiled code (the reference executor got shape (1,))."""
+    n = helper.make_node
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    consts = [numpy_helper.from_array(np.array(1, np.int64), "i1"),
+              numpy_helper.from_array(np.array(2.0, np.float32), "two")]
+    shape = [n("Shape", ["x"], ["sh"]), n("Gather", ["sh", "i1"], ["s"], axis=0)]
+    then = helper.make_graph([n("Mul", ["x", "two"], ["t"])], "then", [],
+                             [helper.make_tensor_value_info("t", TensorProto.FLOAT, None)])
+    other = helper.make_graph([n("Identity", ["x"], ["e"])], "else", [],
+                              [helper.make_tensor_value_info("e", TensorProto.FLOAT, None)])
+    graph = helper.make_graph(shape + [n("Equal", ["s", "i1"], ["c"]),
+                                       n("If", ["c"], ["y"], then_branch=then,
+                                         else_branch=other)], "g", [x], [y], consts)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]),
+              str(tmp_path / "if.onnx"))
+    result = invoke(tk_import.main, ["if.onnx", "-o", "if.yaml"], tmp_path)
+    assert result.exit_code == 2 and "at batch=1, seq=1" in result.output, result.output
+    graph = helper.make_graph(shape + [n("ReduceSum", ["x", "ax"], ["r"], keepdims=0),
+                                       n("Cast", ["s"], ["sf"], to=TensorProto.FLOAT),
+                                       n("Div", ["r", "sf"], ["y"])], "g", [x], [y],
+                              consts + [numpy_helper.from_array(np.array([1], np.int64), "ax")])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]),
+              str(tmp_path / "mean.onnx"))
+    assert invoke(tk_import.main, ["mean.onnx", "-o", "mean.yaml"], tmp_path).exit_code == 0
+    for mode in ("whole", "compiled"):
+        result = invoke(tk_run.main, ["mean.yaml", "--mode", mode, "--check", "--dim",
+                                      "batch=2", "--dim", "seq=1,5"], tmp_path)
+        assert result.exit_code == 0 and result.output.count("check: pass") == 2, \
+            result.output
+
+
+def test_a_range_is_raised_where_the_smallest_sizes_empty_a_tensor(tmp_path):
+    """x[:, 1:] - x[:, :-1] is seq - 1 long: the default range starts at 2 (said in a
+    warning; the import had been refused, naming the wrong symbol and a size that fails)."""
+    n = helper.make_node
+    i64 = lambda name, v: numpy_helper.from_array(np.array(v, np.int64), name)  # noqa: E731
+    graph = helper.make_graph(
+        [n("Slice", ["x", "one", "big", "ax"], ["a"]),
+         n("Slice", ["x", "zero", "minus1", "ax"], ["b"]), n("Sub", ["a", "b"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [i64("one", [1]), i64("big", [2 ** 62]), i64("ax", [1]), i64("zero", [0]),
+         i64("minus1", [-1])])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]),
+              str(tmp_path / "m.onnx"))
+    result = invoke(tk_import.main, ["m.onnx", "-o", "m.yaml"], tmp_path)
+    assert result.exit_code == 0, result.output
+    assert "seq: range 2..4096 (below 2 a tensor of the model is empty)" in result.output
+    assert yaml.safe_load((tmp_path / "m.yaml").read_text())["dims"]["seq"]["min"] == 2
+    result = invoke(tk_run.main, ["m.yaml", "--mode", "whole", "--check", "--dim", "batch=1",
+                                  "--dim", "seq=2,9"], tmp_path)
+    assert result.exit_code == 0 and result.output.count("check: pass") == 2, result.output
+
+
 def test_compile_takes_sizes_for_the_passes(imported):
     import tilekit
 

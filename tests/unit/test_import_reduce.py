@@ -83,6 +83,12 @@ def test_cumsum_lp_normalization_mvn_argmax():
     for p in (1, 2):
         check_against_onnxruntime(single_node_model(
             "LpNormalization", [("x", F, [3, 4])], [("y", F, [3, 4])], p=p, axis=0))
+        # a row of zeros normalises to zeros (onnxruntime), not 0 / 0
+        x = np.random.default_rng(p).standard_normal((3, 4)).astype(np.float32)
+        x[1] = 0
+        check_against_onnxruntime(single_node_model(
+            "LpNormalization", [("x", F, [3, 4])], [("y", F, [3, 4])], p=p, axis=1),
+            {"x": x})
     check_against_onnxruntime(single_node_model(
         "MeanVarianceNormalization", [("x", F, [2, 3, 4, 4])], [("y", F, [2, 3, 4, 4])]))
     for op in ("ArgMax", "ArgMin"):

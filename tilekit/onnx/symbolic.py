@@ -17,11 +17,22 @@ model at a few sample sizes and generalises.
    each symbol (`2*seq`, `batch*seq + 1`) with integer coefficients, and must reproduce the
    check sample exactly. Anything else that depends on a size (an op's index map, an
    attribute) is refused with the IR path and the flag that imports one size instead.
+4. **Confirm** (`_confirm`). The samples are primes from 13, so a value the model computes
+   from a size through an op no polynomial follows (`seq == 1`, `min(seq, 8)`, `seq % 2`)
+   can agree at all of them and be taken for a constant. The model is imported again with
+   every symbol at the smallest size of its (narrowed) range, at the largest, and at the
+   smallest even size, and the module for every size, instantiated there, must be that
+   import: tensors, weights and structure equal, and op expressions equal as text or, at a
+   small point (every symbol at most 8), computing the same values on seeded inputs (at size
+   1 an import writes `x[0, j]` for `x[i // 1, j]`). Where it is not, the import is refused
+   with the IR path, both values and the flags that import one size or a range.
 
-This is sound for what it accepts: every part of the module is either the same at all three
-sizes per symbol or an exact polynomial through them, and verification (`tilekit.ir.verify`)
-proves the index maps at the ranges' ends. A model whose structure changes with a size (a
-branch on it, a dimension `seq // 2`) is refused rather than guessed.
+Every part of the module is the same at the three samples per symbol or an exact polynomial
+through them, and agrees with the model at the ranges' ends and at a small even size;
+verification (`tilekit.ir.verify`) proves the index maps at the ranges' ends. A value that
+changes only strictly inside a range, away from those points (`seq > 40`), is not seen. A
+model whose structure changes with a size (a branch on it, a dimension `seq // 2`) is
+refused rather than guessed.
 """
 
 from __future__ import annotations
@@ -36,6 +47,7 @@ import numpy as np
 import onnx
 
 from tilekit.errors import TilekitError, UnsupportedError
+from tilekit.expr.ops import numpy_dtype
 from tilekit.ir.dims import MAX_SYMBOLS, MAX_VALUE, SYMBOL, Dim, DimExpr
 from tilekit.ir.model import Tensor
 from tilekit.onnx.names import sanitize
@@ -191,6 +203,7 @@ def import_symbolic(importer: Callable[..., Any], model: onnx.ModelProto,
     imports = [one(p, unfoldable=unfoldable) for p in grid + [check]]
     imported = _generalise(imports, grid + [check], dims, hint)
     imported, narrowed = _fit_ranges(imported, {s for s in dims if s in dim_flags}, hint)
+    _confirm(imported, lambda p: one(p, unfoldable=unfoldable), grid + [check], hint)
     warnings = tuple(dict.fromkeys(tuple(imported.warnings) + tuple(notes) + narrowed))
     return replace(imported, warnings=warnings)
 
@@ -232,8 +245,10 @@ def _imports_apart(importer: Callable[..., Any], model: onnx.ModelProto,
 
 def _fit_ranges(imported: Any, explicit: set[str], hint: str) -> tuple[Any, tuple[str, ...]]:
     """The import with each symbol's default range narrowed to the sizes its index maps are
-    valid for (a position table of 512 rows bounds the sequence at 512), found by bisection
-    on the verifier; a range given with --dim is kept, and refused when it does not hold."""
+    valid for, found by bisection on the verifier: its smallest size raised where the module
+    is empty below it (a difference of neighbours, `seq - 1` long, needs seq >= 2), its
+    largest lowered where it reads past a tensor (a position table of 512 rows bounds the
+    sequence at 512); a range given with --dim is kept, and refused when it does not hold."""
     from tilekit import limits
     from tilekit.errors import ExprError, IRError
     from tilekit.ir.dims import instantiate
@@ -254,7 +269,29 @@ def _fit_ranges(imported: Any, explicit: set[str], hint: str) -> tuple[Any, tupl
 
     dims = dict(module.dims)
     lows = {s: d.min for s, d in dims.items()}
-    for sym, dim in module.dims.items():
+    problem = holds(lows)   # the smallest sizes first: a length `seq - 1` is empty at 1
+    for _ in dims:
+        sym = next((s for s, d in dims.items() if problem is not None and s not in explicit
+                    and holds({**lows, s: d.max}) is None), None)
+        if sym is None:
+            break
+        dim = dims[sym]
+        good, bad = dim.max, dim.min
+        while good - bad > 1:
+            mid = (good + bad) // 2
+            good, bad = (mid, bad) if holds({**lows, sym: mid}) is None else (good, mid)
+        dims[sym] = Dim(good, dim.max, tuple(v for v in dim.likely if v >= good))
+        lows[sym] = good
+        notes.append(f"{sym}: range {good}..{dim.max} (below {good} a tensor of the model is "
+                     f"empty); give --dim {sym}=MIN..MAX for another")
+        problem = holds(lows)
+    if problem is not None:
+        at = ", ".join(f"{s}={v}" for s, v in lows.items())
+        raise UnsupportedError(f"at {at}, the smallest sizes of the ranges: {problem}",
+                               "--dim" if explicit else "model",
+                               "give ranges where the model holds (--dim NAME=MIN..MAX), or "
+                               f"import one size: {hint}")
+    for sym, dim in dims.items():
         problem = holds({**lows, sym: dim.max})
         if problem is None:
             continue
@@ -273,6 +310,151 @@ def _fit_ranges(imported: Any, explicit: set[str], hint: str) -> tuple[Any, tupl
     if not notes:
         return imported, ()
     return replace(imported, module=replace(imported.module, dims=dims)), tuple(notes)
+
+
+#: A check point whose symbols are all at most this small is compared by running both
+#: modules op by op (the expression evaluator, seeded inputs); a larger one by its text (at
+#: size 1 an import writes `x[0, j]` where the module for every size has `x[i // 1, j]`).
+_RUN_BELOW = 8
+
+
+def _confirm(imported: Any, one: Callable[[Mapping[str, int]], Any],
+             samples: list[dict[str, int]], hint: str) -> None:
+    """Import again where the samples cannot see (every symbol at the smallest size of its
+    range, at the largest, and at the smallest even size) and require the module for every
+    size, instantiated there, to be that import: a value the model computes from a size
+    (`seq == 1`, `min(seq, 8)`, `seq % 2`) that happened to agree at the samples (primes from
+    13) would otherwise be taken for a constant, and the module would be silently wrong at
+    the sizes where it differs. Tensors, weights and op structure must be equal; op
+    expressions equal as text, or, at a small point, computing the same values."""
+    from tilekit import limits
+    from tilekit.ir.codec import to_document
+    from tilekit.ir.dims import instantiate
+
+    dims = imported.module.dims
+    evens = {s: next((v for v in range(max(d.min, 2), d.max + 1) if v % 2 == 0), d.min)
+             for s, d in dims.items()}
+    points = [{s: d.min for s, d in dims.items()}, {s: d.max for s, d in dims.items()}, evens]
+    hint = f"import one size ({hint}), or give a range where it holds (--dim NAME=MIN..MAX)"
+    for point in [dict(p) for p in dict.fromkeys(tuple(sorted(p.items())) for p in points)]:
+        if point in samples:
+            continue
+        with limits.lifted(limits.TENSOR_ELEMENTS, limits.TOTAL_BYTES):
+            direct = one(point)
+            general = instantiate(imported.module, point)
+        at = ", ".join(f"{s}={v}" for s, v in point.items())
+        why = (f"the model computes a value from a size that its samples "
+               f"({_points_text(samples[:2])}, ...) did not show (a comparison, a minimum or "
+               f"a remainder of a size): at {at}")
+        small = all(v <= _RUN_BELOW for v in point.values())
+        differs = _first_difference(to_document(general), to_document(direct.module), "",
+                                    skip=_OP_EXPR if small else None)
+        if differs is None and small:
+            differs = _first_value_difference(general, imported.weights, direct.module,
+                                              direct.weights)
+        if differs is not None:
+            path, mine, theirs = differs
+            raise UnsupportedError(f"{why}, {path or 'the module'} is {_short(theirs)}, not "
+                                   f"{_short(mine)} as for the other sizes", path or "model",
+                                   hint)
+        for name in sorted(set(imported.weights) | set(direct.weights)):
+            x, y = imported.weights.get(name), direct.weights.get(name)
+            if x is None or y is None or x.shape != y.shape or x.dtype != y.dtype or \
+                    not np.array_equal(x, y, equal_nan=True):
+                raise UnsupportedError(f"{why}, weight '{name}' differs", f"tensors.{name}",
+                                       hint)
+
+
+def _first_value_difference(general: Any, weights: Mapping[str, np.ndarray], direct: Any,
+                            direct_weights: Mapping[str, np.ndarray]
+                            ) -> tuple[str, Any, Any] | None:
+    """Run both modules op by op on seeded inputs and return the first op whose result
+    differs: (its IR path, a summary of each result), or None (also when a module has a
+    control op: its text comparison stands)."""
+    rng = np.random.default_rng(0)
+    inputs = {}
+    for name in general.inputs:
+        t = general.tensors[name]
+        dtype = numpy_dtype(t.dtype)
+        inputs[name] = (rng.integers(0, 2, t.shape).astype(dtype) if dtype.kind in "iub"
+                        else rng.standard_normal(t.shape).astype(dtype))
+    values = [_run_whole(general, inputs, weights), _run_whole(direct, inputs, direct_weights)]
+    if None in values:
+        return None
+    for index, op in enumerate(general.ops):
+        for name in _op_outputs(op):
+            x, y = values[0].get(name), values[1].get(name)
+            if x is None or y is None:
+                continue
+            if x.shape != y.shape or not np.allclose(x, y, rtol=1e-5, atol=1e-6,
+                                                     equal_nan=True):
+                return (f"ops[{index}] ({op.name})", f"{name} = {_summary(x)}",
+                        f"{name} = {_summary(y)}")
+    return None
+
+
+def _run_whole(module: Any, inputs: Mapping[str, np.ndarray],
+               weights: Mapping[str, np.ndarray]) -> dict[str, np.ndarray] | None:
+    """Every op of `module` over its whole iteration space (the expression evaluator, the
+    opaque ops' registry): the tensors it computes; None for a module with a control op."""
+    from tilekit import opaque
+    from tilekit.expr.reference import evaluate
+    from tilekit.ir.graph import graph
+
+    env = {**weights, **inputs}
+    with np.errstate(all="ignore"):
+        for node in graph(module).nodes:
+            op = node.op
+            if op.kind == "expr":
+                out = node.analysis.output
+                env[out] = evaluate(node.analysis, env, pad=op.pad,
+                                    out_dtype=numpy_dtype(module.tensors[out].dtype))
+            elif op.kind == "opaque":
+                args = [env[n] if n else None for n in op.opaque.get("inputs", ())]
+                results = opaque.run(op.opaque["type"], args, dict(op.opaque.get("attrs")
+                                                                    or {}))
+                env.update(zip(op.opaque.get("outputs", ()), results))
+            else:
+                return None
+    return env
+
+
+def _op_outputs(op: Any) -> list[str]:
+    if op.kind == "opaque":
+        return list((op.opaque or {}).get("outputs", ()))
+    target = op.expr.split("=", 1)[0] if isinstance(op.expr, str) else ""
+    return [target.split("[", 1)[0].strip().rstrip("+*-/<>").strip()]
+
+
+def _summary(x: np.ndarray) -> str:
+    flat = np.asarray(x, dtype=np.float64).reshape(-1)
+    return f"{list(x.shape)} starting {', '.join(f'{v:g}' for v in flat[:3])}"
+
+
+def _first_difference(a: Any, b: Any, path: str, skip: re.Pattern | None = None
+                      ) -> tuple[str, Any, Any] | None:
+    """(path, a's value, b's value) where two documents first differ (but at paths `skip`
+    matches), or None."""
+    if a == b or (skip is not None and skip.match(path)):
+        return None
+    if isinstance(a, dict) and isinstance(b, dict):
+        for key in dict.fromkeys(list(a) + list(b)):
+            at = f"{path}.{key}" if path else str(key)
+            if key not in a or key not in b:    # a tensor or field one side lacks
+                return at, a.get(key, "absent"), b.get(key, "absent")
+            found = _first_difference(a[key], b[key], at, skip)
+            if found is not None:
+                return found
+        return None
+    if isinstance(a, list) and isinstance(b, list):
+        if len(a) != len(b):
+            return path, f"{len(a)} entries", f"{len(b)} entries"
+        for i, (x, y) in enumerate(zip(a, b)):
+            found = _first_difference(x, y, f"{path}[{i}]", skip)
+            if found is not None:
+                return found
+        return None
+    return path, a, b
 
 
 def _dim(name: str, flag: DimFlag | None) -> Dim:
@@ -349,7 +531,9 @@ def _same_weights(a: Mapping[str, np.ndarray], b: Mapping[str, np.ndarray], hint
         if x is None or y is None or x.shape != y.shape or x.dtype != y.dtype or \
                 not np.array_equal(x, y, equal_nan=True):
             raise UnsupportedError(f"weight '{name}' depends on the size of a symbolic "
-                                   "dimension (folded from the model's shape arithmetic)",
+                                   "dimension (folded from the model's shape arithmetic: a "
+                                   "value computed from a size, such as a loop's trip "
+                                   "count)",
                                    f"tensors.{name}", f"import one size: {hint}")
 
 
@@ -416,8 +600,10 @@ def _compare(docs: list[Any], path: str, varying: dict[tuple[str, int], list[int
             _compare([d[i] for d in docs], f"{path}[{i}]", varying, texts, hint)
         return
     if path in ("tensors", "ops", "kernels"):
-        counts = " vs ".join(str(len(d)) if isinstance(d, (dict, list)) else "?"
-                             for d in docs[:2])
+        counts = " / ".join(str(len(d)) if isinstance(d, (dict, list)) else "?"
+                            for d in docs)
+        if all(isinstance(d, (dict, list)) and len(d) == len(first) for d in docs):
+            counts = f"{counts}, differently named"
         raise UnsupportedError(f"the model's structure changes with the size of a symbolic "
                                f"dimension ({counts} {path}: an op unrolled over it, or "
                                "chosen by it)", path, f"import one size: {hint}")

@@ -79,7 +79,8 @@ def fold_constants(module: Module, weights: Mapping[str, np.ndarray]
     kernels = tuple(replace(k, ops=tuple(o for o in k.ops if o not in dropped))
                     for k in module.kernels if set(k.ops) - dropped)
     out = dict(weights)
-    out.update({n: np.ascontiguousarray(v) for n, v in values.items()})
+    # (np.ascontiguousarray alone makes a 0-d value 1-d)
+    out.update({n: np.ascontiguousarray(v).reshape(np.shape(v)) for n, v in values.items()})
     return replace(module, ops=kept_ops, tensors=tensors, kernels=kernels), out
 
 

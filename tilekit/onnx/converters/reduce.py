@@ -192,7 +192,7 @@ converter("LogSoftmax", summary="m max= x; s += exp(x - m); y = x - m - log(s)")
     _softmax("logsoftmax"))
 
 
-@converter("LpNormalization", summary="n += |x|^p; y = x / n^(1/p)")
+@converter("LpNormalization", summary="n += |x|^p; y = x / n^(1/p) (0 where n is 0)")
 def lp_normalization(ctx: NodeContext) -> None:
     x, out = ctx.input(0), ctx.output(0)
     axis = ctx.axis("axis", -1, x.rank)
@@ -205,7 +205,9 @@ def lp_normalization(ctx: NodeContext) -> None:
                   step="norm")
     ax = text.axes(x.rank)
     na = ctx.access(n, keep_indices(x.rank, [axis], ax))
-    ctx.assign(out, ax, "=", f"{ctx.access(x, ax)} / " + (na if p == 1 else f"sqrt({na})"))
+    # a row of zeros stays zeros (onnxruntime and the ONNX reference), not 0 / 0
+    ctx.assign(out, ax, "=", f"select({na} > 0, {ctx.access(x, ax)} / "
+               + (na if p == 1 else f"sqrt({na})") + ", 0)")
 
 
 @converter("MeanVarianceNormalization", summary="mean, variance, (x - mean) / sqrt(var + 1e-9)")
