@@ -346,31 +346,30 @@ def _confirm(imported: Any, one: Callable[[Mapping[str, int]], Any],
         why = (f"the model computes a value from a size that its samples "
                f"({_points_text(samples[:2])}, ...) did not show (a comparison, a minimum or "
                f"a remainder of a size): at {at}")
+        docs = to_document(general), to_document(direct.module)
         small = all(v <= _RUN_BELOW for v in point.values())
-        differs = _first_difference(to_document(general), to_document(direct.module), "",
-                                    skip=_OP_EXPR if small else None)
+        differs = _first_difference(*docs, "", skip=_OP_EXPR if small else None)
         if differs is None and small:
             differs = _first_value_difference(general, imported.weights, direct.module,
                                               direct.weights)
-        if differs is not None:
+            if differs == ():           # not runnable op by op: the text decides
+                differs = _first_difference(*docs, "")
+        if differs:
             path, mine, theirs = differs
             raise UnsupportedError(f"{why}, {path or 'the module'} is {_short(theirs)}, not "
                                    f"{_short(mine)} as for the other sizes", path or "model",
                                    hint)
-        for name in sorted(set(imported.weights) | set(direct.weights)):
-            x, y = imported.weights.get(name), direct.weights.get(name)
-            if x is None or y is None or x.shape != y.shape or x.dtype != y.dtype or \
-                    not np.array_equal(x, y, equal_nan=True):
-                raise UnsupportedError(f"{why}, weight '{name}' differs", f"tensors.{name}",
-                                       hint)
+        name = _differing_weight(imported.weights, direct.weights)
+        if name is not None:
+            raise UnsupportedError(f"{why}, weight '{name}' differs", f"tensors.{name}", hint)
 
 
 def _first_value_difference(general: Any, weights: Mapping[str, np.ndarray], direct: Any,
                             direct_weights: Mapping[str, np.ndarray]
-                            ) -> tuple[str, Any, Any] | None:
+                            ) -> tuple[str, Any, Any] | tuple[()] | None:
     """Run both modules op by op on seeded inputs and return the first op whose result
-    differs: (its IR path, a summary of each result), or None (also when a module has a
-    control op: its text comparison stands)."""
+    differs: (its IR path, a summary of each result); None when none does, () when a module
+    cannot run op by op (a control op)."""
     rng = np.random.default_rng(0)
     inputs = {}
     for name in general.inputs:
@@ -380,7 +379,7 @@ def _first_value_difference(general: Any, weights: Mapping[str, np.ndarray], dir
                         else rng.standard_normal(t.shape).astype(dtype))
     values = [_run_whole(general, inputs, weights), _run_whole(direct, inputs, direct_weights)]
     if None in values:
-        return None
+        return ()
     for index, op in enumerate(general.ops):
         for name in _op_outputs(op):
             x, y = values[0].get(name), values[1].get(name)
@@ -525,16 +524,23 @@ def _generalise(imports: list[Any], points: list[dict[str, int]], dims: Mapping[
     return replace(first, module=module)
 
 
-def _same_weights(a: Mapping[str, np.ndarray], b: Mapping[str, np.ndarray], hint: str) -> None:
+def _differing_weight(a: Mapping[str, np.ndarray], b: Mapping[str, np.ndarray]) -> str | None:
+    """The first weight name whose array differs between two imports (or one lacks)."""
     for name in sorted(set(a) | set(b)):
         x, y = a.get(name), b.get(name)
         if x is None or y is None or x.shape != y.shape or x.dtype != y.dtype or \
                 not np.array_equal(x, y, equal_nan=True):
-            raise UnsupportedError(f"weight '{name}' depends on the size of a symbolic "
-                                   "dimension (folded from the model's shape arithmetic: a "
-                                   "value computed from a size, such as a loop's trip "
-                                   "count)",
-                                   f"tensors.{name}", f"import one size: {hint}")
+            return name
+    return None
+
+
+def _same_weights(a: Mapping[str, np.ndarray], b: Mapping[str, np.ndarray], hint: str) -> None:
+    name = _differing_weight(a, b)
+    if name is not None:
+        raise UnsupportedError(f"weight '{name}' depends on the size of a symbolic dimension "
+                               "(folded from the model's shape arithmetic: a value computed "
+                               "from a size, such as a loop's trip count)",
+                               f"tensors.{name}", f"import one size: {hint}")
 
 
 _TOKEN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*|\d+(?:\.\d*)?(?:[eE][-+]?\d+)?|\s+|.")
