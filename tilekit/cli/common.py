@@ -250,7 +250,7 @@ def read_stage_input(path: str, dim_flags: tuple[str, ...] = ()):
     refuses a tampered payload even when it only passes it on. `dim_flags` (`--dim
     NAME=SIZE`) specialise a symbolic module (`tilekit.ir.dims.specialise`)."""
     from tilekit.ir import read_module
-    from tilekit.ir.dims import is_symbolic, parse_sizes, specialise
+    from tilekit.ir.dims import parse_sizes, require_symbolic, specialise
     from tilekit.ir.payload_check import check_payloads
     from tilekit.ir.verify import verify
 
@@ -258,9 +258,7 @@ def read_stage_input(path: str, dim_flags: tuple[str, ...] = ()):
     module = read_module(path)
     check_payloads(module)
     if sizes:
-        if not is_symbolic(module):
-            raise TilekitError("--dim gives sizes, but the module has no symbolic dimensions",
-                               "--dim", "drop --dim")
+        require_symbolic(module)
         module = specialise(module, sizes)
         verify(module, origin=path)
         module = _settled(module, path)

@@ -100,7 +100,7 @@ def main(input, device, mode, threads, input_flags, inputs_npz, seed, dim_flags,
     from tilekit.runtime.check import staged_mode
     from tilekit.fileio import note_input
     from tilekit.outputs import OutputSet
-    from tilekit.ir.dims import instantiate, is_symbolic
+    from tilekit.ir.dims import instantiate, is_symbolic, require_symbolic
     from tilekit.ir.verify import verify
     from tilekit.runtime.family import CompiledFamily
     from tilekit.runtime.fold import fold_constants
@@ -228,10 +228,9 @@ def main(input, device, mode, threads, input_flags, inputs_npz, seed, dim_flags,
             phases.print()
         return status
 
+    if dim_flags:
+        require_symbolic(module)
     if not is_symbolic(module):
-        if dim_flags:
-            raise TilekitError("--dim gives sizes, but the module has no symbolic dimensions",
-                               "--dim", "drop --dim")
         return run_one(module, None)
     bindings = _bindings(module, dim_flags, input_flags, inputs_npz)
     if len(bindings) > 1 and output is not None:

@@ -136,7 +136,7 @@ def device_kernel(module: Module, kernel: KernelGroup, rec: ControlOp,
     threads = block_threads(bodies)
     if isinstance(threads, str):
         return threads
-    grid = int(((rec.grind or {}).get("estimate") or {}).get("grid") or 1)
+    grid = ((rec.grind or {}).get("estimate") or {}).get("grid") or 1   # checked on reading
     if target == "cpu":
         grid = 1    # recorded; its blocks are the team's threads at run time (cpp.py)
     per_sm = max(1, -(-grid // profile.sm_count)) if profile is not None else 1

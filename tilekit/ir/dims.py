@@ -33,7 +33,7 @@ from typing import Any, Iterable, Mapping
 from tilekit.errors import IRError, TilekitError
 
 __all__ = ["Dim", "DimExpr", "bind", "instantiate", "is_symbolic", "parse_dim_expr",
-           "parse_size_lists", "parse_sizes", "read_dims", "require_static", "dims_document",
+           "parse_size_lists", "parse_sizes", "read_dims", "require_static", "require_symbolic", "dims_document",
            "symbolic_inputs"]
 
 #: A symbol: an identifier (the model's dim_param, made an identifier).
@@ -196,6 +196,13 @@ def require_static(module: Any, what: str) -> None:
                            f"give this command the sizes ({example}), import the model "
                            "for one size with the same flags, or run the symbolic module "
                            "with tk-run (any size in the ranges)")
+
+
+def require_symbolic(module: Any) -> None:
+    """Refuse `--dim` sizes for a module without symbolic dimensions (every command)."""
+    if not is_symbolic(module):
+        raise TilekitError("--dim gives sizes, but the module has no symbolic dimensions",
+                           "--dim", "drop --dim")
 
 
 # -- binding and instantiation -------------------------------------------------------------

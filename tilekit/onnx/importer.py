@@ -117,6 +117,12 @@ def _opset_of(model: onnx.ModelProto) -> int:
                            "opset_import", "re-export the model with a standard opset")
 
 
+def _node_where(index: int, node: onnx.NodeProto) -> str:
+    """Where a refusal about node `index` points: `node 3 'Relu_3'` (its name, else its op
+    type and index)."""
+    return f"node {index} '{node.name or f'{node.op_type}_{index}'}'"
+
+
 class Importer(ShapeFolding):
     """One import: mutable while it runs, producing an immutable `Imported`."""
 
@@ -259,7 +265,7 @@ class Importer(ShapeFolding):
                 what += (f" ({len(foreign)} such nodes: " +
                          ", ".join(f"{k} x{n}" for k, n in sorted(counts.items())) + ")")
             raise UnsupportedError(
-                what, f"node {index} '{node.name or f'{node.op_type}_{index}'}'",
+                what, _node_where(index, node),
                 "only the standard ONNX operator set (domain '' / ai.onnx) is imported")
         never = [i for i, node in enumerate(self.nodes)
                  if node.op_type in fold.NOT_FOLDABLE and lookup(node.op_type) is None]
@@ -284,8 +290,7 @@ class Importer(ShapeFolding):
                 allowed = f"{low}" if low == high else f"{low} to {high}"
                 raise UnsupportedError(
                     f"{node.op_type} (opset {self.opset}) has {count} {what}; its schema "
-                    f"allows {allowed}", f"node {index} "
-                    f"'{excerpt(node.name or f'{node.op_type}_{index}', 60, quote=False)}'",
+                    f"allows {allowed}", _node_where(index, node),
                     "fix the node, or re-export the model")
 
     def _unsupported_op(self, index: int, node: onnx.NodeProto,
@@ -308,7 +313,7 @@ class Importer(ShapeFolding):
                     f"supported (opset {self.opset}): {listed}; the first is "
                     f"'{node.op_type}'")
         return UnsupportedError(
-            what, f"node {index} '{node.name or f'{node.op_type}_{index}'}'",
+            what, _node_where(index, node),
             f"supported op types ({len(known)}): {_trimmed(known)}")
 
     def _dynamic_shape_op(self, index: int, node: onnx.NodeProto) -> UnsupportedError:
@@ -320,7 +325,7 @@ class Importer(ShapeFolding):
         return UnsupportedError(
             f"{node.op_type} of '{excerpt(name, quote=False)}' cannot be computed at import: "
             f"that tensor has a dynamic dimension ({shown})",
-            f"node {index} '{node.name or f'{node.op_type}_{index}'}'",
+            _node_where(index, node),
             self._dynamic_hint(name))
 
     def _dynamic_hint(self, *names: str) -> str:
@@ -440,18 +445,17 @@ class Importer(ShapeFolding):
             if entry is None:
                 raise self._unsupported_op(index, node)
             ctx = NodeContext(self, node, index, fold.attributes(node))
+            where = f"node {index} '{excerpt(ctx.origin, 60, quote=False)}'"
             try:
                 entry.convert(ctx)
             except ExprError as exc:   # a statement the node's attributes made unreadable
-                raise self._malformed(f"node {index} '{excerpt(ctx.origin, 60, quote=False)}'",
-                                      f"converts to an invalid statement ({exc.what})") \
-                    from None
+                raise self._malformed(where, f"converts to an invalid statement "
+                                             f"({exc.what})") from None
             except TilekitError:
                 raise
             except Exception as exc:  # noqa: BLE001 - a malformed node (or a converter bug)
-                raise self._malformed(f"node {index} '{excerpt(ctx.origin, 60, quote=False)}'",
-                                      f"cannot convert the node ({type(exc).__name__}: "
-                                      f"{excerpt(str(exc), 80, quote=False)})") from None
+                raise self._malformed(where, f"cannot convert the node ({type(exc).__name__}: "
+                                             f"{excerpt(str(exc), 80, quote=False)})") from None
             ctx.check_attrs(entry.ignore)
 
     def _malformed(self, where: str, what: str) -> UnsupportedError:
