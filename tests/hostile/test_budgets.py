@@ -481,6 +481,7 @@ LYING_HEADERS = {
     "structured": npy_header([2, 4], "[('a', '<f4')]"),
     "huge_header": b"\x93NUMPY\x01\x00" + struct.pack("<H", 60000) + b" " * 60000,
     "truncated_data": npy_header([2, 4]) + b"\x00" * 8,
+    "trailing_data": npy_header([2, 4]) + b"\x00" * 32 + b"appended",
     "not_npy": b"hello world",
 }
 
@@ -491,6 +492,16 @@ def test_input_npy_header_is_checked_before_data(tmp_path, case):
     path = tmp_path / "x.npy"
     path.write_bytes(LYING_HEADERS[case])
     assert_refused(run("tk-run", ir, "--input", f"x=@{path}"), "tk-run", "--input x")
+
+
+def test_bytes_after_the_array_data_are_refused(tmp_path):
+    """(numpy.load reads the header's count of bytes and ignores what follows: a file
+    appended to, or two arrays concatenated, read as the first.)"""
+    ir = write_mlp(tmp_path)
+    path = tmp_path / "x.npy"
+    path.write_bytes(LYING_HEADERS["trailing_data"])
+    assert_refused(run("tk-run", ir, "--input", f"x=@{path}"), "tk-run", "--input x",
+                   "has bytes after its 32 data bytes")
 
 
 @pytest.mark.parametrize("case", sorted(LYING_HEADERS))

@@ -57,6 +57,18 @@ def test_an_expression_that_is_not_text_is_named(symbolic):
         assert_refused(run(tool, name, *args, folder=symbolic), tool, "ops[0].expr")
 
 
+@pytest.mark.parametrize("extra", ["0*nope", "nope - nope"])
+def test_a_dimension_term_that_cancels_is_refused(symbolic, extra):
+    """(`seq + 0*nope` named an undeclared symbol that the canonical form dropped unread.)"""
+    def change(doc):
+        tensor = next(t for t in doc["tensors"].values() if "seq" in map(str, t["shape"]))
+        axis = next(i for i, d in enumerate(tensor["shape"]) if d == "seq")
+        tensor["shape"][axis] = f"seq + {extra}"
+    name = _tampered(symbolic, "kv.yaml", change)
+    assert_refused(run("tk-run", name, "--mode", "whole", folder=symbolic), "tk-run",
+                   "names 'nope', which is not declared in 'dims'")
+
+
 @pytest.mark.parametrize("field,value", [("kernel", "zz"), ("thread", None),
                                          ("thread", {"nope": 1}), ("block", "big")])
 def test_a_by_size_tile_is_read_by_the_tile_checker(symbolic, field, value):
@@ -101,3 +113,22 @@ def test_dim_twice_and_dim_on_a_static_module(symbolic, tmp_path):
     result = run("tk-run", str(tmp_path / "static.yaml"), "--mode", "whole", "--dim", "seq=2",
                  folder=symbolic)
     assert_refused(result, "tk-run", "--dim", "no symbolic dimensions")
+
+
+@pytest.mark.parametrize("flags", [[], ["--dim", "x_0=2"]])
+def test_an_input_axis_declared_of_size_zero_is_an_open_dimension_with_a_warning(tmp_path,
+                                                                               flags):
+    """ONNX's dim_value 0 is an empty tensor's size, which tilekit does not run, and what some
+    exporters write for a size they do not know: it imports as an open dimension, said so."""
+    from onnx import TensorProto, helper
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [0, 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [0, 3])])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]),
+              str(tmp_path / "zero.onnx"))
+    result = run("tk-import", "zero.onnx", *flags, "-o", "zero.yaml", folder=tmp_path)
+    assert result.exit_code == 0, result.output
+    assert ("input 'x' declares axis 0 of size 0 (an empty tensor, or an exporter's unknown "
+            "size): imported as the open dimension x_0") in result.output
+    shape = yaml.safe_load((tmp_path / "zero.yaml").read_text())["tensors"]["x"]["shape"]
+    assert shape == ([2, 3] if flags else ["x_0", 3])

@@ -522,7 +522,8 @@ def _symbolic_instances(module: Module, origin: str | None) -> list[Module]:
                               f"dimension expression ({exc})", at,
                               "an integer, or a polynomial in the module's dims such as "
                               "'2*seq + 1'") from None
-            unknown = sorted(e.symbols() - set(dims))
+            # the names as written: a term that cancels (`0*nope`) is gone from `e`
+            unknown = sorted(set(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", d)) - set(dims))
             if unknown:
                 raise IRError(f"dimension {excerpt(d)} names '{unknown[0]}', which is not "
                               "declared in 'dims'", at, "declare it: dims: {NAME: {min: "

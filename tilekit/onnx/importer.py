@@ -44,6 +44,9 @@ from tilekit.onnx.fold import ShapeFolding, type_of
 from tilekit.onnx.context import NodeContext, Value
 from tilekit.onnx.names import NameTable, sanitize
 
+#: A formal parameter taking any number of inputs (a Loop's carried values, Concat's inputs).
+_VARIADIC = onnx.defs.OpSchema.FormalParameterOption.Variadic
+
 _NUMPY_TO_IR = {"float32": "float32", "float16": "float16", "float64": "float64",
                 "int64": "int64", "int32": "int32", "int16": "int16", "int8": "int8",
                 "uint8": "uint8", "bool": "bool", "bfloat16": "bfloat16"}
@@ -190,6 +193,7 @@ class Importer(ShapeFolding):
         self._fix_values()
         model = self._static_inputs()
         self._infer(self._partially_folded(model))
+        self._check_types()
         self._fold_until_static(model)
         return self
 
@@ -292,6 +296,59 @@ class Importer(ShapeFolding):
                     f"{node.op_type} (opset {self.opset}) has {count} {what}; its schema "
                     f"allows {allowed}", _node_where(index, node),
                     "fix the node, or re-export the model")
+
+    def _check_types(self) -> None:
+        """Every node's input element types are among those its schema's type constraints
+        allow, and inputs bound to one type parameter share one type (a Cos of int64 or an
+        Add of float and int64: onnxruntime refuses both; ONNX's strict inference says so,
+        but a model failing it is otherwise imported by lenient inference)."""
+        for index, node in enumerate(self.nodes):
+            try:
+                schema = onnx.defs.get_schema(node.op_type, self.opset, node.domain or "")
+            except onnx.defs.SchemaError:
+                continue                # no such op at this opset: the converters say so
+            if not schema.inputs:
+                continue
+            allowed = {c.type_param_str: set(c.allowed_type_strs)
+                       for c in schema.type_constraints}
+            bound: dict[str, tuple[str, int]] = {}
+            for position, name in enumerate(node.input):
+                elem = self._elem_type(name) if name else None
+                if elem is None or elem not in onnx.TensorProto.DataType.values():
+                    continue
+                formal = schema.inputs[min(position, len(schema.inputs) - 1)]
+                param = formal.type_str
+                typ = f"tensor({onnx.TensorProto.DataType.Name(elem).lower()})"
+                legal = allowed.get(param, {param})
+                if typ not in legal:
+                    shown = sorted(t[7:-1] for t in legal if t.startswith("tensor("))
+                    raise UnsupportedError(
+                        f"{node.op_type} (opset {self.opset}) input {position} "
+                        f"'{excerpt(name, 40, quote=False)}' is {typ[7:-1]}; its schema "
+                        f"allows {', '.join(shown) or 'no tensor'}",
+                        _node_where(index, node), "cast the input (a Cast node), or "
+                        "re-export the model")
+                heterogeneous = formal.option == _VARIADIC and not formal.is_homogeneous
+                first = (bound.setdefault(param, (typ, position))
+                         if param in allowed and not heterogeneous else None)
+                if first is not None and first[0] != typ:
+                    raise UnsupportedError(
+                        f"{node.op_type} (opset {self.opset}) inputs {first[1]} and "
+                        f"{position} share type {param} but are {first[0][7:-1]} and "
+                        f"{typ[7:-1]}", _node_where(index, node),
+                        "cast one of them (a Cast node), or re-export the model")
+
+    def _elem_type(self, name: str) -> int | None:
+        """The ONNX element type of tensor `name` as inference or a constant gives it."""
+        typ = self.types.get(name)
+        if typ is not None and typ[1]:
+            return typ[1]
+        if name in self.consts:
+            try:
+                return helper.np_dtype_to_tensor_dtype(self.consts[name].dtype)
+            except (KeyError, TypeError, ValueError):
+                return None
+        return None
 
     def _unsupported_op(self, index: int, node: onnx.NodeProto,
                         others: Sequence[int] = ()) -> UnsupportedError:

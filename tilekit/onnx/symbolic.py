@@ -46,7 +46,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 import onnx
 
-from tilekit.errors import TilekitError, UnsupportedError
+from tilekit.errors import TilekitError, UnsupportedError, excerpt
 from tilekit.expr.ops import numpy_dtype
 from tilekit.ir.dims import MAX_SYMBOLS, MAX_VALUE, SYMBOL, Dim, DimExpr
 from tilekit.ir.model import Tensor
@@ -124,6 +124,23 @@ def open_dimensions(model: onnx.ModelProto, fixed: set[str]
     return out
 
 
+def _zero_size_notes(model: onnx.ModelProto, open_dims: Mapping[str, list[int | str]]
+                     ) -> list[str]:
+    """A warning for each open dimension declared as 0: ONNX's size of an empty tensor, which
+    tilekit does not run, and what some exporters write for a size they do not know."""
+    notes = []
+    for vi in model.graph.input:
+        if vi.name not in open_dims:
+            continue
+        for axis, d in enumerate(vi.type.tensor_type.shape.dim):
+            if d.HasField("dim_value") and d.dim_value <= 0 and not d.dim_param:
+                notes.append(f"input '{excerpt(vi.name, 60, quote=False)}' declares axis "
+                             f"{axis} of size {d.dim_value} (an empty tensor, or an exporter's "
+                             f"unknown size): imported as the open dimension "
+                             f"{open_dims[vi.name][axis]}")
+    return notes
+
+
 def _symbol_name(text: str) -> str:
     name = sanitize(text, "dim")
     return name if SYMBOL.match(name) else "d_" + re.sub(r"\W", "_", name)[-60:]
@@ -180,8 +197,11 @@ def import_symbolic(importer: Callable[..., Any], model: onnx.ModelProto,
     def shapes_at(point: Mapping[str, int]) -> dict[str, list[int]]:
         return _input_shapes(shapes, open_dims, {**point, **static})
 
+    notes += _zero_size_notes(model, open_dims)
     if not symbols:
-        return importer(shapes=shapes_at({}))
+        imported = importer(shapes=shapes_at({}))
+        return replace(imported, warnings=tuple(dict.fromkeys(tuple(imported.warnings)
+                                                              + tuple(notes))))
     samples = {s: _sample_values(s, d, i) for i, (s, d) in enumerate(dims.items())}
     low = {s: v[0] for s, v in samples.items()}
     high = {s: v[1] for s, v in samples.items()}

@@ -125,7 +125,13 @@ def read_npy(path: str | Path, where: str, name: str, expect: Expect) -> np.ndar
             fh.seek(0)
             shape, fortran, dtype = _header(fh, where, _shown(path))
             expect(name, shape, dtype, where)
-            return _data(fh, shape, fortran, dtype, where)
+            array = _data(fh, shape, fortran, dtype, where)
+            if fh.read(1):      # numpy.load would read the first array and ignore the rest
+                raise TilekitError(f"{_shown(path)} has bytes after its {array.nbytes:,} data "
+                                   f"bytes (the header says shape {list(shape)[:8]}, {dtype})",
+                                   where, "the file is damaged or was appended to; write it "
+                                   "again")
+            return array
     except OSError as exc:
         raise TilekitError(f"cannot read: {exc.strerror}", where) from None
 
