@@ -364,6 +364,24 @@ def test_cases_build(tmp_path, monkeypatch):
             assert not report.problems, (case.name, report.problems)
 
 
+def test_models_build(tmp_path, monkeypatch):
+    """Every model row of `TILEKIT_BENCH_MODELS` builds (rolled, welded, the tk-ram program)
+    and compiles for the H100 without a GPU. With TILEKIT_CACHE set on a CPU machine this
+    fills the cache that the bench reuses on a short lease: the rows' nvcc work (the batch-64
+    models above all) otherwise runs before the bench times anything (an H100 run on
+    2026-11-27 spent its 125 s there and wrote no row)."""
+    from tilekit.codegen.nvcc import find_nvcc
+    if find_nvcc() is None:
+        pytest.skip("nvcc is not installed")
+    if "TILEKIT_CACHE" not in os.environ:
+        monkeypatch.setenv("TILEKIT_CACHE", str(tmp_path))
+    profile = profile_for("sm_90")
+    for spec in model_specs(MODELS):
+        build = build_model(spec, profile, tmp_path, arch="sm_90")
+        assert build.error is None, (spec.label, build.error)
+        assert build.program_error is None, (spec.label, build.program_error)
+
+
 @pytest.mark.parametrize("name", ["resnet50", "bert_encoder_layer", "mobilenet_block",
                                   "lstm_model"])
 def test_batch64_models_import(name, tmp_path):
