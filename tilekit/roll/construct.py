@@ -123,10 +123,12 @@ def best_split_k(problem: Problem, m: Machine, tiles: list[RTile]) -> Candidate 
     return best
 
 
-#: The fastest unsplit staged tiles of a CUDA-core reduction whose split-K is priced (at 8,
-#: VGG-19's 28 x 28 layers' best split was the ninth once convolutions ran as SIMT GEMMs; 12
-#: left the 14 models' roll time as it was).
-SPLIT_TILES = 12
+#: The fastest unsplit staged tiles worth splitting (short of warps) of a CUDA-core reduction
+#: whose split-K is priced (at 8, VGG-19's 28 x 28 layers' best split was the ninth once
+#: convolutions ran as SIMT GEMMs; at 12, ResNet-50's 56 x 56 3 x 3 layers' was the
+#: thirteenth once gathered SIMT GEMMs were priced at the warps that hide their loads; 16
+#: rolls ResNet-50 for the H100 in about 10% more time).
+SPLIT_TILES = 16
 #: Output dtypes whose staged kernels accumulate in float32, the split-K scratch's type.
 SPLIT_DTYPES = ("float32", "float16", "bfloat16")
 
@@ -155,13 +157,13 @@ def best_staged_split(problem: Problem, m: Machine, tiles: list[RTile], costs: T
     fill = m.hw.sm_count * _warps_to_fill(problem, m)
     if not _short_of_warps(m, costs, pick, fill):
         return None        # the pick gives the SMs their warps
-    # the SPLIT_TILES fastest of the tiles that run staged (a SIMT GEMM's are not split)
-    staged = sorted((k for k in range(len(tiles)) if costs.valid[k] and costs.staged[k]),
+    # the SPLIT_TILES fastest of the tiles that run staged (a SIMT GEMM's are not split) and
+    # are worth splitting
+    staged = sorted((k for k in range(len(tiles)) if costs.valid[k] and costs.staged[k]
+                     and _short_of_warps(m, costs, k, fill)),
                     key=lambda k: (round_sig(costs.time_s[k], 6), k))[:SPLIT_TILES]
     best = None
     for k in staged:
-        if not _short_of_warps(m, costs, k, fill):
-            continue
         tile = tiles[k]
         for factor in SPLIT_K:
             est, slices = split_k_estimate(problem, m, tile.block, tile.thread, tile.step,

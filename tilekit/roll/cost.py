@@ -21,9 +21,10 @@ The model (docs/roll.md has the derivation and the distributed-machine mapping):
   shared memory and the per-SM block limit) run with efficiency `r / (m * ceil(r/m))`; a grid
   smaller than one full wave is spread over the SMs first (`blocks-per-SM` is then
   `ceil(r / SMs)`); an SM holding fewer than the warps that hide its kernel's latency
-  (`SATURATING_WARPS`; `HIDING_WARPS` for CUDA-core reductions that do not pipeline their
-  loads, fitted on an H200 profile) issues at that fraction of its peak (saturation); a block that does not fill whole warps idles the rest of its last
-  warp (lanes). A persistent wgmma kernel (`tilekit.schedule.mma.persistent_blocks`: `m`
+  (`SATURATING_WARPS`; `HIDING_WARPS` for CUDA-core reductions that wait on their loads,
+  fitted on an H200 profile and H100 timings) issues at that fraction of its peak
+  (saturation); a block that does not fill whole warps idles the rest of its last warp
+  (lanes). A persistent wgmma kernel (`tilekit.schedule.mma.persistent_blocks`: `m`
   blocks, each looping over tiles `blockIdx + i x m`) has the same quantisation, its busiest
   block running `ceil(r/m)` tiles, so `r` counts its tiles and it is priced as these waves
   (the epilogue it overlaps with the next tile's loads is not priced either way);
@@ -83,7 +84,12 @@ SATURATING_WARPS = 4
 #: at batch 1 on an H200 (docs/roll.md, "Occupancy and latency hiding"): with one block of
 #: 3.5-4 warps per SM five such convolutions issued on 9-25% of cycles (no eligible warp on
 #: 75-82%) and ran 2.0-2.6x the time this model gave them at `SATURATING_WARPS`; 12 warps
-#: (3 per scheduler) reproduces 4 of the 5 within 25%. Capped by the profile's warps per SM.
+#: (3 per scheduler) reproduces 4 of the 5 within 25%. A SIMT GEMM whose operands are all
+#: gathered element by element (no 16-byte loads: convolutions as implicit GEMMs) needs them
+#: too: on an H100 (2026-11-27) such convolutions with one block of 4 warps per SM (VGG-19's
+#: 56x56 3x3 layers, Inception v1's `n6_conv`) ran 2.2-2.5x the time this model gave them at
+#: `SATURATING_WARPS`, one with 16 warps per SM (VGG-19's `n2_conv`) 1.4x. Capped by the
+#: profile's warps per SM.
 HIDING_WARPS = 12
 #: Registers are allocated per warp in units of this many per thread (NVIDIA: 8).
 REG_GRANULE = 8
@@ -272,11 +278,14 @@ def as_columns(rows, n: int) -> np.ndarray:
 
 
 def cost_tiles(problem: Problem, m: Machine, block: np.ndarray, thread: np.ndarray,
-               step: np.ndarray, unique: float | None = None) -> TileCosts:
+               step: np.ndarray, unique: float | None = None,
+               gemms: bool = True) -> TileCosts:
     """Cost candidates given as columns: `block` and `thread` are (n_spatial, n) int arrays,
     `step` is (n_reduction, n). The phases, in order: the shared shape decision, the global
     traffic, the shared-memory traffic, occupancy, then the times. `unique`: the compulsory
-    bytes when they are not the problem's own (a split-K slice problem's)."""
+    bytes when they are not the problem's own (a split-K slice problem's). `gemms`: whether
+    the tensor-core and SIMT GEMMs are among the shapes (a staged tile's split-K slices run
+    as the staged kernel that was split, whatever the slice problem would allow)."""
     ns = problem.n_spatial
     n = max(np.shape(block)[1] if ns else 1, np.shape(step)[1] if len(step) else 1)
     if not (np.shape(block) == np.shape(thread) == (ns, n) and np.shape(step)[0] == len(
@@ -285,8 +294,8 @@ def cost_tiles(problem: Problem, m: Machine, block: np.ndarray, thread: np.ndarr
                                as_columns(step, n))
     g = _Grid(problem, block, thread, step)
     staged, box_bytes = _decide_staging(problem, g)
-    tc = _tensor_core_plans(problem, m, g)
-    simt = _simt_plans(problem, m, g, thread, tc.on)
+    tc = _tensor_core_plans(problem, m, g) if gemms else _no_plans(g.n)
+    simt = _simt_plans(problem, m, g, thread, tc.on) if gemms else _no_plans(g.n)
     staged = staged & ~tc.on & ~simt.on
     # (A CUDA code generator's decision: a distributed machine has no lanes to give.)
     lanes_default = (~staged & ~tc.on & ~simt.on & problem.has_reduction
@@ -321,7 +330,7 @@ def cost_tiles(problem: Problem, m: Machine, block: np.ndarray, thread: np.ndarr
                 unique=float(_unique_bytes(problem) if unique is None else unique),
                 threads=threads, registers=regs, smem_bytes=smem_tile,
                 latency_steps=np.where(staged, g.nsteps, np.where(simt.on, 1, 0)),
-                hiding_warps=hiding_warps(problem, m, ~tc.on & ~simt.on))
+                hiding_warps=hiding_warps(problem, m, ~tc.on & ~(simt.on & ~simt.gathered)))
     p = predict(m, work)
     costs = TileCosts(time_s=p.time_s, flops=g.flops, dram_bytes=dram_bytes,
                       smem_bytes=smem_traffic, smem_tile=smem_tile, box_bytes=box_bytes,
@@ -337,10 +346,12 @@ def cost_tiles(problem: Problem, m: Machine, block: np.ndarray, thread: np.ndarr
 
 def hiding_warps(problem: Problem, m: Machine, cuda_cores) -> np.ndarray | int:
     """Warps an SM needs to issue at its peak, per candidate: `HIDING_WARPS` for a
-    reduction on CUDA cores outside the SIMT GEMM (`cuda_cores`: the staged and tiled
-    kernels, which wait for each fragment and each step's barrier), `SATURATING_WARPS` for
-    the rest (pipelined tensor-core and SIMT GEMMs; ops without a reduction, whose time is
-    the global level's) and on a distributed machine."""
+    reduction on CUDA cores that waits on its loads (`cuda_cores`: the staged and tiled
+    kernels, which wait for each fragment and each step's barrier, and the SIMT GEMM whose
+    operands are gathered element by element, a convolution's implicit GEMM),
+    `SATURATING_WARPS` for the rest (the pipelined tensor-core GEMMs and the SIMT GEMM
+    with 16-byte loads; ops without a reduction, whose time is the global level's) and on a
+    distributed machine."""
     if m.distributed or not problem.has_reduction:
         return SATURATING_WARPS
     return np.where(cuda_cores, HIDING_WARPS, SATURATING_WARPS)
@@ -381,6 +392,8 @@ class _TensorCores:
     regs: np.ndarray
     peak: np.ndarray | float = 0.0
     threads: np.ndarray | int = 0     # a wgmma kernel's threads (0: the tile's)
+    #: SIMT plans whose operands both load element by element (no 16-byte loads)
+    gathered: np.ndarray | bool = False
 
 
 def tensor_compute(problem: Problem, m: Machine) -> str | None:
@@ -392,10 +405,16 @@ def tensor_compute(problem: Problem, m: Machine) -> str | None:
     return compute if compute in m.mma_offered else None
 
 
+def _no_plans(n: int) -> _TensorCores:
+    """No candidate runs as this GEMM."""
+    return _TensorCores(np.zeros(n, dtype=bool), np.zeros(n, dtype=np.int64),
+                        np.zeros(n, dtype=np.float64), np.zeros(n, dtype=np.int64),
+                        gathered=np.zeros(n, dtype=bool))
+
+
 def _tensor_core_plans(problem: Problem, m: Machine, g: _Grid) -> _TensorCores:
     n = g.n
-    out = _TensorCores(np.zeros(n, dtype=bool), np.zeros(n, dtype=np.int64),
-                       np.zeros(n, dtype=np.float64), np.zeros(n, dtype=np.int64))
+    out = _no_plans(n)
     compute = tensor_compute(problem, m)
     if compute is None:
         return out
@@ -441,8 +460,7 @@ def _simt_plans(problem: Problem, m: Machine, g: _Grid, thread: np.ndarray,
     """Per candidate: runs as the SIMT GEMM (tilekit.schedule.simt: the shared decision
     after tensor cores), its shared memory, the bytes a block writes per step, registers."""
     n = g.n
-    out = _TensorCores(np.zeros(n, dtype=bool), np.zeros(n, dtype=np.int64),
-                       np.zeros(n, dtype=np.float64), np.zeros(n, dtype=np.int64))
+    out = _no_plans(n)
     c = problem.contraction
     if c is None or m.distributed or c.dtype != "float32":
         return out
@@ -456,6 +474,7 @@ def _simt_plans(problem: Problem, m: Machine, g: _Grid, thread: np.ndarray,
         if isinstance(plan, str):
             continue
         out.on[k], out.smem[k] = True, plan.smem_bytes
+        out.gathered[k] = not (plan.a_vector or plan.b_vector)
         out.step_traffic[k] = float((plan.bm + plan.bn) * plan.bk * 4)
         out.regs[k] = -(-(plan.registers + SIMT_BASE + plan.bk) // REG_GRANULE) * REG_GRANULE
     return out
@@ -673,7 +692,7 @@ def split_k_estimate(problem: Problem, m: Machine, block, thread, step, split: i
     points = problem.output_points
     partials = 4.0 * slices * points
     costs = cost_tiles(sp, m, col((1, *block)), col((1, *thread)), col(step),
-                       unique=float(_unique_bytes(problem)) + partials)
+                       unique=float(_unique_bytes(problem)) + partials, gemms=not staged)
     first = costs.estimate(0)
     if not costs.valid[0]:
         return Estimate(time_us=np.inf, flops=first.flops, dram_bytes=0.0, smem_bytes=0.0,
