@@ -321,6 +321,7 @@ def test_a_value_computed_from_a_size_is_not_taken_for_a_constant(tmp_path, name
     assert result.exit_code == 2, result.output
     assert "computes a value from a size" in result.output and seen in result.output
     if name == "min(seq, 8)":
+        assert "node 'Mul_4' (ops[0])" in result.output     # the ONNX node, then the IR path
         result = invoke(tk_import.main, ["m.onnx", "--dim", "seq=8..64", "-o", "m.yaml"],
                         tmp_path)
         assert result.exit_code == 0, result.output

@@ -407,9 +407,17 @@ def _first_value_difference(general: Any, weights: Mapping[str, np.ndarray], dir
                 continue
             if x.shape != y.shape or not np.allclose(x, y, rtol=1e-5, atol=1e-6,
                                                      equal_nan=True):
-                return (f"ops[{index}] ({op.name})", f"{name} = {_summary(x)}",
+                return (_op_where(op, index), f"{name} = {_summary(x)}",
                         f"{name} = {_summary(y)}")
     return None
+
+
+def _op_where(op: Any, index: int, field: str = "") -> str:
+    """Where a symbolic import's refusal points: the ONNX node the op came from, and the
+    op's IR path."""
+    origin = getattr(op, "origin", None)
+    at = f"ops[{index}]{field}"
+    return f"node '{excerpt(origin, 60, quote=False)}' ({at})" if origin else f"{at} ({op.name})"
 
 
 def _run_whole(module: Any, inputs: Mapping[str, np.ndarray],
@@ -526,7 +534,7 @@ def _generalise(imports: list[Any], points: list[dict[str, int]], dims: Mapping[
     ops = list(first.module.ops)
     for index, variants in sorted(texts.items()):
         ops[index] = replace(ops[index], expr=_generalise_text(
-            variants, symbols, grid, check, f"ops[{index}].expr", hint))
+            variants, symbols, grid, check, _op_where(ops[index], index, ".expr"), hint))
     for (name, axis), sizes in sorted(varying.items()):
         expr = _interpolate(symbols, grid, sizes[:-1])
         if expr is None or expr.evaluate(check) != sizes[-1]:
