@@ -129,6 +129,35 @@ def test_latency_hiding_prices_few_warps_per_sm():
     assert float(fed.t_compute) == pytest.approx(float(old.t_compute))
 
 
+def test_split_estimates_priced_together_equal_each_priced_alone():
+    """The staged split prices its candidate tiles together, one vectorised call per slice
+    problem (tiles with the same steps share one); each estimate is the one the tile gets
+    alone, whatever else is in the batch."""
+    from tilekit.ir.graph import op_analysis
+    from tilekit.roll.problem import problem_from_analysis
+    module = conv3x3(64, 64, 56, chain=False)
+    problem = problem_from_analysis(op_analysis(module, 0), {n: t.dtype for n, t in
+                                                             module.tensors.items()})
+    m = cost.machine(H100)
+    order = [a for a, _ in problem.spatial]
+    tiles = [tuple(tuple(t[key][a] for a in axes) for key, axes in (
+        ("block", order), ("thread", order), ("step", [a for a, _ in problem.reduction])))
+        for t in ({"block": {"n": 1, "f": 16, "h": 2, "w": 56},
+                   "thread": {"n": 1, "f": 4, "h": 1, "w": 7},
+                   "step": {"c": 4, "kh": 3, "kw": 3}},
+                  {"block": {"n": 1, "f": 32, "h": 2, "w": 56},
+                   "thread": {"n": 1, "f": 4, "h": 1, "w": 4},
+                   "step": {"c": 4, "kh": 3, "kw": 3}},
+                  {"block": {"n": 1, "f": 64, "h": 1, "w": 64},
+                   "thread": {"n": 1, "f": 4, "h": 1, "w": 4},
+                   "step": {"c": 2, "kh": 3, "kw": 3}})]
+    for factor in (2, 8, 32):
+        together = cost.split_k_estimates(problem, m, tiles, factor, staged=True)
+        alone = [cost.split_k_estimate(problem, m, *t, factor, staged=True) for t in tiles]
+        assert together == alone
+        assert len({est.time_us for est, _ in together}) == len(tiles)
+
+
 @needs_cxx
 def test_split_k_staged_convolution_emulates_the_reference():
     """A staged 3x3 convolution split in 2 slices of channels (3 and 2 steps: a ragged last

@@ -126,8 +126,8 @@ def best_split_k(problem: Problem, m: Machine, tiles: list[RTile]) -> Candidate 
 #: The fastest unsplit staged tiles worth splitting (short of warps) of a CUDA-core reduction
 #: whose split-K is priced (at 8, VGG-19's 28 x 28 layers' best split was the ninth once
 #: convolutions ran as SIMT GEMMs; at 12, ResNet-50's 56 x 56 3 x 3 layers' was the
-#: thirteenth once gathered SIMT GEMMs were priced at the warps that hide their loads; 16
-#: rolls ResNet-50 for the H100 in about 10% more time).
+#: thirteenth once gathered SIMT GEMMs were priced at the warps that hide their loads; the
+#: splits of all of them are priced together, `cost.split_k_estimates`).
 SPLIT_TILES = 16
 #: Output dtypes whose staged kernels accumulate in float32, the split-K scratch's type.
 SPLIT_DTYPES = ("float32", "float16", "bfloat16")
@@ -148,7 +148,7 @@ def best_staged_split(problem: Problem, m: Machine, tiles: list[RTile], costs: T
     `SPLIT_K`: slices of the outermost reduction axis with several steps
     (tilekit.schedule.shape.staged_split), in blocks of their own; the last block of each
     output tile adds the slices in slice order (deterministic)."""
-    from tilekit.roll.cost import split_k_estimate
+    from tilekit.roll.cost import split_k_estimates
     from tilekit.schedule.mma import SPLIT_K
 
     if m.distributed or not problem.has_reduction or tensor_compute(problem, m) is not None \
@@ -163,15 +163,16 @@ def best_staged_split(problem: Problem, m: Machine, tiles: list[RTile], costs: T
                      and _short_of_warps(m, costs, k, fill)),
                     key=lambda k: (round_sig(costs.time_s[k], 6), k))[:SPLIT_TILES]
     best = None
-    for k in staged:
-        tile = tiles[k]
+    priced = {factor: split_k_estimates(problem, m, [(tiles[k].block, tiles[k].thread,
+                                                      tiles[k].step) for k in staged],
+                                        factor, staged=True) for factor in SPLIT_K}
+    for i, k in enumerate(staged):
         for factor in SPLIT_K:
-            est, slices = split_k_estimate(problem, m, tile.block, tile.thread, tile.step,
-                                           factor, staged=True)
+            est, slices = priced[factor][i]
             if slices < 2 or not est.time_us < np.inf:
                 continue
             if best is None or round_sig(est.time_us, 6) < round_sig(best.estimate.time_us, 6):
-                best = Candidate(tile, est, int(costs.smem_tile[k]), int(costs.regs[k]),
+                best = Candidate(tiles[k], est, int(costs.smem_tile[k]), int(costs.regs[k]),
                                  int(costs.threads[k]), int(costs.blocks[k]) * slices, slices)
     return best
 

@@ -684,19 +684,45 @@ def split_k_estimate(problem: Problem, m: Machine, block, thread, step, split: i
     slices. `staged`: a staged tile's split (tilekit.codegen.staged), whose last block per
     tile adds the slices in the same kernel: instead of a second kernel, the partials
     written and read once more through L2 (they stay there), no second launch."""
-    sp, slices = split_problem(problem, split, step if staged else None)
-    if slices < 2:
-        return Estimate(time_us=np.inf, flops=0.0, dram_bytes=0.0, smem_bytes=0.0,
-                        bound="compute", waves=1, wave_efficiency=1.0), slices
-    col = lambda xs: np.asarray(xs, dtype=np.int64).reshape(-1, 1)   # noqa: E731
+    return split_k_estimates(problem, m, [(block, thread, step)], split, staged)[0]
+
+
+def split_k_estimates(problem: Problem, m: Machine, tiles, split: int, staged: bool = False
+                      ) -> list[tuple[Estimate, int]]:
+    """`split_k_estimate` of each `(block, thread, step)` of `tiles`, those that share a
+    slice problem (a staged tile's depends on its steps) costed in one vectorised call."""
+    groups: dict[tuple, list[int]] = {}
+    cuts = []
+    for k, (_, _, step) in enumerate(tiles):
+        sp, slices = split_problem(problem, split, step if staged else None)
+        cuts.append((sp, slices))
+        groups.setdefault((slices, sp.extents), []).append(k)
+    out: list[tuple[Estimate, int] | None] = [None] * len(tiles)
     points = problem.output_points
-    partials = 4.0 * slices * points
-    costs = cost_tiles(sp, m, col((1, *block)), col((1, *thread)), col(step),
-                       unique=float(_unique_bytes(problem)) + partials, gemms=not staged)
-    first = costs.estimate(0)
-    if not costs.valid[0]:
+    for members in groups.values():
+        sp, slices = cuts[members[0]]
+        if slices < 2:
+            for k in members:
+                out[k] = (Estimate(time_us=np.inf, flops=0.0, dram_bytes=0.0, smem_bytes=0.0,
+                                   bound="compute", waves=1, wave_efficiency=1.0), slices)
+            continue
+        partials = 4.0 * slices * points
+        column = lambda i: np.array([[1, *tiles[k][i]] if i < 2 else list(tiles[k][i])
+                                     for k in members], dtype=np.int64).T   # noqa: E731
+        costs = cost_tiles(sp, m, column(0), column(1), column(2),
+                           unique=float(_unique_bytes(problem)) + partials, gemms=not staged)
+        for j, k in enumerate(members):
+            out[k] = (_split_estimate(problem, m, costs, j, partials, points, staged), slices)
+    return out  # type: ignore[return-value]
+
+
+def _split_estimate(problem: Problem, m: Machine, costs: TileCosts, j: int, partials: float,
+                    points: int, staged: bool) -> Estimate:
+    """Candidate `j` of a slice problem's `costs` as the whole split's estimate."""
+    first = costs.estimate(j)
+    if not costs.valid[j]:
         return Estimate(time_us=np.inf, flops=first.flops, dram_bytes=0.0, smem_bytes=0.0,
-                        bound="compute", waves=1, wave_efficiency=1.0), slices
+                        bound="compute", waves=1, wave_efficiency=1.0)
     if staged:
         # the slice problem stores the partials; the last block of each tile reads them back
         # (through L2, where they stay)
@@ -705,14 +731,13 @@ def split_k_estimate(problem: Problem, m: Machine, block, thread, step, split: i
                         dram_bytes=first.dram_bytes + moved, smem_bytes=first.smem_bytes,
                         bound=first.bound, waves=first.waves,
                         wave_efficiency=first.wave_efficiency,
-                        latency_us=first.latency_us), slices
+                        latency_us=first.latency_us)
     second = estimate_bytes(m.hw, int(partials), points * problem.out_itemsize,
                             DEFAULT_THREADS, points)
     return Estimate(time_us=first.time_us + second.time_us, flops=first.flops,
                     dram_bytes=first.dram_bytes + second.dram_bytes,
                     smem_bytes=first.smem_bytes, bound=first.bound, waves=first.waves,
-                    wave_efficiency=first.wave_efficiency,
-                    latency_us=first.latency_us), slices
+                    wave_efficiency=first.wave_efficiency, latency_us=first.latency_us)
 
 
 def default_estimate(problem: Problem, m: Machine) -> Estimate:
