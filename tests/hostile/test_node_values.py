@@ -101,3 +101,17 @@ def test_an_input_type_outside_its_schema_is_refused(tmp_path, op, inputs, inits
     name = _typed(tmp_path, helper.make_node(op, ["x", "z"][:len(inputs) + len(inits)], ["y"]),
                   inputs, inits)
     assert_refused(run("tk-import", name, folder=tmp_path), "tk-import", f"'{op}_0'", words)
+
+
+def test_a_node_of_the_ai_onnx_domain_is_checked_against_its_schema(tmp_path):
+    """('ai.onnx' is the standard domain's other name: its nodes' schemas are the same, and
+    looking them up under that name found none, so their types went unchecked.)"""
+    graph = helper.make_graph(
+        [helper.make_node("Cos", ["x"], ["y"], domain="ai.onnx")], "g",
+        [helper.make_tensor_value_info("x", TensorProto.INT64, [2, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.INT64, [2, 3])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                    helper.make_opsetid("ai.onnx", 17)])
+    onnx.save(model, str(tmp_path / "m.onnx"))
+    assert_refused(run("tk-import", "m.onnx", folder=tmp_path), "tk-import", "'Cos_0'",
+                   "Cos (opset 17) input 0 'x' is int64")

@@ -9,7 +9,6 @@ binary ones (KiB, GiB) powers of 2: datasheets use both, and mixing them up is a
 from __future__ import annotations
 
 import math
-
 from decimal import Decimal
 
 #: dimension -> {unit spelling: factor to the base unit}. Counts and fractions take no unit.

@@ -32,9 +32,9 @@ from typing import Any, Iterable, Mapping
 
 from tilekit.errors import IRError, TilekitError
 
-__all__ = ["Dim", "DimExpr", "bind", "instantiate", "is_symbolic", "parse_dim_expr",
-           "parse_size_lists", "parse_sizes", "read_dims", "require_static", "require_symbolic", "dims_document",
-           "symbolic_inputs"]
+__all__ = ["Dim", "DimExpr", "bind", "dims_document", "instantiate", "is_symbolic",
+           "named_symbols", "parse_dim_expr", "parse_size_lists", "parse_sizes", "read_dims",
+           "require_static", "require_symbolic", "symbolic_inputs"]
 
 #: A symbol: an identifier (the model's dim_param, made an identifier).
 SYMBOL = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}\Z")
@@ -46,8 +46,8 @@ MAX_SYMBOLS = 4
 MAX_VALUE = 1 << 24
 #: Most likely values per symbol.
 MAX_LIKELY = 16
-_TERM = re.compile(r"\s*([+-])?\s*(\d+|[A-Za-z_][A-Za-z0-9_]*)((?:\s*\*\s*(?:\d+|[A-Za-z_]"
-                   r"[A-Za-z0-9_]*))*)\s*")
+_NAME = r"[A-Za-z_][A-Za-z0-9_]*"
+_TERM = re.compile(rf"\s*([+-])?\s*(\d+|{_NAME})((?:\s*\*\s*(?:\d+|{_NAME}))*)\s*")
 
 
 @dataclass(frozen=True)
@@ -108,6 +108,12 @@ class DimExpr:
             else:
                 parts.append(("- " if coef < 0 else "+ ") + text)
         return " ".join(parts) if parts else "0"
+
+
+def named_symbols(text: str) -> set[str]:
+    """The symbols a dimension expression names as written, a term that cancels (`0*nope`,
+    `s - s`) included: its DimExpr keeps only those that remain."""
+    return set(re.findall(_NAME, text))
 
 
 def parse_dim_expr(text: str) -> DimExpr:
@@ -278,7 +284,9 @@ def bind(module: Any, shapes: Mapping[str, tuple[int, ...]], given: Mapping[str,
 
 
 def evaluate_shape(shape: Iterable[Any], values: Mapping[str, int]) -> list[int]:
-    return [d if type(d) is int else parse_dim_expr(d).evaluate(values) for d in shape]
+    """`shape` at `values`: each expression evaluated (an entry of another type kept, for the
+    verifier to name)."""
+    return [parse_dim_expr(d).evaluate(values) if isinstance(d, str) else d for d in shape]
 
 
 def instantiate(module: Any, values: Mapping[str, int]) -> Any:
@@ -291,15 +299,11 @@ def instantiate(module: Any, values: Mapping[str, int]) -> Any:
     if not is_symbolic(module):
         return module
 
-    def shape(s):
-        return tuple(d if type(d) is int or not isinstance(d, str)
-                     else parse_dim_expr(d).evaluate(values) for d in s)
-
     def text(expr):
         return SYMBOL_REF.sub(lambda m: str(values[m.group(1)]), expr)
 
     # entries of the wrong type stay as they are, for the verifier to name
-    tensors = {n: Tensor(shape(t.shape), t.dtype, t.role)
+    tensors = {n: Tensor(tuple(evaluate_shape(t.shape, values)), t.dtype, t.role)
                if isinstance(t, Tensor) and isinstance(t.shape, tuple) else t
                for n, t in module.tensors.items()}
     ops = tuple(replace(op, expr=text(op.expr)) if isinstance(op.expr, str) and "$" in op.expr

@@ -500,7 +500,8 @@ def _symbolic_instances(module: Module, origin: str | None) -> list[Module]:
     `verify` checks as any module: index maps in range at the smallest and largest sizes."""
     from itertools import product
 
-    from tilekit.ir.dims import SYMBOL_REF, instantiate, parse_dim_expr, symbolic_inputs
+    from tilekit.ir.dims import (SYMBOL_REF, instantiate, named_symbols, parse_dim_expr,
+                                 symbolic_inputs)
 
     dims = module.dims
     if not isinstance(module.tensors, Mapping):
@@ -522,8 +523,7 @@ def _symbolic_instances(module: Module, origin: str | None) -> list[Module]:
                               f"dimension expression ({exc})", at,
                               "an integer, or a polynomial in the module's dims such as "
                               "'2*seq + 1'") from None
-            # the names as written: a term that cancels (`0*nope`) is gone from `e`
-            unknown = sorted(set(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", d)) - set(dims))
+            unknown = sorted(named_symbols(d) - set(dims))
             if unknown:
                 raise IRError(f"dimension {excerpt(d)} names '{unknown[0]}', which is not "
                               "declared in 'dims'", at, "declare it: dims: {NAME: {min: "

@@ -21,6 +21,7 @@ import numpy as np
 
 from tilekit.errors import UnsupportedError, excerpt
 from tilekit.onnx import text
+from tilekit.onnx.names import node_where
 
 if TYPE_CHECKING:  # pragma: no cover
     from onnx import NodeProto
@@ -236,7 +237,7 @@ class NodeContext:
     # -- errors --------------------------------------------------------------------------
     def unsupported(self, what: str, hint: str | None = None) -> UnsupportedError:
         return UnsupportedError(f"{self.op_type} (opset {self.opset}): {what}",
-                                f"node {self.index} '{excerpt(self.origin, 60, quote=False)}'",
+                                node_where(self.index, self.node),
                                 hint)
 
     def check_attrs(self, allowed: Sequence[str] = ()) -> None:

@@ -25,7 +25,7 @@ from onnx import NodeProto, helper, numpy_helper
 from tilekit import limits
 from tilekit.errors import TilekitError, UnsupportedError, excerpt
 from tilekit.onnx.dtypes import ONNX_DTYPES, elem_type_name
-from tilekit.onnx.names import sanitize
+from tilekit.onnx.names import node_where, sanitize
 
 #: Ops that must never be folded: their value is not a function of their inputs.
 NOT_FOLDABLE = frozenset({
@@ -380,8 +380,7 @@ class ShapeFolding:
                 if node.op_type in _DATA_DEPENDENT_SHAPES:
                     raise UnsupportedError(
                         f"op type '{node.op_type}' (opset {self.opset}) has an output shape "
-                        "that depends on the input values", f"node {index} "
-                        f"'{node.name or f'{node.op_type}_{index}'}'",
+                        "that depends on the input values", node_where(index, node),
                         "tilekit needs static shapes; such an op is only importable when its "
                         "inputs are constants (it is then folded)")
             unconvertible = [i for i, node in enumerate(self.nodes) if i not in self.folded
@@ -393,9 +392,8 @@ class ShapeFolding:
             index, name = missing[0]
             node = self.nodes[index]
             raise TilekitError(
-                f"the shape of '{name}' (output of {node.op_type} node {index} "
-                f"'{node.name or f'{node.op_type}_{index}'}') is not static after shape "
-                "inference: a dimension is dynamic", "model",
+                f"the shape of '{name}' (output of {node.op_type} {node_where(index, node)}) "
+                "is not static after shape inference: a dimension is dynamic", "model",
                 self._dynamic_hint(*_shape_arguments(node, self._static_shape)))
 
     def _fold(self) -> None:
@@ -451,8 +449,7 @@ class ShapeFolding:
         return results
 
     def _node_where(self, node: onnx.NodeProto) -> str:
-        index = self.nodes.index(node)
-        return f"node {index} '{excerpt(node.name or f'{node.op_type}_{index}', quote=False)}'"
+        return node_where(self.nodes.index(node), node)
 
     def _check_fold_budget(self, node: onnx.NodeProto, inputs: Arrays) -> None:
         """Refuse, before evaluating it, a fold whose result would be over the tensor size

@@ -26,6 +26,7 @@ the files in the module. Steps 1-3 live in `tilekit.onnx.fold` (`ShapeFolding`).
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, replace
 from typing import Any, Mapping, Sequence
@@ -42,7 +43,7 @@ from tilekit.onnx import fold, text
 from tilekit.onnx.dtypes import ONNX_DTYPES, elem_type_name
 from tilekit.onnx.fold import ShapeFolding, type_of
 from tilekit.onnx.context import NodeContext, Value
-from tilekit.onnx.names import NameTable, sanitize
+from tilekit.onnx.names import NameTable, node_where, sanitize
 
 #: A formal parameter taking any number of inputs (a Loop's carried values, Concat's inputs).
 _VARIADIC = onnx.defs.OpSchema.FormalParameterOption.Variadic
@@ -120,10 +121,14 @@ def _opset_of(model: onnx.ModelProto) -> int:
                            "opset_import", "re-export the model with a standard opset")
 
 
-def _node_where(index: int, node: onnx.NodeProto) -> str:
-    """Where a refusal about node `index` points: `node 3 'Relu_3'` (its name, else its op
-    type and index)."""
-    return f"node {index} '{node.name or f'{node.op_type}_{index}'}'"
+@functools.lru_cache(maxsize=None)
+def _schema(op_type: str, opset: int) -> onnx.defs.OpSchema | None:
+    """The standard operator set's schema of `op_type` at `opset` (domain '' or 'ai.onnx':
+    the only ones imported), or None where it has no such op."""
+    try:
+        return onnx.defs.get_schema(op_type, opset, "")
+    except onnx.defs.SchemaError:
+        return None
 
 
 class Importer(ShapeFolding):
@@ -247,8 +252,7 @@ class Importer(ShapeFolding):
                 if dims and dims[0] is not None and dims[0] > limits.MAX_RANK:
                     raise limits.LimitError(
                         f"input {position} of {node.op_type} gives a rank of {dims[0]:,}, more "
-                        f"than {limits.MAX_RANK}", f"node {index} "
-                        f"'{excerpt(node.name or node.op_type, 60, quote=False)}'",
+                        f"than {limits.MAX_RANK}", node_where(index, node),
                         "tilekit handles tensors of rank 64 or less")
 
     def _check_nodes(self) -> None:
@@ -269,7 +273,7 @@ class Importer(ShapeFolding):
                 what += (f" ({len(foreign)} such nodes: " +
                          ", ".join(f"{k} x{n}" for k, n in sorted(counts.items())) + ")")
             raise UnsupportedError(
-                what, _node_where(index, node),
+                what, node_where(index, node),
                 "only the standard ONNX operator set (domain '' / ai.onnx) is imported")
         never = [i for i, node in enumerate(self.nodes)
                  if node.op_type in fold.NOT_FOLDABLE and lookup(node.op_type) is None]
@@ -282,9 +286,8 @@ class Importer(ShapeFolding):
         """The node's inputs and outputs are as many as its op's schema allows at the model's
         opset (a Relu given two inputs imported as a Relu of the first: lenient shape
         inference only warns about it)."""
-        try:
-            schema = onnx.defs.get_schema(node.op_type, self.opset, "")
-        except onnx.defs.SchemaError:
+        schema = _schema(node.op_type, self.opset)
+        if schema is None:
             return                      # no such op at this opset: the converters say so
         for what, count, low, high in (("inputs", len(node.input), schema.min_input,
                                         schema.max_input),
@@ -294,7 +297,7 @@ class Importer(ShapeFolding):
                 allowed = f"{low}" if low == high else f"{low} to {high}"
                 raise UnsupportedError(
                     f"{node.op_type} (opset {self.opset}) has {count} {what}; its schema "
-                    f"allows {allowed}", _node_where(index, node),
+                    f"allows {allowed}", node_where(index, node),
                     "fix the node, or re-export the model")
 
     def _check_types(self) -> None:
@@ -303,12 +306,9 @@ class Importer(ShapeFolding):
         Add of float and int64: onnxruntime refuses both; ONNX's strict inference says so,
         but a model failing it is otherwise imported by lenient inference)."""
         for index, node in enumerate(self.nodes):
-            try:
-                schema = onnx.defs.get_schema(node.op_type, self.opset, node.domain or "")
-            except onnx.defs.SchemaError:
+            schema = _schema(node.op_type, self.opset)
+            if schema is None or not schema.inputs:
                 continue                # no such op at this opset: the converters say so
-            if not schema.inputs:
-                continue
             allowed = {c.type_param_str: set(c.allowed_type_strs)
                        for c in schema.type_constraints}
             bound: dict[str, tuple[str, int]] = {}
@@ -326,7 +326,7 @@ class Importer(ShapeFolding):
                         f"{node.op_type} (opset {self.opset}) input {position} "
                         f"'{excerpt(name, 40, quote=False)}' is {typ[7:-1]}; its schema "
                         f"allows {', '.join(shown) or 'no tensor'}",
-                        _node_where(index, node), "cast the input (a Cast node), or "
+                        node_where(index, node), "cast the input (a Cast node), or "
                         "re-export the model")
                 heterogeneous = formal.option == _VARIADIC and not formal.is_homogeneous
                 first = (bound.setdefault(param, (typ, position))
@@ -335,7 +335,7 @@ class Importer(ShapeFolding):
                     raise UnsupportedError(
                         f"{node.op_type} (opset {self.opset}) inputs {first[1]} and "
                         f"{position} share type {param} but are {first[0][7:-1]} and "
-                        f"{typ[7:-1]}", _node_where(index, node),
+                        f"{typ[7:-1]}", node_where(index, node),
                         "cast one of them (a Cast node), or re-export the model")
 
     def _elem_type(self, name: str) -> int | None:
@@ -370,7 +370,7 @@ class Importer(ShapeFolding):
                     f"supported (opset {self.opset}): {listed}; the first is "
                     f"'{node.op_type}'")
         return UnsupportedError(
-            what, _node_where(index, node),
+            what, node_where(index, node),
             f"supported op types ({len(known)}): {_trimmed(known)}")
 
     def _dynamic_shape_op(self, index: int, node: onnx.NodeProto) -> UnsupportedError:
@@ -382,7 +382,7 @@ class Importer(ShapeFolding):
         return UnsupportedError(
             f"{node.op_type} of '{excerpt(name, quote=False)}' cannot be computed at import: "
             f"that tensor has a dynamic dimension ({shown})",
-            _node_where(index, node),
+            node_where(index, node),
             self._dynamic_hint(name))
 
     def _dynamic_hint(self, *names: str) -> str:
@@ -502,7 +502,7 @@ class Importer(ShapeFolding):
             if entry is None:
                 raise self._unsupported_op(index, node)
             ctx = NodeContext(self, node, index, fold.attributes(node))
-            where = f"node {index} '{excerpt(ctx.origin, 60, quote=False)}'"
+            where = node_where(index, node)
             try:
                 entry.convert(ctx)
             except ExprError as exc:   # a statement the node's attributes made unreadable

@@ -14,6 +14,9 @@ that makes them unique, so every name stays within the IR's identifier grammar
 from __future__ import annotations
 
 import re
+from typing import Any
+
+from tilekit.errors import excerpt
 
 _BAD = re.compile(r"[^A-Za-z0-9_]+")
 #: The longest sanitised name before a uniqueness suffix (`_12`) and a `k_` prefix.
@@ -71,3 +74,9 @@ class NameTable:
             name = f"{base}_{n}"
         self._taken.add(name)
         return name
+
+
+def node_where(index: int, node: Any) -> str:
+    """Where a message about ONNX node `index` points: `node 3 'Relu_3'` (its name, else its
+    op type and index; an excerpt, so a hostile name is not copied into a terminal)."""
+    return f"node {index} '{excerpt(node.name or f'{node.op_type}_{index}', 60, quote=False)}'"

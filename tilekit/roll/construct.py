@@ -97,24 +97,28 @@ def best_split_k(problem: Problem, m: Machine, tiles: list[RTile]) -> Candidate 
     tile among `tiles` whose output tiles leave SMs idle, with each factor of `SPLIT_K`
     (slices of the reduction in blocks of their own, partial sums added by a second kernel in
     slice order: deterministic)."""
-    from tilekit.roll.cost import split_k_estimate
+    from tilekit.roll.cost import split_k_estimates
     from tilekit.schedule.mma import SPLIT_K, wgmma_plan
 
     compute = tensor_compute(problem, m)
     if compute is None or compute not in m.wgmma_offered:
         return None
     shapes = [tuple(d.size for d in op.dims) for op in problem.operands]
-    best = None
+    eligible = []
     for tile in tiles:
         plan = wgmma_plan(problem.contraction, problem.spatial, problem.reduction, tile.block,
                           tile.step, tile.threads(), compute, m.hw.smem_per_block,
                           lambda i: shapes[i])
         blocks = math.prod(tile.grid(problem))
-        if isinstance(plan, str) or blocks >= m.hw.sm_count:
-            continue
+        if not isinstance(plan, str) and blocks < m.hw.sm_count:
+            eligible.append((tile, plan, blocks))
+    priced = {factor: split_k_estimates(problem, m, [(t.block, t.thread, t.step)
+                                                     for t, _, _ in eligible], factor)
+              for factor in SPLIT_K}
+    best = None
+    for i, (tile, plan, blocks) in enumerate(eligible):
         for factor in SPLIT_K:
-            est, slices = split_k_estimate(problem, m, tile.block, tile.thread, tile.step,
-                                           factor)
+            est, slices = priced[factor][i]
             if slices < 2 or not est.time_us < np.inf:
                 continue
             if best is None or round_sig(est.time_us, 6) < round_sig(best.estimate.time_us, 6):

@@ -690,26 +690,27 @@ def split_k_estimate(problem: Problem, m: Machine, block, thread, step, split: i
 def split_k_estimates(problem: Problem, m: Machine, tiles, split: int, staged: bool = False
                       ) -> list[tuple[Estimate, int]]:
     """`split_k_estimate` of each `(block, thread, step)` of `tiles`, those that share a
-    slice problem (a staged tile's depends on its steps) costed in one vectorised call."""
-    groups: dict[tuple, list[int]] = {}
-    cuts = []
+    slice problem (a staged tile's depends on its steps; a wgmma tile's does not) costed in
+    one vectorised call."""
+    groups: dict[tuple | None, list[int]] = {}
     for k, (_, _, step) in enumerate(tiles):
-        sp, slices = split_problem(problem, split, step if staged else None)
-        cuts.append((sp, slices))
-        groups.setdefault((slices, sp.extents), []).append(k)
+        groups.setdefault(tuple(step) if staged else None, []).append(k)
     out: list[tuple[Estimate, int] | None] = [None] * len(tiles)
     points = problem.output_points
-    for members in groups.values():
-        sp, slices = cuts[members[0]]
+    for step_key, members in groups.items():
+        sp, slices = split_problem(problem, split, step_key)
         if slices < 2:
             for k in members:
                 out[k] = (Estimate(time_us=np.inf, flops=0.0, dram_bytes=0.0, smem_bytes=0.0,
                                    bound="compute", waves=1, wave_efficiency=1.0), slices)
             continue
         partials = 4.0 * slices * points
-        column = lambda i: np.array([[1, *tiles[k][i]] if i < 2 else list(tiles[k][i])
-                                     for k in members], dtype=np.int64).T   # noqa: E731
-        costs = cost_tiles(sp, m, column(0), column(1), column(2),
+        chosen = [tiles[k] for k in members]   # as columns; the slice axis leads, 1 a block
+        block = np.array([(1, *b) for b, _, _ in chosen], dtype=np.int64).T
+        thread = np.array([(1, *t) for _, t, _ in chosen], dtype=np.int64).T
+        step = np.array([tuple(s) for _, _, s in chosen], dtype=np.int64).reshape(
+            len(chosen), -1).T
+        costs = cost_tiles(sp, m, block, thread, step,
                            unique=float(_unique_bytes(problem)) + partials, gemms=not staged)
         for j, k in enumerate(members):
             out[k] = (_split_estimate(problem, m, costs, j, partials, points, staged), slices)

@@ -90,7 +90,7 @@ OP_RUNNERS: dict[str, OpRunner] = {"whole": run_op_whole}
 
 #: Modes defined outside the runtime, by the module that registers each on import.
 MODE_MODULES: dict[str, str] = {"tiled": "tilekit.runtime.tiled"}
-#: Modes `tilekit.runtime.backend` runs without an op runner: compiled C++ and tk-ram's plan.
+#: Modes `tilekit.runtime.backend` serves without an op runner: compiled C++, tk-ram's plan.
 BACKEND_MODES = ("compiled", "program")
 
 
