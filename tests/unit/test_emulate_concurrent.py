@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tilekit.codegen.emulate import CXX_FLAGS, find_cxx
+from tilekit.codegen.emulate import CXX_FLAGS, find_cxx, runtime_object
 
 HERE = Path(__file__).resolve().parents[2] / "tilekit" / "codegen"
 
@@ -99,7 +99,8 @@ def build_cpp(tmp_path: Path, body: str, **macros: str) -> Path:
     exe = tmp_path / "main"
     subprocess.run([find_cxx(), *CXX_FLAGS, "-DTK_EMUL_DYNAMIC_SMEM=1024", "-include",
                     str(HERE / "host_emul.h"), "-I", str(HERE), "-x", "c++", str(source),
-                    "-o", str(exe)], check=True, capture_output=True, text=True)
+                    "-x", "none", str(runtime_object(find_cxx())), "-o", str(exe)],
+                   check=True, capture_output=True, text=True)
     return exe
 
 

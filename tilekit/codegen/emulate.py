@@ -16,7 +16,10 @@ encoding, and split-K scratch buffers (`scratch`) are allocated like tensors.
 
 Binaries are cached next to nvcc's (`$TILEKIT_CACHE/emul/<key>`). host_emul.h (with the
 standard headers it includes) is compiled once per cache as a GCC precompiled header
-(`emul/headers-<key>/host_emul.h.gch`): it is most of a small module's compile time. Its flags
+(`emul/headers-<key>/host_emul.h.gch`), and the emulation's runtime (host_emul.cpp: the
+scheduler, the tensor-core, TMA and wgmma emulation, the harness's file I/O) once as an
+object (`emul/runtime-<key>/host_emul.o`) linked into every binary: together they were most
+of a small module's compile time. Their flags
 are the same for every module, so the module's dynamic shared-memory size is a `#define` at
 the top of the generated main.cpp, not a `-D` flag. A fiber switch costs about a microsecond:
 keep fixtures small (thousands of blocks with many barriers take seconds).
@@ -57,20 +60,10 @@ def harness_source(module: Module, unit=None) -> str:
         for t in k.args:
             if t not in tensors:
                 tensors.append(t)
-    lines = ["#include <cstdio>", "#include <cstdlib>", "#include <string>", "",
-             "// argv: data folder, then optionally a kernel index and block ids: launch only",
+    lines = ["// argv: data folder, then optionally a kernel index and block ids: launch only",
              "// those blocks of that kernel (sampled emulation of large modules).",
-             "static std::vector<unsigned char> load(const std::string& path, size_t n) {",
-             "  std::vector<unsigned char> buf(n ? n : 1);",
-             "  if (FILE* f = std::fopen(path.c_str(), \"rb\")) {",
-             "    size_t got = std::fread(buf.data(), 1, n, f); std::fclose(f);",
-             "    if (got != n) { std::fprintf(stderr, \"short read %s\\n\", path.c_str()); "
-             "std::exit(3); }",
-             "  }",
-             "  return buf;",
-             "}", "",
              "int main(int argc, char** argv) {",
-             "  const std::string dir = argc > 1 ? argv[1] : \".\";",
+             "  const char* dir = argc > 1 ? argv[1] : \".\";",
              "  const int only = argc > 2 ? std::atoi(argv[2]) : -1;",
              "  std::vector<unsigned> ids;",
              "  for (int a = 3; a < argc; ++a) ids.push_back((unsigned)std::atoi(argv[a]));"]
@@ -80,7 +73,7 @@ def harness_source(module: Module, unit=None) -> str:
     for t in tensors:
         tensor = declared[t]
         nbytes = tensor.size * np.dtype(_np_dtype(tensor.dtype)).itemsize
-        lines.append(f"  auto buf_{_c(t)} = load(dir + \"/{t}.bin\", {nbytes});")
+        lines.append(f"  auto buf_{_c(t)} = tk_emul::load(dir, \"{t}\", {nbytes});")
     for index, k in enumerate(kernels):
         ptrs = []
         for t in k.args:
@@ -105,9 +98,7 @@ def harness_source(module: Module, unit=None) -> str:
     for t in dict.fromkeys(written):
         writers = [i for i, k in enumerate(kernels) if t in k.writes]
         cond = " || ".join(f"only == {i}" for i in writers)
-        lines.append(f"  if (only < 0 || {cond}) "
-                     f"if (FILE* f = std::fopen((dir + \"/{t}.out\").c_str(), \"wb\")) {{ "
-                     f"std::fwrite(buf_{_c(t)}.data(), 1, buf_{_c(t)}.size(), f); std::fclose(f); }}")
+        lines.append(f"  if (only < 0 || {cond}) tk_emul::save(dir, \"{t}\", buf_{_c(t)});")
     lines += ["  return 0;", "}"]
     return "\n".join(lines) + "\n"
 
@@ -172,6 +163,37 @@ def main_source(module: Module, harness: str) -> str:
     return f"#define TK_EMUL_DYNAMIC_SMEM {dyn}\n#include \"unit.cu\"\n" + harness
 
 
+def _headers() -> dict[str, str]:
+    return {name: (HERE / name).read_text() for name in ("host_emul.h", "host_types.h")}
+
+
+def runtime_object(cxx: str) -> Path:
+    """host_emul.cpp (the scheduler, the tensor-core, TMA and wgmma emulation, the harness's
+    file I/O) compiled once per cache, by its text, the headers', the compiler and the flags:
+    `emul/runtime-<key>/host_emul.o`, linked into every emulation binary."""
+    from tilekit.codegen.nvcc import building, cache_dir, keep_failed
+
+    headers = _headers()
+    source = (HERE / "host_emul.cpp").read_text()
+    key = hashlib.sha256("\0".join((source, *headers.values(), cxx, compiler_version(cxx),
+                                    " ".join(CXX_FLAGS))).encode()).hexdigest()[:32]
+    final = cache_dir() / "emul" / f"runtime-{key}"
+    obj = final / "host_emul.o"
+    if obj.exists():
+        return obj
+    with building(final, f"runtime-{key}") as work:
+        for name, text in {**headers, "host_emul.cpp": source}.items():
+            (work / name).write_text(text)
+        argv = [cxx, *CXX_FLAGS, "-c", "host_emul.cpp", "-o", "host_emul.o"]
+        proc = subprocess.run(argv, cwd=work, capture_output=True, text=True)
+        if proc.returncode != 0:
+            keep = keep_failed(work, f"runtime-{key}")
+            raise TilekitError(f"host compile of the emulation runtime failed: "
+                               f"{proc.stderr.strip()[:2000]}", str(keep),
+                               f"reproduce with: cd {keep} && {' '.join(argv)}")
+    return obj
+
+
 def build(module: Module, unit=None) -> Path:
     """Compile the emulation binary for `module` (cached by content); with `unit`
     (tilekit.codegen.parametric.Unit: a template whose sizes are parameters, and the
@@ -185,11 +207,13 @@ def build(module: Module, unit=None) -> Path:
         raise UnsupportedError("no C++ compiler (g++ or clang++) for the CPU emulation")
     main = main_source(module, harness_source(module, unit))
     unit = unit_from_ir(module) if unit is None else unit.source
-    headers = {name: (HERE / name).read_text() for name in ("host_emul.h", "host_types.h")}
+    headers = _headers()
     helpers = (HERE / "runtime.cuh").read_text()
     version = compiler_version(cxx)
+    runtime = runtime_object(cxx)
     key = hashlib.sha256("\0".join((unit, main, *headers.values(), helpers, cxx, version,
-                                    " ".join(CXX_FLAGS))).encode()).hexdigest()[:32]
+                                    " ".join(CXX_FLAGS), runtime.parent.name)
+                                   ).encode()).hexdigest()[:32]
     final = cache_dir() / "emul" / key
     exe = final / "emulate"
     if exe.exists():
@@ -204,7 +228,7 @@ def build(module: Module, unit=None) -> Path:
         (work / "main.cpp").write_text(main)
         header = str(included / "host_emul.h") if included else "host_emul.h"
         argv = [cxx, *CXX_FLAGS, "-include", header, "-I", ".", "-x", "c++", "main.cpp",
-                "-o", "emulate"]
+                "-x", "none", str(runtime), "-o", "emulate"]
         proc = subprocess.run(argv, cwd=work, capture_output=True, text=True)
         if proc.returncode != 0:
             keep = keep_failed(work, key)

@@ -146,158 +146,35 @@ inline void give_way(Wait why) {
 }
 inline void barrier() { give_way(Wait::kBlockBarrier); }
 
-[[noreturn]] inline void fail(const char* what);
-inline void trampoline() {
-  entry(entry_arg);
-  if (!fibers[current].bulk_open.empty() || !fibers[current].bulk_groups.empty())
-    fail("a thread exits with TMA stores it did not wait for (cp.async.bulk.wait_group)");
-  fibers[current].wait = Wait::kDone;  // returning resumes the scheduler (uc_link)
-}
-
-inline void reset(Fiber& f) {
-  if (!f.stack) f.stack = std::make_unique<Stack>();
-  f.wait = Wait::kRun;
-  f.fenced = false;
-  f.wgmma_open.clear();
-  f.wgmma_groups.clear();
-  f.bulk_open.clear();
-  f.bulk_groups.clear();
-  getcontext(&f.ctx);
-  f.ctx.uc_stack.ss_sp = f.stack->base;
-  f.ctx.uc_stack.ss_size = kStack;
-  f.ctx.uc_link = &scheduler;
-  makecontext(&f.ctx, trampoline, 0);
-}
-
-inline void resume(unsigned k) {
-  current = k;
-  threadIdx = dim3{fibers[k].thread, 1, 1};
-  blockIdx = dim3{fibers[k].block, 1, 1};
-  fibers[k].wait = Wait::kRun;
-  swapcontext(&scheduler, &fibers[k].ctx);
-}
-
+// Defined in host_emul.cpp, compiled once per cache and linked into every emulation (a unit
+// of kernels compiles only its kernels and harness, not the scheduler).
+[[noreturn]] void fail(const char* what);
+void reset(Fiber& f);
+void resume(unsigned k);
 // Release the barriers whose waiters are complete; exit on a barrier that can never release.
-// Returns whether any barrier released.
-inline bool release(unsigned nblocks, unsigned threads) {
-  bool released = false;
-  unsigned grid_waiting = 0, grid_done = 0;
-  for (unsigned s = 0; s < nblocks; ++s) {
-    unsigned at_block = 0, at_grid = 0, done = 0;
-    for (unsigned t = 0; t < threads; ++t) {
-      const Wait w = fibers[s * threads + t].wait;
-      at_block += w == Wait::kBlockBarrier;
-      at_grid += w == Wait::kGridBarrier;
-      done += w == Wait::kDone;
-    }
-    grid_waiting += at_grid;
-    grid_done += done;
-    if (at_block == 0) continue;
-    if (at_block + done == threads && done != 0) {
-      std::fprintf(stderr, "tk_emul: block %u: %u threads wait at a barrier that %u threads "
-                   "never reach\n", fibers[s * threads].block, at_block, done);
-      die(4);
-    }
-    if (at_block + at_grid == threads && at_grid != 0) {
-      std::fprintf(stderr, "tk_emul: block %u: %u threads wait at __syncthreads() while %u "
-                   "wait at the grid barrier\n", fibers[s * threads].block, at_block, at_grid);
-      die(4);
-    }
-    if (at_block == threads) {
-      for (unsigned t = 0; t < threads; ++t) {
-        Fiber& f = fibers[s * threads + t];
-        f.wait = Wait::kRun;
-        f.fenced = false;  // a fence must follow the barrier it publishes
-      }
-      released = true;
-    }
-  }
-  const unsigned total = nblocks * threads;
-  if (grid_waiting != 0 && grid_waiting + grid_done == total) {
-    if (grid_done != 0) {
-      std::fprintf(stderr, "tk_emul: %u threads wait at the grid barrier that %u threads "
-                   "never reach\n", grid_waiting, grid_done);
-      die(4);
-    }
-    for (auto& f : fibers) f.wait = Wait::kRun, f.fenced = false;
-    released = true;
-  }
-  return released;
-}
-
-inline unsigned long long next_random() {
-  seed = seed * 6364136223846793005ULL + 1442695040888963407ULL;
-  return seed >> 33;
-}
-
-// Resident blocks do not run at one speed: every `kSpeedRounds` rounds each block draws a
-// period (1, 4 or 16 rounds, half of them fast) and a phase, and runs only in its rounds, so a
-// reader that does not wait for its writer is likely to overtake it.
-constexpr unsigned kSpeedRounds = 16;
-
+bool release(unsigned nblocks, unsigned threads);
+unsigned long long next_random();
 // Run `nblocks` resident blocks (fibers [s * threads, (s + 1) * threads) for slot s) until all
 // are done.
-inline void run(unsigned nblocks, unsigned threads) {
-  const unsigned total = nblocks * threads;
-  std::vector<unsigned> order(total), period(nblocks, 1), phase(nblocks, 0);
-  for (unsigned k = 0; k < total; ++k) order[k] = k;
-  unsigned stuck = 0;
-  for (unsigned round = 0;; ++round) {
-    if (nblocks > 1 && round % kSpeedRounds == 0) {
-      for (unsigned b = 0; b < nblocks; ++b) {
-        const unsigned draw = next_random() % 4;
-        period[b] = draw < 2 ? 1 : draw == 2 ? 4 : 16;
-        phase[b] = next_random() % period[b];
-      }
-    }
-    for (unsigned k = total; k > 1; --k) std::swap(order[k - 1], order[next_random() % k]);
-    bool progress = false, skipped = false, live = false;
-    unsigned resumed = 0;
-    for (unsigned k = 0; k < total; ++k) {
-      const unsigned f = order[k], b = f / threads;
-      const Wait before = fibers[f].wait;
-      if (before != Wait::kRun && before != Wait::kSpin) continue;
-      if ((round + phase[b]) % period[b] != 0) {
-        skipped = true;
-        continue;
-      }
-      resume(f);
-      ++resumed;
-      progress |= fibers[f].wait != Wait::kSpin;
-    }
-    progress |= release(nblocks, threads);
-    for (unsigned k = 0; k < total; ++k) live |= fibers[k].wait != Wait::kDone;
-    if (!live) return;
-    if (progress) {
-      stuck = 0;
-    } else if (resumed > 0 || !skipped) {
-      ++stuck;
-    }
-    if (stuck == kStuckRounds || (!progress && resumed == 0 && !skipped)) {
-      unsigned spinning = 0, waiting = 0;
-      for (auto& f : fibers) {
-        spinning += f.wait == Wait::kSpin;
-        waiting += f.wait == Wait::kBlockBarrier || f.wait == Wait::kGridBarrier;
-      }
-      std::fprintf(stderr, "tk_emul: deadlock: %u threads spin and %u wait at barriers, and "
-                   "none can progress\n", spinning, waiting);
-      die(5);
-    }
-  }
-}
+void run(unsigned nblocks, unsigned threads);
+// Size the fibers and shared-memory slots of a launch of `grid` blocks of `block_threads`.
+void prepare_slots(unsigned grid, unsigned block_threads, unsigned nslots);
+// launch's and launch_concurrent's loops, once `entry` is set.
+void run_blocks(unsigned grid, unsigned block, const unsigned* ids, unsigned count);
+void run_resident(unsigned grid, unsigned block);
+// The running thread's wgmma batches and TMA stores: issued, then committed as a group.
+void wgmma_issue(const WgmmaOp& op);
+void wgmma_commit();
+void bulk_issue(const BulkStore& st);
+void bulk_commit();
+// The harness's tensors: `<dir>/<name>.bin`, `bytes` long (a shorter file exits 3; no file
+// leaves zeros), and `<dir>/<name>.out` written back.
+std::vector<unsigned char> load(const char* dir, const char* name, size_t bytes);
+void save(const char* dir, const char* name, const std::vector<unsigned char>& data);
 
 template <typename F>
 void prepare(unsigned grid, unsigned block_threads, unsigned nslots, F& body) {
-  if (block_threads > kMaxThreads) {
-    std::fprintf(stderr, "tk_emul: %u threads per block (at most %u)\n", block_threads,
-                 kMaxThreads);
-    die(3);
-  }
-  gridDim = dim3{grid, 1, 1};
-  blockDim = dim3{block_threads, 1, 1};
-  if (const char* text = std::getenv("TK_EMUL_SEED")) seed = std::strtoull(text, nullptr, 0);
-  fibers.resize((size_t)nslots * block_threads);
-  while (slots.size() < nslots) slots.push_back(std::make_unique<Block>());
+  prepare_slots(grid, block_threads, nslots);
   entry = [](void* arg) { (*static_cast<F*>(arg))(); };
   entry_arg = &body;
 }
@@ -309,44 +186,19 @@ template <typename F>
 void launch(unsigned grid, unsigned block, F body, const unsigned* ids = nullptr,
             unsigned count = 0) {
   prepare(grid, block, 1, body);
-  const unsigned nblocks = ids ? count : grid;
-  for (unsigned n = 0; n < nblocks; ++n) {
-    const unsigned b = ids ? ids[n] : n;
-    for (unsigned t = 0; t < block; ++t) {
-      Fiber& f = fibers[t];
-      f.block = b, f.thread = t, f.slot = 0;
-      reset(f);
-    }
-    for (unsigned& w : slots[0]->wgmma_done) w = 0;
-    for (unsigned i = 0; i < 16; ++i) slots[0]->named_arrived[i] = slots[0]->named_gen[i] = 0;
-    run(1, block);
-  }
+  run_blocks(grid, block, ids, count);
 }
 
 // Every block of the grid resident at once, each with its own shared memory.
 template <typename F>
 void launch_concurrent(unsigned grid, unsigned block, F body) {
   prepare(grid, block, grid, body);
-  for (unsigned b = 0; b < grid; ++b) {
-    for (unsigned t = 0; t < block; ++t) {
-      Fiber& f = fibers[(size_t)b * block + t];
-      f.block = b, f.thread = t, f.slot = b;
-      reset(f);
-    }
-    for (unsigned& w : slots[b]->wgmma_done) w = 0;
-    for (unsigned i = 0; i < 16; ++i) slots[b]->named_arrived[i] = slots[b]->named_gen[i] = 0;
-  }
-  run(grid, block);
+  run_resident(grid, block);
 }
 
 // This block's shared memory, at least `bytes` long. Every thread of a block asks for the
 // same size at the kernel's entry, so only the block's first request can grow it.
-inline unsigned char* block_smem(size_t bytes) {
-  std::vector<float4>& smem = block().smem;
-  const size_t count = (bytes + sizeof(float4) - 1) / sizeof(float4);
-  if (smem.size() < count) smem.resize(count, float4{0, 0, 0, 0});
-  return reinterpret_cast<unsigned char*>(smem.data());
-}
+unsigned char* block_smem(size_t bytes);
 
 // An integer atomic is a signal to another block: audit the release protocol.
 inline void audit_release(const char* what) {
@@ -457,52 +309,7 @@ inline void ldmatrix(unsigned* r, const void* p) {
 }
 // D (16x8) += A (16xK) B (Kx8) for this lane's four D elements, unpacking every lane's
 // fragments by the instruction's layout.
-inline void mma(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2], int kind) {
-  // kind 0: f16 m16n8k16, 1: bf16 m16n8k16, 2: tf32 m16n8k8
-  const unsigned t = threadIdx.x, warp = t & ~31u, lane = t & 31u;
-  for (int i = 0; i < 4; ++i) block().frag[t][i] = a[i];
-  block().frag[t][4] = b[0];
-  block().frag[t][5] = b[1];
-  __syncthreads();
-  float A[16][16] = {}, B[16][8] = {};
-  const int K = kind == 2 ? 8 : 16;
-  const bool bf = kind == 1;
-  for (unsigned L = 0; L < 32; ++L) {
-    const unsigned* f = block().frag[warp + L];
-    const unsigned g = L / 4, q = L % 4;
-    if (kind == 2) {
-      float v[6];
-      std::memcpy(v, f, sizeof v);
-      A[g][q] = v[0];
-      A[g + 8][q] = v[1];
-      A[g][q + 4] = v[2];
-      A[g + 8][q + 4] = v[3];
-      B[q][g] = v[4];
-      B[q + 4][g] = v[5];
-    } else {
-      A[g][2 * q] = lo16(f[0], bf);
-      A[g][2 * q + 1] = hi16(f[0], bf);
-      A[g + 8][2 * q] = lo16(f[1], bf);
-      A[g + 8][2 * q + 1] = hi16(f[1], bf);
-      A[g][2 * q + 8] = lo16(f[2], bf);
-      A[g][2 * q + 9] = hi16(f[2], bf);
-      A[g + 8][2 * q + 8] = lo16(f[3], bf);
-      A[g + 8][2 * q + 9] = hi16(f[3], bf);
-      B[2 * q][g] = lo16(f[4], bf);
-      B[2 * q + 1][g] = hi16(f[4], bf);
-      B[2 * q + 8][g] = lo16(f[5], bf);
-      B[2 * q + 9][g] = hi16(f[5], bf);
-    }
-  }
-  const unsigned g = lane / 4, q = lane % 4;
-  const unsigned row[4] = {g, g, g + 8, g + 8}, col[4] = {2 * q, 2 * q + 1, 2 * q, 2 * q + 1};
-  for (int i = 0; i < 4; ++i) {
-    float sum = 0.0f;
-    for (int k = 0; k < K; ++k) sum += A[row[i]][k] * B[k][col[i]];
-    d[i] += sum;
-  }
-  __syncthreads();
-}
+void mma(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2], int kind);
 }  // namespace tk_emul
 
 inline void tk_ldmatrix_x4(unsigned (&r)[4], const void* p) { tk_emul::ldmatrix<4, false>(r, p); }
@@ -561,11 +368,6 @@ struct tk_tensor_map {  // the emulation's encoding (the device's: the driver's 
 };
 
 namespace tk_emul {
-[[noreturn]] inline void fail(const char* what) {
-  std::fprintf(stderr, "tk_emul: block %u thread %u: %s\n", fibers[current].block,
-               fibers[current].thread, what);
-  die(7);
-}
 inline unsigned char* smem_base() { return reinterpret_cast<unsigned char*>(block().smem.data()); }
 inline unsigned long long shared_addr(const void* p) {
   const unsigned char* c = static_cast<const unsigned char*>(p);
@@ -613,126 +415,27 @@ inline void mbar_complete_tx(void* bar, long long bytes) {
 // A box of the map's tensor at coordinates c into shared memory at dst: element i of box row r
 // (rows: the box's outer dimensions, row-major) at dst + r * row bytes + i * elem, swizzled;
 // zeros outside the tensor.
-inline void tma_load(void* dst, const tk_tensor_map& m, void* bar, const int* c) {
-  const unsigned long long start = shared_addr(dst);
-  if (start % 128) fail("a TMA destination not 128-byte aligned");
-  if (m.swizzle != 0 && m.swizzle != 128) fail("a TMA swizzle other than 128 bytes");
-  const unsigned long long row_bytes = (unsigned long long)m.box[0] * m.elem;
-  if (m.swizzle == 128 && row_bytes > 128) fail("a 128-byte swizzled box row over 128 bytes");
-  unsigned long long rows = 1;
-  for (unsigned d = 1; d < m.rank; ++d) rows *= m.box[d];
-  for (unsigned long long r = 0; r < rows; ++r) {
-    long long at[5] = {0, 0, 0, 0, 0};
-    unsigned long long rest = r;
-    bool inside = true;
-    unsigned long long offset = 0;
-    for (unsigned d = 1; d < m.rank; ++d) {
-      at[d] = c[d] + (long long)(rest % m.box[d]);
-      rest /= m.box[d];
-      inside = inside && at[d] >= 0 && at[d] < (long long)m.dims[d];
-      offset += (unsigned long long)at[d] * m.strides[d];
-    }
-    for (unsigned i = 0; i < m.box[0]; ++i) {
-      const long long x = c[0] + (long long)i;
-      unsigned long long a = start + r * row_bytes + (unsigned long long)i * m.elem;
-      if (m.swizzle == 128) a = swizzle128(a);
-      unsigned char* out = smem_base() + a;
-      if (inside && x >= 0 && x < (long long)m.dims[0]) {
-        std::memcpy(out, m.base + offset + (unsigned long long)x * m.elem, m.elem);
-      } else {
-        std::memset(out, 0, m.elem);
-      }
-    }
-  }
-  mbar_complete_tx(bar, (long long)(rows * row_bytes));
-}
+void tma_load(void* dst, const tk_tensor_map& m, void* bar, const int* c);
 
 // A TMA store (tma_load's layout, the other way): element i of box row r from shared memory at
 // src + r * row bytes + i * elem (swizzled) to the tensor, elements outside the tensor skipped.
-inline void tma_store(const BulkStore& st) {
-  const tk_tensor_map& m = *static_cast<const tk_tensor_map*>(st.map);
-  if (st.src % 128) fail("a TMA store source not 128-byte aligned");
-  if (m.swizzle != 0 && m.swizzle != 128) fail("a TMA swizzle other than 128 bytes");
-  const unsigned long long row_bytes = (unsigned long long)m.box[0] * m.elem;
-  if (m.swizzle == 128 && row_bytes > 128) fail("a 128-byte swizzled box row over 128 bytes");
-  unsigned long long rows = 1;
-  for (unsigned d = 1; d < m.rank; ++d) rows *= m.box[d];
-  unsigned char* base = const_cast<unsigned char*>(m.base);
-  for (unsigned long long r = 0; r < rows; ++r) {
-    unsigned long long rest = r, offset = 0;
-    bool inside = true;
-    for (unsigned d = 1; d < m.rank; ++d) {
-      const long long at = st.c[d] + (long long)(rest % m.box[d]);
-      rest /= m.box[d];
-      inside = inside && at >= 0 && at < (long long)m.dims[d];
-      offset += (unsigned long long)at * m.strides[d];
-    }
-    for (unsigned i = 0; i < m.box[0] && inside; ++i) {
-      const long long x = st.c[0] + (long long)i;
-      if (x < 0 || x >= (long long)m.dims[0]) continue;
-      unsigned long long a = st.src + r * row_bytes + (unsigned long long)i * m.elem;
-      if (m.swizzle == 128) a = swizzle128(a);
-      if (a + m.elem > block().smem.size() * sizeof(float4)) fail("a TMA store outside shared memory");
-      std::memcpy(base + offset + (unsigned long long)x * m.elem, smem_base() + a, m.elem);
-    }
-  }
-}
+void tma_store(const BulkStore& st);
 // Retire all but the newest n of this thread's committed TMA store groups (their reads of
 // shared memory and their writes happen now).
-inline void bulk_retire(unsigned n) {
-  Fiber& f = fibers[current];
-  while (f.bulk_groups.size() > n) {
-    for (const BulkStore& st : f.bulk_groups.front()) tma_store(st);
-    f.bulk_groups.erase(f.bulk_groups.begin());
-  }
-}
+void bulk_retire(unsigned n);
 
 // Element (mn, k) of an operand of `item` bytes (2: f16/bf16, 4: tf32) through its descriptor
 // (the canonical layouts of the PTX ISA, "Shared Memory Matrix Layout", 128-byte swizzle):
 // K-major, rows of mn 128 bytes apart, groups of 8 rows SBO apart, k contiguous; MN-major
 // (transposed, 16-bit only), mn contiguous in rows of 64, 64-element groups LBO apart, rows of
 // k 128 bytes apart, groups of 8 k SBO apart. Returns the element's bits.
-inline unsigned desc_element(unsigned long long desc, int trans, unsigned mn, unsigned k,
-                             unsigned item) {
-  if ((desc >> 62) != 1) fail("a wgmma descriptor without the 128-byte swizzle mode");
-  if (((desc >> 49) & 7u) != 0) fail("a wgmma descriptor with a base offset");
-  const unsigned long long start = (desc & 0x3fffu) << 4, lbo = ((desc >> 16) & 0x3fffu) << 4,
-                           sbo = ((desc >> 32) & 0x3fffu) << 4;
-  unsigned long long a;
-  if (trans) {
-    if (item != 2) fail("a transposed wgmma operand that is not 16-bit");
-    a = start + (mn / 64) * lbo + ((mn / 8) % 8) * 16 + (mn % 8) * 2 + (k / 8) * sbo + (k % 8) * 128;
-  } else {
-    a = start + (mn / 8) * sbo + (mn % 8) * 128 + (unsigned long long)k * item;
-  }
-  a = swizzle128(a);
-  if (a + item > block().smem.size() * sizeof(float4)) fail("a wgmma operand outside shared memory");
-  unsigned v = 0;
-  std::memcpy(&v, smem_base() + a, item);
-  return v;
-}
+unsigned desc_element(unsigned long long desc, int trans, unsigned mn, unsigned k, unsigned item);
 // An operand element's value: f16/bf16 from its 16 bits; tf32 from the upper 19 bits of its
 // 32-bit word (the tensor cores ignore the low 13 mantissa bits of an fp32 in shared memory).
-inline float wgmma_value(unsigned bits, int kind) {
-  if (kind == 2) return __int_as_float((int)(bits & 0xffffe000u));
-  return lo16(bits, kind == 1);
-}
+float wgmma_value(unsigned bits, int kind);
 // D (64 x N) += A (64 x K) B (K x N) for this thread's N/2 accumulators (the layout of
 // runtime.cuh's tk_wgmma); K is 32 bytes of elements: 16 (f16, bf16) or 8 (tf32).
-inline void wgmma_run(const WgmmaOp& op) {
-  const unsigned t = fibers[current].thread % 128, warp = t / 32, lane = t % 32;
-  const unsigned item = op.kind == 2 ? 4 : 2, depth = 32 / item;
-  for (int i = 0; i < op.n / 2; ++i) {
-    const unsigned row = 16 * warp + lane / 4 + 8 * ((i / 2) % 2);
-    const unsigned col = 8 * (i / 4) + 2 * (lane % 4) + i % 2;
-    float sum = 0.0f;
-    for (unsigned k = 0; k < depth; ++k) {
-      sum += wgmma_value(desc_element(op.a, op.ta, row, k, item), op.kind) *
-             wgmma_value(desc_element(op.b, op.tb, col, k, item), op.kind);
-    }
-    op.d[i] += sum;
-  }
-}
+void wgmma_run(const WgmmaOp& op);
 }  // namespace tk_emul
 
 template <int A> inline unsigned char* tk_align_smem(unsigned char* p) {
@@ -775,7 +478,7 @@ template <int R>
 inline void tk_emul_tma_store(const tk_tensor_map& m, const void* src, const int (&c)[R]) {
   tk_emul::BulkStore st{&m, tk_emul::shared_addr(src), {0, 0, 0, 0, 0}};
   for (int d = 0; d < R; ++d) st.c[d] = c[d];
-  tk_emul::fibers[tk_emul::current].bulk_open.push_back(st);
+  tk_emul::bulk_issue(st);
 }
 inline void tk_tma_store_1d(const tk_tensor_map& m, const void* src, int c0) {
   tk_emul_tma_store<1>(m, src, {c0});
@@ -794,11 +497,7 @@ inline void tk_tma_store_5d(const tk_tensor_map& m, const void* src, int c0, int
                             int c3, int c4) {
   tk_emul_tma_store<5>(m, src, {c0, c1, c2, c3, c4});
 }
-inline void tk_bulk_commit() {
-  tk_emul::Fiber& f = tk_emul::fibers[tk_emul::current];
-  f.bulk_groups.push_back(std::move(f.bulk_open));
-  f.bulk_open.clear();
-}
+inline void tk_bulk_commit() { tk_emul::bulk_commit(); }
 // The stores run when a wait retires them: a `.read` wait retires them too (the data is read
 // then, which is all the program may rely on before it reuses the buffer).
 template <int N> inline void tk_bulk_wait() { tk_emul::bulk_retire(N); }
@@ -826,28 +525,9 @@ template <int R, int C> inline void tk_wgmma_fence(float (&)[R][C]) {}
 namespace tk_emul {
 // Run the warpgroup's oldest batch not yet run, when all 128 of its threads have committed it
 // (false: some thread has not).
-inline bool wgmma_run_next(unsigned first, unsigned wg) {
-  unsigned& done = block().wgmma_done[wg];
-  for (unsigned t = 0; t < 128; ++t) {
-    if (fibers[first + t].wgmma_groups.size() <= done) return false;
-  }
-  for (unsigned t = 0; t < 128; ++t) {
-    const unsigned keep = current;
-    current = first + t;  // wgmma_run reads the thread's position from `current`
-    for (const WgmmaOp& op : fibers[first + t].wgmma_groups[done]) wgmma_run(op);
-    current = keep;
-  }
-  ++done;
-  return true;
-}
+bool wgmma_run_next(unsigned first, unsigned wg);
 }  // namespace tk_emul
-inline void tk_wgmma_commit() {
-  using namespace tk_emul;
-  Fiber& f = fibers[current];
-  if (f.thread - f.thread % 128 + 128 > blockDim.x) fail("wgmma by a partial warpgroup");
-  f.wgmma_groups.push_back(std::move(f.wgmma_open));
-  f.wgmma_open.clear();
-}
+inline void tk_wgmma_commit() { tk_emul::wgmma_commit(); }
 // Batches run as late as the hardware may run them: when a thread waits for them.
 template <int N, int R, int C> inline void tk_wgmma_wait(float (&)[R][C]) {
   using namespace tk_emul;
@@ -861,7 +541,7 @@ template <int R> inline void tk_setmaxnreg_inc() {}
 template <int R> inline void tk_setmaxnreg_dec() {}
 template <int N, int KIND, int TA, int TB>
 inline void tk_wgmma(float (&d)[N / 2], unsigned long long a, unsigned long long b) {
-  tk_emul::fibers[tk_emul::current].wgmma_open.push_back(tk_emul::WgmmaOp{d, N, KIND, TA, TB, a, b});
+  tk_emul::wgmma_issue(tk_emul::WgmmaOp{d, N, KIND, TA, TB, a, b});
 }
 // The emulation's tensor map (the harness builds one per TMA descriptor of a launch).
 inline tk_tensor_map tk_emul_tensor_map(const void* base, unsigned elem, unsigned rank,
