@@ -1,7 +1,8 @@
 // CPU emulation of a CUDA launch, for testing generated kernels without a GPU.
 //
-// Force-included (g++ -include host_emul.h) before a translation unit of generated kernels:
-// CUDA qualifiers become plain C++ and every thread is a fiber (ucontext) on one OS thread.
+// Force-included (g++ -include host_emul.h) before a translation unit of generated kernels,
+// which is linked with host_emul.cpp (the runtime this header declares, built once): CUDA
+// qualifiers become plain C++ and every thread is a fiber (ucontext) on one OS thread.
 // Shared memory is per block: `TK_STATIC_SMEM` and `TK_DYNAMIC_SMEM` (the only ways generated
 // code gets shared memory) give each resident block its own buffer, as do the warp-collective
 // exchanges below.
