@@ -517,6 +517,31 @@ static inline void tk_pack_row(float* __restrict__ dst, const float* src,
 #endif
 }
 
+#if defined(__AVX512F__)
+// Lanes i of src[off[i]] under the mask m, `fill` elsewhere (lanes off the mask never read).
+// Offsets two apart (a stride-2 window's row, the common case of a gathered panel row) are
+// two masked loads of the 32 values they span and a permute of the even ones, BMI2's pdep
+// spreading the mask to every second value; any other offsets, a hardware gather, which loads
+// lane by lane. On a Zen 4 core the loads made ResNet-50's first convolution (7 x 7, stride 2:
+// every panel row gathered) 0.83x as long as with the gathers (one core, 3.08 -> 2.55 ms).
+static __forceinline__ __m512 tk_gather16(const float* src, const int* __restrict__ off,
+                                          __mmask16 m, __m512 fill) {
+  const __m512i at = _mm512_loadu_si512(reinterpret_cast<const void*>(off));
+#if defined(__BMI2__)
+  const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26,
+                                         28, 30);
+  if (_mm512_cmpeq_epi32_mask(at, _mm512_add_epi32(_mm512_set1_epi32(off[0]), even)) ==
+      0xffff) {
+    const unsigned wide = _pdep_u32((unsigned)m, 0x55555555u);
+    const __m512 lo = _mm512_maskz_loadu_ps((__mmask16)wide, src + off[0]);
+    const __m512 hi = _mm512_maskz_loadu_ps((__mmask16)(wide >> 16), src + off[0] + 16);
+    return _mm512_mask_blend_ps(m, fill, _mm512_permutex2var_ps(lo, even, hi));
+  }
+#endif
+  return _mm512_mask_i32gather_ps(fill, m, at, src, 4);
+}
+#endif
+
 // dst[i] = ok[i] ? src[off[i]] : pad for i < W: a packed panel's row whose values lie apart
 // in the operand (a strided convolution's window: every second pixel of an image row, and
 // the next image row where the panel crosses one). Hardware gathers under the mask of `ok`
@@ -532,8 +557,7 @@ static inline void tk_gather_row(float* __restrict__ dst, const float* src,
 #if defined(__AVX512F__)
   if constexpr (W % 16 == 0) {
     tk_masked_row16<W>(dst, ok, pad, [src, off](int h, __mmask16 m, __m512 fill) {
-      const __m512i at = _mm512_loadu_si512(reinterpret_cast<const void*>(off + h));
-      return _mm512_mask_i32gather_ps(fill, m, at, src, 4);
+      return tk_gather16(src, off + h, m, fill);
     });
     return;
   }
@@ -604,8 +628,7 @@ static __forceinline__ tk_f32v tk_fill_vec(const float* src, const int* __restri
   const __m512 fill = _mm512_set1_ps(pad);
   const __mmask16 m = (__mmask16)bits;
   if constexpr (GATHER)
-    return (tk_f32v)_mm512_mask_i32gather_ps(
-        fill, m, _mm512_loadu_si512(reinterpret_cast<const void*>(lanes)), src, 4);
+    return (tk_f32v)tk_gather16(src, lanes, m, fill);
   else
     return (tk_f32v)_mm512_mask_loadu_ps(fill, m, src);
 #elif defined(__AVX2__)
