@@ -1,5 +1,6 @@
 """Shared pytest set-up: the `--update-goldens` option, skipping `gpu` tests without a GPU, and
-the environment every test and the commands it starts share (OpenMP waits, PATH)."""
+the environment every test and the commands it starts share (OpenMP waits, PATH, bytecode,
+the build cache)."""
 
 from __future__ import annotations
 
@@ -41,6 +42,15 @@ if "PYTHONPYCACHEPREFIX" not in os.environ:
     atexit.register(shutil.rmtree, os.environ["PYTHONPYCACHEPREFIX"], ignore_errors=True)
 sys.dont_write_bytecode = False
 sys.pycache_prefix = os.environ["PYTHONPYCACHEPREFIX"]
+
+# Compiled kernels (C++ libraries, nvcc builds, CUDA emulations, templates) are cached in a
+# folder made for the run (mode 0700, removed at the end) and shared by its workers and the
+# commands they start, never the user's ~/.cache/tilekit: every run builds what it tests, as
+# CI does. A TILEKIT_CACHE of the caller's own is kept (and reused across runs); tests that
+# need a cache of their own set one.
+if "TILEKIT_CACHE" not in os.environ:
+    os.environ["TILEKIT_CACHE"] = tempfile.mkdtemp(prefix="tilekit-tests-cache-")
+    atexit.register(shutil.rmtree, os.environ["TILEKIT_CACHE"], ignore_errors=True)
 
 # Expensive shared set-ups (a model imported, a wheel built, a program packed) are fixtures of
 # scope "session", not "module": a worker of `pytest -n 2 --dist loadgroup` runs the tests it
@@ -89,13 +99,3 @@ def update_goldens(request: pytest.FixtureRequest) -> bool:
 @pytest.fixture
 def repo_root() -> Path:
     return REPO
-
-
-@pytest.fixture
-def cxx_cache(monkeypatch, tmp_path_factory):
-    """Compiled CPU kernels cached under the session's temporary folder (unless the caller
-    set TILEKIT_CACHE), shared by the tests of one run and never the user's cache."""
-    import os
-    if "TILEKIT_CACHE" not in os.environ:
-        monkeypatch.setenv("TILEKIT_CACHE", str(tmp_path_factory.getbasetemp().parent /
-                                                "tk-cache"))

@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from models import onnx_models  # noqa: E402
 
 pytestmark = [pytest.mark.skipif(find_cxx() is None, reason="no C++ compiler"),
-              pytest.mark.usefixtures("cxx_cache"), pytest.mark.xdist_group("cpu_pipeline")]
+              pytest.mark.xdist_group("cpu_pipeline")]
 
 
 def test_import_roll_weld_codegen_run_on_a_cpu_profile(tmp_path):

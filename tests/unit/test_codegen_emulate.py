@@ -19,8 +19,7 @@ from tilekit.runtime.cpu import run_module
 from codegen_support import (VARIANTS, big_tile_matmul, distinct_variants, fixture,
                              random_values)
 
-pytestmark = [pytest.mark.usefixtures("cxx_cache"),
-              pytest.mark.skipif(find_cxx() is None, reason="no C++ compiler for the emulation")]
+pytestmark = pytest.mark.skipif(find_cxx() is None, reason="no C++ compiler for the emulation")
 
 
 def assert_close(name, got, want):

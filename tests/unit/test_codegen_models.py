@@ -26,8 +26,7 @@ from tilekit.runtime.io import load_weights
 ROOT = Path(__file__).resolve().parents[2]
 MODELS = [m for m in os.environ.get("TILEKIT_CODEGEN_MODELS", "squeezenet").split(",") if m]
 
-pytestmark = [pytest.mark.usefixtures("cxx_cache"),
-              pytest.mark.slow,
+pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(find_cxx() is None, reason="no C++ compiler")]
 
 

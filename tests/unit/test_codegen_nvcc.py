@@ -34,7 +34,6 @@ ARCHS = ("sm_80", "sm_90") if on("TILEKIT_ALL_ARCHS") else ("sm_90",)
 needs_nvcc = pytest.mark.skipif(find_nvcc() is None, reason="nvcc not on PATH")
 
 #: compiled kernels cached once per test run (tests/conftest.py)
-pytestmark = pytest.mark.usefixtures("cxx_cache")
 
 
 PTXAS_LOG = """\

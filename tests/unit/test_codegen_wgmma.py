@@ -47,7 +47,6 @@ A100 = load_profile("a100")
 needs_cxx = pytest.mark.skipif(find_cxx() is None, reason="no C++ compiler for the emulation")
 
 #: compiled kernels cached once per test run (tests/conftest.py)
-pytestmark = pytest.mark.usefixtures("cxx_cache")
 
 
 def gemm(m: int, n: int, k: int, dtype: str, a: str = "mk", b: str = "kn",

@@ -134,7 +134,6 @@ def _inputs(module, seed=0):
 
 
 @needs_cxx
-@pytest.mark.usefixtures("cxx_cache")
 def test_one_call_equals_per_kernel_calls_and_profiles_every_kernel(tmp_path):
     module, weights = _imported(tmp_path, onnx_models.lstm_model(seq=4, batch=1, inputs=8,
                                                                  hidden=16), "lstm")
@@ -398,7 +397,6 @@ def test_a_micro_kernel_that_fills_its_panel_reads_only_its_lanes_inside(tmp_pat
 
 
 @needs_cxx
-@pytest.mark.usefixtures("cxx_cache")
 def test_every_buffer_starts_on_a_cache_line(tmp_path):
     """The runtime's buffers (and the fresh one after an output is handed over) start on 64
     bytes, where NumPy would start a large array 16 bytes past a page: a vector of AVX-512
@@ -418,7 +416,6 @@ def test_every_buffer_starts_on_a_cache_line(tmp_path):
 
 
 @needs_cxx
-@pytest.mark.usefixtures("cxx_cache")
 def test_kernels_for_a_profile_no_file_holds_run_when_the_caller_names_it(tmp_path):
     """A shipped profile scaled to other cores (`Profile.with_cpu`) is in no file, so the
     recorded-kernels check cannot find it by the IR's `hardware` name: the caller who
@@ -438,7 +435,6 @@ def test_kernels_for_a_profile_no_file_holds_run_when_the_caller_names_it(tmp_pa
 
 
 @needs_cxx
-@pytest.mark.usefixtures("cxx_cache")
 def test_code_without_a_profile_is_cut_for_the_machines_simd(tmp_path, monkeypatch):
     """tk-run's compiled mode on a module rolled for no CPU profile generates its kernels
     for the shipped profile of the machine's SIMD ISA scaled to the threads (the vectors
@@ -464,7 +460,6 @@ def test_code_without_a_profile_is_cut_for_the_machines_simd(tmp_path, monkeypat
 
 
 @needs_cxx
-@pytest.mark.usefixtures("cxx_cache")
 def test_host_driven_loops_run_each_step_as_one_call(tmp_path):
     module, weights = _imported(tmp_path, control_models.lstm_loop(seq=3), "loop")
     code = generate(module, target="cpu").module
@@ -515,7 +510,6 @@ def test_a_cpu_plan_packs_the_branches_on_the_cores(packed_cell):
 
 
 @needs_cxx
-@pytest.mark.usefixtures("cxx_cache")
 def test_a_packed_program_equals_the_reference(packed_cell):
     module, welded, planned, weights, profile = packed_cell
     packed = generate(planned, profile, target="cpu").module
@@ -544,7 +538,6 @@ def test_a_packed_program_equals_the_reference(packed_cell):
 
 
 @needs_cxx
-@pytest.mark.usefixtures("cxx_cache")
 def test_a_plan_that_does_not_match_the_kernels_is_refused(packed_cell):
     _, _, planned, _, profile = packed_cell
     packed = generate(planned, profile, target="cpu").module

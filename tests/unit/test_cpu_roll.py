@@ -97,7 +97,6 @@ def test_a_matrix_vector_product_runs_as_loops():
     assert made.grid[0] > 1 and made.schedule["columns_per_block"] == kernel["columns_per_block"]
 
 
-@pytest.mark.usefixtures("cxx_cache")
 @pytest.mark.skipif(find_cxx() is None, reason="no C++ compiler")
 @pytest.mark.parametrize("n", [1024, 1000, 40])
 def test_column_blocks_compute_every_output(n):
@@ -237,7 +236,6 @@ def _conv(size: int, channels: int = 64) -> onnx.ModelProto:
     return h.make_model(graph, opset_imports=[h.make_opsetid("", 18)])
 
 
-@pytest.mark.usefixtures("cxx_cache")
 @pytest.mark.skipif(find_cxx() is None, reason="no C++ compiler")
 @pytest.mark.parametrize("size,swapped", [(2, True), (4, True), (7, False)])
 def test_a_small_image_takes_its_pixels_as_m(size, swapped):

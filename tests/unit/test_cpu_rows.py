@@ -30,7 +30,6 @@ from models import onnx_models  # noqa: E402
 from models.onnx_check import onnxruntime_outputs  # noqa: E402
 
 needs_cxx = pytest.mark.skipif(find_cxx() is None, reason="no C++ compiler")
-pytestmark = pytest.mark.usefixtures("cxx_cache")
 
 PROFILE = load_profile("milan").with_cpu(cores=2)
 

@@ -17,7 +17,7 @@ from tilekit.codegen.emulate import CXX_FLAGS, find_cxx, runtime_object
 
 HERE = Path(__file__).resolve().parents[2] / "tilekit" / "codegen"
 
-pytestmark = pytest.mark.skipif(find_cxx() is None, reason="no C++ compiler")
+pytestmark = [pytest.mark.skipif(find_cxx() is None, reason="no C++ compiler")]
 
 PRELUDE = """
 #include "runtime.cuh"

@@ -24,7 +24,7 @@ from tilekit.runtime import run_module  # noqa: E402
 
 from test_grind import flip_loop  # noqa: E402
 
-pytestmark = [pytest.mark.xdist_group("control_cpu"), pytest.mark.usefixtures("cxx_cache"),
+pytestmark = [pytest.mark.xdist_group("control_cpu"),
               pytest.mark.skipif(find_cxx() is None, reason="no C++ compiler")]
 
 HW = "icelake"

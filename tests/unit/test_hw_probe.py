@@ -287,16 +287,9 @@ def test_every_kernel_the_probe_launches_is_in_the_source():
     assert len(launched) == 8 and launched == kernel_entries()
 
 
-@pytest.fixture
-def compile_cache(monkeypatch, tmp_path_factory):
-    if "TILEKIT_CACHE" not in os.environ:
-        monkeypatch.setenv("TILEKIT_CACHE",
-                           str(tmp_path_factory.getbasetemp().parent / "tk-cache"))
-
-
 @needs_nvcc
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
-def test_kernels_compile(arch, compile_cache):
+def test_kernels_compile(arch):
     from tilekit.codegen.nvcc import compile_unit
 
     compiled = compile_unit(probe.KERNELS.read_text(), arch)

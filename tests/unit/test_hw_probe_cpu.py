@@ -9,6 +9,7 @@ suite runs anywhere. How steady the probe is, is measured by tests/bench/test_pr
 from __future__ import annotations
 
 import copy
+import os
 import platform
 import re
 import shutil
@@ -334,16 +335,10 @@ needs_cxx = pytest.mark.skipif(not HAS_CXX, reason="no g++ to build the CPU prob
 
 
 @pytest.fixture(scope="session")
-def cache_dir(tmp_path_factory):
-    return tmp_path_factory.getbasetemp().parent / "tk-cache"
-
-
-@pytest.fixture(scope="session")
-def probed_here(cache_dir, tmp_path_factory):
+def probed_here(tmp_path_factory):
     """`tk-hw probe --cpu --quick` run once through the command line."""
-    import os
     out = tmp_path_factory.mktemp("probe") / "here.yaml"
-    env = dict(os.environ, TILEKIT_CACHE=str(cache_dir))
+    env = dict(os.environ)
     env.pop(ENV_VAR, None)
     proc = subprocess.run([sys.executable, str(REPO / "bin" / "tk-hw"), "probe", "--cpu",
                            "--quick", "-o", str(out)], capture_output=True, text=True, env=env,
@@ -373,8 +368,8 @@ def test_quick_probe_of_this_cpu_writes_a_profile_that_validates(probed_here):
 
 
 @needs_cxx
-def test_the_device_reports_what_the_compiler_targets(cache_dir, monkeypatch):
-    monkeypatch.setenv("TILEKIT_CACHE", str(cache_dir))
+def test_the_device_reports_what_the_compiler_targets():
+    cache_dir = Path(os.environ["TILEKIT_CACHE"])  # the run's (tests/conftest.py)
     dev = probe_cpu.open_cpu()
     assert dev.isa in ("avx2", "avx512", "neon", "sve") and dev.vector_bytes in (16, 32, 64) or \
         dev.isa == "sve"
@@ -421,7 +416,6 @@ def test_the_arm_kernels_build_and_run_under_qemu(march, cpu, isa, width, tmp_pa
     """The AArch64 paths (SVE intrinsics, NEON intrinsics, the add chain in A64 assembly) on an
     x86 machine: cross-compiled and run by qemu-user. Functional only: qemu's timings mean
     nothing."""
-    import os
     binary = tmp_path / "probe_cpu"
     flags = [f for f in probe_cpu.FLAGS if not f.startswith("-march")]
     subprocess.run([CROSS, *flags, f"-march={march}", "-o", str(binary), str(probe_cpu.SOURCE)],

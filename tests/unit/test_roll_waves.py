@@ -23,7 +23,6 @@ H100 = load_profile("h100")
 needs_cxx = pytest.mark.skipif(find_cxx() is None, reason="no C++ compiler for the emulation")
 
 #: compiled kernels cached once per test run (tests/conftest.py)
-pytestmark = pytest.mark.usefixtures("cxx_cache")
 
 
 def assert_emulates_reference(result, module: Module, seed: int) -> None:

@@ -81,12 +81,8 @@ def test_pattern_groups_and_levels(name, h100):
 
 @pytest.mark.skipif(find_cxx() is None, reason="no C++ compiler for the emulation")
 @pytest.mark.parametrize("name", PATTERNS)
-def test_pattern_kernel_emulates(name, h100, monkeypatch, tmp_path_factory):
+def test_pattern_kernel_emulates(name, h100):
     """The welded group is one generated kernel (never split) and computes the reference."""
-    import os
-    if "TILEKIT_CACHE" not in os.environ:
-        monkeypatch.setenv("TILEKIT_CACHE",
-                           str(tmp_path_factory.getbasetemp().parent / "tk-cache"))
     module = welded(name, h100)
     result = generate(module, h100)
     assert not result.notes, result.notes
@@ -142,16 +138,12 @@ def test_epilogue_fuses_onto_tensor_core_kernels(h100):
     assert np.linalg.norm(got - want) / np.linalg.norm(want) < 1e-3
 
 
-def test_pattern_kernels_compile_without_spills(h100, monkeypatch, tmp_path_factory):
+def test_pattern_kernels_compile_without_spills(h100):
     """Every pattern's welded kernel compiles for sm_90 within the H100's limits."""
-    import os
     import shutil
     from tilekit.codegen.module import compile_module
     if shutil.which("nvcc") is None:
         pytest.skip("nvcc is not installed")
-    if "TILEKIT_CACHE" not in os.environ:
-        monkeypatch.setenv("TILEKIT_CACHE",
-                           str(tmp_path_factory.getbasetemp().parent / "tk-cache"))
     for name in PATTERNS:
         report = compile_module(generate(welded(name, h100), h100), "sm_90", h100)
         assert not report.problems, (name, report.problems)
