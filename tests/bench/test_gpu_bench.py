@@ -355,13 +355,11 @@ def _build_models(specs: list[ModelSpec], profile, arch: str | None,
 
 # -- no GPU needed -------------------------------------------------------------------------
 
-def test_cases_build(tmp_path, monkeypatch):
+def test_cases_build():
     """Every op case rolls, generates and compiles for the H100 (sm_90, or sm_90a where the
     kernels use wgmma; no GPU involved)."""
     from tilekit.codegen import compile_module
     from tilekit.codegen.nvcc import find_nvcc
-    if "TILEKIT_CACHE" not in os.environ:
-        monkeypatch.setenv("TILEKIT_CACHE", str(tmp_path))
     profile = profile_for("sm_90")
     for case in op_cases():
         result = generate(rolled(case.module, profile, case.precision), profile)
@@ -371,7 +369,7 @@ def test_cases_build(tmp_path, monkeypatch):
             assert not report.problems, (case.name, report.problems)
 
 
-def test_models_build(tmp_path, monkeypatch):
+def test_models_build(tmp_path):
     """Every model row of `TILEKIT_BENCH_MODELS` builds (rolled, welded, the tk-ram program)
     and compiles for the H100 without a GPU. With TILEKIT_CACHE set on a CPU machine this
     fills the cache that the bench reuses on a short lease: the rows' nvcc work (the batch-64
@@ -380,8 +378,6 @@ def test_models_build(tmp_path, monkeypatch):
     from tilekit.codegen.nvcc import find_nvcc
     if find_nvcc() is None:
         pytest.skip("nvcc is not installed")
-    if "TILEKIT_CACHE" not in os.environ:
-        monkeypatch.setenv("TILEKIT_CACHE", str(tmp_path))
     specs = model_specs(MODELS)
     builds = _build_models(specs, profile_for("sm_90"), "sm_90", tmp_path)
     assert [b.spec for b in builds] == specs

@@ -55,6 +55,19 @@ def test_emulation_sees_unwritten_outputs():
     assert np.isnan(got["c"]).any()
 
 
+def test_a_relative_cache_folder_builds(tmp_path, monkeypatch):
+    """TILEKIT_CACHE given relative to the working folder: the compilers run in build folders,
+    where a relative path would name a folder inside each (the precompiled header, the
+    runtime object); the cache is taken from where the command runs."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("TILEKIT_CACHE", "relative-cache")
+    module = fixture("matmul_aligned")
+    inputs, weights = random_values(module)
+    got = emulate(generate(module).module, inputs, weights)
+    assert_close("c", got["c"], run_module(module, inputs, weights)["c"])
+    assert (tmp_path / "relative-cache" / "emul").is_dir()
+
+
 def test_a_kernel_the_host_compiler_refuses_is_kept_with_the_command_that_reproduces_it():
     """The build's error names the kept folder and the command; run there, the command fails
     the same way (the precompiled host_emul.h it names included)."""

@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from tilekit.codegen.emulate import HERE, find_cxx
+from tilekit.codegen.emulate import HERE, find_cxx, runtime_object
 from tilekit.codegen.values import (ValueCompiler, index_expr, literal, pad_literal,
                                     store_value)
 from tilekit.errors import UnsupportedError
@@ -177,7 +177,8 @@ def test_runtime_helpers_on_the_host(tmp_path):
     src.write_text('#include "runtime.cuh"\n' + HOST_CHECK)
     exe = tmp_path / "check"
     subprocess.run([find_cxx(), "-std=c++17", "-w", "-include", str(HERE / "host_emul.h"),
-                    "-I", str(HERE), str(src), "-o", str(exe)], check=True)
+                    "-I", str(HERE), str(src), str(runtime_object(find_cxx())), "-o", str(exe)],
+                   check=True)
     out = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout
     lines = out.splitlines()
     for line in lines:

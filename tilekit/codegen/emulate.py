@@ -167,15 +167,17 @@ def _headers() -> dict[str, str]:
     return {name: (HERE / name).read_text() for name in ("host_emul.h", "host_types.h")}
 
 
-def runtime_object(cxx: str) -> Path:
+def runtime_object(cxx: str, version: str | None = None) -> Path:
     """host_emul.cpp (the scheduler, the tensor-core, TMA and wgmma emulation, the harness's
-    file I/O) compiled once per cache, by its text, the headers', the compiler and the flags:
-    `emul/runtime-<key>/host_emul.o`, linked into every emulation binary."""
+    file I/O) compiled once per cache, by its text, the headers', the compiler (`version`: its
+    `--version` line, asked for when not given) and the flags: `emul/runtime-<key>/host_emul.o`,
+    linked into every emulation binary."""
     from tilekit.codegen.nvcc import building, cache_dir, keep_failed
 
     headers = _headers()
     source = (HERE / "host_emul.cpp").read_text()
-    key = hashlib.sha256("\0".join((source, *headers.values(), cxx, compiler_version(cxx),
+    version = compiler_version(cxx) if version is None else version
+    key = hashlib.sha256("\0".join((source, *headers.values(), cxx, version,
                                     " ".join(CXX_FLAGS))).encode()).hexdigest()[:32]
     final = cache_dir() / "emul" / f"runtime-{key}"
     obj = final / "host_emul.o"
@@ -210,7 +212,7 @@ def build(module: Module, unit=None) -> Path:
     headers = _headers()
     helpers = (HERE / "runtime.cuh").read_text()
     version = compiler_version(cxx)
-    runtime = runtime_object(cxx)
+    runtime = runtime_object(cxx, version)
     key = hashlib.sha256("\0".join((unit, main, *headers.values(), helpers, cxx, version,
                                     " ".join(CXX_FLAGS), runtime.parent.name)
                                    ).encode()).hexdigest()[:32]

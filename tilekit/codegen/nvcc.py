@@ -112,8 +112,10 @@ def nvcc_version(nvcc: str) -> str:
 
 
 def cache_dir() -> Path:
+    """$TILEKIT_CACHE (made absolute: compilers run in build folders, and a relative path
+    would name a folder inside each), else ~/.cache/tilekit."""
     root = os.environ.get(ENV_CACHE)
-    return Path(root) if root else Path.home() / ".cache" / "tilekit"
+    return Path(root).absolute() if root else Path.home() / ".cache" / "tilekit"
 
 
 @contextlib.contextmanager
