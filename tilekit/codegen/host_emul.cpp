@@ -347,14 +347,26 @@ float wgmma_value(unsigned bits, int kind) {
 void wgmma_run(const WgmmaOp& op) {
   const unsigned t = fibers[current].thread % 128, warp = t / 32, lane = t % 32;
   const unsigned item = op.kind == 2 ? 4 : 2, depth = 32 / item;
+  // This thread's N / 2 accumulators read 2 rows of A and N / 4 columns of B: each of their
+  // elements is read through its descriptor once (not once per accumulator), all before any
+  // accumulator changes; every sum runs over k in order, as the ISA's product does.
+  if (op.n < 8 || op.n > 256 || op.n % 8) fail("a wgmma N outside 8..256 in steps of 8");
+  float a[2][16], b[64][16];
+  for (unsigned r = 0; r < 2; ++r) {
+    for (unsigned k = 0; k < depth; ++k)
+      a[r][k] = wgmma_value(desc_element(op.a, op.ta, 16 * warp + lane / 4 + 8 * r, k, item),
+                            op.kind);
+  }
+  for (int c = 0; c < op.n / 4; ++c) {
+    const unsigned col = 8 * (c / 2) + 2 * (lane % 4) + c % 2;
+    for (unsigned k = 0; k < depth; ++k)
+      b[c][k] = wgmma_value(desc_element(op.b, op.tb, col, k, item), op.kind);
+  }
   for (int i = 0; i < op.n / 2; ++i) {
-    const unsigned row = 16 * warp + lane / 4 + 8 * ((i / 2) % 2);
-    const unsigned col = 8 * (i / 4) + 2 * (lane % 4) + i % 2;
+    const float* row = a[(i / 2) % 2];
+    const float* col = b[(i / 4) * 2 + i % 2];
     float sum = 0.0f;
-    for (unsigned k = 0; k < depth; ++k) {
-      sum += wgmma_value(desc_element(op.a, op.ta, row, k, item), op.kind) *
-             wgmma_value(desc_element(op.b, op.tb, col, k, item), op.kind);
-    }
+    for (unsigned k = 0; k < depth; ++k) sum += row[k] * col[k];
     op.d[i] += sum;
   }
 }
