@@ -33,8 +33,6 @@ ARCHS = ("sm_80", "sm_90") if on("TILEKIT_ALL_ARCHS") else ("sm_90",)
 
 needs_nvcc = pytest.mark.skipif(find_nvcc() is None, reason="nvcc not on PATH")
 
-#: compiled kernels cached once per test run (tests/conftest.py)
-
 
 PTXAS_LOG = """\
 ptxas info    : 0 bytes gmem

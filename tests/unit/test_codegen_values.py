@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from tilekit.codegen.emulate import HERE, find_cxx, runtime_object
+from tilekit.codegen.emulate import find_cxx, host_program
 from tilekit.codegen.values import (ValueCompiler, index_expr, literal, pad_literal,
                                     store_value)
 from tilekit.errors import UnsupportedError
@@ -176,9 +176,7 @@ def test_runtime_helpers_on_the_host(tmp_path):
     src = tmp_path / "check.cpp"
     src.write_text('#include "runtime.cuh"\n' + HOST_CHECK)
     exe = tmp_path / "check"
-    subprocess.run([find_cxx(), "-std=c++17", "-w", "-include", str(HERE / "host_emul.h"),
-                    "-I", str(HERE), str(src), str(runtime_object(find_cxx())), "-o", str(exe)],
-                   check=True)
+    host_program(src, exe)
     out = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout
     lines = out.splitlines()
     for line in lines:

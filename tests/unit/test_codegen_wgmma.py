@@ -46,8 +46,6 @@ ALL = on("TILEKIT_ALL_ARCHS")
 A100 = load_profile("a100")
 needs_cxx = pytest.mark.skipif(find_cxx() is None, reason="no C++ compiler for the emulation")
 
-#: compiled kernels cached once per test run (tests/conftest.py)
-
 
 def gemm(m: int, n: int, k: int, dtype: str, a: str = "mk", b: str = "kn",
          block=(128, 128), consumers: int = 1, bias_relu: bool = False,

@@ -27,7 +27,7 @@ from tilekit.tile.nodes import Evaluate, Kernel
 needs_cxx = pytest.mark.skipif(find_cxx() is None, reason="no C++ compiler")
 #: One worker runs this file (an xdist group): the generated kinds (kinds) are made once,
 #: not once per worker.
-pytestmark = [pytest.mark.xdist_group("cpu-kernels")]
+pytestmark = pytest.mark.xdist_group("cpu-kernels")
 
 
 

@@ -24,7 +24,7 @@ from tilekit.runtime.compiled import CpuProgram
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from models import onnx_models  # noqa: E402
 
-pytestmark = [pytest.mark.skipif(find_cxx() is None, reason="no C++ compiler")]
+pytestmark = pytest.mark.skipif(find_cxx() is None, reason="no C++ compiler")
 
 #: Relative error allowed against float64: a few float32 ulps (2^-23 is 1.2e-7).
 BOUND = 3e-7

@@ -18,7 +18,7 @@ from tilekit.runtime import backend
 from tilekit.runtime.compiled import CpuProgram, is_cpu_code
 from tilekit.runtime.cpu import run_module
 
-pytestmark = [pytest.mark.skipif(find_cxx() is None, reason="no C++ compiler")]
+pytestmark = pytest.mark.skipif(find_cxx() is None, reason="no C++ compiler")
 
 
 def _check(module, inputs, weights) -> None:

@@ -13,11 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from tilekit.codegen.emulate import CXX_FLAGS, find_cxx, runtime_object
+from tilekit.codegen.emulate import find_cxx, host_program
 
-HERE = Path(__file__).resolve().parents[2] / "tilekit" / "codegen"
 
-pytestmark = [pytest.mark.skipif(find_cxx() is None, reason="no C++ compiler")]
+pytestmark = pytest.mark.skipif(find_cxx() is None, reason="no C++ compiler")
 
 PRELUDE = """
 #include "runtime.cuh"
@@ -97,10 +96,7 @@ def build_cpp(tmp_path: Path, body: str, **macros: str) -> Path:
     defines = "".join(f"#define {k} {v}\n" for k, v in macros.items())
     source.write_text(defines + PRELUDE + body)
     exe = tmp_path / "main"
-    subprocess.run([find_cxx(), *CXX_FLAGS, "-DTK_EMUL_DYNAMIC_SMEM=1024", "-include",
-                    str(HERE / "host_emul.h"), "-I", str(HERE), "-x", "c++", str(source),
-                    "-x", "none", str(runtime_object(find_cxx())), "-o", str(exe)],
-                   check=True, capture_output=True, text=True)
+    host_program(source, exe, "-DTK_EMUL_DYNAMIC_SMEM=1024")
     return exe
 
 

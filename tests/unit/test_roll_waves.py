@@ -22,8 +22,6 @@ from tilekit.runtime.cpu import run_module
 H100 = load_profile("h100")
 needs_cxx = pytest.mark.skipif(find_cxx() is None, reason="no C++ compiler for the emulation")
 
-#: compiled kernels cached once per test run (tests/conftest.py)
-
 
 def assert_emulates_reference(result, module: Module, seed: int) -> None:
     """The generated kernels, emulated on the CPU, compute `module`'s z as the reference

@@ -98,8 +98,24 @@ def compiler_version(cxx: str) -> str:
 PCH_FLAGS = tuple(f for f in CXX_FLAGS if f != "-shared")
 
 
-def _cache_key(*parts: str) -> str:
+def cache_key(*parts: str) -> str:
+    """A build's cache key: the hash of what goes into it."""
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:32]
+
+
+def compile_in(work: Path, key: str, argv: list[str], what: str,
+               error: type[TilekitError] = TilekitError, limit: int = 2000) -> None:
+    """Run the host compiler's `argv` in the build folder `work` (tilekit.codegen.nvcc's
+    `building`); when it fails, keep the folder (`keep_failed`) and raise `error`: `what`, the
+    compiler's message (its first `limit` characters) and the command that reproduces the
+    failure there."""
+    from tilekit.codegen.nvcc import keep_failed
+
+    proc = subprocess.run(argv, cwd=work, capture_output=True, text=True)
+    if proc.returncode != 0:
+        keep = keep_failed(work, key)
+        raise error(f"{what}: {proc.stderr.strip()[:limit]}", str(keep),
+                    f"reproduce with: cd {keep} && {' '.join(argv)}")
 
 
 def precompiled_headers(cxx: str, version: str, headers: dict[str, str], main: str,
@@ -113,7 +129,7 @@ def precompiled_headers(cxx: str, version: str, headers: dict[str, str], main: s
 
     if "clang" in version.lower():
         return None
-    digest = _cache_key(*headers.values(), version, " ".join(flags), *key)
+    digest = cache_key(*headers.values(), version, " ".join(flags), *key)
     final = cache_dir() / folder / f"headers-{digest}"
     if (final / f"{main}.gch").exists():
         return final
@@ -131,7 +147,7 @@ def precompiled_headers(cxx: str, version: str, headers: dict[str, str], main: s
 def build(source: str) -> Path:
     """The shared library of `source` (cached by content, compiler, flags and machine)."""
     from tilekit.codegen.helpers import CPU_HEADERS
-    from tilekit.codegen.nvcc import CompileError, building, cache_dir, keep_failed
+    from tilekit.codegen.nvcc import CompileError, building, cache_dir
 
     cxx = find_cxx()
     if cxx is None:
@@ -139,7 +155,7 @@ def build(source: str) -> Path:
                                "--device cpu", "install g++, or set CXX")
     headers = {p.name: p.read_text() for p in CPU_HEADERS}
     version = compiler_version(cxx)
-    key = _cache_key(source, *headers.values(), version, " ".join(CXX_FLAGS), _machine())
+    key = cache_key(source, *headers.values(), version, " ".join(CXX_FLAGS), _machine())
     final = cache_dir() / "cpu" / key
     lib = final / "module.so"
     if lib.exists():
@@ -151,15 +167,11 @@ def build(source: str) -> Path:
         if included is None:
             for name, text in headers.items():
                 (work / name).write_text(text)
-        argv = [cxx, *CXX_FLAGS, "-I", str(included or "."), "unit.cpp", "-o", "module.so"]
-        proc = subprocess.run(argv, cwd=work, capture_output=True, text=True)
-        if proc.returncode != 0:
-            keep = keep_failed(work, key)
-            raise CompileError(f"the C++ compiler refused the generated kernels: "
-                               f"{proc.stderr.strip()[:1500]}", str(keep),
-                               f"reproduce with: cd {keep} && {' '.join(argv)}")
+        compile_in(work, key, [cxx, *CXX_FLAGS, "-I", str(included or "."), "unit.cpp", "-o",
+                               "module.so"],
+                   "the C++ compiler refused the generated kernels", CompileError, 1500)
     return lib
 
 
-__all__ = ["CXX_FLAGS", "RUNTIME_TAIL", "build", "compiler_version", "find_cxx", "precompiled_headers",
-           "unit_source"]
+__all__ = ["CXX_FLAGS", "RUNTIME_TAIL", "build", "cache_key", "compile_in", "compiler_version",
+           "find_cxx", "precompiled_headers", "unit_source"]

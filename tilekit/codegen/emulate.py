@@ -27,7 +27,6 @@ keep fixtures small (thousands of blocks with many barriers take seconds).
 
 from __future__ import annotations
 
-import hashlib
 import os
 import subprocess
 import tempfile
@@ -36,7 +35,8 @@ from typing import Mapping
 
 import numpy as np
 
-from tilekit.codegen.cxx import compiler_version, find_cxx, precompiled_headers
+from tilekit.codegen.cxx import (cache_key, compile_in, compiler_version, find_cxx,
+                                 precompiled_headers)
 from tilekit.codegen.kernel import tvar
 from tilekit.tile.cstyle import SIZE_TABLES
 from tilekit.tile.cuda import CudaPrinter
@@ -170,40 +170,45 @@ def _headers() -> dict[str, str]:
     return {name: (HERE / name).read_text() for name in ("host_emul.h", "host_types.h")}
 
 
-def runtime_object(cxx: str, version: str | None = None) -> Path:
+def runtime_object(cxx: str, version: str | None = None,
+                   headers: dict[str, str] | None = None) -> Path:
     """host_emul.cpp (the scheduler, the tensor-core, TMA and wgmma emulation, the harness's
-    file I/O) compiled once per cache, by its text, the headers', the compiler (`version`: its
-    `--version` line, asked for when not given) and the flags: `emul/runtime-<key>/host_emul.o`,
-    linked into every emulation binary."""
-    from tilekit.codegen.nvcc import building, cache_dir, keep_failed
+    file I/O) compiled once per cache, by its text, the headers' (read when not given), the
+    compiler (`version`: its `--version` line, asked for when not given) and the flags:
+    `emul/runtime-<key>/host_emul.o`, linked into every emulation binary."""
+    from tilekit.codegen.nvcc import building, cache_dir
 
-    headers = _headers()
+    headers = _headers() if headers is None else headers
     source = (HERE / "host_emul.cpp").read_text()
     version = compiler_version(cxx) if version is None else version
-    key = hashlib.sha256("\0".join((source, *headers.values(), cxx, version,
-                                    " ".join(RUNTIME_FLAGS))).encode()).hexdigest()[:32]
-    final = cache_dir() / "emul" / f"runtime-{key}"
+    key = "runtime-" + cache_key(source, *headers.values(), cxx, version, " ".join(RUNTIME_FLAGS))
+    final = cache_dir() / "emul" / key
     obj = final / "host_emul.o"
     if obj.exists():
         return obj
-    with building(final, f"runtime-{key}") as work:
+    with building(final, key) as work:
         for name, text in {**headers, "host_emul.cpp": source}.items():
             (work / name).write_text(text)
-        argv = [cxx, *RUNTIME_FLAGS, "-c", "host_emul.cpp", "-o", "host_emul.o"]
-        proc = subprocess.run(argv, cwd=work, capture_output=True, text=True)
-        if proc.returncode != 0:
-            keep = keep_failed(work, f"runtime-{key}")
-            raise TilekitError(f"host compile of the emulation runtime failed: "
-                               f"{proc.stderr.strip()[:2000]}", str(keep),
-                               f"reproduce with: cd {keep} && {' '.join(argv)}")
+        compile_in(work, key, [cxx, *RUNTIME_FLAGS, "-c", "host_emul.cpp", "-o", "host_emul.o"],
+                   "host compile of the emulation runtime failed")
     return obj
+
+
+def host_program(source: Path, exe: Path, *flags: str) -> None:
+    """A host program of its own (a test's) against the emulation: `source` compiled with
+    host_emul.h included first and `flags`, linked with the runtime object, into `exe`."""
+    cxx = find_cxx()
+    subprocess.run([cxx, *CXX_FLAGS, *flags, "-include", str(HERE / "host_emul.h"), "-I",
+                    str(HERE), "-x", "c++", str(source), "-x", "none",
+                    str(runtime_object(cxx)), "-o", str(exe)],
+                   check=True, capture_output=True, text=True)
 
 
 def build(module: Module, unit=None) -> Path:
     """Compile the emulation binary for `module` (cached by content); with `unit`
     (tilekit.codegen.parametric.Unit: a template whose sizes are parameters, and the
     module's size tables), its source instead of the module's own kernels."""
-    from tilekit.codegen.nvcc import building, cache_dir, keep_failed
+    from tilekit.codegen.nvcc import building, cache_dir
 
     if not module.codegen:
         raise TilekitError("the module has no codegen section", "codegen", "run tk-codegen")
@@ -215,10 +220,9 @@ def build(module: Module, unit=None) -> Path:
     headers = _headers()
     helpers = (HERE / "runtime.cuh").read_text()
     version = compiler_version(cxx)
-    runtime = runtime_object(cxx, version)
-    key = hashlib.sha256("\0".join((unit, main, *headers.values(), helpers, cxx, version,
-                                    " ".join(CXX_FLAGS), runtime.parent.name)
-                                   ).encode()).hexdigest()[:32]
+    runtime = runtime_object(cxx, version, headers)
+    key = cache_key(unit, main, *headers.values(), helpers, cxx, version, " ".join(CXX_FLAGS),
+                    runtime.parent.name)
     final = cache_dir() / "emul" / key
     exe = final / "emulate"
     if exe.exists():
@@ -232,14 +236,9 @@ def build(module: Module, unit=None) -> Path:
                 (work / name).write_text(text)
         (work / "main.cpp").write_text(main)
         header = str(included / "host_emul.h") if included else "host_emul.h"
-        argv = [cxx, *CXX_FLAGS, "-include", header, "-I", ".", "-x", "c++", "main.cpp",
-                "-x", "none", str(runtime), "-o", "emulate"]
-        proc = subprocess.run(argv, cwd=work, capture_output=True, text=True)
-        if proc.returncode != 0:
-            keep = keep_failed(work, key)
-            raise TilekitError(f"host compile of the emulation failed: "
-                               f"{proc.stderr.strip()[:2000]}", str(keep),
-                               f"reproduce with: cd {keep} && {' '.join(argv)}")
+        compile_in(work, key, [cxx, *CXX_FLAGS, "-include", header, "-I", ".", "-x", "c++",
+                               "main.cpp", "-x", "none", str(runtime), "-o", "emulate"],
+                   "host compile of the emulation failed")
     return exe
 
 

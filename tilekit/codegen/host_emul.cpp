@@ -15,7 +15,7 @@ static void trampoline() {
   fibers[current].wait = Wait::kDone;  // returning resumes the scheduler (uc_link)
 }
 
-void reset(Fiber& f) {
+static void reset(Fiber& f) {
   if (!f.stack) f.stack = std::make_unique<Stack>();
   f.wait = Wait::kRun;
   f.fenced = false;
@@ -30,7 +30,7 @@ void reset(Fiber& f) {
   makecontext(&f.ctx, trampoline, 0);
 }
 
-void resume(unsigned k) {
+static void resume(unsigned k) {
   current = k;
   threadIdx = dim3{fibers[k].thread, 1, 1};
   blockIdx = dim3{fibers[k].block, 1, 1};
@@ -40,7 +40,7 @@ void resume(unsigned k) {
 
 // Release the barriers whose waiters are complete; exit on a barrier that can never release.
 // Returns whether any barrier released.
-bool release(unsigned nblocks, unsigned threads) {
+static bool release(unsigned nblocks, unsigned threads) {
   bool released = false;
   unsigned grid_waiting = 0, grid_done = 0;
   for (unsigned s = 0; s < nblocks; ++s) {
@@ -86,7 +86,7 @@ bool release(unsigned nblocks, unsigned threads) {
   return released;
 }
 
-unsigned long long next_random() {
+static unsigned long long next_random() {
   seed = seed * 6364136223846793005ULL + 1442695040888963407ULL;
   return seed >> 33;
 }
@@ -98,7 +98,7 @@ constexpr unsigned kSpeedRounds = 16;
 
 // Run `nblocks` resident blocks (fibers [s * threads, (s + 1) * threads) for slot s) until all
 // are done.
-void run(unsigned nblocks, unsigned threads) {
+static void run(unsigned nblocks, unsigned threads) {
   const unsigned total = nblocks * threads;
   std::vector<unsigned> order(total), period(nblocks, 1), phase(nblocks, 0);
   for (unsigned k = 0; k < total; ++k) order[k] = k;
@@ -282,7 +282,9 @@ void tma_load(void* dst, const tk_tensor_map& m, void* bar, const int* c) {
   mbar_complete_tx(bar, (long long)(rows * row_bytes));
 }
 
-void tma_store(const BulkStore& st) {
+// A TMA store (tma_load's layout, the other way): element i of box row r from shared memory at
+// src + r * row bytes + i * elem (swizzled) to the tensor, elements outside the tensor skipped.
+static void tma_store(const BulkStore& st) {
   const tk_tensor_map& m = *static_cast<const tk_tensor_map*>(st.map);
   if (st.src % 128) fail("a TMA store source not 128-byte aligned");
   if (m.swizzle != 0 && m.swizzle != 128) fail("a TMA swizzle other than 128 bytes");
@@ -319,8 +321,13 @@ void bulk_retire(unsigned n) {
   }
 }
 
-unsigned desc_element(unsigned long long desc, int trans, unsigned mn, unsigned k,
-                      unsigned item) {
+// Element (mn, k) of an operand of `item` bytes (2: f16/bf16, 4: tf32) through its descriptor
+// (the canonical layouts of the PTX ISA, "Shared Memory Matrix Layout", 128-byte swizzle):
+// K-major, rows of mn 128 bytes apart, groups of 8 rows SBO apart, k contiguous; MN-major
+// (transposed, 16-bit only), mn contiguous in rows of 64, 64-element groups LBO apart, rows of
+// k 128 bytes apart, groups of 8 k SBO apart. Returns the element's bits.
+static unsigned desc_element(unsigned long long desc, int trans, unsigned mn, unsigned k,
+                             unsigned item) {
   if ((desc >> 62) != 1) fail("a wgmma descriptor without the 128-byte swizzle mode");
   if (((desc >> 49) & 7u) != 0) fail("a wgmma descriptor with a base offset");
   const unsigned long long start = (desc & 0x3fffu) << 4, lbo = ((desc >> 16) & 0x3fffu) << 4,
@@ -339,12 +346,16 @@ unsigned desc_element(unsigned long long desc, int trans, unsigned mn, unsigned 
   return v;
 }
 
-float wgmma_value(unsigned bits, int kind) {
+// An operand element's value: f16/bf16 from its 16 bits; tf32 from the upper 19 bits of its
+// 32-bit word (the tensor cores ignore the low 13 mantissa bits of an fp32 in shared memory).
+static float wgmma_value(unsigned bits, int kind) {
   if (kind == 2) return __int_as_float((int)(bits & 0xffffe000u));
   return lo16(bits, kind == 1);
 }
 
-void wgmma_run(const WgmmaOp& op) {
+// D (64 x N) += A (64 x K) B (K x N) for this thread's N/2 accumulators (the layout of
+// runtime.cuh's tk_wgmma); K is 32 bytes of elements: 16 (f16, bf16) or 8 (tf32).
+static void wgmma_run(const WgmmaOp& op) {
   const unsigned t = fibers[current].thread % 128, warp = t / 32, lane = t % 32;
   const unsigned item = op.kind == 2 ? 4 : 2, depth = 32 / item;
   // This thread's N / 2 accumulators read 2 rows of A and N / 4 columns of B: each of their

@@ -148,16 +148,9 @@ inline void give_way(Wait why) {
 inline void barrier() { give_way(Wait::kBlockBarrier); }
 
 // Defined in host_emul.cpp, compiled once per cache and linked into every emulation (a unit
-// of kernels compiles only its kernels and harness, not the scheduler).
+// of kernels compiles only its kernels and harness, not the scheduler), with the scheduler's
+// own functions.
 [[noreturn]] void fail(const char* what);
-void reset(Fiber& f);
-void resume(unsigned k);
-// Release the barriers whose waiters are complete; exit on a barrier that can never release.
-bool release(unsigned nblocks, unsigned threads);
-unsigned long long next_random();
-// Run `nblocks` resident blocks (fibers [s * threads, (s + 1) * threads) for slot s) until all
-// are done.
-void run(unsigned nblocks, unsigned threads);
 // Size the fibers and shared-memory slots of a launch of `grid` blocks of `block_threads`.
 void prepare_slots(unsigned grid, unsigned block_threads, unsigned nslots);
 // launch's and launch_concurrent's loops, once `entry` is set.
@@ -417,26 +410,9 @@ inline void mbar_complete_tx(void* bar, long long bytes) {
 // (rows: the box's outer dimensions, row-major) at dst + r * row bytes + i * elem, swizzled;
 // zeros outside the tensor.
 void tma_load(void* dst, const tk_tensor_map& m, void* bar, const int* c);
-
-// A TMA store (tma_load's layout, the other way): element i of box row r from shared memory at
-// src + r * row bytes + i * elem (swizzled) to the tensor, elements outside the tensor skipped.
-void tma_store(const BulkStore& st);
 // Retire all but the newest n of this thread's committed TMA store groups (their reads of
 // shared memory and their writes happen now).
 void bulk_retire(unsigned n);
-
-// Element (mn, k) of an operand of `item` bytes (2: f16/bf16, 4: tf32) through its descriptor
-// (the canonical layouts of the PTX ISA, "Shared Memory Matrix Layout", 128-byte swizzle):
-// K-major, rows of mn 128 bytes apart, groups of 8 rows SBO apart, k contiguous; MN-major
-// (transposed, 16-bit only), mn contiguous in rows of 64, 64-element groups LBO apart, rows of
-// k 128 bytes apart, groups of 8 k SBO apart. Returns the element's bits.
-unsigned desc_element(unsigned long long desc, int trans, unsigned mn, unsigned k, unsigned item);
-// An operand element's value: f16/bf16 from its 16 bits; tf32 from the upper 19 bits of its
-// 32-bit word (the tensor cores ignore the low 13 mantissa bits of an fp32 in shared memory).
-float wgmma_value(unsigned bits, int kind);
-// D (64 x N) += A (64 x K) B (K x N) for this thread's N/2 accumulators (the layout of
-// runtime.cuh's tk_wgmma); K is 32 bytes of elements: 16 (f16, bf16) or 8 (tf32).
-void wgmma_run(const WgmmaOp& op);
 }  // namespace tk_emul
 
 template <int A> inline unsigned char* tk_align_smem(unsigned char* p) {

@@ -35,7 +35,8 @@ import numpy as np
 from tilekit.errors import TilekitError
 from tilekit.ir.payloads import round_sig
 from tilekit.roll.cost import (Estimate, Machine, TileCosts, cost_tiles, hiding_warps,
-                               machine, registers_per_thread, tensor_compute)
+                               machine, registers_per_thread, split_k_estimates,
+                               tensor_compute)
 from tilekit.roll.problem import Problem
 from tilekit.roll.rtile import RTile, block_sizes, thread_sizes
 
@@ -97,8 +98,7 @@ def best_split_k(problem: Problem, m: Machine, tiles: list[RTile]) -> Candidate 
     tile among `tiles` whose output tiles leave SMs idle, with each factor of `SPLIT_K`
     (slices of the reduction in blocks of their own, partial sums added by a second kernel in
     slice order: deterministic)."""
-    from tilekit.roll.cost import split_k_estimates
-    from tilekit.schedule.mma import SPLIT_K, wgmma_plan
+    from tilekit.schedule.mma import wgmma_plan
 
     compute = tensor_compute(problem, m)
     if compute is None or compute not in m.wgmma_offered:
@@ -112,18 +112,33 @@ def best_split_k(problem: Problem, m: Machine, tiles: list[RTile]) -> Candidate 
         blocks = math.prod(tile.grid(problem))
         if not isinstance(plan, str) and blocks < m.hw.sm_count:
             eligible.append((tile, plan, blocks))
-    priced = {factor: split_k_estimates(problem, m, [(t.block, t.thread, t.step)
-                                                     for t, _, _ in eligible], factor)
+    found = _fastest_split(problem, m, [tile for tile, _, _ in eligible], staged=False)
+    if found is None:
+        return None
+    i, est, slices = found
+    tile, plan, blocks = eligible[i]
+    return Candidate(tile, est, plan.smem_bytes, 0, plan.threads, blocks * slices, slices)
+
+
+def _fastest_split(problem: Problem, m: Machine, tiles: list[RTile], staged: bool
+                   ) -> tuple[int, Estimate, int] | None:
+    """The fastest split of `tiles` over the factors of `SPLIT_K` as (the tile's index, its
+    estimate, its slices), or None where none makes two slices with a finite time; each
+    factor's splits of all the tiles priced together (`cost.split_k_estimates`), the first of
+    equal times (to 6 significant digits) kept."""
+    from tilekit.schedule.mma import SPLIT_K
+
+    shapes = [(t.block, t.thread, t.step) for t in tiles]
+    priced = {factor: split_k_estimates(problem, m, shapes, factor, staged=staged)
               for factor in SPLIT_K}
     best = None
-    for i, (tile, plan, blocks) in enumerate(eligible):
+    for i in range(len(tiles)):
         for factor in SPLIT_K:
             est, slices = priced[factor][i]
             if slices < 2 or not est.time_us < np.inf:
                 continue
-            if best is None or round_sig(est.time_us, 6) < round_sig(best.estimate.time_us, 6):
-                best = Candidate(tile, est, plan.smem_bytes, 0, plan.threads, blocks * slices,
-                                 slices)
+            if best is None or round_sig(est.time_us, 6) < round_sig(best[1].time_us, 6):
+                best = (i, est, slices)
     return best
 
 
@@ -152,9 +167,6 @@ def best_staged_split(problem: Problem, m: Machine, tiles: list[RTile], costs: T
     `SPLIT_K`: slices of the outermost reduction axis with several steps
     (tilekit.schedule.shape.staged_split), in blocks of their own; the last block of each
     output tile adds the slices in slice order (deterministic)."""
-    from tilekit.roll.cost import split_k_estimates
-    from tilekit.schedule.mma import SPLIT_K
-
     if m.distributed or not problem.has_reduction or tensor_compute(problem, m) is not None \
             or problem.dtype not in SPLIT_DTYPES:
         return None
@@ -166,19 +178,13 @@ def best_staged_split(problem: Problem, m: Machine, tiles: list[RTile], costs: T
     staged = sorted((k for k in range(len(tiles)) if costs.valid[k] and costs.staged[k]
                      and _short_of_warps(m, costs, k, fill)),
                     key=lambda k: (round_sig(costs.time_s[k], 6), k))[:SPLIT_TILES]
-    best = None
-    priced = {factor: split_k_estimates(problem, m, [(tiles[k].block, tiles[k].thread,
-                                                      tiles[k].step) for k in staged],
-                                        factor, staged=True) for factor in SPLIT_K}
-    for i, k in enumerate(staged):
-        for factor in SPLIT_K:
-            est, slices = priced[factor][i]
-            if slices < 2 or not est.time_us < np.inf:
-                continue
-            if best is None or round_sig(est.time_us, 6) < round_sig(best.estimate.time_us, 6):
-                best = Candidate(tiles[k], est, int(costs.smem_tile[k]), int(costs.regs[k]),
-                                 int(costs.threads[k]), int(costs.blocks[k]) * slices, slices)
-    return best
+    found = _fastest_split(problem, m, [tiles[k] for k in staged], staged=True)
+    if found is None:
+        return None
+    i, est, slices = found
+    k = staged[i]
+    return Candidate(tiles[k], est, int(costs.smem_tile[k]), int(costs.regs[k]),
+                     int(costs.threads[k]), int(costs.blocks[k]) * slices, slices)
 
 
 def _short_of_warps(m: Machine, costs, k: int, fill: int) -> bool:

@@ -821,11 +821,11 @@ class _Frame:
 
 
     # -- Hopper: mbarriers, TMA, wgmma --------------------------------------------------------
-    # The semantics of host_emul.h (its comments have the details): an mbarrier's state in its
-    # 8 bytes of shared memory, TMA copies complete when issued, shared addresses swizzled on
-    # their bits 4-6 by bits 7-9 (the block's shared base counts as aligned). wgmma runs when
-    # issued, for every active warpgroup at once (the interpreter runs a region's threads in
-    # step, so a batch is complete at its commit).
+    # The semantics of host_emul.h and host_emul.cpp (their comments have the details): an
+    # mbarrier's state in its 8 bytes of shared memory, TMA copies complete when issued, shared
+    # addresses swizzled on their bits 4-6 by bits 7-9 (the block's shared base counts as
+    # aligned). wgmma runs when issued, for every active warpgroup at once (the interpreter
+    # runs a region's threads in step, so a batch is complete at its commit).
     def _u16(self) -> np.ndarray:
         return self.smem[:self.smem.shape[0] // 2 * 2].view(np.uint16)
 
@@ -928,7 +928,7 @@ class _Frame:
 
     def tma_load(self, e: Call, env, mask, m):
         """The box at the coordinates into shared memory, swizzled, zeros outside the
-        tensor; its bytes complete on the barrier (host_emul.h's tma_load)."""
+        tensor; its bytes complete on the barrier (host_emul.cpp's tma_load)."""
         dst, tmap, bar = e.args[:3]
         at = self._bar_bytes(bar, env, mask, m)
         tm, start, coords, bits, dst_bits = self._tma_operands(
@@ -956,7 +956,7 @@ class _Frame:
 
     def tma_store(self, e: Call, env, mask, m):
         """The map's box from shared memory (swizzled) to the tensor, elements outside it
-        skipped (host_emul.h's tma_store), at once."""
+        skipped (host_emul.cpp's tma_store), at once."""
         tmap, src = e.args[:2]
         tm, start, coords, bits, src_bits = self._tma_operands(
             tmap, src, e.args[2:2 + TMA_STORES[e.fn]], env, mask, m)
@@ -967,7 +967,7 @@ class _Frame:
 
     def _operand(self, desc: int, trans: int, mn: int, item: int = 2) -> np.ndarray:
         """A wgmma operand (mn x 32 bytes of k: 16 16-bit or 8 32-bit patterns) through its
-        descriptor (host_emul.h's desc_element)."""
+        descriptor (host_emul.cpp's desc_element)."""
         if desc >> 62 != 1 or (desc >> 49) & 7:
             raise TilekitError(f"kernel {self.k.name}: a wgmma descriptor without the "
                                "128-byte swizzle or with a base offset", "--report",
