@@ -42,7 +42,7 @@ from tilekit.codegen.flash import FlashError, flash_kernel
 from tilekit.codegen.fused import FusionError, fused_kernel
 from tilekit.codegen.helpers import helpers_record
 from tilekit.codegen.kernel import GeneratedKernel, c_name, default_kernel, tiled_kernel
-from tilekit.codegen.nvcc import check_arch
+from tilekit.codegen.nvcc import check_arch, unit_arch
 from tilekit.codegen.opaque import opaque_kernel
 from tilekit.codegen.plan import (GroupPlan, GroupSplit, OpaquePlan, plan_each, plan_group,
                                   readers)
@@ -184,9 +184,9 @@ def generate(module: Module, profile=None, arch: str | None = None, target: str 
                     launches[name] = Launch((g.entry,), g.grid, g.block, g.smem_bytes,
                                             g.shape).record()
     out_kernels = tuple(replace(kn, launch=launches[kn.name]) for kn in kernels)
-    if the_arch == "sm_90" and any(g.shape == "wgmma" for g in generated):
-        # wgmma and setmaxnreg exist only in sm_90a code: the module is built for it
-        the_arch = "sm_90a"
+    built_for = unit_arch(the_arch, (g.shape for g in generated))
+    if built_for != the_arch:
+        the_arch = built_for
         notes.append("codegen: wgmma kernels need the sm_90a target; the module is built for "
                      "sm_90a (Hopper GPUs run it)")
     if control:

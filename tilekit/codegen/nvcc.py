@@ -81,6 +81,13 @@ def check_arch(arch: str, where: str = "--arch") -> str:
     return arch
 
 
+def unit_arch(arch: str, shapes) -> str:
+    """The target a unit of kernels of these `shapes` is built for on `arch`: wgmma and
+    setmaxnreg exist only in sm_90a code, so a Hopper unit holding a wgmma kernel is built
+    for sm_90a (Hopper GPUs run it); any other unit for `arch`."""
+    return "sm_90a" if arch == "sm_90" and "wgmma" in set(shapes) else arch
+
+
 def arch_flags(arch: str) -> list[str]:
     """nvcc's target flags: `-arch=sm_XY`, or for an arch-specific target (`sm_90a`: wgmma,
     setmaxnreg) the explicit `-gencode` form, which builds only that target (the `-arch`

@@ -222,11 +222,12 @@ class CompiledSet:
 
 
 def compile_candidates(ops: Sequence[OpBuild], arch: str, jobs: int = 1) -> CompiledSet:
-    """Compile every distinct kernel of `ops` for `arch` with nvcc: all of them as one unit
+    """Compile every distinct kernel of `ops` for `arch` with nvcc (a unit holding a wgmma
+    kernel for sm_90a on Hopper, as codegen builds modules): all of them as one unit
     (`jobs` > 1: that many units, compiled in parallel); a unit that fails is split into one
     unit per op, then one per kernel, and the kernels that still fail keep nvcc's message.
     Raises TilekitError only when nvcc is missing."""
-    from tilekit.codegen.nvcc import CompileError, compile_unit, find_nvcc
+    from tilekit.codegen.nvcc import CompileError, compile_unit, find_nvcc, unit_arch
 
     if find_nvcc() is None:
         raise TilekitError("nvcc was not found on PATH", "fidelity",
@@ -244,7 +245,7 @@ def compile_candidates(ops: Sequence[OpBuild], arch: str, jobs: int = 1) -> Comp
     def attempt(kernels: list[GeneratedKernel], parts: list[list[GeneratedKernel]]) -> None:
         source = unit_source(kernels)
         try:
-            done = compile_unit(source, arch)
+            done = compile_unit(source, unit_arch(arch, (k.shape for k in kernels)))
         except CompileError as exc:
             if len(kernels) == 1:
                 errors[kernels[0].entry] = f"nvcc: {exc}"
