@@ -25,7 +25,9 @@ outputs (relative L2 at most 1e-3). A row also holds tilekit's relative L2 error
 (`check`: pass at 1e-3) and, instead of aborting the bench, any stage's error
 (`tilekit_error`, `program_error`, `eager_error`, `compile_error`); the test fails at the
 end, after writing everything, on a tilekit or eager error or a failed check (not on a
-torch.compile error).
+torch.compile error). `TILEKIT_BENCH_CASES=none` skips the op cases: the model rows alone,
+written to `<device>-models.json` (`-models-<mode>` for another compile mode), for a call of
+their own where a GPU is lent for minutes.
 
 All CPU work (every model's import, roll and codegen, every nvcc compile) runs first, in
 parallel, and nothing runs beside the timings. No torch.compile starts once
@@ -206,6 +208,10 @@ BUDGET_S = float(os.environ.get("TILEKIT_BENCH_BUDGET_S", "180"))
 #: torch.compile's mode for the model rows (`TILEKIT_BENCH_COMPILE_MODE`: default,
 #: reduce-overhead, max-autotune; max-autotune's compiles take minutes a model).
 COMPILE_MODE = os.environ.get("TILEKIT_BENCH_COMPILE_MODE", "default")
+#: Whether the op cases run (`TILEKIT_BENCH_CASES`: all, the default, or none). With none the
+#: bench runs only the model rows, for a call of its own on a GPU lent for minutes, and
+#: writes them beside the op cases' file (`<device>-models[-<mode>].json`), not over it.
+CASES = os.environ.get("TILEKIT_BENCH_CASES", "all")
 #: tilekit against PyTorch eager on a whole model, relative L2 over each output.
 MODEL_TOLERANCE = 1e-3
 #: Tiles kept per op for the tk-ram program rows (tk-ram packs from the alternatives), as
@@ -412,6 +418,19 @@ def test_model_specs():
         model_specs("resnet5")
 
 
+@pytest.mark.parametrize("cases, mode, name", [
+    ("all", "default", "nvidia_h100_80gb_hbm3.json"),
+    ("none", "default", "nvidia_h100_80gb_hbm3-models.json"),
+    ("none", "max-autotune", "nvidia_h100_80gb_hbm3-models-max-autotune.json")])
+def test_report_names(cases, mode, name, tmp_path, monkeypatch):
+    """The model rows alone (TILEKIT_BENCH_CASES=none) never overwrite the op cases' file."""
+    monkeypatch.setattr(sys.modules[__name__], "RESULTS", tmp_path)
+    monkeypatch.setattr(sys.modules[__name__], "CASES", cases)
+    monkeypatch.setattr(sys.modules[__name__], "COMPILE_MODE", mode)
+    path = _write_report({"device": "NVIDIA H100 80GB HBM3 (sm_90, 132 SMs)", "rows": []})
+    assert path == tmp_path / name and json.loads(path.read_text())["rows"] == []
+
+
 # -- on the GPU ----------------------------------------------------------------------------
 
 def _gpu_or_skip():
@@ -613,6 +632,8 @@ def _write_report(report: dict) -> Path:
     """Written after every row, so that a bench stopped by a time limit leaves what it has."""
     RESULTS.mkdir(exist_ok=True)
     slug = re.sub(r"[^A-Za-z0-9]+", "_", report["device"].split(" (")[0]).strip("_").lower()
+    if CASES == "none":
+        slug += "-models" + ("" if COMPILE_MODE == "default" else f"-{COMPILE_MODE}")
     path = RESULTS / f"{slug}.json"
     path.write_text(json.dumps(report, indent=1) + "\n")
     return path
@@ -652,7 +673,9 @@ def test_gpu_bench(tmp_path):
     torch.set_float32_matmul_precision("highest")
     arch = cuda.device_arch()
     profile = profile_for(arch)
-    cases = op_cases()
+    if CASES not in ("all", "none"):
+        raise ValueError(f"TILEKIT_BENCH_CASES: {CASES!r}; write all or none")
+    cases = op_cases() if CASES == "all" else []
     _compile_cases(cases, profile, arch)
     report = {
         "command": "pytest tests/bench/test_gpu_bench.py -o addopts='' -s",
@@ -667,7 +690,7 @@ def test_gpu_bench(tmp_path):
                   f"CUDA graph, torch_compile_ms torch.compile (mode {COMPILE_MODE}); "
                   "tilekit_ms rolled, tilekit_welded_ms rolled then welded, "
                   "tilekit_program_ms a tk-ram program (roll --top-k 4, weld, ram)",
-        "compile_mode": COMPILE_MODE,
+        "compile_mode": COMPILE_MODE, "cases": CASES,
         "rows": [],
     }
     rows = report["rows"]

@@ -21,7 +21,8 @@ module measures how well our ranking holds there (docs/roll.md, "Fidelity"):
 4. `measure` gives one row per op with `op_stats`; `summarize` the whole sample.
 
 This module sits above codegen and the runtime; the roll pass never imports it.
-Run on an H100 (2026-11-22, tests/bench/results/fidelity-nvidia_h100_80gb_hbm3.json); the
+Run on an H100 (2026-11-22, and 2026-11-28 on the model of that day: tests/bench/results/
+fidelity-nvidia_h100_80gb_hbm3.json; docs/roll.md, "Fidelity"); the
 rest is tested on the CPU (tests/unit/test_runtime_fidelity.py) and the kernels compile in
 tests/bench/test_gpu_fidelity.py.
 """
