@@ -6,6 +6,7 @@ PyTorch, onnx and onnxruntime, no network, no venv): it runs from the checkout w
 (`--out`, default `$OUT` when set, else `out/gpu-check`):
 
     summary.json          one record per step (what ran, exit code, seconds, parsed figures)
+    kernels.json          each timed model variant's kernel calls in order, with their times
     logs.tar.gz           the full output of each step (<step>.log), and the bench results
     *.json                the benchmark results (also written to tests/bench/results/)
 
@@ -32,6 +33,8 @@ Steps, in order (`--steps` picks some):
                 captured, of the run launched from Python: `timing: launched` and the
                 reason), the kernels launched from Python one by one (`launched_ms`: the
                 report's sum of each kernel's events) and the slowest kernels;
+                every kernel call's time goes to kernels.json (tests/gpu/kernel_fit.py sets
+                them against the roll's estimates);
                 `--build-only` builds and compiles only (on a CPU machine with nvcc), and
                 `--reuse-built` keeps the IR already in `--work`/models (built beforehand
                 that way: the pipeline is deterministic; docs/gpu.md, "A short lease")
@@ -277,6 +280,7 @@ def step_models(run: Runner, args) -> None:
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         checked = [done for items in pool.map(build_and_check, [
             (name, dtype) for dtype in args.dtypes for name in names]) for done in items]
+    calls: dict[str, list] = {}    # each timed variant's kernel calls (tests/gpu/kernel_fit.py)
     for name, dtype, variant, res in checked:
         command = (f"tk-run {_ir(name, dtype, variant)} --device cuda --seed 0 --bench "
                    f"{args.runs} --warmup 3 --report --report-format json")
@@ -294,6 +298,9 @@ def step_models(run: Runner, args) -> None:
             figures.update(median_ms=doc["bench"]["p50_ms"],
                            launched_ms=report.get("ms_in_kernels"),
                            slowest=report.get("slowest", []))
+            if report.get("calls"):
+                calls[_ir(name, dtype, variant).removesuffix(".cuda.yaml")] = report["calls"]
+                (run.out / "kernels.json").write_text(json.dumps(calls) + "\n")
         except (ValueError, KeyError, IndexError, StopIteration):
             figures = {"timing_error": timing["output"].strip().splitlines()[-1:]}
         run.record("models", model=name, dtype=dtype, variant=variant,

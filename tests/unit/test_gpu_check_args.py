@@ -1,6 +1,6 @@
 """tests/gpu/gpu_check.py's arguments, without a GPU: the model variants it compiles and the
 refusal of unknown steps and variants (the script runs unattended on a lent machine, so a typo
-must fail before any step starts)."""
+must fail before any step starts); and tests/gpu/kernel_fit.py, which reads its results."""
 
 from __future__ import annotations
 
@@ -107,3 +107,38 @@ def test_build_only_builds_and_checks_nothing(tmp_path, monkeypatch):
     assert summary == [{"step": "models", "model": "lstm_loop", "dtype": "float32",
                         "variant": "ground", "built": "lstm_loop.ground.cuda.yaml"}]
     assert "tk-run" not in (work / "logs" / "models-lstm_loop.log").read_text()
+
+
+def test_kernel_fit_sets_each_kernel_call_against_the_roll(tmp_path, capsys):
+    """tests/gpu/kernel_fit.py: the models step's kernel calls (kernels.json) against the
+    estimates in the IR built for them, by shape; an IR not built is a clear refusal."""
+    import json
+
+    import kernel_fit
+    from clirun import completed
+    from tilekit.cli import tk_codegen, tk_roll
+
+    models = tmp_path / "models"
+    models.mkdir()
+    data = Path(__file__).resolve().parents[1] / "data" / "run" / "softmax.yaml"
+    source = tmp_path / "softmax.yaml"        # as tk-import would have marked it
+    source.write_text(data.read_text().replace("inputs: [x, mask]",
+                                               "stages: [{name: import}]\ninputs: [x, mask]"))
+    rolled = tmp_path / "rolled.yaml"
+    assert completed(tk_roll.main, ["--hw", "h100", source, "-o", rolled]).returncode == 0
+    ir = models / "softmax.rolled.cuda.yaml"
+    assert completed(tk_codegen.main, [rolled, "-o", ir]).returncode == 0
+    from tilekit.ir.codec import read_module
+    entries = [k["entry"] for k in read_module(str(ir)).codegen["kernels"]]
+    calls = tmp_path / "kernels.json"
+    calls.write_text(json.dumps({"softmax.rolled": [[e, 0.01] for e in entries]}))
+    rows_path = tmp_path / "rows.json"
+    assert kernel_fit.main([str(calls), "--work", str(tmp_path), "--json", str(rows_path)]) == 0
+    rows = json.loads(rows_path.read_text())
+    assert [r["kernel"] for r in rows] == entries
+    assert all(r["measured_us"] == 10.0 and r["estimated_us"] > 0 and r["warps_per_sm"] > 0
+               for r in rows)
+    assert "meas/est median" in capsys.readouterr().out
+    calls.write_text(json.dumps({"softmax.welded": []}))
+    assert kernel_fit.main([str(calls), "--work", str(tmp_path)]) == 2
+    assert "softmax.welded.cuda.yaml is not built" in capsys.readouterr().err

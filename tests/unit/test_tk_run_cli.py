@@ -7,6 +7,7 @@ stdin, binary stdout, bin/tk-run, a pipe between two commands) start bin/tk-run.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import subprocess
@@ -152,6 +153,15 @@ def test_report(mlp):
     out = text(proc, "stdout")
     assert "report: mlp: 3 ops" in out and "peak memory" in out
     assert all(op in out for op in ("fc1", "relu", "fc2"))
+
+
+def test_report_json_lists_every_call_in_order(mlp):
+    proc = tk_run(mlp, "--seed", 0, "--mode", "whole", "--report", "--report-format", "json")
+    assert proc.returncode == 0, text(proc)
+    report = json.loads(text(proc, "stdout").splitlines()[-1])["report"]
+    assert [name for name, _ in report["calls"]] == ["fc1", "relu", "fc2"]
+    assert all(ms >= 0 for _, ms in report["calls"])
+    assert sum(ms for _, ms in report["calls"]) == pytest.approx(report["ms_in_ops"], abs=1e-5)
 
 
 def test_check_without_source_uses_cpu_reference(mlp):

@@ -467,7 +467,9 @@ def _print_report(results: _Results, module, profile: list[tuple[str, float]],
     results.put("report", {"ops": len(module.ops), f"ms_in_{unit}s": round(total * 1e3, 6),
                            "peak_memory_bytes": peak,
                            "slowest": [{unit: name, "ms": round(t * 1e3, 6),
-                                        "share": round(t / total, 6)} for name, t in slowest]})
+                                        "share": round(t / total, 6)} for name, t in slowest],
+                           # every op or kernel call in run order, for per-kernel fits
+                           "calls": [[name, round(t * 1e3, 6)] for name, t in profile]})
     if results.json:
         return
     rows = [(name, f"{t * 1e3:.3f}", f"{100 * t / total:.1f}%") for name, t in slowest]
