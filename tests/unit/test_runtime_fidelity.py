@@ -116,7 +116,17 @@ def test_candidate_tiles_are_what_tk_roll_would_write(h100):
         facts = analysis_facts(analysis, dtypes_of(rolled))
         want = [tile_record(problem, [c], facts, Target.of(h100)).tile
                 for c in roll_problem(problem, h100, 10)]
-        assert tiles == want, w.name
+        assert tiles[:len(want)] == want, w.name
+        # a split pick's other splits follow: its tile, fewest slices first, as the roll
+        # priced them
+        extra = tiles[len(want):]
+        if "split_k" not in op.tile:
+            assert not extra, w.name
+        sizes = [{k: t[k] for k in ("block", "thread", "step")} for t in [tiles[0], *extra]]
+        assert all(size == sizes[0] for size in sizes), w.name
+        slices = [t["split_k"] for t in extra]
+        assert slices == sorted(set(slices)) and op.tile.get("split_k") not in slices
+        assert all(n >= 2 for n in slices), w.name
         if "rolled_estimate" in op.tile:      # tk-roll kept the default over its pick
             assert op.tile["kernel"]["shape"] == "default"
             assert tiles[0]["estimate"] == op.tile["rolled_estimate"]
@@ -485,3 +495,29 @@ def test_cuda_timer_with_a_stand_in_device(h100, monkeypatch, tmp_path):
     # A toolkit newer than the driver: the same unit goes through NVRTC.
     monkeypatch.setattr(nvcc, "nvcc_version", lambda _: "14.0.1")
     assert F.CudaTimer(compiled, flush_l2=False).nvrtc
+
+
+def test_a_split_pick_is_measured_at_its_other_splits(h100):
+    """tk-roll splits only its pick; the benchmark also builds the pick's tile at each other
+    number of slices the roll priced, so that the choice of slices is measured (on the H100
+    ResNet-50's layers split into 32 slices ran longer than into 16, the model said shorter)."""
+    from tilekit.roll.cost import machine, split_k_estimate
+    (w,) = [w for w in F.load_workloads() if w.name == "resnet50_l3_down_s2"]
+    rolled = roll_module(w.module(), h100, 10)
+    tile = rolled.ops[0].tile
+    assert tile["split_k"] == 16
+    tiles = F.candidate_tiles(rolled, rolled.ops[0], h100, "ops[0]")
+    extra = tiles[1 + len(tile["candidates"]):]
+    assert [t["split_k"] for t in extra] == [2, 4, 8]
+    problem = problem_from_analysis(op_analysis(rolled, 0), dtypes_of(rolled))
+    sizes = [tuple(tile[key][a] for a in axes) for key, axes in (
+        ("block", [a for a, _ in problem.spatial]), ("thread", [a for a, _ in problem.spatial]),
+        ("step", [a for a, _ in problem.reduction]))]
+    for t, factor in zip(extra, (2, 4, 8)):
+        est, slices = split_k_estimate(problem, machine(h100, problem.dtype), *sizes, factor,
+                                       staged=True)
+        assert slices == t["split_k"] and t["estimate"] == est.record()
+    built = F.build_op(rolled, rolled.ops[0].name, h100)
+    kernels = [c.kernel for c in built.candidates[-3:]]
+    assert all(k is not None and k.schedule["split_k"]["slices"] == n
+               for k, n in zip(kernels, (2, 4, 8)))

@@ -44,13 +44,14 @@ from tilekit.codegen.module import canonical_body, generate, unit_source
 from tilekit.errors import IRError, TilekitError
 from tilekit.ir.model import Kernel, Module, Op, default_kernels
 from tilekit.roll.construct import Candidate
-from tilekit.roll.cost import cost_tiles, machine
+from tilekit.roll.cost import cost_tiles, machine, split_k_estimate
 from tilekit.roll.problem import problem_from_analysis
 from tilekit.roll.rtile import RTile
 from tilekit.ir.graph import graph, op_analysis, op_tensors
 from tilekit.roll.schedule import dtypes_of, roll_module, tile_record
 from tilekit.schedule.shape import Target, analysis_facts
 from tilekit.roll.workloads import Workload, load_workloads
+from tilekit.schedule.mma import SPLIT_K
 
 #: The sample of the workload suite the benchmark measures: every SAMPLE_EVERY-th op.
 SAMPLE_EVERY = 4
@@ -103,7 +104,9 @@ def op_module(module: Module, op: Op) -> Module:
 def candidate_tiles(module: Module, op: Op, profile, where: str) -> list[dict[str, Any]]:
     """The pick and every runner-up of `op.tile` as full tile records (grid, blocks, threads,
     smem_bytes, regs re-costed by the model for `profile`; the estimate as tk-roll wrote it),
-    so that each is a valid `tile` by itself."""
+    so that each is a valid `tile` by itself; then, where the pick splits its reduction, the
+    pick's tile at each other split the roll priced (`split_alternatives`): tk-roll splits
+    only its pick, so without them the choice of slices would never be measured."""
     tile = op.tile
     if op.kind != "expr" or not isinstance(tile, Mapping) or "block" not in tile:
         raise IRError("the op has no tile from tk-roll", f"{where}.tile",
@@ -127,6 +130,7 @@ def candidate_tiles(module: Module, op: Op, profile, where: str) -> list[dict[st
                            columns("step", reduction))
     costs = cost_tiles(problem, machine(profile, problem.dtype), block, thread, step)
     out = []
+    pick = None
     for k, entry in enumerate(entries):
         rtile = RTile(tuple(int(b) for b in block[:, k]), tuple(int(t) for t in thread[:, k]),
                       tuple(int(s) for s in step[:, k]))
@@ -137,7 +141,31 @@ def candidate_tiles(module: Module, op: Op, profile, where: str) -> list[dict[st
         # the tile's own estimate (tk-roll may have kept the default over its pick)
         own = entry.get("rolled_estimate") or entry.get("estimate") or record["estimate"]
         out.append({**record, "estimate": dict(own)})
+        if k == 0:
+            pick = cand          # (its blocks unsplit, as split_alternatives takes them)
+    if pick.split > 1:
+        out += [tile_record(problem, [c], facts, Target.of(profile)).tile
+                for c in split_alternatives(problem, profile, pick, bool(costs.staged[0]))]
     return out
+
+
+def split_alternatives(problem, profile, pick: Candidate, staged: bool) -> list[Candidate]:
+    """`pick`'s tile (its `blocks` unsplit) split into each other number of slices the roll
+    prices (a factor of `SPLIT_K` each; a staged tile's slices as
+    tilekit.schedule.shape.staged_split cuts them), fewest slices first, each with the
+    model's estimate."""
+    m = machine(profile, problem.dtype)
+    tile = pick.tile
+    seen = {pick.split}
+    out = []
+    for factor in SPLIT_K:
+        est, slices = split_k_estimate(problem, m, tile.block, tile.thread, tile.step, factor,
+                                       staged=staged)
+        if slices < 2 or slices in seen or not est.time_us < np.inf:
+            continue
+        seen.add(slices)
+        out.append(replace(pick, estimate=est, blocks=pick.blocks * slices, split=slices))
+    return sorted(out, key=lambda c: c.split)
 
 
 def build_op(module: Module, op_name: str, profile) -> OpBuild:
