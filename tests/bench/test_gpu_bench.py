@@ -6,7 +6,9 @@ Op cases (each built as tile IR, rolled for the device's profile, generated, com
 against PyTorch's result, then timed with CUDA events, median of RUNS after WARMUP), against
 cuBLAS / cuDNN through PyTorch:
 
-- matmul: 4096^3, 1024^3, skinny (16 x 4096 x 4096, 4096 x 16 x 4096), a K-heavy 256 x 256 x 16384;
+- matmul: 4096^3, 1024^3, skinny (16 x 4096 x 4096, 4096 x 16 x 4096), a K-heavy 256 x 256 x 16384
+  in fp32; 4096^3 in TF32; 4096^3, 1024^3 and 512 x 4096 x 1024 in fp16, 8192^3 in fp16 and
+  bf16, 4096^3 in bf16 (the GPU-kernel aims: >= 0.9x cuBLAS at 4096^3 and 8192^3);
 - ResNet-50 convolution layers at batch 1 (conv1 7x7/2, the 3x3 of each stage, two 1x1);
 - softmax and layer normalisation rows (fused groups of primitive ops).
 
@@ -65,6 +67,7 @@ import onnx
 import pytest
 
 from tilekit.codegen import generate
+from tilekit.expr.ops import numpy_dtype
 from tilekit.ir.model import Kernel, Module, Op, Tensor
 from tilekit.ir.payloads import CodegenSection
 
@@ -156,6 +159,8 @@ def layernorm(rows: int, cols: int) -> Case:
 def op_cases() -> list[Case]:
     return [
         matmul(4096, 4096, 4096), matmul(4096, 4096, 4096, "float16"),
+        matmul(8192, 8192, 8192, "float16"), matmul(4096, 4096, 4096, "bfloat16"),
+        matmul(8192, 8192, 8192, "bfloat16"),
         matmul(4096, 4096, 4096, precision="tf32"), matmul(512, 4096, 1024, "float16"),
         matmul(1024, 1024, 1024, "float16"),
         matmul(1024, 1024, 1024), matmul(16, 4096, 4096),
@@ -494,17 +499,30 @@ def _row(case: Case, tk_s: float, torch_s: float | None, profile, max_err: float
     return {k: (round(v, 6) if isinstance(v, float) else v) for k, v in row.items()}
 
 
+#: An op case's largest difference from PyTorch (over the output's largest magnitude), by
+#: output dtype; float32 1e-3 (5e-3 on TF32).
+CASE_TOLERANCE = {"float16": 5e-3, "bfloat16": 2e-2}
+
+
+def _torch_tensor(torch, array: np.ndarray):
+    """`array` on the GPU as a torch tensor (torch takes no ml_dtypes bfloat16 array: it goes
+    through float32, exactly)."""
+    if array.dtype == numpy_dtype("bfloat16"):
+        return torch.from_numpy(array.astype(np.float32)).cuda().to(torch.bfloat16)
+    return torch.from_numpy(array).cuda()
+
+
 def _run_case(case: Case, module: Module, cupy, torch, profile) -> dict:
     from tilekit.runtime import cuda
     rng = np.random.default_rng(0)
-    inputs = {n: rng.standard_normal(module.tensors[n].shape).astype(module.tensors[n].dtype)
-              for n in module.inputs}
+    inputs = {n: rng.standard_normal(module.tensors[n].shape).astype(
+        numpy_dtype(module.tensors[n].dtype)) for n in module.inputs}   # bfloat16: ml_dtypes
     result = generate(rolled(module, profile, case.precision), profile)
     timing = cuda.time_kernels(result.module, inputs, {}, RUNS, WARMUP)
     got = cuda.run_module(result.module, inputs, {})[module.outputs[0]].astype(np.float32)
     torch_s, err = None, None
     if case.torch_fn is not None:
-        args = {n: torch.from_numpy(v).cuda() for n, v in inputs.items()}
+        args = {n: _torch_tensor(torch, v) for n, v in inputs.items()}
         tf32 = case.precision == "tf32"
         torch.backends.cuda.matmul.allow_tf32 = tf32       # both sides on TF32, or neither
         try:
@@ -513,9 +531,11 @@ def _run_case(case: Case, module: Module, cupy, torch, profile) -> dict:
             torch.backends.cuda.matmul.allow_tf32 = False
         want = want.float().cpu().numpy()
         err = float(np.abs(got - want).max() / (np.abs(want).max() + 1e-30))
-        half = module.tensors[module.outputs[0]].dtype != "float32" or tf32
-        assert err < (5e-3 if half else 1e-3), \
-            f"{case.name}: tilekit differs from PyTorch by {err:.2e}"
+        out_dtype = module.tensors[module.outputs[0]].dtype
+        # a bfloat16 output rounded differently on each side differs by a unit in its last
+        # (eighth) bit, 2^-7 of the value
+        limit = CASE_TOLERANCE.get(out_dtype, 5e-3 if tf32 else 1e-3)
+        assert err < limit, f"{case.name}: tilekit differs from PyTorch by {err:.2e}"
     row = _row(case, timing.median, torch_s, profile, err)
     row["shape"] = result.kernels[0].shape
     if result.kernels[0].shape == "mma":
