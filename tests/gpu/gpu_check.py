@@ -25,7 +25,7 @@ Steps, in order (`--steps` picks some):
                 tk-codegen`, with the default schedules (no roll), welded (`| tk-weld |`), as
                 a tk-ram program (`tk-roll --top-k 4 | tk-weld | tk-ram |`) and, for the
                 control-flow models, ground (`| tk-grind |`: device loops and branches);
-                `--variants` picks some, `--dtypes float32,float16` imports each model in
+                `--variants` picks some, `--dtypes float32,float16,bfloat16` imports each model in
                 each (`tk-import --dtype`); then `tk-run --device cuda --check` (in
                 parallel), then one at a time `tk-run --bench --graph --report` of
                 `--timed-dtypes` (`--runs 0`: none timed): the median of the run replayed
@@ -102,7 +102,7 @@ SANITIZED = [(m, v) for m in ("mobilenet_block", "bert_encoder_layer", "squeezen
              for v in ("welded", "program")] + [("lstm_loop", "ground"),
                                                  ("nested_loops", "ground")]
 #: `tk-import --dtype` spellings of the models step's dtypes, and their file-name infix.
-DTYPES = {"float32": "", "float16": ".f16"}
+DTYPES = {"float32": "", "float16": ".f16", "bfloat16": ".bf16"}
 
 
 def _env() -> dict[str, str]:

@@ -42,9 +42,11 @@ def test_the_models_step_builds_each_dtype_and_only_control_models_ground(tmp_pa
     (work / "models" / "lstm_loop.f16.ground.cuda.yaml").write_text("kept\n")
     gpu_check.main(["--out", str(tmp_path / "out"), "--work", str(work), "--steps", "models",
                     "--models", "lstm_loop,mobilenet_block", "--variants", "ground",
-                    "--dtypes", "float32,float16", "--runs", "0", "--reuse-built"])
+                    "--dtypes", "float32,float16,bfloat16", "--runs", "0", "--reuse-built"])
     built = sorted(p.name for p in (work / "models").glob("*.cuda.yaml"))
-    assert built == ["lstm_loop.f16.ground.cuda.yaml", "lstm_loop.ground.cuda.yaml"]
+    assert built == ["lstm_loop.bf16.ground.cuda.yaml", "lstm_loop.f16.ground.cuda.yaml",
+                     "lstm_loop.ground.cuda.yaml"]
+    assert "--dtype bfloat16" in (work / "logs" / "models-lstm_loop.log").read_text()
     assert (work / "models" / "lstm_loop.f16.ground.cuda.yaml").read_text() == "kept\n"
     assert (work / "models" / "mobilenet_block.f16.tk.yaml").exists()
     assert "--dtype float16" in (work / "logs" / "models-lstm_loop.log").read_text()
