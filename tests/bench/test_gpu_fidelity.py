@@ -45,8 +45,8 @@ def test_candidates_build():
     involved): the wgmma ones in units built for sm_90a, as the device run builds them."""
     from tilekit.codegen.nvcc import find_nvcc
     h100 = load_profile("h100")
-    ops = fidelity.build_suite_sample(h100, TOP_K) + fidelity.build_sample(
-        h100, fidelity.tensor_core_sample(), TOP_K)
+    ops = fidelity.build_suite_sample(h100, TOP_K) + fidelity.build_tensor_core_sample(h100,
+                                                                                      TOP_K)
     failed = [(op.name, c.index, c.error) for op in ops for c in op.candidates if c.error]
     assert not failed
     if find_nvcc() is None:
@@ -71,9 +71,9 @@ def test_gpu_fidelity():
 def test_gpu_fidelity_tensor_cores():
     """The same on the tensor-core shapes (the half-precision workloads and the 4096^3 fp16
     GEMM): which block GEMM, warp layout and pipeline depth the device prefers."""
-    _measure_sample(lambda profile: fidelity.build_sample(
-        profile, fidelity.tensor_core_sample(), TOP_K), "tc-",
-        "the half-precision workloads of specs/workloads.yaml and a 4096^3 fp16 GEMM")
+    _measure_sample(lambda profile: fidelity.build_tensor_core_sample(profile, TOP_K), "tc-",
+                    "the half-precision workloads of specs/workloads.yaml and a 4096^3 fp16 "
+                    "GEMM")
 
 
 def _measure_sample(build, prefix: str, sample: str) -> None:

@@ -120,20 +120,27 @@ def best_split_k(problem: Problem, m: Machine, tiles: list[RTile]) -> Candidate 
     return Candidate(tile, est, plan.smem_bytes, 0, plan.threads, blocks * slices, slices)
 
 
-def _fastest_split(problem: Problem, m: Machine, tiles: list[RTile], staged: bool
-                   ) -> tuple[int, Estimate, int] | None:
-    """The fastest split of `tiles` over the factors of `SPLIT_K` as (the tile's index, its
-    estimate, its slices), or None where none makes two slices with a finite time; each
-    factor's splits of all the tiles priced together (`cost.split_k_estimates`), the first of
-    equal times (to 6 significant digits) kept."""
+def priced_splits(problem: Problem, m: Machine, tiles: list[RTile], staged: bool
+                  ) -> dict[int, list[tuple[Estimate, int]]]:
+    """Each factor of `SPLIT_K` (in order) to the split of every tile of `tiles` by it, as
+    (estimate, slices); each factor's splits of all the tiles priced together
+    (`cost.split_k_estimates`). `staged`: staged tiles' splits, else wgmma tiles'."""
     from tilekit.schedule.mma import SPLIT_K
 
     shapes = [(t.block, t.thread, t.step) for t in tiles]
-    priced = {factor: split_k_estimates(problem, m, shapes, factor, staged=staged)
-              for factor in SPLIT_K}
+    return {factor: split_k_estimates(problem, m, shapes, factor, staged=staged)
+            for factor in SPLIT_K}
+
+
+def _fastest_split(problem: Problem, m: Machine, tiles: list[RTile], staged: bool
+                   ) -> tuple[int, Estimate, int] | None:
+    """The fastest split of `tiles` (`priced_splits`) as (the tile's index, its estimate, its
+    slices), or None where none makes two slices with a finite time; the first of equal times
+    (to 6 significant digits) kept."""
+    priced = priced_splits(problem, m, tiles, staged)
     best = None
     for i in range(len(tiles)):
-        for factor in SPLIT_K:
+        for factor in priced:
             est, slices = priced[factor][i]
             if slices < 2 or not est.time_us < np.inf:
                 continue

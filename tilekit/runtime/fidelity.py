@@ -43,15 +43,14 @@ from tilekit.codegen.kernel import GeneratedKernel
 from tilekit.codegen.module import canonical_body, generate, unit_source
 from tilekit.errors import IRError, TilekitError
 from tilekit.ir.model import Kernel, Module, Op, default_kernels
-from tilekit.roll.construct import Candidate
-from tilekit.roll.cost import cost_tiles, machine, split_k_estimate
+from tilekit.roll.construct import Candidate, priced_splits
+from tilekit.roll.cost import cost_tiles, machine
 from tilekit.roll.problem import problem_from_analysis
 from tilekit.roll.rtile import RTile
 from tilekit.ir.graph import graph, op_analysis, op_tensors
 from tilekit.roll.schedule import dtypes_of, roll_module, tile_record
 from tilekit.schedule.shape import Target, analysis_facts
 from tilekit.roll.workloads import Workload, load_workloads
-from tilekit.schedule.mma import SPLIT_K
 
 #: The sample of the workload suite the benchmark measures: every SAMPLE_EVERY-th op.
 SAMPLE_EVERY = 4
@@ -129,8 +128,7 @@ def candidate_tiles(module: Module, op: Op, profile, where: str) -> list[dict[st
     block, thread, step = (columns("block", spatial), columns("thread", spatial),
                            columns("step", reduction))
     costs = cost_tiles(problem, machine(profile, problem.dtype), block, thread, step)
-    out = []
-    pick = None
+    out, cands = [], []
     for k, entry in enumerate(entries):
         rtile = RTile(tuple(int(b) for b in block[:, k]), tuple(int(t) for t in thread[:, k]),
                       tuple(int(s) for s in step[:, k]))
@@ -141,26 +139,23 @@ def candidate_tiles(module: Module, op: Op, profile, where: str) -> list[dict[st
         # the tile's own estimate (tk-roll may have kept the default over its pick)
         own = entry.get("rolled_estimate") or entry.get("estimate") or record["estimate"]
         out.append({**record, "estimate": dict(own)})
-        if k == 0:
-            pick = cand          # (its blocks unsplit, as split_alternatives takes them)
-    if pick.split > 1:
+        cands.append(cand)
+    if cands[0].split > 1:       # the pick, its blocks unsplit
         out += [tile_record(problem, [c], facts, Target.of(profile)).tile
-                for c in split_alternatives(problem, profile, pick, bool(costs.staged[0]))]
+                for c in split_alternatives(problem, profile, cands[0], bool(costs.staged[0]))]
     return out
 
 
 def split_alternatives(problem, profile, pick: Candidate, staged: bool) -> list[Candidate]:
     """`pick`'s tile (its `blocks` unsplit) split into each other number of slices the roll
-    prices (a factor of `SPLIT_K` each; a staged tile's slices as
+    prices (`priced_splits`: a factor of `SPLIT_K` each; a staged tile's slices as
     tilekit.schedule.shape.staged_split cuts them), fewest slices first, each with the
     model's estimate."""
-    m = machine(profile, problem.dtype)
-    tile = pick.tile
+    priced = priced_splits(problem, machine(profile, problem.dtype), [pick.tile], staged)
     seen = {pick.split}
     out = []
-    for factor in SPLIT_K:
-        est, slices = split_k_estimate(problem, m, tile.block, tile.thread, tile.step, factor,
-                                       staged=staged)
+    for of_the_tile in priced.values():
+        est, slices = of_the_tile[0]
         if slices < 2 or slices in seen or not est.time_us < np.inf:
             continue
         seen.add(slices)
@@ -222,6 +217,11 @@ def build_sample(profile, workloads: Sequence[Workload], top_k: int = 10) -> lis
 def build_suite_sample(profile, top_k: int = 10, every: int = SAMPLE_EVERY) -> list[OpBuild]:
     """The sample's workloads rolled for `profile` with `top_k`, each op's candidates built."""
     return build_sample(profile, suite_sample(every), top_k)
+
+
+def build_tensor_core_sample(profile, top_k: int = 10) -> list[OpBuild]:
+    """`tensor_core_sample` rolled for `profile` with `top_k`, each op's candidates built."""
+    return build_sample(profile, tensor_core_sample(), top_k)
 
 
 # -- compiling ---------------------------------------------------------------------------
