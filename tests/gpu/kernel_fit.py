@@ -7,7 +7,8 @@ of each timed variant, CUDA events, the mean of 5 runs); `--work` the folder the
 built in (`<work>/models/<model>[.f16].<variant>.cuda.yaml`): the pipeline is deterministic,
 so the IR built on a CPU machine before a lease (docs/gpu.md, "A short lease") is the IR
 that ran. For each kernel: its shape, its split of the reduction, threads and blocks as
-launched, the roll's estimate (the sum of its ops' `tile.estimate`) and the time measured;
+launched, the model's estimate (a welded group's `estimate`, tk-weld's; else its op's
+`tile.estimate`, tk-roll's) and the time measured;
 then measured over estimated by shape and by warps per SM (the blocks an SM holds at once, as
 the model counts them, times their warps). Runs anywhere: no GPU, no CuPy.
 """
@@ -34,6 +35,7 @@ def kernel_rows(module, calls: list, hw) -> list[dict]:
     """One row per kernel called in the run: what the roll priced, what the device took
     (a kernel called several times, e.g. in a loop, keeps the sum of its calls)."""
     ops = {op.name: op for op in module.ops}
+    grouped = {k.name: k.estimate for k in module.kernels if k.estimate}
     measured: dict[str, float] = defaultdict(float)
     for name, ms in calls:
         measured[name] += ms
@@ -42,7 +44,10 @@ def kernel_rows(module, calls: list, hw) -> list[dict]:
         if k["entry"] not in measured:
             continue
         tiles = [ops[n].tile or {} for n in k["ops"] if n in ops]
-        estimate = sum((t.get("estimate") or {}).get("time_us", 0.0) for t in tiles)
+        # a welded group's own estimate (one launch, its intermediates on chip), else its op's
+        own = grouped.get(k["name"])
+        estimate = own["time_us"] if own else sum(
+            (t.get("estimate") or {}).get("time_us", 0.0) for t in tiles)
         threads = math.prod(k["block"])
         blocks = math.prod(k["grid"])
         first = tiles[0] if tiles else {}

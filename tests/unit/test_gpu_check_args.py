@@ -118,7 +118,7 @@ def test_kernel_fit_sets_each_kernel_call_against_the_roll(tmp_path, capsys):
 
     import kernel_fit
     from clirun import completed
-    from tilekit.cli import tk_codegen, tk_roll
+    from tilekit.cli import tk_codegen, tk_roll, tk_weld
 
     models = tmp_path / "models"
     models.mkdir()
@@ -141,6 +141,19 @@ def test_kernel_fit_sets_each_kernel_call_against_the_roll(tmp_path, capsys):
     assert all(r["measured_us"] == 10.0 and r["estimated_us"] > 0 and r["warps_per_sm"] > 0
                for r in rows)
     assert "meas/est median" in capsys.readouterr().out
-    calls.write_text(json.dumps({"softmax.welded": []}))
+    # welded: a group is priced as one kernel (tk-weld's estimate), not as the sum of its ops
+    welded = models / "softmax.welded.cuda.yaml"
+    weld = completed(tk_weld.main, [rolled, "-o", tmp_path / "welded.yaml"])
+    assert weld.returncode == 0
+    assert completed(tk_codegen.main, [tmp_path / "welded.yaml", "-o", welded]).returncode == 0
+    module = read_module(str(welded))
+    (group,) = [k for k in module.kernels if len(k.ops) > 1]
+    entry = next(k["entry"] for k in module.codegen["kernels"] if k["name"] == group.name)
+    calls.write_text(json.dumps({"softmax.welded": [[entry, 0.01]]}))
+    assert kernel_fit.main([str(calls), "--work", str(tmp_path), "--json", str(rows_path)]) == 0
+    (row,) = json.loads(rows_path.read_text())
+    assert row["ops"] == len(group.ops) and row["estimated_us"] == round(
+        group.estimate["time_us"], 3)
+    calls.write_text(json.dumps({"softmax.program": []}))
     assert kernel_fit.main([str(calls), "--work", str(tmp_path)]) == 2
-    assert "softmax.welded.cuda.yaml is not built" in capsys.readouterr().err
+    assert "softmax.program.cuda.yaml is not built" in capsys.readouterr().err
