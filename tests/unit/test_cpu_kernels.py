@@ -732,6 +732,44 @@ def test_a_ragged_last_panel_of_at_most_half_its_columns_takes_a_half_tile():
 
 
 @needs_cxx
+def test_a_ragged_last_panel_splits_into_vectors_and_columns():
+    """With A packed (here a convolution's filters, packed once), the ragged last micro-panel
+    runs `tk_gemm_micro_ragged`: its whole vectors of columns as the register tile, the rest
+    one FMA of the tile's rows per column. 49 pixels of a 7 x 7 image (a panel of 32 and 17
+    columns: 16 and 1), 196 of a 14 x 14 (6 panels and 4 columns), 28 of a 4 x 7 (12 over a
+    vector: a whole vector instead), a 3 x 3 convolution over 128 channels (K in several
+    steps, each step's columns added to the last's) and a 1 x 1 with a bias and ReLU: every
+    result equals the reference, on one thread and on two."""
+    rng = np.random.default_rng(12)
+    vi = h.make_tensor_value_info
+    nodes, inputs, weights = [], [], []
+    for name, (c, hh, ww, kernel) in {"a": (24, 7, 7, 1), "b": (24, 14, 14, 1),
+                                      "c": (24, 4, 7, 1), "d": (128, 7, 7, 3)}.items():
+        inputs.append(vi(f"x{name}", T.FLOAT, [1, c, hh, ww]))
+        scale = (c * kernel * kernel) ** -0.5      # sums of about unit size
+        weights.append(nh.from_array(
+            (scale * rng.standard_normal((64, c, kernel, kernel))).astype(np.float32),
+            f"w{name}"))
+        pads = [kernel // 2] * 4
+        nodes.append(h.make_node("Conv", [f"x{name}", f"w{name}"], [f"y{name}"], pads=pads))
+    weights.append(nh.from_array(rng.standard_normal(64).astype(np.float32), "bias"))
+    nodes += [h.make_node("Conv", ["xa", "wa", "bias"], ["p"]),
+              h.make_node("Relu", ["p"], ["ye"])]
+    imported = _import(nodes, "ragged_split", inputs,
+                       [vi(f"y{n}", T.FLOAT, None) for n in "abcde"], weights)
+    module = imported.module
+    generated = generate(module, load_profile("icelake"), target="cpu").module
+    by_op = {op: k for k in generated.codegen["kernels"] for op in k["ops"]}
+    for out in ("ya", "yb", "yc", "yd", "p_conv"):
+        k = by_op[_op_of(module, out)]
+        assert k["schedule"]["gemm"]["n"] == ["n", "h", "w"], (out, k["schedule"])
+        assert "tk_gemm_micro_ragged<8, 32, " in k["source"], out
+    feeds = {n: rng.standard_normal(module.tensors[n].shape).astype(np.float32)
+             for n in module.inputs}
+    _equals_reference(module, generated, feeds, imported.weights)
+
+
+@needs_cxx
 def test_a_whole_n_keeps_its_role_however_m_pads():
     """N in whole micro-panels keeps the output's contiguous axis: the input projection of a
     32-step recurrence (x [32, 24] by a weight [96, 24] transposed: M = 32 pads to 36 rows of

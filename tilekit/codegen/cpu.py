@@ -919,7 +919,7 @@ def gemm_kernel(module, plan: GroupPlan, entry: str, shape: CpuShape, target: Ta
                          rows_first=one_step and rows_first,
                          strip_done=strip_done if one_step else None,
                          ahead=ahead if streams else None, a_ahead=a_ahead, b_ahead=b_ahead,
-                         fill=fill)
+                         fill=fill, a_packed=direct is None)
     if not one_step and rows_first and whole_rows:
         block_rows(tx.const(0), g.mc)     # after the last step, the tile (from L2)
     elif not one_step:
@@ -950,7 +950,7 @@ def gemm_kernel(module, plan: GroupPlan, entry: str, shape: CpuShape, target: Ta
 
 def _micro_tiles(b: Builder, a_tile, b_panel, c_tile, mr: int, nr: int, ir_lo: Expr,
                  ir_hi: Expr, ks: Var, ncount: Var, kcount: Var, rows_first: bool, strip_done,
-                 ahead=None, a_ahead=None, b_ahead=None, fill=None) -> None:
+                 ahead=None, a_ahead=None, b_ahead=None, fill=None, a_packed=False) -> None:
     """The micro-kernel on every `mr x nr` tile of the rows `ir_lo * mr` to `ir_hi * mr` of
     the block at this step, into `c_tile(ir, jr)` (address, row stride), with the
     micro-kernel and A's arguments of `a_tile(ir)` (a packed panel, or A's rows where they
@@ -974,19 +974,41 @@ def _micro_tiles(b: Builder, a_tile, b_panel, c_tile, mr: int, nr: int, ir_lo: E
     micro-panel meets), which read its rows from the operand as they compute
     (`gemm_micro_fill`); the others read the panel.
 
-    The last micro-panel of a ragged N runs `nr / 2` columns when no more of it are in N
-    (196 pixels are 6 panels of 32 and 4 columns, which take 16 columns rather than 32; the
-    micro-kernels read B's panel at its own stride, runtime_cpu.h)."""
+    The last micro-panel of a ragged N: with A packed (`a_packed`), `gemm_micro_ragged`
+    (runtime_cpu.h) runs its whole vectors of columns in N as the register tile does and the
+    rest, fewer than a vector, a vector of the tile's rows per column (a 7 x 7 image's 49
+    pixels are a panel of 32 and one of 17 columns: 16 and 1, where a tile of 32 did 32); the
+    micro-tile that packs B's panel (`fill`) and A read in place take `nr / 2` columns when
+    no more of it are in N, else `nr` (196 pixels are 6 panels of 32 and 4 columns, which
+    take 16 columns rather than 32; the micro-kernels read B's panel at its own stride)."""
     whole = b.let("jw", tx.div(ncount, nr))      # micro-panels with all their columns in N
     rest = b.let("jt", tx.sub(ncount, tx.mul(whole, nr)))
     half = nr // 2 if nr % 8 == 0 else None
 
-    def call(ir: Expr, jr: Expr, width: int, prefetch: tuple[Expr, int] | None,
+    def call(ir: Expr, jr: Expr, width: int | None, prefetch: tuple[Expr, int] | None,
              filling: bool) -> None:
         """The micro-kernel on tile (ir, jr): on B's packed panel, or (`filling`) packing it
         as it reads it (`gemm_micro_fill`: always with a prefetch step, 0 for none);
-        `prefetch`: (address, floats per step of K) to prefetch."""
+        `prefetch`: (address, floats per step of K) to prefetch. `width` None: the ragged
+        last panel (`last_panel`)."""
+        if width is None and (filling or not a_packed):
+            # a tile of nr / 2 columns where the rest fits in them, else of nr
+            with b.if_(tx.le(rest, half)):
+                call(ir, jr, half, prefetch, filling)
+            with b.else_():
+                call(ir, jr, nr, prefetch, filling)
+            return
         fn, a_args = a_tile(ir)
+        if width is None:
+            at, ldc = c_tile(ir, jr)
+            step, ahead_at = (0, tx.const(0)) if prefetch is None else (prefetch[1],
+                                                                        prefetch[0])
+            b.evaluate(tx.call("gemm_micro_ragged", tx.const(mr), tx.const(nr),
+                               tx.const(step), *a_args, b_panel(jr),
+                               tx.cast("int32", kcount), at, tx.const(ldc),
+                               tx.cast("int32", tx.gt(ks, 0)), tx.cast("int32", rest),
+                               ahead_at))
+            return
         consts = [mr, width, nr]
         if filling:
             fn = f"{fn}_fill"
@@ -1024,14 +1046,8 @@ def _micro_tiles(b: Builder, a_tile, b_panel, c_tile, mr: int, nr: int, ir_lo: E
 
     def last_panel(tiles_of) -> None:
         """The ragged last micro-panel (`rest` > 0): `tiles_of(width)` emits its
-        micro-tiles."""
-        if half is None:
-            tiles_of(nr)
-            return
-        with b.if_(tx.le(rest, half)):
-            tiles_of(half)
-        with b.else_():
-            tiles_of(nr)
+        micro-tiles (width None: each as `call` decides)."""
+        tiles_of(nr if half is None else None)
 
     if rows_first:
         with b.loop("ir", ir_lo, ir_hi) as ir:

@@ -460,6 +460,125 @@ static __attribute__((noinline)) void tk_gemm_micro_rows_ahead(
                               ldc, accumulate, ahead);
 }
 
+// -- a ragged last micro-panel ----------------------------------------------------------------
+// `tk_gemm_micro_ragged`: the tile of a micro-panel only `cols` (< NR) of whose columns are in
+// N, A packed (`tk_gemm_micro`'s a[k * MR + i]: a packed panel or a weight's). The whole
+// vectors of those columns run as the register tile does; the rest, fewer than a vector's
+// lanes, by `tk_gemm_cols`, whose accumulators run along M: one vector of the MR rows per
+// column, so that a column costs one FMA a step where the register tile spends MR FMAs on a
+// vector of columns mostly past N (a 7 x 7 image's 49 pixels: 48 in three vectors and 1, for
+// which a 16-lane tile did 16 columns' work). Where MR is not a power of two (AVX2's 6-row
+// tiles) the rest runs as a tile of NR / 2 or NR columns, as before the split.
+// A vector of N floats (a struct member: GCC drops a vector_size that depends on a template
+// argument from a typedef or alias in the template's body).
+template <int N>
+struct tk_floats {
+  typedef float type __attribute__((vector_size(N * 4)));
+};
+
+template <int MR, int R, int LDB, int STEP>
+static inline void tk_gemm_cols(const float* __restrict__ a, const float* __restrict__ b,
+                                int kc, float* __restrict__ c, int ldc, int accumulate,
+                                const float* ahead) {
+  typedef typename tk_floats<MR>::type rows_v;
+  // a column's sums are one dependent chain: fewer than 4 columns take several chains over
+  // alternate steps of K, added at the end
+  constexpr int P = R >= 4 ? 1 : R >= 2 ? 2 : 4;
+  rows_v acc[P][R];
+#pragma GCC unroll 4
+  for (int p = 0; p < P; ++p)
+#pragma GCC unroll 16
+    for (int j = 0; j < R; ++j) acc[p][j] = rows_v{};
+  int k = 0;
+  for (; k + P <= kc; k += P) {
+#pragma GCC unroll 4
+    for (int p = 0; p < P; ++p) {
+      rows_v av;
+      std::memcpy(&av, a + (k + p) * MR, sizeof av);
+      if constexpr (STEP > 0) __builtin_prefetch(ahead + (k + p) * STEP);
+#pragma GCC unroll 16
+      for (int j = 0; j < R; ++j) acc[p][j] += av * b[(k + p) * LDB + j];
+    }
+  }
+  for (; k < kc; ++k) {
+    rows_v av;
+    std::memcpy(&av, a + k * MR, sizeof av);
+#pragma GCC unroll 16
+    for (int j = 0; j < R; ++j) acc[0][j] += av * b[k * LDB + j];
+  }
+#pragma GCC unroll 16
+  for (int j = 0; j < R; ++j) {
+    rows_v sum = acc[0][j];
+    if constexpr (P == 2) sum += acc[1][j];
+    if constexpr (P == 4) sum = (sum + acc[1][j]) + (acc[2][j] + acc[3][j]);
+#pragma GCC unroll 32
+    for (int i = 0; i < MR; ++i) {
+      float* at = c + i * ldc + j;
+      *at = accumulate ? *at + sum[i] : sum[i];
+    }
+  }
+}
+
+// `tk_gemm_cols` for a run-time count of columns, 1 <= r <= R.
+template <int MR, int LDB, int STEP, int R>
+static inline void tk_gemm_cols_upto(int r, const float* __restrict__ a,
+                                     const float* __restrict__ b, int kc, float* __restrict__ c,
+                                     int ldc, int accumulate, const float* ahead) {
+  if constexpr (R > 0) {
+    if (r == R) {
+      tk_gemm_cols<MR, R, LDB, STEP>(a, b, kc, c, ldc, accumulate, ahead);
+      return;
+    }
+    tk_gemm_cols_upto<MR, LDB, STEP, R - 1>(r, a, b, kc, c, ldc, accumulate, ahead);
+  }
+}
+
+// The register tile on the first q vectors of columns, 1 <= q <= Q.
+template <int MR, int LDB, int STEP, int Q>
+static inline void tk_gemm_vectors_upto(int q, const float* __restrict__ a,
+                                        const float* __restrict__ b, int kc,
+                                        float* __restrict__ c, int ldc, int accumulate,
+                                        const float* ahead) {
+  if constexpr (Q > 0) {
+    if (q == Q) {
+      tk_gemm_packed_a<MR, Q * TK_F32_LANES, STEP>(a, tk_panel_rows<Q, LDB>(b), kc, c, ldc,
+                                                   accumulate, ahead);
+      return;
+    }
+    tk_gemm_vectors_upto<MR, LDB, STEP, Q - 1>(q, a, b, kc, c, ldc, accumulate, ahead);
+  }
+}
+
+template <int MR, int NR, int STEP>
+static __attribute__((noinline)) void tk_gemm_micro_ragged(const float* __restrict__ a,
+                                                            const float* __restrict__ b, int kc,
+                                                            float* __restrict__ c, int ldc,
+                                                            int accumulate, int cols,
+                                                            const float* ahead) {
+  if constexpr (MR >= 4 && (MR & (MR - 1)) == 0) {
+    int q = cols / TK_F32_LANES, r = cols - q * TK_F32_LANES;
+    // r columns load r values of B a step where a vector of them loads MR of A: from about
+    // 1.5 MR columns on a whole vector is as fast (8-row tiles on a Zen 4 core: 12 columns
+    // 0.90x its time, 13 0.94x, 14 1.01x, 15 1.10x)
+    if (2 * r >= 3 * MR && (q + 1) * TK_F32_LANES <= NR) ++q, r = 0;
+    tk_gemm_vectors_upto<MR, NR, STEP, NR / TK_F32_LANES>(q, a, b, kc, c, ldc, accumulate,
+                                                          ahead);
+    tk_gemm_cols_upto<MR, NR, STEP, TK_F32_LANES - 1>(
+        r, a, b + q * TK_F32_LANES, kc, c + q * TK_F32_LANES, ldc, accumulate, ahead);
+  } else {
+    constexpr int HALF = NR % 8 == 0 ? NR / 2 : NR;
+    if (cols <= HALF) {
+      constexpr int W = tk_tile_width<HALF, NR>();
+      tk_gemm_packed_a<MR, W, STEP>(a, tk_panel_rows<W / TK_F32_LANES, NR>(b), kc, c, ldc,
+                                    accumulate, ahead);
+    } else {
+      constexpr int W = tk_tile_width<NR, NR>();
+      tk_gemm_packed_a<MR, W, STEP>(a, tk_panel_rows<W / TK_F32_LANES, NR>(b), kc, c, ldc,
+                                    accumulate, ahead);
+    }
+  }
+}
+
 // -- packing --------------------------------------------------------------------------------
 // dst[i] = ok[i] ? src[i] : pad for i < W: a packed panel's row of W values that lie
 // contiguously in the operand, `ok` the lanes inside it (a convolution's padding, the edge of

@@ -134,6 +134,11 @@ FUNCTIONS: dict[str, Function] = {f.name: f for f in (
     # pad elsewhere. gemm_micro_rows_fill takes &a_row0, lda, rows for &a_panel.
     Function("gemm_micro_fill", 17, "intrinsic", "int32", cpu_only=True, templated=5),
     Function("gemm_micro_rows_fill", 19, "intrinsic", "int32", cpu_only=True, templated=5),
+    # the tile of a ragged last micro-panel, A packed (runtime_cpu.h tk_gemm_micro_ragged):
+    # gemm_micro_ragged(MR, NR, STEP, &a_panel, &b_panel, kc, &c, ldc, accumulate, cols,
+    # &ahead): the panel's first `cols` columns (< NR, B's row stride NR), its whole vectors
+    # of them as gemm_micro does, the rest one FMA of MR rows a column per step
+    Function("gemm_micro_ragged", 11, "intrinsic", "int32", cpu_only=True, templated=3),
     # the lanes of an int32 row of W (a constant, at most 64) that are not 0, as the bits of
     # an int64 (runtime_cpu.h tk_lane_bits): lane_bits(W, &ok)
     Function("lane_bits", 2, "intrinsic", "int64", cpu_only=True, templated=1),
