@@ -769,6 +769,34 @@ def test_a_ragged_last_panel_splits_into_vectors_and_columns():
     _equals_reference(module, generated, feeds, imported.weights)
 
 
+def test_the_lane_masks_of_a_window_repeat_over_its_channels():
+    """The lanes of a filled panel's rows depend on K only through the checked dimensions'
+    parts: a 3 x 3 window's 9 points repeat over C x 3 x 3, so the masks of the first 9 rows
+    are computed and the rest copied; with no checked dimension (a 1 x 1 convolution) one
+    row's; where an outermost K axis is checked, or a checked axis' extent varies, all."""
+    from tilekit.codegen.cpu import _dims_period
+
+    extent = {"c": 64, "kh": 3, "kw": 3}
+    assert _dims_period(("c", "kh", "kw"), {"kh", "kw"}, extent, frozenset()) == 9
+    assert _dims_period(("c", "kh", "kw"), {"kw"}, extent, frozenset()) == 3
+    assert _dims_period(("c", "kh", "kw"), set(), extent, frozenset()) == 1
+    assert _dims_period(("c", "kh", "kw"), {"c", "kw"}, extent, frozenset()) is None
+    assert _dims_period(("c", "kh", "kw"), {"kh"}, extent, frozenset({"kw"})) is None
+    rng = np.random.default_rng(13)
+    vi = h.make_tensor_value_info
+    imported = _import(
+        [h.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])], "masks",
+        [vi("x", T.FLOAT, [1, 16, 12, 12])], [vi("y", T.FLOAT, None)],
+        [nh.from_array((rng.standard_normal((32, 16, 3, 3)) / 12).astype(np.float32), "w")])
+    module = imported.module
+    generated = generate(module, load_profile("icelake"), target="cpu").module
+    source = generated.codegen["kernels"][0]["source"]
+    assert "b_bits[kk] = b_bits[kk - 9];" in source and "kk < tk_min(kc, 9)" in source
+    feeds = {"x": rng.standard_normal((1, 16, 12, 12)).astype(np.float32)}
+    if find_cxx() is not None:
+        _equals_reference(module, generated, feeds, imported.weights)
+
+
 @needs_cxx
 def test_a_whole_n_keeps_its_role_however_m_pads():
     """N in whole micro-panels keeps the output's contiguous axis: the input projection of a

@@ -1161,9 +1161,11 @@ class _Side:
     KW), else a table filled once; each dimension that can leave the tensor has a table of
     its index part."""
 
-    def __init__(self, origin: Expr, coef: int | None, base: Expr, offsets, dims: dict):
+    def __init__(self, origin: Expr, coef: int | None, base: Expr, offsets, dims: dict,
+                 period: int | None = None):
         self.origin, self.coef, self.base = origin, coef, base
         self.offsets, self.dims = offsets, dims
+        self.period = period
 
     def offset(self, local: Expr, idx_t: str) -> Expr:
         if self.coef is None:
@@ -1275,7 +1277,20 @@ def _k_side(b: Builder, name: str, read: Read, k_axes: tuple[str, ...], k0: Var,
             for d in checked:
                 b.store(dims[d], (kk,), tx.linear(
                     [(cf, values[a]) for a, cf in per_dim[d].items()], 0, idx_t))
-    return _Side(k0, coef, tx.const(0, idx_t), offsets, dims)
+    return _Side(k0, coef, tx.const(0, idx_t), offsets, dims,
+                 _dims_period(k_axes, {a for d in checked for a in per_dim[d]}, extent, free))
+
+
+def _dims_period(k_axes: tuple[str, ...], used: set[str], extent: dict,
+                 free: frozenset[str]) -> int | None:
+    """The steps of K after which the checked dimensions' K parts repeat: the points of the
+    trailing K axes from the first that a checked dimension uses (a 3 x 3 window's 9 over C x
+    KH x KW, 1 where no dimension is checked); None where that is all of K, or an extent
+    varies."""
+    first = next((i for i, a in enumerate(k_axes) if a in used), len(k_axes))
+    if first == 0 or free & set(k_axes[first:]):
+        return None
+    return math.prod(extent[a] for a in k_axes[first:])
 
 
 def _axis_values(b: Builder, axes: tuple[str, ...], flat: Expr, extent: dict, idx_t: str,
@@ -1403,14 +1418,23 @@ class _Fill:
         self.src = Addr(tvar(read.tensor), (tx.const(0),))
 
     def tables(self, pp: Expr) -> None:
-        """The tables of micro-panel `pp` at this step."""
+        """The tables of micro-panel `pp` at this step. Where the checked dimensions' K parts
+        repeat every `ks.period` steps (a 3 x 3 window's 9 points over the channels), the
+        lanes of the rows after the first period are copies."""
         b, width, group, ks, idx_t = self.b, self.width, self.group, self.ks, self.idx_t
         first = None if self.gather else group.offset(tx.mul(pp, width), idx_t)
-        with b.loop("kk", 0, self.kcount, dtype=idx_t) as kk:
+        period = ks.period
+        masked = self.kcount if period is None else tx.call(
+            "min", self.kcount, tx.const(period, idx_t))
+        with b.loop("kk", 0, masked, dtype=idx_t) as kk:
             ok = _lane_mask(b, "lanes_", self.read, width, pp, kk, self.count, group, ks,
                             idx_t)
             b.store(self.bits, (kk,), tx.call("lane_bits", tx.const(width),
                                               Addr(ok.name, (tx.const(0),))))
+        if period is not None:
+            with b.loop("kk", period, self.kcount, dtype=idx_t) as kk:
+                b.store(self.bits, (kk,), Load(self.bits.name, (tx.sub(kk, period),), "int64"))
+        with b.loop("kk", 0, self.kcount, dtype=idx_t) as kk:
             offset = ks.offset(kk, idx_t)
             b.store(self.rows, (kk,), offset if first is None else tx.add(first, offset))
 
