@@ -104,6 +104,45 @@ def test_convolution_is_an_implicit_gemm():
     assert run(module, expected) < TOLERANCE["float16"]
 
 
+def _conv5x5() -> Module:
+    """Inception v1's 5 x 5 branch in fp16: 16 channels x 25 window points in one step of K,
+    25 k-slices."""
+    return Module(model="conv5", tensors={
+        "x": Tensor((1, 16, 28, 28), "float16", "input"),
+        "w": Tensor((64, 16, 5, 5), "float16", "input"),
+        "y": Tensor((1, 64, 28, 28), "float32", "output")},
+        ops=(Op("conv", "y[n,f,h,w] += x[n,c,h+kh-2,w+kw-2] * w[f,c,kh,kw]", pad="0",
+                tile={"block": {"n": 1, "f": 64, "h": 2, "w": 32},
+                      "thread": {"n": 1, "f": 32, "h": 1, "w": 1},
+                      "step": {"c": 16, "kh": 5, "kw": 5}}),),
+        inputs=("x", "w"), outputs=("y",), stages=({"name": "import"},))
+
+
+def test_a_long_step_unrolls_its_slices_a_few_at_a_time():
+    """A step of 25 k-slices is unrolled 8 at a time (`UNROLLED_SLICES`): wholly unrolled,
+    nvcc loaded every slice's fragments up front (255 registers, 48 bytes spilled for sm_90).
+    The kernel still equals the reference; a step of 2 slices stays wholly unrolled."""
+    from tilekit.codegen.mma import UNROLLED_SLICES
+
+    module = _conv5x5()
+    (k,) = generate(module, H100).kernels
+    assert f"#pragma unroll {UNROLLED_SLICES}\n" in k.source
+    from tilekit.tile.text import format_kernel
+    assert f"in unroll[{UNROLLED_SLICES}](0, 400, 16):" in format_kernel(k.program)
+    (short,) = generate(gemm(64, 64, 64, "float16"), H100).kernels
+    assert "#pragma unroll " not in short.source.replace("#pragma unroll\n", "")
+
+    def expected(v):
+        xp = np.pad(v["x"].astype(np.float64), ((0, 0), (0, 0), (2, 2), (2, 2)))
+        out = np.zeros((1, 64, 28, 28))
+        for kh in range(5):
+            for kw in range(5):
+                out += np.einsum("nchw,fc->nfhw", xp[:, :, kh:kh + 28, kw:kw + 28],
+                                 v["w"][:, :, kh, kw].astype(np.float64))
+        return out
+    assert run(module, expected) < TOLERANCE["float16"]
+
+
 def test_batched_matmul_runs_a_batch_per_block():
     module = Module(model="bmm", tensors={
         "a": Tensor((3, 40, 64), "float16", "input"), "b": Tensor((3, 64, 48), "float16", "input"),
@@ -144,6 +183,10 @@ def test_tensor_core_kernels_compile_without_spills(arch):
         assert not report.problems, report.problems
         res = report.module.codegen["kernels"][0]["resources"]
         assert res["spill_stores"] == 0 and res["registers"] <= 255
+    report = compile_module(generate(_conv5x5(), H100), arch, H100)
+    assert not report.problems, report.problems
+    res = report.module.codegen["kernels"][0]["resources"]
+    assert res["spill_stores"] == 0 and res["registers"] < 128, res
 
 
 def test_roll_uses_tensor_cores_when_it_may():

@@ -30,6 +30,7 @@ onnxruntime 250-300 ms). libgomp reads the variable once, when the first library
 from __future__ import annotations
 
 import ctypes
+import math
 import os
 import time
 from typing import Any, Mapping
@@ -101,7 +102,8 @@ def aligned_buffer(shape, dtype, zero: bool = True) -> "HostBuffer":
     """A C-contiguous host buffer of `shape` and `dtype` whose data start on `BUFFER_ALIGN`
     bytes (zeros, or uninitialised with `zero` false)."""
     dtype = np.dtype(dtype)
-    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    # math.prod: np.prod of a tuple takes 3.6 us, and a run makes a buffer per output
+    nbytes = math.prod(int(d) for d in shape) * dtype.itemsize
     raw = (np.zeros if zero else np.empty)(nbytes + BUFFER_ALIGN, np.uint8)
     start = -raw.ctypes.data % BUFFER_ALIGN
     return raw[start:start + nbytes].view(dtype).reshape(tuple(shape)).view(HostBuffer)

@@ -101,8 +101,8 @@ class Builder:
 
     @contextmanager
     def loop(self, name: str, start: Operand, stop: Operand, step: Operand = 1,
-             kind: str = "serial", dtype: str | None = None, stages: int = 0
-             ) -> Iterator[Var]:
+             kind: str = "serial", dtype: str | None = None, stages: int = 0,
+             unroll: int = 0) -> Iterator[Var]:
         start_e, stop_e = as_expr(start, dtype), as_expr(stop, dtype)
         dtype = dtype or _index_dtype(start_e, stop_e)
         v = Var(self.name(name), dtype)
@@ -110,7 +110,7 @@ class Builder:
         yield v
         body = self._close()
         self.emit(For(v, as_expr(start, dtype), as_expr(stop, dtype), body,
-                      as_expr(step, dtype), kind, stages))
+                      as_expr(step, dtype), kind, stages, unroll))
 
     @contextmanager
     def if_(self, cond: Operand) -> Iterator[None]:

@@ -60,7 +60,7 @@ class CppPrinter(CStyle):
         for t in kernel.tables:
             self.buffers[t.name] = Buffer(t.name, "global", "int32", (len(t.values),))
 
-    def unroll_pragma(self, e: Emitter) -> None:
+    def unroll_pragma(self, e: Emitter, factor: int = 0) -> None:
         pass        # -O3 unrolls constant trip counts by itself
 
     def simd_pragma(self, e: Emitter) -> None:

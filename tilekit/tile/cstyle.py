@@ -295,7 +295,7 @@ class CStyle:
         if s.kind in ("parallel", "pipelined"):
             raise InternalError(f"a {s.kind} loop reached the printer (lower it first)")
         if s.kind == "unroll":
-            self.unroll_pragma(e)
+            self.unroll_pragma(e, s.unroll)
         elif s.kind == "simd":
             self.simd_pragma(e)
         v = s.var
@@ -306,8 +306,9 @@ class CStyle:
         with e.block(head):
             self.stmts(s.body, e)
 
-    def unroll_pragma(self, e: Emitter) -> None:
-        e.line("#pragma unroll")
+    def unroll_pragma(self, e: Emitter, factor: int = 0) -> None:
+        """An `unroll` loop: wholly, or by `factor` iterations."""
+        e.line(f"#pragma unroll {factor}" if factor else "#pragma unroll")
 
     def simd_pragma(self, e: Emitter) -> None:
         """A `simd` loop: its iterations are independent (each writes its own elements), so

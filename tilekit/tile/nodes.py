@@ -15,8 +15,8 @@ A `Kernel` is what one block of a grid computes, written once for every target:
   buffer may live across regions (an accumulator of a register tile across reduction steps),
   a scalar declared outside a region is never assigned inside one;
 - **tile operations** that lowering passes turn into loops (`Copy`), loops with a kind
-  (`serial`, `unroll`, `parallel`: spread over the block's threads, `pipelined`: copies
-  overlapped with compute over `stages` buffers);
+  (`serial`, `unroll`: wholly or by `unroll` iterations, `parallel`: spread over the block's
+  threads, `pipelined`: copies overlapped with compute over `stages` buffers);
 - synchronisation: `Barrier` (the block), warp collectives and intrinsics by name
   (tilekit.tile.functions), `CallBody` of another kernel's body, grid barriers and progress
   counters through intrinsics.
@@ -182,6 +182,7 @@ class For(Stmt):
     step: Expr = Const(1, "int32")
     kind: str = "serial"
     stages: int = 0                # pipelined: buffers in flight
+    unroll: int = 0                # unroll: by this many iterations (0: all of them)
 
     def __post_init__(self) -> None:
         if self.kind not in LOOP_KINDS:

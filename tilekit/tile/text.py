@@ -108,7 +108,8 @@ def _stmt(p: _Expressions, s: Stmt, depth: int, out: list[str]) -> None:
     elif isinstance(s, Evaluate):
         out.append(f"{pad}{e(s.call)}")
     elif isinstance(s, For):
-        kind = f"pipelined[{s.stages}]" if s.kind == "pipelined" else s.kind
+        kind = f"pipelined[{s.stages}]" if s.kind == "pipelined" else \
+            f"unroll[{s.unroll}]" if s.kind == "unroll" and s.unroll else s.kind
         step = f", {e(s.step)}" if e(s.step) != "1" else ""
         out.append(f"{pad}for {s.var.name} in {kind}({e(s.start)}, {e(s.stop)}{step}):")
         _stmt(p, s.body, depth + 1, out)
