@@ -468,7 +468,9 @@ static __attribute__((noinline)) void tk_gemm_micro_rows_ahead(
 // column, so that a column costs one FMA a step where the register tile spends MR FMAs on a
 // vector of columns mostly past N (a 7 x 7 image's 49 pixels: 48 in three vectors and 1, for
 // which a 16-lane tile did 16 columns' work). Where MR is not a power of two (AVX2's 6-row
-// tiles) the rest runs as a tile of NR / 2 or NR columns, as before the split.
+// tiles) the rest runs as a tile of NR / 2 or NR columns, as before the split (a vector of
+// the next power of two lanes, loaded through memcpy, ran 4-7x slower than that tile).
+
 // A vector of N floats (a struct member: GCC drops a vector_size that depends on a template
 // argument from a typedef or alias in the template's body).
 template <int N>
