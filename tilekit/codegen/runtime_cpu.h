@@ -468,8 +468,10 @@ static __attribute__((noinline)) void tk_gemm_micro_rows_ahead(
 // column, so that a column costs one FMA a step where the register tile spends MR FMAs on a
 // vector of columns mostly past N (a 7 x 7 image's 49 pixels: 48 in three vectors and 1, for
 // which a 16-lane tile did 16 columns' work). Where MR is not a power of two (AVX2's 6-row
-// tiles) the rest runs as a tile of NR / 2 or NR columns, as before the split (a vector of
-// the next power of two lanes, loaded through memcpy, ran 4-7x slower than that tile).
+// tiles, AVX-512's 14) a column is a vector of the next power of two lanes loaded under a
+// mask (`tk_rows_load`), the lanes past MR zero; where no masked load of that width exists,
+// the rest runs as a tile of NR / 2 or NR columns, as before the split (a vector loaded
+// through memcpy ran 4-7x slower than that tile).
 
 // A vector of N floats (a struct member: GCC drops a vector_size that depends on a template
 // argument from a typedef or alias in the template's body).
@@ -478,11 +480,54 @@ struct tk_floats {
   typedef float type __attribute__((vector_size(N * 4)));
 };
 
+constexpr int tk_pow2_at_least(int n) { return n <= 1 ? 1 : 2 * tk_pow2_at_least((n + 1) / 2); }
+
+// Can `tk_rows_load` load MR floats as a vector (a whole vector, or a masked load)?
+template <int MR>
+constexpr bool tk_rows_loadable() {
+  constexpr int V = tk_pow2_at_least(MR);
+  if (V == MR) return MR >= 4;
+#if defined(__AVX512F__)
+  if (V == 16) return true;
+#endif
+#if defined(__AVX__)
+  if (V == 8) return true;
+#endif
+  return false;
+}
+
+// MR floats from `p` as a vector of the next power of two lanes, the rest zero (never read).
+template <int MR>
+static __forceinline__ typename tk_floats<tk_pow2_at_least(MR)>::type tk_rows_load(
+    const float* p) {
+  constexpr int V = tk_pow2_at_least(MR);
+  typedef typename tk_floats<V>::type rows_v;
+  if constexpr (V == MR) {
+    rows_v v;
+    std::memcpy(&v, p, sizeof v);
+    return v;
+  }
+#if defined(__AVX512F__)
+  else if constexpr (V == 16) {
+    return (rows_v)_mm512_maskz_loadu_ps((__mmask16)((1u << MR) - 1), p);
+  }
+#endif
+#if defined(__AVX__)
+  else if constexpr (V == 8) {
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    return (rows_v)_mm256_maskload_ps(p, _mm256_cmpgt_epi32(_mm256_set1_epi32(MR), lane));
+  }
+#endif
+  else {
+    return rows_v{};    // not reached: tk_rows_loadable<MR>() is false
+  }
+}
+
 template <int MR, int R, int LDB, int STEP>
 static inline void tk_gemm_cols(const float* __restrict__ a, const float* __restrict__ b,
                                 int kc, float* __restrict__ c, int ldc, int accumulate,
                                 const float* ahead) {
-  typedef typename tk_floats<MR>::type rows_v;
+  typedef typename tk_floats<tk_pow2_at_least(MR)>::type rows_v;
   // a column's sums are one dependent chain: fewer than 4 columns take several chains over
   // alternate steps of K, added at the end
   constexpr int P = R >= 4 ? 1 : R >= 2 ? 2 : 4;
@@ -495,16 +540,14 @@ static inline void tk_gemm_cols(const float* __restrict__ a, const float* __rest
   for (; k + P <= kc; k += P) {
 #pragma GCC unroll 4
     for (int p = 0; p < P; ++p) {
-      rows_v av;
-      std::memcpy(&av, a + (k + p) * MR, sizeof av);
+      const rows_v av = tk_rows_load<MR>(a + (k + p) * MR);
       if constexpr (STEP > 0) __builtin_prefetch(ahead + (k + p) * STEP);
 #pragma GCC unroll 16
       for (int j = 0; j < R; ++j) acc[p][j] += av * b[(k + p) * LDB + j];
     }
   }
   for (; k < kc; ++k) {
-    rows_v av;
-    std::memcpy(&av, a + k * MR, sizeof av);
+    const rows_v av = tk_rows_load<MR>(a + k * MR);
 #pragma GCC unroll 16
     for (int j = 0; j < R; ++j) acc[0][j] += av * b[k * LDB + j];
   }
@@ -557,12 +600,16 @@ static __attribute__((noinline)) void tk_gemm_micro_ragged(const float* __restri
                                                             float* __restrict__ c, int ldc,
                                                             int accumulate, int cols,
                                                             const float* ahead) {
-  if constexpr (MR >= 4 && (MR & (MR - 1)) == 0) {
+  if constexpr (tk_rows_loadable<MR>()) {
     int q = cols / TK_F32_LANES, r = cols - q * TK_F32_LANES;
-    // r columns load r values of B a step where a vector of them loads MR of A: from about
-    // 1.5 MR columns on a whole vector is as fast (8-row tiles on a Zen 4 core: 12 columns
-    // 0.90x its time, 13 0.94x, 14 1.01x, 15 1.10x)
-    if (2 * r >= 3 * MR && (q + 1) * TK_F32_LANES <= NR) ++q, r = 0;
+    // r columns take r FMAs and r loads of B a step, a whole vector of them MR of each: with
+    // columns narrower than the machine's vectors (8 rows, 16 lanes) from about 1.5 MR
+    // columns on a whole vector is as fast, with columns as wide from about 0.6 MR (one Zen 4
+    // core: 8-row tiles 12 columns 0.90x the padded tile's time, 13 0.94x, 14 1.01x; 14-row
+    // tiles 8 columns 0.64x, 9 1.24x; 6-row tiles of 8 lanes (AVX2) 3 columns 0.58x, 4 1.01x)
+    constexpr bool narrow = tk_pow2_at_least(MR) < TK_F32_LANES;
+    if ((narrow ? 2 * r >= 3 * MR : 5 * r >= 3 * MR) && (q + 1) * TK_F32_LANES <= NR)
+      ++q, r = 0;
     tk_gemm_vectors_upto<MR, NR, STEP, NR / TK_F32_LANES>(q, a, b, kc, c, ldc, accumulate,
                                                           ahead);
     tk_gemm_cols_upto<MR, NR, STEP, TK_F32_LANES - 1>(
