@@ -17,10 +17,12 @@ import pytest
 
 from tilekit.codegen import generate
 from tilekit.codegen.emulate import emulate
+from tilekit.codegen.mma import UNROLLED_SLICES
 from tilekit.hw import load_profile
 from tilekit.ir import Module, Op, Tensor
 from tilekit.ir.payloads import CodegenSection
 from tilekit.roll.schedule import roll_module
+from tilekit.tile.text import format_kernel
 
 H100 = load_profile("h100")
 RNG = np.random.default_rng(7)
@@ -81,66 +83,60 @@ def test_gemm_on_tensor_cores_equals_the_reference(m, n, k, dtype, b_kn):
     assert run(module, expected) < TOLERANCE[dtype]
 
 
-def test_convolution_is_an_implicit_gemm():
-    """Input gathered through the index maps (halo, zero padding), [k][m] layout."""
-    c, f, h, w = 32, 64, 14, 14
-    module = Module(model="conv", tensors={
-        "x": Tensor((1, c, h, w), "float16", "input"), "w": Tensor((f, c, 3, 3), "float16", "input"),
-        "y": Tensor((1, f, h, w), "float32", "output")},
-        ops=(Op("conv", "y[n,f,h,w] += x[n,c,h+kh-1,w+kw-1] * w[f,c,kh,kw]", pad="0",
-                tile={"block": {"n": 1, "f": 64, "h": 4, "w": 16},
-                      "thread": {"n": 1, "f": 8, "h": 1, "w": 4},
-                      "step": {"c": 16, "kh": 3, "kw": 3}}),),
+def conv(c: int, f: int, size: int, kernel: int, tile: dict) -> Module:
+    """A padded fp16 convolution of `c` to `f` channels on a `size` x `size` image with a
+    `kernel` x `kernel` window, the `tile` given."""
+    p = kernel // 2
+    return Module(model="conv", tensors={
+        "x": Tensor((1, c, size, size), "float16", "input"),
+        "w": Tensor((f, c, kernel, kernel), "float16", "input"),
+        "y": Tensor((1, f, size, size), "float32", "output")},
+        ops=(Op("conv", f"y[n,f,h,w] += x[n,c,h+kh-{p},w+kw-{p}] * w[f,c,kh,kw]", pad="0",
+                tile=tile),),
         inputs=("x", "w"), outputs=("y",), stages=({"name": "import"},))
 
-    def expected(v):
-        xp = np.pad(v["x"].astype(np.float64), ((0, 0), (0, 0), (1, 1), (1, 1)))
-        out = np.zeros((1, f, h, w))
-        for kh in range(3):
-            for kw in range(3):
-                out += np.einsum("nchw,fc->nfhw", xp[:, :, kh:kh + h, kw:kw + w],
-                                 v["w"][:, :, kh, kw].astype(np.float64))
-        return out
-    assert run(module, expected) < TOLERANCE["float16"]
+
+def conv_reference(v: dict[str, np.ndarray]) -> np.ndarray:
+    """`conv`'s output in float64."""
+    f, _, kernel, _ = v["w"].shape
+    size = v["x"].shape[-1]
+    p = kernel // 2
+    xp = np.pad(v["x"].astype(np.float64), ((0, 0), (0, 0), (p, p), (p, p)))
+    out = np.zeros((1, f, size, size))
+    for kh in range(kernel):
+        for kw in range(kernel):
+            out += np.einsum("nchw,fc->nfhw", xp[:, :, kh:kh + size, kw:kw + size],
+                             v["w"][:, :, kh, kw].astype(np.float64))
+    return out
+
+
+def test_convolution_is_an_implicit_gemm():
+    """Input gathered through the index maps (halo, zero padding), [k][m] layout."""
+    module = conv(32, 64, 14, 3, {"block": {"n": 1, "f": 64, "h": 4, "w": 16},
+                                  "thread": {"n": 1, "f": 8, "h": 1, "w": 4},
+                                  "step": {"c": 16, "kh": 3, "kw": 3}})
+    assert run(module, conv_reference) < TOLERANCE["float16"]
 
 
 def _conv5x5() -> Module:
     """Inception v1's 5 x 5 branch in fp16: 16 channels x 25 window points in one step of K,
     25 k-slices."""
-    return Module(model="conv5", tensors={
-        "x": Tensor((1, 16, 28, 28), "float16", "input"),
-        "w": Tensor((64, 16, 5, 5), "float16", "input"),
-        "y": Tensor((1, 64, 28, 28), "float32", "output")},
-        ops=(Op("conv", "y[n,f,h,w] += x[n,c,h+kh-2,w+kw-2] * w[f,c,kh,kw]", pad="0",
-                tile={"block": {"n": 1, "f": 64, "h": 2, "w": 32},
-                      "thread": {"n": 1, "f": 32, "h": 1, "w": 1},
-                      "step": {"c": 16, "kh": 5, "kw": 5}}),),
-        inputs=("x", "w"), outputs=("y",), stages=({"name": "import"},))
+    return conv(16, 64, 28, 5, {"block": {"n": 1, "f": 64, "h": 2, "w": 32},
+                                "thread": {"n": 1, "f": 32, "h": 1, "w": 1},
+                                "step": {"c": 16, "kh": 5, "kw": 5}})
 
 
 def test_a_long_step_unrolls_its_slices_a_few_at_a_time():
     """A step of 25 k-slices is unrolled 8 at a time (`UNROLLED_SLICES`): wholly unrolled,
     nvcc loaded every slice's fragments up front (255 registers, 48 bytes spilled for sm_90).
     The kernel still equals the reference; a step of 2 slices stays wholly unrolled."""
-    from tilekit.codegen.mma import UNROLLED_SLICES
-
     module = _conv5x5()
     (k,) = generate(module, H100).kernels
     assert f"#pragma unroll {UNROLLED_SLICES}\n" in k.source
-    from tilekit.tile.text import format_kernel
     assert f"in unroll[{UNROLLED_SLICES}](0, 400, 16):" in format_kernel(k.program)
     (short,) = generate(gemm(64, 64, 64, "float16"), H100).kernels
     assert "#pragma unroll " not in short.source.replace("#pragma unroll\n", "")
-
-    def expected(v):
-        xp = np.pad(v["x"].astype(np.float64), ((0, 0), (0, 0), (2, 2), (2, 2)))
-        out = np.zeros((1, 64, 28, 28))
-        for kh in range(5):
-            for kw in range(5):
-                out += np.einsum("nchw,fc->nfhw", xp[:, :, kh:kh + 28, kw:kw + 28],
-                                 v["w"][:, :, kh, kw].astype(np.float64))
-        return out
-    assert run(module, expected) < TOLERANCE["float16"]
+    assert run(module, conv_reference) < TOLERANCE["float16"]
 
 
 def test_batched_matmul_runs_a_batch_per_block():

@@ -519,7 +519,8 @@ static __forceinline__ typename tk_floats<tk_pow2_at_least(MR)>::type tk_rows_lo
   }
 #endif
   else {
-    return rows_v{};    // not reached: tk_rows_loadable<MR>() is false
+    static_assert(tk_rows_loadable<MR>(), "no load of MR rows: tk_gemm_cols is not used");
+    return rows_v{};
   }
 }
 
@@ -586,8 +587,7 @@ static inline void tk_gemm_vectors_upto(int q, const float* __restrict__ a,
                                         const float* ahead) {
   if constexpr (Q > 0) {
     if (q == Q) {
-      tk_gemm_packed_a<MR, Q * TK_F32_LANES, STEP>(a, tk_panel_rows<Q, LDB>(b), kc, c, ldc,
-                                                   accumulate, ahead);
+      tk_gemm_micro_ahead<MR, Q * TK_F32_LANES, LDB, STEP>(a, b, kc, c, ldc, accumulate, ahead);
       return;
     }
     tk_gemm_vectors_upto<MR, LDB, STEP, Q - 1>(q, a, b, kc, c, ldc, accumulate, ahead);
@@ -616,15 +616,10 @@ static __attribute__((noinline)) void tk_gemm_micro_ragged(const float* __restri
         r, a, b + q * TK_F32_LANES, kc, c + q * TK_F32_LANES, ldc, accumulate, ahead);
   } else {
     constexpr int HALF = NR % 8 == 0 ? NR / 2 : NR;
-    if (cols <= HALF) {
-      constexpr int W = tk_tile_width<HALF, NR>();
-      tk_gemm_packed_a<MR, W, STEP>(a, tk_panel_rows<W / TK_F32_LANES, NR>(b), kc, c, ldc,
-                                    accumulate, ahead);
-    } else {
-      constexpr int W = tk_tile_width<NR, NR>();
-      tk_gemm_packed_a<MR, W, STEP>(a, tk_panel_rows<W / TK_F32_LANES, NR>(b), kc, c, ldc,
-                                    accumulate, ahead);
-    }
+    if (cols <= HALF)
+      tk_gemm_micro_ahead<MR, HALF, NR, STEP>(a, b, kc, c, ldc, accumulate, ahead);
+    else
+      tk_gemm_micro_ahead<MR, NR, NR, STEP>(a, b, kc, c, ldc, accumulate, ahead);
   }
 }
 
